@@ -1,0 +1,14 @@
+//! memcache protocol messages: parsing requests and composing replies, with no I/O.
+//!
+//! This crate owns the wire formats of the memcache protocols. It takes bytes and returns
+//! a request together with the number of bytes it occupied (or "incomplete"), and it writes
+//! replies into a caller's buffer. It never reads or writes a socket, never allocates per
+//! request on the parse path, and never panics on any input: malformed input is a value
+//! ([`text::Parse::Error`]) carrying memcached's own error reply.
+//!
+//! The server (`kvcached`) and the load generator (`kvblast`) both use it.
+
+pub mod text;
+
+/// Longest key memcached accepts, in bytes.
+pub const MAX_KEY_LEN: usize = 250;

@@ -1,0 +1,117 @@
+//! The validated server configuration: what the command line (see `cli`) builds, and what
+//! the server reads. Every field here has been checked; nothing downstream re-validates.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// How much memory items may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemoryLimit {
+    /// A fixed number of bytes (`-m N`, megabytes on the command line).
+    Fixed(usize),
+    /// Size to the memory available to the process, and give memory back under pressure
+    /// (`-m auto`).
+    Auto,
+}
+
+/// Which protocols a connection may speak (`-B`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProtocolChoice {
+    Auto,
+    Ascii,
+    Binary,
+}
+
+/// The whole configuration of a kvcached process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// TCP port (`-p`); 0 disables TCP.
+    pub tcp_port: u16,
+    /// UDP port (`-U`); 0 (the default) disables UDP.
+    pub udp_port: u16,
+    /// Interfaces to listen on (`-l`, repeatable and comma-separated; an entry may carry its
+    /// own `:port`). Default: `127.0.0.1`.
+    pub listen: Vec<String>,
+    /// Unix socket path (`-s`); when set, TCP and UDP are off, as in memcached.
+    pub unix_socket: Option<PathBuf>,
+    /// Permission bits of the unix socket (`-a`, octal, default 0700).
+    pub unix_mask: u32,
+    /// Item memory (`-m`, default 64 MiB).
+    pub memory_limit: MemoryLimit,
+    /// Largest item (`-I`, default 1 MiB).
+    pub item_size_max: usize,
+    /// Refuse writes instead of evicting when memory is full (`-M`).
+    pub no_evict: bool,
+    /// Assign CAS uniques (`-C` turns this off).
+    pub use_cas: bool,
+    /// Most simultaneous connections (`-c`, default 1024).
+    pub max_connections: usize,
+    /// Worker threads (`-t`, default: the number of cores).
+    pub threads: usize,
+    /// Listen backlog (`-b`, default 1024).
+    pub backlog: i32,
+    /// Most requests handled for one connection before the worker turns to others (`-R`).
+    pub reqs_per_event: usize,
+    /// Verbosity (`-v` counts).
+    pub verbose: u8,
+    /// Allow the `shutdown` command (`-A`).
+    pub enable_shutdown: bool,
+    /// Allow `flush_all` (`-F` turns it off).
+    pub flush_enabled: bool,
+    /// Close connections idle for this long (`-o idle_timeout=SECONDS`; 0 or absent: never).
+    pub idle_timeout: Option<Duration>,
+    /// Run in the background (`-d`).
+    pub daemonize: bool,
+    /// Write the process id here (`-P`).
+    pub pid_file: Option<PathBuf>,
+    /// Drop privileges to this user (`-u`).
+    pub user: Option<String>,
+    /// Lock item memory into RAM (`-k`).
+    pub lock_memory: bool,
+    /// `-B`.
+    pub protocol: ProtocolChoice,
+    /// SASL authentication over the binary protocol (`-S`).
+    pub sasl: bool,
+    /// ASCII authentication file (`-Y`).
+    pub auth_file: Option<PathBuf>,
+    /// Warm-restart memory file (`-e`).
+    pub memory_file: Option<PathBuf>,
+    /// Enable the `debugtime` command, which shifts the server clock (`-o debug_clock`;
+    /// for tests, never for production).
+    pub debug_clock: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            tcp_port: 11211,
+            udp_port: 0,
+            listen: vec!["127.0.0.1".to_string()],
+            unix_socket: None,
+            unix_mask: 0o700,
+            memory_limit: MemoryLimit::Fixed(64 << 20),
+            item_size_max: 1 << 20,
+            no_evict: false,
+            use_cas: true,
+            max_connections: 1024,
+            threads: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(4),
+            backlog: 1024,
+            reqs_per_event: 20,
+            verbose: 0,
+            enable_shutdown: false,
+            flush_enabled: true,
+            idle_timeout: None,
+            daemonize: false,
+            pid_file: None,
+            user: None,
+            lock_memory: false,
+            protocol: ProtocolChoice::Auto,
+            sasl: false,
+            auth_file: None,
+            memory_file: None,
+            debug_clock: false,
+        }
+    }
+}
