@@ -8,6 +8,7 @@
 //!
 //! The server (`kvcached`) and the load generator (`kvblast`) both use it.
 
+pub mod client;
 pub mod text;
 
 /// Longest key memcached accepts, in bytes.

@@ -1,0 +1,314 @@
+//! Shared test harness: start a real kvcached (or Debian's memcached) on a free loopback port,
+//! talk to it over sockets, and stop it when the handle drops.
+#![allow(dead_code)]
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a test waits for a server to accept connections, or for a reply, before failing.
+pub const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Which server a test talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Kvcached,
+    Memcached,
+}
+
+/// A running server process, killed on drop.
+pub struct Server {
+    pub kind: Kind,
+    pub port: u16,
+    pub child: Child,
+    /// The unix socket path, when the server listens on one.
+    pub socket: Option<PathBuf>,
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> u16 {
+    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind an ephemeral port");
+    l.local_addr().expect("local addr").port()
+}
+
+/// Path of Debian's memcached binary (the differential tests' reference).
+pub fn memcached_path() -> PathBuf {
+    std::env::var_os("MEMCACHED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/bin/memcached"))
+}
+
+fn running_as_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc_geteuid() == 0 }
+}
+
+extern "C" {
+    #[link_name = "geteuid"]
+    fn libc_geteuid() -> u32;
+}
+
+impl Server {
+    /// Start kvcached on a free loopback port with these extra arguments.
+    pub fn kvcached(args: &[&str]) -> Server {
+        Server::start(Kind::Kvcached, args)
+    }
+
+    /// Start Debian's memcached on a free loopback port with these extra arguments.
+    pub fn memcached(args: &[&str]) -> Server {
+        Server::start(Kind::Memcached, args)
+    }
+
+    /// Start `kind` on a free loopback port with these extra arguments.
+    pub fn start(kind: Kind, args: &[&str]) -> Server {
+        let program = match kind {
+            Kind::Kvcached => PathBuf::from(env!("CARGO_BIN_EXE_kvcached")),
+            Kind::Memcached => memcached_path(),
+        };
+        assert!(
+            program.exists(),
+            "{} not found: run scripts/install-deps.sh",
+            program.display()
+        );
+        // A port can be taken between free_port() and the server's bind; try a few.
+        let mut last_err = String::new();
+        for _ in 0..5 {
+            let port = free_port();
+            let mut cmd = Command::new(&program);
+            cmd.arg("-l").arg("127.0.0.1").arg("-p").arg(port.to_string());
+            if running_as_root() && !args.contains(&"-u") {
+                cmd.arg("-u").arg("root");
+            }
+            cmd.args(args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped());
+            let mut child = cmd.spawn().expect("spawn server");
+            match wait_listening(&mut child, port) {
+                Ok(()) => {
+                    return Server {
+                        kind,
+                        port,
+                        child,
+                        socket: None,
+                    }
+                }
+                Err(e) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    last_err = e;
+                }
+            }
+        }
+        panic!("{kind:?} did not start: {last_err}");
+    }
+
+    /// Start `kind` listening only on the unix socket `path` (TCP off).
+    pub fn start_unix(kind: Kind, path: &Path, args: &[&str]) -> Server {
+        let program = match kind {
+            Kind::Kvcached => PathBuf::from(env!("CARGO_BIN_EXE_kvcached")),
+            Kind::Memcached => memcached_path(),
+        };
+        let _ = std::fs::remove_file(path);
+        let mut cmd = Command::new(&program);
+        cmd.arg("-s").arg(path);
+        if running_as_root() && !args.contains(&"-u") {
+            cmd.arg("-u").arg("root");
+        }
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn server");
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                break;
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("{kind:?} exited early: {status}");
+            }
+            assert!(Instant::now() < deadline, "{kind:?} did not listen on {path:?}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Server {
+            kind,
+            port: 0,
+            child,
+            socket: Some(path.to_path_buf()),
+        }
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
+    }
+
+    /// A new client connection with read/write timeouts set.
+    pub fn connect(&self) -> Client {
+        let stream = TcpStream::connect(self.addr()).expect("connect");
+        stream.set_nodelay(true).expect("nodelay");
+        Client::new(stream)
+    }
+
+    /// Send SIGTERM and wait for the exit status (None if it had to be killed).
+    pub fn terminate(&mut self) -> Option<std::process::ExitStatus> {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc_kill(self.child.id() as i32, 15) };
+        let deadline = Instant::now() + TIMEOUT;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let _ = self.child.kill();
+        None
+    }
+
+    /// Whatever the server wrote to stderr (reads until EOF: call after it exited).
+    pub fn stderr(&mut self) -> String {
+        let mut s = String::new();
+        if let Some(mut e) = self.child.stderr.take() {
+            let _ = e.read_to_string(&mut s);
+        }
+        s
+    }
+}
+
+extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, sig: i32) -> i32;
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(p) = &self.socket {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// Poll until something accepts on `port`, or the child exits, or TIMEOUT passes.
+fn wait_listening(child: &mut Child, port: u16) -> Result<(), String> {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        if TcpStream::connect((Ipv4Addr::LOCALHOST, port)).is_ok() {
+            return Ok(());
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            let mut err = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                let _ = e.read_to_string(&mut err);
+            }
+            return Err(format!("exited with {status}: {err}"));
+        }
+        if Instant::now() >= deadline {
+            return Err("timed out waiting for the port".into());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A blocking client connection with helpers for the text protocol.
+pub struct Client {
+    pub reader: BufReader<TcpStream>,
+}
+
+impl Client {
+    pub fn new(stream: TcpStream) -> Client {
+        stream.set_read_timeout(Some(TIMEOUT)).expect("timeout");
+        stream.set_write_timeout(Some(TIMEOUT)).expect("timeout");
+        Client {
+            reader: BufReader::new(stream),
+        }
+    }
+
+    pub fn stream(&self) -> &TcpStream {
+        self.reader.get_ref()
+    }
+
+    /// Send raw bytes.
+    pub fn send(&mut self, bytes: &[u8]) {
+        self.reader.get_mut().write_all(bytes).expect("send");
+    }
+
+    /// Read one line including its `\r\n`.
+    pub fn line(&mut self) -> String {
+        let mut buf = Vec::new();
+        self.reader.read_until(b'\n', &mut buf).expect("read line");
+        String::from_utf8_lossy(&buf).into_owned()
+    }
+
+    /// Read exactly `n` bytes.
+    pub fn exact(&mut self, n: usize) -> Vec<u8> {
+        let mut buf = vec![0; n];
+        self.reader.read_exact(&mut buf).expect("read exact");
+        buf
+    }
+
+    /// Send a request and read one reply line.
+    pub fn call(&mut self, request: &str) -> String {
+        self.send(request.as_bytes());
+        self.line()
+    }
+
+    /// Read lines until one equals `last` (e.g. "END\r\n"); returns them all joined.
+    pub fn until(&mut self, last: &str) -> String {
+        let mut out = String::new();
+        loop {
+            let l = self.line();
+            if l.is_empty() {
+                panic!("connection closed before {last:?}; got {out:?}");
+            }
+            out.push_str(&l);
+            if l == last {
+                return out;
+            }
+        }
+    }
+
+    /// True if the server closed the connection (EOF) within TIMEOUT.
+    pub fn closed(&mut self) -> bool {
+        let mut buf = [0u8; 4096];
+        loop {
+            match self.reader.read(&mut buf) {
+                Ok(0) => return true,
+                Ok(_) => continue,
+                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => return true,
+                Err(_) => return false,
+            }
+        }
+    }
+
+    /// `stats` as (name, value) pairs.
+    pub fn stats(&mut self, group: &str) -> Vec<(String, String)> {
+        let cmd = if group.is_empty() {
+            "stats\r\n".to_string()
+        } else {
+            format!("stats {group}\r\n")
+        };
+        self.send(cmd.as_bytes());
+        let text = self.until("END\r\n");
+        text.lines()
+            .filter_map(|l| {
+                let mut it = l.splitn(3, ' ');
+                match (it.next(), it.next(), it.next()) {
+                    (Some("STAT"), Some(k), Some(v)) => Some((k.to_string(), v.to_string())),
+                    _ => None,
+                }
+            })
+            .collect()
+    }
+
+    /// One `stats` value by name.
+    pub fn stat(&mut self, name: &str) -> Option<String> {
+        self.stats("")
+            .into_iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v)
+    }
+}
