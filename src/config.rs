@@ -1,6 +1,8 @@
 //! The validated server configuration: what the command line (see `cli`) builds, and what
 //! the server reads. Every field here has been checked; nothing downstream re-validates.
 
+use std::io;
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -22,6 +24,52 @@ pub enum ProtocolChoice {
     Binary,
 }
 
+/// One listener from `-l`: `[proto[NAME]:][tag[NAME]:]HOST[:PORT]`, where HOST is a name,
+/// an IPv4 address, an IPv6 address (bare, or in brackets when a port follows:
+/// `[::1]:11211`), or `*` for every interface.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenAddr {
+    /// The host to bind; `None` for `*` (every interface, IPv4 and IPv6).
+    pub host: Option<String>,
+    /// The entry's own port; `None` means the `-p` (TCP) or `-U` (UDP) port.
+    pub port: Option<u16>,
+    /// A `proto[ascii|binary|negotiating]:` prefix forcing this listener's protocol;
+    /// `None` means `-B`.
+    pub protocol: Option<ProtocolChoice>,
+    /// A `tag[NAME]:` (or `tag_NAME_:`) prefix: 1 to 8 bytes naming the listener.
+    pub tag: Option<String>,
+}
+
+impl ListenAddr {
+    /// A plain listener on `host` with no prefixes and no port of its own.
+    pub fn host(host: &str) -> ListenAddr {
+        ListenAddr {
+            host: Some(host.to_string()),
+            port: None,
+            protocol: None,
+            tag: None,
+        }
+    }
+
+    /// The port this listener binds: its own, or `default_port` (the `-p`/`-U` port).
+    pub fn port_or(&self, default_port: u16) -> u16 {
+        self.port.unwrap_or(default_port)
+    }
+
+    /// Resolve to the socket addresses to bind (a host name can give several; `*` gives
+    /// `0.0.0.0` and `[::]`). Blocks on name resolution, so call it at startup only.
+    pub fn socket_addrs(&self, default_port: u16) -> io::Result<Vec<SocketAddr>> {
+        let port = self.port_or(default_port);
+        match &self.host {
+            None => Ok(vec![
+                SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)),
+                SocketAddr::from((Ipv6Addr::UNSPECIFIED, port)),
+            ]),
+            Some(h) => Ok((h.as_str(), port).to_socket_addrs()?.collect()),
+        }
+    }
+}
+
 /// The whole configuration of a kvcached process.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
@@ -32,6 +80,8 @@ pub struct Config {
     /// Interfaces to listen on (`-l`, repeatable and comma-separated; an entry may carry its
     /// own `:port`). Default: `127.0.0.1`.
     pub listen: Vec<String>,
+    /// `listen` parsed: one entry per element of `listen`, in the same order.
+    pub listeners: Vec<ListenAddr>,
     /// Unix socket path (`-s`); when set, TCP and UDP are off, as in memcached.
     pub unix_socket: Option<PathBuf>,
     /// Permission bits of the unix socket (`-a`, octal, default 0700).
@@ -58,6 +108,15 @@ pub struct Config {
     pub enable_shutdown: bool,
     /// Allow `flush_all` (`-F` turns it off).
     pub flush_enabled: bool,
+    /// Allow the commands that dump keys: `stats cachedump`, `stats detail dump`,
+    /// `lru_crawler metadump` (`-X` turns them off).
+    pub dump_enabled: bool,
+    /// Allow the `watch` command (`-W` turns it off).
+    pub watch_enabled: bool,
+    /// Over the connection limit, accept a new connection, send it
+    /// `ERROR Too many open connections` and close it, rather than leave it waiting in the
+    /// listen backlog (memcached's default; `-o no_maxconns_fast` turns it off).
+    pub maxconns_fast: bool,
     /// Close connections idle for this long (`-o idle_timeout=SECONDS`; 0 or absent: never).
     pub idle_timeout: Option<Duration>,
     /// Run in the background (`-d`).
@@ -68,6 +127,8 @@ pub struct Config {
     pub user: Option<String>,
     /// Lock item memory into RAM (`-k`).
     pub lock_memory: bool,
+    /// Raise the core file size limit as far as allowed (`-r`).
+    pub max_core_file: bool,
     /// `-B`.
     pub protocol: ProtocolChoice,
     /// SASL authentication over the binary protocol (`-S`).
@@ -87,6 +148,7 @@ impl Default for Config {
             tcp_port: 11211,
             udp_port: 0,
             listen: vec!["127.0.0.1".to_string()],
+            listeners: vec![ListenAddr::host("127.0.0.1")],
             unix_socket: None,
             unix_mask: 0o700,
             memory_limit: MemoryLimit::Fixed(64 << 20),
@@ -102,11 +164,15 @@ impl Default for Config {
             verbose: 0,
             enable_shutdown: false,
             flush_enabled: true,
+            dump_enabled: true,
+            watch_enabled: true,
+            maxconns_fast: true,
             idle_timeout: None,
             daemonize: false,
             pid_file: None,
             user: None,
             lock_memory: false,
+            max_core_file: false,
             protocol: ProtocolChoice::Auto,
             sasl: false,
             auth_file: None,
