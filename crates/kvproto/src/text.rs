@@ -2,9 +2,39 @@
 //!
 //! [`parse`] looks at the front of a connection's read buffer and returns one request and the
 //! number of bytes it occupied, or [`Parse::Incomplete`] when more bytes are needed. It borrows
-//! keys and data blocks from the buffer (no copies, no allocation) and never panics.
+//! keys and data blocks from the buffer (no copies, no allocation), runs in time linear in the
+//! length of the line it looks at, and never panics.
 //!
-//! The reply helpers append memcached's exact reply bytes to a `Vec<u8>`.
+//! The reply helpers append memcached's exact reply bytes to a `Vec<u8>`; they allocate nothing
+//! beyond growing that vector.
+//!
+//! # Whose behaviour
+//!
+//! The parser follows the newest memcached (1.6.4x, `proto_parser.c` + `proto_text.c` +
+//! `vendor/mcmc`), quirks included, because clients and the differential test see the bytes:
+//!
+//! - A line ends at `\n`; one `\r` before it is dropped. A line of fewer than 4 bytes (with its
+//!   terminator) is `CLIENT_ERROR bad command line format`, so an empty line is too.
+//! - The command word is everything up to the first space. `get`, `gets`, `gat`, `gats`, the six
+//!   storage commands, `incr`, `decr`, `touch`, `delete`, `stats`, `watch`, `version`, `quit` and
+//!   the meta commands are recognised that way only (a leading space makes them unknown); the
+//!   admin commands (`flush_all`, `verbosity`, `shutdown`, `cache_memlimit`, `slabs`, `lru`,
+//!   `lru_crawler`, `extstore`, ...) are recognised by their first token, leading spaces allowed.
+//! - Arguments are tokens split on spaces; only the first 23 tokens of a line (and only its first
+//!   65,534 bytes) are looked at, later ones are ignored. `noreply` means the last of those tokens
+//!   is exactly `noreply`; it also silences most error replies, as in memcached.
+//! - Numbers are plain decimal digits (a leading `-` for signed ones, where a lone `-` is 0) with
+//!   range checks and a length cap, except a storage command's flags and exptime, which go
+//!   through C's `strtoul`/`strtol` (leading whitespace and `+` accepted, values wrap to 32 bits).
+//! - A storage command whose line is well formed up to its data length but whose key, flags,
+//!   exptime or CAS unique is bad gets its error and has its data block swallowed.
+//!
+//! Deliberate differences from the newest memcached (bugs there, not behaviour to copy):
+//!
+//! - A `get`-family key over 250 bytes: memcached sends `CLIENT_ERROR bad command line
+//!   format\r\n\r\n` (one empty line too many; with `noreply`, a stale or empty line) and drops
+//!   replies still queued from earlier requests of the same read. Here it is a plain
+//!   [`BAD_FORMAT`] error that is always sent; earlier replies are the server's business.
 
 use crate::MAX_KEY_LEN;
 
@@ -16,13 +46,47 @@ pub const MAX_LINE_LEN: usize = 2048;
 /// cannot make the server buffer without limit. A longer line closes the connection.
 pub const MAX_GET_LINE_LEN: usize = 1 << 20;
 
+/// memcached's tokenizer only looks at this many bytes of a line (its token offsets are `u16`).
+const TOKENIZER_MAX_LEN: usize = 65534;
+
+/// memcached's tokenizer keeps this many tokens of a line and ignores the rest.
+const MAX_TOKENS: usize = 23;
+
+/// An over-long `get` line may start with at most this many spaces.
+const MAX_LEADING_SPACES: usize = 100;
+
 /// What the parser needs to know about the server's configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// Largest data block a storage command may carry (memcached's `-I`, item size max).
     /// A storage command that declares more is answered with
-    /// `SERVER_ERROR object too large for cache` and its data block is swallowed.
+    /// `SERVER_ERROR object too large for cache` (unless `noreply`) and its data block is
+    /// swallowed.
     pub max_value: usize,
+    /// `flush_all` is allowed (memcached's default; its `-F` forbids it, and then every
+    /// `flush_all` is answered `CLIENT_ERROR flush_all not allowed`).
+    pub flush_enabled: bool,
+    /// `shutdown` is allowed (memcached's `-A`; off by default, and then every `shutdown` is
+    /// answered `SERVER_ERROR: shutdown not enabled`).
+    pub shutdown_enabled: bool,
+}
+
+impl Limits {
+    /// memcached's defaults with the given largest data block.
+    pub const fn new(max_value: usize) -> Self {
+        Limits {
+            max_value,
+            flush_enabled: true,
+            shutdown_enabled: false,
+        }
+    }
+}
+
+impl Default for Limits {
+    /// memcached's defaults: 1 MiB items, `flush_all` allowed, `shutdown` not.
+    fn default() -> Self {
+        Limits::new(1 << 20)
+    }
 }
 
 /// The storage commands, which carry a data block.
@@ -40,9 +104,9 @@ pub enum StoreMode {
 /// One parsed request. Byte slices borrow from the buffer given to [`parse`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request<'a> {
-    /// `get <key>*` / `gets <key>*` (`with_cas` for `gets`).
+    /// `get <key>*` / `gets <key>*` (`with_cas` for `gets`). A final `noreply` is just a key.
     Get { with_cas: bool, keys: Keys<'a> },
-    /// `gat <exptime> <key>*` / `gats <exptime> <key>*`.
+    /// `gat <exptime> <key>*` / `gats <exptime> <key>*`. `exptime` is within `i32`.
     Gat {
         with_cas: bool,
         exptime: i64,
@@ -50,6 +114,7 @@ pub enum Request<'a> {
     },
     /// `set|add|replace|append|prepend <key> <flags> <exptime> <bytes> [noreply]`,
     /// `cas <key> <flags> <exptime> <bytes> <cas unique> [noreply]`; `data` excludes the `\r\n`.
+    /// Extra tokens are ignored. `exptime` is within `i32`.
     Store {
         mode: StoreMode,
         key: &'a [u8],
@@ -60,7 +125,7 @@ pub enum Request<'a> {
         data: &'a [u8],
         noreply: bool,
     },
-    /// `delete <key> [noreply]` (memcached 1.6.40+ also tolerates extra tokens; see docs).
+    /// `delete <key> [anything] [noreply]`: the newest memcached ignores extra tokens.
     Delete { key: &'a [u8], noreply: bool },
     /// `incr|decr <key> <delta> [noreply]`.
     Arith {
@@ -69,31 +134,38 @@ pub enum Request<'a> {
         delta: u64,
         noreply: bool,
     },
-    /// `touch <key> <exptime> [noreply]`.
+    /// `touch <key> <exptime> [noreply]`. `exptime` is within `i32`.
     Touch {
         key: &'a [u8],
         exptime: i64,
         noreply: bool,
     },
-    /// `flush_all [delay] [noreply]`; `delay` is 0 when absent.
+    /// `flush_all [delay] [noreply]`; `delay` is 0 when absent and may be negative (memcached
+    /// treats `delay <= 0` as "now").
     FlushAll { delay: i64, noreply: bool },
-    /// `version`.
+    /// `version` (any arguments are ignored).
     Version,
     /// `verbosity <level> [noreply]`.
     Verbosity { level: u32, noreply: bool },
-    /// `quit`.
+    /// `quit` (any arguments are ignored).
     Quit,
-    /// `shutdown [graceful]`.
+    /// `shutdown [graceful]` (only when [`Limits::shutdown_enabled`]). memcached accepts any
+    /// prefix of `graceful` too. It closes the connection without a reply.
     Shutdown { graceful: bool },
-    /// `stats [group [args]]`: the tokens after `stats`, unparsed.
+    /// `stats [group [args]]`: the tokens after `stats`, unparsed. Note that memcached matches
+    /// its built-in groups (`reset`, `detail`, `settings`, `cachedump`, `conns`, ...) by prefix:
+    /// `stats r` is `stats reset`, `stats s` is `stats settings`. `noreply` is not special.
     Stats { args: Tokens<'a> },
-    /// `cache_memlimit <megabytes> [noreply]`.
+    /// `cache_memlimit <megabytes> [noreply]` (`megabytes` fits in `u32`; the range checks,
+    /// `MEMLIMIT_TOO_SMALL ...` below 8 and `MEMLIMIT_ADJUST_FAILED ...` above 1000000000,
+    /// are the server's).
     CacheMemlimit { megabytes: u64, noreply: bool },
     /// `debugtime <seconds>`: shift the server's clock (only honoured when the server enables
     /// its test clock; otherwise the server answers `ERROR`, as an unknown command).
     DebugTime { seconds: i64 },
     /// Commands memcached knows that kvcached answers without implementing them in full:
     /// `slabs`, `lru`, `lru_crawler`, `watch`, `misbehave`, `extstore`. `name` is the command.
+    /// `args.ends_with_noreply()` tells whether memcached would stay silent (except `watch`).
     Admin { name: &'a [u8], args: Tokens<'a> },
 }
 
@@ -109,6 +181,11 @@ impl<'a> Keys<'a> {
         Keys {
             tokens: Tokens::new(section),
         }
+    }
+
+    /// The unsplit key section.
+    pub fn as_bytes(&self) -> &'a [u8] {
+        self.tokens.rest
     }
 }
 
@@ -128,6 +205,16 @@ pub struct Tokens<'a> {
 impl<'a> Tokens<'a> {
     pub fn new(rest: &'a [u8]) -> Self {
         Tokens { rest }
+    }
+
+    /// The unsplit remaining bytes.
+    pub fn as_bytes(&self) -> &'a [u8] {
+        self.rest
+    }
+
+    /// Whether the last token is exactly `noreply` (memcached's test for the admin commands).
+    pub fn ends_with_noreply(&self) -> bool {
+        self.last() == Some(b"noreply".as_slice())
     }
 }
 
@@ -152,7 +239,27 @@ pub enum ErrorReply {
     Client(&'static str),
     /// `SERVER_ERROR <message>`.
     Server(&'static str),
+    /// A whole line in another shape (without its `\r\n`), e.g.
+    /// `SERVER_ERROR: shutdown not enabled`.
+    Raw(&'static str),
 }
+
+/// `CLIENT_ERROR bad command line format`.
+pub const BAD_FORMAT: ErrorReply = ErrorReply::Client("bad command line format");
+/// `CLIENT_ERROR bad data chunk`: a data block not followed by `\r\n`.
+pub const BAD_DATA_CHUNK: ErrorReply = ErrorReply::Client("bad data chunk");
+/// `CLIENT_ERROR invalid exptime argument` (`touch`, `gat`, `flush_all`).
+pub const INVALID_EXPTIME: ErrorReply = ErrorReply::Client("invalid exptime argument");
+/// `CLIENT_ERROR invalid numeric delta argument` (`incr`, `decr`).
+pub const INVALID_DELTA: ErrorReply = ErrorReply::Client("invalid numeric delta argument");
+/// `CLIENT_ERROR invalid shutdown mode`.
+pub const INVALID_SHUTDOWN_MODE: ErrorReply = ErrorReply::Client("invalid shutdown mode");
+/// `CLIENT_ERROR flush_all not allowed` (flush disabled).
+pub const FLUSH_NOT_ALLOWED: ErrorReply = ErrorReply::Client("flush_all not allowed");
+/// `SERVER_ERROR: shutdown not enabled` (shutdown disabled; note the colon).
+pub const SHUTDOWN_NOT_ENABLED: ErrorReply = ErrorReply::Raw("SERVER_ERROR: shutdown not enabled");
+/// `SERVER_ERROR object too large for cache`: the reply to [`Parse::TooLarge`].
+pub const TOO_LARGE: ErrorReply = ErrorReply::Server("object too large for cache");
 
 /// The result of looking at the front of a read buffer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -161,13 +268,21 @@ pub enum Parse<'a> {
     Request(Request<'a>, usize),
     /// More bytes are needed; nothing was consumed.
     Incomplete,
-    /// A malformed request: send `reply`, drop the first `consumed` bytes, carry on.
-    Error { reply: ErrorReply, consumed: usize },
+    /// A malformed request: send `reply` unless `noreply` (memcached silences most errors of
+    /// a `noreply` request), drop the first `consumed` bytes, then discard `swallow` further
+    /// bytes as they arrive (a rejected storage command's data block and its `\r\n`; usually
+    /// 0), and carry on.
+    Error {
+        reply: ErrorReply,
+        noreply: bool,
+        consumed: usize,
+        swallow: usize,
+    },
     /// A storage command whose declared data block is larger than [`Limits::max_value`]:
-    /// reply `SERVER_ERROR object too large for cache` (even with `noreply`, as memcached
-    /// does), drop the first `consumed` bytes (the command line) and then discard `swallow`
-    /// further bytes (the data block and its `\r\n`) as they arrive. For `set`, memcached
-    /// also removes the old item under `key`.
+    /// reply `SERVER_ERROR object too large for cache` ([`TOO_LARGE`]) unless `noreply`
+    /// (memcached 1.6.18 and the newest both stay silent then), drop the first `consumed`
+    /// bytes (the command line) and then discard `swallow` further bytes (the data block and
+    /// its `\r\n`) as they arrive. For `set`, memcached also removes the old item under `key`.
     TooLarge {
         mode: StoreMode,
         key: &'a [u8],
@@ -181,6 +296,712 @@ pub enum Parse<'a> {
 
 /// Parse one request from the front of `buf`.
 pub fn parse<'a>(buf: &'a [u8], limits: &Limits) -> Parse<'a> {
-    let _ = (buf, limits, MAX_KEY_LEN);
-    Parse::Incomplete
+    let line_len = match line_length(buf) {
+        Ok(n) => n,
+        Err(p) => return p,
+    };
+    match buf.get(..line_len) {
+        Some(line) => parse_line(buf, line, limits),
+        None => Parse::Close,
+    }
 }
+
+/// The length of the first line of `buf` including its `\n`, or what to do without one.
+fn line_length(buf: &[u8]) -> Result<usize, Parse<'static>> {
+    let scan = buf.get(..MAX_GET_LINE_LEN).unwrap_or(buf);
+    if let Some(i) = scan.iter().position(|&b| b == b'\n') {
+        return Ok(i + 1);
+    }
+    if buf.len() > MAX_GET_LINE_LEN || (buf.len() > MAX_LINE_LEN && !may_grow(buf)) {
+        return Err(Parse::Close);
+    }
+    Err(Parse::Incomplete)
+}
+
+/// Whether an over-long partial line may keep growing: memcached allows it for a multiget,
+/// after at most 100 leading spaces.
+fn may_grow(buf: &[u8]) -> bool {
+    let spaces = buf
+        .iter()
+        .take(buf.len().saturating_sub(6))
+        .take_while(|&&b| b == b' ')
+        .count();
+    let rest = buf.get(spaces..).unwrap_or_default();
+    spaces <= MAX_LEADING_SPACES && (rest.starts_with(b"get ") || rest.starts_with(b"gets "))
+}
+
+/// Builds a [`Parse::Error`].
+fn fail<'a>(reply: ErrorReply, noreply: bool, consumed: usize, swallow: usize) -> Parse<'a> {
+    Parse::Error {
+        reply,
+        noreply,
+        consumed,
+        swallow,
+    }
+}
+
+/// Parse one whole line (`line` ends in `\n` and is the front of `buf`).
+fn parse_line<'a>(buf: &'a [u8], line: &'a [u8], limits: &Limits) -> Parse<'a> {
+    let len = line.len();
+    // memcached: no command is shorter than 2 bytes plus "\r\n".
+    if len < 4 {
+        return fail(BAD_FORMAT, false, len, 0);
+    }
+    let end = if line.get(len - 2) == Some(&b'\r') {
+        len - 2
+    } else {
+        len - 1
+    };
+    let content = line.get(..end).unwrap_or_default();
+    let cmd_len = content.iter().position(|&b| b == b' ').unwrap_or(end);
+    let cmd = content.get(..cmd_len).unwrap_or_default();
+    let ok = |request| Parse::Request(request, len);
+    match cmd {
+        b"get" => parse_get(line, content, false),
+        b"gets" => parse_get(line, content, true),
+        b"gat" => parse_gat(line, content, false),
+        b"gats" => parse_gat(line, content, true),
+        b"set" => parse_store(buf, line, StoreMode::Set, limits),
+        b"add" => parse_store(buf, line, StoreMode::Add, limits),
+        b"cas" => parse_store(buf, line, StoreMode::Cas, limits),
+        b"replace" => parse_store(buf, line, StoreMode::Replace, limits),
+        b"append" => parse_store(buf, line, StoreMode::Append, limits),
+        b"prepend" => parse_store(buf, line, StoreMode::Prepend, limits),
+        b"incr" => parse_arith(line, true),
+        b"decr" => parse_arith(line, false),
+        b"touch" => parse_touch(line),
+        b"delete" => parse_delete(line),
+        b"quit" => ok(Request::Quit),
+        b"version" => ok(Request::Version),
+        b"stats" => ok(Request::Stats {
+            args: Tokens::new(content.get(cmd_len..).unwrap_or_default()),
+        }),
+        b"watch" => ok(Request::Admin {
+            name: cmd,
+            args: Tokens::new(content.get(cmd_len..).unwrap_or_default()),
+        }),
+        [b'm', b'g' | b's' | b'd' | b'n' | b'a' | b'e'] => parse_meta(buf, line, limits),
+        _ => parse_other(line, content, limits),
+    }
+}
+
+/// The meta commands (`mg`, `ms`, `md`, `ma`, `mn`, `me`): not supported yet, answered as an
+/// unknown command. A meta parser plugs in here; it gets the whole buffer (for `ms` data) and
+/// can use [`Toks`] with memcached's flag-checking rules.
+fn parse_meta<'a>(_buf: &'a [u8], line: &'a [u8], _limits: &Limits) -> Parse<'a> {
+    fail(ErrorReply::Error, false, line.len(), 0)
+}
+
+/// `get`/`gets <key>*`.
+fn parse_get<'a>(line: &'a [u8], content: &'a [u8], with_cas: bool) -> Parse<'a> {
+    let toks = Toks::new(line);
+    if toks.count < 2 {
+        return fail(BAD_FORMAT, false, line.len(), 0);
+    }
+    key_section(line, content, &toks, 1, |keys| Request::Get {
+        with_cas,
+        keys,
+    })
+}
+
+/// `gat`/`gats <exptime> <key>*`.
+fn parse_gat<'a>(line: &'a [u8], content: &'a [u8], with_cas: bool) -> Parse<'a> {
+    let toks = Toks::new(line);
+    if toks.count < 3 {
+        return fail(BAD_FORMAT, false, line.len(), 0);
+    }
+    let Some(exptime) = toks.get(line, 1).and_then(tok_i32) else {
+        return fail(INVALID_EXPTIME, false, line.len(), 0);
+    };
+    key_section(line, content, &toks, 2, |keys| Request::Gat {
+        with_cas,
+        exptime: i64::from(exptime),
+        keys,
+    })
+}
+
+/// The keys of a `get`-family line, from token `first` to the end of the line. memcached
+/// walks the raw line (not its 23 tokens), so every key counts; any key over 250 bytes makes
+/// the whole request `CLIENT_ERROR bad command line format`.
+fn key_section<'a>(
+    line: &'a [u8],
+    content: &'a [u8],
+    toks: &Toks,
+    first: usize,
+    build: impl FnOnce(Keys<'a>) -> Request<'a>,
+) -> Parse<'a> {
+    let section = toks.start(first).and_then(|s| content.get(s..));
+    match section {
+        Some(section) if Keys::new(section).all(|k| k.len() <= MAX_KEY_LEN) => {
+            Parse::Request(build(Keys::new(section)), line.len())
+        }
+        _ => fail(BAD_FORMAT, false, line.len(), 0),
+    }
+}
+
+/// The six storage commands, data block included.
+fn parse_store<'a>(buf: &'a [u8], line: &'a [u8], mode: StoreMode, limits: &Limits) -> Parse<'a> {
+    let line_len = line.len();
+    let toks = Toks::new(line);
+    if toks.count < 5 {
+        return fail(BAD_FORMAT, false, line_len, 0);
+    }
+    // Only the data length is checked before memcached knows how much to swallow.
+    let vlen = match toks.get(line, 4).and_then(tok_i32) {
+        Some(v) if (0..=i32::MAX - 2).contains(&v) => v as usize,
+        _ => return fail(BAD_FORMAT, false, line_len, 0),
+    };
+    let noreply = toks.ends_with_noreply(line);
+    let swallow = vlen + 2;
+    let reject = || fail(BAD_FORMAT, noreply, line_len, swallow);
+    let Some(key) = toks.get(line, 1) else {
+        return reject();
+    };
+    if key.len() > MAX_KEY_LEN {
+        return reject();
+    }
+    // flags and exptime go through strtoul/strtol on the raw line, as in memcached.
+    let flags = toks
+        .start(2)
+        .and_then(|s| line.get(s..))
+        .and_then(c_strtoul_u32);
+    let exptime = toks
+        .start(3)
+        .and_then(|s| line.get(s..))
+        .and_then(c_strtol_i32);
+    let (Some(flags), Some(exptime)) = (flags, exptime) else {
+        return reject();
+    };
+    let cas = if mode == StoreMode::Cas {
+        match toks.get(line, 5).and_then(tok_u64) {
+            Some(cas) => cas,
+            None => return reject(),
+        }
+    } else {
+        0
+    };
+    if vlen > limits.max_value {
+        return Parse::TooLarge {
+            mode,
+            key,
+            noreply,
+            consumed: line_len,
+            swallow,
+        };
+    }
+    let Some(total) = line_len.checked_add(swallow) else {
+        return Parse::Close;
+    };
+    let Some(block) = buf.get(line_len..total) else {
+        return Parse::Incomplete;
+    };
+    let (data, terminator) = block.split_at(vlen);
+    if terminator != b"\r\n" {
+        return fail(BAD_DATA_CHUNK, noreply, total, 0);
+    }
+    Parse::Request(
+        Request::Store {
+            mode,
+            key,
+            flags,
+            exptime: i64::from(exptime),
+            cas,
+            data,
+            noreply,
+        },
+        total,
+    )
+}
+
+/// `incr`/`decr <key> <delta> [noreply]`.
+fn parse_arith(line: &[u8], incr: bool) -> Parse<'_> {
+    let len = line.len();
+    let toks = Toks::new(line);
+    let (Some(key), true) = (toks.get(line, 1), toks.count >= 3) else {
+        return fail(BAD_FORMAT, false, len, 0);
+    };
+    let noreply = toks.ends_with_noreply(line);
+    if key.len() > MAX_KEY_LEN {
+        return fail(BAD_FORMAT, noreply, len, 0);
+    }
+    let Some(delta) = toks.get(line, 2).and_then(tok_u64) else {
+        return fail(INVALID_DELTA, noreply, len, 0);
+    };
+    Parse::Request(
+        Request::Arith {
+            incr,
+            key,
+            delta,
+            noreply,
+        },
+        len,
+    )
+}
+
+/// `touch <key> <exptime> [noreply]`.
+fn parse_touch(line: &[u8]) -> Parse<'_> {
+    let len = line.len();
+    let toks = Toks::new(line);
+    let (Some(key), true) = (toks.get(line, 1), toks.count >= 3) else {
+        return fail(BAD_FORMAT, false, len, 0);
+    };
+    let noreply = toks.ends_with_noreply(line);
+    if key.len() > MAX_KEY_LEN {
+        return fail(BAD_FORMAT, noreply, len, 0);
+    }
+    let Some(exptime) = toks.get(line, 2).and_then(tok_i32) else {
+        return fail(INVALID_EXPTIME, noreply, len, 0);
+    };
+    Parse::Request(
+        Request::Touch {
+            key,
+            exptime: i64::from(exptime),
+            noreply,
+        },
+        len,
+    )
+}
+
+/// `delete <key> [...] [noreply]`.
+fn parse_delete(line: &[u8]) -> Parse<'_> {
+    let len = line.len();
+    let toks = Toks::new(line);
+    let Some(key) = toks.get(line, 1) else {
+        return fail(BAD_FORMAT, false, len, 0);
+    };
+    let noreply = toks.ends_with_noreply(line);
+    if key.len() > MAX_KEY_LEN {
+        return fail(BAD_FORMAT, noreply, len, 0);
+    }
+    Parse::Request(Request::Delete { key, noreply }, len)
+}
+
+/// Everything not recognised by its command word: the admin commands, found by their first
+/// token, then unknown commands (`ERROR`, or a silent close for something ending in `HTTP/`).
+fn parse_other<'a>(line: &'a [u8], content: &'a [u8], limits: &Limits) -> Parse<'a> {
+    let len = line.len();
+    let toks = Toks::new(line);
+    let noreply = toks.ends_with_noreply(line);
+    let ok = |request| Parse::Request(request, len);
+    if let (Some(name), Some(name_end)) = (toks.get(line, 0), toks.end(0)) {
+        let args = Tokens::new(content.get(name_end..).unwrap_or_default());
+        match name {
+            b"flush_all" => {
+                if !limits.flush_enabled {
+                    return fail(FLUSH_NOT_ALLOWED, noreply, len, 0);
+                }
+                let bare = toks.count == if noreply { 2 } else { 1 };
+                let delay = if bare {
+                    Some(0)
+                } else {
+                    toks.get(line, 1).and_then(tok_i32)
+                };
+                return match delay {
+                    Some(delay) => ok(Request::FlushAll {
+                        delay: i64::from(delay),
+                        noreply,
+                    }),
+                    None => fail(INVALID_EXPTIME, noreply, len, 0),
+                };
+            }
+            b"verbosity" => {
+                return match toks.get(line, 1).and_then(tok_u32) {
+                    Some(level) => ok(Request::Verbosity { level, noreply }),
+                    None => fail(BAD_FORMAT, noreply, len, 0),
+                };
+            }
+            b"cache_memlimit" => {
+                return match toks.get(line, 1).and_then(tok_u32) {
+                    Some(mb) => ok(Request::CacheMemlimit {
+                        megabytes: u64::from(mb),
+                        noreply,
+                    }),
+                    None => fail(ErrorReply::Error, noreply, len, 0),
+                };
+            }
+            b"shutdown" => {
+                if !limits.shutdown_enabled {
+                    return fail(SHUTDOWN_NOT_ENABLED, noreply, len, 0);
+                }
+                return match (toks.count, toks.get(line, 1)) {
+                    (1, _) => ok(Request::Shutdown { graceful: false }),
+                    (2, Some(mode)) if c_strncmp_eq(mode, b"graceful") => {
+                        ok(Request::Shutdown { graceful: true })
+                    }
+                    _ => fail(INVALID_SHUTDOWN_MODE, noreply, len, 0),
+                };
+            }
+            b"slabs" | b"lru" | b"lru_crawler" | b"extstore" | b"misbehave" => {
+                return ok(Request::Admin { name, args });
+            }
+            b"debugtime" => {
+                if let Some(seconds) = toks.get(line, 1).and_then(tok_i64) {
+                    return ok(Request::DebugTime { seconds });
+                }
+            }
+            _ => {}
+        }
+    }
+    let last = toks.count.checked_sub(1).and_then(|i| toks.get(line, i));
+    if toks.count > 1 && last.is_some_and(|t| t.starts_with(b"HTTP/")) {
+        return Parse::Close;
+    }
+    fail(ErrorReply::Error, noreply, len, 0)
+}
+
+/// memcached's view of a command line: the first [`MAX_TOKENS`] space-separated tokens within
+/// its first [`TOKENIZER_MAX_LEN`] bytes (minus the terminator), as `(start, end)` offsets.
+#[derive(Clone, Copy)]
+struct Toks {
+    count: usize,
+    spans: [(u16, u16); MAX_TOKENS],
+}
+
+impl Toks {
+    /// Tokenize a whole line, terminator included.
+    fn new(line: &[u8]) -> Toks {
+        let mut toks = Toks {
+            count: 0,
+            spans: [(0, 0); MAX_TOKENS],
+        };
+        let len = line.len().min(TOKENIZER_MAX_LEN);
+        if len < 2 {
+            return toks;
+        }
+        // As memcached: the last byte of what it looks at is the terminator, with a '\r'
+        // before it dropped (for a line cut at 65,534 bytes this drops a real byte).
+        let end = if line.get(len - 2) == Some(&b'\r') {
+            len - 2
+        } else {
+            len - 1
+        };
+        let body = line.get(..end).unwrap_or_default();
+        let mut i = 0;
+        while toks.count < MAX_TOKENS {
+            while body.get(i) == Some(&b' ') {
+                i += 1;
+            }
+            if i >= body.len() {
+                break;
+            }
+            let start = i;
+            while body.get(i).is_some_and(|&b| b != b' ') {
+                i += 1;
+            }
+            // Offsets are below TOKENIZER_MAX_LEN, so they fit in u16.
+            if let Some(span) = toks.spans.get_mut(toks.count) {
+                *span = (start as u16, i as u16);
+            }
+            toks.count += 1;
+        }
+        toks
+    }
+
+    fn span(&self, i: usize) -> Option<(usize, usize)> {
+        if i >= self.count {
+            return None;
+        }
+        self.spans
+            .get(i)
+            .map(|&(s, e)| (usize::from(s), usize::from(e)))
+    }
+
+    fn start(&self, i: usize) -> Option<usize> {
+        self.span(i).map(|(s, _)| s)
+    }
+
+    fn end(&self, i: usize) -> Option<usize> {
+        self.span(i).map(|(_, e)| e)
+    }
+
+    fn get<'a>(&self, line: &'a [u8], i: usize) -> Option<&'a [u8]> {
+        let (s, e) = self.span(i)?;
+        line.get(s..e)
+    }
+
+    /// memcached's `noreply` test: the last token (of the first 23) is exactly `noreply`.
+    fn ends_with_noreply(&self, line: &[u8]) -> bool {
+        let last = self.count.checked_sub(1).and_then(|i| self.get(line, i));
+        last == Some(b"noreply".as_slice())
+    }
+}
+
+/// C's `strncmp(token, lit, token_len) == 0`, which memcached uses to match a subcommand:
+/// true when the token is a prefix of `lit` (or equals it up to a NUL byte).
+fn c_strncmp_eq(token: &[u8], lit: &[u8]) -> bool {
+    for (i, &a) in token.iter().enumerate() {
+        let b = lit.get(i).copied().unwrap_or(0);
+        if a != b {
+            return false;
+        }
+        if a == 0 {
+            return true;
+        }
+    }
+    true
+}
+
+/// memcached's strict unsigned token parser (mcmc `toktou32`/`toktou64`): at most `max_len`
+/// bytes, digits only, no sign.
+fn tok_unsigned(tok: &[u8], max_len: usize) -> Option<u64> {
+    if tok.len() > max_len {
+        return None;
+    }
+    tok.iter().try_fold(0u64, |acc, &b| {
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        acc.checked_mul(10)?.checked_add(u64::from(b - b'0'))
+    })
+}
+
+/// memcached's strict signed token parser (mcmc `tokto32`/`tokto64`): at most `max_len`
+/// bytes, an optional leading `-`, then digits (none at all reads as 0, so `-` is 0).
+fn tok_signed(tok: &[u8], max_len: usize) -> Option<i64> {
+    if tok.len() > max_len {
+        return None;
+    }
+    let (negative, digits) = match tok.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        _ => (false, tok),
+    };
+    digits.iter().try_fold(0i64, |acc, &b| {
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        let d = i64::from(b - b'0');
+        let acc = acc.checked_mul(10)?;
+        if negative {
+            acc.checked_sub(d)
+        } else {
+            acc.checked_add(d)
+        }
+    })
+}
+
+fn tok_u32(tok: &[u8]) -> Option<u32> {
+    tok_unsigned(tok, 11).and_then(|v| u32::try_from(v).ok())
+}
+
+fn tok_u64(tok: &[u8]) -> Option<u64> {
+    tok_unsigned(tok, 22)
+}
+
+fn tok_i32(tok: &[u8]) -> Option<i32> {
+    tok_signed(tok, 11).and_then(|v| i32::try_from(v).ok())
+}
+
+fn tok_i64(tok: &[u8]) -> Option<i64> {
+    tok_signed(tok, 22)
+}
+
+/// C's `isspace` in the C locale.
+fn is_c_space(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r')
+}
+
+/// A number read the way glibc's `strtoul`/`strtol` read base 10, plus memcached's `safe_`
+/// wrappers' check that it ends at whitespace or the end of the string.
+struct CNumber {
+    negative: bool,
+    /// The magnitude, `None` when it overflowed `u64` (`ERANGE`).
+    magnitude: Option<u64>,
+}
+
+/// Reads a C number from `s` (which stands for a NUL-terminated string: the end of `s` or a NUL
+/// byte ends it). `None` when there are no digits or they are not followed by whitespace/NUL.
+fn c_number(s: &[u8]) -> Option<CNumber> {
+    let mut i = s.iter().take_while(|&&b| is_c_space(b)).count();
+    let mut negative = false;
+    if let Some(&sign @ (b'+' | b'-')) = s.get(i) {
+        negative = sign == b'-';
+        i += 1;
+    }
+    let digits = s
+        .get(i..)
+        .unwrap_or_default()
+        .iter()
+        .take_while(|b| b.is_ascii_digit());
+    let mut count = 0;
+    let mut magnitude = Some(0u64);
+    for &b in digits {
+        count += 1;
+        magnitude = magnitude
+            .and_then(|m| m.checked_mul(10))
+            .and_then(|m| m.checked_add(u64::from(b - b'0')));
+    }
+    if count == 0 {
+        return None;
+    }
+    match s.get(i + count) {
+        None | Some(0) => {}
+        Some(&b) if is_c_space(b) => {}
+        Some(_) => return None,
+    }
+    Some(CNumber {
+        negative,
+        magnitude,
+    })
+}
+
+/// memcached's `safe_strtoul` into 32-bit client flags: `strtoul` with a 64-bit `long`, a
+/// negative result refused only when it looks negative as a signed number, then truncated to
+/// 32 bits (so `4294967297` is 1 and `-18446744073709551615` is 1).
+fn c_strtoul_u32(s: &[u8]) -> Option<u32> {
+    let n = c_number(s)?;
+    let magnitude = n.magnitude?;
+    let value = if n.negative {
+        magnitude.wrapping_neg()
+    } else {
+        magnitude
+    };
+    if n.negative && (value as i64) < 0 {
+        return None;
+    }
+    Some(value as u32)
+}
+
+/// memcached's `safe_strtol` into an `int32_t`: `strtol` with a 64-bit `long` (out of range is
+/// an error), then truncated to 32 bits.
+fn c_strtol_i32(s: &[u8]) -> Option<i32> {
+    let n = c_number(s)?;
+    let magnitude = n.magnitude?;
+    let value = if n.negative {
+        if magnitude > 1 << 63 {
+            return None;
+        }
+        (magnitude as i64).wrapping_neg()
+    } else {
+        i64::try_from(magnitude).ok()?
+    };
+    Some(value as i32)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Replies.
+
+/// `END\r\n`: the end of a `get` reply or a stats listing.
+pub const END: &[u8] = b"END\r\n";
+/// `STORED\r\n`.
+pub const STORED: &[u8] = b"STORED\r\n";
+/// `NOT_STORED\r\n`.
+pub const NOT_STORED: &[u8] = b"NOT_STORED\r\n";
+/// `EXISTS\r\n`.
+pub const EXISTS: &[u8] = b"EXISTS\r\n";
+/// `NOT_FOUND\r\n`.
+pub const NOT_FOUND: &[u8] = b"NOT_FOUND\r\n";
+/// `DELETED\r\n`.
+pub const DELETED: &[u8] = b"DELETED\r\n";
+/// `TOUCHED\r\n`.
+pub const TOUCHED: &[u8] = b"TOUCHED\r\n";
+/// `OK\r\n`.
+pub const OK: &[u8] = b"OK\r\n";
+/// `ERROR\r\n`.
+pub const ERROR: &[u8] = b"ERROR\r\n";
+/// `RESET\r\n`: the reply to `stats reset`.
+pub const RESET: &[u8] = b"RESET\r\n";
+
+/// Appends the decimal digits of `n`.
+fn put_u64(out: &mut Vec<u8>, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        if let Some(d) = digits.get_mut(i) {
+            *d = b'0' + (n % 10) as u8;
+        }
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(digits.get(i..).unwrap_or_default());
+}
+
+/// `VALUE <key> <flags> <bytes>[ <cas>]\r\n<data>\r\n`: one item of a `get`-family reply.
+pub fn write_value(out: &mut Vec<u8>, key: &[u8], flags: u32, data: &[u8], cas: Option<u64>) {
+    out.reserve(key.len() + data.len() + 64);
+    write_value_header(out, key, flags, data.len(), cas);
+    out.extend_from_slice(data);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// `VALUE <key> <flags> <bytes>[ <cas>]\r\n` alone, for a server that sends the data block
+/// (and its `\r\n`) from the item without copying it.
+pub fn write_value_header(
+    out: &mut Vec<u8>,
+    key: &[u8],
+    flags: u32,
+    bytes: usize,
+    cas: Option<u64>,
+) {
+    out.reserve(key.len() + 62);
+    out.extend_from_slice(b"VALUE ");
+    out.extend_from_slice(key);
+    out.push(b' ');
+    put_u64(out, u64::from(flags));
+    out.push(b' ');
+    put_u64(out, bytes as u64);
+    if let Some(cas) = cas {
+        out.push(b' ');
+        put_u64(out, cas);
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// The line for an error reply, `\r\n` included.
+pub fn write_error(out: &mut Vec<u8>, reply: ErrorReply) {
+    match reply {
+        ErrorReply::Error => out.extend_from_slice(ERROR),
+        ErrorReply::Client(msg) => {
+            out.extend_from_slice(b"CLIENT_ERROR ");
+            out.extend_from_slice(msg.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        ErrorReply::Server(msg) => {
+            out.extend_from_slice(b"SERVER_ERROR ");
+            out.extend_from_slice(msg.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        ErrorReply::Raw(line) => {
+            out.extend_from_slice(line.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+    }
+}
+
+/// `<n>\r\n`: the reply to a successful `incr`/`decr`.
+pub fn write_number(out: &mut Vec<u8>, n: u64) {
+    put_u64(out, n);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// `STAT <name> <value>\r\n`. Formatting `value` allocates nothing beyond growing `out`.
+pub fn write_stat(out: &mut Vec<u8>, name: &str, value: impl core::fmt::Display) {
+    use std::io::Write as _;
+    out.extend_from_slice(b"STAT ");
+    out.extend_from_slice(name.as_bytes());
+    out.push(b' ');
+    // Writing into a Vec cannot fail.
+    let _ = write!(out, "{value}");
+    out.extend_from_slice(b"\r\n");
+}
+
+/// `STAT <name> <value>\r\n` for an integer, without the formatting machinery.
+pub fn write_stat_u64(out: &mut Vec<u8>, name: &str, value: u64) {
+    out.extend_from_slice(b"STAT ");
+    out.extend_from_slice(name.as_bytes());
+    out.push(b' ');
+    put_u64(out, value);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// `VERSION <version>\r\n`.
+pub fn write_version(out: &mut Vec<u8>, version: &str) {
+    out.extend_from_slice(b"VERSION ");
+    out.extend_from_slice(version.as_bytes());
+    out.extend_from_slice(b"\r\n");
+}
+
+#[cfg(test)]
+mod tests;
