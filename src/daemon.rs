@@ -4,7 +4,7 @@
 //! memcached's order, which kvcached should keep: raise the core limit (`-r`), raise the
 //! descriptor limit (`-c`), drop privileges (`-u`), daemonize (`-d`), lock memory (`-k`),
 //! then, once listening, write the pid file (`-P`), and remove it at exit when
-//! daemonized. [`daemonize`] forks, so call it before any thread is started.
+//! daemonized. [`daemonize_with`] forks, so call it before any thread is started.
 
 use std::ffi::CString;
 use std::fs;
@@ -15,16 +15,10 @@ use std::path::{Path, PathBuf};
 pub const FD_RESERVE: u64 = 64;
 
 /// Become a background process the way memcached's `daemonize()` does: fork (the parent
-/// exits 0), start a new session, `chdir /`, and point stdin, stdout and stderr at
-/// `/dev/null`. Must run before any thread is spawned (only the calling thread survives
-/// `fork`).
-pub fn daemonize() -> io::Result<()> {
-    daemonize_with(false, false)
-}
-
-/// [`daemonize`], but `keep_cwd` skips the `chdir /` (memcached does so with `-r`, so
-/// cores land in the working directory) and `keep_stdio` leaves stdin, stdout and stderr
-/// alone (memcached does so with `-v`).
+/// exits 0), start a new session, `chdir /` unless `keep_cwd` (memcached keeps the directory
+/// with `-r`, so cores land there), and point stdin, stdout and stderr at `/dev/null` unless
+/// `keep_stdio` (memcached keeps them with `-v`). Must run before any thread is spawned (only
+/// the calling thread survives `fork`).
 pub fn daemonize_with(keep_cwd: bool, keep_stdio: bool) -> io::Result<()> {
     // SAFETY: fork has no preconditions; the caller guarantees no other thread exists,
     // so the child is a faithful copy of this single-threaded process.

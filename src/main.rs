@@ -1,9 +1,95 @@
 //! kvcached: a memcached-compatible in-memory key-value cache server.
+//!
+//! `main` turns the command line into a [`config::Config`], prepares the process (limits,
+//! privileges, daemon mode, pid file), binds the listening sockets and hands them to
+//! [`server::run`].
 
 mod cli;
+mod clock;
 mod config;
+mod conn;
 mod daemon;
+mod memory;
+mod server;
+mod stats;
+mod stats_report;
+mod text;
+mod worker;
 
-fn main() {
-    let _ = cli::parse(std::env::args_os().skip(1));
+use std::process::ExitCode;
+
+/// The version kvcached reports (`version`, `stats`): the memcached protocol level it
+/// implements, then its own version, so that clients that parse memcached's version keep
+/// working.
+pub const VERSION: &str = concat!("1.6.40-kvcached-", env!("CARGO_PKG_VERSION"));
+
+fn main() -> ExitCode {
+    let (config, notes) = match cli::parse(std::env::args_os().skip(1)) {
+        Ok(cli::Action::Run { config, notes }) => (*config, notes),
+        Ok(cli::Action::Help(text)) => {
+            print!("{text}");
+            return ExitCode::SUCCESS;
+        }
+        Ok(cli::Action::Version) => {
+            println!(
+                "kvcached {} (memcached {VERSION})",
+                env!("CARGO_PKG_VERSION")
+            );
+            return ExitCode::SUCCESS;
+        }
+        Err(msg) => {
+            eprintln!("kvcached: {msg}");
+            eprintln!("Try 'kvcached -h' for the list of options.");
+            return ExitCode::from(64);
+        }
+    };
+    for note in &notes {
+        eprintln!("kvcached: {note}");
+    }
+    match start(config) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(msg) => {
+            eprintln!("kvcached: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn start(config: config::Config) -> Result<(), String> {
+    if let Err(e) = daemon::raise_fd_limit(config.max_connections) {
+        eprintln!("kvcached: {e}");
+    }
+    daemon::drop_privileges(config.user.as_deref())?;
+    let listeners = server::bind_listeners(&config)?;
+    if config.max_core_file {
+        if let Err(e) = daemon::set_core_limit() {
+            eprintln!("kvcached: {e}");
+        }
+    }
+    if config.daemonize {
+        // Like memcached: -r keeps the working directory (for core files), -v keeps stderr.
+        daemon::daemonize_with(config.max_core_file, config.verbose > 0)
+            .map_err(|e| format!("failed to daemonize: {e}"))?;
+    }
+    if let Some(path) = &config.pid_file {
+        if let Some(pid) = daemon::running_pid_in(path) {
+            eprintln!(
+                "kvcached: warning: pid file {} names a running process ({pid}); overwriting",
+                path.display()
+            );
+        }
+        daemon::write_pid_file(path)
+            .map_err(|e| format!("could not write pid file {}: {e}", path.display()))?;
+    }
+    if config.lock_memory {
+        if let Err(e) = daemon::lock_memory() {
+            eprintln!("kvcached: warning: {e}");
+        }
+    }
+    let pid_file = config.pid_file.clone();
+    let result = server::run(config, listeners);
+    if let Some(path) = pid_file {
+        let _ = daemon::remove_pid_file(&path);
+    }
+    result
 }

@@ -77,7 +77,10 @@ impl Server {
         for _ in 0..5 {
             let port = free_port();
             let mut cmd = Command::new(&program);
-            cmd.arg("-l").arg("127.0.0.1").arg("-p").arg(port.to_string());
+            cmd.arg("-l")
+                .arg("127.0.0.1")
+                .arg("-p")
+                .arg(port.to_string());
             if running_as_root() && !args.contains(&"-u") {
                 cmd.arg("-u").arg("root");
             }
@@ -130,7 +133,10 @@ impl Server {
             if let Ok(Some(status)) = child.try_wait() {
                 panic!("{kind:?} exited early: {status}");
             }
-            assert!(Instant::now() < deadline, "{kind:?} did not listen on {path:?}");
+            assert!(
+                Instant::now() < deadline,
+                "{kind:?} did not listen on {path:?}"
+            );
             std::thread::sleep(Duration::from_millis(5));
         }
         Server {
@@ -310,5 +316,50 @@ impl Client {
             .into_iter()
             .find(|(k, _)| k == name)
             .map(|(_, v)| v)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Added by the integration tests (text_protocol.rs, connections.rs, cli.rs).
+
+impl Server {
+    /// Like [`Server::start`], but also checks that the process answering on the port is the
+    /// one just started (`stats` `pid` equals the child's pid), retrying otherwise. Guards
+    /// against two concurrently started servers being handed the same free port: the loser
+    /// exits on EADDRINUSE, but its readiness probe may already have connected to the winner.
+    pub fn start_verified(kind: Kind, args: &[&str]) -> Server {
+        for _ in 0..5 {
+            let mut s = Server::start(kind, args);
+            let ok = TcpStream::connect(s.addr())
+                .map(Client::new)
+                .map(|mut c| c.stat("pid") == Some(s.child.id().to_string()))
+                .unwrap_or(false);
+            if ok && s.child.try_wait().map(|st| st.is_none()).unwrap_or(false) {
+                return s;
+            }
+            drop(s);
+        }
+        panic!("{kind:?}: could not start a server that answers on its own port");
+    }
+
+    /// The server's resident set size in KiB (`VmRSS` in /proc/<pid>/status).
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .expect("read /proc/<pid>/status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS in /proc/<pid>/status")
+    }
+}
+
+impl Client {
+    /// A client on a unix socket path (the same helpers work on it).
+    pub fn unix(path: &Path) -> std::os::unix::net::UnixStream {
+        let s = std::os::unix::net::UnixStream::connect(path).expect("connect unix socket");
+        s.set_read_timeout(Some(TIMEOUT)).expect("timeout");
+        s.set_write_timeout(Some(TIMEOUT)).expect("timeout");
+        s
     }
 }

@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# Side-by-side throughput and CPU cost of kvcached and Debian's memcached, in one run.
+#
+# Each server runs with one worker thread pinned to one core; the load generator is pinned to
+# the other core. The same load runs against each server in turn, ROUNDS times, alternating
+# (memcached, kvcached, memcached, ...) so that a noisy neighbour hurts both alike. For each run
+# it reports requests/s (from the server's own cmd_get + cmd_set counters) and the server's CPU
+# time per request (user + system, from /proc), then the kvcached/memcached ratios of the
+# medians.
+#
+# usage: bench/compare.sh [-d SECONDS] [-r ROUNDS] [-c CONNS] [-l memcaslap|kvblast] [-- LOAD ARGS]
+#   memcaslap (libmemcached-tools): its default mix, 90% get / 10% set, the OSv benchmark's.
+#   kvblast: the project's own generator; LOAD ARGS are passed to `kvblast run`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+duration=10
+rounds=3
+conns=50
+load=memcaslap
+while getopts "d:r:c:l:" opt; do
+    case $opt in
+        d) duration=$OPTARG ;;
+        r) rounds=$OPTARG ;;
+        c) conns=$OPTARG ;;
+        l) load=$OPTARG ;;
+        *) echo "usage: $0 [-d SECONDS] [-r ROUNDS] [-c CONNS] [-l memcaslap|kvblast] [-- LOAD ARGS]" >&2; exit 2 ;;
+    esac
+done
+shift $((OPTIND - 1))
+extra=("$@")
+
+server_core=1
+load_core=0
+[ "$(nproc)" -ge 2 ] || { server_core=0; echo "warning: one core: server and load share it" >&2; }
+
+if [ "$load" = kvblast ]; then
+    cargo build --release -q -p kvcached -p kvblast
+else
+    cargo build --release -q -p kvcached
+fi
+kvcached=target/release/kvcached
+memcached=${MEMCACHED:-/usr/bin/memcached}
+mc_version=$("$memcached" -V | awk '{print $2}')
+user_args=()
+[ "$(id -u)" -eq 0 ] && user_args=(-u root)
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# stat PORT NAME: one general stats value.
+stat() {
+    python3 - "$1" "$2" <<'EOF'
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=5)
+s.sendall(b"stats\r\n")
+buf = b""
+while not buf.endswith(b"END\r\n"):
+    d = s.recv(65536)
+    if not d:
+        break
+    buf += d
+for line in buf.decode().splitlines():
+    p = line.split()
+    if len(p) == 3 and p[1] == sys.argv[2]:
+        print(p[2])
+EOF
+}
+
+# cpu_ticks PID: user + system clock ticks of a process.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
+wait_port() {
+    for _ in $(seq 1 200); do
+        python3 -c "import socket; socket.create_connection(('127.0.0.1',$1),timeout=0.2)" 2>/dev/null && return 0
+        sleep 0.05
+    done
+    echo "server on port $1 did not start" >&2
+    return 1
+}
+
+run_load() { # PORT
+    local port=$1
+    case $load in
+        memcaslap)
+            timeout $((duration + 30)) taskset -c $load_core memcaslap -s "127.0.0.1:$port" -T 1 -c "$conns" \
+                -t "${duration}s" "${extra[@]}" >/dev/null 2>&1 || true ;;
+        kvblast)
+            timeout $((duration + 30)) taskset -c $load_core target/release/kvblast run --connections "$conns" \
+                --duration "${duration}s" "${extra[@]}" "127.0.0.1:$port" >/dev/null 2>&1 || true ;;
+        *) echo "unknown load generator $load" >&2; exit 2 ;;
+    esac
+}
+
+hz=$(getconf CLK_TCK)
+results=$(mktemp)
+trap 'rm -f "$results"; [ -n "${pid:-}" ] && kill "$pid" 2>/dev/null || true' EXIT
+
+for round in $(seq 1 "$rounds"); do
+    for server in memcached kvcached; do
+        port=$(free_port)
+        bin=$memcached
+        [ $server = kvcached ] && bin=$kvcached
+        taskset -c $server_core "$bin" "${user_args[@]}" -l 127.0.0.1 -p "$port" -t 1 -m 1024 -c 4096 &
+        pid=$!
+        wait_port "$port"
+        t0=$(cpu_ticks $pid)
+        g0=$(stat "$port" cmd_get); s0=$(stat "$port" cmd_set)
+        start=$(date +%s.%N)
+        run_load "$port"
+        end=$(date +%s.%N)
+        g1=$(stat "$port" cmd_get); s1=$(stat "$port" cmd_set)
+        t1=$(cpu_ticks $pid)
+        kill "$pid"; wait "$pid" 2>/dev/null || true; pid=
+        python3 - "$server" "$round" "$start" "$end" "$g0" "$g1" "$s0" "$s1" "$t0" "$t1" "$hz" >>"$results" <<'EOF'
+import sys
+server, rnd, start, end, g0, g1, s0, s1, t0, t1, hz = sys.argv[1:]
+reqs = (int(g1) - int(g0)) + (int(s1) - int(s0))
+secs = float(end) - float(start)
+cpu = (int(t1) - int(t0)) / int(hz)
+print(server, rnd, reqs, f"{reqs / secs:.0f}", f"{cpu / max(reqs, 1) * 1e6:.3f}", f"{cpu / secs * 100:.0f}")
+EOF
+    done
+done
+
+echo "load: $load, $conns connections, ${duration}s per run, $rounds rounds; $(nproc) cores; server on core $server_core, load on core $load_core"
+echo "memcached: $memcached $mc_version (1 worker thread); kvcached: $($kvcached -V) (1 worker thread)"
+printf '%-10s %5s %12s %12s %14s %9s\n' server round requests "req/s" "cpu_us/req" "cpu_%"
+while read -r s r n rps us pct; do
+    printf '%-10s %5s %12s %12s %14s %9s\n' "$s" "$r" "$n" "$rps" "$us" "$pct"
+done <"$results"
+python3 - "$results" <<'EOF'
+import sys, statistics
+rows = [l.split() for l in open(sys.argv[1])]
+def med(server, col):
+    return statistics.median(float(r[col]) for r in rows if r[0] == server)
+for name, col in (("req/s", 3), ("cpu_us/req", 4)):
+    m, k = med("memcached", col), med("kvcached", col)
+    print(f"median {name}: memcached {m:.3f}  kvcached {k:.3f}  kvcached/memcached {k / m:.2f}")
+EOF

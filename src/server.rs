@@ -1,0 +1,343 @@
+//! Wiring: the state all workers share, the listening sockets, the worker threads and the
+//! signals that stop them.
+//!
+//! ```text
+//!            signals (main thread) ──shutdown──┐
+//!                                              ▼
+//!  listeners ─┬─ worker 0: mio poll ─ conns ─┐
+//!  (shared)   ├─ worker 1: mio poll ─ conns ─┼─▶ engine (kvstore, shared, internally sharded)
+//!             └─ worker N: mio poll ─ conns ─┘
+//! ```
+//! Every worker polls every listener (a duplicate of the same socket), accepts what it can and
+//! keeps the connections it accepted for their whole life: a request is parsed, executed and
+//! answered on one thread (a column), and workers share nothing but the engine and counters.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use kvproto::text::{Limits, MAX_GET_LINE_LEN, MAX_LINE_LEN};
+use kvstore::{Engine, EngineConfig, HashMapEngine};
+use socket2::{Domain, Socket, Type};
+
+use crate::clock::Clock;
+use crate::config::{Config, MemoryLimit};
+use crate::conn::ConnInfo;
+use crate::stats::{ServerStats, WorkerStats};
+use crate::worker::Worker;
+
+/// A listening socket.
+pub enum Listener {
+    Tcp(std::net::TcpListener),
+    Unix(std::os::unix::net::UnixListener),
+}
+
+impl Listener {
+    pub fn try_clone(&self) -> io::Result<Listener> {
+        Ok(match self {
+            Listener::Tcp(l) => Listener::Tcp(l.try_clone()?),
+            Listener::Unix(l) => Listener::Unix(l.try_clone()?),
+        })
+    }
+
+    pub fn describe(&self) -> String {
+        match self {
+            Listener::Tcp(l) => match l.local_addr() {
+                Ok(a) => format!("tcp:{a}"),
+                Err(_) => "tcp:?".into(),
+            },
+            Listener::Unix(l) => match l
+                .local_addr()
+                .ok()
+                .and_then(|a| a.as_pathname().map(|p| p.display().to_string()))
+            {
+                Some(p) => format!("unix:{p}"),
+                None => "unix:?".into(),
+            },
+        }
+    }
+
+    fn fd(&self) -> i32 {
+        match self {
+            Listener::Tcp(l) => l.as_raw_fd(),
+            Listener::Unix(l) => l.as_raw_fd(),
+        }
+    }
+}
+
+/// Whether a registered socket is a listener or a client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnKind {
+    Listener,
+    Client,
+}
+
+/// State shared by all workers.
+pub struct Shared {
+    pub config: Config,
+    pub engine: Box<dyn Engine>,
+    pub engine_name: &'static str,
+    pub clock: Clock,
+    pub stats: ServerStats,
+    pub limits: Limits,
+    pub verbosity: AtomicU8,
+    pub curr_conns: AtomicUsize,
+    pub total_conns: AtomicU64,
+    pub rejected_conns: AtomicU64,
+    shutdown: AtomicBool,
+    /// Sockets by file descriptor, for `stats conns`; written on accept and close only.
+    registry: Mutex<BTreeMap<i32, (ConnKind, Arc<ConnInfo>)>>,
+    wakers: OnceLock<Vec<Arc<mio::Waker>>>,
+}
+
+impl Shared {
+    /// The largest request a connection may buffer: a full item with its command line, or
+    /// a long multiget line.
+    pub fn max_request_len(&self) -> usize {
+        (self.config.item_size_max + MAX_LINE_LEN + 2).max(MAX_GET_LINE_LEN)
+    }
+
+    pub fn shutting_down(&self) -> bool {
+        self.shutdown.load(Ordering::Acquire)
+    }
+
+    /// Stop the server: workers finish their current events and exit.
+    pub fn request_shutdown(&self) {
+        self.shutdown.store(true, Ordering::Release);
+        if let Some(wakers) = self.wakers.get() {
+            for w in wakers {
+                let _ = w.wake();
+            }
+        }
+    }
+
+    pub fn register(&self, fd: i32, kind: ConnKind, info: Arc<ConnInfo>) {
+        self.lock_registry().insert(fd, (kind, info));
+    }
+
+    pub fn unregister(&self, fd: i32) {
+        self.lock_registry().remove(&fd);
+    }
+
+    pub fn connection_list(&self) -> Vec<(i32, ConnKind, Arc<ConnInfo>)> {
+        self.lock_registry()
+            .iter()
+            .map(|(fd, (k, i))| (*fd, *k, i.clone()))
+            .collect()
+    }
+
+    pub fn reset_connection_stats(&self) {
+        self.total_conns.store(0, Ordering::Relaxed);
+        self.rejected_conns.store(0, Ordering::Relaxed);
+    }
+
+    fn lock_registry(&self) -> std::sync::MutexGuard<'_, BTreeMap<i32, (ConnKind, Arc<ConnInfo>)>> {
+        self.registry.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn log(&self, level: u8, msg: impl FnOnce() -> String) {
+        if self.verbosity.load(Ordering::Relaxed) >= level {
+            eprintln!("{}", msg());
+        }
+    }
+}
+
+/// The memory limit in bytes for a configuration.
+pub fn memory_bytes(limit: MemoryLimit) -> usize {
+    match limit {
+        MemoryLimit::Fixed(b) => b,
+        MemoryLimit::Auto => crate::memory::auto_limit(),
+    }
+}
+
+/// Bind every listening socket the configuration asks for.
+pub fn bind_listeners(config: &Config) -> Result<Vec<Listener>, String> {
+    let mut out = Vec::new();
+    if let Some(path) = &config.unix_socket {
+        out.push(bind_unix(path, config.unix_mask, config.backlog)?);
+        return Ok(out);
+    }
+    for entry in &config.listeners {
+        if entry.port_or(config.tcp_port) == 0 {
+            continue;
+        }
+        let addrs = entry
+            .socket_addrs(config.tcp_port)
+            .map_err(|e| format!("failed to resolve {:?}: {e}", entry.host))?;
+        if addrs.is_empty() {
+            return Err(format!("{:?} resolves to no address", entry.host));
+        }
+        for addr in addrs {
+            out.push(bind_tcp(addr, config.backlog)?);
+        }
+    }
+    if out.is_empty() {
+        return Err("nothing to listen on: set -p, -l or -s".into());
+    }
+    Ok(out)
+}
+
+fn bind_tcp(addr: SocketAddr, backlog: i32) -> Result<Listener, String> {
+    let fail = |e: io::Error| format!("failed to listen on TCP {addr}: {e}");
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None).map_err(fail)?;
+    socket.set_reuse_address(true).map_err(fail)?;
+    if addr.is_ipv6() {
+        socket.set_only_v6(true).map_err(fail)?;
+    }
+    socket.bind(&addr.into()).map_err(fail)?;
+    socket.listen(backlog).map_err(fail)?;
+    socket.set_nonblocking(true).map_err(fail)?;
+    Ok(Listener::Tcp(socket.into()))
+}
+
+fn bind_unix(path: &Path, mask: u32, backlog: i32) -> Result<Listener, String> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let fail = |e: io::Error| format!("failed to listen on unix socket {}: {e}", path.display());
+    // Like memcached, replace a stale socket file, but never another kind of file.
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if meta.file_type().is_socket() {
+            std::fs::remove_file(path).map_err(fail)?;
+        }
+    }
+    let socket = Socket::new(Domain::UNIX, Type::STREAM, None).map_err(fail)?;
+    let addr = socket2::SockAddr::unix(path).map_err(fail)?;
+    socket.bind(&addr).map_err(fail)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mask & 0o777)).map_err(fail)?;
+    socket.listen(backlog).map_err(fail)?;
+    socket.set_nonblocking(true).map_err(fail)?;
+    Ok(Listener::Unix(socket.into()))
+}
+
+/// Build the engine the configuration asks for.
+pub fn build_engine(config: &Config) -> (Box<dyn Engine>, &'static str) {
+    let ec = EngineConfig {
+        max_bytes: memory_bytes(config.memory_limit),
+        max_item_size: config.item_size_max,
+        no_evict: config.no_evict,
+        use_cas: config.use_cas,
+    };
+    (Box::new(HashMapEngine::new(ec)), "hashmap")
+}
+
+/// Run the server until a signal or `shutdown` stops it.
+pub fn run(config: Config, listeners: Vec<Listener>) -> Result<(), String> {
+    let threads = config.threads.max(1);
+    let (engine, engine_name) = build_engine(&config);
+    let worker_stats: Vec<Arc<WorkerStats>> = (0..threads)
+        .map(|_| Arc::new(WorkerStats::default()))
+        .collect();
+    let shared = Arc::new(Shared {
+        limits: Limits {
+            max_value: config.item_size_max,
+            flush_enabled: config.flush_enabled,
+            shutdown_enabled: config.enable_shutdown,
+        },
+        verbosity: AtomicU8::new(config.verbose),
+        engine,
+        engine_name,
+        clock: Clock::new(),
+        stats: ServerStats::new(worker_stats.clone()),
+        curr_conns: AtomicUsize::new(0),
+        total_conns: AtomicU64::new(0),
+        rejected_conns: AtomicU64::new(0),
+        shutdown: AtomicBool::new(false),
+        registry: Mutex::new(BTreeMap::new()),
+        wakers: OnceLock::new(),
+        config,
+    });
+    for l in &listeners {
+        shared.register(
+            l.fd(),
+            ConnKind::Listener,
+            Arc::new(ConnInfo::new(l.describe(), String::new())),
+        );
+        shared.log(1, || format!("listening on {}", l.describe()));
+    }
+
+    let mut workers = Vec::with_capacity(threads);
+    let mut wakers = Vec::with_capacity(threads);
+    for (i, stats) in worker_stats.into_iter().enumerate() {
+        let mine = listeners
+            .iter()
+            .map(|l| l.try_clone())
+            .collect::<io::Result<Vec<_>>>()
+            .map_err(|e| format!("failed to share a listening socket: {e}"))?;
+        let worker = Worker::new(i, shared.clone(), stats, mine)
+            .map_err(|e| format!("failed to start worker {i}: {e}"))?;
+        wakers.push(worker.waker());
+        workers.push(worker);
+    }
+    let _ = shared.wakers.set(wakers);
+
+    let signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+    ])
+    .map_err(|e| format!("failed to install signal handlers: {e}"))?;
+    let handle = signals.handle();
+    let watcher = {
+        let shared = shared.clone();
+        let mut signals = signals;
+        std::thread::Builder::new()
+            .name("signals".into())
+            .spawn(move || {
+                if let Some(sig) = signals.forever().next() {
+                    shared.log(1, || format!("signal {sig}: shutting down"));
+                    shared.request_shutdown();
+                }
+            })
+            .map_err(|e| format!("failed to start the signal thread: {e}"))?
+    };
+
+    let mut handles = Vec::with_capacity(workers.len());
+    for (i, w) in workers.into_iter().enumerate() {
+        let h = std::thread::Builder::new()
+            .name(format!("worker-{i}"))
+            .spawn(move || w.run())
+            .map_err(|e| format!("failed to spawn worker {i}: {e}"))?;
+        handles.push(h);
+    }
+    let maintenance = {
+        let shared = shared.clone();
+        std::thread::Builder::new()
+            .name("maintenance".into())
+            .spawn(move || maintenance_loop(&shared))
+            .map_err(|e| format!("failed to spawn maintenance thread: {e}"))?
+    };
+
+    let mut failed = false;
+    for h in handles {
+        if h.join().is_err() {
+            failed = true;
+            shared.request_shutdown();
+        }
+    }
+    handle.close();
+    let _ = watcher.join();
+    let _ = maintenance.join();
+    if let Some(path) = &shared.config.unix_socket {
+        let _ = std::fs::remove_file(path);
+    }
+    if failed {
+        return Err("a worker thread failed".into());
+    }
+    Ok(())
+}
+
+/// Reclaim expired items in the background, a bounded amount each tick, until shutdown.
+fn maintenance_loop(shared: &Shared) {
+    // Sleep in short slices so that shutdown is noticed promptly.
+    let slice = std::time::Duration::from_millis(50);
+    let mut n = 0u32;
+    while !shared.shutting_down() {
+        if n % 4 == 0 {
+            shared.engine.maintain(shared.clock.now());
+        }
+        n = n.wrapping_add(1);
+        std::thread::sleep(slice);
+    }
+}

@@ -1,0 +1,157 @@
+//! Server counters, in memcached's names.
+//!
+//! Each worker owns a [`WorkerStats`] that only it writes (a relaxed load and store, no
+//! locked instruction on the request path); `stats` sums all workers' counters. `stats reset`
+//! does not write other workers' counters: it records the current sums as a baseline that
+//! later reports subtract.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// A counter written by one thread and read by any.
+#[derive(Default)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    /// Add `n`. Only the owning worker calls this, so load-then-store loses nothing.
+    #[inline]
+    pub fn add(&self, n: u64) {
+        let v = self.0.load(Ordering::Relaxed);
+        self.0.store(v.wrapping_add(n), Ordering::Relaxed);
+    }
+
+    #[inline]
+    pub fn incr(&self) {
+        self.add(1);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+macro_rules! worker_counters {
+    ($($name:ident),* $(,)?) => {
+        /// One worker's request counters.
+        #[derive(Default)]
+        #[repr(align(128))]
+        pub struct WorkerStats {
+            $(pub $name: Counter,)*
+        }
+
+        /// Counters summed over workers.
+        #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+        pub struct Totals {
+            $(pub $name: u64,)*
+        }
+
+        impl WorkerStats {
+            fn add_to(&self, t: &mut Totals) {
+                $(t.$name = t.$name.wrapping_add(self.$name.get());)*
+            }
+        }
+
+        impl Totals {
+            fn since(self, base: &Totals) -> Totals {
+                Totals { $($name: self.$name.wrapping_sub(base.$name),)* }
+            }
+        }
+    };
+}
+
+worker_counters!(
+    cmd_get,
+    cmd_set,
+    cmd_flush,
+    cmd_touch,
+    cmd_meta,
+    get_hits,
+    get_misses,
+    delete_misses,
+    delete_hits,
+    incr_misses,
+    incr_hits,
+    decr_misses,
+    decr_hits,
+    cas_misses,
+    cas_hits,
+    cas_badval,
+    touch_hits,
+    touch_misses,
+    store_too_large,
+    store_no_memory,
+    auth_cmds,
+    auth_errors,
+    bytes_read,
+    bytes_written,
+    conn_yields,
+);
+
+/// All workers' counters, and the `stats reset` baseline.
+pub struct ServerStats {
+    workers: Vec<std::sync::Arc<WorkerStats>>,
+    baseline: Mutex<Totals>,
+}
+
+impl ServerStats {
+    pub fn new(workers: Vec<std::sync::Arc<WorkerStats>>) -> ServerStats {
+        ServerStats {
+            workers,
+            baseline: Mutex::new(Totals::default()),
+        }
+    }
+
+    fn raw(&self) -> Totals {
+        let mut t = Totals::default();
+        for w in &self.workers {
+            w.add_to(&mut t);
+        }
+        t
+    }
+
+    /// The counters since the last reset.
+    pub fn totals(&self) -> Totals {
+        let base = *self.baseline.lock().unwrap_or_else(|e| e.into_inner());
+        self.raw().since(&base)
+    }
+
+    /// `stats reset`.
+    pub fn reset(&self) {
+        let now = self.raw();
+        *self.baseline.lock().unwrap_or_else(|e| e.into_inner()) = now;
+    }
+}
+
+/// User and system CPU time of this process, in seconds and microseconds.
+pub fn rusage() -> ((i64, i64), (i64, i64)) {
+    // SAFETY: getrusage writes into the zeroed struct we pass; RUSAGE_SELF is always valid.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    if rc != 0 {
+        return ((0, 0), (0, 0));
+    }
+    (
+        (ru.ru_utime.tv_sec, ru.ru_utime.tv_usec),
+        (ru.ru_stime.tv_sec, ru.ru_stime.tv_usec),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn totals_sum_workers_and_reset_subtracts() {
+        let a = Arc::new(WorkerStats::default());
+        let b = Arc::new(WorkerStats::default());
+        let s = ServerStats::new(vec![a.clone(), b.clone()]);
+        a.cmd_get.add(3);
+        b.cmd_get.add(4);
+        assert_eq!(s.totals().cmd_get, 7);
+        s.reset();
+        assert_eq!(s.totals().cmd_get, 0);
+        b.cmd_get.incr();
+        assert_eq!(s.totals().cmd_get, 1);
+    }
+}

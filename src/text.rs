@@ -1,0 +1,296 @@
+//! Executing classic text-protocol requests against the engine, with memcached's replies
+//! and counters. Parsing is `kvproto`'s; storage is `kvstore`'s; this module only maps one
+//! onto the other.
+
+use std::sync::atomic::Ordering;
+
+use kvproto::text::{self as proto, ErrorReply, Keys, Request, StoreMode};
+use kvstore::{ArithResult, ReadOptions, StoreRequest, StoreResult};
+
+use crate::conn::{Ctx, Session, Step, OUTPUT_HIGH_WATER};
+use crate::stats_report;
+
+/// Execute one request, appending its reply to `s.out`.
+pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
+    let shared = ctx.shared;
+    let st = ctx.stats;
+    let engine = &*shared.engine;
+    match req {
+        Request::Get { with_cas, keys } => get(ctx, s, keys, with_cas, None),
+        Request::Gat {
+            with_cas,
+            exptime,
+            keys,
+        } => {
+            let at = shared.clock.expiry(exptime);
+            get(ctx, s, keys, with_cas, Some(at))
+        }
+        Request::Store {
+            mode,
+            key,
+            flags,
+            exptime,
+            cas,
+            data,
+            noreply,
+        } => {
+            st.cmd_set.incr();
+            let now = shared.clock.now();
+            let req = StoreRequest {
+                mode: store_mode(mode, cas),
+                key,
+                value: data,
+                flags,
+                exptime: shared.clock.expiry(exptime),
+            };
+            let result = engine.store(req, now);
+            if mode == StoreMode::Cas {
+                match result {
+                    StoreResult::Stored(_) => st.cas_hits.incr(),
+                    StoreResult::Exists => st.cas_badval.incr(),
+                    StoreResult::NotFound => st.cas_misses.incr(),
+                    _ => {}
+                }
+            }
+            let reply: &[u8] = match result {
+                StoreResult::Stored(_) => proto::STORED,
+                StoreResult::NotStored => proto::NOT_STORED,
+                StoreResult::Exists => proto::EXISTS,
+                StoreResult::NotFound => proto::NOT_FOUND,
+                StoreResult::TooLarge => {
+                    st.store_too_large.incr();
+                    b"SERVER_ERROR object too large for cache\r\n"
+                }
+                StoreResult::NoMemory => {
+                    st.store_no_memory.incr();
+                    b"SERVER_ERROR out of memory storing object\r\n"
+                }
+            };
+            reply_unless(s, noreply, reply);
+            Step::Next
+        }
+        Request::Delete { key, noreply } => {
+            let now = shared.clock.now();
+            if engine.delete(key, now) {
+                st.delete_hits.incr();
+                reply_unless(s, noreply, proto::DELETED);
+            } else {
+                st.delete_misses.incr();
+                reply_unless(s, noreply, proto::NOT_FOUND);
+            }
+            Step::Next
+        }
+        Request::Arith {
+            incr,
+            key,
+            delta,
+            noreply,
+        } => {
+            let now = shared.clock.now();
+            let (hits, misses) = if incr {
+                (&st.incr_hits, &st.incr_misses)
+            } else {
+                (&st.decr_hits, &st.decr_misses)
+            };
+            match engine.arith(key, incr, delta, now) {
+                ArithResult::Value(v) => {
+                    hits.incr();
+                    if !noreply {
+                        proto::write_number(&mut s.out, v);
+                    }
+                }
+                ArithResult::NotFound => {
+                    misses.incr();
+                    reply_unless(s, noreply, proto::NOT_FOUND);
+                }
+                // memcached counts neither a hit nor a miss here, and honours noreply.
+                ArithResult::NonNumeric if !noreply => proto::write_error(
+                    &mut s.out,
+                    ErrorReply::Client("cannot increment or decrement non-numeric value"),
+                ),
+                ArithResult::NoMemory if !noreply => {
+                    proto::write_error(&mut s.out, ErrorReply::Server("out of memory"));
+                }
+                ArithResult::NonNumeric | ArithResult::NoMemory => {}
+            }
+            Step::Next
+        }
+        Request::Touch {
+            key,
+            exptime,
+            noreply,
+        } => {
+            st.cmd_touch.incr();
+            let now = shared.clock.now();
+            if engine.touch(key, shared.clock.expiry(exptime), now) {
+                st.touch_hits.incr();
+                reply_unless(s, noreply, proto::TOUCHED);
+            } else {
+                st.touch_misses.incr();
+                reply_unless(s, noreply, proto::NOT_FOUND);
+            }
+            Step::Next
+        }
+        Request::FlushAll { delay, noreply } => {
+            // The parser already refused flush_all when -F disabled it.
+            st.cmd_flush.incr();
+            let now = shared.clock.now();
+            let at = if delay > 0 {
+                shared.clock.expiry(delay)
+            } else {
+                now
+            };
+            engine.flush_all(at, now);
+            reply_unless(s, noreply, proto::OK);
+            Step::Next
+        }
+        Request::Version => {
+            proto::write_version(&mut s.out, crate::VERSION);
+            Step::Next
+        }
+        Request::Verbosity { level, noreply } => {
+            shared
+                .verbosity
+                .store(level.min(u8::MAX as u32) as u8, Ordering::Relaxed);
+            reply_unless(s, noreply, proto::OK);
+            Step::Next
+        }
+        Request::Quit => {
+            // Replies to requests before `quit` are still sent, then the connection closes.
+            s.close_after_write = true;
+            Step::Next
+        }
+        Request::Shutdown { graceful: _ } => {
+            // The parser already refused shutdown unless -A enabled it. Both modes stop the
+            // server gracefully: workers finish their current events and exit.
+            shared.request_shutdown();
+            Step::Close
+        }
+        Request::Stats { args } => {
+            stats_report::write(ctx, s, args);
+            Step::Next
+        }
+        Request::CacheMemlimit { megabytes, noreply } => {
+            // memcached's replies: megabytes below 8 or above 10^9 are refused.
+            let reply: &[u8] = if megabytes < 8 {
+                b"MEMLIMIT_TOO_SMALL cannot set maxbytes to less than 8m\r\n"
+            } else if megabytes > 1_000_000_000 {
+                b"MEMLIMIT_ADJUST_FAILED input value is megabytes not bytes\r\n"
+            } else {
+                let bytes = (megabytes as usize).saturating_mul(1 << 20);
+                engine.set_max_bytes(bytes, shared.clock.now());
+                if noreply {
+                    return Step::Next;
+                }
+                proto::OK
+            };
+            s.out.extend_from_slice(reply);
+            Step::Next
+        }
+        Request::DebugTime { seconds } => {
+            if shared.config.debug_clock {
+                shared.clock.advance(seconds);
+                s.out.extend_from_slice(proto::OK);
+            } else {
+                s.out.extend_from_slice(proto::ERROR);
+            }
+            Step::Next
+        }
+        Request::Admin { name, args: _ } => {
+            admin(s, name);
+            Step::Next
+        }
+    }
+}
+
+/// memcached commands about its slab allocator, LRU crawler and log watchers, which have no
+/// counterpart here.
+fn admin(s: &mut Session, name: &[u8]) {
+    let reply: &[u8] = match name {
+        b"slabs" => b"CLIENT_ERROR slab reassignment disabled\r\n",
+        b"lru_crawler" => b"CLIENT_ERROR lru crawler disabled\r\n",
+        b"lru" => b"CLIENT_ERROR lru tuning not supported\r\n",
+        b"watch" => b"CLIENT_ERROR watch not supported\r\n",
+        _ => proto::ERROR,
+    };
+    s.out.extend_from_slice(reply);
+}
+
+fn reply_unless(s: &mut Session, noreply: bool, reply: &[u8]) {
+    if !noreply {
+        s.out.extend_from_slice(reply);
+    }
+}
+
+fn store_mode(mode: StoreMode, cas: u64) -> kvstore::StoreMode {
+    match mode {
+        StoreMode::Set => kvstore::StoreMode::Set,
+        StoreMode::Add => kvstore::StoreMode::Add,
+        StoreMode::Replace => kvstore::StoreMode::Replace,
+        StoreMode::Append => kvstore::StoreMode::Append,
+        StoreMode::Prepend => kvstore::StoreMode::Prepend,
+        StoreMode::Cas => kvstore::StoreMode::Cas(cas),
+    }
+}
+
+/// get/gets/gat/gats: answer key by key, pausing when the output is over the high-water
+/// mark so that a large multiget streams out instead of being built in memory.
+fn get(
+    ctx: &mut Ctx<'_>,
+    s: &mut Session,
+    keys: Keys<'_>,
+    with_cas: bool,
+    touch: Option<kvstore::Time>,
+) -> Step {
+    let shared = ctx.shared;
+    let st = ctx.stats;
+    let now = shared.clock.now();
+    let opts = ReadOptions { touch };
+    let mut keys = keys.skip(s.get_progress).peekable();
+    while let Some(key) = keys.next() {
+        let out = &mut s.out;
+        let hit = shared.engine.get(key, now, opts, &mut |item| {
+            let cas = if with_cas { Some(item.cas) } else { None };
+            proto::write_value(out, item.key, item.flags, item.value, cas);
+        });
+        match (touch.is_some(), hit) {
+            (false, true) => {
+                st.cmd_get.incr();
+                st.get_hits.incr();
+            }
+            (false, false) => {
+                st.cmd_get.incr();
+                st.get_misses.incr();
+            }
+            (true, true) => {
+                st.cmd_touch.incr();
+                st.touch_hits.incr();
+            }
+            (true, false) => {
+                st.cmd_touch.incr();
+                st.touch_misses.incr();
+            }
+        }
+        s.get_progress += 1;
+        if s.pending() >= OUTPUT_HIGH_WATER && keys.peek().is_some() {
+            return Step::Pause;
+        }
+    }
+    s.get_progress = 0;
+    s.out.extend_from_slice(proto::END);
+    Step::Next
+}
+
+/// A storage command whose data block exceeds `-I`: memcached answers an error (unless
+/// `noreply`), and a `set` also removes the old item so that a reader cannot see stale data.
+pub fn too_large(ctx: &mut Ctx<'_>, s: &mut Session, mode: StoreMode, key: &[u8], noreply: bool) {
+    let shared = ctx.shared;
+    ctx.stats.cmd_set.incr();
+    ctx.stats.store_too_large.incr();
+    if mode == StoreMode::Set {
+        shared.engine.delete(key, shared.clock.now());
+    }
+    if !noreply {
+        proto::write_error(&mut s.out, proto::TOO_LARGE);
+    }
+}

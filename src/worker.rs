@@ -1,0 +1,260 @@
+//! A worker: one thread, one mio event loop, the connections it accepted.
+//!
+//! The loop accepts from every listener, drives connections whose sockets are ready, runs
+//! connections that yielded (they used their `-R` share while more input was waiting), and
+//! once a second closes connections idle longer than `-o idle_timeout`.
+
+use std::collections::VecDeque;
+use std::io::{self, Write};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mio::{Events, Interest, Poll, Token, Waker};
+
+use crate::conn::{Conn, ConnInfo, Ctx, Drive, Stream};
+use crate::server::{ConnKind, Listener, Shared};
+use crate::stats::WorkerStats;
+
+/// Size of the read buffer each worker shares among its connections.
+const SCRATCH: usize = 64 * 1024;
+
+const WAKER: Token = Token(usize::MAX);
+
+enum MioListener {
+    Tcp(mio::net::TcpListener),
+    Unix(mio::net::UnixListener),
+}
+
+pub struct Worker {
+    index: usize,
+    shared: Arc<Shared>,
+    stats: Arc<WorkerStats>,
+    poll: Poll,
+    waker: Arc<Waker>,
+    listeners: Vec<MioListener>,
+    /// Connections by slot; a slot's token is `listeners.len() + slot`.
+    conns: Vec<Option<Conn>>,
+    free: Vec<usize>,
+    ready: VecDeque<usize>,
+}
+
+impl Worker {
+    pub fn new(
+        index: usize,
+        shared: Arc<Shared>,
+        stats: Arc<WorkerStats>,
+        listeners: Vec<Listener>,
+    ) -> io::Result<Worker> {
+        let poll = Poll::new()?;
+        let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
+        let mut mine = Vec::with_capacity(listeners.len());
+        for (i, l) in listeners.into_iter().enumerate() {
+            let mut ml = match l {
+                Listener::Tcp(l) => MioListener::Tcp(mio::net::TcpListener::from_std(l)),
+                Listener::Unix(l) => MioListener::Unix(mio::net::UnixListener::from_std(l)),
+            };
+            let source: &mut dyn mio::event::Source = match &mut ml {
+                MioListener::Tcp(l) => l,
+                MioListener::Unix(l) => l,
+            };
+            poll.registry()
+                .register(source, Token(i), Interest::READABLE)?;
+            mine.push(ml);
+        }
+        Ok(Worker {
+            index,
+            shared,
+            stats,
+            poll,
+            waker,
+            listeners: mine,
+            conns: Vec::new(),
+            free: Vec::new(),
+            ready: VecDeque::new(),
+        })
+    }
+
+    pub fn waker(&self) -> Arc<Waker> {
+        self.waker.clone()
+    }
+
+    pub fn run(mut self) {
+        let mut events = Events::with_capacity(1024);
+        let mut scratch = vec![0u8; SCRATCH];
+        let mut last_sweep = Instant::now();
+        let idle = self.shared.config.idle_timeout;
+        while !self.shared.shutting_down() {
+            let timeout = if !self.ready.is_empty() {
+                Some(Duration::ZERO)
+            } else if idle.is_some() {
+                Some(Duration::from_secs(1))
+            } else {
+                None
+            };
+            if let Err(e) = self.poll.poll(&mut events, timeout) {
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                self.shared
+                    .log(0, || format!("worker {}: poll failed: {e}", self.index));
+                break;
+            }
+            for event in events.iter() {
+                let token = event.token();
+                if token == WAKER {
+                    continue;
+                }
+                if token.0 < self.listeners.len() {
+                    self.accept(token.0);
+                } else {
+                    self.drive(token.0 - self.listeners.len(), &mut scratch);
+                }
+            }
+            // Connections that yielded get another turn after this round of events.
+            for _ in 0..self.ready.len() {
+                if let Some(slot) = self.ready.pop_front() {
+                    self.drive(slot, &mut scratch);
+                }
+            }
+            if let Some(limit) = idle {
+                if last_sweep.elapsed() >= Duration::from_secs(1) {
+                    last_sweep = Instant::now();
+                    self.close_idle(limit);
+                }
+            }
+        }
+        let slots: Vec<usize> = (0..self.conns.len()).collect();
+        for slot in slots {
+            self.close(slot);
+        }
+    }
+
+    fn drive(&mut self, slot: usize, scratch: &mut Vec<u8>) {
+        let Some(conn) = self.conns.get_mut(slot).and_then(|c| c.as_mut()) else {
+            return;
+        };
+        let mut ctx = Ctx {
+            shared: &self.shared,
+            stats: &self.stats,
+            scratch,
+        };
+        match conn.drive(&mut ctx) {
+            Drive::Wait => {}
+            Drive::Yield => self.ready.push_back(slot),
+            Drive::Close => self.close(slot),
+        }
+    }
+
+    fn accept(&mut self, index: usize) {
+        loop {
+            let accepted = match &self.listeners[index] {
+                MioListener::Tcp(l) => l.accept().map(|(s, addr)| {
+                    let _ = s.set_nodelay(true);
+                    let listen = s
+                        .local_addr()
+                        .map(|a| format!("tcp:{a}"))
+                        .unwrap_or_default();
+                    (Stream::Tcp(s), format!("tcp:{addr}"), listen)
+                }),
+                MioListener::Unix(l) => l.accept().map(|(s, _)| {
+                    let path = s
+                        .local_addr()
+                        .ok()
+                        .and_then(|a| a.as_pathname().map(|p| p.display().to_string()))
+                        .unwrap_or_default();
+                    (
+                        Stream::Unix(s),
+                        format!("unix:{path}"),
+                        format!("unix:{path}"),
+                    )
+                }),
+            };
+            match accepted {
+                Ok((stream, addr, listen)) => self.admit(stream, addr, listen),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // EMFILE and friends: leave the connection in the backlog and try later.
+                    self.shared.log(1, || format!("accept failed: {e}"));
+                    return;
+                }
+            }
+        }
+    }
+
+    fn admit(&mut self, mut stream: Stream, addr: String, listen: String) {
+        let shared = &self.shared;
+        let count = shared.curr_conns.fetch_add(1, Ordering::AcqRel) + 1;
+        if count > shared.config.max_connections {
+            shared.curr_conns.fetch_sub(1, Ordering::AcqRel);
+            shared.rejected_conns.fetch_add(1, Ordering::Relaxed);
+            // Best effort: a fresh socket's send buffer takes this short line.
+            let _ = match &mut stream {
+                Stream::Tcp(s) => s.write(b"ERROR Too many open connections\r\n"),
+                Stream::Unix(s) => s.write(b"ERROR Too many open connections\r\n"),
+            };
+            return;
+        }
+        shared.total_conns.fetch_add(1, Ordering::Relaxed);
+        let slot = match self.free.pop() {
+            Some(s) => s,
+            None => {
+                self.conns.push(None);
+                self.conns.len() - 1
+            }
+        };
+        let token = Token(self.listeners.len() + slot);
+        if let Err(e) = self.poll.registry().register(
+            stream.source(),
+            token,
+            Interest::READABLE | Interest::WRITABLE,
+        ) {
+            shared.log(1, || format!("register failed: {e}"));
+            shared.curr_conns.fetch_sub(1, Ordering::AcqRel);
+            self.free.push(slot);
+            return;
+        }
+        let info = Arc::new(ConnInfo::new(addr, listen));
+        info.last_cmd.store(shared.clock.now(), Ordering::Relaxed);
+        let fd = stream_fd(&stream);
+        shared.register(fd, ConnKind::Client, info.clone());
+        shared.log(2, || format!("<{fd} new client connection"));
+        self.conns[slot] = Some(Conn::new(stream, info));
+    }
+
+    fn close(&mut self, slot: usize) {
+        let Some(mut conn) = self.conns.get_mut(slot).and_then(|c| c.take()) else {
+            return;
+        };
+        let fd = stream_fd(&conn.stream);
+        let _ = self.poll.registry().deregister(conn.stream.source());
+        self.shared.unregister(fd);
+        self.shared.curr_conns.fetch_sub(1, Ordering::AcqRel);
+        self.shared.log(2, || format!("<{fd} connection closed."));
+        self.free.push(slot);
+    }
+
+    fn close_idle(&mut self, limit: Duration) {
+        let idle: Vec<usize> = self
+            .conns
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| match c {
+                Some(c) if c.last_active.elapsed() > limit => Some(i),
+                _ => None,
+            })
+            .collect();
+        for slot in idle {
+            self.close(slot);
+        }
+    }
+}
+
+fn stream_fd(s: &Stream) -> i32 {
+    match s {
+        Stream::Tcp(s) => s.as_raw_fd(),
+        Stream::Unix(s) => s.as_raw_fd(),
+    }
+}
