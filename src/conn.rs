@@ -187,6 +187,9 @@ impl Conn {
     /// share of requests, or it must close.
     pub fn drive(&mut self, ctx: &mut Ctx<'_>) -> Drive {
         let mut budget = ctx.shared.config.reqs_per_event.max(1);
+        // A read that did not fill the buffer drained the socket: reading again would only
+        // return EAGAIN, and new data raises a new (edge-triggered) event anyway.
+        let mut drained = false;
         loop {
             // 1. Write what is pending.
             match self.flush(ctx.stats) {
@@ -235,8 +238,14 @@ impl Conn {
             }
 
             // 3. Read more.
+            if drained {
+                return Drive::Wait;
+            }
             let source = match self.read(ctx) {
-                Ok(Some(s)) => s,
+                Ok(Some((s, full))) => {
+                    drained = !full;
+                    s
+                }
                 Ok(None) => return Drive::Wait,
                 Err(_) => return Drive::Close,
             };
@@ -266,15 +275,19 @@ impl Conn {
     }
 
     /// Read from the socket into the scratch buffer (when no request is unfinished) or onto
-    /// the end of the unfinished input. `Ok(None)`: the socket would block.
-    fn read(&mut self, ctx: &mut Ctx<'_>) -> io::Result<Option<Source>> {
+    /// the end of the unfinished input. `Ok(None)`: the socket would block; otherwise the
+    /// source and whether the read filled all the room it was given.
+    fn read(&mut self, ctx: &mut Ctx<'_>) -> io::Result<Option<(Source, bool)>> {
         let limit = ctx.shared.max_request_len();
         loop {
             let result = if self.input_pos == self.input.len() {
                 self.input.clear();
                 self.input_pos = 0;
                 let scratch: &mut Vec<u8> = ctx.scratch;
-                self.stream.read(&mut scratch[..]).map(|n| (n, true))
+                let room = scratch.len();
+                self.stream
+                    .read(&mut scratch[..])
+                    .map(|n| (n, true, n == room))
             } else {
                 // Make room: drop consumed bytes, then grow within the request limit.
                 if self.input_pos > 0 {
@@ -290,17 +303,17 @@ impl Conn {
                 let r = self.stream.read(&mut self.input[have..]);
                 let n = *r.as_ref().unwrap_or(&0);
                 self.input.truncate(have + n);
-                r.map(|n| (n, false))
+                r.map(|n| (n, false, n == want - have))
             };
             match result {
-                Ok((0, _)) => return Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
-                Ok((n, true)) => {
+                Ok((0, _, _)) => return Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
+                Ok((n, true, full)) => {
                     ctx.stats.bytes_read.add(n as u64);
-                    return Ok(Some(Source::Scratch(n)));
+                    return Ok(Some((Source::Scratch(n), full)));
                 }
-                Ok((n, false)) => {
+                Ok((n, false, full)) => {
                     ctx.stats.bytes_read.add(n as u64);
-                    return Ok(Some(Source::Input));
+                    return Ok(Some((Source::Input, full)));
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,

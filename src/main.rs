@@ -55,7 +55,27 @@ fn main() -> ExitCode {
     }
 }
 
+/// Refuse what kvcached does not do yet when running without it would be unsafe, and warn
+/// about the rest.
+fn check_unimplemented(config: &config::Config) -> Result<(), String> {
+    // Starting without authentication when it was asked for would expose the cache.
+    if config.sasl {
+        return Err("-S (SASL authentication) is not supported yet".into());
+    }
+    if config.auth_file.is_some() {
+        return Err("-Y (ASCII authentication) is not supported yet".into());
+    }
+    if config.udp_port != 0 {
+        eprintln!("kvcached: warning: UDP (-U) is not supported yet; not listening on UDP");
+    }
+    if config.memory_file.is_some() {
+        eprintln!("kvcached: warning: warm restart (-e) is not supported yet; starting empty");
+    }
+    Ok(())
+}
+
 fn start(config: config::Config) -> Result<(), String> {
+    check_unimplemented(&config)?;
     if let Err(e) = daemon::raise_fd_limit(config.max_connections) {
         eprintln!("kvcached: {e}");
     }
