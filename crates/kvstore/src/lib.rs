@@ -10,6 +10,8 @@
 //! `0 < exptime <= now` is expired and never returned.
 
 mod hashmap;
+#[doc(hidden)]
+pub mod model;
 
 pub use hashmap::HashMapEngine;
 
@@ -21,13 +23,27 @@ pub type Time = u32;
 pub struct EngineConfig {
     /// Bytes of item memory (memcached's `-m`).
     pub max_bytes: usize,
-    /// Largest item value in bytes (memcached's `-I`).
+    /// Largest item in bytes as memcached counts it against `-I`, header, key and value
+    /// together ([`EngineConfig::item_size`]): a store of a larger item is
+    /// [`StoreResult::TooLarge`]; an append/prepend whose result would be larger is
+    /// [`StoreResult::NotStored`] (memcached.c `do_store_item`).
     pub max_item_size: usize,
     /// When memory is full: evict (false), or refuse writes with [`StoreResult::NoMemory`]
     /// (true; memcached's `-M`).
     pub no_evict: bool,
     /// Assign CAS uniques (false: memcached's `-C`; every item then has CAS 0).
     pub use_cas: bool,
+}
+
+impl EngineConfig {
+    /// The size memcached gives an item when it checks it against `-I` (items.c
+    /// `item_make_header`, `do_item_alloc`): a 48-byte header, the key and a NUL, the value
+    /// and "\r\n", 4 bytes of client flags when they are not 0, and 8 bytes of CAS unique
+    /// when CAS is on. (So with `-I 1m` and a 1-byte key, values up to 2^20 - 60 fit.)
+    pub fn item_size(&self, key_len: usize, value_len: usize, flags: u32) -> usize {
+        let extra = 48 + 1 + 2 + if flags != 0 { 4 } else { 0 } + if self.use_cas { 8 } else { 0 };
+        key_len.saturating_add(value_len).saturating_add(extra)
+    }
 }
 
 /// A borrowed view of a stored item, valid for the duration of a callback.

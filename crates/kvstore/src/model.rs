@@ -1,0 +1,413 @@
+//! A reference model of an engine, for tests of any engine.
+//!
+//! [`Model`] keeps items in a `BTreeMap` behind one mutex, never evicts, and spells out
+//! memcached's semantics as plainly as possible, so that an engine's replies can be
+//! compared with it operation by operation. It implements [`Engine`], so tests can drive
+//! both through the same code.
+//!
+//! What it fixes, beyond the [`Engine`] documentation (memcached 1.6 facts):
+//!
+//! * Every lookup (get, touch, store, delete, incr/decr) that finds an expired or flushed
+//!   item unlinks it and counts `get_expired` / `get_flushed` (items.c `do_item_get`);
+//!   flushed is checked before expired. Nothing else removes items, except
+//!   [`Engine::maintain`], which removes every dead item.
+//! * A version counter starting at 1 is drawn once per successful mutation (store, incr,
+//!   decr); it is the CAS unique when CAS is on (else CAS is 0). An immediate flush
+//!   invalidates every version drawn so far; a delayed flush at `at` invalidates items
+//!   whose last store/access time is at most `at - 1` once `now >= at - 1`
+//!   (items.c `item_is_flushed`); an immediate flush cancels a pending delayed one
+//!   (proto_text.c sets `oldest_live` either way).
+//! * `add` on a live item bumps its access time. A failed or too-large `set` removes the
+//!   old item (proto_parser.c `process_update_cmd_start`).
+//! * `cas` on a missing item → NotFound; with unique 0 or a different unique → Exists.
+//! * An item larger than `max_item_size` as memcached counts it
+//!   ([`EngineConfig::item_size`]: header, key, value, flags, CAS) → TooLarge, as is one
+//!   whose charge exceeds `max_bytes`.
+//! * `append`/`prepend` keep flags and expiry, get a new version; if the joined item is
+//!   too large (by the same rules, with the old item's flags) → NotStored (memcached.c
+//!   `do_store_item`: the joined item cannot be allocated).
+//! * incr/decr parse the value like `strtoull` (see `strtoull` below); the new number is
+//!   written in place, padded with spaces to the old length, when it is no longer than
+//!   the old value (memcached.c `do_add_delta`), else as a new item (counted in
+//!   `total_items`); both get a new version and keep flags and expiry.
+//! * `stats reset` zeroes `total_items` too (memcached keeps it in `struct stats`).
+
+use std::collections::BTreeMap;
+use std::sync::{Mutex, MutexGuard};
+
+use crate::{
+    ArithResult, Engine, EngineConfig, EngineStats, ItemView, ReadOptions, StoreMode, StoreRequest,
+    StoreResult, Time,
+};
+
+/// One item of the model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelItem {
+    pub value: Vec<u8>,
+    pub flags: u32,
+    pub exptime: Time,
+    /// Version drawn when the item was last written (its CAS unique when CAS is on).
+    pub version: u64,
+    /// Last store or access time.
+    pub atime: Time,
+    pub fetched: bool,
+}
+
+#[derive(Debug, Clone, Default)]
+struct State {
+    items: BTreeMap<Vec<u8>, ModelItem>,
+    next_version: u64,
+    flush_version: u64,
+    oldest_live: Option<Time>,
+    max_bytes: usize,
+    stats: EngineStats,
+}
+
+/// The reference model. See the module documentation.
+#[derive(Debug)]
+pub struct Model {
+    config: EngineConfig,
+    use_cas: bool,
+    overhead: usize,
+    state: Mutex<State>,
+}
+
+impl Clone for Model {
+    fn clone(&self) -> Self {
+        Model {
+            config: self.config.clone(),
+            use_cas: self.use_cas,
+            overhead: self.overhead,
+            state: Mutex::new(self.lock().clone()),
+        }
+    }
+}
+
+/// `strtoull(value, &end, 10)` as memcached's `safe_strtoull` judges it: the value reads
+/// as a C string (it ends at a NUL, or at the "\r\n" that follows it in the item).
+fn strtoull(value: &[u8]) -> Option<u64> {
+    let is_space = |b: &u8| b" \t\n\x0b\x0c\r".contains(b);
+    let s = value.split(|&b| b == 0).next().unwrap_or(&[]);
+    let s = &s[s.iter().take_while(|b| is_space(b)).count()..];
+    let (neg, s) = match s.first() {
+        Some(b'-') => (true, &s[1..]),
+        Some(b'+') => (false, &s[1..]),
+        _ => (false, s),
+    };
+    let n = s.iter().take_while(|b| b.is_ascii_digit()).count();
+    if n == 0 {
+        return None;
+    }
+    if let Some(next) = s.get(n) {
+        if !is_space(next) {
+            return None;
+        }
+    }
+    let digits = std::str::from_utf8(&s[..n]).ok()?.trim_start_matches('0');
+    let v: u64 = if digits.is_empty() {
+        0
+    } else if digits.len() > 20 {
+        return None;
+    } else {
+        digits.parse().ok()?
+    };
+    if neg {
+        let v = 0u64.wrapping_sub(v);
+        if (v as i64) < 0 {
+            return None;
+        }
+        return Some(v);
+    }
+    Some(v)
+}
+
+impl Model {
+    /// A model with `config`'s item size limit and CAS setting; it never runs out of
+    /// memory (only values larger than `max_bytes` are refused).
+    pub fn new(config: EngineConfig) -> Self {
+        Self::with_overhead(config, 0)
+    }
+
+    /// Like [`Model::new`], charging `overhead` bytes per item on top of key and value
+    /// (for `bytes` and for the "larger than `max_bytes`" rule).
+    pub fn with_overhead(config: EngineConfig, overhead: usize) -> Self {
+        Model {
+            use_cas: config.use_cas,
+            overhead,
+            state: Mutex::new(State {
+                next_version: 1,
+                max_bytes: config.max_bytes,
+                ..State::default()
+            }),
+            config,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The stored item under `key`, live or not, without touching it.
+    pub fn peek(&self, key: &[u8]) -> Option<ModelItem> {
+        self.lock().items.get(key).cloned()
+    }
+
+    /// The CAS unique `key` would show now (0 if absent or CAS is off).
+    pub fn cas_of(&self, key: &[u8]) -> u64 {
+        match self.peek(key) {
+            Some(it) if self.use_cas => it.version,
+            _ => 0,
+        }
+    }
+
+    /// Drop `key` without counting anything (an engine under test evicted it).
+    pub fn forget(&self, key: &[u8]) {
+        self.lock().items.remove(key);
+    }
+
+    fn cas(&self, it: &ModelItem) -> u64 {
+        if self.use_cas {
+            it.version
+        } else {
+            0
+        }
+    }
+
+    fn charge(&self, key: &[u8], value_len: usize) -> usize {
+        key.len() + value_len + self.overhead
+    }
+}
+
+impl State {
+    fn is_flushed(&self, it: &ModelItem, now: Time) -> bool {
+        it.version <= self.flush_version
+            || self.oldest_live.is_some_and(|t| it.atime <= t && t <= now)
+    }
+
+    fn is_expired(it: &ModelItem, now: Time) -> bool {
+        it.exptime != 0 && it.exptime <= now
+    }
+
+    /// The live item under `key`; a dead one is removed and counted.
+    fn live(&mut self, key: &[u8], now: Time) -> Option<&mut ModelItem> {
+        let it = self.items.get(key)?;
+        if self.is_flushed(it, now) {
+            self.items.remove(key);
+            self.stats.get_flushed += 1;
+            return None;
+        }
+        if Self::is_expired(it, now) {
+            self.items.remove(key);
+            self.stats.get_expired += 1;
+            return None;
+        }
+        self.items.get_mut(key)
+    }
+
+    fn version(&mut self) -> u64 {
+        let v = self.next_version;
+        self.next_version += 1;
+        v
+    }
+}
+
+impl Engine for Model {
+    fn get(
+        &self,
+        key: &[u8],
+        now: Time,
+        opts: ReadOptions,
+        found: &mut dyn FnMut(ItemView<'_>),
+    ) -> bool {
+        let mut st = self.lock();
+        let Some(it) = st.live(key, now) else {
+            return false;
+        };
+        if let Some(e) = opts.touch {
+            it.exptime = e;
+        }
+        it.atime = now;
+        it.fetched = true;
+        found(ItemView {
+            key,
+            value: &it.value,
+            flags: it.flags,
+            exptime: it.exptime,
+            cas: self.cas(it),
+        });
+        true
+    }
+
+    fn store(&self, req: StoreRequest<'_>, now: Time) -> StoreResult {
+        let mut st = self.lock();
+        let key = req.key;
+        if self.config.item_size(key.len(), req.value.len(), req.flags) > self.config.max_item_size
+            || self.charge(key, req.value.len()) > st.max_bytes
+        {
+            if req.mode == StoreMode::Set && st.live(key, now).is_some() {
+                st.items.remove(key);
+            }
+            return StoreResult::TooLarge;
+        }
+        let old = st.live(key, now).map(|it| {
+            if req.mode == StoreMode::Add {
+                it.atime = now;
+            }
+            it.clone()
+        });
+        let (value, flags, exptime) = match (req.mode, old) {
+            (StoreMode::Add, Some(_)) => return StoreResult::NotStored,
+            (StoreMode::Replace | StoreMode::Append | StoreMode::Prepend, None) => {
+                return StoreResult::NotStored
+            }
+            (StoreMode::Cas(_), None) => return StoreResult::NotFound,
+            (StoreMode::Cas(c), Some(old)) if c == 0 || c != self.cas(&old) => {
+                return StoreResult::Exists
+            }
+            (StoreMode::Append, Some(old)) => {
+                let mut v = old.value.clone();
+                v.extend_from_slice(req.value);
+                (v, old.flags, old.exptime)
+            }
+            (StoreMode::Prepend, Some(old)) => {
+                let mut v = req.value.to_vec();
+                v.extend_from_slice(&old.value);
+                (v, old.flags, old.exptime)
+            }
+            _ => (req.value.to_vec(), req.flags, req.exptime),
+        };
+        if self.config.item_size(key.len(), value.len(), flags) > self.config.max_item_size
+            || self.charge(key, value.len()) > st.max_bytes
+        {
+            return StoreResult::NotStored;
+        }
+        let version = st.version();
+        let it = ModelItem {
+            value,
+            flags,
+            exptime,
+            version,
+            atime: now,
+            fetched: false,
+        };
+        let cas = self.cas(&it);
+        st.items.insert(key.to_vec(), it);
+        st.stats.total_items += 1;
+        StoreResult::Stored(cas)
+    }
+
+    fn delete(&self, key: &[u8], now: Time) -> bool {
+        let mut st = self.lock();
+        st.live(key, now).is_some() && st.items.remove(key).is_some()
+    }
+
+    fn arith(&self, key: &[u8], incr: bool, delta: u64, now: Time) -> ArithResult {
+        let mut st = self.lock();
+        let version = st.next_version;
+        let Some(it) = st.live(key, now) else {
+            return ArithResult::NotFound;
+        };
+        let Some(cur) = strtoull(&it.value) else {
+            return ArithResult::NonNumeric;
+        };
+        let new = if incr {
+            cur.wrapping_add(delta)
+        } else {
+            cur.saturating_sub(delta)
+        };
+        let mut text = new.to_string().into_bytes();
+        let in_place = text.len() <= it.value.len();
+        if in_place {
+            text.resize(it.value.len(), b' ');
+        } else {
+            it.fetched = false;
+        }
+        it.value = text;
+        it.version = version;
+        it.atime = now;
+        st.next_version += 1;
+        if !in_place {
+            st.stats.total_items += 1;
+        }
+        ArithResult::Value(new)
+    }
+
+    fn touch(&self, key: &[u8], exptime: Time, now: Time) -> bool {
+        let opts = ReadOptions {
+            touch: Some(exptime),
+        };
+        self.get(key, now, opts, &mut |_| {})
+    }
+
+    fn flush_all(&self, at: Time, now: Time) {
+        let mut st = self.lock();
+        if at <= now {
+            st.oldest_live = None;
+            st.flush_version = st.next_version - 1;
+        } else {
+            st.oldest_live = Some(at - 1);
+        }
+    }
+
+    fn set_max_bytes(&self, max_bytes: usize, _now: Time) {
+        self.lock().max_bytes = max_bytes;
+    }
+
+    fn stats(&self) -> EngineStats {
+        let st = self.lock();
+        let mut s = st.stats.clone();
+        s.curr_items = st.items.len() as u64;
+        s.bytes = st
+            .items
+            .iter()
+            .map(|(k, it)| self.charge(k, it.value.len()) as u64)
+            .sum();
+        s.total_malloced = s.bytes;
+        s.limit_maxbytes = st.max_bytes as u64;
+        s
+    }
+
+    fn stats_detail(&self, _group: &str) -> Vec<(String, String)> {
+        Vec::new()
+    }
+
+    fn reset_stats(&self) {
+        self.lock().stats = EngineStats::default();
+    }
+
+    fn maintain(&self, now: Time) -> u64 {
+        let mut st = self.lock();
+        let dead: Vec<Vec<u8>> = st
+            .items
+            .iter()
+            .filter(|(_, it)| st.is_flushed(it, now) || State::is_expired(it, now))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in &dead {
+            if let Some(it) = st.items.remove(k) {
+                if !it.fetched {
+                    st.stats.expired_unfetched += 1;
+                }
+            }
+        }
+        dead.len() as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strtoull_cases() {
+        assert_eq!(strtoull(b" 12 x"), Some(12));
+        assert_eq!(strtoull(b"-0"), Some(0));
+        assert_eq!(strtoull(b"-1"), None);
+        assert_eq!(strtoull(b"12x"), None);
+        assert_eq!(strtoull(b"0000000000000000000000000042"), Some(42));
+        assert_eq!(strtoull(b"18446744073709551616"), None);
+        assert_eq!(strtoull(b"-9223372036854775809"), Some(9223372036854775807));
+        assert_eq!(strtoull(b"5\0x"), Some(5));
+        assert_eq!(strtoull(b""), None);
+    }
+}
