@@ -232,7 +232,7 @@ impl Conn {
                     ctx.stats.conn_yields.incr();
                     return Drive::Yield;
                 }
-                if self.session.pending() > 0 {
+                if self.session.pending() > 0 || self.session.close_after_write {
                     continue;
                 }
             }
