@@ -740,7 +740,12 @@ impl Builder {
                 self.ignored(sp);
             }
             b'o' => self.suboptions(value)?,
-            other => unreachable!("option -{} is in the table but not handled", other as char),
+            other => {
+                return Err(format!(
+                    "internal error: option -{} is in the table but not handled",
+                    other as char
+                ))
+            }
         }
         Ok(None)
     }
