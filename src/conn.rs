@@ -155,6 +155,9 @@ pub struct Conn {
     input_pos: usize,
     pub session: Session,
     pub last_active: Instant,
+    /// Whether the socket is registered for writability: only while output is blocked, so
+    /// that a connection whose replies fit the socket buffer never wakes the worker twice.
+    pub write_interest: bool,
 }
 
 /// Worker-owned context for driving connections.
@@ -180,6 +183,7 @@ impl Conn {
             input_pos: 0,
             session: Session::new(),
             last_active: Instant::now(),
+            write_interest: false,
         }
     }
 

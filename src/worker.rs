@@ -140,7 +140,29 @@ impl Worker {
             stats: &self.stats,
             scratch,
         };
-        match conn.drive(&mut ctx) {
+        let drive = conn.drive(&mut ctx);
+        if drive != Drive::Close {
+            let want = conn.session.pending() > 0;
+            if want != conn.write_interest {
+                let interest = if want {
+                    Interest::READABLE | Interest::WRITABLE
+                } else {
+                    Interest::READABLE
+                };
+                let token = Token(self.listeners.len() + slot);
+                if self
+                    .poll
+                    .registry()
+                    .reregister(conn.stream.source(), token, interest)
+                    .is_err()
+                {
+                    self.close(slot);
+                    return;
+                }
+                conn.write_interest = want;
+            }
+        }
+        match drive {
             Drive::Wait => {}
             Drive::Yield => self.ready.push_back(slot),
             Drive::Close => self.close(slot),
@@ -206,11 +228,11 @@ impl Worker {
             }
         };
         let token = Token(self.listeners.len() + slot);
-        if let Err(e) = self.poll.registry().register(
-            stream.source(),
-            token,
-            Interest::READABLE | Interest::WRITABLE,
-        ) {
+        if let Err(e) = self
+            .poll
+            .registry()
+            .register(stream.source(), token, Interest::READABLE)
+        {
             shared.log(1, || format!("register failed: {e}"));
             shared.curr_conns.fetch_sub(1, Ordering::AcqRel);
             self.free.push(slot);
