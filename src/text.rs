@@ -16,14 +16,19 @@ pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
     let st = ctx.stats;
     let engine = &*shared.engine;
     match req {
-        Request::Get { with_cas, keys } => get(ctx, s, keys, with_cas, None),
+        Request::Get {
+            with_cas,
+            keys,
+            rejected,
+        } => get(ctx, s, keys, with_cas, None, rejected),
         Request::Gat {
             with_cas,
             exptime,
             keys,
+            rejected,
         } => {
             let at = shared.clock.expiry(exptime);
-            get(ctx, s, keys, with_cas, Some(at))
+            get(ctx, s, keys, with_cas, Some(at), rejected)
         }
         Request::Store {
             mode,
@@ -196,6 +201,12 @@ pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
             }
             Step::Next
         }
+        // Meta commands parse, but their execution is not wired yet: answer as memcached
+        // does for a command it does not know.
+        Request::Meta(_) => {
+            s.out.extend_from_slice(proto::ERROR);
+            Step::Next
+        }
         Request::Admin { name, args: _ } => {
             admin(s, name);
             Step::Next
@@ -235,12 +246,16 @@ fn store_mode(mode: StoreMode, cas: u64) -> kvstore::StoreMode {
 
 /// get/gets/gat/gats: answer key by key, pausing when the output is over the high-water
 /// mark so that a large multiget streams out instead of being built in memory.
+///
+/// `rejected`: an over-long key followed `keys`. Like memcached, look the keys up (touching
+/// them for gat, counting hits and misses) but send only the error.
 fn get(
     ctx: &mut Ctx<'_>,
     s: &mut Session,
     keys: Keys<'_>,
     with_cas: bool,
     touch: Option<kvstore::Time>,
+    rejected: bool,
 ) -> Step {
     let shared = ctx.shared;
     let st = ctx.stats;
@@ -250,8 +265,10 @@ fn get(
     while let Some(key) = keys.next() {
         let out = &mut s.out;
         let hit = shared.engine.get(key, now, opts, &mut |item| {
-            let cas = if with_cas { Some(item.cas) } else { None };
-            proto::write_value(out, item.key, item.flags, item.value, cas);
+            if !rejected {
+                let cas = if with_cas { Some(item.cas) } else { None };
+                proto::write_value(out, item.key, item.flags, item.value, cas);
+            }
         });
         match (touch.is_some(), hit) {
             (false, true) => {
@@ -277,7 +294,11 @@ fn get(
         }
     }
     s.get_progress = 0;
-    s.out.extend_from_slice(proto::END);
+    if rejected {
+        proto::write_error(&mut s.out, proto::BAD_FORMAT);
+    } else {
+        s.out.extend_from_slice(proto::END);
+    }
     Step::Next
 }
 

@@ -103,7 +103,7 @@ fn check_key(key: &[u8]) {
 /// Composes a plausible reply, exercising every composer.
 fn reply(out: &mut Vec<u8>, request: &Request<'_>, limits: &Limits) {
     match *request {
-        Request::Get { with_cas, keys } | Request::Gat { with_cas, keys, .. } => {
+        Request::Get { with_cas, keys, .. } | Request::Gat { with_cas, keys, .. } => {
             for (i, key) in keys.enumerate() {
                 check_key(key);
                 text::write_value(out, key, i as u32, key, with_cas.then_some(i as u64));
@@ -143,6 +143,6 @@ fn reply(out: &mut Vec<u8>, request: &Request<'_>, limits: &Limits) {
         | Request::Verbosity { .. }
         | Request::CacheMemlimit { .. }
         | Request::DebugTime { .. } => out.extend_from_slice(text::OK),
-        Request::Quit | Request::Shutdown { .. } => {}
+        Request::Quit | Request::Shutdown { .. } | Request::Meta(_) => {}
     }
 }

@@ -9,6 +9,7 @@
 //! The server (`kvcached`) and the load generator (`kvblast`) both use it.
 
 pub mod client;
+pub mod meta;
 pub mod text;
 
 /// Longest key memcached accepts, in bytes.

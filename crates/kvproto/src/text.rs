@@ -105,12 +105,23 @@ pub enum StoreMode {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request<'a> {
     /// `get <key>*` / `gets <key>*` (`with_cas` for `gets`). A final `noreply` is just a key.
-    Get { with_cas: bool, keys: Keys<'a> },
+    ///
+    /// `rejected`: a key after `keys` is over 250 bytes. memcached has then already looked up
+    /// (and for `gat`, touched) the keys before it; it drops their replies and answers only
+    /// `CLIENT_ERROR bad command line format`. The server must do the same: look up `keys`
+    /// for their side effects, send none of their values, then send [`BAD_FORMAT`].
+    Get {
+        with_cas: bool,
+        keys: Keys<'a>,
+        rejected: bool,
+    },
     /// `gat <exptime> <key>*` / `gats <exptime> <key>*`. `exptime` is within `i32`.
+    /// `rejected` as for [`Request::Get`].
     Gat {
         with_cas: bool,
         exptime: i64,
         keys: Keys<'a>,
+        rejected: bool,
     },
     /// `set|add|replace|append|prepend <key> <flags> <exptime> <bytes> [noreply]`,
     /// `cas <key> <flags> <exptime> <bytes> <cas unique> [noreply]`; `data` excludes the `\r\n`.
@@ -167,6 +178,8 @@ pub enum Request<'a> {
     /// `slabs`, `lru`, `lru_crawler`, `watch`, `misbehave`, `extstore`. `name` is the command.
     /// `args.ends_with_noreply()` tells whether memcached would stay silent (except `watch`).
     Admin { name: &'a [u8], args: Tokens<'a> },
+    /// A meta command (`mg`, `ms`, `md`, `ma`, `mn`, `me`); see [`crate::meta`].
+    Meta(crate::meta::MetaRequest<'a>),
 }
 
 /// Space-separated keys of a `get`-family line, borrowed from the read buffer.
@@ -331,7 +344,12 @@ fn may_grow(buf: &[u8]) -> bool {
 }
 
 /// Builds a [`Parse::Error`].
-fn fail<'a>(reply: ErrorReply, noreply: bool, consumed: usize, swallow: usize) -> Parse<'a> {
+pub(crate) fn fail<'a>(
+    reply: ErrorReply,
+    noreply: bool,
+    consumed: usize,
+    swallow: usize,
+) -> Parse<'a> {
     Parse::Error {
         reply,
         noreply,
@@ -380,16 +398,9 @@ fn parse_line<'a>(buf: &'a [u8], line: &'a [u8], limits: &Limits) -> Parse<'a> {
             name: cmd,
             args: Tokens::new(content.get(cmd_len..).unwrap_or_default()),
         }),
-        [b'm', b'g' | b's' | b'd' | b'n' | b'a' | b'e'] => parse_meta(buf, line, limits),
+        [b'm', b'g' | b's' | b'd' | b'n' | b'a' | b'e'] => crate::meta::parse(buf, line, limits),
         _ => parse_other(line, content, limits),
     }
-}
-
-/// The meta commands (`mg`, `ms`, `md`, `ma`, `mn`, `me`): not supported yet, answered as an
-/// unknown command. A meta parser plugs in here; it gets the whole buffer (for `ms` data) and
-/// can use [`Toks`] with memcached's flag-checking rules.
-fn parse_meta<'a>(_buf: &'a [u8], line: &'a [u8], _limits: &Limits) -> Parse<'a> {
-    fail(ErrorReply::Error, false, line.len(), 0)
 }
 
 /// `get`/`gets <key>*`.
@@ -398,9 +409,10 @@ fn parse_get<'a>(line: &'a [u8], content: &'a [u8], with_cas: bool) -> Parse<'a>
     if toks.count < 2 {
         return fail(BAD_FORMAT, false, line.len(), 0);
     }
-    key_section(line, content, &toks, 1, |keys| Request::Get {
+    key_section(line, content, &toks, 1, |keys, rejected| Request::Get {
         with_cas,
         keys,
+        rejected,
     })
 }
 
@@ -413,30 +425,37 @@ fn parse_gat<'a>(line: &'a [u8], content: &'a [u8], with_cas: bool) -> Parse<'a>
     let Some(exptime) = toks.get(line, 1).and_then(tok_i32) else {
         return fail(INVALID_EXPTIME, false, line.len(), 0);
     };
-    key_section(line, content, &toks, 2, |keys| Request::Gat {
+    key_section(line, content, &toks, 2, |keys, rejected| Request::Gat {
         with_cas,
         exptime: i64::from(exptime),
         keys,
+        rejected,
     })
 }
 
 /// The keys of a `get`-family line, from token `first` to the end of the line. memcached
-/// walks the raw line (not its 23 tokens), so every key counts; any key over 250 bytes makes
-/// the whole request `CLIENT_ERROR bad command line format`.
+/// walks the raw line (not its 23 tokens), so every key counts. A key over 250 bytes ends the
+/// keys there and marks the request rejected (see [`Request::Get`]).
 fn key_section<'a>(
     line: &'a [u8],
     content: &'a [u8],
     toks: &Toks,
     first: usize,
-    build: impl FnOnce(Keys<'a>) -> Request<'a>,
+    build: impl FnOnce(Keys<'a>, bool) -> Request<'a>,
 ) -> Parse<'a> {
-    let section = toks.start(first).and_then(|s| content.get(s..));
-    match section {
-        Some(section) if Keys::new(section).all(|k| k.len() <= MAX_KEY_LEN) => {
-            Parse::Request(build(Keys::new(section)), line.len())
+    let Some(section) = toks.start(first).and_then(|s| content.get(s..)) else {
+        return fail(BAD_FORMAT, false, line.len(), 0);
+    };
+    let mut tokens = Tokens::new(section);
+    let mut end = 0;
+    while let Some(key) = tokens.next() {
+        if key.len() > MAX_KEY_LEN {
+            let before = section.get(..end).unwrap_or_default();
+            return Parse::Request(build(Keys::new(before), true), line.len());
         }
-        _ => fail(BAD_FORMAT, false, line.len(), 0),
+        end = section.len() - tokens.rest.len();
     }
+    Parse::Request(build(Keys::new(section), false), line.len())
 }
 
 /// The six storage commands, data block included.
@@ -652,14 +671,14 @@ fn parse_other<'a>(line: &'a [u8], content: &'a [u8], limits: &Limits) -> Parse<
 /// memcached's view of a command line: the first [`MAX_TOKENS`] space-separated tokens within
 /// its first [`TOKENIZER_MAX_LEN`] bytes (minus the terminator), as `(start, end)` offsets.
 #[derive(Clone, Copy)]
-struct Toks {
-    count: usize,
+pub(crate) struct Toks {
+    pub(crate) count: usize,
     spans: [(u16, u16); MAX_TOKENS],
 }
 
 impl Toks {
     /// Tokenize a whole line, terminator included.
-    fn new(line: &[u8]) -> Toks {
+    pub(crate) fn new(line: &[u8]) -> Toks {
         let mut toks = Toks {
             count: 0,
             spans: [(0, 0); MAX_TOKENS],
@@ -706,15 +725,15 @@ impl Toks {
             .map(|&(s, e)| (usize::from(s), usize::from(e)))
     }
 
-    fn start(&self, i: usize) -> Option<usize> {
+    pub(crate) fn start(&self, i: usize) -> Option<usize> {
         self.span(i).map(|(s, _)| s)
     }
 
-    fn end(&self, i: usize) -> Option<usize> {
+    pub(crate) fn end(&self, i: usize) -> Option<usize> {
         self.span(i).map(|(_, e)| e)
     }
 
-    fn get<'a>(&self, line: &'a [u8], i: usize) -> Option<&'a [u8]> {
+    pub(crate) fn get<'a>(&self, line: &'a [u8], i: usize) -> Option<&'a [u8]> {
         let (s, e) = self.span(i)?;
         line.get(s..e)
     }
@@ -779,15 +798,15 @@ fn tok_signed(tok: &[u8], max_len: usize) -> Option<i64> {
     })
 }
 
-fn tok_u32(tok: &[u8]) -> Option<u32> {
+pub(crate) fn tok_u32(tok: &[u8]) -> Option<u32> {
     tok_unsigned(tok, 11).and_then(|v| u32::try_from(v).ok())
 }
 
-fn tok_u64(tok: &[u8]) -> Option<u64> {
+pub(crate) fn tok_u64(tok: &[u8]) -> Option<u64> {
     tok_unsigned(tok, 22)
 }
 
-fn tok_i32(tok: &[u8]) -> Option<i32> {
+pub(crate) fn tok_i32(tok: &[u8]) -> Option<i32> {
     tok_signed(tok, 11).and_then(|v| i32::try_from(v).ok())
 }
 
@@ -902,7 +921,7 @@ pub const ERROR: &[u8] = b"ERROR\r\n";
 pub const RESET: &[u8] = b"RESET\r\n";
 
 /// Appends the decimal digits of `n`.
-fn put_u64(out: &mut Vec<u8>, mut n: u64) {
+pub(crate) fn put_u64(out: &mut Vec<u8>, mut n: u64) {
     let mut digits = [0u8; 20];
     let mut i = digits.len();
     loop {
