@@ -8,9 +8,11 @@
 //!
 //! The server (`kvcached`) and the load generator (`kvblast`) both use it.
 
+pub mod binary;
 pub mod client;
 pub mod meta;
 pub mod text;
+pub mod udp;
 
 /// Longest key memcached accepts, in bytes.
 pub const MAX_KEY_LEN: usize = 250;
