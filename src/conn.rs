@@ -15,8 +15,11 @@ use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use kvproto::binary as bin;
 use kvproto::text::{self as proto, Parse};
 
+use crate::binary;
+use crate::config::ProtocolChoice;
 use crate::server::Shared;
 use crate::stats::WorkerStats;
 use crate::text;
@@ -105,6 +108,16 @@ pub struct Session {
     pub get_progress: usize,
     /// Close once the pending output is written (`quit`, fatal errors).
     pub close_after_write: bool,
+    /// The protocol this connection speaks, decided by its first byte.
+    protocol: Option<Protocol>,
+}
+
+/// The protocols a TCP or unix connection can speak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Protocol {
+    /// Classic text and meta commands.
+    Text,
+    Binary,
 }
 
 impl Session {
@@ -115,6 +128,7 @@ impl Session {
             swallow: 0,
             get_progress: 0,
             close_after_write: false,
+            protocol: None,
         }
     }
 
@@ -344,6 +358,28 @@ impl Conn {
                 return (pos, Step::Next);
             }
             let rest = &data[pos..];
+            let protocol = match self.session.protocol {
+                Some(p) => p,
+                None => {
+                    // memcached's -B auto: a first byte of 0x80 is the binary magic.
+                    let p = match (shared.config.protocol, rest.first()) {
+                        (ProtocolChoice::Binary, _) => Protocol::Binary,
+                        (ProtocolChoice::Ascii, _) => Protocol::Text,
+                        (ProtocolChoice::Auto, Some(&bin::REQUEST_MAGIC)) => Protocol::Binary,
+                        (ProtocolChoice::Auto, _) => Protocol::Text,
+                    };
+                    self.session.protocol = Some(p);
+                    p
+                }
+            };
+            if protocol == Protocol::Binary {
+                let (used, step) = self.execute_binary(ctx, rest, budget);
+                pos += used;
+                if used == 0 || step != Step::Next || self.session.close_after_write {
+                    return (pos, step);
+                }
+                continue;
+            }
             match proto::parse(rest, &limits) {
                 Parse::Incomplete => return (pos, Step::Next),
                 Parse::Request(req, used) => {
@@ -386,6 +422,53 @@ impl Conn {
             }
         }
         (pos, Step::Next)
+    }
+
+    /// Execute one binary request at the front of `data`: the bytes consumed (0: incomplete)
+    /// and how it ended.
+    fn execute_binary(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        data: &[u8],
+        budget: &mut usize,
+    ) -> (usize, Step) {
+        let limits = ctx.shared.limits;
+        match bin::parse(data, &limits) {
+            bin::Parse::Incomplete => (0, Step::Next),
+            bin::Parse::Request(req, used) => {
+                *budget -= 1;
+                (used, binary::execute(req, ctx, &mut self.session))
+            }
+            bin::Parse::Error {
+                opcode,
+                opaque,
+                status,
+                close,
+                consumed,
+                swallow,
+            } => {
+                *budget -= 1;
+                bin::write_error(&mut self.session.out, opcode, opaque, status);
+                // memcached sends the error, then closes (or skips the bad request's bytes).
+                self.session.close_after_write |= close;
+                self.session.swallow = swallow;
+                (consumed.max(1), Step::Next)
+            }
+            bin::Parse::TooLarge {
+                opcode,
+                opaque,
+                status,
+                key,
+                consumed,
+                swallow,
+            } => {
+                *budget -= 1;
+                binary::too_large(ctx, &mut self.session, opcode, opaque, status, key);
+                self.session.swallow = swallow;
+                (consumed.max(1), Step::Next)
+            }
+            bin::Parse::Close => (0, Step::Close),
+        }
     }
 
     /// Write pending output until done or the socket would block.

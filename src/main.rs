@@ -4,6 +4,7 @@
 //! privileges, daemon mode, pid file), binds the listening sockets and hands them to
 //! [`server::run`].
 
+mod binary;
 mod cli;
 mod clock;
 mod config;

@@ -1,4 +1,6 @@
-//! The `stats` command and its groups, in memcached's names, order and format.
+//! The `stats` command and its groups, in memcached's names, order and format. The groups
+//! are collected once and written by the protocol that asked: `STAT name value` lines for the
+//! text protocol, one packet per stat for the binary protocol.
 
 use std::fmt::Display;
 use std::sync::atomic::Ordering;
@@ -7,184 +9,233 @@ use kvproto::text::{self as proto, Tokens};
 
 use crate::config::{MemoryLimit, ProtocolChoice};
 use crate::conn::{Ctx, Session};
+use crate::server::Shared;
 use crate::stats;
 
-/// `stats [group ...]`.
-pub fn write(ctx: &mut Ctx<'_>, s: &mut Session, mut args: Tokens<'_>) {
-    let Some(group) = args.next() else {
-        general(ctx, &mut s.out);
-        s.out.extend_from_slice(proto::END);
-        return;
+/// Where stats go: called once per (name, value).
+pub type Sink<'a> = dyn FnMut(&str, &dyn Display) + 'a;
+
+fn emit(sink: &mut Sink<'_>, name: &str, value: impl Display) {
+    sink(name, &value);
+}
+
+/// A `stats` group, as memcached names them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Group {
+    General,
+    Settings,
+    Conns,
+    Items,
+    Slabs,
+    Sizes,
+    Reset,
+    Detail,
+    CacheDump,
+    Unknown,
+}
+
+/// Which group a `stats` argument names. memcached matches `reset`, `detail`, `settings`,
+/// `cachedump` and `conns` by prefix (`stats set` is `stats settings`), the others whole.
+pub fn classify(group: Option<&[u8]>) -> Group {
+    let Some(group) = group.filter(|g| !g.is_empty()) else {
+        return Group::General;
     };
-    // memcached matches these subcommands by prefix (`stats set` is `stats settings`).
     let is = |name: &str| name.as_bytes().starts_with(group);
-    let shared = ctx.shared;
-    let out = &mut s.out;
     if is("reset") {
-        shared.stats.reset();
-        shared.engine.reset_stats();
-        shared.reset_connection_stats();
-        out.extend_from_slice(b"RESET\r\n");
-        return;
-    }
-    if is("detail") {
-        out.extend_from_slice(b"CLIENT_ERROR usage: stats detail on|off|dump\r\n");
-        return;
-    }
-    if is("settings") {
-        settings(ctx, out);
+        Group::Reset
+    } else if is("detail") {
+        Group::Detail
+    } else if is("settings") {
+        Group::Settings
     } else if is("cachedump") {
-        out.extend_from_slice(b"CLIENT_ERROR stats cachedump not allowed\r\n");
-        return;
+        Group::CacheDump
     } else if is("conns") {
-        conns(ctx, out);
+        Group::Conns
     } else {
         match group {
-            b"items" | b"slabs" => {
-                let name = if group == b"items" { "items" } else { "slabs" };
-                for (k, v) in shared.engine.stats_detail(name) {
-                    stat(out, &k, v);
-                }
-            }
-            b"sizes" => stat(out, "sizes_status", "disabled"),
-            _ => {
-                out.extend_from_slice(proto::ERROR);
-                return;
-            }
+            b"items" => Group::Items,
+            b"slabs" => Group::Slabs,
+            b"sizes" => Group::Sizes,
+            _ => Group::Unknown,
         }
     }
-    out.extend_from_slice(proto::END);
 }
 
-fn stat(out: &mut Vec<u8>, name: &str, value: impl Display) {
-    proto::write_stat(out, name, value);
+/// Write the stats of a group that lists stats; false for the others.
+pub fn emit_group(ctx: &Ctx<'_>, group: Group, sink: &mut Sink<'_>) -> bool {
+    match group {
+        Group::General => general(ctx, sink),
+        Group::Settings => settings(ctx, sink),
+        Group::Conns => conns(ctx, sink),
+        Group::Items | Group::Slabs => {
+            let name = if group == Group::Items {
+                "items"
+            } else {
+                "slabs"
+            };
+            for (k, v) in ctx.shared.engine.stats_detail(name) {
+                emit(sink, &k, v);
+            }
+        }
+        Group::Sizes => emit(sink, "sizes_status", "disabled"),
+        Group::Reset | Group::Detail | Group::CacheDump | Group::Unknown => return false,
+    }
+    true
 }
 
-fn general(ctx: &mut Ctx<'_>, out: &mut Vec<u8>) {
+/// `stats reset`.
+pub fn reset(shared: &Shared) {
+    shared.stats.reset();
+    shared.engine.reset_stats();
+    shared.reset_connection_stats();
+}
+
+/// `stats [group ...]` in the text protocol.
+pub fn write(ctx: &mut Ctx<'_>, s: &mut Session, mut args: Tokens<'_>) {
+    let group = classify(args.next());
+    let out = &mut s.out;
+    match group {
+        Group::Reset => {
+            reset(ctx.shared);
+            out.extend_from_slice(proto::RESET);
+        }
+        Group::Detail => out.extend_from_slice(b"CLIENT_ERROR usage: stats detail on|off|dump\r\n"),
+        Group::CacheDump => out.extend_from_slice(b"CLIENT_ERROR stats cachedump not allowed\r\n"),
+        Group::Unknown => out.extend_from_slice(proto::ERROR),
+        _ => {
+            emit_group(ctx, group, &mut |name, value| {
+                proto::write_stat(out, name, value)
+            });
+            out.extend_from_slice(proto::END);
+        }
+    }
+}
+
+fn general(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
     let shared = ctx.shared;
     let t = shared.stats.totals();
     let e = shared.engine.stats();
     let ((us, uus), (ss, sus)) = stats::rusage();
     let c = &shared.config;
-    stat(out, "pid", std::process::id());
-    stat(out, "uptime", shared.clock.uptime());
-    stat(out, "time", shared.clock.now());
-    stat(out, "version", crate::VERSION);
-    stat(out, "pointer_size", usize::BITS);
-    stat(out, "rusage_user", format_args!("{us}.{uus:06}"));
-    stat(out, "rusage_system", format_args!("{ss}.{sus:06}"));
-    stat(out, "max_connections", c.max_connections);
-    stat(
-        out,
+    emit(sink, "pid", std::process::id());
+    emit(sink, "uptime", shared.clock.uptime());
+    emit(sink, "time", shared.clock.now());
+    emit(sink, "version", crate::VERSION);
+    emit(sink, "pointer_size", usize::BITS);
+    emit(sink, "rusage_user", format_args!("{us}.{uus:06}"));
+    emit(sink, "rusage_system", format_args!("{ss}.{sus:06}"));
+    emit(sink, "max_connections", c.max_connections);
+    emit(
+        sink,
         "curr_connections",
         shared.curr_conns.load(Ordering::Relaxed),
     );
-    stat(
-        out,
+    emit(
+        sink,
         "total_connections",
         shared.total_conns.load(Ordering::Relaxed),
     );
-    stat(
-        out,
+    emit(
+        sink,
         "rejected_connections",
         shared.rejected_conns.load(Ordering::Relaxed),
     );
-    stat(
-        out,
+    emit(
+        sink,
         "connection_structures",
         shared.curr_conns.load(Ordering::Relaxed),
     );
-    stat(out, "cmd_get", t.cmd_get);
-    stat(out, "cmd_set", t.cmd_set);
-    stat(out, "cmd_flush", t.cmd_flush);
-    stat(out, "cmd_touch", t.cmd_touch);
-    stat(out, "cmd_meta", t.cmd_meta);
-    stat(out, "get_hits", t.get_hits);
-    stat(out, "get_misses", t.get_misses);
-    stat(out, "get_expired", e.get_expired);
-    stat(out, "get_flushed", e.get_flushed);
-    stat(out, "delete_misses", t.delete_misses);
-    stat(out, "delete_hits", t.delete_hits);
-    stat(out, "incr_misses", t.incr_misses);
-    stat(out, "incr_hits", t.incr_hits);
-    stat(out, "decr_misses", t.decr_misses);
-    stat(out, "decr_hits", t.decr_hits);
-    stat(out, "cas_misses", t.cas_misses);
-    stat(out, "cas_hits", t.cas_hits);
-    stat(out, "cas_badval", t.cas_badval);
-    stat(out, "touch_hits", t.touch_hits);
-    stat(out, "touch_misses", t.touch_misses);
-    stat(out, "store_too_large", t.store_too_large);
-    stat(out, "store_no_memory", t.store_no_memory);
-    stat(out, "auth_cmds", t.auth_cmds);
-    stat(out, "auth_errors", t.auth_errors);
-    stat(out, "bytes_read", t.bytes_read);
-    stat(out, "bytes_written", t.bytes_written);
-    stat(out, "limit_maxbytes", e.limit_maxbytes);
-    stat(out, "accepting_conns", 1);
-    stat(out, "threads", c.threads);
-    stat(out, "conn_yields", t.conn_yields);
-    stat(out, "bytes", e.bytes);
-    stat(out, "curr_items", e.curr_items);
-    stat(out, "total_items", e.total_items);
-    stat(out, "expired_unfetched", e.expired_unfetched);
-    stat(out, "evicted_unfetched", e.evicted_unfetched);
-    stat(out, "evictions", e.evictions);
-    stat(out, "reclaimed", e.reclaimed);
-    stat(out, "total_malloced", e.total_malloced);
+    emit(sink, "cmd_get", t.cmd_get);
+    emit(sink, "cmd_set", t.cmd_set);
+    emit(sink, "cmd_flush", t.cmd_flush);
+    emit(sink, "cmd_touch", t.cmd_touch);
+    emit(sink, "cmd_meta", t.cmd_meta);
+    emit(sink, "get_hits", t.get_hits);
+    emit(sink, "get_misses", t.get_misses);
+    emit(sink, "get_expired", e.get_expired);
+    emit(sink, "get_flushed", e.get_flushed);
+    emit(sink, "delete_misses", t.delete_misses);
+    emit(sink, "delete_hits", t.delete_hits);
+    emit(sink, "incr_misses", t.incr_misses);
+    emit(sink, "incr_hits", t.incr_hits);
+    emit(sink, "decr_misses", t.decr_misses);
+    emit(sink, "decr_hits", t.decr_hits);
+    emit(sink, "cas_misses", t.cas_misses);
+    emit(sink, "cas_hits", t.cas_hits);
+    emit(sink, "cas_badval", t.cas_badval);
+    emit(sink, "touch_hits", t.touch_hits);
+    emit(sink, "touch_misses", t.touch_misses);
+    emit(sink, "store_too_large", t.store_too_large);
+    emit(sink, "store_no_memory", t.store_no_memory);
+    emit(sink, "auth_cmds", t.auth_cmds);
+    emit(sink, "auth_errors", t.auth_errors);
+    emit(sink, "bytes_read", t.bytes_read);
+    emit(sink, "bytes_written", t.bytes_written);
+    emit(sink, "limit_maxbytes", e.limit_maxbytes);
+    emit(sink, "accepting_conns", 1);
+    emit(sink, "threads", c.threads);
+    emit(sink, "conn_yields", t.conn_yields);
+    emit(sink, "bytes", e.bytes);
+    emit(sink, "curr_items", e.curr_items);
+    emit(sink, "total_items", e.total_items);
+    emit(sink, "expired_unfetched", e.expired_unfetched);
+    emit(sink, "evicted_unfetched", e.evicted_unfetched);
+    emit(sink, "evictions", e.evictions);
+    emit(sink, "reclaimed", e.reclaimed);
+    emit(sink, "total_malloced", e.total_malloced);
 }
 
-fn settings(ctx: &mut Ctx<'_>, out: &mut Vec<u8>) {
+fn settings(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
     let shared = ctx.shared;
     let c = &shared.config;
     let yes_no = |b: bool| if b { "yes" } else { "no" };
     let maxbytes = shared.engine.stats().limit_maxbytes;
-    stat(out, "maxbytes", maxbytes);
-    stat(out, "maxconns", c.max_connections);
-    stat(out, "tcpport", c.tcp_port);
-    stat(out, "udpport", c.udp_port);
-    stat(out, "inter", c.listen.join(","));
-    stat(out, "verbosity", shared.verbosity.load(Ordering::Relaxed));
-    stat(out, "oldest", 0);
-    stat(out, "evictions", if c.no_evict { "off" } else { "on" });
+    emit(sink, "maxbytes", maxbytes);
+    emit(sink, "maxconns", c.max_connections);
+    emit(sink, "tcpport", c.tcp_port);
+    emit(sink, "udpport", c.udp_port);
+    emit(sink, "inter", c.listen.join(","));
+    emit(sink, "verbosity", shared.verbosity.load(Ordering::Relaxed));
+    emit(sink, "oldest", 0);
+    emit(sink, "evictions", if c.no_evict { "off" } else { "on" });
     match &c.unix_socket {
-        Some(p) => stat(out, "domain_socket", p.display()),
-        None => stat(out, "domain_socket", "NULL"),
+        Some(p) => emit(sink, "domain_socket", p.display()),
+        None => emit(sink, "domain_socket", "NULL"),
     }
-    stat(out, "umask", format_args!("{:o}", c.unix_mask));
-    stat(out, "shutdown_command", yes_no(c.enable_shutdown));
-    stat(out, "num_threads", c.threads);
-    stat(out, "reqs_per_event", c.reqs_per_event);
-    stat(out, "cas_enabled", yes_no(c.use_cas));
-    stat(out, "tcp_backlog", c.backlog);
+    emit(sink, "umask", format_args!("{:o}", c.unix_mask));
+    emit(sink, "shutdown_command", yes_no(c.enable_shutdown));
+    emit(sink, "num_threads", c.threads);
+    emit(sink, "reqs_per_event", c.reqs_per_event);
+    emit(sink, "cas_enabled", yes_no(c.use_cas));
+    emit(sink, "tcp_backlog", c.backlog);
     let proto_name = match c.protocol {
         ProtocolChoice::Auto => "auto-negotiate",
         ProtocolChoice::Ascii => "ascii",
         ProtocolChoice::Binary => "binary",
     };
-    stat(out, "binding_protocol", proto_name);
-    stat(out, "auth_enabled_sasl", yes_no(c.sasl));
-    stat(out, "auth_enabled_ascii", yes_no(c.auth_file.is_some()));
-    stat(out, "item_size_max", c.item_size_max);
-    stat(out, "flush_enabled", yes_no(c.flush_enabled));
-    stat(
-        out,
+    emit(sink, "binding_protocol", proto_name);
+    emit(sink, "auth_enabled_sasl", yes_no(c.sasl));
+    emit(sink, "auth_enabled_ascii", yes_no(c.auth_file.is_some()));
+    emit(sink, "item_size_max", c.item_size_max);
+    emit(sink, "flush_enabled", yes_no(c.flush_enabled));
+    emit(
+        sink,
         "idle_timeout",
         c.idle_timeout.map(|d| d.as_secs()).unwrap_or(0),
     );
     match &c.memory_file {
-        Some(p) => stat(out, "memory_file", p.display()),
-        None => stat(out, "memory_file", "(null)"),
+        Some(p) => emit(sink, "memory_file", p.display()),
+        None => emit(sink, "memory_file", "(null)"),
     }
-    stat(
-        out,
+    emit(
+        sink,
         "memory_auto",
         yes_no(matches!(c.memory_limit, MemoryLimit::Auto)),
     );
-    stat(out, "engine", shared.engine_name);
+    emit(sink, "engine", shared.engine_name);
 }
 
-fn conns(ctx: &mut Ctx<'_>, out: &mut Vec<u8>) {
+fn conns(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
     let shared = ctx.shared;
     let now = shared.clock.now();
     for (fd, kind, info) in shared.connection_list() {
@@ -192,14 +243,14 @@ fn conns(ctx: &mut Ctx<'_>, out: &mut Vec<u8>) {
         let key = |k: &str| format!("{fd}:{k}");
         match kind {
             crate::server::ConnKind::Listener => {
-                stat(out, &key("addr"), &info.addr);
-                stat(out, &key("state"), "conn_listening");
+                emit(sink, &key("addr"), &info.addr);
+                emit(sink, &key("state"), "conn_listening");
             }
             crate::server::ConnKind::Client => {
-                stat(out, &key("addr"), &info.addr);
-                stat(out, &key("listen_addr"), &info.listen_addr);
-                stat(out, &key("state"), info.state_name());
-                stat(out, &key("secs_since_last_cmd"), now.saturating_sub(last));
+                emit(sink, &key("addr"), &info.addr);
+                emit(sink, &key("listen_addr"), &info.listen_addr);
+                emit(sink, &key("state"), info.state_name());
+                emit(sink, &key("secs_since_last_cmd"), now.saturating_sub(last));
             }
         }
     }

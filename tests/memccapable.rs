@@ -1,5 +1,5 @@
 //! libmemcached's protocol checker, `memccapable` (Debian's libmemcached-tools), against the
-//! real kvcached binary.
+//! real kvcached binary: its ASCII suite and its binary-protocol suite.
 //!
 //! Its two ASCII `delete` tests expect an error for `delete <key> <junk>...`; the newest
 //! memcached (1.6.4x), which kvcached follows, ignores the extra tokens and fails those two
@@ -62,4 +62,23 @@ fn ascii_protocol_matches_memcached() {
     let all: BTreeSet<String> = mc_passed;
     let ran: BTreeSet<String> = passed.union(&failed).cloned().collect();
     assert_eq!(ran, all, "kvcached and memcached ran different tests");
+}
+
+#[test]
+fn binary_protocol_matches_memcached() {
+    let memcached = Server::start(Kind::Memcached, &[]);
+    let (mc_passed, mc_failed) = run(&memcached, &["-b"]);
+    assert!(mc_failed.is_empty(), "memcached failed {mc_failed:?}");
+    assert!(
+        mc_passed.len() >= 20,
+        "memccapable ran too few tests: {mc_passed:?}"
+    );
+
+    let kvcached = Server::start(Kind::Kvcached, &[]);
+    let (passed, failed) = run(&kvcached, &["-b"]);
+    assert!(failed.is_empty(), "kvcached failed {failed:?}");
+    assert_eq!(
+        passed, mc_passed,
+        "kvcached and memcached ran different tests"
+    );
 }

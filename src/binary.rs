@@ -1,0 +1,410 @@
+//! Executing binary-protocol requests against the engine, with memcached's statuses and
+//! counters. Parsing is `kvproto::binary`'s; this module maps requests onto the engine.
+//!
+//! Quiet opcodes suppress the reply to a success (for the `get` family: to a miss); errors
+//! are always answered. memcached holds quiet replies until the next non-quiet one; here every
+//! reply is queued at once, which gives the client the same bytes in the same order.
+
+use kvproto::binary::{self as bin, opcode, Command, Request, Status};
+use kvproto::text::StoreMode;
+use kvstore::{ArithResult, ReadOptions, StoreRequest, StoreResult};
+
+use crate::conn::{Ctx, Session, Step};
+use crate::stats_report;
+
+/// Execute one binary request, appending its reply (if any) to `s.out`.
+pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
+    let shared = ctx.shared;
+    let st = ctx.stats;
+    let engine = &*shared.engine;
+    let out = &mut s.out;
+    let (op, opaque) = (req.opcode, req.opaque);
+    match req.command {
+        Command::Get { with_key } => {
+            get(ctx, out, &req, with_key, None);
+        }
+        Command::GetAndTouch { with_key, exptime } => {
+            let at = shared.clock.expiry(exptime);
+            get(ctx, out, &req, with_key, Some(at));
+        }
+        Command::Touch { exptime } => {
+            st.cmd_touch.incr();
+            let now = shared.clock.now();
+            let opts = ReadOptions {
+                touch: Some(shared.clock.expiry(exptime)),
+            };
+            let mut found = None;
+            engine.get(req.key, now, opts, &mut |item| {
+                found = Some((item.flags, item.cas))
+            });
+            match found {
+                Some((flags, cas)) => {
+                    st.touch_hits.incr();
+                    if !req.quiet {
+                        bin::write_response(
+                            out,
+                            op,
+                            Status::Success,
+                            opaque,
+                            cas,
+                            &flags.to_be_bytes(),
+                            &[],
+                            &[],
+                        );
+                    }
+                }
+                None => {
+                    st.touch_misses.incr();
+                    bin::write_error(out, op, opaque, Status::KeyNotFound);
+                }
+            }
+        }
+        Command::Store {
+            mode,
+            flags,
+            exptime,
+        } => store(ctx, out, &req, mode, flags, exptime),
+        Command::Delete => {
+            let now = shared.clock.now();
+            // A non-zero CAS must match. The check and the delete are two engine calls: a
+            // write between them can still be deleted (memcached does both under one lock).
+            if req.cas != 0 {
+                match current_cas(ctx, req.key) {
+                    None => {
+                        st.delete_misses.incr();
+                        bin::write_error(out, op, opaque, Status::KeyNotFound);
+                        return Step::Next;
+                    }
+                    Some(cas) if cas != req.cas => {
+                        bin::write_error(out, op, opaque, Status::KeyExists);
+                        return Step::Next;
+                    }
+                    Some(_) => {}
+                }
+            }
+            if engine.delete(req.key, now) {
+                st.delete_hits.incr();
+                if !req.quiet {
+                    bin::write_ok(out, op, opaque, 0);
+                }
+            } else {
+                st.delete_misses.incr();
+                bin::write_error(out, op, opaque, Status::KeyNotFound);
+            }
+        }
+        Command::Arith {
+            incr,
+            delta,
+            initial,
+            exptime,
+            create,
+        } => arith(ctx, out, &req, incr, delta, initial, exptime, create),
+        Command::Quit => {
+            if req.quiet {
+                return Step::Close;
+            }
+            bin::write_ok(out, op, opaque, 0);
+            s.close_after_write = true;
+        }
+        Command::Flush { exptime } => {
+            st.cmd_flush.incr();
+            if !shared.config.flush_enabled {
+                bin::write_error(out, op, opaque, Status::AuthError);
+                return Step::Next;
+            }
+            let now = shared.clock.now();
+            let at = if exptime > 0 {
+                shared.clock.expiry(exptime)
+            } else {
+                now
+            };
+            engine.flush_all(at, now);
+            if !req.quiet {
+                bin::write_ok(out, op, opaque, 0);
+            }
+        }
+        Command::Noop => bin::write_ok(out, op, opaque, 0),
+        Command::Version => bin::write_version(out, opaque, crate::VERSION),
+        Command::Stat => {
+            let group = stats_report::classify(Some(req.key));
+            match group {
+                stats_report::Group::Reset => {
+                    stats_report::reset(shared);
+                    bin::write_stat_end(out, opaque);
+                }
+                _ => {
+                    let emitted = stats_report::emit_group(ctx, group, &mut |name, value| {
+                        bin::write_stat_fmt(out, opaque, name.as_bytes(), value)
+                    });
+                    if emitted {
+                        bin::write_stat_end(out, opaque);
+                    } else {
+                        bin::write_error(out, op, opaque, Status::KeyNotFound);
+                    }
+                }
+            }
+        }
+        // Without -S, memcached answers the SASL opcodes as unknown commands.
+        Command::SaslListMechs | Command::SaslAuth | Command::SaslStep => {
+            bin::write_error(out, op, opaque, Status::UnknownCommand);
+        }
+    }
+    Step::Next
+}
+
+fn current_cas(ctx: &Ctx<'_>, key: &[u8]) -> Option<u64> {
+    let mut cas = None;
+    let now = ctx.shared.clock.now();
+    ctx.shared
+        .engine
+        .get(key, now, ReadOptions::default(), &mut |item| {
+            cas = Some(item.cas)
+        });
+    cas
+}
+
+fn get(ctx: &Ctx<'_>, out: &mut Vec<u8>, req: &Request<'_>, with_key: bool, touch: Option<u32>) {
+    let shared = ctx.shared;
+    let st = ctx.stats;
+    let now = shared.clock.now();
+    let key = if with_key { Some(req.key) } else { None };
+    let hit = shared
+        .engine
+        .get(req.key, now, ReadOptions { touch }, &mut |item| {
+            bin::write_get_hit(
+                out, req.opcode, req.opaque, item.cas, item.flags, key, item.value,
+            );
+        });
+    match (touch.is_some(), hit) {
+        (false, true) => {
+            st.cmd_get.incr();
+            st.get_hits.incr();
+        }
+        (false, false) => {
+            st.cmd_get.incr();
+            st.get_misses.incr();
+        }
+        (true, true) => {
+            st.cmd_touch.incr();
+            st.touch_hits.incr();
+        }
+        (true, false) => {
+            st.cmd_touch.incr();
+            st.touch_misses.incr();
+        }
+    }
+    if !hit && !req.quiet {
+        bin::write_get_miss(out, req.opcode, req.opaque, key);
+    }
+}
+
+fn store(
+    ctx: &Ctx<'_>,
+    out: &mut Vec<u8>,
+    req: &Request<'_>,
+    mode: StoreMode,
+    flags: u32,
+    exptime: i64,
+) {
+    let shared = ctx.shared;
+    let st = ctx.stats;
+    let (op, opaque) = (req.opcode, req.opaque);
+    st.cmd_set.incr();
+    // append/prepend with a CAS: memcached checks it under the item lock; here it is checked
+    // just before the write (see Delete).
+    if req.cas != 0 && matches!(mode, StoreMode::Append | StoreMode::Prepend) {
+        match current_cas(ctx, req.key) {
+            None => {
+                bin::write_error(out, op, opaque, Status::NotStored);
+                return;
+            }
+            Some(cas) if cas != req.cas => {
+                bin::write_error(out, op, opaque, Status::KeyExists);
+                return;
+            }
+            Some(_) => {}
+        }
+    }
+    let engine_mode = match mode {
+        StoreMode::Set => kvstore::StoreMode::Set,
+        StoreMode::Add => kvstore::StoreMode::Add,
+        StoreMode::Replace => kvstore::StoreMode::Replace,
+        StoreMode::Append => kvstore::StoreMode::Append,
+        StoreMode::Prepend => kvstore::StoreMode::Prepend,
+        StoreMode::Cas => kvstore::StoreMode::Cas(req.cas),
+    };
+    let now = shared.clock.now();
+    let result = shared.engine.store(
+        StoreRequest {
+            mode: engine_mode,
+            key: req.key,
+            value: req.value,
+            flags,
+            exptime: shared.clock.expiry(exptime),
+        },
+        now,
+    );
+    if mode == StoreMode::Cas {
+        match result {
+            StoreResult::Stored(_) => st.cas_hits.incr(),
+            StoreResult::Exists => st.cas_badval.incr(),
+            StoreResult::NotFound => st.cas_misses.incr(),
+            _ => {}
+        }
+    }
+    let status = match result {
+        StoreResult::Stored(cas) => {
+            if !req.quiet {
+                bin::write_ok(out, op, opaque, cas);
+            }
+            return;
+        }
+        // memcached answers a failed add "exists" and a failed replace "not found".
+        StoreResult::NotStored => match mode {
+            StoreMode::Add => Status::KeyExists,
+            StoreMode::Replace => Status::KeyNotFound,
+            _ => Status::NotStored,
+        },
+        StoreResult::Exists => Status::KeyExists,
+        StoreResult::NotFound => Status::KeyNotFound,
+        StoreResult::TooLarge => {
+            st.store_too_large.incr();
+            Status::TooLarge
+        }
+        StoreResult::NoMemory => {
+            st.store_no_memory.incr();
+            Status::OutOfMemory
+        }
+    };
+    bin::write_error(out, op, opaque, status);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn arith(
+    ctx: &Ctx<'_>,
+    out: &mut Vec<u8>,
+    req: &Request<'_>,
+    incr: bool,
+    delta: u64,
+    initial: u64,
+    exptime: i64,
+    create: bool,
+) {
+    let shared = ctx.shared;
+    let st = ctx.stats;
+    let (op, opaque) = (req.opcode, req.opaque);
+    let (hits, misses) = if incr {
+        (&st.incr_hits, &st.incr_misses)
+    } else {
+        (&st.decr_hits, &st.decr_misses)
+    };
+    // Twice at most: a miss creates the item with `initial`; if another client created it
+    // first, the second round applies the delta to theirs.
+    for _ in 0..2 {
+        let now = shared.clock.now();
+        match shared.engine.arith(req.key, incr, delta, now) {
+            ArithResult::Value(v) => {
+                hits.incr();
+                if !req.quiet {
+                    let cas = current_cas(ctx, req.key).unwrap_or(0);
+                    bin::write_arith(out, op, opaque, cas, v);
+                }
+                return;
+            }
+            ArithResult::NotFound if create => {
+                let digits = itoa_buf(initial);
+                let value = digits.as_slice();
+                let result = shared.engine.store(
+                    StoreRequest {
+                        mode: kvstore::StoreMode::Add,
+                        key: req.key,
+                        value,
+                        flags: 0,
+                        exptime: shared.clock.expiry(exptime),
+                    },
+                    now,
+                );
+                match result {
+                    StoreResult::Stored(cas) => {
+                        misses.incr();
+                        if !req.quiet {
+                            bin::write_arith(out, op, opaque, cas, initial);
+                        }
+                        return;
+                    }
+                    StoreResult::NotStored => continue,
+                    _ => {
+                        bin::write_error(out, op, opaque, Status::OutOfMemory);
+                        return;
+                    }
+                }
+            }
+            ArithResult::NotFound => {
+                misses.incr();
+                bin::write_error(out, op, opaque, Status::KeyNotFound);
+                return;
+            }
+            ArithResult::NonNumeric => {
+                bin::write_error(out, op, opaque, Status::DeltaBadValue);
+                return;
+            }
+            ArithResult::NoMemory => {
+                bin::write_error(out, op, opaque, Status::OutOfMemory);
+                return;
+            }
+        }
+    }
+    bin::write_error(out, op, opaque, Status::KeyExists);
+}
+
+/// The decimal digits of `n`, on the stack.
+fn itoa_buf(n: u64) -> Digits {
+    let mut d = Digits {
+        buf: [0; 20],
+        start: 20,
+    };
+    let mut n = n;
+    loop {
+        d.start -= 1;
+        d.buf[d.start] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    d
+}
+
+struct Digits {
+    buf: [u8; 20],
+    start: usize,
+}
+
+impl Digits {
+    fn as_slice(&self) -> &[u8] {
+        self.buf.get(self.start..).unwrap_or_default()
+    }
+}
+
+/// A request whose value is larger than `-I`: memcached answers it (quiet or not) and, for
+/// `set`, removes the old item so that readers cannot see stale data.
+pub fn too_large(ctx: &Ctx<'_>, s: &mut Session, op: u8, opaque: u32, status: Status, key: &[u8]) {
+    if matches!(op, opcode::SET | opcode::SETQ) {
+        ctx.stats.cmd_set.incr();
+        ctx.stats.store_too_large.incr();
+        ctx.shared.engine.delete(key, ctx.shared.clock.now());
+    }
+    bin::write_error(&mut s.out, op, opaque, status);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn digits() {
+        for n in [0u64, 7, 10, 12345, u64::MAX] {
+            assert_eq!(itoa_buf(n).as_slice(), n.to_string().as_bytes());
+        }
+    }
+}
