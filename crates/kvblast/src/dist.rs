@@ -1,0 +1,1018 @@
+//! Random distributions for workloads: sizes, inter-arrival times and key popularity.
+//!
+//! Every continuous distribution here is sampled by inverse transform: [`Dist::quantile`] maps a
+//! uniform number in (0, 1] to a sample, so a key's size can be a pure function of the key
+//! (hash the key index to a uniform, take the quantile) and a sampler costs one uniform and a
+//! few floating-point operations. Discrete popularity distributions (zipf, the KV-Cache bucket
+//! power law) use a precomputed alias table, which draws a rank in O(1).
+//!
+//! The random source is the caller's seeded [`Rng`]; nothing here reads the clock or the OS.
+
+use rand::Rng;
+
+/// A uniform number in (0, 1]: never 0, so that `ln U` and `U^-ξ` are finite.
+pub fn unit_open0(rng: &mut impl Rng) -> f64 {
+    ((rng.next_u64() >> 11) + 1) as f64 * (1.0 / (1u64 << 53) as f64)
+}
+
+/// A uniform number in [0, 1).
+pub fn unit(rng: &mut impl Rng) -> f64 {
+    (rng.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+}
+
+/// A uniform integer in [0, n) (n > 0), by Lemire's multiply-shift (bias below 2^-32 for the
+/// key counts used here, which is far under what any test could see).
+pub fn below(rng: &mut impl Rng, n: u64) -> u64 {
+    ((u128::from(rng.next_u64()) * u128::from(n)) >> 64) as u64
+}
+
+/// splitmix64: a bijective mixer, used to turn a key index into a uniform number.
+pub fn mix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Probabilities of ETC value sizes 0..=14 bytes (Atikoglu et al. 2012, as tabulated in
+/// mutilate's `createFacebookValue`); the remaining mass (about 0.558) is the generalized
+/// Pareto tail starting at 15 bytes.
+pub const ETC_SMALL_VALUES: [f64; 15] = [
+    0.00536, 0.00047, 0.17820, 0.09239, 0.00018, 0.02740, 0.00065, 0.00606, 0.00023, 0.00837,
+    0.00837, 0.08989, 0.00092, 0.00326, 0.01980,
+];
+
+/// ETC key size: GEV(30.7984, 8.20449, 0.078688).
+pub const ETC_KEY: Dist = Dist::Gev {
+    loc: 30.7984,
+    scale: 8.20449,
+    shape: 0.078688,
+};
+/// The tail of the ETC value size: generalized Pareto(15, 214.476, 0.348238).
+pub const ETC_VALUE_TAIL: Dist = Dist::GPareto {
+    loc: 15.0,
+    scale: 214.476,
+    shape: 0.348238,
+};
+/// Shape of the ETC inter-arrival generalized Pareto (location 0, scale 16.0292 µs).
+pub const ETC_IA_SHAPE: f64 = 0.154971;
+
+/// A real-valued distribution, sampled by inverse transform.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Dist {
+    Fixed(f64),
+    /// Uniform on [lo, hi].
+    Uniform {
+        lo: f64,
+        hi: f64,
+    },
+    Normal {
+        mean: f64,
+        sd: f64,
+    },
+    /// Log-normal given by the mean and standard deviation of the variable itself.
+    LogNormal {
+        mean: f64,
+        sd: f64,
+    },
+    Exponential {
+        mean: f64,
+    },
+    /// Generalized extreme value: x = µ + σ((−ln U)^(−ξ) − 1)/ξ.
+    Gev {
+        loc: f64,
+        scale: f64,
+        shape: f64,
+    },
+    /// Generalized Pareto: x = µ + σ(U^(−ξ) − 1)/ξ.
+    GPareto {
+        loc: f64,
+        scale: f64,
+        shape: f64,
+    },
+    /// ETC value size: [`ETC_SMALL_VALUES`] for 0..=14 bytes, else [`ETC_VALUE_TAIL`].
+    EtcValue,
+}
+
+fn gev_quantile(loc: f64, scale: f64, shape: f64, u: f64) -> f64 {
+    let t = -u.ln();
+    if shape.abs() < 1e-12 {
+        loc - scale * t.ln()
+    } else {
+        loc + scale * (t.powf(-shape) - 1.0) / shape
+    }
+}
+
+fn gpareto_quantile(loc: f64, scale: f64, shape: f64, u: f64) -> f64 {
+    if shape.abs() < 1e-12 {
+        loc - scale * u.ln()
+    } else {
+        loc + scale * (u.powf(-shape) - 1.0) / shape
+    }
+}
+
+/// The standard normal quantile (Acklam's rational approximation, relative error < 1.2e-9).
+pub fn normal_quantile(p: f64) -> f64 {
+    const A: [f64; 6] = [
+        -3.969_683_028_665_376e1,
+        2.209_460_984_245_205e2,
+        -2.759_285_104_469_687e2,
+        1.383_577_518_672_69e2,
+        -3.066_479_806_614_716e1,
+        2.506_628_277_459_239,
+    ];
+    const B: [f64; 5] = [
+        -5.447_609_879_822_406e1,
+        1.615_858_368_580_409e2,
+        -1.556_989_798_598_866e2,
+        6.680_131_188_771_972e1,
+        -1.328_068_155_288_572e1,
+    ];
+    const C: [f64; 6] = [
+        -7.784_894_002_430_293e-3,
+        -3.223_964_580_411_365e-1,
+        -2.400_758_277_161_838,
+        -2.549_732_539_343_734,
+        4.374_664_141_464_968,
+        2.938_163_982_698_783,
+    ];
+    const D: [f64; 4] = [
+        7.784_695_709_041_462e-3,
+        3.224_671_290_700_398e-1,
+        2.445_134_137_142_996,
+        3.754_408_661_907_416,
+    ];
+    let p = p.clamp(1e-300, 1.0 - 1e-16);
+    let tail = |q: f64| {
+        (((((C[0] * q + C[1]) * q + C[2]) * q + C[3]) * q + C[4]) * q + C[5])
+            / ((((D[0] * q + D[1]) * q + D[2]) * q + D[3]) * q + 1.0)
+    };
+    if p < 0.02425 {
+        tail((-2.0 * p.ln()).sqrt())
+    } else if p > 1.0 - 0.02425 {
+        -tail((-2.0 * (1.0 - p).ln()).sqrt())
+    } else {
+        let q = p - 0.5;
+        let r = q * q;
+        (((((A[0] * r + A[1]) * r + A[2]) * r + A[3]) * r + A[4]) * r + A[5]) * q
+            / (((((B[0] * r + B[1]) * r + B[2]) * r + B[3]) * r + B[4]) * r + 1.0)
+    }
+}
+
+/// The standard normal CDF (via erfc, Numerical Recipes' Chebyshev fit, error < 1.2e-7).
+pub fn normal_cdf(x: f64) -> f64 {
+    let z = -x / std::f64::consts::SQRT_2;
+    let t = 1.0 / (1.0 + 0.5 * z.abs());
+    let y = t
+        * (-z * z - 1.265_512_23
+            + t * (1.000_023_68
+                + t * (0.374_091_96
+                    + t * (0.096_784_18
+                        + t * (-0.186_288_06
+                            + t * (0.278_868_07
+                                + t * (-1.135_203_98
+                                    + t * (1.488_515_87
+                                        + t * (-0.822_152_23 + t * 0.170_872_77)))))))))
+            .exp();
+    let erfc = if z >= 0.0 { y } else { 2.0 - y };
+    0.5 * erfc
+}
+
+impl Dist {
+    /// The sample for uniform `u` in (0, 1]. Larger `u` gives a larger sample for the
+    /// continuous distributions except GEV and generalized Pareto, whose formulas (as
+    /// published) run the other way; either way `u` uniform gives the distribution.
+    pub fn quantile(&self, u: f64) -> f64 {
+        match *self {
+            Dist::Fixed(v) => v,
+            Dist::Uniform { lo, hi } => lo + (hi - lo) * u,
+            Dist::Normal { mean, sd } => mean + sd * normal_quantile(u),
+            Dist::LogNormal { mean, sd } => {
+                let (mu, sigma) = lognormal_params(mean, sd);
+                (mu + sigma * normal_quantile(u)).exp()
+            }
+            Dist::Exponential { mean } => -mean * u.ln(),
+            Dist::Gev { loc, scale, shape } => gev_quantile(loc, scale, shape, u),
+            Dist::GPareto { loc, scale, shape } => gpareto_quantile(loc, scale, shape, u),
+            Dist::EtcValue => {
+                // The table's mass sits at the top of (0, 1]; below it, rescale u to (0, 1]
+                // for the tail so that one uniform suffices.
+                let mut acc = 0.0;
+                let small: f64 = ETC_SMALL_VALUES.iter().sum();
+                let v = 1.0 - u; // in [0, 1)
+                for (size, p) in ETC_SMALL_VALUES.iter().enumerate() {
+                    acc += p;
+                    if v < acc {
+                        return size as f64;
+                    }
+                }
+                let w = ((v - small) / (1.0 - small)).clamp(0.0, 1.0);
+                ETC_VALUE_TAIL.quantile((1.0 - w).max(f64::MIN_POSITIVE))
+            }
+        }
+    }
+
+    /// Draw one sample.
+    pub fn sample(&self, rng: &mut impl Rng) -> f64 {
+        match *self {
+            Dist::Fixed(v) => v,
+            _ => self.quantile(unit_open0(rng)),
+        }
+    }
+
+    /// P(X <= x).
+    pub fn cdf(&self, x: f64) -> f64 {
+        match *self {
+            Dist::Fixed(v) => {
+                if x >= v {
+                    1.0
+                } else {
+                    0.0
+                }
+            }
+            Dist::Uniform { lo, hi } => ((x - lo) / (hi - lo)).clamp(0.0, 1.0),
+            Dist::Normal { mean, sd } => normal_cdf((x - mean) / sd),
+            Dist::LogNormal { mean, sd } => {
+                if x <= 0.0 {
+                    return 0.0;
+                }
+                let (mu, sigma) = lognormal_params(mean, sd);
+                normal_cdf((x.ln() - mu) / sigma)
+            }
+            Dist::Exponential { mean } => {
+                if x <= 0.0 {
+                    0.0
+                } else {
+                    1.0 - (-x / mean).exp()
+                }
+            }
+            Dist::Gev { loc, scale, shape } => {
+                let s = (x - loc) / scale;
+                if shape.abs() < 1e-12 {
+                    (-(-s).exp()).exp()
+                } else {
+                    let t = 1.0 + shape * s;
+                    if t <= 0.0 {
+                        return if shape > 0.0 { 0.0 } else { 1.0 };
+                    }
+                    (-t.powf(-1.0 / shape)).exp()
+                }
+            }
+            Dist::GPareto { loc, scale, shape } => {
+                if x < loc {
+                    return 0.0;
+                }
+                let s = (x - loc) / scale;
+                if shape.abs() < 1e-12 {
+                    1.0 - (-s).exp()
+                } else {
+                    let t = 1.0 + shape * s;
+                    if t <= 0.0 {
+                        return 1.0;
+                    }
+                    1.0 - t.powf(-1.0 / shape)
+                }
+            }
+            Dist::EtcValue => {
+                let small: f64 = ETC_SMALL_VALUES.iter().sum();
+                if x < 0.0 {
+                    0.0
+                } else if x < 15.0 {
+                    let k = x.floor() as usize;
+                    ETC_SMALL_VALUES[..=k.min(14)].iter().sum()
+                } else {
+                    small + (1.0 - small) * ETC_VALUE_TAIL.cdf(x)
+                }
+            }
+        }
+    }
+
+    /// The mean, where it is finite.
+    pub fn mean(&self) -> Option<f64> {
+        match *self {
+            Dist::Fixed(v) => Some(v),
+            Dist::Uniform { lo, hi } => Some((lo + hi) / 2.0),
+            Dist::Normal { mean, .. } | Dist::LogNormal { mean, .. } => Some(mean),
+            Dist::Exponential { mean } => Some(mean),
+            Dist::GPareto { loc, scale, shape } if shape < 1.0 => Some(loc + scale / (1.0 - shape)),
+            Dist::EtcValue => {
+                let small: f64 = ETC_SMALL_VALUES.iter().sum();
+                let head: f64 = ETC_SMALL_VALUES
+                    .iter()
+                    .enumerate()
+                    .map(|(i, p)| i as f64 * p)
+                    .sum();
+                Some(head + (1.0 - small) * ETC_VALUE_TAIL.mean()?)
+            }
+            _ => None,
+        }
+    }
+
+    /// Parse `fixed:V`, a bare number, `uniform:LO,HI`, `normal:MEAN,SD`,
+    /// `lognormal:MEAN,SD`, `exp:MEAN`, `gev:LOC,SCALE,SHAPE`, `gpareto:LOC,SCALE,SHAPE`,
+    /// `etc-key`, `etc-value`.
+    pub fn parse(spec: &str) -> Result<Dist, String> {
+        let spec = spec.trim();
+        if let Ok(v) = spec.parse::<f64>() {
+            return Ok(Dist::Fixed(v));
+        }
+        let (name, args) = spec.split_once(':').unwrap_or((spec, ""));
+        let nums: Vec<f64> = if args.is_empty() {
+            Vec::new()
+        } else {
+            args.split(',')
+                .map(|a| a.trim().parse::<f64>())
+                .collect::<Result<_, _>>()
+                .map_err(|e| format!("distribution {spec:?}: {e}"))?
+        };
+        let want = |n: usize| {
+            if nums.len() == n && nums.iter().all(|x| x.is_finite()) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "distribution {spec:?}: {name} takes {n} finite number(s)"
+                ))
+            }
+        };
+        let d = match name {
+            "fixed" => {
+                want(1)?;
+                Dist::Fixed(nums[0])
+            }
+            "uniform" => {
+                want(2)?;
+                Dist::Uniform {
+                    lo: nums[0],
+                    hi: nums[1],
+                }
+            }
+            "normal" => {
+                want(2)?;
+                Dist::Normal {
+                    mean: nums[0],
+                    sd: nums[1],
+                }
+            }
+            "lognormal" => {
+                want(2)?;
+                if nums[0] <= 0.0 || nums[1] <= 0.0 {
+                    return Err(format!("{spec:?}: lognormal needs mean > 0 and sd > 0"));
+                }
+                Dist::LogNormal {
+                    mean: nums[0],
+                    sd: nums[1],
+                }
+            }
+            "exp" | "exponential" => {
+                want(1)?;
+                Dist::Exponential { mean: nums[0] }
+            }
+            "gev" => {
+                want(3)?;
+                Dist::Gev {
+                    loc: nums[0],
+                    scale: nums[1],
+                    shape: nums[2],
+                }
+            }
+            "gpareto" | "pareto" => {
+                want(3)?;
+                Dist::GPareto {
+                    loc: nums[0],
+                    scale: nums[1],
+                    shape: nums[2],
+                }
+            }
+            "etc-key" => {
+                want(0)?;
+                ETC_KEY
+            }
+            "etc-value" => {
+                want(0)?;
+                Dist::EtcValue
+            }
+            _ => return Err(format!("unknown distribution {spec:?}")),
+        };
+        if let Dist::Uniform { lo, hi } = d {
+            if hi < lo {
+                return Err(format!("{spec:?}: uniform needs LO <= HI"));
+            }
+        }
+        Ok(d)
+    }
+}
+
+fn lognormal_params(mean: f64, sd: f64) -> (f64, f64) {
+    let s2 = (1.0 + (sd * sd) / (mean * mean)).ln();
+    (mean.ln() - s2 / 2.0, s2.sqrt())
+}
+
+/// A size in bytes: a distribution rounded to the nearest integer and clamped to [min, max].
+#[derive(Debug, Clone, PartialEq)]
+pub struct SizeDist {
+    pub dist: Dist,
+    pub min: usize,
+    pub max: usize,
+}
+
+impl SizeDist {
+    pub fn fixed(n: usize) -> SizeDist {
+        SizeDist {
+            dist: Dist::Fixed(n as f64),
+            min: n,
+            max: n,
+        }
+    }
+
+    pub fn new(dist: Dist, min: usize, max: usize) -> SizeDist {
+        SizeDist { dist, min, max }
+    }
+
+    pub fn quantile(&self, u: f64) -> usize {
+        self.clamp(self.dist.quantile(u))
+    }
+
+    pub fn sample(&self, rng: &mut impl Rng) -> usize {
+        self.clamp(self.dist.sample(rng))
+    }
+
+    fn clamp(&self, x: f64) -> usize {
+        if x.is_nan() {
+            return self.min;
+        }
+        // `as` saturates for out-of-range floats.
+        (x.round().max(0.0) as usize).clamp(self.min, self.max.max(self.min))
+    }
+}
+
+/// An alias table (Vose): draws index i with probability weights[i] / sum in O(1).
+#[derive(Debug, Clone)]
+pub struct AliasTable {
+    prob: Vec<f64>,
+    alias: Vec<u32>,
+}
+
+impl AliasTable {
+    /// Build from non-negative weights (at least one positive, at most 2^32 of them).
+    pub fn new(weights: &[f64]) -> Result<AliasTable, String> {
+        let n = weights.len();
+        if n == 0 || n > u32::MAX as usize {
+            return Err(format!("alias table over {n} outcomes"));
+        }
+        let sum: f64 = weights.iter().sum();
+        if !(sum > 0.0 && sum.is_finite()) || weights.iter().any(|w| w.is_nan() || *w < 0.0) {
+            return Err("weights must be finite, non-negative, and not all zero".into());
+        }
+        let mut prob: Vec<f64> = weights.iter().map(|w| w * n as f64 / sum).collect();
+        let mut alias = vec![0u32; n];
+        let mut small: Vec<u32> = Vec::new();
+        let mut large: Vec<u32> = Vec::new();
+        for (i, p) in prob.iter().enumerate() {
+            if *p < 1.0 {
+                small.push(i as u32);
+            } else {
+                large.push(i as u32);
+            }
+        }
+        while let (Some(&s), Some(&l)) = (small.last(), large.last()) {
+            small.pop();
+            alias[s as usize] = l;
+            let pl = prob[l as usize] + prob[s as usize] - 1.0;
+            prob[l as usize] = pl;
+            if pl < 1.0 {
+                large.pop();
+                small.push(l);
+            }
+        }
+        // Leftovers are 1 up to rounding.
+        for i in small.into_iter().chain(large) {
+            prob[i as usize] = 1.0;
+        }
+        Ok(AliasTable { prob, alias })
+    }
+
+    pub fn len(&self) -> usize {
+        self.prob.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.prob.is_empty()
+    }
+
+    pub fn sample(&self, rng: &mut impl Rng) -> usize {
+        let x = rng.next_u64();
+        // High bits pick the column, low 53 bits the coin.
+        let i = ((u128::from(x) * self.prob.len() as u128) >> 64) as usize;
+        let coin = (x & ((1 << 53) - 1)) as f64 * (1.0 / (1u64 << 53) as f64);
+        if coin < self.prob[i] {
+            i
+        } else {
+            self.alias[i] as usize
+        }
+    }
+}
+
+/// How keys are chosen: the popularity of key ranks.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Popularity {
+    Uniform,
+    /// P(rank k) ∝ 1/k^alpha, k = 1..=n.
+    Zipf {
+        alpha: f64,
+    },
+    /// KV-Cache (KV-Blaster): keys in buckets of `size`; the popularity of the bucket at
+    /// position x (evenly spaced in [xmin, 1]) is PDF(x) = αx^(α−1); the buckets' order is
+    /// shuffled; a key within a bucket is uniform.
+    Buckets {
+        size: u64,
+        alpha: f64,
+        xmin: f64,
+    },
+    /// Keys 0, 1, 2, ... in turn (each thread starts at its own offset).
+    Sequential,
+}
+
+impl Popularity {
+    /// KV-Cache's Table 2 setting: buckets of 25 keys, α = 0.01, 0.001 <= x <= 1.
+    pub const KVCACHE: Popularity = Popularity::Buckets {
+        size: 25,
+        alpha: 0.01,
+        xmin: 0.001,
+    };
+
+    /// Parse `uniform`, `zipf:ALPHA`, `buckets`, `buckets:SIZE,ALPHA,XMIN`, `sequential`.
+    pub fn parse(spec: &str) -> Result<Popularity, String> {
+        let (name, args) = spec.trim().split_once(':').unwrap_or((spec.trim(), ""));
+        let nums: Vec<f64> = if args.is_empty() {
+            Vec::new()
+        } else {
+            args.split(',')
+                .map(|a| a.trim().parse::<f64>())
+                .collect::<Result<_, _>>()
+                .map_err(|e| format!("popularity {spec:?}: {e}"))?
+        };
+        match (name, nums.as_slice()) {
+            ("uniform", []) => Ok(Popularity::Uniform),
+            ("sequential", []) => Ok(Popularity::Sequential),
+            ("zipf", [a]) if a.is_finite() && *a >= 0.0 => Ok(Popularity::Zipf { alpha: *a }),
+            ("buckets", []) => Ok(Popularity::KVCACHE),
+            ("buckets", [s, a, x])
+                if *s >= 1.0 && s.fract() == 0.0 && *a > 0.0 && *x > 0.0 && *x < 1.0 =>
+            {
+                Ok(Popularity::Buckets {
+                    size: *s as u64,
+                    alpha: *a,
+                    xmin: *x,
+                })
+            }
+            _ => Err(format!(
+                "bad popularity {spec:?}: uniform | zipf:ALPHA | buckets[:SIZE,ALPHA,XMIN] | sequential"
+            )),
+        }
+    }
+
+    /// Relative weights of ranks (zipf) or buckets (buckets) for `n` keys, in rank order
+    /// (before any shuffle); None for uniform and sequential.
+    pub fn weights(&self, n: u64) -> Option<Vec<f64>> {
+        match *self {
+            Popularity::Zipf { alpha } => Some((1..=n).map(|k| (k as f64).powf(-alpha)).collect()),
+            Popularity::Buckets { size, alpha, xmin } => {
+                let buckets = n.div_ceil(size).max(1);
+                let step = if buckets > 1 {
+                    (1.0 - xmin) / (buckets - 1) as f64
+                } else {
+                    0.0
+                };
+                Some(
+                    (0..buckets)
+                        .map(|b| {
+                            let x = xmin + step * b as f64;
+                            alpha * x.powf(alpha - 1.0)
+                        })
+                        .collect(),
+                )
+            }
+            Popularity::Uniform | Popularity::Sequential => None,
+        }
+    }
+}
+
+/// Draws key indices in [0, n) with a given popularity. Popular ranks are scattered over the
+/// key space by a fixed bijection (zipf) or a seeded shuffle of buckets (buckets), so the
+/// hottest keys are not neighbours (and not all on one server).
+#[derive(Debug, Clone)]
+pub struct KeyChooser {
+    n: u64,
+    kind: Popularity,
+    table: Option<std::sync::Arc<AliasTable>>,
+    /// Bucket order for `Buckets`: position -> bucket number.
+    bucket_of: Option<std::sync::Arc<Vec<u32>>>,
+    mult: u64,
+    next_seq: u64,
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+impl KeyChooser {
+    pub fn new(n: u64, kind: &Popularity, seed: u64) -> Result<KeyChooser, String> {
+        if n == 0 {
+            return Err("key count must be at least 1".into());
+        }
+        let (table, bucket_of) = match kind.weights(n) {
+            None => (None, None),
+            Some(w) => {
+                let t = AliasTable::new(&w)?;
+                let order = if matches!(kind, Popularity::Buckets { .. }) {
+                    // A seeded Fisher-Yates shuffle, as KV-Cache shuffles its ranks.
+                    let mut order: Vec<u32> = (0..w.len() as u32).collect();
+                    let mut s = seed ^ 0xB0C4_E75E_ED00_0001;
+                    for i in (1..order.len()).rev() {
+                        s = mix64(s);
+                        let j = ((u128::from(s) * (i as u128 + 1)) >> 64) as usize;
+                        order.swap(i, j);
+                    }
+                    Some(std::sync::Arc::new(order))
+                } else {
+                    None
+                };
+                (Some(std::sync::Arc::new(t)), order)
+            }
+        };
+        // A multiplier coprime to n makes rank -> (rank * mult) mod n a bijection.
+        let mut mult = (0x9E37_79B9_7F4A_7C15u64 % n).max(1);
+        while gcd(mult, n) != 1 {
+            mult += 1;
+        }
+        Ok(KeyChooser {
+            n,
+            kind: kind.clone(),
+            table,
+            bucket_of,
+            mult,
+            next_seq: 0,
+        })
+    }
+
+    /// Start a sequential chooser at `offset` (so threads do not walk in step).
+    pub fn set_sequence_start(&mut self, offset: u64) {
+        self.next_seq = offset % self.n;
+    }
+
+    pub fn key_count(&self) -> u64 {
+        self.n
+    }
+
+    /// The key index of a zipf rank (0-based).
+    pub fn rank_to_key(&self, rank: u64) -> u64 {
+        ((u128::from(rank) * u128::from(self.mult)) % u128::from(self.n)) as u64
+    }
+
+    /// Draw a rank (zipf), a bucket position (buckets) or a key (others); see [`Self::next`].
+    pub fn next_rank(&mut self, rng: &mut impl Rng) -> u64 {
+        match self.kind {
+            Popularity::Uniform => below(rng, self.n),
+            Popularity::Sequential => {
+                let k = self.next_seq;
+                self.next_seq = if k + 1 >= self.n { 0 } else { k + 1 };
+                k
+            }
+            Popularity::Zipf { .. } | Popularity::Buckets { .. } => match &self.table {
+                Some(t) => t.sample(rng) as u64,
+                None => below(rng, self.n),
+            },
+        }
+    }
+
+    /// Draw a key index in [0, n).
+    pub fn next(&mut self, rng: &mut impl Rng) -> u64 {
+        let r = self.next_rank(rng);
+        match self.kind {
+            Popularity::Zipf { .. } => self.rank_to_key(r),
+            Popularity::Buckets { size, .. } => {
+                let bucket = match &self.bucket_of {
+                    Some(order) => u64::from(order.get(r as usize).copied().unwrap_or(0)),
+                    None => r,
+                };
+                let first = bucket * size;
+                let width = size.min(self.n.saturating_sub(first)).max(1);
+                (first + below(rng, width)).min(self.n - 1)
+            }
+            _ => r,
+        }
+    }
+}
+
+/// How open-loop requests are spaced in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arrival {
+    /// Exponential gaps (a Poisson process).
+    Poisson,
+    /// Equal gaps.
+    Fixed,
+    /// ETC's generalized Pareto gaps (shape 0.154971, location 0), scaled to the rate.
+    Etc,
+}
+
+impl Arrival {
+    pub fn parse(s: &str) -> Result<Arrival, String> {
+        match s {
+            "poisson" | "exp" => Ok(Arrival::Poisson),
+            "fixed" | "uniform" => Ok(Arrival::Fixed),
+            "etc" => Ok(Arrival::Etc),
+            _ => Err(format!("bad arrival {s:?}: poisson | fixed | etc")),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Arrival::Poisson => "poisson",
+            Arrival::Fixed => "fixed",
+            Arrival::Etc => "etc",
+        }
+    }
+
+    /// The gap distribution, in nanoseconds, for `rate` requests per second.
+    pub fn gaps(self, rate: f64) -> Dist {
+        let mean = 1e9 / rate;
+        match self {
+            Arrival::Poisson => Dist::Exponential { mean },
+            Arrival::Fixed => Dist::Fixed(mean),
+            // A GPD with location 0 has mean σ/(1−ξ): choose σ so that it is 1/rate.
+            Arrival::Etc => Dist::GPareto {
+                loc: 0.0,
+                scale: mean * (1.0 - ETC_IA_SHAPE),
+                shape: ETC_IA_SHAPE,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::rngs::Xoshiro256PlusPlus;
+    use rand::SeedableRng;
+
+    fn rng(seed: u64) -> Xoshiro256PlusPlus {
+        Xoshiro256PlusPlus::seed_from_u64(seed)
+    }
+
+    /// Kolmogorov–Smirnov statistic of `samples` against `cdf`.
+    fn ks(mut samples: Vec<f64>, cdf: impl Fn(f64) -> f64) -> f64 {
+        samples.sort_by(|a, b| a.total_cmp(b));
+        let n = samples.len() as f64;
+        let mut d: f64 = 0.0;
+        let mut i = 0;
+        while i < samples.len() {
+            // Treat ties as one step so that discrete distributions are handled correctly.
+            let x = samples[i];
+            let mut j = i;
+            while j < samples.len() && samples[j] == x {
+                j += 1;
+            }
+            // Just below x the empirical CDF is i/n; at x it is j/n.
+            d = d.max((cdf(x - 1e-9) - i as f64 / n).abs());
+            d = d.max((j as f64 / n - cdf(x)).abs());
+            i = j;
+        }
+        d
+    }
+
+    /// The KS critical value at significance 0.001 for n samples.
+    fn critical(n: usize) -> f64 {
+        1.95 / (n as f64).sqrt()
+    }
+
+    fn check(d: &Dist, seed: u64) {
+        let n = 20_000;
+        let mut r = rng(seed);
+        let samples: Vec<f64> = (0..n).map(|_| d.sample(&mut r)).collect();
+        let stat = ks(samples, |x| d.cdf(x));
+        assert!(stat < critical(n), "{d:?}: KS {stat} >= {}", critical(n));
+    }
+
+    #[test]
+    fn continuous_distributions_pass_ks() {
+        let rows = [
+            Dist::Uniform { lo: 1.0, hi: 100.0 },
+            Dist::Normal {
+                mean: 1024.0,
+                sd: 266.0,
+            },
+            Dist::LogNormal {
+                mean: 25600.0,
+                sd: 12700.0,
+            },
+            Dist::Exponential { mean: 20_000.0 },
+            ETC_KEY,
+            ETC_VALUE_TAIL,
+            Arrival::Etc.gaps(50_000.0),
+            Dist::Gev {
+                loc: 0.0,
+                scale: 1.0,
+                shape: -0.2,
+            },
+        ];
+        for (i, d) in rows.iter().enumerate() {
+            check(d, 1000 + i as u64);
+        }
+    }
+
+    #[test]
+    fn ks_detects_a_wrong_distribution() {
+        // The test itself must be able to fail: samples of one GEV against another's CDF.
+        let mut r = rng(7);
+        let samples: Vec<f64> = (0..20_000).map(|_| ETC_KEY.sample(&mut r)).collect();
+        let other = Dist::Gev {
+            loc: 31.5,
+            scale: 8.20449,
+            shape: 0.078688,
+        };
+        assert!(ks(samples, |x| other.cdf(x)) > critical(20_000));
+    }
+
+    #[test]
+    fn quantile_inverts_cdf() {
+        for d in [ETC_KEY, ETC_VALUE_TAIL, Dist::Normal { mean: 5.0, sd: 2.0 }] {
+            for u in [0.01, 0.1, 0.5, 0.9, 0.99] {
+                let x = d.quantile(u);
+                let f = d.cdf(x);
+                // GEV and GPD quantiles as published map u to the upper tail for GPD.
+                let ok = (f - u).abs() < 1e-6 || (f - (1.0 - u)).abs() < 1e-6;
+                assert!(ok, "{d:?} u={u} x={x} F(x)={f}");
+            }
+        }
+    }
+
+    #[test]
+    fn etc_value_sizes_match_the_table_and_tail() {
+        let n = 200_000;
+        let mut r = rng(42);
+        let samples: Vec<f64> = (0..n).map(|_| Dist::EtcValue.sample(&mut r)).collect();
+        for (size, p) in ETC_SMALL_VALUES.iter().enumerate() {
+            let got = samples.iter().filter(|&&x| x == size as f64).count() as f64 / n as f64;
+            // 4 standard deviations of a binomial proportion.
+            let tol = 4.0 * (p * (1.0 - p) / n as f64).sqrt() + 1e-5;
+            assert!((got - p).abs() < tol, "size {size}: {got} vs {p}");
+        }
+        let tail: Vec<f64> = samples.into_iter().filter(|&x| x >= 15.0).collect();
+        let m = tail.len();
+        assert!(ks(tail, |x| ETC_VALUE_TAIL.cdf(x)) < critical(m));
+        // And the whole mixture against its CDF (sizes rounded as a SizeDist does).
+        let sd = SizeDist::new(Dist::EtcValue, 0, 1 << 20);
+        let mut r = rng(43);
+        let sizes: Vec<f64> = (0..20_000).map(|_| sd.sample(&mut r) as f64).collect();
+        let stat = ks(sizes, |x| {
+            if x < 15.0 {
+                Dist::EtcValue.cdf(x)
+            } else {
+                Dist::EtcValue.cdf(x + 0.5)
+            }
+        });
+        assert!(stat < critical(20_000), "mixture KS {stat}");
+    }
+
+    #[test]
+    fn etc_value_mean_is_plausible() {
+        // ETC values average a few hundred bytes.
+        let m = Dist::EtcValue.mean().unwrap_or(0.0);
+        assert!((150.0..400.0).contains(&m), "{m}");
+    }
+
+    fn discrete_ks(chooser: &mut KeyChooser, weights: &[f64], seed: u64) {
+        let n = 50_000;
+        let mut r = rng(seed);
+        let samples: Vec<f64> = (0..n).map(|_| chooser.next_rank(&mut r) as f64).collect();
+        let total: f64 = weights.iter().sum();
+        let mut cum = Vec::with_capacity(weights.len());
+        let mut acc = 0.0;
+        for w in weights {
+            acc += w / total;
+            cum.push(acc);
+        }
+        let stat = ks(samples, |x| {
+            if x < 0.0 {
+                0.0
+            } else {
+                cum[(x.floor() as usize).min(cum.len() - 1)]
+            }
+        });
+        assert!(stat < critical(n), "KS {stat}");
+    }
+
+    #[test]
+    fn zipf_ranks_pass_ks() {
+        for (alpha, seed) in [(0.99, 1u64), (0.5, 2), (1.2, 3)] {
+            let pop = Popularity::Zipf { alpha };
+            let mut c = KeyChooser::new(10_000, &pop, 9).unwrap_or_else(|e| panic!("{e}"));
+            let w = pop.weights(10_000).unwrap_or_default();
+            discrete_ks(&mut c, &w, seed);
+        }
+    }
+
+    #[test]
+    fn bucket_power_law_passes_ks() {
+        let pop = Popularity::KVCACHE;
+        let mut c = KeyChooser::new(250_000, &pop, 5).unwrap_or_else(|e| panic!("{e}"));
+        let w = pop.weights(250_000).unwrap_or_default();
+        assert_eq!(w.len(), 10_000);
+        // The most popular bucket (x = 0.001) is 1000^0.99 times the least popular.
+        let ratio = w[0] / w[w.len() - 1];
+        assert!((ratio - 1000f64.powf(0.99)).abs() / ratio < 1e-9);
+        discrete_ks(&mut c, &w, 11);
+        // Keys stay in range and within their bucket.
+        let mut r = rng(12);
+        for _ in 0..10_000 {
+            assert!(c.next(&mut r) < 250_000);
+        }
+    }
+
+    #[test]
+    fn uniform_keys_pass_ks() {
+        let mut c =
+            KeyChooser::new(1000, &Popularity::Uniform, 1).unwrap_or_else(|e| panic!("{e}"));
+        discrete_ks(&mut c, &[1.0; 1000], 21);
+    }
+
+    #[test]
+    fn zipf_rank_to_key_is_a_bijection() {
+        for n in [1u64, 2, 10, 97, 1000, 1024] {
+            let c = KeyChooser::new(n, &Popularity::Zipf { alpha: 1.0 }, 0)
+                .unwrap_or_else(|e| panic!("{e}"));
+            let mut seen = vec![false; n as usize];
+            for r in 0..n {
+                let k = c.rank_to_key(r) as usize;
+                assert!(!seen[k], "n={n} rank {r}");
+                seen[k] = true;
+            }
+        }
+    }
+
+    #[test]
+    fn sequential_wraps() {
+        let mut c =
+            KeyChooser::new(3, &Popularity::Sequential, 0).unwrap_or_else(|e| panic!("{e}"));
+        c.set_sequence_start(2);
+        let mut r = rng(0);
+        let got: Vec<u64> = (0..5).map(|_| c.next(&mut r)).collect();
+        assert_eq!(got, [2, 0, 1, 2, 0]);
+    }
+
+    #[test]
+    fn arrival_gaps_have_the_requested_mean() {
+        for a in [Arrival::Poisson, Arrival::Fixed, Arrival::Etc] {
+            let d = a.gaps(50_000.0);
+            let mean = d.mean().unwrap_or(0.0);
+            assert!((mean - 20_000.0).abs() < 1e-6, "{a:?}: {mean}");
+            let mut r = rng(3);
+            let n = 200_000;
+            let s: f64 = (0..n).map(|_| d.sample(&mut r)).sum::<f64>() / n as f64;
+            assert!(
+                (s - 20_000.0).abs() / 20_000.0 < 0.02,
+                "{a:?}: sample mean {s}"
+            );
+        }
+    }
+
+    #[test]
+    fn parse_specs() {
+        assert_eq!(Dist::parse("128"), Ok(Dist::Fixed(128.0)));
+        assert_eq!(Dist::parse("etc-key"), Ok(ETC_KEY));
+        assert_eq!(
+            Dist::parse("gpareto:15,214.476,0.348238"),
+            Ok(ETC_VALUE_TAIL)
+        );
+        assert!(Dist::parse("gev:1,2").is_err());
+        assert!(Dist::parse("uniform:5,1").is_err());
+        assert!(Dist::parse("nope").is_err());
+        assert_eq!(
+            Popularity::parse("zipf:0.99"),
+            Ok(Popularity::Zipf { alpha: 0.99 })
+        );
+        assert_eq!(Popularity::parse("buckets"), Ok(Popularity::KVCACHE));
+        assert!(Popularity::parse("zipf").is_err());
+    }
+
+    #[test]
+    fn size_dist_clamps_and_rounds() {
+        let s = SizeDist::new(ETC_KEY, 1, 250);
+        for u in [1e-300, 1e-9, 0.5, 1.0] {
+            let k = s.quantile(u);
+            assert!((1..=250).contains(&k));
+        }
+        assert_eq!(SizeDist::fixed(19).quantile(0.3), 19);
+    }
+
+    #[test]
+    fn alias_table_rejects_bad_weights() {
+        assert!(AliasTable::new(&[]).is_err());
+        assert!(AliasTable::new(&[0.0, 0.0]).is_err());
+        assert!(AliasTable::new(&[1.0, f64::NAN]).is_err());
+        assert!(AliasTable::new(&[1.0, -1.0]).is_err());
+    }
+}

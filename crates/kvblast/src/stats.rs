@@ -1,0 +1,696 @@
+//! What a run measured: per-request-kind counters and HdrHistogram latencies, merged across
+//! threads, printed as a table and written as JSON; and the server's own `stats` counters,
+//! read before and after a run to check that both sides counted the same requests.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+
+use crate::workload::Op;
+
+/// Latencies are recorded in nanoseconds, from 1 ns to 100 s, to 3 significant digits.
+const HIST_MAX_NS: u64 = 100_000_000_000;
+
+pub fn new_histogram() -> Histogram<u64> {
+    // Bounds are constants that new_with_bounds accepts (low >= 1, high >= 2 * low,
+    // sigfig <= 5), so this cannot fail; fall back to an auto-resizing histogram anyway.
+    Histogram::new_with_bounds(1, HIST_MAX_NS, 3)
+        .or_else(|_| Histogram::new(3))
+        .unwrap_or_else(|_| unreachable!("3 significant figures is valid"))
+}
+
+/// Counters for one request kind.
+#[derive(Debug, Clone)]
+pub struct OpStats {
+    /// Latency of measured requests (sent after the warm-up, before the end), in ns.
+    pub hist: Histogram<u64>,
+    /// Measured requests that completed (with any reply, errors included).
+    pub count: u64,
+    /// Hits: keys found (get), deleted (delete), touched (touch), incremented (incr); for
+    /// set, `STORED`.
+    pub hits: u64,
+    /// Misses: keys not found; for set, `NOT_STORED`.
+    pub misses: u64,
+    /// Error replies (`ERROR`, `CLIENT_ERROR`, `SERVER_ERROR`).
+    pub errors: u64,
+    /// Measured requests slower than the SLO.
+    pub late: u64,
+    /// Every completed request of this kind, warm-up and load phase included.
+    pub total: u64,
+    /// Keys asked for by every completed get (multigets ask for several); warm-up included.
+    pub total_keys: u64,
+    /// Hits over every completed request, warm-up included (for checking the server).
+    pub total_hits: u64,
+}
+
+impl Default for OpStats {
+    fn default() -> Self {
+        OpStats {
+            hist: new_histogram(),
+            count: 0,
+            hits: 0,
+            misses: 0,
+            errors: 0,
+            late: 0,
+            total: 0,
+            total_keys: 0,
+            total_hits: 0,
+        }
+    }
+}
+
+impl OpStats {
+    pub fn merge(&mut self, o: &OpStats) {
+        let _ = self.hist.add(&o.hist);
+        self.count += o.count;
+        self.hits += o.hits;
+        self.misses += o.misses;
+        self.errors += o.errors;
+        self.late += o.late;
+        self.total += o.total;
+        self.total_keys += o.total_keys;
+        self.total_hits += o.total_hits;
+    }
+}
+
+/// Everything one thread (or, merged, the whole run) counted.
+#[derive(Debug, Clone)]
+pub struct Stats {
+    pub ops: [OpStats; 5],
+    /// Open loop: how late each measured request was sent after its intended time, in ns.
+    pub send_lag: Histogram<u64>,
+    /// Open loop: measured requests sent more than [`late_send_ns`] after their time.
+    pub late_sends: u64,
+    /// Open loop: requests not sent because every connection to their server was at its
+    /// outstanding-request cap.
+    pub skipped: u64,
+    /// Requests with no reply by the end of the drain period.
+    pub timeouts: u64,
+    /// Requests lost with a connection that failed or sent an invalid reply.
+    pub lost: u64,
+    /// Connections that failed or were closed for an invalid reply.
+    pub conn_failures: u64,
+    /// UDP requests whose reply never came (or came damaged): given up after a later
+    /// request's reply arrived, or after the UDP timeout.
+    pub dropped: u64,
+    /// Closed loop with several servers: requests sent to a connection whose server does
+    /// not own the key (after a bounded search for a key that it owns).
+    pub misrouted: u64,
+    /// Measured requests issued (open loop: by intended time).
+    pub issued: u64,
+    /// Sets sent by the load phase, and their completions.
+    pub loaded: u64,
+    /// Closed loop: nanoseconds from the start of the measured window until the thread
+    /// stopped issuing (merged as the maximum).
+    pub window_ns: u64,
+}
+
+/// A send later than this after its intended time counts as a late send (the generator fell
+/// behind): 100 µs, or a tenth of the SLO when that is longer.
+pub fn late_send_ns(slo: std::time::Duration) -> u64 {
+    (slo.as_nanos() as u64 / 10).max(100_000)
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Stats {
+            ops: Default::default(),
+            send_lag: new_histogram(),
+            late_sends: 0,
+            skipped: 0,
+            timeouts: 0,
+            lost: 0,
+            conn_failures: 0,
+            dropped: 0,
+            misrouted: 0,
+            issued: 0,
+            loaded: 0,
+            window_ns: 0,
+        }
+    }
+}
+
+impl Stats {
+    pub fn merge(&mut self, o: &Stats) {
+        for (a, b) in self.ops.iter_mut().zip(o.ops.iter()) {
+            a.merge(b);
+        }
+        let _ = self.send_lag.add(&o.send_lag);
+        self.late_sends += o.late_sends;
+        self.skipped += o.skipped;
+        self.timeouts += o.timeouts;
+        self.lost += o.lost;
+        self.conn_failures += o.conn_failures;
+        self.dropped += o.dropped;
+        self.misrouted += o.misrouted;
+        self.issued += o.issued;
+        self.loaded += o.loaded;
+        self.window_ns = self.window_ns.max(o.window_ns);
+    }
+
+    pub fn op(&self, op: Op) -> &OpStats {
+        &self.ops[op.index()]
+    }
+
+    /// All request kinds together.
+    pub fn all(&self) -> OpStats {
+        let mut a = OpStats::default();
+        for o in &self.ops {
+            a.merge(o);
+        }
+        a
+    }
+}
+
+/// One row of the latency table, in microseconds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Summary {
+    pub name: String,
+    pub count: u64,
+    pub rate: f64,
+    pub hits: u64,
+    pub misses: u64,
+    pub errors: u64,
+    pub late: u64,
+    pub min_us: f64,
+    pub mean_us: f64,
+    pub stddev_us: f64,
+    pub p50_us: f64,
+    pub p90_us: f64,
+    pub p95_us: f64,
+    pub p99_us: f64,
+    pub p999_us: f64,
+    pub max_us: f64,
+}
+
+impl Summary {
+    pub fn of(name: &str, o: &OpStats, seconds: f64) -> Summary {
+        let h = &o.hist;
+        let us = |ns: u64| ns as f64 / 1000.0;
+        let empty = h.is_empty();
+        let q = |p: f64| {
+            if empty {
+                0.0
+            } else {
+                us(h.value_at_quantile(p))
+            }
+        };
+        Summary {
+            name: name.to_string(),
+            count: o.count,
+            rate: if seconds > 0.0 {
+                o.count as f64 / seconds
+            } else {
+                0.0
+            },
+            hits: o.hits,
+            misses: o.misses,
+            errors: o.errors,
+            late: o.late,
+            min_us: if empty { 0.0 } else { us(h.min()) },
+            mean_us: if empty { 0.0 } else { h.mean() / 1000.0 },
+            stddev_us: if empty { 0.0 } else { h.stdev() / 1000.0 },
+            p50_us: q(0.50),
+            p90_us: q(0.90),
+            p95_us: q(0.95),
+            p99_us: q(0.99),
+            p999_us: q(0.999),
+            max_us: if empty { 0.0 } else { us(h.max()) },
+        }
+    }
+}
+
+/// Requests completed (and error replies) in one second of a run, the probe's included.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sample {
+    /// Seconds since the start (warm-up included) at the end of the interval.
+    pub t: f64,
+    pub completed: u64,
+    pub errors: u64,
+}
+
+/// A finished run, ready to print.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// Settings worth printing, in order (name, value).
+    pub settings: Vec<(String, String)>,
+    /// Length of the measured window, in seconds.
+    pub seconds: f64,
+    /// Open loop target, requests per second.
+    pub target_rate: Option<f64>,
+    pub slo_us: f64,
+    pub stats: Stats,
+    /// The latency probe's counters, if there was a probe.
+    pub probe: Option<Stats>,
+    /// Completions per second over the run.
+    pub timeline: Vec<Sample>,
+    /// Seconds the load phase took, if there was one.
+    pub load_seconds: Option<f64>,
+    /// Server counter deltas over the run (sum over servers), if read.
+    pub server: Option<BTreeMap<String, i64>>,
+}
+
+impl Report {
+    pub fn rows(&self) -> Vec<Summary> {
+        let mut rows: Vec<Summary> = Op::ALL
+            .iter()
+            .filter(|op| self.stats.op(**op).total > 0)
+            .map(|op| Summary::of(op.name(), self.stats.op(*op), self.seconds))
+            .collect();
+        rows.push(Summary::of("all", &self.stats.all(), self.seconds));
+        if let Some(p) = &self.probe {
+            rows.extend(
+                Op::ALL.iter().filter(|op| p.op(**op).total > 0).map(|op| {
+                    Summary::of(&format!("probe-{}", op.name()), p.op(*op), self.seconds)
+                }),
+            );
+        }
+        rows
+    }
+
+    /// Measured requests issued per second (the offered load).
+    pub fn offered_rate(&self) -> f64 {
+        if self.seconds > 0.0 {
+            self.stats.issued as f64 / self.seconds
+        } else {
+            0.0
+        }
+    }
+
+    /// Whether an open-loop generator failed to keep to its schedule: more than 1% of sends
+    /// late, or any skipped. (The offered rate itself is the schedule's, so it is on target by
+    /// construction, up to the arrival process's randomness.)
+    pub fn fell_behind(&self) -> bool {
+        if self.target_rate.is_none() {
+            return false;
+        }
+        let issued = self.stats.issued.max(1) as f64;
+        self.stats.skipped > 0 || self.stats.late_sends as f64 / issued > 0.01
+    }
+
+    /// The human-readable table.
+    pub fn table(&self) -> String {
+        let mut s = String::new();
+        for (k, v) in &self.settings {
+            let _ = writeln!(s, "{k:>12}: {v}");
+        }
+        if let Some(l) = self.load_seconds {
+            let _ = writeln!(
+                s,
+                "{:>12}: {} sets in {l:.2}s",
+                "load phase", self.stats.loaded
+            );
+        }
+        let _ = writeln!(
+            s,
+            "{:>12}: {:.2}s measured, offered {:.0} req/s{}",
+            "window",
+            self.seconds,
+            self.offered_rate(),
+            match self.target_rate {
+                Some(t) => format!(" (target {t:.0})"),
+                None => String::new(),
+            }
+        );
+        let _ =
+            writeln!(
+            s,
+            "\n{:<13}{:>10}{:>11}{:>10}{:>9}{:>7}{:>8}{:>8}{:>8}{:>8}{:>8}{:>8}{:>8}{:>8}{:>9}{:>9}",
+            "op", "count", "req/s", "hits", "misses", "errs", "late", "min", "mean", "stddev",
+            "p50", "p90", "p95", "p99", "p99.9", "max"
+        );
+        for r in self.rows() {
+            let _ = writeln!(
+                s,
+                "{:<13}{:>10}{:>11.0}{:>10}{:>9}{:>7}{:>8}{:>8.1}{:>8.1}{:>8.1}{:>8.1}{:>8.1}{:>8.1}{:>8.1}{:>9.1}{:>9.1}",
+                r.name, r.count, r.rate, r.hits, r.misses, r.errors, r.late, r.min_us, r.mean_us,
+                r.stddev_us, r.p50_us, r.p90_us, r.p95_us, r.p99_us, r.p999_us, r.max_us
+            );
+        }
+        let _ = writeln!(
+            s,
+            "(latencies in µs; late = slower than the {:.0} µs SLO)",
+            self.slo_us
+        );
+        let st = &self.stats;
+        if self.target_rate.is_some() {
+            let lag = &st.send_lag;
+            let _ = writeln!(
+                s,
+                "send lag: p50 {:.1} µs, p99 {:.1} µs, max {:.1} µs; {} sends over {} µs late, {} skipped{}",
+                lag.value_at_quantile(0.5) as f64 / 1000.0,
+                lag.value_at_quantile(0.99) as f64 / 1000.0,
+                lag.max() as f64 / 1000.0,
+                st.late_sends,
+                late_send_ns(std::time::Duration::from_secs_f64(self.slo_us / 1e6)) / 1000,
+                st.skipped,
+                if self.fell_behind() {
+                    "  -- FELL BEHIND: the generator could not keep the schedule"
+                } else {
+                    ""
+                }
+            );
+        }
+        if st.timeouts + st.lost + st.conn_failures + st.misrouted + st.dropped > 0 {
+            let _ = writeln!(
+                s,
+                "timeouts {}, lost with connections {}, connection failures {}, misrouted {}, \
+                 UDP dropped {}",
+                st.timeouts, st.lost, st.conn_failures, st.misrouted, st.dropped
+            );
+        }
+        if let Some(server) = &self.server {
+            let _ = writeln!(s, "\nserver counters over the run (ours in brackets):");
+            for (name, ours) in self.reconcile() {
+                let theirs = server.get(name).copied().unwrap_or(0);
+                let mark = if theirs == ours { "" } else { "  (differs)" };
+                let _ = writeln!(s, "  {name:<20}{theirs:>12}  [{ours}]{mark}");
+            }
+        }
+        s
+    }
+
+    /// Our totals under the names of memcached's `stats` counters.
+    pub fn reconcile(&self) -> Vec<(&'static str, i64)> {
+        let mut st = self.stats.clone();
+        if let Some(p) = &self.probe {
+            st.merge(p);
+        }
+        let st = &st;
+        let get = st.op(Op::Get);
+        let set = st.op(Op::Set);
+        let del = st.op(Op::Delete);
+        let touch = st.op(Op::Touch);
+        let incr = st.op(Op::Incr);
+        vec![
+            ("cmd_get", get.total_keys as i64),
+            ("get_hits", get.total_hits as i64),
+            (
+                "get_misses",
+                (get.total_keys - get.total_hits.min(get.total_keys)) as i64,
+            ),
+            ("cmd_set", (set.total + st.loaded) as i64),
+            ("delete_hits+misses", del.total as i64 - del.errors as i64),
+            ("cmd_touch", touch.total as i64),
+            ("incr_hits+misses", incr.total as i64 - incr.errors as i64),
+        ]
+    }
+
+    /// The JSON report.
+    pub fn json(&self) -> String {
+        let mut s = String::from("{\n  \"settings\": {");
+        for (i, (k, v)) in self.settings.iter().enumerate() {
+            let _ = write!(
+                s,
+                "{}\n    {}: {}",
+                if i == 0 { "" } else { "," },
+                json_str(k),
+                json_str(v)
+            );
+        }
+        let _ = write!(
+            s,
+            "\n  }},\n  \"seconds\": {},\n  \"target_rate\": {},\n  \"offered_rate\": {},\n  \"slo_us\": {},\n  \"fell_behind\": {},\n",
+            num(self.seconds),
+            self.target_rate.map(num).unwrap_or_else(|| "null".into()),
+            num(self.offered_rate()),
+            num(self.slo_us),
+            self.fell_behind()
+        );
+        s.push_str("  \"ops\": {");
+        for (i, r) in self.rows().iter().enumerate() {
+            let _ = write!(
+                s,
+                "{}\n    {}: {{\"count\": {}, \"rate\": {}, \"hits\": {}, \"misses\": {}, \"errors\": {}, \"late\": {}, \
+\"min_us\": {}, \"mean_us\": {}, \"stddev_us\": {}, \"p50_us\": {}, \"p90_us\": {}, \"p95_us\": {}, \"p99_us\": {}, \"p999_us\": {}, \"max_us\": {}}}",
+                if i == 0 { "" } else { "," },
+                json_str(&r.name),
+                r.count,
+                num(r.rate),
+                r.hits,
+                r.misses,
+                r.errors,
+                r.late,
+                num(r.min_us),
+                num(r.mean_us),
+                num(r.stddev_us),
+                num(r.p50_us),
+                num(r.p90_us),
+                num(r.p95_us),
+                num(r.p99_us),
+                num(r.p999_us),
+                num(r.max_us)
+            );
+        }
+        let st = &self.stats;
+        let _ = write!(
+            s,
+            "\n  }},\n  \"totals\": {{\"issued\": {}, \"loaded\": {}, \"late_sends\": {}, \"skipped\": {}, \"timeouts\": {}, \"lost\": {}, \"conn_failures\": {}, \"dropped\": {}, \"misrouted\": {}, \"send_lag_p99_us\": {}, \"send_lag_max_us\": {}}}",
+            st.issued,
+            st.loaded,
+            st.late_sends,
+            st.skipped,
+            st.timeouts,
+            st.lost,
+            st.conn_failures,
+            st.dropped,
+            st.misrouted,
+            num(st.send_lag.value_at_quantile(0.99) as f64 / 1000.0),
+            num(st.send_lag.max() as f64 / 1000.0)
+        );
+        s.push_str(",\n  \"timeline\": [");
+        for (i, p) in self.timeline.iter().enumerate() {
+            let _ = write!(
+                s,
+                "{}{{\"t\": {}, \"completed\": {}, \"errors\": {}}}",
+                if i == 0 { "" } else { ", " },
+                num(p.t),
+                p.completed,
+                p.errors
+            );
+        }
+        s.push(']');
+        s.push_str(",\n  \"ours\": {");
+        for (i, (k, v)) in self.reconcile().iter().enumerate() {
+            let _ = write!(s, "{}{}: {v}", if i == 0 { "" } else { ", " }, json_str(k));
+        }
+        s.push('}');
+        if let Some(server) = &self.server {
+            s.push_str(",\n  \"server\": {");
+            for (i, (k, v)) in server.iter().enumerate() {
+                let _ = write!(s, "{}{}: {v}", if i == 0 { "" } else { ", " }, json_str(k));
+            }
+            s.push('}');
+        }
+        s.push_str("\n}\n");
+        s
+    }
+}
+
+fn num(x: f64) -> String {
+    if x.is_finite() {
+        let r = (x * 1000.0).round() / 1000.0;
+        format!("{r}")
+    } else {
+        "null".into()
+    }
+}
+
+pub fn json_str(s: &str) -> String {
+    let mut o = String::with_capacity(s.len() + 2);
+    o.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => o.push_str("\\\""),
+            '\\' => o.push_str("\\\\"),
+            '\n' => o.push_str("\\n"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(o, "\\u{:04x}", c as u32);
+            }
+            c => o.push(c),
+        }
+    }
+    o.push('"');
+    o
+}
+
+/// The counters a run changes, as memcached names them.
+pub const SERVER_COUNTERS: [&str; 12] = [
+    "cmd_get",
+    "get_hits",
+    "get_misses",
+    "cmd_set",
+    "delete_hits",
+    "delete_misses",
+    "cmd_touch",
+    "touch_hits",
+    "touch_misses",
+    "incr_hits",
+    "incr_misses",
+    "total_connections",
+];
+
+/// Read a server's `stats` ("host[:port]" or "unix:/path") over a fresh connection
+/// (blocking, with timeouts). Only numeric
+/// counters are kept. A server that answers garbage gives an error, not a panic.
+pub fn server_stats(addr: &str, timeout: Duration) -> Result<BTreeMap<String, i64>, String> {
+    let ep = crate::transport::Endpoint::parse(addr)?;
+    let mut s = ep
+        .connect_blocking(timeout)
+        .map_err(|e| format!("{addr}: {e}"))?;
+    let mut req = Vec::new();
+    kvproto::client::stats(&mut req, b"");
+    s.write_all(&req).map_err(|e| format!("{addr}: {e}"))?;
+    let mut buf = Vec::new();
+    let mut out = BTreeMap::new();
+    let mut chunk = [0u8; 16384];
+    loop {
+        // Parse what we have.
+        let mut pos = 0;
+        loop {
+            match kvproto::client::parse_reply(&buf[pos..], 0) {
+                kvproto::client::ParseReply::Reply(r, n) => {
+                    pos += n;
+                    match r {
+                        kvproto::client::Reply::Stat { name, value } => {
+                            if let (Ok(n), Ok(Ok(v))) = (
+                                std::str::from_utf8(name),
+                                std::str::from_utf8(value).map(|v| v.parse::<i64>()),
+                            ) {
+                                out.insert(n.to_string(), v);
+                            }
+                        }
+                        kvproto::client::Reply::End => return Ok(out),
+                        other => return Err(format!("{addr}: unexpected stats reply {other:?}")),
+                    }
+                }
+                kvproto::client::ParseReply::Incomplete => break,
+                kvproto::client::ParseReply::Invalid(e) => {
+                    return Err(format!("{addr}: invalid stats reply ({e:?})"))
+                }
+            }
+        }
+        buf.drain(..pos);
+        if buf.len() > (1 << 20) {
+            return Err(format!("{addr}: stats reply too long"));
+        }
+        let n = s.read(&mut chunk).map_err(|e| format!("{addr}: {e}"))?;
+        if n == 0 {
+            return Err(format!("{addr}: connection closed during stats"));
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// Counter deltas (after − before) summed over servers, with memcached's pairs of
+/// hit/miss counters also added up under `delete_hits+misses` and `incr_hits+misses`.
+pub fn server_delta(
+    before: &[BTreeMap<String, i64>],
+    after: &[BTreeMap<String, i64>],
+) -> BTreeMap<String, i64> {
+    let mut d = BTreeMap::new();
+    for (b, a) in before.iter().zip(after) {
+        for name in SERVER_COUNTERS {
+            let v = a.get(name).copied().unwrap_or(0) - b.get(name).copied().unwrap_or(0);
+            *d.entry(name.to_string()).or_insert(0) += v;
+        }
+    }
+    let pair = |d: &BTreeMap<String, i64>, x: &str, y: &str| {
+        d.get(x).copied().unwrap_or(0) + d.get(y).copied().unwrap_or(0)
+    };
+    let del = pair(&d, "delete_hits", "delete_misses");
+    let incr = pair(&d, "incr_hits", "incr_misses");
+    d.insert("delete_hits+misses".into(), del);
+    d.insert("incr_hits+misses".into(), incr);
+    d
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report_with(latencies_us: &[u64]) -> Report {
+        let mut st = Stats::default();
+        let g = &mut st.ops[Op::Get.index()];
+        for l in latencies_us {
+            g.hist.saturating_record(l * 1000);
+            g.count += 1;
+            g.total += 1;
+            g.total_keys += 1;
+            g.hits += 1;
+            g.total_hits += 1;
+            if *l > 1000 {
+                g.late += 1;
+            }
+        }
+        st.issued = latencies_us.len() as u64;
+        Report {
+            settings: vec![("workload".into(), "test \"q\"".into())],
+            seconds: 2.0,
+            target_rate: Some(2.0),
+            slo_us: 1000.0,
+            stats: st,
+            probe: None,
+            timeline: vec![],
+            load_seconds: None,
+            server: None,
+        }
+    }
+
+    #[test]
+    fn summary_percentiles() {
+        let lat: Vec<u64> = (1..=1000).collect();
+        let r = report_with(&lat);
+        let rows = r.rows();
+        assert_eq!(rows.len(), 2);
+        let g = &rows[0];
+        assert_eq!(g.name, "get");
+        assert_eq!(g.count, 1000);
+        assert!((g.rate - 500.0).abs() < 1e-9);
+        assert!((g.p50_us - 500.0).abs() <= 1.0, "{}", g.p50_us);
+        assert!((g.p99_us - 990.0).abs() <= 1.0, "{}", g.p99_us);
+        assert!((g.max_us - 1000.0).abs() <= 1.0);
+        assert_eq!(g.late, 0);
+    }
+
+    #[test]
+    fn json_is_well_formed_enough() {
+        let r = report_with(&[10, 20, 2000]);
+        let j = r.json();
+        assert!(j.contains("\"workload\": \"test \\\"q\\\"\""), "{j}");
+        assert!(j.contains("\"late\": 1"), "{j}");
+        let opens = j.matches('{').count();
+        let closes = j.matches('}').count();
+        assert_eq!(opens, closes);
+        assert!(r.table().contains("get"));
+    }
+
+    #[test]
+    fn fell_behind_when_sends_are_late_or_skipped() {
+        let mut r = report_with(&[10, 20]);
+        assert!(!r.fell_behind());
+        r.stats.skipped = 1;
+        assert!(r.fell_behind());
+        r.stats.skipped = 0;
+        r.stats.late_sends = 1;
+        assert!(r.fell_behind());
+        r.target_rate = None;
+        assert!(!r.fell_behind());
+    }
+
+    #[test]
+    fn deltas_sum_over_servers() {
+        let m = |g: i64, d: i64| {
+            let mut m = BTreeMap::new();
+            m.insert("cmd_get".to_string(), g);
+            m.insert("delete_hits".to_string(), d);
+            m
+        };
+        let d = server_delta(&[m(1, 0), m(5, 1)], &[m(11, 2), m(6, 4)]);
+        assert_eq!(d["cmd_get"], 11);
+        assert_eq!(d["delete_hits+misses"], 5);
+    }
+}
