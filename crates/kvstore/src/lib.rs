@@ -10,10 +10,12 @@
 //! `0 < exptime <= now` is expired and never returned.
 
 mod hashmap;
+mod log;
 #[doc(hidden)]
 pub mod model;
 
 pub use hashmap::HashMapEngine;
+pub use log::LogEngine;
 
 /// Unix time in whole seconds.
 pub type Time = u32;

@@ -1,0 +1,1885 @@
+//! The log-structured engine ([`LogEngine`]): items appended to fixed-size segments, a
+//! lock-free-read hash index of tagged slots, and CLOCK-style eviction of whole segments,
+//! oldest first.
+//!
+//! # Layout
+//!
+//! * **Segments** (`seg_size`, 1 MiB unless `-m` is small) are anonymous mappings. Records
+//!   (see `FORMAT.md`) are appended back to back with a 2-byte fixed header and varints;
+//!   the CAS unique is stored as a zigzag varint relative to the segment's CAS base, so a
+//!   15-byte key with a 32-byte value costs 4-5 header bytes. Items larger than a segment
+//!   get a segment of their own (a "large" segment: one record, mapped to size).
+//! * **Index**: buckets of eight `AtomicU64` slots, one cache line each (see [`index`]).
+//!   A slot names segment + offset and holds a 16-bit tag and the CLOCK access bits.
+//! * **Append shards**: each thread appends to the open segment of its shard (threads
+//!   are spread over shards round-robin), so writers of different shards never share an
+//!   append lock.
+//! * **FIFO** of sealed segments, evicted oldest first. An item whose slot says it was
+//!   read since it was written is copied forward (its counter decremented); the rest is
+//!   dropped (expired, flushed, overwritten or deleted records just are not referenced).
+//!
+//! # Concurrency
+//!
+//! Locks, in the only order they are ever taken: shard → bucket stripe → evictor →
+//! pool / FIFO (shard locks of other threads are only ever `try_lock`ed). Readers take none of them: a reader holds a *pin* (the read side of one
+//! of `NPINS` reader-writer locks, picked by thread) while it loads slots and reads
+//! records. Memory is reused only after eviction has (1) unlinked every slot into the
+//! segment, each under its bucket stripe lock, and then (2) taken and released the write
+//! side of every pin lock. A reader that loaded a slot into the segment did so under a
+//! pin taken before (1) finished, so (2) waits for it; a reader that pins after (2)
+//! passed its lock synchronizes with the release and sees the unlinked slot. Records are
+//! never modified once published, and a segment is never written below its append
+//! offset, so the `&[u8]` a reader hands to its callback cannot change under it.
+//!
+//! Writers (store, delete, incr/decr, touch) reserve room under their shard lock, then
+//! take the key's bucket stripe lock, check the mode's condition against the current
+//! item, write the record, publish it (release store of its state byte) and only then
+//! store the slot (release). Under a bucket stripe lock, items of that stripe cannot be
+//! evicted (eviction needs the same lock to unlink them), so writers read the old item
+//! there without a pin. Nobody waits for pins while holding a bucket lock, and nobody
+//! takes the shard or evictor lock while holding a pin, so the pin barrier cannot
+//! deadlock. Callbacks passed to [`Engine::get`] must not call back into the engine.
+//!
+//! Locks are held for short, bounded work. Eviction runs on the write path that needs a
+//! segment (about once per segment's worth of writes): the thread walks the segment it
+//! popped (other threads may be cleaning other segments), taking each live record's
+//! stripe lock in turn, then waits for readers' pins.
+//!
+//! # Flush
+//!
+//! An immediate `flush_all` records a CAS watermark (every item with a smaller CAS is
+//! dead, for good). A delayed one records its deadline `at - 1`; while the clock is at the
+//! deadline every item is dead, and the first operation after it turns the deadline into
+//! a second watermark, which a later delayed flush replaces (memcached keeps a single
+//! `oldest_live`, so items not yet removed come back until the new deadline; the model
+//! does the same). With a non-decreasing clock this is exactly "stored or accessed at or
+//! before `at - 1`": an item stored before the deadline cannot be accessed after it.
+//!
+//! # Memory
+//!
+//! `-m` covers the index and the segments. The index is sized once, at one slot per 48
+//! bytes of `-m` (plus 1/8 as overflow buckets): about 20% of `-m`. Segment memory is
+//! mapped on demand up to the rest and unmapped when the limit shrinks. The index is not
+//! resized: growing `-m` later adds segments only (more items than slots make the index
+//! lossy: a full chain replaces a slot, counted as `evicted_index_full`), and shrinking
+//! `-m` below twice the index leaves the segments half of the new limit.
+//!
+//! # Known gaps
+//!
+//! * `touch`/`gat` rewrite the item (same CAS, new expiry) at the log head; with
+//!   `no_evict` and full memory they cannot, and report a miss.
+//! * Delete appends a tombstone; with `no_evict` and full memory the delete happens
+//!   without one (a log reader would miss it). Flushes are not logged.
+//! * No warm restart or replica reader yet (the format allows both, see `FORMAT.md`).
+
+mod format;
+mod index;
+mod mem;
+mod number;
+#[cfg(test)]
+mod tests;
+
+use std::collections::VecDeque;
+use std::hash::BuildHasher;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard};
+
+use crate::{
+    ArithResult, Engine, EngineConfig, EngineStats, ItemView, ReadOptions, StoreMode, StoreRequest,
+    StoreResult, Time,
+};
+use format::{Rec, Spec, HDR_MAX, KIND_ITEM, KIND_TOMBSTONE, SEG_HDR};
+use index::{Index, IDENT_MASK};
+
+/// Largest segment (offsets must fit the slot's offset field).
+const MAX_SEG_SIZE: usize = 1 << 20;
+const MIN_SEG_SIZE: usize = 4 << 10;
+const _: () = assert!(MAX_SEG_SIZE <= index::MAX_OFFSET);
+/// Reader pin locks (threads share them round-robin beyond this).
+const NPINS: usize = 64;
+/// The index gets one slot per this many bytes of `-m`.
+const BYTES_PER_SLOT: usize = 48;
+const PAGE: usize = 4096;
+/// Keys longer than this cannot be stored (memcached allows 250).
+const MAX_KEY: usize = 255;
+/// Segment headers are allocated in chunks of this many.
+const CHUNK: usize = 1024;
+/// Attempts of an optimistic read-then-write (append, incr, touch) before giving up.
+const RETRIES: usize = 64;
+/// Main buckets `maintain` scans per call (each a cache line of 8 slots).
+const MAINTAIN_BUCKETS: usize = 1 << 16;
+
+#[derive(Default)]
+#[repr(align(64))]
+struct Padded<T>(T);
+
+#[derive(Default)]
+struct SegMem {
+    /// The mapping, or null when the segment id has no memory.
+    ptr: AtomicPtr<u8>,
+    cap: AtomicUsize,
+    /// Bytes appended so far (published length, release-stored after each append).
+    used: AtomicUsize,
+    large: AtomicBool,
+}
+
+#[derive(Default)]
+struct SegAcct {
+    live_items: AtomicU64,
+    live_bytes: AtomicU64,
+}
+
+#[derive(Default)]
+struct Seg {
+    mem: Padded<SegMem>,
+    acct: Padded<SegAcct>,
+}
+
+/// Segment headers by id, allocated a chunk at a time and never moved or freed while the
+/// engine lives.
+struct SegTable {
+    chunks: Box<[OnceLock<Box<[Seg]>>]>,
+}
+
+impl SegTable {
+    fn new() -> SegTable {
+        SegTable {
+            chunks: (0..index::MAX_SEGMENTS / CHUNK)
+                .map(|_| OnceLock::new())
+                .collect(),
+        }
+    }
+
+    fn get(&self, id: u32) -> Option<&Seg> {
+        let id = id as usize;
+        self.chunks.get(id / CHUNK)?.get()?.get(id % CHUNK)
+    }
+
+    fn get_or_create(&self, id: u32) -> Option<&Seg> {
+        let id = id as usize;
+        self.chunks
+            .get(id / CHUNK)?
+            .get_or_init(|| (0..CHUNK).map(|_| Seg::default()).collect())
+            .get(id % CHUNK)
+    }
+}
+
+/// A segment being appended to, owned by a shard or by the evictor.
+#[derive(Debug, Clone, Copy)]
+struct Open {
+    id: u32,
+    cap: usize,
+    used: usize,
+    base: u64,
+}
+
+#[derive(Default)]
+struct Pool {
+    /// Regular segments with memory, empty, ready to open.
+    free: Vec<u32>,
+    /// Ids without memory.
+    ids: Vec<u32>,
+    next_id: u32,
+}
+
+#[derive(Default)]
+struct Evictor {
+    /// Where second-chance items are copied.
+    dest: Option<Open>,
+    /// A free segment kept for the next `dest`: when eviction runs the free list is empty,
+    /// and the segment being cleaned is not free until it is done.
+    spare: Option<u32>,
+}
+
+#[derive(Default)]
+struct Counters {
+    evictions: AtomicU64,
+    evicted_index: AtomicU64,
+    reclaimed: AtomicU64,
+    expired_unfetched: AtomicU64,
+    evicted_unfetched: AtomicU64,
+    evicted_nonzero: AtomicU64,
+    get_expired: AtomicU64,
+    get_flushed: AtomicU64,
+    copied_forward: AtomicU64,
+    segments_evicted: AtomicU64,
+    tombstones: AtomicU64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Vis {
+    Live,
+    Expired,
+    Flushed,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cond {
+    Any,
+    Absent,
+    Present,
+    Cas(u64),
+    /// The live item must still be at this location (slot identity bits).
+    Loc(u64),
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Src<'a> {
+    Bytes(&'a [u8]),
+    OldThen(&'a [u8]),
+    ThenOld(&'a [u8]),
+    Old,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fail {
+    Present,
+    Absent,
+    CasMismatch,
+    Moved,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    Stored(u64),
+    Failed(Fail),
+    NoMemory,
+    TooLarge,
+}
+
+/// One write: what to check and what to append.
+#[derive(Clone, Copy)]
+struct Commit<'a> {
+    key: &'a [u8],
+    h: u64,
+    cond: Cond,
+    src: Src<'a>,
+    /// Length of the old value where `src` uses it (as read before locking; `Loc`
+    /// guarantees it is unchanged).
+    old_len: usize,
+    /// None: keep the old item's.
+    flags: Option<u32>,
+    exptime: Option<Time>,
+    /// Keep the old item's CAS (touch) instead of drawing a new one.
+    keep_cas: bool,
+    /// Keep the old slot's access bits (the same item rewritten), and with `access` count
+    /// this write as an access too.
+    keep_access: bool,
+    access: bool,
+}
+
+/// A stripe lock still held after a write, with the slot value written.
+struct Held<'a> {
+    _g: MutexGuard<'a, ()>,
+    v: u64,
+}
+
+/// Where a record goes: an open segment at `off`.
+struct Dest {
+    id: u32,
+    ptr: NonNull<u8>,
+    off: usize,
+    base: u64,
+    /// Bytes writable from `off`.
+    room: usize,
+}
+
+/// What the old item was, as seen by a pinned reader.
+#[derive(Debug, Clone, Copy)]
+struct Peek {
+    ident: u64,
+    value_len: usize,
+    flags: u32,
+}
+
+static NEXT_TID: AtomicUsize = AtomicUsize::new(0);
+thread_local! {
+    static TID: usize = NEXT_TID.fetch_add(1, Ordering::Relaxed);
+}
+
+fn tid() -> usize {
+    TID.try_with(|t| *t).unwrap_or(0)
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The log-structured storage engine. See the module documentation.
+pub struct LogEngine {
+    max_item_size: usize,
+    /// For [`EngineConfig::item_size`] (the -I rule).
+    config: EngineConfig,
+    no_evict: bool,
+    use_cas: bool,
+    seg_size: usize,
+    seed: u64,
+    index: Index,
+    segs: SegTable,
+    pool: Mutex<Pool>,
+    fifo: Mutex<VecDeque<u32>>,
+    evictor: Mutex<Evictor>,
+    shards: Box<[Padded<Mutex<Option<Open>>>]>,
+    shard_items: Box<[Padded<AtomicU64>]>,
+    pins: Box<[Padded<RwLock<()>>]>,
+    next_cas: AtomicU64,
+    seg_seq: AtomicU64,
+    max_bytes: AtomicUsize,
+    /// Bytes of segment memory mapped.
+    allocated: AtomicUsize,
+    /// Highest `now` seen (eviction's idea of the time).
+    clock: AtomicU32,
+    flush_deadline: AtomicU32,
+    /// Items with a smaller CAS were flushed by an immediate flush (for good).
+    flush_mark: AtomicU64,
+    /// Items with a smaller CAS were flushed by the last delayed flush once it passed;
+    /// a newer delayed flush replaces it (memcached keeps one `oldest_live`).
+    delayed_mark: AtomicU64,
+    /// Serializes flush_all and the turning of a passed deadline into `delayed_mark`.
+    flush_lock: Mutex<()>,
+    maint_cursor: AtomicUsize,
+    rewrites: AtomicU64,
+    st: Padded<Counters>,
+}
+
+impl std::fmt::Debug for LogEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogEngine")
+            .field("seg_size", &self.seg_size)
+            .field("max_bytes", &self.max_bytes.load(Ordering::Relaxed))
+            .field("allocated", &self.allocated.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl LogEngine {
+    /// An engine bounded by `config.max_bytes` (index included).
+    pub fn new(config: EngineConfig) -> LogEngine {
+        let max_bytes = config.max_bytes;
+        let index = Index::new(max_bytes / BYTES_PER_SLOT);
+        let budget = max_bytes.saturating_sub(index.bytes());
+        let mut seg_size = MAX_SEG_SIZE;
+        while seg_size > MIN_SEG_SIZE && seg_size * 32 > budget {
+            seg_size /= 2;
+        }
+        let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let nshards = (cpus * 2).clamp(2, 16).min((budget / seg_size / 8).max(1));
+        LogEngine {
+            max_item_size: config.max_item_size,
+            config: config.clone(),
+            no_evict: config.no_evict,
+            use_cas: config.use_cas,
+            seg_size,
+            seed: std::collections::hash_map::RandomState::new()
+                .hash_one(0x006b_7663_6163_6865_u64),
+            index,
+            segs: SegTable::new(),
+            pool: Mutex::new(Pool::default()),
+            fifo: Mutex::new(VecDeque::new()),
+            evictor: Mutex::new(Evictor::default()),
+            shards: (0..nshards).map(|_| Padded::default()).collect(),
+            shard_items: (0..nshards).map(|_| Padded::default()).collect(),
+            pins: (0..NPINS).map(|_| Padded::default()).collect(),
+            next_cas: AtomicU64::new(1),
+            seg_seq: AtomicU64::new(1),
+            max_bytes: AtomicUsize::new(max_bytes),
+            allocated: AtomicUsize::new(0),
+            clock: AtomicU32::new(0),
+            flush_deadline: AtomicU32::new(0),
+            flush_mark: AtomicU64::new(0),
+            delayed_mark: AtomicU64::new(0),
+            flush_lock: Mutex::new(()),
+            maint_cursor: AtomicUsize::new(0),
+            rewrites: AtomicU64::new(0),
+            st: Padded::default(),
+        }
+    }
+
+    /// Segment size chosen for this engine's memory limit.
+    pub fn segment_size(&self) -> usize {
+        self.seg_size
+    }
+
+    /// Bytes of the hash index (counted against the memory limit).
+    pub fn index_bytes(&self) -> usize {
+        self.index.bytes()
+    }
+
+    /// Segment memory plus index: everything the engine holds for items.
+    pub fn memory_bytes(&self) -> usize {
+        self.allocated.load(Ordering::Relaxed) + self.index.bytes()
+    }
+
+    /// The item stored under `key` if a get at `now` would return it, without counting
+    /// an access or changing anything (for tests and debugging).
+    #[doc(hidden)]
+    pub fn peek_item(&self, key: &[u8], now: Time) -> Option<(Vec<u8>, u32, Time, u64)> {
+        let h = self.hash(key);
+        let _pin = self.pin();
+        // SAFETY: pinned while `r` is used.
+        let (_, _, r) = unsafe { self.lookup(h, key) }?;
+        (self.vis(&r, now) == Vis::Live)
+            .then(|| (r.value.to_vec(), r.flags, r.exptime, self.report_cas(r.cas)))
+    }
+
+    /// Whether the index still holds a record for `key`, live or not (for tests).
+    #[doc(hidden)]
+    pub fn holds_record(&self, key: &[u8]) -> bool {
+        let h = self.hash(key);
+        let _pin = self.pin();
+        // SAFETY: pinned while the record is looked at.
+        unsafe { self.lookup(h, key) }.is_some()
+    }
+
+    /// Check the engine's bookkeeping against a full walk of the index: every slot points
+    /// at a published record of its key's hash in an allocated segment, per-segment live
+    /// counts match the slots, and memory is within the limit.
+    #[doc(hidden)]
+    pub fn check_accounting(&self) -> Result<(), String> {
+        let _ev = lock(&self.evictor);
+        let mut items = std::collections::HashMap::<u32, (u64, u64)>::new();
+        for b in 0..self.index.nmain() {
+            let _g = self.index.lock_bucket(b);
+            let mut err = None;
+            self.index.for_each_in_chain(b, |_, v| {
+                // SAFETY: we hold the chain's stripe lock and `v` is in its slot.
+                match unsafe { self.rec(v) } {
+                    Some(r) if r.kind == KIND_ITEM => {
+                        if index::tag_of(self.hash(r.key)) != index::slot_tag(v) {
+                            err = Some(format!("slot {v:#x}: tag does not match its key"));
+                        }
+                        let e = items.entry(index::slot_seg(v)).or_default();
+                        e.0 += 1;
+                        e.1 += r.len as u64;
+                    }
+                    _ => err = Some(format!("slot {v:#x} points at no item")),
+                }
+            });
+            if let Some(e) = err {
+                return Err(e);
+            }
+        }
+        for id in 0..self.seg_ids() {
+            let Some(s) = self.segs.get(id) else { continue };
+            let want = items.get(&id).copied().unwrap_or_default();
+            let have = (
+                s.acct.0.live_items.load(Ordering::Relaxed),
+                s.acct.0.live_bytes.load(Ordering::Relaxed),
+            );
+            if want != have {
+                return Err(format!(
+                    "segment {id}: slots say {want:?}, counters {have:?}"
+                ));
+            }
+        }
+        if self.allocated.load(Ordering::Relaxed) > self.budget().max(self.seg_size * 2) {
+            return Err(format!(
+                "segment memory {} over budget {}",
+                self.allocated.load(Ordering::Relaxed),
+                self.budget()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Bytes segments may use: the limit minus the index. The index is sized once, for
+    /// the limit at construction; if the limit later shrinks below twice the index, the
+    /// segments still get half of it (memory then exceeds the limit by up to the index)
+    /// rather than nothing.
+    fn budget(&self) -> usize {
+        let max = self.max_bytes.load(Ordering::Relaxed);
+        let index = self.index.bytes();
+        if max > 2 * index {
+            max - index
+        } else {
+            max / 2
+        }
+    }
+
+    #[inline]
+    fn hash(&self, key: &[u8]) -> u64 {
+        const K0: u64 = 0x9e37_79b9_7f4a_7c15;
+        const K1: u64 = 0xd6e8_feb8_6659_fd93;
+        #[inline]
+        fn mix(a: u64, b: u64) -> u64 {
+            let r = u128::from(a) * u128::from(b);
+            (r as u64) ^ ((r >> 64) as u64)
+        }
+        let mut h = self.seed ^ (key.len() as u64).wrapping_mul(K0);
+        let mut chunks = key.chunks_exact(8);
+        for c in &mut chunks {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(c);
+            h = mix(h ^ u64::from_le_bytes(w), K1);
+        }
+        let rem = chunks.remainder();
+        let mut w = [0u8; 8];
+        w[..rem.len()].copy_from_slice(rem);
+        h = mix(h ^ u64::from_le_bytes(w), K0);
+        mix(h, K1 ^ h.rotate_left(29))
+    }
+
+    /// memcached's -I rule: the item as memcached would size it exceeds the limit.
+    fn too_large(&self, key_len: usize, value_len: usize, flags: u32) -> bool {
+        self.config.item_size(key_len, value_len, flags) > self.max_item_size
+    }
+
+    /// The next rewrite stamp (orders copies of one item that share a CAS). Drawn under
+    /// the item's stripe lock, so per key it follows the order of the rewrites.
+    fn rewrite_stamp(&self) -> u64 {
+        self.rewrites.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    fn report_cas(&self, cas: u64) -> u64 {
+        if self.use_cas {
+            cas
+        } else {
+            0
+        }
+    }
+
+    /// Advance the clock and turn a passed delayed flush into a watermark.
+    #[inline]
+    fn tick(&self, now: Time) {
+        let d = self.flush_deadline.load(Ordering::Acquire);
+        if d != 0 && now > d {
+            let _f = lock(&self.flush_lock);
+            if self.flush_deadline.load(Ordering::Acquire) == d {
+                // Every item stored so far was stored or accessed at or before `d`.
+                self.delayed_mark
+                    .store(self.next_cas.load(Ordering::SeqCst), Ordering::SeqCst);
+                self.flush_deadline.store(0, Ordering::Release);
+            }
+        }
+        if now > self.clock.load(Ordering::Relaxed) {
+            self.clock.fetch_max(now, Ordering::Relaxed);
+        }
+    }
+
+    fn vis(&self, r: &Rec<'_>, now: Time) -> Vis {
+        if r.cas < self.flush_mark.load(Ordering::Acquire)
+            || r.cas < self.delayed_mark.load(Ordering::Acquire)
+        {
+            return Vis::Flushed;
+        }
+        let d = self.flush_deadline.load(Ordering::Acquire);
+        if d != 0 && now >= d {
+            return Vis::Flushed;
+        }
+        if r.exptime != 0 && r.exptime <= now {
+            return Vis::Expired;
+        }
+        Vis::Live
+    }
+
+    fn pin(&self) -> RwLockReadGuard<'_, ()> {
+        let p = &self.pins[tid() % NPINS].0;
+        p.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Wait until every reader that pinned before this call has unpinned.
+    fn barrier(&self) {
+        for p in self.pins.iter() {
+            drop(p.0.write().unwrap_or_else(|e| e.into_inner()));
+        }
+    }
+
+    /// The record a slot value points at.
+    ///
+    /// # Safety
+    /// The segment must stay mapped and the record unmodified for `'a`: the caller holds
+    /// a pin taken before `v` was loaded, or the bucket stripe lock under which `v` was
+    /// loaded from a slot that still holds it, or owns the segment (evictor).
+    unsafe fn rec<'a>(&'a self, v: u64) -> Option<Rec<'a>> {
+        let seg = self.segs.get(index::slot_seg(v))?;
+        let p = seg.mem.0.ptr.load(Ordering::Acquire);
+        if p.is_null() {
+            return None;
+        }
+        let cap = seg.mem.0.cap.load(Ordering::Relaxed);
+        // SAFETY: per the contract the mapping `p .. p + cap` lives for `'a`; its header
+        // was written before any slot pointing into it was published.
+        unsafe {
+            let base = format::seg_cas_base(p);
+            format::read(p, cap, index::slot_off(v), base)
+        }
+    }
+
+    /// The slot holding `key`'s current record, if any.
+    ///
+    /// # Safety
+    /// The caller holds a pin, or `h`'s bucket stripe lock; the returned record is valid
+    /// as long as that protection is held.
+    unsafe fn lookup<'a>(&'a self, h: u64, key: &[u8]) -> Option<(&'a AtomicU64, u64, Rec<'a>)> {
+        let mut out = None;
+        let found = self.index.find(h, |v| {
+            // SAFETY: forwarded from the caller: pinned or holding the stripe lock.
+            match unsafe { self.rec(v) } {
+                Some(r) if r.kind == KIND_ITEM && r.key == key => {
+                    out = Some(r);
+                    true
+                }
+                _ => false,
+            }
+        });
+        let (slot, v) = found?;
+        Some((slot, v, out?))
+    }
+
+    fn view<'a>(&self, key: &'a [u8], r: &Rec<'a>) -> ItemView<'a> {
+        ItemView {
+            key,
+            value: r.value,
+            flags: r.flags,
+            exptime: r.exptime,
+            cas: self.report_cas(r.cas),
+        }
+    }
+
+    fn account_add(&self, id: u32, len: usize) {
+        if let Some(seg) = self.segs.get(id) {
+            seg.acct.0.live_items.fetch_add(1, Ordering::Relaxed);
+            seg.acct
+                .0
+                .live_bytes
+                .fetch_add(len as u64, Ordering::Relaxed);
+        }
+    }
+
+    fn account_remove(&self, v: u64, len: usize) {
+        if let Some(seg) = self.segs.get(index::slot_seg(v)) {
+            // Release: whoever sees the count reach 0 (acquire) and then reuses the
+            // segment also sees the slot change that preceded this decrement.
+            seg.acct.0.live_items.fetch_sub(1, Ordering::Release);
+            seg.acct
+                .0
+                .live_bytes
+                .fetch_sub(len as u64, Ordering::Relaxed);
+        }
+    }
+
+    fn count_dead(&self, vis: Vis) {
+        match vis {
+            Vis::Expired => self.st.0.get_expired.fetch_add(1, Ordering::Relaxed),
+            Vis::Flushed => self.st.0.get_flushed.fetch_add(1, Ordering::Relaxed),
+            Vis::Live => 0,
+        };
+    }
+
+    /// Unlink the slot still holding `v` (same identity), for a dead item found by a
+    /// reader. May be called while pinned.
+    fn unlink_dead(&self, h: u64, v: u64) {
+        let _g = self.index.lock(h);
+        let found = self.index.find(h, |x| x & IDENT_MASK == v & IDENT_MASK);
+        if let Some((slot, cur)) = found {
+            // SAFETY: we hold the stripe lock and `cur` is still in its slot.
+            let len = unsafe { self.rec(cur) }.map_or(0, |r| r.len);
+            slot.store(0, Ordering::Release);
+            self.account_remove(cur, len);
+        }
+    }
+
+    /// Look `key` up under a pin: its location and value length if live. A dead item is
+    /// unlinked and counted, as memcached's lookups do.
+    fn peek(&self, h: u64, key: &[u8], now: Time) -> Option<Peek> {
+        let dead = {
+            let _pin = self.pin();
+            // SAFETY: pinned.
+            let (_, v, r) = unsafe { self.lookup(h, key) }?;
+            match self.vis(&r, now) {
+                Vis::Live => {
+                    return Some(Peek {
+                        ident: v & IDENT_MASK,
+                        value_len: r.value.len(),
+                        flags: r.flags,
+                    })
+                }
+                vis => (v, vis),
+            }
+        };
+        self.count_dead(dead.1);
+        self.unlink_dead(h, dead.0);
+        None
+    }
+
+    // ---- segments -------------------------------------------------------------------
+
+    fn new_segment(&self, p: &mut Pool, len: usize, large: bool) -> Option<(u32, NonNull<u8>)> {
+        let id = match p.ids.pop() {
+            Some(id) => id,
+            None => {
+                if p.next_id as usize >= index::MAX_SEGMENTS {
+                    return None;
+                }
+                p.next_id += 1;
+                p.next_id - 1
+            }
+        };
+        let (Some(seg), Some(ptr)) = (self.segs.get_or_create(id), mem::map(len)) else {
+            p.ids.push(id);
+            return None;
+        };
+        seg.mem.0.cap.store(len, Ordering::Relaxed);
+        seg.mem.0.large.store(large, Ordering::Relaxed);
+        seg.mem.0.used.store(0, Ordering::Relaxed);
+        seg.mem.0.ptr.store(ptr.as_ptr(), Ordering::Release);
+        self.allocated.fetch_add(len, Ordering::Relaxed);
+        Some((id, ptr))
+    }
+
+    /// Give a segment's memory back to the OS. No slot may point into it and no reader
+    /// may hold a pin from before its last slot was unlinked (or it was never visible).
+    fn release(&self, p: &mut Pool, id: u32) {
+        if let Some(seg) = self.segs.get(id) {
+            let ptr = seg.mem.0.ptr.swap(std::ptr::null_mut(), Ordering::AcqRel);
+            let cap = seg.mem.0.cap.swap(0, Ordering::Relaxed);
+            if let Some(ptr) = NonNull::new(ptr) {
+                // SAFETY: the mapping came from `mem::map(cap)`; per this function's
+                // contract nothing can reach it any more.
+                unsafe { mem::unmap(ptr, cap) };
+                self.allocated.fetch_sub(cap, Ordering::Relaxed);
+            }
+            seg.acct.0.live_items.store(0, Ordering::Relaxed);
+            seg.acct.0.live_bytes.store(0, Ordering::Relaxed);
+        }
+        p.ids.push(id);
+    }
+
+    /// A free regular segment, evicting if needed (and allowed).
+    fn take_segment(&self) -> Option<u32> {
+        if !self.no_evict {
+            // Give the evictor a segment to copy second-chance items into before memory
+            // runs out (when it runs out, nothing is free until an eviction finishes).
+            let mut ev = lock(&self.evictor);
+            if ev.spare.is_none() && ev.dest.is_none() {
+                ev.spare = self.take_segment_no_evict();
+            }
+        }
+        let attempts = 4 * (self.allocated.load(Ordering::Relaxed) / self.seg_size) + 16;
+        for _ in 0..attempts {
+            {
+                let mut p = lock(&self.pool);
+                if let Some(id) = p.free.pop() {
+                    return Some(id);
+                }
+                if self.allocated.load(Ordering::Relaxed) + self.seg_size <= self.budget() {
+                    if let Some((id, _)) = self.new_segment(&mut p, self.seg_size, false) {
+                        return Some(id);
+                    }
+                }
+            }
+            if self.no_evict {
+                return None;
+            }
+            if self.evict_one(false) == Evicted::Nothing && !self.unstick() {
+                return None;
+            }
+        }
+        None
+    }
+
+    /// Nothing is sealed, so nothing can be evicted: all memory sits in open segments
+    /// (small limits, or a shrunk one). Hand the evictor's spare back, and seal open
+    /// segments of the evictor and of shards whose lock is free (try_lock: the caller
+    /// holds its own shard lock, and shards never wait for each other). True if anything
+    /// became free or evictable.
+    fn unstick(&self) -> bool {
+        let mut changed = false;
+        {
+            let mut ev = lock(&self.evictor);
+            if let Some(id) = ev.spare.take() {
+                lock(&self.pool).free.push(id);
+                changed = true;
+            }
+            if let Some(o) = ev.dest.take() {
+                self.seal(o);
+                changed = true;
+            }
+        }
+        for shard in self.shards.iter() {
+            if let Ok(mut sh) = shard.0.try_lock() {
+                if let Some(o) = sh.take() {
+                    self.seal(o);
+                    changed = true;
+                }
+            }
+        }
+        changed
+    }
+
+    /// Take a free segment without evicting (for the evictor's copies).
+    fn take_segment_no_evict(&self) -> Option<u32> {
+        let mut p = lock(&self.pool);
+        if let Some(id) = p.free.pop() {
+            return Some(id);
+        }
+        if self.allocated.load(Ordering::Relaxed) + self.seg_size <= self.budget() {
+            return self
+                .new_segment(&mut p, self.seg_size, false)
+                .map(|(id, _)| id);
+        }
+        None
+    }
+
+    /// Prepare a free segment for appending.
+    fn open_segment(&self, id: u32) -> Option<Open> {
+        let seg = self.segs.get(id)?;
+        let ptr = NonNull::new(seg.mem.0.ptr.load(Ordering::Acquire))?;
+        let cap = seg.mem.0.cap.load(Ordering::Relaxed);
+        let base = self.next_cas.load(Ordering::SeqCst);
+        let seq = self.seg_seq.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: a free segment is unreachable (no slot points into it, readers from
+        // before it was freed are gone, see `release`/`evict_one`) and owned by us now,
+        // so we may write all `cap` bytes of its mapping.
+        unsafe {
+            std::ptr::write_bytes(ptr.as_ptr(), 0, cap);
+            format::write_seg_header(ptr.as_ptr(), format::SEG_KIND_REGULAR, seq, base);
+        }
+        seg.acct.0.live_items.store(0, Ordering::Relaxed);
+        seg.acct.0.live_bytes.store(0, Ordering::Relaxed);
+        seg.mem.0.used.store(SEG_HDR, Ordering::Release);
+        Some(Open {
+            id,
+            cap,
+            used: SEG_HDR,
+            base,
+        })
+    }
+
+    fn seal(&self, open: Open) {
+        if let Some(seg) = self.segs.get(open.id) {
+            seg.mem.0.used.store(open.used, Ordering::Release);
+        }
+        lock(&self.fifo).push_back(open.id);
+    }
+
+    /// Make sure `slot` holds an open segment with `need` free bytes.
+    fn room(&self, slot: &mut Option<Open>, need: usize) -> Option<Open> {
+        if let Some(o) = *slot {
+            if o.used + need <= o.cap {
+                return Some(o);
+            }
+            *slot = None;
+            self.seal(o);
+        }
+        let id = self.take_segment()?;
+        let o = self.open_segment(id)?;
+        *slot = Some(o);
+        Some(o)
+    }
+
+    fn dest(&self, o: &Open) -> Option<Dest> {
+        let seg = self.segs.get(o.id)?;
+        let ptr = NonNull::new(seg.mem.0.ptr.load(Ordering::Acquire))?;
+        Some(Dest {
+            id: o.id,
+            ptr,
+            off: o.used,
+            base: o.base,
+            room: o.cap.saturating_sub(o.used),
+        })
+    }
+
+    // ---- writes ---------------------------------------------------------------------
+
+    /// Check `c.cond` under the bucket lock and, if it holds, append the record at `dest`
+    /// and point the index at it. Returns the outcome and the bytes appended.
+    ///
+    /// On success the stripe lock is handed back with the new slot value, so that the
+    /// caller can finish its bookkeeping (advance its append offset, queue a large
+    /// segment) before a `gat` callback runs under the same lock: a panicking callback
+    /// then cannot leave a published record inside the free part of a segment.
+    fn apply(&self, c: &Commit<'_>, dest: &Dest, now: Time) -> (Outcome, usize, Option<Held<'_>>) {
+        let g = self.index.lock(c.h);
+        // SAFETY: we hold `c.h`'s stripe lock.
+        let cur = unsafe { self.lookup(c.h, c.key) };
+        let mut live = None;
+        if let Some((_, v, r)) = &cur {
+            match self.vis(r, now) {
+                Vis::Live => live = Some((*v, *r)),
+                vis => self.count_dead(vis),
+            }
+        }
+        let failed = match (c.cond, &live) {
+            (Cond::Any, _) => None,
+            (Cond::Absent, Some(_)) => Some(Fail::Present),
+            (Cond::Absent, None) => None,
+            (Cond::Present, None) => Some(Fail::Absent),
+            (Cond::Present, Some(_)) => None,
+            (Cond::Cas(_), None) => Some(Fail::Absent),
+            (Cond::Cas(want), Some((_, r))) => {
+                (want == 0 || want != self.report_cas(r.cas)).then_some(Fail::CasMismatch)
+            }
+            (Cond::Loc(ident), Some((v, _))) => (v & IDENT_MASK != ident).then_some(Fail::Moved),
+            (Cond::Loc(_), None) => Some(Fail::Moved),
+        };
+        if let Some(f) = failed {
+            return (Outcome::Failed(f), 0, None);
+        }
+        let old = live.map(|(_, r)| r);
+        let old_value: &[u8] = old.map_or(&[], |r| r.value);
+        let parts: [&[u8]; 2] = match c.src {
+            Src::Bytes(b) => [b, &[]],
+            Src::OldThen(b) => [old_value, b],
+            Src::ThenOld(b) => [b, old_value],
+            Src::Old => [old_value, &[]],
+        };
+        if HDR_MAX + c.key.len() + parts[0].len() + parts[1].len() > dest.room {
+            // The old value is not the length the reservation was made for: the slot
+            // went away and came back at the same place with another record (ABA).
+            // Never write past the reservation; the caller retries.
+            return (Outcome::Failed(Fail::Moved), 0, None);
+        }
+        let (cas, stamp) = match (c.keep_cas, old) {
+            (true, Some(r)) => (r.cas, self.rewrite_stamp()),
+            _ => (self.next_cas.fetch_add(1, Ordering::SeqCst), 0),
+        };
+        let spec = Spec {
+            kind: KIND_ITEM,
+            key: c.key,
+            parts,
+            flags: c.flags.or(old.map(|r| r.flags)).unwrap_or(0),
+            exptime: c.exptime.or(old.map(|r| r.exptime)).unwrap_or(0),
+            cas,
+            stamp,
+        };
+        // SAFETY: `dest` is in a segment the caller owns for appending (its shard's open
+        // segment under the shard lock, or a fresh large segment) and `dest.room` bytes
+        // from `dest.off` are unwritten and inside the mapping; the record takes at most
+        // `HDR_MAX + key + value <= dest.room` bytes (checked above). The parts borrow
+        // the old record, which the stripe lock keeps in place, and cannot overlap the
+        // unpublished destination.
+        let len = unsafe { format::write(dest.ptr.as_ptr().add(dest.off), &spec, dest.base) };
+        let mut new_v = index::pack(index::tag_of(c.h), dest.id, dest.off as u32, 0, false);
+        if c.keep_access {
+            if let Some((_, v, _)) = &cur {
+                new_v = (new_v & IDENT_MASK) | (v & !IDENT_MASK);
+            }
+        }
+        if c.access {
+            new_v = index::bumped(new_v);
+        }
+        match &cur {
+            Some((slot, v, r)) => {
+                slot.store(new_v, Ordering::Release);
+                self.account_remove(*v, r.len);
+            }
+            None => {
+                if let Some(slot) = self.index.insert(c.h, new_v) {
+                    // The chain is full: this slot's item is evicted to make room.
+                    let victim = slot.load(Ordering::Acquire);
+                    // SAFETY: `victim` is still in its slot of the chain whose stripe
+                    // lock we hold; its length is read before the slot is overwritten.
+                    let vlen = unsafe { self.rec(victim) }.map_or(0, |r| r.len);
+                    slot.store(new_v, Ordering::Release);
+                    self.account_remove(victim, vlen);
+                    self.st.0.evictions.fetch_add(1, Ordering::Relaxed);
+                    self.st.0.evicted_index.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        self.account_add(dest.id, len);
+        (
+            Outcome::Stored(self.report_cas(cas)),
+            len,
+            Some(Held { _g: g, v: new_v }),
+        )
+    }
+
+    /// Show the item just written to a `gat` callback, still under its stripe lock.
+    fn show(&self, key: &[u8], held: Option<Held<'_>>, view: Option<&mut dyn FnMut(ItemView<'_>)>) {
+        if let (Some(held), Some(cb)) = (held, view) {
+            // SAFETY: `held.v` is in its slot and we hold the stripe lock (`held._g`).
+            if let Some(r) = unsafe { self.rec(held.v) } {
+                cb(self.view(key, &r));
+            }
+        }
+    }
+
+    fn commit(
+        &self,
+        c: &Commit<'_>,
+        now: Time,
+        view: Option<&mut dyn FnMut(ItemView<'_>)>,
+    ) -> Outcome {
+        let extra = match c.src {
+            Src::Bytes(b) | Src::OldThen(b) | Src::ThenOld(b) => b.len(),
+            Src::Old => 0,
+        };
+        let vlen = match c.src {
+            Src::Bytes(_) => extra,
+            _ => extra + c.old_len,
+        };
+        if c.key.len() > MAX_KEY || vlen > self.max_item_size {
+            return Outcome::TooLarge;
+        }
+        let need = HDR_MAX + c.key.len() + vlen;
+        if SEG_HDR + need > self.seg_size {
+            return self.commit_large(c, need, now, view);
+        }
+        let shard = &self.shards[tid() % self.shards.len()];
+        let mut sh = lock(&shard.0);
+        let Some(open) = self.room(&mut sh, need) else {
+            return Outcome::NoMemory;
+        };
+        let Some(dest) = self.dest(&open) else {
+            return Outcome::NoMemory;
+        };
+        let (out, len, held) = self.apply(c, &dest, now);
+        if len > 0 {
+            let used = open.used + len;
+            *sh = Some(Open { used, ..open });
+            if let Some(seg) = self.segs.get(open.id) {
+                seg.mem.0.used.store(used, Ordering::Release);
+            }
+            if !c.keep_cas && !c.keep_access {
+                self.shard_items[tid() % self.shard_items.len()]
+                    .0
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.show(c.key, held, view);
+        out
+    }
+
+    fn commit_large(
+        &self,
+        c: &Commit<'_>,
+        need: usize,
+        now: Time,
+        view: Option<&mut dyn FnMut(ItemView<'_>)>,
+    ) -> Outcome {
+        let total = (SEG_HDR + need).div_ceil(PAGE) * PAGE;
+        if total > self.budget() {
+            return Outcome::TooLarge;
+        }
+        let Some((id, ptr)) = self.reserve_large(total) else {
+            return Outcome::NoMemory;
+        };
+        let base = self.next_cas.load(Ordering::SeqCst);
+        let seq = self.seg_seq.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the mapping is fresh, `total >= SEG_HDR`, and nothing else knows it.
+        unsafe { format::write_seg_header(ptr.as_ptr(), format::SEG_KIND_LARGE, seq, base) };
+        let dest = Dest {
+            id,
+            ptr,
+            off: SEG_HDR,
+            base,
+            room: total - SEG_HDR,
+        };
+        let (out, len, held) = self.apply(c, &dest, now);
+        if len == 0 {
+            // Never visible: free it at once.
+            let mut p = lock(&self.pool);
+            self.release(&mut p, id);
+            return out;
+        }
+        if let Some(seg) = self.segs.get(id) {
+            seg.mem.0.used.store(SEG_HDR + len, Ordering::Release);
+        }
+        if !c.keep_cas && !c.keep_access {
+            self.shard_items[tid() % self.shard_items.len()]
+                .0
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        // Queued only now that its slot is installed (the evictor frees large segments
+        // that no slot points at).
+        lock(&self.fifo).push_back(id);
+        self.show(c.key, held, view);
+        out
+    }
+
+    /// Map a large segment of `total` bytes within the budget, evicting if allowed.
+    fn reserve_large(&self, total: usize) -> Option<(u32, NonNull<u8>)> {
+        let attempts = 4 * (self.allocated.load(Ordering::Relaxed) / self.seg_size) + 16;
+        for _ in 0..attempts {
+            {
+                let mut p = lock(&self.pool);
+                if self.allocated.load(Ordering::Relaxed) + total <= self.budget() {
+                    return self.new_segment(&mut p, total, true);
+                }
+                if let Some(id) = p.free.pop() {
+                    self.release(&mut p, id);
+                    continue;
+                }
+            }
+            if self.no_evict || (self.evict_one(true) == Evicted::Nothing && !self.unstick()) {
+                return None;
+            }
+        }
+        None
+    }
+
+    fn store_inner(&self, req: &StoreRequest<'_>, h: u64, now: Time) -> StoreResult {
+        let base = Commit {
+            key: req.key,
+            h,
+            cond: Cond::Any,
+            src: Src::Bytes(req.value),
+            old_len: 0,
+            flags: Some(req.flags),
+            exptime: Some(req.exptime),
+            keep_cas: false,
+            keep_access: false,
+            access: false,
+        };
+        let c = match req.mode {
+            StoreMode::Set => base,
+            StoreMode::Add => {
+                if self.peek(h, req.key, now).is_some() {
+                    return StoreResult::NotStored;
+                }
+                Commit {
+                    cond: Cond::Absent,
+                    ..base
+                }
+            }
+            StoreMode::Replace => {
+                if self.peek(h, req.key, now).is_none() {
+                    return StoreResult::NotStored;
+                }
+                Commit {
+                    cond: Cond::Present,
+                    ..base
+                }
+            }
+            StoreMode::Cas(want) => {
+                if self.peek(h, req.key, now).is_none() {
+                    return StoreResult::NotFound;
+                }
+                Commit {
+                    cond: Cond::Cas(want),
+                    ..base
+                }
+            }
+            StoreMode::Append | StoreMode::Prepend => {
+                for _ in 0..RETRIES {
+                    let Some(p) = self.peek(h, req.key, now) else {
+                        return StoreResult::NotStored;
+                    };
+                    if self.too_large(req.key.len(), p.value_len + req.value.len(), p.flags) {
+                        return StoreResult::NotStored;
+                    }
+                    let src = if req.mode == StoreMode::Append {
+                        Src::OldThen(req.value)
+                    } else {
+                        Src::ThenOld(req.value)
+                    };
+                    let c = Commit {
+                        cond: Cond::Loc(p.ident),
+                        src,
+                        old_len: p.value_len,
+                        flags: None,
+                        exptime: None,
+                        ..base
+                    };
+                    match self.commit(&c, now, None) {
+                        Outcome::Failed(Fail::Moved) => continue,
+                        Outcome::TooLarge => return StoreResult::NotStored,
+                        o => return self.result(o, false),
+                    }
+                }
+                return StoreResult::NotStored;
+            }
+        };
+        let out = self.commit(&c, now, None);
+        self.result(out, matches!(req.mode, StoreMode::Cas(_)))
+    }
+
+    fn result(&self, o: Outcome, cas_mode: bool) -> StoreResult {
+        match o {
+            Outcome::Stored(c) => StoreResult::Stored(c),
+            Outcome::Failed(Fail::CasMismatch) => StoreResult::Exists,
+            Outcome::Failed(Fail::Absent | Fail::Moved) if cas_mode => StoreResult::NotFound,
+            Outcome::Failed(_) => StoreResult::NotStored,
+            Outcome::NoMemory => StoreResult::NoMemory,
+            Outcome::TooLarge => StoreResult::TooLarge,
+        }
+    }
+
+    /// Rewrite the live item with a new expiry (same CAS); `found` sees the result.
+    fn touch_inner(
+        &self,
+        key: &[u8],
+        h: u64,
+        exptime: Time,
+        now: Time,
+        mut found: Option<&mut dyn FnMut(ItemView<'_>)>,
+    ) -> bool {
+        for _ in 0..RETRIES {
+            let Some(p) = self.peek(h, key, now) else {
+                return false;
+            };
+            let c = Commit {
+                key,
+                h,
+                cond: Cond::Loc(p.ident),
+                src: Src::Old,
+                old_len: p.value_len,
+                flags: None,
+                exptime: Some(exptime),
+                keep_cas: true,
+                keep_access: true,
+                access: true,
+            };
+            let view: Option<&mut dyn FnMut(ItemView<'_>)> = match found.as_mut() {
+                Some(f) => Some(&mut **f),
+                None => None,
+            };
+            match self.commit(&c, now, view) {
+                Outcome::Stored(_) => return true,
+                Outcome::Failed(Fail::Moved) => continue,
+                _ => return false,
+            }
+        }
+        false
+    }
+
+    fn delete_inner(&self, key: &[u8], h: u64, now: Time) -> bool {
+        if key.len() > MAX_KEY || self.peek(h, key, now).is_none() {
+            return false;
+        }
+        let need = HDR_MAX + key.len();
+        let shard = &self.shards[tid() % self.shards.len()];
+        let mut sh = lock(&shard.0);
+        // Without room for a tombstone (no_evict and full) the delete still happens; only
+        // a log reader would miss it.
+        let open = self.room(&mut sh, need);
+        let dest = open.as_ref().and_then(|o| self.dest(o));
+        let _g = self.index.lock(h);
+        // SAFETY: we hold `h`'s stripe lock.
+        let Some((slot, v, r)) = (unsafe { self.lookup(h, key) }) else {
+            return false;
+        };
+        let vis = self.vis(&r, now);
+        if vis != Vis::Live {
+            self.count_dead(vis);
+            slot.store(0, Ordering::Release);
+            self.account_remove(v, r.len);
+            return false;
+        }
+        if let (Some(o), Some(d)) = (open, dest) {
+            let spec = Spec {
+                kind: KIND_TOMBSTONE,
+                key,
+                parts: [&[], &[]],
+                flags: 0,
+                exptime: 0,
+                stamp: 0,
+                // Not a new version: a tombstone removes versions below this one (the
+                // next set of the key draws this value or a later one).
+                cas: self.next_cas.load(Ordering::SeqCst),
+            };
+            // SAFETY: `room` reserved `HDR_MAX + key` bytes at `d.off` in our shard's
+            // open segment, which only we append to while holding the shard lock.
+            let len = unsafe { format::write(d.ptr.as_ptr().add(d.off), &spec, d.base) };
+            let used = o.used + len;
+            *sh = Some(Open { used, ..o });
+            if let Some(seg) = self.segs.get(o.id) {
+                seg.mem.0.used.store(used, Ordering::Release);
+            }
+            self.st.0.tombstones.fetch_add(1, Ordering::Relaxed);
+        }
+        slot.store(0, Ordering::Release);
+        self.account_remove(v, r.len);
+        true
+    }
+
+    fn arith_inner(&self, key: &[u8], h: u64, incr: bool, delta: u64, now: Time) -> ArithResult {
+        for _ in 0..RETRIES {
+            let read = {
+                let _pin = self.pin();
+                // SAFETY: pinned.
+                match unsafe { self.lookup(h, key) } {
+                    Some((_, v, r)) if self.vis(&r, now) == Vis::Live => {
+                        Some((v & IDENT_MASK, r.value.len(), number::parse(r.value)))
+                    }
+                    _ => None,
+                }
+            };
+            let Some((ident, old_len, n)) = read else {
+                // Count and unlink a dead item as a lookup would.
+                return match self.peek(h, key, now) {
+                    Some(_) => continue,
+                    None => ArithResult::NotFound,
+                };
+            };
+            let Some(cur) = n else {
+                return ArithResult::NonNumeric;
+            };
+            let new = if incr {
+                cur.wrapping_add(delta)
+            } else {
+                cur.saturating_sub(delta)
+            };
+            let mut text = new.to_string().into_bytes();
+            let in_place = text.len() <= old_len;
+            if in_place {
+                text.resize(old_len, b' ');
+            }
+            let c = Commit {
+                key,
+                h,
+                cond: Cond::Loc(ident),
+                src: Src::Bytes(&text),
+                old_len,
+                flags: None,
+                exptime: None,
+                keep_cas: false,
+                // In memcached an in-place update keeps the item (and its fetched bit);
+                // a longer number is a new item, counted in total_items.
+                keep_access: in_place,
+                access: false,
+            };
+            match self.commit(&c, now, None) {
+                Outcome::Stored(_) => return ArithResult::Value(new),
+                Outcome::Failed(Fail::Moved) => continue,
+                Outcome::Failed(_) => return ArithResult::NotFound,
+                Outcome::NoMemory | Outcome::TooLarge => return ArithResult::NoMemory,
+            }
+        }
+        ArithResult::NotFound
+    }
+
+    // ---- eviction -------------------------------------------------------------------
+
+    /// Evict the oldest sealed segment. With `release`, or when over budget, its memory
+    /// goes back to the OS, else to the free list.
+    fn evict_one(&self, release: bool) -> Evicted {
+        // Popping the segment makes it ours: several threads may clean different
+        // segments at once (they share only the evictor's copy destination).
+        let Some(id) = lock(&self.fifo).pop_front() else {
+            return Evicted::Nothing;
+        };
+        let Some(seg) = self.segs.get(id) else {
+            return Evicted::Nothing;
+        };
+        let large = seg.mem.0.large.load(Ordering::Relaxed);
+        let empty = seg.acct.0.live_items.load(Ordering::Acquire) == 0;
+        if empty {
+            // Nothing in it is referenced (everything was overwritten, deleted or
+            // unlinked already): no need to look at its records.
+        } else if large {
+            if self.clean_large(id) {
+                lock(&self.fifo).push_back(id);
+                return Evicted::Kept;
+            }
+        } else {
+            self.clean(id);
+        }
+        self.st.0.segments_evicted.fetch_add(1, Ordering::Relaxed);
+        self.barrier();
+        let over = self.allocated.load(Ordering::Relaxed) > self.budget();
+        if !(release || large || over) {
+            let mut ev = lock(&self.evictor);
+            if ev.spare.is_none() {
+                ev.spare = Some(id);
+                return Evicted::Kept;
+            }
+        }
+        let mut p = lock(&self.pool);
+        if release || large || over {
+            self.release(&mut p, id);
+        } else {
+            p.free.push(id);
+        }
+        Evicted::Freed
+    }
+
+    /// Decide the fate of one live slot `v` of a segment being evicted: count it and
+    /// return whether to give it a second chance.
+    fn evict_item(&self, r: &Rec<'_>, v: u64, now: Time) -> bool {
+        match self.vis(r, now) {
+            Vis::Live => {
+                if index::freq(v) > 0 {
+                    return true;
+                }
+                self.st.0.evictions.fetch_add(1, Ordering::Relaxed);
+                if !index::fetched(v) {
+                    self.st.0.evicted_unfetched.fetch_add(1, Ordering::Relaxed);
+                }
+                if r.exptime != 0 {
+                    self.st.0.evicted_nonzero.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Vis::Expired | Vis::Flushed => {
+                self.st.0.reclaimed.fetch_add(1, Ordering::Relaxed);
+                if !index::fetched(v) {
+                    self.st.0.expired_unfetched.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        false
+    }
+
+    /// Process every record of sealed segment `id` (popped from the FIFO, so ours). The
+    /// evictor lock is taken per second-chance copy, inside the record's stripe lock.
+    fn clean(&self, id: u32) {
+        let now = self.clock.load(Ordering::Relaxed);
+        let Some(seg) = self.segs.get(id) else { return };
+        let Some(ptr) = NonNull::new(seg.mem.0.ptr.load(Ordering::Acquire)) else {
+            return;
+        };
+        let used = seg.mem.0.used.load(Ordering::Acquire);
+        // SAFETY: the segment is sealed and owned by the evictor until it is freed below
+        // our caller: nobody appends to it and it stays mapped.
+        let base = unsafe { format::seg_cas_base(ptr.as_ptr()) };
+        let mut off = SEG_HDR;
+        while off < used {
+            // SAFETY: as above; `used` is the published length.
+            let Some(r) = (unsafe { format::read(ptr.as_ptr(), used, off, base) }) else {
+                break;
+            };
+            let here = off;
+            off += r.len;
+            if r.kind != KIND_ITEM {
+                continue;
+            }
+            let h = self.hash(r.key);
+            let _g = self.index.lock(h);
+            let Some((slot, v)) = self.index.find(h, |v| {
+                index::slot_seg(v) == id && index::slot_off(v) == here
+            }) else {
+                continue;
+            };
+            if self.evict_item(&r, v, now) {
+                let copied = self.copy_forward(&mut lock(&self.evictor), &r, v);
+                if let Some(new_v) = copied {
+                    slot.store(new_v, Ordering::Release);
+                    self.account_remove(v, r.len);
+                    self.st.0.copied_forward.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                self.st.0.evictions.fetch_add(1, Ordering::Relaxed);
+            }
+            slot.store(0, Ordering::Release);
+            self.account_remove(v, r.len);
+        }
+    }
+
+    /// Copy a second-chance item into the evictor's segment; its new slot value (access
+    /// counter decremented), or None when there is no room without evicting.
+    fn copy_forward(&self, ev: &mut Evictor, r: &Rec<'_>, v: u64) -> Option<u64> {
+        let need = HDR_MAX + r.key.len() + r.value.len();
+        let fits = ev.dest.is_some_and(|o| o.used + need <= o.cap);
+        if !fits {
+            if let Some(o) = ev.dest.take() {
+                self.seal(o);
+            }
+            let id = match ev.spare.take() {
+                Some(id) => id,
+                None => self.take_segment_no_evict()?,
+            };
+            ev.dest = Some(self.open_segment(id)?);
+        }
+        let o = ev.dest?;
+        let d = self.dest(&o)?;
+        if need > d.room {
+            return None;
+        }
+        let spec = Spec {
+            kind: KIND_ITEM,
+            key: r.key,
+            parts: [r.value, &[]],
+            flags: r.flags,
+            exptime: r.exptime,
+            cas: r.cas,
+            stamp: self.rewrite_stamp(),
+        };
+        // SAFETY: `need` bytes are free at `d.off` in the evictor's own open segment (we
+        // hold the evictor lock); the source record lives in the segment being evicted.
+        let len = unsafe { format::write(d.ptr.as_ptr().add(d.off), &spec, d.base) };
+        ev.dest = Some(Open {
+            used: o.used + len,
+            ..o
+        });
+        if let Some(seg) = self.segs.get(o.id) {
+            seg.mem.0.used.store(o.used + len, Ordering::Release);
+        }
+        self.account_add(o.id, len);
+        let new_v = index::pack(
+            index::slot_tag(v),
+            o.id,
+            d.off as u32,
+            index::freq(v) - 1,
+            index::fetched(v),
+        );
+        Some(new_v)
+    }
+
+    /// A large segment reached the FIFO head: true if its item gets a second chance (it
+    /// stays where it is and goes to the back of the FIFO).
+    fn clean_large(&self, id: u32) -> bool {
+        let now = self.clock.load(Ordering::Relaxed);
+        let Some(seg) = self.segs.get(id) else {
+            return false;
+        };
+        let Some(ptr) = NonNull::new(seg.mem.0.ptr.load(Ordering::Acquire)) else {
+            return false;
+        };
+        let used = seg.mem.0.used.load(Ordering::Acquire);
+        // SAFETY: sealed large segment popped from the FIFO under the evictor lock: ours.
+        let base = unsafe { format::seg_cas_base(ptr.as_ptr()) };
+        // SAFETY: as above.
+        let Some(r) = (unsafe { format::read(ptr.as_ptr(), used, SEG_HDR, base) }) else {
+            return false;
+        };
+        let h = self.hash(r.key);
+        let _g = self.index.lock(h);
+        let Some((slot, v)) = self.index.find(h, |v| {
+            index::slot_seg(v) == id && index::slot_off(v) == SEG_HDR
+        }) else {
+            return false;
+        };
+        if self.evict_item(&r, v, now) {
+            let f = index::freq(v) - 1;
+            let nv = index::pack(index::slot_tag(v), id, SEG_HDR as u32, f, index::fetched(v));
+            slot.store(nv, Ordering::Release);
+            self.st.0.copied_forward.fetch_add(1, Ordering::Relaxed);
+            return true;
+        }
+        slot.store(0, Ordering::Release);
+        self.account_remove(v, r.len);
+        false
+    }
+
+    /// Evict and release until the segment memory fits the budget.
+    fn shrink(&self) {
+        if self.allocated.load(Ordering::Relaxed) > self.budget() {
+            let mut ev = lock(&self.evictor);
+            if let Some(id) = ev.spare.take() {
+                self.release(&mut lock(&self.pool), id);
+            }
+        }
+        loop {
+            if self.allocated.load(Ordering::Relaxed) <= self.budget() {
+                return;
+            }
+            {
+                let mut p = lock(&self.pool);
+                if let Some(id) = p.free.pop() {
+                    self.release(&mut p, id);
+                    continue;
+                }
+            }
+            if self.evict_one(true) == Evicted::Nothing && !self.unstick() {
+                return;
+            }
+        }
+    }
+
+    /// Free sealed segments that hold no live item any more.
+    fn free_dead_segments(&self) -> usize {
+        let dead: Vec<u32> = {
+            let mut fifo = lock(&self.fifo);
+            let mut dead = Vec::new();
+            fifo.retain(|&id| {
+                let empty = self
+                    .segs
+                    .get(id)
+                    .is_some_and(|s| s.acct.0.live_items.load(Ordering::Acquire) == 0);
+                if empty {
+                    dead.push(id);
+                }
+                !empty
+            });
+            dead
+        };
+        if dead.is_empty() {
+            return 0;
+        }
+        self.barrier();
+        let mut p = lock(&self.pool);
+        for &id in &dead {
+            let large = self
+                .segs
+                .get(id)
+                .is_some_and(|s| s.mem.0.large.load(Ordering::Relaxed));
+            if large || self.allocated.load(Ordering::Relaxed) > self.budget() {
+                self.release(&mut p, id);
+            } else {
+                p.free.push(id);
+            }
+        }
+        dead.len()
+    }
+
+    fn seg_ids(&self) -> u32 {
+        lock(&self.pool).next_id
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Evicted {
+    Nothing,
+    Kept,
+    Freed,
+}
+
+impl Drop for LogEngine {
+    fn drop(&mut self) {
+        let mut p = lock(&self.pool);
+        for id in 0..p.next_id {
+            self.release(&mut p, id);
+        }
+    }
+}
+
+impl Engine for LogEngine {
+    fn get(
+        &self,
+        key: &[u8],
+        now: Time,
+        opts: ReadOptions,
+        found: &mut dyn FnMut(ItemView<'_>),
+    ) -> bool {
+        self.tick(now);
+        let h = self.hash(key);
+        if let Some(exptime) = opts.touch {
+            return self.touch_inner(key, h, exptime, now, Some(found));
+        }
+        let dead = {
+            let _pin = self.pin();
+            // SAFETY: pinned for as long as `r` is used (the callback included).
+            let Some((slot, v, r)) = (unsafe { self.lookup(h, key) }) else {
+                return false;
+            };
+            match self.vis(&r, now) {
+                Vis::Live => {
+                    if index::freq(v) < index::FREQ_MAX || !index::fetched(v) {
+                        // Losing this race to a writer only loses one access mark.
+                        let _ = slot.compare_exchange(
+                            v,
+                            index::bumped(v),
+                            Ordering::Relaxed,
+                            Ordering::Relaxed,
+                        );
+                    }
+                    found(self.view(key, &r));
+                    return true;
+                }
+                vis => (v, vis),
+            }
+        };
+        self.count_dead(dead.1);
+        self.unlink_dead(h, dead.0);
+        false
+    }
+
+    fn store(&self, req: StoreRequest<'_>, now: Time) -> StoreResult {
+        self.tick(now);
+        let h = self.hash(req.key);
+        let r = if req.key.len() > MAX_KEY
+            || self.too_large(req.key.len(), req.value.len(), req.flags)
+        {
+            StoreResult::TooLarge
+        } else {
+            self.store_inner(&req, h, now)
+        };
+        if matches!(r, StoreResult::TooLarge | StoreResult::NoMemory)
+            && req.mode == StoreMode::Set
+            && req.key.len() <= MAX_KEY
+        {
+            // memcached drops the old item when a set is refused (no stale data).
+            self.delete_inner(req.key, h, now);
+        }
+        r
+    }
+
+    fn delete(&self, key: &[u8], now: Time) -> bool {
+        self.tick(now);
+        self.delete_inner(key, self.hash(key), now)
+    }
+
+    fn arith(&self, key: &[u8], incr: bool, delta: u64, now: Time) -> ArithResult {
+        self.tick(now);
+        if key.len() > MAX_KEY {
+            return ArithResult::NotFound;
+        }
+        self.arith_inner(key, self.hash(key), incr, delta, now)
+    }
+
+    fn touch(&self, key: &[u8], exptime: Time, now: Time) -> bool {
+        self.tick(now);
+        self.touch_inner(key, self.hash(key), exptime, now, None)
+    }
+
+    fn flush_all(&self, at: Time, now: Time) {
+        self.tick(now);
+        let _f = lock(&self.flush_lock);
+        self.delayed_mark.store(0, Ordering::SeqCst);
+        if at <= now || at == 1 {
+            self.flush_deadline.store(0, Ordering::Release);
+            self.flush_mark
+                .fetch_max(self.next_cas.load(Ordering::SeqCst), Ordering::SeqCst);
+        } else {
+            self.flush_deadline.store(at - 1, Ordering::Release);
+        }
+    }
+
+    fn set_max_bytes(&self, max_bytes: usize, now: Time) {
+        self.tick(now);
+        self.max_bytes.store(max_bytes, Ordering::Relaxed);
+        self.shrink();
+    }
+
+    fn stats(&self) -> EngineStats {
+        let mut items = 0;
+        let mut bytes = 0;
+        for id in 0..self.seg_ids() {
+            if let Some(s) = self.segs.get(id) {
+                items += s.acct.0.live_items.load(Ordering::Relaxed);
+                bytes += s.acct.0.live_bytes.load(Ordering::Relaxed);
+            }
+        }
+        let st = &self.st.0;
+        EngineStats {
+            bytes,
+            curr_items: items,
+            total_items: self
+                .shard_items
+                .iter()
+                .map(|c| c.0.load(Ordering::Relaxed))
+                .sum(),
+            evictions: st.evictions.load(Ordering::Relaxed),
+            reclaimed: st.reclaimed.load(Ordering::Relaxed),
+            expired_unfetched: st.expired_unfetched.load(Ordering::Relaxed),
+            evicted_unfetched: st.evicted_unfetched.load(Ordering::Relaxed),
+            evicted_nonzero: st.evicted_nonzero.load(Ordering::Relaxed),
+            get_expired: st.get_expired.load(Ordering::Relaxed),
+            get_flushed: st.get_flushed.load(Ordering::Relaxed),
+            limit_maxbytes: self.max_bytes.load(Ordering::Relaxed) as u64,
+            total_malloced: self.allocated.load(Ordering::Relaxed) as u64,
+        }
+    }
+
+    fn stats_detail(&self, group: &str) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        let mut put = |k: &str, v: u64| out.push((k.to_string(), v.to_string()));
+        let st = &self.st.0;
+        match group {
+            "slabs" => {
+                let (mut regular, mut large, mut large_bytes, mut used, mut live) = (0, 0, 0, 0, 0);
+                for id in 0..self.seg_ids() {
+                    let Some(s) = self.segs.get(id) else { continue };
+                    if s.mem.0.ptr.load(Ordering::Relaxed).is_null() {
+                        continue;
+                    }
+                    if s.mem.0.large.load(Ordering::Relaxed) {
+                        large += 1;
+                        large_bytes += s.mem.0.cap.load(Ordering::Relaxed) as u64;
+                    } else {
+                        regular += 1;
+                    }
+                    used += s.mem.0.used.load(Ordering::Relaxed).saturating_sub(SEG_HDR) as u64;
+                    live += s.acct.0.live_bytes.load(Ordering::Relaxed);
+                }
+                let free = lock(&self.pool).free.len() as u64;
+                let sealed = lock(&self.fifo).len() as u64;
+                put("segment_size", self.seg_size as u64);
+                put("segments_total", regular);
+                put("segments_free", free);
+                put("segments_sealed", sealed);
+                put("large_items_segments", large);
+                put("large_items_bytes", large_bytes);
+                put("live_bytes", live);
+                put("dead_bytes", used.saturating_sub(live));
+                put("index_bytes", self.index.bytes() as u64);
+                put("index_buckets", self.index.nmain() as u64);
+                put(
+                    "index_overflow_buckets_used",
+                    self.index.overflow_used() as u64,
+                );
+                put(
+                    "total_malloced",
+                    self.allocated.load(Ordering::Relaxed) as u64,
+                );
+            }
+            "items" => {
+                put("evictions", st.evictions.load(Ordering::Relaxed));
+                put(
+                    "evicted_clock",
+                    st.evictions.load(Ordering::Relaxed) - st.evicted_index.load(Ordering::Relaxed),
+                );
+                put(
+                    "evicted_index_full",
+                    st.evicted_index.load(Ordering::Relaxed),
+                );
+                put(
+                    "evicted_unfetched",
+                    st.evicted_unfetched.load(Ordering::Relaxed),
+                );
+                put(
+                    "evicted_nonzero",
+                    st.evicted_nonzero.load(Ordering::Relaxed),
+                );
+                put("reclaimed", st.reclaimed.load(Ordering::Relaxed));
+                put(
+                    "expired_unfetched",
+                    st.expired_unfetched.load(Ordering::Relaxed),
+                );
+                put("copied_forward", st.copied_forward.load(Ordering::Relaxed));
+                put(
+                    "segments_evicted",
+                    st.segments_evicted.load(Ordering::Relaxed),
+                );
+                put("tombstones", st.tombstones.load(Ordering::Relaxed));
+            }
+            _ => {}
+        }
+        out
+    }
+
+    fn reset_stats(&self) {
+        let st = &self.st.0;
+        for c in [
+            &st.evictions,
+            &st.evicted_index,
+            &st.reclaimed,
+            &st.expired_unfetched,
+            &st.evicted_unfetched,
+            &st.evicted_nonzero,
+            &st.get_expired,
+            &st.get_flushed,
+            &st.copied_forward,
+            &st.segments_evicted,
+            &st.tombstones,
+        ] {
+            c.store(0, Ordering::Relaxed);
+        }
+        for c in self.shard_items.iter() {
+            c.0.store(0, Ordering::Relaxed);
+        }
+    }
+
+    fn maintain(&self, now: Time) -> u64 {
+        self.tick(now);
+        let mut n = 0;
+        // A bounded slice of the index per call, continuing where the last call stopped.
+        let nmain = self.index.nmain();
+        let chunk = nmain.min(MAINTAIN_BUCKETS);
+        let start = self.maint_cursor.fetch_add(chunk, Ordering::Relaxed) % nmain;
+        for i in 0..chunk {
+            let b = (start + i) % nmain;
+            let _g = self.index.lock_bucket(b);
+            self.index.for_each_in_chain(b, |slot, v| {
+                // SAFETY: we hold the stripe lock of this chain and `v` is in its slot.
+                let Some(r) = (unsafe { self.rec(v) }) else {
+                    return;
+                };
+                if self.vis(&r, now) != Vis::Live {
+                    slot.store(0, Ordering::Release);
+                    self.account_remove(v, r.len);
+                    self.st.0.reclaimed.fetch_add(1, Ordering::Relaxed);
+                    if !index::fetched(v) {
+                        self.st.0.expired_unfetched.fetch_add(1, Ordering::Relaxed);
+                    }
+                    n += 1;
+                }
+            });
+        }
+        self.free_dead_segments();
+        n
+    }
+}

@@ -1,0 +1,334 @@
+//! Concurrency tests of `LogEngine`: many threads on overlapping keys, in small memory so
+//! that segments are evicted and reused under the readers. Every value is made of
+//! self-checking chunks that name their key, so a torn, stale-segment or wrong-key read
+//! is caught. Operation counts are bounded; nothing sleeps.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use kvstore::{
+    ArithResult, Engine, EngineConfig, LogEngine, ReadOptions, StoreMode, StoreRequest, StoreResult,
+};
+
+/// Multiplies the operation counts (`LOG_STRESS=20 cargo test --release ...` for a soak).
+fn scale() -> usize {
+    std::env::var("LOG_STRESS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1)
+}
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        // xorshift64*
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn checksum(b: &[u8]) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for &x in b {
+        h = (h ^ u32::from(x)).wrapping_mul(0x0100_0193);
+    }
+    h
+}
+
+/// A chunk: len u32 | key len u8 | key | filler | checksum u32 of everything before.
+fn chunk(key: &[u8], len: usize, seed: u8) -> Vec<u8> {
+    let len = len.max(4 + 1 + key.len() + 4);
+    let mut c = Vec::with_capacity(len);
+    c.extend_from_slice(&(len as u32).to_le_bytes());
+    c.push(key.len() as u8);
+    c.extend_from_slice(key);
+    while c.len() < len - 4 {
+        c.push(seed.wrapping_add(c.len() as u8));
+    }
+    let sum = checksum(&c);
+    c.extend_from_slice(&sum.to_le_bytes());
+    c
+}
+
+/// Check that `v` is a sequence of valid chunks of `key`.
+fn validate(key: &[u8], v: &[u8]) -> Result<usize, String> {
+    let mut at = 0;
+    let mut n = 0;
+    while at < v.len() {
+        let rest = &v[at..];
+        if rest.len() < 4 {
+            return Err(format!("short chunk at {at}"));
+        }
+        let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+        if len < 9 || len > rest.len() {
+            return Err(format!("bad chunk length {len} at {at} of {}", v.len()));
+        }
+        let c = &rest[..len];
+        let kl = c[4] as usize;
+        if c.get(5..5 + kl) != Some(key) {
+            return Err(format!("chunk of another key at {at}"));
+        }
+        let sum = u32::from_le_bytes([c[len - 4], c[len - 3], c[len - 2], c[len - 1]]);
+        if checksum(&c[..len - 4]) != sum {
+            return Err(format!("checksum mismatch at {at}"));
+        }
+        at += len;
+        n += 1;
+    }
+    if n == 0 {
+        return Err("empty value".into());
+    }
+    Ok(n)
+}
+
+fn store(e: &LogEngine, mode: StoreMode, key: &[u8], value: &[u8], exptime: u32) -> StoreResult {
+    e.store(
+        StoreRequest {
+            mode,
+            key,
+            value,
+            flags: 0,
+            exptime,
+        },
+        100,
+    )
+}
+
+fn worker(e: &LogEngine, seed: u64, ops: usize, keys: u64, big: bool) -> u64 {
+    let mut rng = Rng(seed | 1);
+    let mut hits = 0;
+    for _ in 0..ops {
+        let k = format!("key:{}", rng.below(keys));
+        let key = k.as_bytes();
+        let op = rng.below(100);
+        let size = match rng.below(100) {
+            0 if big => 70_000 + rng.below(50_000) as usize,
+            1..=10 => 500 + rng.below(3000) as usize,
+            _ => 10 + rng.below(100) as usize,
+        };
+        let seedb = rng.next() as u8;
+        match op {
+            0..=49 => {
+                let mut err = None;
+                let hit = e.get(key, 100, ReadOptions::default(), &mut |v| {
+                    if v.key != key {
+                        err = Some("wrong key in view".to_string());
+                    } else if let Err(x) = validate(key, v.value) {
+                        err = Some(x);
+                    }
+                });
+                if let Some(x) = err {
+                    panic!("get {k}: {x}");
+                }
+                hits += u64::from(hit);
+            }
+            50..=69 => {
+                let r = store(e, StoreMode::Set, key, &chunk(key, size, seedb), 0);
+                assert!(matches!(r, StoreResult::Stored(_)), "set {k}: {r:?}");
+            }
+            70..=77 => {
+                let r = store(
+                    e,
+                    StoreMode::Append,
+                    key,
+                    &chunk(key, size.min(400), seedb),
+                    0,
+                );
+                assert!(
+                    matches!(r, StoreResult::Stored(_) | StoreResult::NotStored),
+                    "append {k}: {r:?}"
+                );
+            }
+            78..=81 => {
+                let r = store(
+                    e,
+                    StoreMode::Prepend,
+                    key,
+                    &chunk(key, size.min(400), seedb),
+                    0,
+                );
+                assert!(
+                    matches!(r, StoreResult::Stored(_) | StoreResult::NotStored),
+                    "prepend {k}: {r:?}"
+                );
+            }
+            82..=86 => {
+                e.delete(key, 100);
+            }
+            87..=91 => {
+                let mut err = None;
+                e.get(key, 100, ReadOptions { touch: Some(0) }, &mut |v| {
+                    if let Err(x) = validate(key, v.value) {
+                        err = Some(x);
+                    }
+                });
+                if let Some(x) = err {
+                    panic!("gat {k}: {x}");
+                }
+            }
+            92..=95 => {
+                e.touch(key, 0, 100);
+            }
+            _ => {
+                let mode = if op % 2 == 0 {
+                    StoreMode::Add
+                } else {
+                    StoreMode::Replace
+                };
+                let r = store(e, mode, key, &chunk(key, size, seedb), 0);
+                assert!(
+                    matches!(r, StoreResult::Stored(_) | StoreResult::NotStored),
+                    "add/replace {k}: {r:?}"
+                );
+            }
+        }
+    }
+    hits
+}
+
+fn engine(max_bytes: usize) -> LogEngine {
+    LogEngine::new(EngineConfig {
+        max_bytes,
+        max_item_size: 1 << 20,
+        no_evict: false,
+        use_cas: true,
+    })
+}
+
+#[test]
+fn log_concurrent_mixed_ops_never_return_torn_values() {
+    // 2 MiB: 64 KiB segments, constantly evicted and reused; some items are larger than
+    // a segment (their own mapping, unmapped on eviction).
+    let e = engine(2 << 20);
+    let threads = 4;
+    let hits: u64 = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|t| {
+                let e = &e;
+                s.spawn(move || worker(e, 0x9e37_79b9 * (t + 1), 40_000 * scale(), 3000, true))
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).sum()
+    });
+    assert!(hits > 0);
+    let s = e.stats();
+    assert!(s.evictions > 0, "{s:?}");
+    e.check_accounting().unwrap();
+    assert!(e.memory_bytes() <= 2 << 20);
+}
+
+#[test]
+fn log_concurrent_hot_keys() {
+    // Few keys, many writers: contention on the same bucket stripes and slots.
+    let e = engine(8 << 20);
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let e = &e;
+            s.spawn(move || worker(e, 77 + t, 30_000 * scale(), 8, false));
+        }
+    });
+    e.check_accounting().unwrap();
+}
+
+#[test]
+fn log_concurrent_incr_and_cas_are_atomic() {
+    let e = engine(8 << 20);
+    store(&e, StoreMode::Set, b"n", b"0", 0);
+    store(&e, StoreMode::Set, b"c", b"0", 0);
+    let threads = 4u64;
+    let per = 3000 * scale() as u64;
+    let cas_ok = AtomicU64::new(0);
+    let seen: Vec<Vec<u64>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|_| {
+                let e = &e;
+                let cas_ok = &cas_ok;
+                s.spawn(move || {
+                    let mut got = Vec::with_capacity(per as usize);
+                    for _ in 0..per {
+                        match e.arith(b"n", true, 1, 100) {
+                            ArithResult::Value(v) => got.push(v),
+                            r => panic!("incr: {r:?}"),
+                        }
+                        // A gets/cas increment of "c".
+                        let mut cur = None;
+                        e.get(b"c", 100, ReadOptions::default(), &mut |v| {
+                            let n: u64 = std::str::from_utf8(v.value)
+                                .unwrap()
+                                .trim()
+                                .parse()
+                                .unwrap();
+                            cur = Some((n, v.cas));
+                        });
+                        let (n, cas) = cur.unwrap();
+                        let next = (n + 1).to_string();
+                        if let StoreResult::Stored(_) =
+                            store(e, StoreMode::Cas(cas), b"c", next.as_bytes(), 0)
+                        {
+                            cas_ok.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    got
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut all: Vec<u64> = seen.into_iter().flatten().collect();
+    all.sort_unstable();
+    let want: Vec<u64> = (1..=threads * per).collect();
+    assert_eq!(all, want, "every incr saw a distinct value");
+    let mut c = None;
+    e.get(b"c", 100, ReadOptions::default(), &mut |v| {
+        c = Some(
+            std::str::from_utf8(v.value)
+                .unwrap()
+                .trim()
+                .parse::<u64>()
+                .unwrap(),
+        )
+    });
+    assert_eq!(c, Some(cas_ok.load(Ordering::Relaxed)));
+    e.check_accounting().unwrap();
+}
+
+#[test]
+fn log_concurrent_resize_and_maintain() {
+    let e = engine(16 << 20);
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let mut hs = Vec::new();
+        for t in 0..3u64 {
+            let e = &e;
+            hs.push(s.spawn(move || worker(e, 1234 + t, 30_000 * scale(), 5000, true)));
+        }
+        let e2 = &e;
+        let stop2 = &stop;
+        s.spawn(move || {
+            let mut i = 0u64;
+            while !stop2.load(Ordering::Relaxed) && i < 100 {
+                let mb = [16usize, 4, 8, 2, 12][(i % 5) as usize];
+                e2.set_max_bytes(mb << 20, 100);
+                if i % 10 == 0 {
+                    e2.maintain(100);
+                }
+                i += 1;
+            }
+        });
+        for h in hs {
+            h.join().unwrap();
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
+    e.set_max_bytes(2 << 20, 100);
+    // The index was sized for 16 MiB and is larger than 1 MiB, so the segments get half
+    // of the new limit.
+    assert!(e.index_bytes() > 1 << 20);
+    assert!(e.stats().total_malloced <= 1 << 20, "{:?}", e.stats());
+    e.check_accounting().unwrap();
+}

@@ -1,0 +1,176 @@
+//! Measurements of `LogEngine` (memory per item, multi-thread throughput). The full-size
+//! runs are `#[ignore]`d; run them in release, one at a time:
+//!
+//! ```text
+//! cargo test --release -p kvstore --test log_perf -- --ignored --nocapture --test-threads=1
+//! ```
+
+use std::time::Instant;
+
+use kvstore::{Engine, EngineConfig, LogEngine, ReadOptions, StoreMode, StoreRequest, StoreResult};
+
+fn key(i: u64) -> [u8; 15] {
+    let mut k = *b"key:00000000000";
+    let mut n = i;
+    for b in k[4..].iter_mut().rev() {
+        *b = b'0' + (n % 10) as u8;
+        n /= 10;
+    }
+    k
+}
+
+fn set(e: &LogEngine, k: &[u8], v: &[u8]) -> StoreResult {
+    e.store(
+        StoreRequest {
+            mode: StoreMode::Set,
+            key: k,
+            value: v,
+            flags: 0,
+            exptime: 0,
+        },
+        100,
+    )
+}
+
+/// Resident set size of this process in bytes (Linux).
+fn rss() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = s.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}
+
+/// Fill `n` items (15-byte keys, 32-byte values) into an engine of `max_bytes`; returns
+/// (engine-accounted bytes per item, RSS delta per item).
+fn bytes_per_item(n: u64, max_bytes: usize) -> (f64, Option<f64>) {
+    let before = rss();
+    let e = LogEngine::new(EngineConfig {
+        max_bytes,
+        max_item_size: 1 << 20,
+        no_evict: true,
+        use_cas: true,
+    });
+    let value = [b'v'; 32];
+    for i in 0..n {
+        assert!(
+            matches!(set(&e, &key(i), &value), StoreResult::Stored(_)),
+            "item {i}"
+        );
+    }
+    let after = rss();
+    let s = e.stats();
+    assert_eq!(s.curr_items, n);
+    assert_eq!(s.evictions, 0);
+    let detail = e.stats_detail("slabs");
+    eprintln!("{n} items, -m {max_bytes}: {s:?}\n{detail:?}");
+    let acct = e.memory_bytes() as f64 / n as f64;
+    let rss = before
+        .zip(after)
+        .map(|(b, a)| a.saturating_sub(b) as f64 / n as f64);
+    // Spot-check a few values.
+    for i in [0, n / 2, n - 1] {
+        let mut ok = false;
+        e.get(&key(i), 100, ReadOptions::default(), &mut |v| {
+            ok = v.value == value
+        });
+        assert!(ok, "item {i}");
+    }
+    (acct, rss)
+}
+
+#[test]
+fn log_bytes_per_item_small() {
+    // 200k items: the same per-item figure as 2M at a tenth of the size.
+    let (acct, _) = bytes_per_item(200_000, 14 << 20);
+    eprintln!("accounted bytes per item: {acct:.1}");
+    assert!(acct <= 70.0, "{acct}");
+}
+
+#[test]
+#[ignore = "2M items; run in release (see the module doc)"]
+fn log_bytes_per_item_2m() {
+    let (acct, rss) = bytes_per_item(2_000_000, 136 << 20);
+    eprintln!("2M items, 15-byte keys, 32-byte values, -m 136 MiB:");
+    eprintln!("  engine accounting (segment mappings + index): {acct:.1} bytes/item");
+    if let Some(r) = rss {
+        eprintln!("  RSS delta: {r:.1} bytes/item");
+    }
+}
+
+/// CPU time of the calling thread, in seconds.
+fn thread_cpu() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+/// `threads` threads doing `ops` operations each (a get/set mix: a set every `set_every`
+/// ops, 0 for none) over `keys` preloaded items. Returns (total ops per wall-clock second,
+/// ops per CPU second per thread, averaged): on a machine shared with other work the
+/// second shows whether threads slow each other down inside the engine.
+fn throughput(e: &LogEngine, threads: usize, ops: u64, keys: u64, set_every: u64) -> (f64, f64) {
+    let start = Instant::now();
+    let cpu: f64 = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|t| {
+                s.spawn(move || {
+                    let c0 = thread_cpu();
+                    let mut x = 0x9e37_79b9_7f4a_7c15u64
+                        ^ (t as u64 + 1).wrapping_mul(0xff51_afd7_ed55_8ccd);
+                    let mut hits = 0u64;
+                    for i in 0..ops {
+                        x ^= x >> 12;
+                        x ^= x << 25;
+                        x ^= x >> 27;
+                        let k = key(x.wrapping_mul(0x2545_f491_4f6c_dd1d) % keys);
+                        if set_every != 0 && i % set_every == 0 {
+                            set(e, &k, &[b'w'; 32]);
+                        } else {
+                            e.get(&k, 100, ReadOptions::default(), &mut |v| {
+                                hits += v.value.len() as u64
+                            });
+                        }
+                    }
+                    std::hint::black_box(hits);
+                    ops as f64 / (thread_cpu() - c0)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap_or(0.0)).sum()
+    });
+    let wall = (threads as u64 * ops) as f64 / start.elapsed().as_secs_f64();
+    (wall, cpu / threads as f64)
+}
+
+#[test]
+#[ignore = "timing; run in release (see the module doc)"]
+fn log_throughput_scaling() {
+    let keys = 200_000;
+    let e = LogEngine::new(EngineConfig {
+        max_bytes: 64 << 20,
+        max_item_size: 1 << 20,
+        no_evict: false,
+        use_cas: true,
+    });
+    for i in 0..keys {
+        set(&e, &key(i), &[b'v'; 32]);
+    }
+    for (name, set_every) in [("90/10 get/set", 10), ("gets only", 0), ("sets only", 1)] {
+        throughput(&e, 2, 200_000, keys, set_every); // warm up
+        let (one, one_cpu) = throughput(&e, 1, 2_000_000, keys, set_every);
+        let (two, two_cpu) = throughput(&e, 2, 2_000_000, keys, set_every);
+        eprintln!(
+            "{name}: wall clock: 1 thread {:.2} Mops/s, 2 threads {:.2} Mops/s (x{:.2}); \
+             per CPU-second per thread: {:.2} vs {:.2} Mops (2-thread total x{:.2})",
+            one / 1e6,
+            two / 1e6,
+            two / one,
+            one_cpu / 1e6,
+            two_cpu / 1e6,
+            2.0 * two_cpu / one_cpu
+        );
+    }
+}
