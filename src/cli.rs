@@ -15,7 +15,7 @@
 //! Options are handled in order, so `-h`, `-i` and `-V` win over anything after them and
 //! an error before them wins over them, as with memcached.
 
-use crate::config::{Config, ListenAddr, MemoryLimit, ProtocolChoice};
+use crate::config::{Config, EngineChoice, ListenAddr, MemoryLimit, ProtocolChoice};
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
@@ -787,6 +787,17 @@ impl Builder {
             "maxconns_fast" => self.cfg.maxconns_fast = true,
             "no_maxconns_fast" => self.cfg.maxconns_fast = false,
             "debug_clock" => self.cfg.debug_clock = true,
+            "engine" => {
+                self.cfg.engine = match need(val)?.as_str() {
+                    "log" => EngineChoice::Log,
+                    "hashmap" => EngineChoice::HashMap,
+                    other => {
+                        return Err(format!(
+                            "-o engine: unknown engine {other:?} (log or hashmap)"
+                        ))
+                    }
+                }
+            }
 
             // Accepted and ignored, values checked as memcached checks them.
             "hashpower" => {
@@ -1185,6 +1196,8 @@ Extended options: -o, --extended=OPT[,OPT=VALUE...]
   idle_timeout=SECONDS        close connections idle this long; 0 never (default 0)
   maxconns_fast               over -c, answer a new connection with an error and close
                               it (default); no_maxconns_fast leaves it queued instead
+  engine=log|hashmap          the item store: the segmented log (default) or the
+                              interim sharded hash map
   debug_clock                 TESTS ONLY: enable the debugtime command, which moves the
                               server clock. Never use in production.
 

@@ -16,6 +16,15 @@ pub enum MemoryLimit {
     Auto,
 }
 
+/// Which storage engine holds the items (`-o engine=`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineChoice {
+    /// The segmented append-only log with a compact index (`kvstore::LogEngine`).
+    Log,
+    /// The interim sharded hash map (`kvstore::HashMapEngine`).
+    HashMap,
+}
+
 /// Which protocols a connection may speak (`-B`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ProtocolChoice {
@@ -140,6 +149,8 @@ pub struct Config {
     /// Enable the `debugtime` command, which shifts the server clock (`-o debug_clock`;
     /// for tests, never for production).
     pub debug_clock: bool,
+    /// The item store (`-o engine=log|hashmap`; kvcached's own option).
+    pub engine: EngineChoice,
 }
 
 impl Default for Config {
@@ -178,6 +189,7 @@ impl Default for Config {
             auth_file: None,
             memory_file: None,
             debug_clock: false,
+            engine: EngineChoice::Log,
         }
     }
 }

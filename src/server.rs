@@ -21,11 +21,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use kvproto::text::{Limits, MAX_GET_LINE_LEN, MAX_LINE_LEN};
-use kvstore::{Engine, EngineConfig, HashMapEngine};
+use kvstore::{Engine, EngineConfig, HashMapEngine, LogEngine};
 use socket2::{Domain, Socket, Type};
 
 use crate::clock::Clock;
-use crate::config::{Config, MemoryLimit};
+use crate::config::{Config, EngineChoice, MemoryLimit};
 use crate::conn::ConnInfo;
 use crate::stats::{ServerStats, WorkerStats};
 use crate::worker::Worker;
@@ -220,7 +220,10 @@ pub fn build_engine(config: &Config) -> (Box<dyn Engine>, &'static str) {
         no_evict: config.no_evict,
         use_cas: config.use_cas,
     };
-    (Box::new(HashMapEngine::new(ec)), "hashmap")
+    match config.engine {
+        EngineChoice::Log => (Box::new(LogEngine::new(ec)), "log"),
+        EngineChoice::HashMap => (Box::new(HashMapEngine::new(ec)), "hashmap"),
+    }
 }
 
 /// Run the server until a signal or `shutdown` stops it.

@@ -427,5 +427,5 @@ fn log_small_engine_evicts() {
     }
     assert!(e.stats().evictions > 0);
     let items: std::collections::HashMap<_, _> = e.stats_detail("items").into_iter().collect();
-    assert_ne!(items["copied_forward"], "0");
+    assert_ne!(items["items:1:copied_forward"], "0");
 }

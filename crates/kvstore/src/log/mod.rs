@@ -770,6 +770,9 @@ impl LogEngine {
                 }
             }
             if self.no_evict {
+                if self.reclaim_dead() || self.unstick() && self.reclaim_dead() {
+                    continue;
+                }
                 return None;
             }
             if self.evict_one(false) == Evicted::Nothing && !self.unstick() {
@@ -777,6 +780,37 @@ impl LogEngine {
             }
         }
         None
+    }
+
+    /// Free one sealed segment that holds no live item (everything in it was deleted,
+    /// overwritten or expired and unlinked). This is not eviction, so it also runs with
+    /// `no_evict` (memcached's `-M`), where deleting items must make room again.
+    fn reclaim_dead(&self) -> bool {
+        let id = {
+            let mut fifo = lock(&self.fifo);
+            let dead = fifo.iter().position(|&id| {
+                self.segs
+                    .get(id)
+                    .is_some_and(|s| s.acct.0.live_items.load(Ordering::Acquire) == 0)
+            });
+            match dead.and_then(|i| fifo.remove(i)) {
+                Some(id) => id,
+                None => return false,
+            }
+        };
+        let large = self
+            .segs
+            .get(id)
+            .is_some_and(|s| s.mem.0.large.load(Ordering::Relaxed));
+        // Readers that found a slot into it before it emptied must be done before reuse.
+        self.barrier();
+        let mut p = lock(&self.pool);
+        if large || self.allocated.load(Ordering::Relaxed) > self.budget() {
+            self.release(&mut p, id);
+        } else {
+            p.free.push(id);
+        }
+        true
     }
 
     /// Nothing is sealed, so nothing can be evicted: all memory sits in open segments
@@ -1104,7 +1138,13 @@ impl LogEngine {
                     continue;
                 }
             }
-            if self.no_evict || (self.evict_one(true) == Evicted::Nothing && !self.unstick()) {
+            if self.no_evict {
+                if self.reclaim_dead() || self.unstick() && self.reclaim_dead() {
+                    continue;
+                }
+                return None;
+            }
+            if self.evict_one(true) == Evicted::Nothing && !self.unstick() {
                 return None;
             }
         }
@@ -1777,6 +1817,8 @@ impl Engine for LogEngine {
                 }
                 let free = lock(&self.pool).free.len() as u64;
                 let sealed = lock(&self.fifo).len() as u64;
+                // memcached's summary names first: the log is one "slab class".
+                put("active_slabs", 1);
                 put("segment_size", self.seg_size as u64);
                 put("segments_total", regular);
                 put("segments_free", free);
@@ -1797,34 +1839,26 @@ impl Engine for LogEngine {
                 );
             }
             "items" => {
-                put("evictions", st.evictions.load(Ordering::Relaxed));
-                put(
-                    "evicted_clock",
-                    st.evictions.load(Ordering::Relaxed) - st.evicted_index.load(Ordering::Relaxed),
-                );
-                put(
-                    "evicted_index_full",
-                    st.evicted_index.load(Ordering::Relaxed),
-                );
-                put(
-                    "evicted_unfetched",
-                    st.evicted_unfetched.load(Ordering::Relaxed),
-                );
-                put(
-                    "evicted_nonzero",
-                    st.evicted_nonzero.load(Ordering::Relaxed),
-                );
-                put("reclaimed", st.reclaimed.load(Ordering::Relaxed));
-                put(
-                    "expired_unfetched",
-                    st.expired_unfetched.load(Ordering::Relaxed),
-                );
-                put("copied_forward", st.copied_forward.load(Ordering::Relaxed));
-                put(
-                    "segments_evicted",
-                    st.segments_evicted.load(Ordering::Relaxed),
-                );
-                put("tombstones", st.tombstones.load(Ordering::Relaxed));
+                // memcached's names, per slab class; the log has one "class" (1).
+                let ld = |c: &AtomicU64| c.load(Ordering::Relaxed);
+                let evictions = ld(&st.evictions);
+                let rows: [(&str, u64); 12] = [
+                    ("number", self.stats().curr_items),
+                    ("evicted", evictions),
+                    ("evicted_nonzero", ld(&st.evicted_nonzero)),
+                    ("evicted_unfetched", ld(&st.evicted_unfetched)),
+                    ("reclaimed", ld(&st.reclaimed)),
+                    ("expired_unfetched", ld(&st.expired_unfetched)),
+                    ("outofmemory", 0),
+                    ("evicted_clock", evictions - ld(&st.evicted_index)),
+                    ("evicted_index_full", ld(&st.evicted_index)),
+                    ("copied_forward", ld(&st.copied_forward)),
+                    ("segments_evicted", ld(&st.segments_evicted)),
+                    ("tombstones", ld(&st.tombstones)),
+                ];
+                for (name, value) in rows {
+                    put(&format!("items:1:{name}"), value);
+                }
             }
             _ => {}
         }

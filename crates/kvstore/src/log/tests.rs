@@ -74,7 +74,7 @@ fn set_get_overwrite_delete() {
     let s = e.stats();
     assert_eq!((s.curr_items, s.bytes, s.total_items), (0, 0, 2));
     let items: std::collections::HashMap<_, _> = e.stats_detail("items").into_iter().collect();
-    assert_eq!(items["tombstones"], "1");
+    assert_eq!(items["items:1:tombstones"], "1");
 }
 
 #[test]
@@ -399,7 +399,7 @@ fn second_chance_keeps_hot_items() {
     }
     assert!(e.stats().evictions > 0);
     let items: std::collections::HashMap<_, _> = e.stats_detail("items").into_iter().collect();
-    assert_ne!(items["copied_forward"], "0");
+    assert_ne!(items["items:1:copied_forward"], "0");
 }
 
 #[test]
@@ -501,7 +501,7 @@ fn stats_detail_groups() {
         assert!(slabs.contains_key(k), "{k}");
     }
     let items: std::collections::HashMap<_, _> = e.stats_detail("items").into_iter().collect();
-    assert!(items.contains_key("evictions"));
+    assert!(items.contains_key("items:1:evicted"));
     assert!(e.stats_detail("nope").is_empty());
     e.reset_stats();
     assert_eq!(e.stats().total_items, 0);
@@ -695,5 +695,5 @@ fn the_log_replays_to_the_same_items() {
     }
     assert!(live > 50);
     let items: std::collections::HashMap<_, _> = e.stats_detail("items").into_iter().collect();
-    assert_ne!(items["tombstones"], "0");
+    assert_ne!(items["items:1:tombstones"], "0");
 }
