@@ -10,7 +10,8 @@
 #
 # usage: bench/compare.sh [-d SECONDS] [-r ROUNDS] [-c CONNS] [-l memcaslap|kvblast] [-- LOAD ARGS]
 #   memcaslap (libmemcached-tools): its default mix, 90% get / 10% set, the OSv benchmark's.
-#   kvblast: the project's own generator; LOAD ARGS are passed to `kvblast run`.
+#   kvblast: the project's own generator, closed loop; LOAD ARGS are passed to `kvblast run`
+#   (default: --workload etc --keys 100000 --look-aside).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -85,8 +86,10 @@ run_load() { # PORT
             timeout $((duration + 30)) taskset -c $load_core memcaslap -s "127.0.0.1:$port" -T 1 -c "$conns" \
                 -t "${duration}s" "${extra[@]}" >/dev/null 2>&1 || true ;;
         kvblast)
-            timeout $((duration + 30)) taskset -c $load_core target/release/kvblast run --connections "$conns" \
-                --duration "${duration}s" "${extra[@]}" "127.0.0.1:$port" >/dev/null 2>&1 || true ;;
+            # Default workload: Facebook ETC sizes, 100k keys, look-aside (get; set on a miss).
+            [ ${#extra[@]} -gt 0 ] || extra=(--workload etc --keys 100000 --look-aside)
+            timeout $((duration + 30)) taskset -c $load_core target/release/kvblast run -q --no-server-stats \
+                -c "$conns" -D "${duration}s" "${extra[@]}" "127.0.0.1:$port" >/dev/null 2>&1 || true ;;
         *) echo "unknown load generator $load" >&2; exit 2 ;;
     esac
 }

@@ -14,6 +14,8 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
+use super::mem::ZeroedSlice;
+
 pub(crate) const SLOTS: usize = 8;
 
 const OFF_BITS: u32 = 20;
@@ -83,45 +85,27 @@ pub(crate) struct Bucket(pub(crate) [AtomicU64; SLOTS]);
 
 pub(crate) struct Index {
     /// Main buckets first, then the overflow pool.
-    buckets: Box<[Bucket]>,
+    buckets: ZeroedSlice<Bucket>,
     /// Per bucket: 1 + the overflow bucket that follows it, or 0.
-    next: Box<[AtomicU32]>,
+    next: ZeroedSlice<AtomicU32>,
     nmain: usize,
     over_used: AtomicUsize,
     locks: Box<[Mutex<()>]>,
 }
 
-/// A boxed slice of `n` zeroed `T`, from `alloc_zeroed`: for large `n` the allocator maps
-/// fresh pages, so untouched buckets cost no resident memory.
-///
-/// # Safety
-/// All-zero bytes must be a valid `T`.
-unsafe fn zeroed_slice<T: Default>(n: usize) -> Box<[T]> {
-    let layout = match std::alloc::Layout::array::<T>(n) {
-        Ok(l) if l.size() > 0 => l,
-        _ => return (0..n).map(|_| T::default()).collect(),
-    };
-    // SAFETY: `layout` has a non-zero size.
-    let p = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<T>();
-    if p.is_null() {
-        std::alloc::handle_alloc_error(layout);
-    }
-    // SAFETY: `p` is a live allocation of `layout` = `[T; n]`, zeroed, which the caller
-    // guarantees is a valid `[T; n]`; Box<[T]> frees it with the same layout.
-    unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, n)) }
-}
-
 impl Index {
-    /// An index with room for about `slots` items in main buckets.
+    /// An index with room for about `slots` items in main buckets. Its pages become
+    /// resident only as items land in them.
     pub(crate) fn new(slots: usize) -> Index {
         let nmain = slots.div_ceil(SLOTS).max(16);
         let nover = (nmain / 8).max(4);
         let nlocks = (nmain / 4).clamp(16, 4096).next_power_of_two();
         Index {
-            // SAFETY: a bucket is eight AtomicU64, valid as all-zero bytes (empty slots).
-            buckets: unsafe { zeroed_slice(nmain + nover) },
-            // SAFETY: all-zero bytes are a valid AtomicU32 (0: no next bucket).
-            next: unsafe { zeroed_slice(nmain + nover) },
+            // SAFETY: a bucket is eight AtomicU64: all-zero bytes are its default (empty
+            // slots); no drop; 64-byte alignment.
+            buckets: unsafe { ZeroedSlice::new(nmain + nover) },
+            // SAFETY: all-zero bytes are AtomicU32's default (0: no next bucket); no drop.
+            next: unsafe { ZeroedSlice::new(nmain + nover) },
             nmain,
             over_used: AtomicUsize::new(0),
             locks: (0..nlocks).map(|_| Mutex::new(())).collect(),

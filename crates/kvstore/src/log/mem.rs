@@ -40,6 +40,73 @@ pub(crate) unsafe fn unmap(p: NonNull<u8>, len: usize) {
     }
 }
 
+/// A slice of `T` in its own anonymous mapping: zero-filled on first touch, so the untouched
+/// part of a large table costs no resident memory (an aligned `alloc_zeroed` writes zeros
+/// over all of it), and given back to the system on drop.
+pub(crate) struct ZeroedSlice<T> {
+    ptr: NonNull<T>,
+    len: usize,
+    bytes: usize,
+    /// Where the elements live instead when the mapping failed.
+    heap: Option<Box<[T]>>,
+}
+
+// SAFETY: the slice owns its elements like a Box<[T]>; sharing or sending it is as safe as
+// sharing or sending the elements.
+unsafe impl<T: Send> Send for ZeroedSlice<T> {}
+// SAFETY: as above.
+unsafe impl<T: Sync> Sync for ZeroedSlice<T> {}
+
+impl<T> ZeroedSlice<T> {
+    /// `len` zeroed elements: mapped, or (if the mapping fails) default values on the heap.
+    ///
+    /// # Safety
+    /// All-zero bytes must be a valid `T` equal to `T::default()`, and `T` must need no drop
+    /// (the mapping is released without dropping elements) and no alignment above a page.
+    pub(crate) unsafe fn new(len: usize) -> ZeroedSlice<T>
+    where
+        T: Default,
+    {
+        let bytes = std::mem::size_of::<T>().saturating_mul(len).max(1);
+        match map(bytes) {
+            Some(p) => ZeroedSlice {
+                ptr: p.cast::<T>(),
+                len,
+                bytes,
+                heap: None,
+            },
+            None => ZeroedSlice {
+                ptr: NonNull::dangling(),
+                len: 0,
+                bytes: 0,
+                heap: Some((0..len).map(|_| T::default()).collect()),
+            },
+        }
+    }
+}
+
+impl<T> std::ops::Deref for ZeroedSlice<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        if let Some(heap) = &self.heap {
+            return heap;
+        }
+        // SAFETY: `ptr` maps `len` zero-initialized `T`s (valid per `new`'s contract),
+        // page-aligned, and lives as long as `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl<T> Drop for ZeroedSlice<T> {
+    fn drop(&mut self) {
+        if self.heap.is_none() {
+            // SAFETY: the mapping came from `map(self.bytes)` and no borrow of `self`
+            // outlives it.
+            unsafe { unmap(self.ptr.cast(), self.bytes) };
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -56,5 +123,19 @@ mod tests {
             unmap(p, len);
         }
         assert!(map(0).is_none());
+    }
+
+    #[test]
+    fn zeroed_slice_is_zero_and_writable() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        // SAFETY: AtomicU64 is valid and default as zero bytes, and needs no drop.
+        let s: ZeroedSlice<AtomicU64> = unsafe { ZeroedSlice::new(100_000) };
+        assert_eq!(s.len(), 100_000);
+        assert!(s.iter().all(|a| a.load(Ordering::Relaxed) == 0));
+        s[99_999].store(7, Ordering::Relaxed);
+        assert_eq!(s[99_999].load(Ordering::Relaxed), 7);
+        // SAFETY: as above.
+        let empty: ZeroedSlice<AtomicU64> = unsafe { ZeroedSlice::new(0) };
+        assert!(empty.is_empty());
     }
 }

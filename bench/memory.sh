@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Resident memory per item, kvcached next to Debian's memcached, in one run.
+#
+# Both servers start with the same -m; kvblast loads ITEMS items with KEY-byte keys and
+# VALUE-byte values into each (every key set once, nothing evicted); then the script reads
+# each server's resident set (VmRSS) and curr_items, and reports bytes per item, total and
+# above the empty server's RSS, and the kvcached/memcached ratio.
+#
+# usage: bench/memory.sh [-n ITEMS] [-k KEY] [-v VALUE] [-m MEGABYTES] [-- KVCACHED ARGS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+items=2000000
+key=15
+value=32
+mem=1024
+while getopts "n:k:v:m:" opt; do
+    case $opt in
+        n) items=$OPTARG ;;
+        k) key=$OPTARG ;;
+        v) value=$OPTARG ;;
+        m) mem=$OPTARG ;;
+        *) echo "usage: $0 [-n ITEMS] [-k KEY] [-v VALUE] [-m MEGABYTES] [-- KVCACHED ARGS]" >&2; exit 2 ;;
+    esac
+done
+shift $((OPTIND - 1))
+kv_extra=("$@")
+
+cargo build --release -q -p kvcached -p kvblast
+memcached=${MEMCACHED:-/usr/bin/memcached}
+user_args=()
+[ "$(id -u)" -eq 0 ] && user_args=(-u root)
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status"; }
+stat() {
+    python3 - "$1" "$2" <<'EOF'
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=5)
+s.sendall(b"stats\r\n")
+buf = b""
+while not buf.endswith(b"END\r\n"):
+    d = s.recv(65536)
+    if not d:
+        break
+    buf += d
+for line in buf.decode().splitlines():
+    p = line.split()
+    if len(p) == 3 and p[1] == sys.argv[2]:
+        print(p[2])
+EOF
+}
+wait_port() {
+    for _ in $(seq 1 200); do
+        python3 -c "import socket; socket.create_connection(('127.0.0.1',$1),timeout=0.2)" 2>/dev/null && return 0
+        sleep 0.05
+    done
+    return 1
+}
+
+echo "items: $items, key $key bytes, value $value bytes, -m $mem; $(nproc) cores"
+printf '%-10s %12s %12s %12s %14s %14s\n' server curr_items rss_empty_MiB rss_full_MiB bytes/item "above empty"
+declare -A per_item
+for server in memcached kvcached; do
+    port=$(free_port)
+    if [ $server = memcached ]; then
+        "$memcached" "${user_args[@]}" -l 127.0.0.1 -p "$port" -t 1 -m "$mem" &
+    else
+        target/release/kvcached "${user_args[@]}" -l 127.0.0.1 -p "$port" -t 1 -m "$mem" "${kv_extra[@]}" &
+    fi
+    pid=$!
+    wait_port "$port"
+    empty=$(rss_kib $pid)
+    target/release/kvblast run -q --no-server-stats --keys "$items" --key-size "$key" \
+        --value-size "$value" --popularity sequential --mix set=1 -c 8 -d 16 -n "$items" \
+        "127.0.0.1:$port" >/dev/null
+    n=$(stat "$port" curr_items)
+    full=$(rss_kib $pid)
+    kill $pid; wait $pid 2>/dev/null || true
+    line=$(python3 -c "
+n, e, f = $n, $empty, $full
+print(f'{n} {e/1024:.1f} {f/1024:.1f} {f*1024/max(n,1):.1f} {(f-e)*1024/max(n,1):.1f}')")
+    read -r n e f b a <<<"$line"
+    per_item[$server]=$b
+    printf '%-10s %12s %12s %12s %14s %14s\n' "$server" "$n" "$e" "$f" "$b" "$a"
+done
+python3 -c "print(f'kvcached/memcached bytes per item: {${per_item[kvcached]}/${per_item[memcached]}:.2f}')"
+echo "memcached: $("$memcached" -V); kvcached: $(target/release/kvcached -V)"
