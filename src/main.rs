@@ -11,6 +11,7 @@ mod config;
 mod conn;
 mod daemon;
 mod memory;
+mod meta;
 mod server;
 mod stats;
 mod stats_report;

@@ -201,12 +201,7 @@ pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
             }
             Step::Next
         }
-        // Meta commands parse, but their execution is not wired yet: answer as memcached
-        // does for a command it does not know.
-        Request::Meta(_) => {
-            s.out.extend_from_slice(proto::ERROR);
-            Step::Next
-        }
+        Request::Meta(req) => crate::meta::execute(req, ctx, s),
         Request::Admin { name, args: _ } => {
             admin(s, name);
             Step::Next

@@ -53,8 +53,9 @@ use std::sync::atomic::{
 use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
 
 use crate::{
-    ArithResult, Engine, EngineConfig, EngineStats, ItemView, ReadOptions, StoreMode, StoreRequest,
-    StoreResult, Time,
+    ArithResult, DebugItem, Engine, EngineConfig, EngineStats, ItemView, MetaArith,
+    MetaArithResult, MetaDelete, MetaDeleteResult, MetaGet, MetaItem, MetaRead, MetaStoreRequest,
+    MetaStored, ReadOptions, StoreMode, StoreRequest, StoreResult, Time, Win,
 };
 use table::{Item, Table, FETCHED};
 
@@ -295,7 +296,7 @@ impl HashMapEngine {
 
     fn cas_of(&self, it: &Item) -> u64 {
         if self.use_cas {
-            it.seq
+            it.explicit_cas().unwrap_or(it.seq)
         } else {
             0
         }
@@ -658,18 +659,22 @@ impl HashMapEngine {
     }
 
     /// One attempt at a store; `Err(bytes)` asks the caller to free that much memory
-    /// without holding a lock and try again (only when not `last`).
+    /// without holding a lock and try again (only when not `last`). Classic stores pass a
+    /// request built by [`classic`]; the meta options are documented on
+    /// [`MetaStoreRequest`].
     fn store_once(
         &self,
-        req: StoreRequest<'_>,
+        req: MetaStoreRequest<'_>,
         now: Time,
         last: bool,
-    ) -> Result<StoreResult, usize> {
+    ) -> Result<MetaStored, usize> {
         let key = req.key;
         let (h, si) = self.locate(key);
         let concat = matches!(req.mode, StoreMode::Append | StoreMode::Prepend);
         let max_bytes = self.max_bytes.load(Relaxed);
         let item_charge = table::charge(key.len().saturating_add(req.value.len()));
+        let done = |result: StoreResult, len: usize| Ok(MetaStored { result, len });
+        let req_len = req.value.len();
         if self.too_large(key.len(), req.value.len(), req.flags)
             || key.len() > MAX_KEY_LEN
             || item_charge > max_bytes
@@ -677,59 +682,95 @@ impl HashMapEngine {
             if req.mode == StoreMode::Set {
                 self.delete(key, now);
             }
-            return Ok(StoreResult::TooLarge);
+            return done(StoreResult::TooLarge, req_len);
         }
         let mut g = write(self.shard(si));
         let inner = &mut *g;
         let old = self.lookup_mut(inner, h, key, now);
         let old_item = old.and_then(|i| inner.table.slot(i));
+        // Bits the new item starts with (besides the binary-key mark).
+        let mut bits = 0;
+        let mut keep_exptime = None;
         match (req.mode, old_item) {
             (StoreMode::Add, Some(it)) => {
                 // memcached bumps the existing item (do_item_update).
                 it.mark_access(now, false);
-                return Ok(StoreResult::NotStored);
+                return done(StoreResult::NotStored, req_len);
             }
+            (StoreMode::Append | StoreMode::Prepend, None) if req.vivify => {}
             (StoreMode::Replace | StoreMode::Append | StoreMode::Prepend, None) => {
-                return Ok(StoreResult::NotStored);
+                return done(StoreResult::NotStored, req_len);
             }
-            (StoreMode::Cas(_), None) => return Ok(StoreResult::NotFound),
-            (StoreMode::Cas(c), Some(it)) if c == 0 || c != self.cas_of(it) => {
-                return Ok(StoreResult::Exists);
+            (StoreMode::Cas(_), None) => return done(StoreResult::NotFound, req_len),
+            (StoreMode::Cas(c), Some(it)) => {
+                let have = self.cas_of(it);
+                if c != 0 && c == have {
+                    // A plain match: the new item is fresh (not stale, no token sent).
+                } else if req.invalidate && c != 0 && c < have {
+                    // An older writer under invalidation: store, but keep the item stale.
+                    bits = table::STALE | (it.bits.load(Relaxed) & table::TOKEN_SENT);
+                    keep_exptime = Some(it.exptime.load(Relaxed));
+                } else {
+                    return done(StoreResult::Exists, req_len);
+                }
+            }
+            (StoreMode::Append | StoreMode::Prepend, Some(it))
+                if req
+                    .compare_cas
+                    .is_some_and(|c| c != 0 && c != self.cas_of(it)) =>
+            {
+                return done(StoreResult::Exists, req_len);
             }
             _ => {}
         }
+        if req.binary_key {
+            bits |= table::BINARY_KEY;
+        }
+        let cas_in = self.explicit(req.new_cas);
+        if cas_in.is_some() {
+            bits |= table::EXPLICIT_CAS;
+        }
         let old_charge = old_item.map_or(0, |it| it.charge());
-        let (data, flags, exptime) = match (req.mode, old_item) {
+        let (data, flags, exptime, value_len) = match (req.mode, old_item) {
             (StoreMode::Append | StoreMode::Prepend, Some(it)) => {
                 let total = it.value().len().saturating_add(req.value.len());
                 // memcached: the combined item cannot be allocated → NOT_STORED.
                 if self.too_large(key.len(), total, it.flags)
                     || table::charge(key.len().saturating_add(total)) > max_bytes
                 {
-                    return Ok(StoreResult::NotStored);
+                    return done(StoreResult::NotStored, req_len);
                 }
                 let data = if req.mode == StoreMode::Append {
-                    table::make_data(key, &[it.value(), req.value])
+                    table::make_data_cas(key, &[it.value(), req.value], cas_in)
                 } else {
-                    table::make_data(key, &[req.value, it.value()])
+                    table::make_data_cas(key, &[req.value, it.value()], cas_in)
                 };
-                (data, it.flags, it.exptime.load(Relaxed))
+                (data, it.flags, it.exptime.load(Relaxed), total)
             }
-            _ => (table::make_data(key, &[req.value]), req.flags, req.exptime),
+            _ => (
+                table::make_data_cas(key, &[req.value], cas_in),
+                req.flags,
+                keep_exptime.unwrap_or(req.exptime),
+                req.value.len(),
+            ),
         };
         let fail = |inner: &mut ShardInner| {
             inner.c.outofmemory += 1;
-            if concat {
+            let result = if concat {
                 StoreResult::NotStored
             } else {
                 self.drop_on_failed_set(inner, req.mode, h, key);
                 StoreResult::NoMemory
+            };
+            MetaStored {
+                result,
+                len: req_len,
             }
         };
         let Some(data) = data else {
             return Ok(fail(inner));
         };
-        let new_charge = table::charge(data.len());
+        let new_charge = table::charge(key.len().saturating_add(value_len));
         let need = new_charge.saturating_sub(old_charge);
         match self.make_room(
             inner,
@@ -753,7 +794,8 @@ impl HashMapEngine {
             flags,
             exptime,
             now,
-        );
+        )
+        .with_bits(bits);
         let cas = self.cas_of(&item);
         // Eviction may have moved the old item within the table: find it again.
         match inner.table.find(h, key) {
@@ -768,65 +810,114 @@ impl HashMapEngine {
             }
         }
         inner.c.total_items += 1;
-        Ok(StoreResult::Stored(cas))
+        done(StoreResult::Stored(cas), value_len)
+    }
+
+    /// An explicit CAS unique to keep on an item: only when CAS is on.
+    fn explicit(&self, new_cas: Option<u64>) -> Option<u64> {
+        new_cas.filter(|_| self.use_cas)
     }
 
     /// One attempt at incr/decr; `Err(bytes)` as for [`HashMapEngine::store_once`].
     fn arith_once(
         &self,
         key: &[u8],
-        incr: bool,
-        delta: u64,
+        req: &MetaArith,
         now: Time,
         last: bool,
-    ) -> Result<ArithResult, usize> {
+    ) -> Result<MetaArithResult, usize> {
         let (h, si) = self.locate(key);
         let mut g = write(self.shard(si));
         let inner = &mut *g;
         let Some(i) = self.lookup_mut(inner, h, key, now) else {
-            return Ok(ArithResult::NotFound);
+            return match req.vivify {
+                Some((exptime, initial)) => {
+                    self.arith_create(inner, si, h, key, req, exptime, initial, now, last)
+                }
+                None => Ok(MetaArithResult::NotFound),
+            };
         };
         let Some(it) = inner.table.slot(i) else {
-            return Ok(ArithResult::NotFound);
+            return Ok(MetaArithResult::NotFound);
         };
+        // memcached's order: an empty value, then the CAS, then the number.
+        if it.value().is_empty() {
+            return Ok(MetaArithResult::NonNumeric);
+        }
+        if req
+            .compare_cas
+            .is_some_and(|c| c != 0 && c != self.cas_of(it))
+        {
+            return Ok(MetaArithResult::Exists);
+        }
         let Some(cur) = number::parse(it.value()) else {
-            return Ok(ArithResult::NonNumeric);
+            return Ok(MetaArithResult::NonNumeric);
         };
-        let new = if incr {
-            cur.wrapping_add(delta)
+        let new = if req.incr {
+            cur.wrapping_add(req.delta)
         } else {
-            cur.saturating_sub(delta)
+            cur.saturating_sub(req.delta)
         };
+        let exptime_before = it.exptime.load(Relaxed);
+        let exptime = req.touch.unwrap_or(exptime_before);
+        let cas_in = self.explicit(req.new_cas);
         let mut buf = [0u8; 20];
         let digits = number::format(new, &mut buf);
-        if digits.len() <= it.value().len() {
+        let fits = digits.len() <= it.value().len();
+        let value = |cas: u64| MetaArithResult::Value {
+            value: new,
+            cas,
+            exptime_before,
+            exptime,
+            created: false,
+        };
+        if fits && (cas_in.is_none() || it.has(table::EXPLICIT_CAS)) {
             // memcached rewrites the item in place when the number fits, padding the
             // rest of the old length with spaces ("10" decr 1 → "9 ").
             let seq = self.new_seq();
             let Some(it) = inner.table.slot_mut(i) else {
-                return Ok(ArithResult::NotFound);
+                return Ok(MetaArithResult::NotFound);
             };
             let v = it.value_mut();
             for (n, b) in v.iter_mut().enumerate() {
                 *b = digits.get(n).copied().unwrap_or(b' ');
             }
             it.seq = seq;
+            it.set_explicit_cas(cas_in.unwrap_or(seq));
+            it.exptime.store(exptime, Relaxed);
             it.mark_access(now, false);
-            return Ok(ArithResult::Value(new));
+            return Ok(value(self.cas_of(it)));
         }
-        // Longer: a new item with the exact digits, keeping flags and expiry.
-        let (flags, exptime, old_charge) = (it.flags, it.exptime.load(Relaxed), it.charge());
-        let Some(data) = table::make_data(key, &[digits]) else {
-            inner.c.outofmemory += 1;
-            return Ok(ArithResult::NoMemory);
+        // Longer (or an explicit CAS to add): a new item, keeping flags; when the number
+        // fits it is padded as in place and the item keeps its marks, as memcached's
+        // in-place rewrite would.
+        let (flags, old_charge, old_len) = (it.flags, it.charge(), it.value().len());
+        let mut bits = it.bits.load(Relaxed) & table::BINARY_KEY;
+        if fits {
+            bits = it.bits.load(Relaxed) & !table::EXPLICIT_CAS;
+        }
+        if cas_in.is_some() {
+            bits |= table::EXPLICIT_CAS;
+        }
+        let text: std::borrow::Cow<'_, [u8]> = if fits {
+            let mut v = digits.to_vec();
+            v.resize(old_len, b' ');
+            v.into()
+        } else {
+            digits.into()
         };
-        let new_charge = table::charge(data.len());
+        let text = &*text;
+        let Some(data) = table::make_data_cas(key, &[text], cas_in) else {
+            inner.c.outofmemory += 1;
+            return Ok(MetaArithResult::NoMemory);
+        };
+        let new_charge = table::charge(key.len().saturating_add(text.len()));
         match self.make_room(inner, si, h, key, new_charge, old_charge, now, false) {
             Room::Made => {}
             Room::Busy if !last => return Err(new_charge.saturating_sub(old_charge)),
             Room::Busy | Room::Full => {
                 inner.c.outofmemory += 1;
-                return Ok(ArithResult::NoMemory);
+                return Ok(MetaArithResult::NoMemory);
             }
         }
         let item = Item::new(
@@ -837,7 +928,12 @@ impl HashMapEngine {
             flags,
             exptime,
             now,
-        );
+        )
+        .with_bits(bits);
+        if fits {
+            item.mark_access(now, false);
+        }
+        let cas = self.cas_of(&item);
         match inner.table.find(h, key) {
             Some(i) => {
                 inner.table.replace(i, item);
@@ -845,11 +941,181 @@ impl HashMapEngine {
             None => {
                 // Cannot happen: the key was protected from eviction.
                 self.release(new_charge.saturating_sub(old_charge));
-                return Ok(ArithResult::NotFound);
+                return Ok(MetaArithResult::NotFound);
             }
         }
+        if !fits {
+            inner.c.total_items += 1;
+        }
+        Ok(value(cas))
+    }
+
+    /// `ma` with `N` on a miss: create the item holding `initial` (the shard is locked).
+    #[allow(clippy::too_many_arguments)]
+    fn arith_create(
+        &self,
+        inner: &mut ShardInner,
+        si: usize,
+        h: u32,
+        key: &[u8],
+        req: &MetaArith,
+        exptime: Time,
+        initial: u64,
+        now: Time,
+        last: bool,
+    ) -> Result<MetaArithResult, usize> {
+        let mut buf = [0u8; 20];
+        let digits = number::format(initial, &mut buf);
+        if key.len() > MAX_KEY_LEN || self.too_large(key.len(), digits.len(), 0) {
+            return Ok(MetaArithResult::NoMemory);
+        }
+        let cas_in = self.explicit(req.new_cas);
+        let Some(data) = table::make_data_cas(key, &[digits], cas_in) else {
+            inner.c.outofmemory += 1;
+            return Ok(MetaArithResult::NoMemory);
+        };
+        let charge = table::charge(key.len().saturating_add(digits.len()));
+        match self.make_room(inner, si, h, key, charge, 0, now, true) {
+            Room::Made => {}
+            Room::Busy if !last => return Err(charge),
+            Room::Busy | Room::Full => {
+                inner.c.outofmemory += 1;
+                return Ok(MetaArithResult::NoMemory);
+            }
+        }
+        let mut bits = 0;
+        if req.binary_key {
+            bits |= table::BINARY_KEY;
+        }
+        if cas_in.is_some() {
+            bits |= table::EXPLICIT_CAS;
+        }
+        let item =
+            Item::new(data, key.len() as u16, h, self.new_seq(), 0, exptime, now).with_bits(bits);
+        let cas = self.cas_of(&item);
+        if !inner.table.insert(item) {
+            self.release(charge);
+            inner.c.outofmemory += 1;
+            return Ok(MetaArithResult::NoMemory);
+        }
         inner.c.total_items += 1;
-        Ok(ArithResult::Value(new))
+        Ok(MetaArithResult::Value {
+            value: initial,
+            cas,
+            exptime_before: 0,
+            exptime,
+            created: true,
+        })
+    }
+
+    /// A meta read of a live item (under either lock; what it changes is atomic).
+    fn meta_hit(&self, it: &Item, now: Time, opts: &MetaRead, found: &mut dyn FnMut(MetaItem<'_>)) {
+        let exptime_before = it.exptime.load(Relaxed);
+        let last_access = it.atime.load(Relaxed);
+        let fetched = it.has(FETCHED);
+        if let Some(e) = opts.touch {
+            it.exptime.store(e, Relaxed);
+        }
+        let stale = it.has(table::STALE);
+        let compared = if opts.recache_after_touch {
+            opts.touch.unwrap_or(exptime_before)
+        } else {
+            exptime_before
+        };
+        let recache = opts.recache.is_some_and(|r| compared != 0 && compared < r);
+        let win = if stale || recache {
+            // Only the first request to ask gets the token.
+            let before = it.bits.fetch_or(table::TOKEN_SENT, Relaxed);
+            if before & table::TOKEN_SENT != 0 {
+                Win::AlreadySent
+            } else {
+                Win::Won
+            }
+        } else if it.has(table::TOKEN_SENT) {
+            Win::AlreadySent
+        } else {
+            Win::None
+        };
+        if !opts.no_bump {
+            it.mark_access(now, true);
+        }
+        found(MetaItem {
+            item: self.view(it),
+            exptime_before,
+            last_access,
+            fetched,
+            stale,
+            win,
+            binary_key: it.has(table::BINARY_KEY),
+        });
+    }
+
+    /// `mg ... N` after a miss: under the write lock, create the empty item (or read the one
+    /// another request created meanwhile). `Err(bytes)` as for `store_once`.
+    fn vivify_once(
+        &self,
+        key: &[u8],
+        now: Time,
+        opts: &MetaRead,
+        found: &mut dyn FnMut(MetaItem<'_>),
+        last: bool,
+    ) -> Result<MetaGet, usize> {
+        let (h, si) = self.locate(key);
+        let mut g = write(self.shard(si));
+        let inner = &mut *g;
+        if let Some(it) = self
+            .lookup_mut(inner, h, key, now)
+            .and_then(|i| inner.table.slot(i))
+        {
+            self.meta_hit(it, now, opts, found);
+            return Ok(MetaGet::Hit);
+        }
+        if key.len() > MAX_KEY_LEN || self.too_large(key.len(), 0, 0) {
+            return Ok(MetaGet::Miss);
+        }
+        let cas_in = self.explicit(opts.new_cas);
+        let Some(data) = table::make_data_cas(key, &[], cas_in) else {
+            inner.c.outofmemory += 1;
+            return Ok(MetaGet::Miss);
+        };
+        let charge = table::charge(key.len());
+        match self.make_room(inner, si, h, key, charge, 0, now, true) {
+            Room::Made => {}
+            Room::Busy if !last => return Err(charge),
+            Room::Busy | Room::Full => {
+                inner.c.outofmemory += 1;
+                return Ok(MetaGet::Miss);
+            }
+        }
+        let mut bits = table::TOKEN_SENT;
+        if opts.binary_key {
+            bits |= table::BINARY_KEY;
+        }
+        if cas_in.is_some() {
+            bits |= table::EXPLICIT_CAS;
+        }
+        let exptime = opts.vivify.unwrap_or(0);
+        let item =
+            Item::new(data, key.len() as u16, h, self.new_seq(), 0, exptime, now).with_bits(bits);
+        if !opts.no_bump {
+            item.mark_access(now, true);
+        }
+        found(MetaItem {
+            item: self.view(&item),
+            exptime_before: 0,
+            last_access: now,
+            fetched: false,
+            stale: false,
+            win: Win::Won,
+            binary_key: opts.binary_key,
+        });
+        if !inner.table.insert(item) {
+            self.release(charge);
+            inner.c.outofmemory += 1;
+            return Ok(MetaGet::Miss);
+        }
+        inner.c.total_items += 1;
+        Ok(MetaGet::Vivified)
     }
 
     fn counters(&self) -> Vec<(Counters, usize, usize, usize, usize)> {
@@ -900,14 +1166,7 @@ impl Engine for HashMapEngine {
     }
 
     fn store(&self, req: StoreRequest<'_>, now: Time) -> StoreResult {
-        for _ in 1..WRITE_ATTEMPTS {
-            match self.store_once(req, now, false) {
-                Ok(r) => return r,
-                Err(need) => self.free_memory(need, now),
-            }
-        }
-        self.store_once(req, now, true)
-            .unwrap_or(StoreResult::NoMemory)
+        self.meta_store(classic(req), now).result
     }
 
     fn delete(&self, key: &[u8], now: Time) -> bool {
@@ -920,14 +1179,192 @@ impl Engine for HashMapEngine {
     }
 
     fn arith(&self, key: &[u8], incr: bool, delta: u64, now: Time) -> ArithResult {
-        for _ in 1..WRITE_ATTEMPTS {
-            match self.arith_once(key, incr, delta, now, false) {
+        let req = MetaArith {
+            incr,
+            delta,
+            ..MetaArith::default()
+        };
+        match self.meta_arith(key, now, req) {
+            MetaArithResult::Value { value, .. } => ArithResult::Value(value),
+            MetaArithResult::NotFound | MetaArithResult::Exists => ArithResult::NotFound,
+            MetaArithResult::NonNumeric => ArithResult::NonNumeric,
+            MetaArithResult::NoMemory => ArithResult::NoMemory,
+        }
+    }
+
+    fn meta_get(
+        &self,
+        key: &[u8],
+        now: Time,
+        opts: MetaRead,
+        found: &mut dyn FnMut(MetaItem<'_>),
+    ) -> MetaGet {
+        let (h, si) = self.locate(key);
+        let shard = self.shard(si);
+        {
+            let g = read(shard);
+            if let Some(it) = g.table.find(h, key).and_then(|i| g.table.slot(i)) {
+                if self.liveness(it, now) == Liveness::Live {
+                    self.meta_hit(it, now, &opts, found);
+                    return MetaGet::Hit;
+                }
+            }
+        }
+        if opts.vivify.is_none() {
+            // Expired or flushed (or absent): unlink it (and count it) under the write lock.
+            let _ = self.lookup_mut(&mut write(shard), h, key, now);
+            return MetaGet::Miss;
+        }
+        for n in 1..=WRITE_ATTEMPTS {
+            match self.vivify_once(key, now, &opts, found, n == WRITE_ATTEMPTS) {
                 Ok(r) => return r,
                 Err(need) => self.free_memory(need, now),
             }
         }
-        self.arith_once(key, incr, delta, now, true)
-            .unwrap_or(ArithResult::NoMemory)
+        MetaGet::Miss
+    }
+
+    fn meta_store(&self, req: MetaStoreRequest<'_>, now: Time) -> MetaStored {
+        for _ in 1..WRITE_ATTEMPTS {
+            match self.store_once(req, now, false) {
+                Ok(r) => return r,
+                Err(need) => self.free_memory(need, now),
+            }
+        }
+        self.store_once(req, now, true).unwrap_or(MetaStored {
+            result: StoreResult::NoMemory,
+            len: req.value.len(),
+        })
+    }
+
+    fn meta_delete(&self, key: &[u8], now: Time, req: MetaDelete) -> MetaDeleteResult {
+        let (h, si) = self.locate(key);
+        let mut g = write(self.shard(si));
+        let inner = &mut *g;
+        let Some(i) = self.lookup_mut(inner, h, key, now) else {
+            return MetaDeleteResult::NotFound;
+        };
+        let Some(it) = inner.table.slot(i) else {
+            return MetaDeleteResult::NotFound;
+        };
+        if req.compare_cas.is_some_and(|c| c != self.cas_of(it)) {
+            return MetaDeleteResult::Exists;
+        }
+        if !req.remove_value && !req.invalidate {
+            self.unlink(&mut inner.table, i);
+            return MetaDeleteResult::Deleted;
+        }
+        if !req.remove_value {
+            let cas_in = self.explicit(req.new_cas);
+            if cas_in.is_none() || it.has(table::EXPLICIT_CAS) {
+                // Invalidate in place: new marks, expiry and CAS, same value.
+                let seq = self.new_seq();
+                let Some(it) = inner.table.slot_mut(i) else {
+                    return MetaDeleteResult::NotFound;
+                };
+                if let Some(t) = req.ttl {
+                    it.exptime.store(t, Relaxed);
+                }
+                it.bits.fetch_or(table::STALE, Relaxed);
+                it.bits.fetch_and(!table::TOKEN_SENT, Relaxed);
+                it.seq = seq;
+                it.set_explicit_cas(cas_in.unwrap_or(seq));
+                return MetaDeleteResult::Deleted;
+            }
+        }
+        // Replace the item by one with the new value, expiry, CAS and marks (an emptied item,
+        // or an invalidated one that needs room for an explicit CAS). The value only shrinks
+        // (or stays), so the charge never grows.
+        let old_cas = self.cas_of(it);
+        let binary = it.bits.load(Relaxed) & table::BINARY_KEY;
+        let (value, flags, mut exptime, mut bits) = if req.remove_value {
+            (&[][..], req.flags, req.ttl.unwrap_or(0), binary)
+        } else {
+            (
+                it.value(),
+                it.flags,
+                it.exptime.load(Relaxed),
+                it.bits.load(Relaxed),
+            )
+        };
+        let mut cas_in = if req.remove_value {
+            self.explicit(Some(req.new_cas.unwrap_or(old_cas)))
+        } else {
+            None
+        };
+        if req.invalidate {
+            if let Some(t) = req.ttl {
+                exptime = t;
+            }
+            bits = (bits | table::STALE) & !table::TOKEN_SENT;
+            cas_in = self.explicit(req.new_cas);
+        }
+        let atime = it.atime.load(Relaxed);
+        let old_charge = it.charge();
+        bits &= !table::EXPLICIT_CAS;
+        if cas_in.is_some() {
+            bits |= table::EXPLICIT_CAS;
+        }
+        let Some(data) = table::make_data_cas(key, &[value], cas_in) else {
+            inner.c.outofmemory += 1;
+            return MetaDeleteResult::NotStored;
+        };
+        let new_charge = table::charge(key.len().saturating_add(value.len()));
+        if !self.try_charge(new_charge, old_charge) {
+            return MetaDeleteResult::NotStored;
+        }
+        let item = Item::new(
+            data,
+            key.len() as u16,
+            h,
+            self.new_seq(),
+            flags,
+            exptime,
+            now,
+        )
+        .with_bits(bits);
+        if !req.remove_value {
+            // Invalidation changes marks and CAS only: the access time stays.
+            item.atime.store(atime, Relaxed);
+        }
+        inner.table.replace(i, item);
+        if req.remove_value {
+            inner.c.total_items += 1;
+        }
+        MetaDeleteResult::Deleted
+    }
+
+    fn meta_arith(&self, key: &[u8], now: Time, req: MetaArith) -> MetaArithResult {
+        for _ in 1..WRITE_ATTEMPTS {
+            match self.arith_once(key, &req, now, false) {
+                Ok(r) => return r,
+                Err(need) => self.free_memory(need, now),
+            }
+        }
+        self.arith_once(key, &req, now, true)
+            .unwrap_or(MetaArithResult::NoMemory)
+    }
+
+    fn debug_item(&self, key: &[u8], now: Time) -> Option<DebugItem> {
+        let (h, si) = self.locate(key);
+        let shard = self.shard(si);
+        {
+            let g = read(shard);
+            let it = g.table.find(h, key).and_then(|i| g.table.slot(i))?;
+            if self.liveness(it, now) == Liveness::Live {
+                return Some(DebugItem {
+                    exptime: it.exptime.load(Relaxed),
+                    last_access: it.atime.load(Relaxed),
+                    cas: self.cas_of(it),
+                    fetched: it.has(FETCHED),
+                    value_len: it.value().len(),
+                    flags: it.flags,
+                    binary_key: it.has(table::BINARY_KEY),
+                });
+            }
+        }
+        let _ = self.lookup_mut(&mut write(shard), h, key, now);
+        None
     }
 
     fn touch(&self, key: &[u8], exptime: Time, now: Time) -> bool {
@@ -1113,3 +1550,19 @@ impl Engine for HashMapEngine {
 
 #[cfg(test)]
 mod tests;
+
+/// A classic store as a meta store with no meta options.
+fn classic(req: StoreRequest<'_>) -> MetaStoreRequest<'_> {
+    MetaStoreRequest {
+        mode: req.mode,
+        key: req.key,
+        value: req.value,
+        flags: req.flags,
+        exptime: req.exptime,
+        compare_cas: None,
+        new_cas: None,
+        invalidate: false,
+        vivify: false,
+        binary_key: false,
+    }
+}

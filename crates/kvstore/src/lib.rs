@@ -147,6 +147,191 @@ pub struct EngineStats {
     pub total_malloced: u64,
 }
 
+// ---------------------------------------------------------------------------------------------
+// Meta protocol (`mg`, `ms`, `md`, `ma`, `me`): richer requests and answers.
+//
+// memcached's meta commands need more than the classic methods give: the state of an item
+// before the request touched it (`h`, `l`, `t` in request order), a per-item "stale" mark and
+// "win token sent" mark (stale-while-revalidate), creating items on a miss (vivify), explicit
+// CAS values (`E`), and checks and changes made atomically with the lookup. The methods below
+// have default implementations built on the classic ones, so every engine supports the meta
+// protocol; the defaults approximate (each says how). Engines override them to be exact.
+
+/// Whether a meta read handed out the item's "win" token (the right to recache it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Win {
+    /// No token involved.
+    #[default]
+    None,
+    /// This request won (`W`): it created the item, or `R` matched, or the item is stale;
+    /// the item is now marked "token sent".
+    Won,
+    /// A token was already handed out for this item (`Z`); this request did not win.
+    AlreadySent,
+}
+
+/// What [`Engine::meta_get`] does besides looking `key` up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MetaRead {
+    /// `T`: set a found item's expiry to this (a created item takes [`MetaRead::vivify`]).
+    pub touch: Option<Time>,
+    /// `u`: neither mark the item fetched nor update its access time.
+    pub no_bump: bool,
+    /// `N`: on a miss, create an empty item (flags 0) expiring at this time; the request wins.
+    pub vivify: Option<Time>,
+    /// `R`: a found item whose expiry is non-zero and earlier than this wins, unless a token
+    /// was already sent for it.
+    pub recache: Option<Time>,
+    /// Compare `recache` with the expiry after `touch` (the request had `T` before `R`),
+    /// instead of the expiry before it.
+    pub recache_after_touch: bool,
+    /// `E`: the CAS unique of a created item (else the next one).
+    pub new_cas: Option<u64>,
+    /// `b`: a created item has a binary key (echoed in base64).
+    pub binary_key: bool,
+}
+
+/// A found (or created) item as [`Engine::meta_get`] shows it, valid during the callback.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MetaItem<'a> {
+    /// The item after this read (touch applied).
+    pub item: ItemView<'a>,
+    /// Its expiry before this read (0 for a created item).
+    pub exptime_before: Time,
+    /// When it was last stored or accessed, before this read.
+    pub last_access: Time,
+    /// Whether it had been fetched before this read.
+    pub fetched: bool,
+    /// Marked stale (`md ... I`, or `ms ... I` with an older CAS).
+    pub stale: bool,
+    pub win: Win,
+    /// Stored with a binary (base64) key.
+    pub binary_key: bool,
+}
+
+/// The outcome of [`Engine::meta_get`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetaGet {
+    Hit,
+    Miss,
+    /// Missed and created an empty item (`N`); the callback saw it.
+    Vivified,
+}
+
+/// A meta store (`ms`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MetaStoreRequest<'a> {
+    /// The classic mode; `Cas(c)` for `ms` in set or replace mode with `C`.
+    pub mode: StoreMode,
+    pub key: &'a [u8],
+    pub value: &'a [u8],
+    pub flags: u32,
+    /// Absolute expiry (for append/prepend only used when `vivify` creates the item).
+    pub exptime: Time,
+    /// `C` with append/prepend: a non-zero value that differs from the item's CAS is
+    /// [`StoreResult::Exists`]. Ignored by the other modes (`Cas` carries its own).
+    pub compare_cas: Option<u64>,
+    /// `E`: the stored item's CAS unique (else the next one).
+    pub new_cas: Option<u64>,
+    /// `I` with `Cas(c)`: a non-zero `c` *lower* than the item's CAS also stores, and the
+    /// new item is stale, keeping the old expiry and "token sent" mark.
+    pub invalidate: bool,
+    /// `N` with append/prepend: on a miss, store the value as a new item.
+    pub vivify: bool,
+    /// `b`: the key is binary (echoed in base64).
+    pub binary_key: bool,
+}
+
+/// The outcome of [`Engine::meta_store`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MetaStored {
+    pub result: StoreResult,
+    /// Length of the stored value (after append/prepend); the request's when not stored.
+    pub len: usize,
+}
+
+/// A meta delete (`md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MetaDelete {
+    /// `C`: act only if the item's CAS equals this, else [`MetaDeleteResult::Exists`].
+    pub compare_cas: Option<u64>,
+    /// `E`: the CAS unique of an invalidated or emptied item.
+    pub new_cas: Option<u64>,
+    /// `I`: instead of removing, mark the item stale, clear its "token sent" mark and give it
+    /// a new CAS (`new_cas`, else the next one); with `ttl`, also set its expiry.
+    pub invalidate: bool,
+    /// `x`: replace the item by an empty one with `flags`, expiry `ttl` (else never) and the
+    /// CAS `new_cas` (else the old item's), instead of removing it.
+    pub remove_value: bool,
+    /// `T`, for `invalidate` and `remove_value`.
+    pub ttl: Option<Time>,
+    /// `F`, for `remove_value`.
+    pub flags: u32,
+}
+
+/// The outcome of [`Engine::meta_delete`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetaDeleteResult {
+    /// Removed, invalidated or emptied.
+    Deleted,
+    NotFound,
+    /// `compare_cas` differs.
+    Exists,
+    /// `remove_value` could not store the empty item.
+    NotStored,
+}
+
+/// A meta arithmetic request (`ma`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MetaArith {
+    pub incr: bool,
+    pub delta: u64,
+    /// `C`: a non-zero value that differs from the item's CAS is [`MetaArithResult::Exists`]
+    /// (checked after an empty value is found non-numeric, before the number is parsed).
+    pub compare_cas: Option<u64>,
+    /// `E`: the CAS unique of the changed or created item.
+    pub new_cas: Option<u64>,
+    /// `N`/`J`: on a miss, create the item with this expiry and this number (no delta applied).
+    pub vivify: Option<(Time, u64)>,
+    /// `T`: set a found item's expiry.
+    pub touch: Option<Time>,
+    /// `b`: a created item has a binary key.
+    pub binary_key: bool,
+}
+
+/// The outcome of [`Engine::meta_arith`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetaArithResult {
+    Value {
+        /// The new number (or the initial one when created).
+        value: u64,
+        /// The item's CAS unique now.
+        cas: u64,
+        /// Its expiry before the request (0 when created), and now.
+        exptime_before: Time,
+        exptime: Time,
+        created: bool,
+    },
+    NotFound,
+    /// `compare_cas` differs.
+    Exists,
+    NonNumeric,
+    NoMemory,
+}
+
+/// What `me` shows of an item ([`Engine::debug_item`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DebugItem {
+    pub exptime: Time,
+    /// Last store or access time.
+    pub last_access: Time,
+    pub cas: u64,
+    pub fetched: bool,
+    pub value_len: usize,
+    pub flags: u32,
+    pub binary_key: bool,
+}
+
 /// The interface every storage engine implements: one method per kind of command.
 ///
 /// Implementations must be safe to call from many threads at once, must never panic on
@@ -192,6 +377,232 @@ pub trait Engine: Send + Sync + 'static {
 
     /// Reset the counters that `stats reset` resets (not item counts or memory).
     fn reset_stats(&self);
+
+    /// `mg`: look `key` up with the meta options; on a hit (or a creation by `vivify`) call
+    /// `found`. A hit counts as an access unless `no_bump`.
+    ///
+    /// Default (approximate): built on [`Engine::get`] and [`Engine::store`]. No stale or
+    /// token state: `recache` wins whenever it matches (every time, not once), `stale` is
+    /// never set and [`Win::AlreadySent`] never reported; `no_bump` is ignored (the read
+    /// bumps); `exptime_before` is the expiry after `touch`, `last_access` is `now` and
+    /// `fetched` is false; a vivified item gets the next CAS, not `new_cas`, and is read back
+    /// with a second lookup.
+    fn meta_get(
+        &self,
+        key: &[u8],
+        now: Time,
+        opts: MetaRead,
+        found: &mut dyn FnMut(MetaItem<'_>),
+    ) -> MetaGet {
+        let mut show = |item: ItemView<'_>, win: Win| {
+            found(MetaItem {
+                item,
+                exptime_before: item.exptime,
+                last_access: now,
+                fetched: false,
+                stale: false,
+                win,
+                binary_key: opts.binary_key,
+            })
+        };
+        let read = ReadOptions { touch: opts.touch };
+        let hit = self.get(key, now, read, &mut |item| {
+            let win = match opts.recache {
+                Some(r) if item.exptime != 0 && item.exptime < r => Win::Won,
+                _ => Win::None,
+            };
+            show(item, win);
+        });
+        if hit {
+            return MetaGet::Hit;
+        }
+        let Some(exptime) = opts.vivify else {
+            return MetaGet::Miss;
+        };
+        let req = StoreRequest {
+            mode: StoreMode::Add,
+            key,
+            value: b"",
+            flags: 0,
+            exptime,
+        };
+        if !matches!(self.store(req, now), StoreResult::Stored(_)) {
+            return MetaGet::Miss;
+        }
+        let read = ReadOptions::default();
+        if self.get(key, now, read, &mut |item| show(item, Win::Won)) {
+            MetaGet::Vivified
+        } else {
+            MetaGet::Miss
+        }
+    }
+
+    /// `ms`: store with the meta options.
+    ///
+    /// Default (approximate): [`Engine::store`]; `new_cas` and `binary_key` are ignored,
+    /// `invalidate` never stores a stale item (a lower CAS is `Exists`), `compare_cas` of
+    /// append/prepend is checked by a separate read (not atomically), vivify is a second
+    /// store in add mode, and `len` is the request's value length.
+    fn meta_store(&self, req: MetaStoreRequest<'_>, now: Time) -> MetaStored {
+        let len = req.value.len();
+        let concat = matches!(req.mode, StoreMode::Append | StoreMode::Prepend);
+        if let (true, Some(c)) = (concat, req.compare_cas.filter(|&c| c != 0)) {
+            let mut cas = None;
+            self.get(req.key, now, ReadOptions::default(), &mut |it| {
+                cas = Some(it.cas)
+            });
+            if cas.is_some_and(|have| have != c) {
+                let result = StoreResult::Exists;
+                return MetaStored { result, len };
+            }
+        }
+        let classic = StoreRequest {
+            mode: req.mode,
+            key: req.key,
+            value: req.value,
+            flags: req.flags,
+            exptime: req.exptime,
+        };
+        let mut result = self.store(classic, now);
+        if concat && req.vivify && result == StoreResult::NotStored {
+            let add = StoreRequest {
+                mode: StoreMode::Add,
+                ..classic
+            };
+            result = self.store(add, now);
+        }
+        MetaStored { result, len }
+    }
+
+    /// `md`: delete, invalidate or empty `key`.
+    ///
+    /// Default (approximate): no stale state, so `invalidate` removes the item like a plain
+    /// delete; `compare_cas` is checked by a separate read (which counts as an access, and is
+    /// not atomic with the delete); `remove_value` stores the empty item with the next CAS.
+    fn meta_delete(&self, key: &[u8], now: Time, req: MetaDelete) -> MetaDeleteResult {
+        if let Some(c) = req.compare_cas {
+            let mut cas = None;
+            self.get(key, now, ReadOptions::default(), &mut |it| {
+                cas = Some(it.cas)
+            });
+            match cas {
+                None => return MetaDeleteResult::NotFound,
+                Some(have) if have != c => return MetaDeleteResult::Exists,
+                Some(_) => {}
+            }
+        }
+        if req.remove_value && !req.invalidate {
+            let empty = StoreRequest {
+                mode: StoreMode::Replace,
+                key,
+                value: b"",
+                flags: req.flags,
+                exptime: req.ttl.unwrap_or(0),
+            };
+            return match self.store(empty, now) {
+                StoreResult::Stored(_) => MetaDeleteResult::Deleted,
+                StoreResult::NotStored => MetaDeleteResult::NotFound,
+                _ => MetaDeleteResult::NotStored,
+            };
+        }
+        if self.delete(key, now) {
+            MetaDeleteResult::Deleted
+        } else {
+            MetaDeleteResult::NotFound
+        }
+    }
+
+    /// `ma`: incr/decr with the meta options.
+    ///
+    /// Default (approximate): [`Engine::arith`], with `compare_cas` checked and the CAS and
+    /// expiry read by separate reads (not atomic, counted as accesses), `touch` as a separate
+    /// [`Engine::touch`], vivify as a store in add mode; `new_cas` is ignored.
+    fn meta_arith(&self, key: &[u8], now: Time, req: MetaArith) -> MetaArithResult {
+        let mut before = None;
+        self.get(key, now, ReadOptions::default(), &mut |it| {
+            before = Some((it.cas, it.exptime, it.value.is_empty()))
+        });
+        let Some((cas, exptime_before, empty)) = before else {
+            let Some((exptime, initial)) = req.vivify else {
+                return MetaArithResult::NotFound;
+            };
+            let mut digits = [0u8; 20];
+            let mut n = initial;
+            let mut i = digits.len();
+            loop {
+                i -= 1;
+                digits[i] = b'0' + (n % 10) as u8;
+                n /= 10;
+                if n == 0 {
+                    break;
+                }
+            }
+            let add = StoreRequest {
+                mode: StoreMode::Add,
+                key,
+                value: digits.get(i..).unwrap_or_default(),
+                flags: 0,
+                exptime,
+            };
+            return match self.store(add, now) {
+                StoreResult::Stored(cas) => MetaArithResult::Value {
+                    value: initial,
+                    cas,
+                    exptime_before: 0,
+                    exptime,
+                    created: true,
+                },
+                StoreResult::NotStored => MetaArithResult::NotFound,
+                _ => MetaArithResult::NoMemory,
+            };
+        };
+        if empty {
+            return MetaArithResult::NonNumeric;
+        }
+        if req.compare_cas.is_some_and(|c| c != 0 && c != cas) {
+            return MetaArithResult::Exists;
+        }
+        let value = match self.arith(key, req.incr, req.delta, now) {
+            ArithResult::Value(v) => v,
+            ArithResult::NotFound => return MetaArithResult::NotFound,
+            ArithResult::NonNumeric => return MetaArithResult::NonNumeric,
+            ArithResult::NoMemory => return MetaArithResult::NoMemory,
+        };
+        if let Some(t) = req.touch {
+            self.touch(key, t, now);
+        }
+        let mut after = (0, exptime_before);
+        self.get(key, now, ReadOptions::default(), &mut |it| {
+            after = (it.cas, it.exptime)
+        });
+        MetaArithResult::Value {
+            value,
+            cas: after.0,
+            exptime_before,
+            exptime: after.1,
+            created: false,
+        }
+    }
+
+    /// `me`: what is known of `key`'s item, without counting an access.
+    ///
+    /// Default (approximate): a [`Engine::get`], which does count as an access; the access
+    /// time shown is `now` and `fetched` is true.
+    fn debug_item(&self, key: &[u8], now: Time) -> Option<DebugItem> {
+        let mut out = None;
+        self.get(key, now, ReadOptions::default(), &mut |it| {
+            out = Some(DebugItem {
+                exptime: it.exptime,
+                last_access: now,
+                cas: it.cas,
+                fetched: true,
+                value_len: it.value.len(),
+                flags: it.flags,
+                binary_key: false,
+            })
+        });
+        out
+    }
 
     /// Reclaim expired items in the background; called periodically by the server.
     /// Returns how many items were reclaimed.

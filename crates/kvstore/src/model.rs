@@ -36,8 +36,9 @@ use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 
 use crate::{
-    ArithResult, Engine, EngineConfig, EngineStats, ItemView, ReadOptions, StoreMode, StoreRequest,
-    StoreResult, Time,
+    ArithResult, DebugItem, Engine, EngineConfig, EngineStats, ItemView, MetaArith,
+    MetaArithResult, MetaDelete, MetaDeleteResult, MetaGet, MetaItem, MetaRead, MetaStoreRequest,
+    MetaStored, ReadOptions, StoreMode, StoreRequest, StoreResult, Time, Win,
 };
 
 /// One item of the model.
@@ -51,6 +52,14 @@ pub struct ModelItem {
     /// Last store or access time.
     pub atime: Time,
     pub fetched: bool,
+    /// Meta: marked stale (`md ... I`, or a stale `ms ... I`).
+    pub stale: bool,
+    /// Meta: a win token was handed out.
+    pub token_sent: bool,
+    /// Meta: stored with a binary (base64) key.
+    pub binary_key: bool,
+    /// Meta: an explicit CAS unique (`E`, or the old one kept by `md ... x`); only with CAS on.
+    pub cas: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -155,8 +164,8 @@ impl Model {
     /// The CAS unique `key` would show now (0 if absent or CAS is off).
     pub fn cas_of(&self, key: &[u8]) -> u64 {
         match self.peek(key) {
-            Some(it) if self.use_cas => it.version,
-            _ => 0,
+            Some(it) => self.cas(&it),
+            None => 0,
         }
     }
 
@@ -167,10 +176,20 @@ impl Model {
 
     fn cas(&self, it: &ModelItem) -> u64 {
         if self.use_cas {
-            it.version
+            it.cas.unwrap_or(it.version)
         } else {
             0
         }
+    }
+
+    /// An explicit CAS unique to keep: only when CAS is on.
+    fn explicit(&self, cas: Option<u64>) -> Option<u64> {
+        cas.filter(|_| self.use_cas)
+    }
+
+    fn too_large(&self, key: &[u8], value_len: usize, flags: u32, max_bytes: usize) -> bool {
+        self.config.item_size(key.len(), value_len, flags) > self.config.max_item_size
+            || self.charge(key, value_len) > max_bytes
     }
 
     fn charge(&self, key: &[u8], value_len: usize) -> usize {
@@ -239,15 +258,140 @@ impl Engine for Model {
     }
 
     fn store(&self, req: StoreRequest<'_>, now: Time) -> StoreResult {
+        let req = MetaStoreRequest {
+            mode: req.mode,
+            key: req.key,
+            value: req.value,
+            flags: req.flags,
+            exptime: req.exptime,
+            compare_cas: None,
+            new_cas: None,
+            invalidate: false,
+            vivify: false,
+            binary_key: false,
+        };
+        self.meta_store(req, now).result
+    }
+
+    fn delete(&self, key: &[u8], now: Time) -> bool {
+        let mut st = self.lock();
+        st.live(key, now).is_some() && st.items.remove(key).is_some()
+    }
+
+    fn arith(&self, key: &[u8], incr: bool, delta: u64, now: Time) -> ArithResult {
+        let req = MetaArith {
+            incr,
+            delta,
+            ..MetaArith::default()
+        };
+        match self.meta_arith(key, now, req) {
+            MetaArithResult::Value { value, .. } => ArithResult::Value(value),
+            MetaArithResult::NotFound | MetaArithResult::Exists => ArithResult::NotFound,
+            MetaArithResult::NonNumeric => ArithResult::NonNumeric,
+            MetaArithResult::NoMemory => ArithResult::NoMemory,
+        }
+    }
+
+    fn meta_get(
+        &self,
+        key: &[u8],
+        now: Time,
+        opts: MetaRead,
+        found: &mut dyn FnMut(MetaItem<'_>),
+    ) -> MetaGet {
+        let mut st = self.lock();
+        if let Some(it) = st.live(key, now) {
+            let exptime_before = it.exptime;
+            let (last_access, fetched) = (it.atime, it.fetched);
+            if let Some(t) = opts.touch {
+                it.exptime = t;
+            }
+            let compared = if opts.recache_after_touch {
+                opts.touch.unwrap_or(exptime_before)
+            } else {
+                exptime_before
+            };
+            let recache = opts.recache.is_some_and(|r| compared != 0 && compared < r);
+            let win = if it.token_sent {
+                Win::AlreadySent
+            } else if it.stale || recache {
+                it.token_sent = true;
+                Win::Won
+            } else {
+                Win::None
+            };
+            if !opts.no_bump {
+                it.atime = now;
+                it.fetched = true;
+            }
+            let stale = it.stale;
+            let binary_key = it.binary_key;
+            found(MetaItem {
+                item: ItemView {
+                    key,
+                    value: &it.value,
+                    flags: it.flags,
+                    exptime: it.exptime,
+                    cas: self.cas(it),
+                },
+                exptime_before,
+                last_access,
+                fetched,
+                stale,
+                win,
+                binary_key,
+            });
+            return MetaGet::Hit;
+        }
+        let Some(exptime) = opts.vivify else {
+            return MetaGet::Miss;
+        };
+        if self.too_large(key, 0, 0, st.max_bytes) {
+            return MetaGet::Miss;
+        }
+        let version = st.version();
+        let it = ModelItem {
+            value: Vec::new(),
+            flags: 0,
+            exptime,
+            version,
+            atime: now,
+            fetched: !opts.no_bump,
+            stale: false,
+            token_sent: true,
+            binary_key: opts.binary_key,
+            cas: self.explicit(opts.new_cas),
+        };
+        found(MetaItem {
+            item: ItemView {
+                key,
+                value: &[],
+                flags: 0,
+                exptime,
+                cas: self.cas(&it),
+            },
+            exptime_before: 0,
+            last_access: now,
+            fetched: false,
+            stale: false,
+            win: Win::Won,
+            binary_key: opts.binary_key,
+        });
+        st.items.insert(key.to_vec(), it);
+        st.stats.total_items += 1;
+        MetaGet::Vivified
+    }
+
+    fn meta_store(&self, req: MetaStoreRequest<'_>, now: Time) -> MetaStored {
         let mut st = self.lock();
         let key = req.key;
-        if self.config.item_size(key.len(), req.value.len(), req.flags) > self.config.max_item_size
-            || self.charge(key, req.value.len()) > st.max_bytes
-        {
+        let len = req.value.len();
+        let done = |result| MetaStored { result, len };
+        if self.too_large(key, req.value.len(), req.flags, st.max_bytes) {
             if req.mode == StoreMode::Set && st.live(key, now).is_some() {
                 st.items.remove(key);
             }
-            return StoreResult::TooLarge;
+            return done(StoreResult::TooLarge);
         }
         let old = st.live(key, now).map(|it| {
             if req.mode == StoreMode::Add {
@@ -255,14 +399,34 @@ impl Engine for Model {
             }
             it.clone()
         });
+        let (mut stale, mut token_sent) = (false, false);
         let (value, flags, exptime) = match (req.mode, old) {
-            (StoreMode::Add, Some(_)) => return StoreResult::NotStored,
-            (StoreMode::Replace | StoreMode::Append | StoreMode::Prepend, None) => {
-                return StoreResult::NotStored
+            (StoreMode::Add, Some(_)) => return done(StoreResult::NotStored),
+            (StoreMode::Append | StoreMode::Prepend, None) if req.vivify => {
+                (req.value.to_vec(), req.flags, req.exptime)
             }
-            (StoreMode::Cas(_), None) => return StoreResult::NotFound,
-            (StoreMode::Cas(c), Some(old)) if c == 0 || c != self.cas(&old) => {
-                return StoreResult::Exists
+            (StoreMode::Replace | StoreMode::Append | StoreMode::Prepend, None) => {
+                return done(StoreResult::NotStored)
+            }
+            (StoreMode::Cas(_), None) => return done(StoreResult::NotFound),
+            (StoreMode::Cas(c), Some(old)) => {
+                let have = self.cas(&old);
+                if c != 0 && c == have {
+                    (req.value.to_vec(), req.flags, req.exptime)
+                } else if req.invalidate && c != 0 && c < have {
+                    stale = true;
+                    token_sent = old.token_sent;
+                    (req.value.to_vec(), req.flags, old.exptime)
+                } else {
+                    return done(StoreResult::Exists);
+                }
+            }
+            (StoreMode::Append | StoreMode::Prepend, Some(old))
+                if req
+                    .compare_cas
+                    .is_some_and(|c| c != 0 && c != self.cas(&old)) =>
+            {
+                return done(StoreResult::Exists)
             }
             (StoreMode::Append, Some(old)) => {
                 let mut v = old.value.clone();
@@ -276,12 +440,11 @@ impl Engine for Model {
             }
             _ => (req.value.to_vec(), req.flags, req.exptime),
         };
-        if self.config.item_size(key.len(), value.len(), flags) > self.config.max_item_size
-            || self.charge(key, value.len()) > st.max_bytes
-        {
-            return StoreResult::NotStored;
+        if self.too_large(key, value.len(), flags, st.max_bytes) {
+            return done(StoreResult::NotStored);
         }
         let version = st.version();
+        let len = value.len();
         let it = ModelItem {
             value,
             flags,
@@ -289,47 +452,156 @@ impl Engine for Model {
             version,
             atime: now,
             fetched: false,
+            stale,
+            token_sent,
+            binary_key: req.binary_key,
+            cas: self.explicit(req.new_cas),
         };
         let cas = self.cas(&it);
         st.items.insert(key.to_vec(), it);
         st.stats.total_items += 1;
-        StoreResult::Stored(cas)
+        MetaStored {
+            result: StoreResult::Stored(cas),
+            len,
+        }
     }
 
-    fn delete(&self, key: &[u8], now: Time) -> bool {
-        let mut st = self.lock();
-        st.live(key, now).is_some() && st.items.remove(key).is_some()
-    }
-
-    fn arith(&self, key: &[u8], incr: bool, delta: u64, now: Time) -> ArithResult {
+    fn meta_delete(&self, key: &[u8], now: Time, req: MetaDelete) -> MetaDeleteResult {
         let mut st = self.lock();
         let version = st.next_version;
         let Some(it) = st.live(key, now) else {
-            return ArithResult::NotFound;
+            return MetaDeleteResult::NotFound;
         };
+        let old_cas = self.cas(it);
+        if req.compare_cas.is_some_and(|c| c != old_cas) {
+            return MetaDeleteResult::Exists;
+        }
+        if !req.remove_value && !req.invalidate {
+            st.items.remove(key);
+            return MetaDeleteResult::Deleted;
+        }
+        if req.remove_value {
+            *it = ModelItem {
+                value: Vec::new(),
+                flags: req.flags,
+                exptime: req.ttl.unwrap_or(0),
+                version,
+                atime: now,
+                fetched: false,
+                stale: false,
+                token_sent: false,
+                binary_key: it.binary_key,
+                cas: self.explicit(Some(req.new_cas.unwrap_or(old_cas))),
+            };
+        }
+        if req.invalidate {
+            if let Some(t) = req.ttl {
+                it.exptime = t;
+            }
+            it.stale = true;
+            it.token_sent = false;
+            it.cas = self.explicit(req.new_cas);
+        }
+        it.version = version;
+        st.next_version += 1;
+        if req.remove_value {
+            st.stats.total_items += 1;
+        }
+        MetaDeleteResult::Deleted
+    }
+
+    fn meta_arith(&self, key: &[u8], now: Time, req: MetaArith) -> MetaArithResult {
+        let mut st = self.lock();
+        let version = st.next_version;
+        let max_bytes = st.max_bytes;
+        let Some(it) = st.live(key, now) else {
+            let Some((exptime, initial)) = req.vivify else {
+                return MetaArithResult::NotFound;
+            };
+            let value = initial.to_string().into_bytes();
+            if self.too_large(key, value.len(), 0, max_bytes) {
+                return MetaArithResult::NoMemory;
+            }
+            let it = ModelItem {
+                value,
+                flags: 0,
+                exptime,
+                version,
+                atime: now,
+                fetched: false,
+                stale: false,
+                token_sent: false,
+                binary_key: req.binary_key,
+                cas: self.explicit(req.new_cas),
+            };
+            let cas = self.cas(&it);
+            st.items.insert(key.to_vec(), it);
+            st.next_version += 1;
+            st.stats.total_items += 1;
+            return MetaArithResult::Value {
+                value: initial,
+                cas,
+                exptime_before: 0,
+                exptime,
+                created: true,
+            };
+        };
+        if it.value.is_empty() {
+            return MetaArithResult::NonNumeric;
+        }
+        if req.compare_cas.is_some_and(|c| c != 0 && c != self.cas(it)) {
+            return MetaArithResult::Exists;
+        }
         let Some(cur) = strtoull(&it.value) else {
-            return ArithResult::NonNumeric;
+            return MetaArithResult::NonNumeric;
         };
-        let new = if incr {
-            cur.wrapping_add(delta)
+        let new = if req.incr {
+            cur.wrapping_add(req.delta)
         } else {
-            cur.saturating_sub(delta)
+            cur.saturating_sub(req.delta)
         };
         let mut text = new.to_string().into_bytes();
         let in_place = text.len() <= it.value.len();
         if in_place {
             text.resize(it.value.len(), b' ');
         } else {
+            // A new item: no marks but the binary key.
             it.fetched = false;
+            it.stale = false;
+            it.token_sent = false;
         }
+        let exptime_before = it.exptime;
+        it.exptime = req.touch.unwrap_or(exptime_before);
         it.value = text;
         it.version = version;
+        it.cas = self.explicit(req.new_cas);
         it.atime = now;
+        let (cas, exptime) = (self.cas(it), it.exptime);
         st.next_version += 1;
         if !in_place {
             st.stats.total_items += 1;
         }
-        ArithResult::Value(new)
+        MetaArithResult::Value {
+            value: new,
+            cas,
+            exptime_before,
+            exptime,
+            created: false,
+        }
+    }
+
+    fn debug_item(&self, key: &[u8], now: Time) -> Option<DebugItem> {
+        let mut st = self.lock();
+        let it = st.live(key, now)?;
+        Some(DebugItem {
+            exptime: it.exptime,
+            last_access: it.atime,
+            cas: self.cas(it),
+            fetched: it.fetched,
+            value_len: it.value.len(),
+            flags: it.flags,
+            binary_key: it.binary_key,
+        })
     }
 
     fn touch(&self, key: &[u8], exptime: Time, now: Time) -> bool {

@@ -7,6 +7,18 @@ use std::sync::atomic::{AtomicU32, AtomicU8, Ordering::Relaxed};
 pub(crate) const ACCESSED: u8 = 1;
 /// Item bit: fetched at least once (for `expired_unfetched` / `evicted_unfetched`).
 pub(crate) const FETCHED: u8 = 2;
+/// Item bit: marked stale by the meta protocol (`md ... I`).
+pub(crate) const STALE: u8 = 4;
+/// Item bit: a meta "win" token was handed out for the item.
+pub(crate) const TOKEN_SENT: u8 = 8;
+/// Item bit: stored with a binary (base64) key.
+pub(crate) const BINARY_KEY: u8 = 16;
+/// Item bit: the item has an explicit CAS unique (`E`), kept in the last 8 bytes of `data`
+/// (after the value). Set only at construction, never changed afterwards.
+pub(crate) const EXPLICIT_CAS: u8 = 32;
+
+/// Bytes of the explicit-CAS trailer.
+const TRAILER: usize = 8;
 
 /// Smallest table, in slots.
 pub(crate) const MIN_SLOTS: usize = 16;
@@ -75,18 +87,55 @@ impl Item {
         self.data.get(..self.klen as usize).unwrap_or(&[])
     }
 
+    /// End of the value in `data`.
+    fn value_end(&self) -> usize {
+        if self.has(EXPLICIT_CAS) {
+            self.data.len().saturating_sub(TRAILER)
+        } else {
+            self.data.len()
+        }
+    }
+
     pub(crate) fn value(&self) -> &[u8] {
-        self.data.get(self.klen as usize..).unwrap_or(&[])
+        self.data
+            .get(self.klen as usize..self.value_end())
+            .unwrap_or(&[])
     }
 
     pub(crate) fn value_mut(&mut self) -> &mut [u8] {
-        let k = self.klen as usize;
-        self.data.get_mut(k..).unwrap_or(&mut [])
+        let (k, end) = (self.klen as usize, self.value_end());
+        self.data.get_mut(k..end).unwrap_or(&mut [])
     }
 
-    /// Bytes charged against the memory limit.
+    /// The explicit CAS unique, if the item has one.
+    pub(crate) fn explicit_cas(&self) -> Option<u64> {
+        if !self.has(EXPLICIT_CAS) {
+            return None;
+        }
+        let t = self.data.get(self.value_end()..)?;
+        Some(u64::from_le_bytes(t.try_into().ok()?))
+    }
+
+    /// Overwrite the explicit CAS unique (no effect on an item without one).
+    pub(crate) fn set_explicit_cas(&mut self, cas: u64) {
+        let end = self.value_end();
+        if self.has(EXPLICIT_CAS) {
+            if let Some(t) = self.data.get_mut(end..) {
+                t.copy_from_slice(&cas.to_le_bytes());
+            }
+        }
+    }
+
+    /// Add item bits (at construction).
+    pub(crate) fn with_bits(self, bits: u8) -> Item {
+        self.bits.fetch_or(bits, Relaxed);
+        self
+    }
+
+    /// Bytes charged against the memory limit (key and value; an explicit-CAS trailer is not
+    /// charged, so that the charge depends only on what the client stored).
     pub(crate) fn charge(&self) -> usize {
-        charge(self.data.len())
+        charge(self.klen as usize + self.value().len())
     }
 
     pub(crate) fn data_len(&self) -> usize {
@@ -122,18 +171,31 @@ pub(crate) fn charge(data_len: usize) -> usize {
     data_len.saturating_add(ITEM_OVERHEAD)
 }
 
+#[cfg(test)]
 /// Key followed by the concatenation of `parts`, in one exactly-sized allocation;
 /// `None` if the allocation fails.
 pub(crate) fn make_data(key: &[u8], parts: &[&[u8]]) -> Option<Box<[u8]>> {
+    make_data_cas(key, parts, None)
+}
+
+/// [`make_data`], followed by an explicit-CAS trailer when `cas` is given (the item must then
+/// get [`EXPLICIT_CAS`]).
+pub(crate) fn make_data_cas(key: &[u8], parts: &[&[u8]], cas: Option<u64>) -> Option<Box<[u8]>> {
     let mut len = key.len();
     for p in parts {
         len = len.checked_add(p.len())?;
+    }
+    if cas.is_some() {
+        len = len.checked_add(TRAILER)?;
     }
     let mut v: Vec<u8> = Vec::new();
     v.try_reserve_exact(len).ok()?;
     v.extend_from_slice(key);
     for p in parts {
         v.extend_from_slice(p);
+    }
+    if let Some(c) = cas {
+        v.extend_from_slice(&c.to_le_bytes());
     }
     Some(v.into_boxed_slice())
 }

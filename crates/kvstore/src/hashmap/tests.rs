@@ -753,3 +753,135 @@ fn recently_read_items_survive_eviction() {
         assert!(present("key399"));
     }
 }
+
+/// Many readers of a stale (or vivifying) item at once: exactly one wins the token.
+#[test]
+fn one_winner_among_concurrent_meta_readers() {
+    use std::sync::atomic::AtomicUsize;
+    let e = std::sync::Arc::new(engine());
+    set(&e, b"k", b"v");
+    let inv = MetaDelete {
+        invalidate: true,
+        ..MetaDelete::default()
+    };
+    for round in 0..20u32 {
+        assert_eq!(e.meta_delete(b"k", NOW, inv), MetaDeleteResult::Deleted);
+        let fresh = format!("viv{round}");
+        let won = std::sync::Arc::new(AtomicUsize::new(0));
+        let vivified = std::sync::Arc::new(AtomicUsize::new(0));
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                let (e, won, vivified, fresh) = (&e, &won, &vivified, &fresh);
+                s.spawn(move || {
+                    for key in [&b"k"[..], fresh.as_bytes()] {
+                        let opts = MetaRead {
+                            vivify: Some(NOW + 100),
+                            ..MetaRead::default()
+                        };
+                        let r = e.meta_get(key, NOW, opts, &mut |mi| {
+                            if mi.win == Win::Won {
+                                won.fetch_add(1, Relaxed);
+                            }
+                        });
+                        if r == MetaGet::Vivified {
+                            vivified.fetch_add(1, Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        // One win for the stale item, one for the created one.
+        assert_eq!(won.load(Relaxed), 2, "round {round}");
+        assert_eq!(vivified.load(Relaxed), 1, "round {round}");
+    }
+    e.check_accounting().unwrap();
+}
+
+/// An explicit CAS (`E`) is kept in a trailer after the value: the value, its charge and the
+/// CAS read back right through every change.
+#[test]
+fn explicit_cas_trailer() {
+    let e = engine();
+    let ms = |value: &'static [u8], new_cas| MetaStoreRequest {
+        mode: StoreMode::Set,
+        key: b"n",
+        value,
+        flags: 0,
+        exptime: 0,
+        compare_cas: None,
+        new_cas,
+        invalidate: false,
+        vivify: false,
+        binary_key: false,
+    };
+    assert_eq!(
+        e.meta_store(ms(b"10", Some(77)), NOW).result,
+        StoreResult::Stored(77)
+    );
+    assert_eq!(get_at(&e, b"n", NOW), Some((b"10".to_vec(), 0, 0, 77)));
+    // In place (fits), with and without a new explicit CAS.
+    let ma = MetaArith {
+        incr: false,
+        delta: 1,
+        ..MetaArith::default()
+    };
+    let cas = match e.meta_arith(b"n", NOW, ma) {
+        MetaArithResult::Value { value: 9, cas, .. } => cas,
+        r => panic!("{r:?}"),
+    };
+    assert_ne!(cas, 77);
+    assert_eq!(get_at(&e, b"n", NOW), Some((b"9 ".to_vec(), 0, 0, cas)));
+    let ma_e = MetaArith {
+        incr: true,
+        delta: 1,
+        new_cas: Some(5),
+        ..MetaArith::default()
+    };
+    assert!(matches!(
+        e.meta_arith(b"n", NOW, ma_e),
+        MetaArithResult::Value {
+            value: 10,
+            cas: 5,
+            ..
+        }
+    ));
+    assert_eq!(get_at(&e, b"n", NOW), Some((b"10".to_vec(), 0, 0, 5)));
+    // Growing: a new item.
+    let ma_big = MetaArith {
+        incr: true,
+        delta: 1000,
+        new_cas: Some(6),
+        ..MetaArith::default()
+    };
+    assert!(matches!(
+        e.meta_arith(b"n", NOW, ma_big),
+        MetaArithResult::Value {
+            value: 1010,
+            cas: 6,
+            ..
+        }
+    ));
+    assert_eq!(get_at(&e, b"n", NOW), Some((b"1010".to_vec(), 0, 0, 6)));
+    // Append keeps the value whole; invalidate in place keeps it too.
+    let app = MetaStoreRequest {
+        mode: StoreMode::Append,
+        value: b"x",
+        ..ms(b"", None)
+    };
+    assert!(matches!(
+        e.meta_store(app, NOW),
+        MetaStored {
+            result: StoreResult::Stored(_),
+            len: 5
+        }
+    ));
+    let inv = MetaDelete {
+        invalidate: true,
+        new_cas: Some(9),
+        ..MetaDelete::default()
+    };
+    assert_eq!(e.meta_delete(b"n", NOW, inv), MetaDeleteResult::Deleted);
+    assert_eq!(get_at(&e, b"n", NOW), Some((b"1010x".to_vec(), 0, 0, 9)));
+    assert_eq!(e.stats().bytes, (1 + 5 + OH) as u64);
+    e.check_accounting().unwrap();
+}

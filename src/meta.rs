@@ -1,0 +1,489 @@
+//! Executing meta-protocol requests (`mg`, `ms`, `md`, `ma`, `mn`, `me`) against the engine,
+//! with memcached's replies and counters. Parsing (and every protocol error) is `kvproto`'s
+//! (`kvproto::meta`); the item semantics are the engine's meta methods (`Engine::meta_get`,
+//! ...). This module turns flags into engine options and results into reply lines.
+//!
+//! Counters, as the newest memcached (`proto_parser.c`) bumps them:
+//! - `mg`: a hit (or an item created by `N`) counts `cmd_get`/`get_hits`, or with `T`
+//!   `cmd_touch`/`touch_hits`; a miss counts `cmd_get`/`get_misses` (`T` or not).
+//! - `ms`: `cmd_set` once the item could be built; in CAS mode (`C` with set/replace)
+//!   `cas_hits` (a stale store included), `cas_badval` or `cas_misses`; a store the engine
+//!   refuses as too large or for memory counts `store_too_large`/`store_no_memory` instead
+//!   and removes the old item, in every mode.
+//! - `md`: `delete_hits` when the item is removed or emptied (`x`) but not when invalidated
+//!   (`I`); `delete_misses` on `NF` and on `EX`.
+//! - `ma`: `incr_hits`/`decr_hits` when a number changed, `incr_misses`/`decr_misses` on `NF`;
+//!   nothing when `N` created the item or on `EX`.
+//! - `cmd_meta` counts `me` only: memcached bumps it nowhere else.
+//!
+//! `q` leaves out only the "as expected" reply (`mg` `EN`, `ms`/`md` `HD`, `ma` `HD`/`VA`);
+//! errors never reach here (the parser reports them, unsilenced).
+//!
+//! Flag order: memcached applies `T` and `N` while it writes the return flags, so a `t` written
+//! before `T` shows the old TTL, and `R` before `T` compares against the old TTL. The parsed
+//! request (`MetaArgs`) does not expose where `T`/`N`/`R` stood among the return flags, so
+//! here `t` always shows the TTL after `T`/`N`, and `R` compares against the TTL before `T`
+//! (and on a created item, `T` wins over `N`).
+
+use kvproto::meta::{
+    write_debug, ArithMode, DebugInfo, KeyBuf, MetaArgs, MetaReply, MetaRequest, ReturnFlag,
+    SetMode, MN, NON_NUMERIC,
+};
+use kvproto::text::{self as proto, ErrorReply};
+use kvproto::MAX_KEY_LEN;
+use kvstore::{
+    EngineConfig, MetaArith, MetaArithResult, MetaDelete, MetaDeleteResult, MetaGet, MetaItem,
+    MetaRead, MetaStoreRequest, StoreMode, StoreResult, Time, Win,
+};
+
+use crate::conn::{Ctx, Session, Step};
+
+/// Execute one meta request, appending its reply to `s.out`.
+pub fn execute(req: MetaRequest<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
+    match req {
+        MetaRequest::Get(args) => get(ctx, s, &args),
+        MetaRequest::Set { args, mode, data } => set(ctx, s, &args, mode, data),
+        MetaRequest::Delete(args) => delete(ctx, s, &args),
+        MetaRequest::Arith { args, mode } => arith(ctx, s, &args, mode),
+        MetaRequest::Noop => {
+            s.out.extend_from_slice(MN);
+            Step::Next
+        }
+        MetaRequest::Debug { key } => {
+            let shared = ctx.shared;
+            ctx.stats.cmd_meta.incr();
+            let mut buf: KeyBuf = [0; MAX_KEY_LEN];
+            let k = key.bytes(&mut buf);
+            let now = shared.clock.now();
+            match shared.engine.debug_item(k, now) {
+                Some(d) => {
+                    let config = EngineConfig {
+                        max_bytes: 0,
+                        max_item_size: shared.config.item_size_max,
+                        no_evict: false,
+                        use_cas: shared.config.use_cas,
+                    };
+                    let size = config.item_size(k.len(), d.value_len, d.flags);
+                    let info = DebugInfo {
+                        exp: ttl(d.exptime, now),
+                        la: u64::from(now.wrapping_sub(d.last_access)),
+                        cas: d.cas,
+                        fetched: d.fetched,
+                        cls: slab_class(size),
+                        size: size as u64,
+                    };
+                    write_debug(&mut s.out, k, d.binary_key, &info);
+                }
+                None => s.out.extend_from_slice(kvproto::meta::EN),
+            }
+            Step::Next
+        }
+    }
+}
+
+/// A reply status line's code.
+#[derive(Clone, Copy)]
+enum Code {
+    Hd,
+    Ns,
+    Ex,
+    Nf,
+}
+
+impl Code {
+    fn start(self, out: &mut Vec<u8>) -> MetaReply<'_> {
+        match self {
+            Code::Hd => MetaReply::hd(out),
+            Code::Ns => MetaReply::ns(out),
+            Code::Ex => MetaReply::ex(out),
+            Code::Nf => MetaReply::nf(out),
+        }
+    }
+}
+
+/// The decimal digits of `n`, in `buf`.
+fn digits(n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut n = n;
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        if let Some(b) = buf.get_mut(i) {
+            *b = b'0' + (n % 10) as u8;
+        }
+        n /= 10;
+        if n == 0 || i == 0 {
+            break;
+        }
+    }
+    buf.get(i..).unwrap_or_default()
+}
+
+/// Absolute expiry (from a protocol TTL) of a flag's argument.
+fn expiry(ctx: &Ctx<'_>, ttl: Option<i64>) -> Option<Time> {
+    ttl.map(|t| ctx.shared.clock.expiry(t))
+}
+
+/// TTL remaining for `me`: -1 for never, else seconds (negative if already past).
+fn ttl(exptime: Time, now: Time) -> i64 {
+    if exptime == 0 {
+        -1
+    } else {
+        i64::from(exptime) - i64::from(now)
+    }
+}
+
+/// ` t<seconds>` as memcached writes it: `-1` for no expiry, else the unsigned difference.
+fn put_ttl(r: MetaReply<'_>, exptime: Time, now: Time) -> MetaReply<'_> {
+    if exptime == 0 {
+        r.int(b't', -1)
+    } else {
+        r.num(b't', u64::from(exptime.wrapping_sub(now)))
+    }
+}
+
+/// The opaque and key flags, in request order (the replies that echo nothing else).
+fn echo<'o>(mut r: MetaReply<'o>, args: &MetaArgs<'_>, key: &[u8]) -> MetaReply<'o> {
+    let binary = args.key().is_base64();
+    for flag in args.return_flags() {
+        match flag {
+            ReturnFlag::Opaque(o) => r = r.opaque(o),
+            ReturnFlag::Key => r = r.key(key, binary),
+            _ => {}
+        }
+    }
+    r
+}
+
+fn get(ctx: &mut Ctx<'_>, s: &mut Session, args: &MetaArgs<'_>) -> Step {
+    let shared = ctx.shared;
+    let st = ctx.stats;
+    let now = shared.clock.now();
+    let mut buf: KeyBuf = [0; MAX_KEY_LEN];
+    let key = args.key();
+    let k = key.bytes(&mut buf);
+    let touch = expiry(ctx, args.ttl());
+    let opts = MetaRead {
+        touch,
+        no_bump: args.no_bump(),
+        // On a created item `T` applies after `N` (see the module docs).
+        vivify: expiry(ctx, args.vivify()).map(|v| touch.unwrap_or(v)),
+        recache: expiry(ctx, args.recache()),
+        recache_after_touch: false,
+        new_cas: args.new_cas(),
+        binary_key: key.is_base64(),
+    };
+    let out = &mut s.out;
+    let result = shared
+        .engine
+        .meta_get(k, now, opts, &mut |mi: MetaItem<'_>| {
+            write_hit(out, args, &mi, now);
+        });
+    match result {
+        MetaGet::Hit | MetaGet::Vivified => {
+            if touch.is_some() {
+                st.cmd_touch.incr();
+                st.touch_hits.incr();
+            } else {
+                st.cmd_get.incr();
+                st.get_hits.incr();
+            }
+        }
+        MetaGet::Miss => {
+            st.cmd_get.incr();
+            st.get_misses.incr();
+            if !args.quiet() {
+                echo(MetaReply::en(&mut s.out), args, k).finish();
+            }
+        }
+    }
+    Step::Next
+}
+
+/// The `mg` reply for a found or created item.
+fn write_hit(out: &mut Vec<u8>, args: &MetaArgs<'_>, mi: &MetaItem<'_>, now: Time) {
+    let it = &mi.item;
+    let value = args.value() && args.compare_cas() != Some(it.cas);
+    let mut r = if value {
+        MetaReply::va(out, it.value.len())
+    } else {
+        MetaReply::hd(out)
+    };
+    for flag in args.return_flags() {
+        r = match flag {
+            ReturnFlag::Size => r.num(b's', it.value.len() as u64),
+            ReturnFlag::Ttl => put_ttl(r, it.exptime, now),
+            ReturnFlag::Cas => r.num(b'c', it.cas),
+            ReturnFlag::ClientFlags => r.num(b'f', u64::from(it.flags)),
+            ReturnFlag::LastAccess => r.num(b'l', u64::from(now.wrapping_sub(mi.last_access))),
+            ReturnFlag::Hit => r.num(b'h', u64::from(mi.fetched)),
+            ReturnFlag::Opaque(o) => r.opaque(o),
+            ReturnFlag::Key => r.key(it.key, mi.binary_key),
+        };
+    }
+    if mi.win == Win::AlreadySent {
+        r = r.flag(b'Z');
+    }
+    if mi.stale {
+        r = r.flag(b'X');
+    }
+    if mi.win == Win::Won {
+        r = r.flag(b'W');
+    }
+    if value {
+        r.finish_value(it.value);
+    } else {
+        r.finish();
+    }
+}
+
+fn set(
+    ctx: &mut Ctx<'_>,
+    s: &mut Session,
+    args: &MetaArgs<'_>,
+    mode: SetMode,
+    data: &[u8],
+) -> Step {
+    let shared = ctx.shared;
+    let st = ctx.stats;
+    let now = shared.clock.now();
+    let mut buf: KeyBuf = [0; MAX_KEY_LEN];
+    let key = args.key();
+    let k = key.bytes(&mut buf);
+    let compare = args.compare_cas();
+    let (store_mode, cas_mode) = match (mode, compare) {
+        (SetMode::Set | SetMode::Replace, Some(c)) => (StoreMode::Cas(c), true),
+        (SetMode::Set, None) => (StoreMode::Set, false),
+        (SetMode::Replace, None) => (StoreMode::Replace, false),
+        (SetMode::Add, _) => (StoreMode::Add, false),
+        (SetMode::Append, _) => (StoreMode::Append, false),
+        (SetMode::Prepend, _) => (StoreMode::Prepend, false),
+    };
+    let concat = matches!(mode, SetMode::Append | SetMode::Prepend);
+    let vivify = concat && args.vivify().is_some();
+    let exptime = if vivify {
+        expiry(ctx, args.vivify())
+    } else {
+        expiry(ctx, args.ttl())
+    };
+    let req = MetaStoreRequest {
+        mode: store_mode,
+        key: k,
+        value: data,
+        flags: args.client_flags().unwrap_or(0),
+        exptime: exptime.unwrap_or(0),
+        compare_cas: compare,
+        new_cas: args.new_cas(),
+        invalidate: args.invalidate(),
+        vivify,
+        binary_key: key.is_base64(),
+    };
+    let stored = shared.engine.meta_store(req, now);
+    let code = match stored.result {
+        StoreResult::TooLarge | StoreResult::NoMemory => {
+            // memcached could not build the item: it removes the old one in every mode.
+            shared.engine.delete(k, now);
+            let msg = if stored.result == StoreResult::TooLarge {
+                st.store_too_large.incr();
+                "object too large for cache"
+            } else {
+                st.store_no_memory.incr();
+                "out of memory storing object"
+            };
+            proto::write_error(&mut s.out, ErrorReply::Server(msg));
+            return Step::Next;
+        }
+        StoreResult::Stored(_) => Code::Hd,
+        StoreResult::NotStored => Code::Ns,
+        StoreResult::Exists => Code::Ex,
+        StoreResult::NotFound => Code::Nf,
+    };
+    st.cmd_set.incr();
+    if cas_mode {
+        match stored.result {
+            StoreResult::Stored(_) => st.cas_hits.incr(),
+            StoreResult::Exists => st.cas_badval.incr(),
+            StoreResult::NotFound => st.cas_misses.incr(),
+            _ => {}
+        }
+    }
+    let stored_ok = matches!(stored.result, StoreResult::Stored(_));
+    if stored_ok && args.quiet() {
+        return Step::Next;
+    }
+    let cas = match stored.result {
+        StoreResult::Stored(c) => c,
+        _ => 0,
+    };
+    let mut r = code.start(&mut s.out);
+    for flag in args.return_flags() {
+        r = match flag {
+            ReturnFlag::Opaque(o) => r.opaque(o),
+            ReturnFlag::Key => r.key(k, key.is_base64()),
+            ReturnFlag::Cas => r.num(b'c', cas),
+            ReturnFlag::Size => r.num(b's', stored.len as u64),
+            _ => r,
+        };
+    }
+    r.finish();
+    Step::Next
+}
+
+fn delete(ctx: &mut Ctx<'_>, s: &mut Session, args: &MetaArgs<'_>) -> Step {
+    let shared = ctx.shared;
+    let st = ctx.stats;
+    let now = shared.clock.now();
+    let mut buf: KeyBuf = [0; MAX_KEY_LEN];
+    let key = args.key();
+    let k = key.bytes(&mut buf);
+    let req = MetaDelete {
+        compare_cas: args.compare_cas(),
+        new_cas: args.new_cas(),
+        invalidate: args.invalidate(),
+        remove_value: args.remove_value(),
+        ttl: expiry(ctx, args.ttl()),
+        flags: args.client_flags().unwrap_or(0),
+    };
+    let code = match shared.engine.meta_delete(k, now, req) {
+        MetaDeleteResult::Deleted => {
+            if !req.invalidate {
+                st.delete_hits.incr();
+            }
+            if args.quiet() {
+                return Step::Next;
+            }
+            Code::Hd
+        }
+        MetaDeleteResult::NotFound => {
+            st.delete_misses.incr();
+            Code::Nf
+        }
+        MetaDeleteResult::Exists => {
+            st.delete_misses.incr();
+            Code::Ex
+        }
+        MetaDeleteResult::NotStored => Code::Ns,
+    };
+    echo(code.start(&mut s.out), args, k).finish();
+    Step::Next
+}
+
+fn arith(ctx: &mut Ctx<'_>, s: &mut Session, args: &MetaArgs<'_>, mode: ArithMode) -> Step {
+    let shared = ctx.shared;
+    let st = ctx.stats;
+    let now = shared.clock.now();
+    let mut buf: KeyBuf = [0; MAX_KEY_LEN];
+    let key = args.key();
+    let k = key.bytes(&mut buf);
+    let incr = mode == ArithMode::Incr;
+    let touch = expiry(ctx, args.ttl());
+    let req = MetaArith {
+        incr,
+        delta: args.delta().unwrap_or(1),
+        compare_cas: args.compare_cas(),
+        new_cas: args.new_cas(),
+        // On a created item `T` applies after `N` (see the module docs).
+        vivify: expiry(ctx, args.vivify())
+            .map(|v| (touch.unwrap_or(v), args.initial().unwrap_or(0))),
+        touch,
+        binary_key: key.is_base64(),
+    };
+    let (hits, misses) = if incr {
+        (&st.incr_hits, &st.incr_misses)
+    } else {
+        (&st.decr_hits, &st.decr_misses)
+    };
+    let code = match shared.engine.meta_arith(k, now, req) {
+        MetaArithResult::Value {
+            value,
+            cas,
+            exptime,
+            created,
+            ..
+        } => {
+            if !created {
+                hits.incr();
+            }
+            if args.quiet() {
+                return Step::Next;
+            }
+            let mut buf = [0u8; 20];
+            let digits = digits(value, &mut buf);
+            let mut r = if args.value() {
+                MetaReply::va(&mut s.out, digits.len())
+            } else {
+                MetaReply::hd(&mut s.out)
+            };
+            for flag in args.return_flags() {
+                r = match flag {
+                    ReturnFlag::Cas => r.num(b'c', cas),
+                    ReturnFlag::Ttl => put_ttl(r, exptime, now),
+                    ReturnFlag::Opaque(o) => r.opaque(o),
+                    ReturnFlag::Key => r.key(k, key.is_base64()),
+                    _ => r,
+                };
+            }
+            if args.value() {
+                r.finish_value(digits);
+            } else {
+                r.finish();
+            }
+            return Step::Next;
+        }
+        MetaArithResult::NotFound => {
+            misses.incr();
+            Code::Nf
+        }
+        MetaArithResult::Exists => Code::Ex,
+        MetaArithResult::NonNumeric => {
+            proto::write_error(&mut s.out, NON_NUMERIC);
+            return Step::Next;
+        }
+        MetaArithResult::NoMemory => {
+            proto::write_error(&mut s.out, ErrorReply::Server("out of memory"));
+            return Step::Next;
+        }
+    };
+    echo(code.start(&mut s.out), args, k).finish();
+    Step::Next
+}
+
+/// The slab class memcached would put an item of `size` bytes in, with its default slab
+/// sizes (`-n 48 -f 1.25`, 1 MiB pages): classes from 96 bytes growing by 1.25 (rounded up
+/// to 8) while below 512 KiB / 1.25, then one class of 512 KiB (larger items are chunked into
+/// it).
+fn slab_class(size: usize) -> u32 {
+    const MAX_CHUNK: usize = 512 * 1024;
+    let mut chunk = 96usize;
+    let mut class = 1u32;
+    loop {
+        if size <= chunk {
+            return class;
+        }
+        class += 1;
+        let next = chunk + chunk / 4;
+        if next as f64 >= MAX_CHUNK as f64 / 1.25 {
+            return class;
+        }
+        chunk = next.div_ceil(8) * 8;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slab_classes_match_memcached_defaults() {
+        // memcached -vv: class 1 is 96 bytes, 2 is 120, 3 is 152, ... 38 is 394,840,
+        // 39 (the last) is 524,288.
+        assert_eq!(slab_class(1), 1);
+        assert_eq!(slab_class(96), 1);
+        assert_eq!(slab_class(97), 2);
+        assert_eq!(slab_class(120), 2);
+        assert_eq!(slab_class(121), 3);
+        assert_eq!(slab_class(152), 3);
+        assert_eq!(slab_class(394_840), 38);
+        assert_eq!(slab_class(394_841), 39);
+        assert_eq!(slab_class(1 << 20), 39);
+    }
+}
