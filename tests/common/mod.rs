@@ -245,7 +245,9 @@ impl Client {
     /// Read one line including its `\r\n`.
     pub fn line(&mut self) -> String {
         let mut buf = Vec::new();
-        self.reader.read_until(b'\n', &mut buf).expect("read line");
+        if let Err(e) = self.reader.read_until(b'\n', &mut buf) {
+            panic!("read line: {e} (after {:?})", String::from_utf8_lossy(&buf));
+        }
         String::from_utf8_lossy(&buf).into_owned()
     }
 
