@@ -332,3 +332,90 @@ fn log_concurrent_resize_and_maintain() {
     assert!(e.stats().total_malloced <= 1 << 20, "{:?}", e.stats());
     e.check_accounting().unwrap();
 }
+
+/// Stale-while-revalidate under races: for each invalidated item, exactly one of many
+/// concurrent `mg` requests (some with `T`, which rewrites the item, some without, one
+/// racing touch and in-place incr keeping the marks) gets the win token; the others see
+/// it already sent. The same for recache (`R`) and for vivify (`N`) of a missing key.
+#[test]
+fn log_concurrent_meta_win_token_is_unique() {
+    use kvstore::{MetaArith, MetaDelete, MetaDeleteResult, MetaGet, MetaRead, Win};
+    let e = engine(4 << 20);
+    let threads = 4;
+    let rounds = 200 * scale();
+    for round in 0..rounds {
+        let key = format!("swr:{}", round % 7);
+        let k = key.as_bytes();
+        let now = 100 + round as u32;
+        // 0: stale (md I); 1: recache (R, item expiring soon); 2: vivify (N, missing).
+        let kind = round % 3;
+        match kind {
+            0 => {
+                assert!(matches!(
+                    store(&e, StoreMode::Set, k, b"10", 0),
+                    StoreResult::Stored(_)
+                ));
+                let md = MetaDelete {
+                    invalidate: true,
+                    ..MetaDelete::default()
+                };
+                assert_eq!(e.meta_delete(k, now, md), MetaDeleteResult::Deleted);
+            }
+            1 => {
+                assert!(matches!(
+                    store(&e, StoreMode::Set, k, b"10", now + 5),
+                    StoreResult::Stored(_)
+                ));
+            }
+            _ => {
+                e.delete(k, now);
+            }
+        }
+        let won = AtomicU64::new(0);
+        let seen = AtomicU64::new(0);
+        std::thread::scope(|s| {
+            for t in 0..threads {
+                let (e, won, seen) = (&e, &won, &seen);
+                s.spawn(move || {
+                    for i in 0..8 {
+                        let touch = (t + i) % 3 == 0;
+                        let opts = MetaRead {
+                            touch: touch.then_some(now + 100),
+                            recache: (kind == 1).then_some(now + 30),
+                            vivify: (kind == 2).then_some(now + 50),
+                            ..MetaRead::default()
+                        };
+                        let r = e.meta_get(k, now, opts, &mut |mi| {
+                            match mi.win {
+                                Win::Won => won.fetch_add(1, Ordering::Relaxed),
+                                Win::AlreadySent => seen.fetch_add(1, Ordering::Relaxed),
+                                Win::None => 0,
+                            };
+                        });
+                        assert_ne!(r, MetaGet::Miss);
+                        if t == 0 && i % 2 == 0 {
+                            // Rewrites that keep the marks race with the readers.
+                            e.touch(k, now + 200, now);
+                            let ma = MetaArith {
+                                incr: true,
+                                delta: 1,
+                                ..MetaArith::default()
+                            };
+                            let _ = e.meta_arith(k, now, ma);
+                        }
+                    }
+                });
+            }
+        });
+        // Every rewrite in the race keeps the win mark (touch, in-place incr: at most four
+        // increments of "10"), so exactly one request wins and every later one sees the
+        // token sent.
+        assert_eq!(won.load(Ordering::Relaxed), 1, "round {round} kind {kind}");
+        assert_eq!(
+            seen.load(Ordering::Relaxed),
+            threads as u64 * 8 - 1,
+            "round {round} kind {kind}"
+        );
+    }
+    e.check_accounting().unwrap();
+}

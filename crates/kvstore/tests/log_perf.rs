@@ -82,7 +82,9 @@ fn log_bytes_per_item_small() {
     // 200k items: the same per-item figure as 2M at a tenth of the size.
     let (acct, _) = bytes_per_item(200_000, 14 << 20);
     eprintln!("accounted bytes per item: {acct:.1}");
-    assert!(acct <= 70.0, "{acct}");
+    // About 67 bytes before the index kept a 2-byte last access time per slot (meta `l`,
+    // `me`'s `la`), which adds about 3.4 bytes per item at this fill.
+    assert!(acct <= 71.5, "{acct}");
 }
 
 #[test]

@@ -24,10 +24,22 @@ pub(crate) const HAS_EXPTIME: u8 = 0x08;
 /// The record is a rewrite of an item that kept its CAS (touch, second-chance copy) and
 /// carries a rewrite stamp that orders it among copies with the same CAS.
 pub(crate) const HAS_STAMP: u8 = 0x10;
+/// The record carries a meta byte (after the rewrite stamp): see `META_*`.
+pub(crate) const HAS_META: u8 = 0x20;
+
+/// Meta byte: the item is stale (`md ... I`, `ms ... I` with an older CAS).
+pub(crate) const META_STALE: u8 = 0x01;
+/// Meta byte: the key is binary (the client sent it base64-encoded, `b`).
+pub(crate) const META_BINARY_KEY: u8 = 0x02;
+/// Meta byte: an explicit CAS unique follows (LEB128 varint, absolute): the CAS clients
+/// see (`E`, or the one `md ... x` keeps). The CAS delta field still holds the version
+/// the engine drew, which orders records and decides flushes.
+pub(crate) const META_EXPLICIT_CAS: u8 = 0x04;
 
 /// The largest record header: state, key length, value length (varint, 5), CAS delta
-/// (zigzag varint, 10), flags (varint, 5), exptime (4), rewrite stamp (varint, 10).
-pub(crate) const HDR_MAX: usize = 2 + 5 + 10 + 5 + 4 + 10;
+/// (zigzag varint, 10), flags (varint, 5), exptime (4), rewrite stamp (varint, 10), meta
+/// byte (1) and explicit CAS (varint, 10).
+pub(crate) const HDR_MAX: usize = 2 + 5 + 10 + 5 + 4 + 10 + 1 + 10;
 
 /// What a writer puts into a record.
 #[derive(Debug, Clone, Copy)]
@@ -41,6 +53,10 @@ pub(crate) struct Spec<'a> {
     pub cas: u64,
     /// Rewrite stamp (0: an original write).
     pub stamp: u64,
+    /// `META_STALE | META_BINARY_KEY` (`META_EXPLICIT_CAS` is implied by `explicit_cas`).
+    pub meta: u8,
+    /// The CAS unique clients see, when it is not `cas` (the version).
+    pub explicit_cas: Option<u64>,
 }
 
 /// A parsed record, borrowing segment memory.
@@ -55,6 +71,10 @@ pub(crate) struct Rec<'a> {
     /// Read by log replay (the tests now; warm restart later).
     #[cfg_attr(not(test), allow(dead_code))]
     pub stamp: u64,
+    /// `META_STALE | META_BINARY_KEY` bits of the meta byte (0 without one).
+    pub meta: u8,
+    /// The explicit CAS unique, if the record has one.
+    pub explicit_cas: Option<u64>,
     /// Bytes the whole record occupies.
     pub len: usize,
 }
@@ -94,6 +114,13 @@ fn encode_header(spec: &Spec<'_>, base: u64, buf: &mut [u8; HDR_MAX]) -> usize {
     if spec.stamp != 0 {
         state |= HAS_STAMP;
     }
+    let mut meta = spec.meta & (META_STALE | META_BINARY_KEY);
+    if spec.explicit_cas.is_some() {
+        meta |= META_EXPLICIT_CAS;
+    }
+    if meta != 0 {
+        state |= HAS_META;
+    }
     buf[0] = state;
     buf[1] = spec.key.len() as u8;
     let mut at = 2;
@@ -111,6 +138,13 @@ fn encode_header(spec: &Spec<'_>, base: u64, buf: &mut [u8; HDR_MAX]) -> usize {
     }
     if spec.stamp != 0 {
         put_varint(buf, &mut at, spec.stamp);
+    }
+    if meta != 0 {
+        buf[at] = meta;
+        at += 1;
+        if let Some(c) = spec.explicit_cas {
+            put_varint(buf, &mut at, c);
+        }
     }
     at
 }
@@ -234,6 +268,20 @@ pub(crate) unsafe fn read<'a>(
     } else {
         0
     };
+    let (mut meta, mut explicit_cas) = (0, None);
+    if state & HAS_META != 0 {
+        if at >= end {
+            return None;
+        }
+        // SAFETY: `at < end`; a header byte of this record.
+        let m = unsafe { base_ptr.add(at).read() };
+        at += 1;
+        if m & META_EXPLICIT_CAS != 0 {
+            // SAFETY: as for the other varints.
+            explicit_cas = Some(unsafe { get_varint(base_ptr, &mut at, end, 10)? });
+        }
+        meta = m & (META_STALE | META_BINARY_KEY);
+    }
     let total = at.checked_add(klen)?.checked_add(vlen)?;
     if total > end {
         return None;
@@ -254,6 +302,8 @@ pub(crate) unsafe fn read<'a>(
         exptime,
         cas,
         stamp,
+        meta,
+        explicit_cas,
         len: total - off,
     })
 }
@@ -305,6 +355,8 @@ mod tests {
         assert_eq!(r.exptime, spec.exptime);
         assert_eq!(r.cas, spec.cas);
         assert_eq!(r.stamp, spec.stamp);
+        assert_eq!(r.meta, spec.meta);
+        assert_eq!(r.explicit_cas, spec.explicit_cas);
         assert_eq!(r.len, len);
         // The byte after the record is still unwritten: parsing there finds nothing.
         // SAFETY: as above.
@@ -327,18 +379,27 @@ mod tests {
                 (&b""[..], &big[..], &b"x"[..]),
             ] {
                 for kind in [KIND_ITEM, KIND_TOMBSTONE] {
-                    roundtrip(
-                        Spec {
-                            kind,
-                            key: k,
-                            parts: [p0, p1],
-                            flags,
-                            exptime,
-                            cas,
-                            stamp,
-                        },
-                        base,
-                    );
+                    for (meta, explicit_cas) in [
+                        (0, None),
+                        (META_STALE, None),
+                        (META_BINARY_KEY, Some(u64::MAX)),
+                        (0, Some(7)),
+                    ] {
+                        roundtrip(
+                            Spec {
+                                kind,
+                                key: k,
+                                parts: [p0, p1],
+                                flags,
+                                exptime,
+                                cas,
+                                stamp,
+                                meta,
+                                explicit_cas,
+                            },
+                            base,
+                        );
+                    }
                 }
             }
         }
@@ -355,6 +416,8 @@ mod tests {
             exptime: 0,
             cas: 1_000,
             stamp: 0,
+            meta: 0,
+            explicit_cas: None,
         };
         assert_eq!(encoded_len(&spec, 990) - 47, 4);
         assert!(encoded_len(&spec, 0) - 47 <= 5);
@@ -370,6 +433,8 @@ mod tests {
             exptime: 99,
             cas: 77,
             stamp: 5,
+            meta: META_STALE | META_BINARY_KEY,
+            explicit_cas: Some(1 << 40),
         };
         let len = encoded_len(&spec, 0);
         let mut buf = vec![0u8; len];

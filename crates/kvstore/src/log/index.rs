@@ -1,9 +1,20 @@
 //! The hash index: cache-line buckets of eight tagged 64-bit slots.
 //!
-//! A slot is `VALID | fetched | freq(2) | tag(16) | segment(22) | offset(20)`, or 0 when
-//! empty. Readers load slots atomically and never lock; writers change the location bits
-//! only while holding the lock stripe of the key's main bucket. Readers change only the
-//! `freq`/`fetched` bits, and only by compare-exchange, so they never undo a writer.
+//! A slot is `VALID | - | win | fetched | freq(2) | tag(16) | segment(22) | offset(20)`, or 0
+//! when empty. Readers load slots atomically and never lock; writers change the location
+//! bits only while holding the lock stripe of the key's main bucket. Readers change only the
+//! `freq`/`fetched`/`win` bits, and only by compare-exchange, so they never undo a writer.
+//! `win` ("a win token was sent for this item", meta protocol) is set by a reader's
+//! compare-exchange, so exactly one reader sets it; a writer that keeps it (a rewrite of the
+//! same item) carries it over with a compare-exchange loop too, never with a plain store of
+//! a value it loaded earlier.
+//!
+//! Next to every slot the index keeps the item's last access time in a parallel table: the
+//! low 16 bits of the unix time (`AtomicU16`), written before the slot is published for a
+//! new item, and by readers (relaxed) on every access. It reads back as the latest time at
+//! or before `now` with those low bits: exact for items accessed within the last 18 hours
+//! (65536 s), the age modulo 65536 s beyond. Two bytes per slot instead of four keep the
+//! index at about a fifth of `-m`.
 //!
 //! Every key hashes to one main bucket; when its eight slots are taken the bucket chains
 //! to overflow buckets taken from a pool that is sized up front and never shrinks (an
@@ -11,7 +22,9 @@
 //! bucket that belongs to another chain). When the pool is exhausted the insert replaces a
 //! slot of the chain (the index is lossy, as MICA's is: that item is evicted).
 
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+
+use crate::Time;
 use std::sync::{Mutex, MutexGuard};
 
 use super::mem::ZeroedSlice;
@@ -25,9 +38,11 @@ const FREQ_SHIFT: u32 = TAG_SHIFT + 16;
 pub(crate) const FREQ_MAX: u64 = 3;
 const FREQ_MASK: u64 = FREQ_MAX << FREQ_SHIFT;
 pub(crate) const FETCHED: u64 = 1 << 60;
+/// Meta protocol: a win token was handed out for this item.
+pub(crate) const WIN: u64 = 1 << 61;
 const VALID: u64 = 1 << 63;
-/// The bits that name an item's location (everything but the access bits).
-pub(crate) const IDENT_MASK: u64 = !(FREQ_MASK | FETCHED);
+/// The bits that name an item's location (everything but the access and win bits).
+pub(crate) const IDENT_MASK: u64 = !(FREQ_MASK | FETCHED | WIN);
 /// Largest segment id a slot can name.
 pub(crate) const MAX_SEGMENTS: usize = 1 << SEG_BITS;
 /// Largest in-segment offset + 1 a slot can name.
@@ -88,6 +103,8 @@ pub(crate) struct Index {
     buckets: ZeroedSlice<Bucket>,
     /// Per bucket: 1 + the overflow bucket that follows it, or 0.
     next: ZeroedSlice<AtomicU32>,
+    /// Per slot (bucket * SLOTS + i): low 16 bits of the last access time of its item.
+    times: ZeroedSlice<AtomicU16>,
     nmain: usize,
     over_used: AtomicUsize,
     locks: Box<[Mutex<()>]>,
@@ -106,6 +123,8 @@ impl Index {
             buckets: unsafe { ZeroedSlice::new(nmain + nover) },
             // SAFETY: all-zero bytes are AtomicU32's default (0: no next bucket); no drop.
             next: unsafe { ZeroedSlice::new(nmain + nover) },
+            // SAFETY: all-zero bytes are AtomicU16's default; no drop.
+            times: unsafe { ZeroedSlice::new((nmain + nover) * SLOTS) },
             nmain,
             over_used: AtomicUsize::new(0),
             locks: (0..nlocks).map(|_| Mutex::new(())).collect(),
@@ -116,6 +135,7 @@ impl Index {
     pub(crate) fn bytes(&self) -> usize {
         self.buckets.len() * std::mem::size_of::<Bucket>()
             + self.next.len() * 4
+            + self.times.len() * 2
             + self.locks.len() * std::mem::size_of::<Mutex<()>>()
     }
 
@@ -166,17 +186,45 @@ impl Index {
         }
     }
 
-    /// Put `v` into a free slot of `h`'s chain. When the chain is full and the overflow
-    /// pool is exhausted, nothing is stored and a slot of the chain is returned instead:
-    /// the caller evicts its item and stores `v` there.
+    /// The last-access time cell of `slot` (a slot of this index).
+    fn time(&self, slot: &AtomicU64) -> Option<&AtomicU16> {
+        let base = self.buckets.as_ptr() as usize;
+        let at = (slot as *const AtomicU64 as usize).wrapping_sub(base);
+        self.times.get(at / std::mem::size_of::<AtomicU64>())
+    }
+
+    /// The last access time recorded for `slot`'s item, as seen at `now`: the latest
+    /// time at or before `now` with the recorded low 16 bits.
+    pub(crate) fn atime(&self, slot: &AtomicU64, now: Time) -> Time {
+        let low = self
+            .time(slot)
+            .map_or(now as u16, |t| t.load(Ordering::Relaxed));
+        now.saturating_sub(u32::from((now as u16).wrapping_sub(low)))
+    }
+
+    /// Record an access at `now` (skips the write when nothing changes).
+    pub(crate) fn set_atime(&self, slot: &AtomicU64, now: Time) {
+        if let Some(t) = self.time(slot) {
+            let low = now as u16;
+            if t.load(Ordering::Relaxed) != low {
+                t.store(low, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Put `v` into a free slot of `h`'s chain, with last access time `t` (stored before
+    /// the slot is published). When the chain is full and the overflow pool is exhausted,
+    /// nothing is stored and a slot of the chain is returned instead: the caller evicts
+    /// its item and stores `v` there.
     ///
     /// The caller holds `h`'s stripe lock.
-    pub(crate) fn insert(&self, h: u64, v: u64) -> Option<&AtomicU64> {
+    pub(crate) fn insert(&self, h: u64, v: u64, t: Time) -> Option<&AtomicU64> {
         let mut b = self.main_bucket(h);
         loop {
             let bucket = self.buckets.get(b)?;
             for slot in &bucket.0 {
                 if slot.load(Ordering::Relaxed) == 0 {
+                    self.set_atime(slot, t);
                     slot.store(v, Ordering::Release);
                     return None;
                 }
@@ -193,6 +241,7 @@ impl Index {
             if nb < self.buckets.len() {
                 // The new bucket has never been used, so it is all zero: fill its first
                 // slot before linking it so readers find the item as soon as they see it.
+                self.set_atime(&self.buckets[nb].0[0], t);
                 self.buckets[nb].0[0].store(v, Ordering::Release);
                 next.store(nb as u32 + 1, Ordering::Release);
                 return None;
@@ -254,6 +303,7 @@ mod tests {
         let b = bumped(bumped(v));
         assert_eq!(freq(b), FREQ_MAX);
         assert_eq!(b & IDENT_MASK, v & IDENT_MASK);
+        assert_eq!((v | WIN) & IDENT_MASK, v & IDENT_MASK);
         let z = pack(0, 0, 0, 0, false);
         assert!(is_valid(z) && z != 0 && !fetched(z) && freq(z) == 0);
     }
@@ -268,7 +318,7 @@ mod tests {
         for i in 0..n {
             let _g = idx.lock(h(i));
             let v = pack(0x77, i as u32, 0, 0, false);
-            if let Some(slot) = idx.insert(h(i), v) {
+            if let Some(slot) = idx.insert(h(i), v, i as u32) {
                 assert!(is_valid(slot.load(Ordering::Relaxed)));
                 slot.store(v, Ordering::Relaxed);
                 victims += 1;
@@ -283,5 +333,22 @@ mod tests {
         // find stops at the first match.
         let found = idx.find(h(0), |v| slot_seg(v) == (n - 1) as u32);
         assert!(found.is_some());
+    }
+
+    #[test]
+    fn access_times() {
+        let idx = Index::new(64);
+        let h = 0x1234_5678_9abc_def0;
+        let _g = idx.lock(h);
+        let v = pack(tag_of(h), 1, 2, 0, false);
+        assert!(idx.insert(h, v, 1_000_000).is_none());
+        let (slot, _) = idx.find(h, |x| x == v).expect("inserted");
+        assert_eq!(idx.atime(slot, 1_000_000), 1_000_000);
+        assert_eq!(idx.atime(slot, 1_000_050), 1_000_000);
+        // Exact within 65536 s; the age wraps beyond.
+        assert_eq!(idx.atime(slot, 1_065_535), 1_000_000);
+        assert_eq!(idx.atime(slot, 1_065_536), 1_065_536);
+        idx.set_atime(slot, 1_000_077);
+        assert_eq!(idx.atime(slot, 1_000_080), 1_000_077);
     }
 }

@@ -10,7 +10,9 @@
 //!   15-byte key with a 32-byte value costs 4-5 header bytes. Items larger than a segment
 //!   get a segment of their own (a "large" segment: one record, mapped to size).
 //! * **Index**: buckets of eight `AtomicU64` slots, one cache line each (see [`index`]).
-//!   A slot names segment + offset and holds a 16-bit tag and the CLOCK access bits.
+//!   A slot names segment + offset and holds a 16-bit tag, the CLOCK access bits and the
+//!   meta protocol's "win token sent" bit; a parallel table keeps each slot's last access
+//!   time (16 bits).
 //! * **Append shards**: each thread appends to the open segment of its shard (threads
 //!   are spread over shards round-robin), so writers of different shards never share an
 //!   append lock.
@@ -40,6 +42,21 @@
 //! takes the shard or evictor lock while holding a pin, so the pin barrier cannot
 //! deadlock. Callbacks passed to [`Engine::get`] must not call back into the engine.
 //!
+//! # Meta protocol
+//!
+//! `mg`/`ms`/`md`/`ma`/`me` are implemented exactly (as the model in `model.rs` specifies
+//! them), on the same write path (`apply`): the stale and binary-key marks and an explicit
+//! CAS (`E`) live in the record (`FORMAT.md`, "Meta-protocol state"); the win mark, the
+//! fetched bit and the last access time live next to the index slot because readers change
+//! them. The win mark changes only by compare-exchange on the slot: a reader that wins
+//! sets it in the exchange that also records its access, so exactly one of concurrent
+//! readers wins; `mg ... T` and `mg ... N` set it in the exchange that installs the
+//! rewritten or created item; writers that keep it (touch, in-place incr/decr, stale
+//! `ms ... I`, second-chance copies) carry it over with a compare-exchange loop under the
+//! stripe lock instead of storing a value loaded earlier. Conditions on CAS (`C`) are
+//! checked against a pinned read and made atomic by a location condition (`Cond::Loc`):
+//! the write happens only if the item is still the one checked.
+//!
 //! Locks are held for short, bounded work. Eviction runs on the write path that needs a
 //! segment (about once per segment's worth of writes): the thread walks the segment it
 //! popped (other threads may be cleaning other segments), taking each live record's
@@ -58,7 +75,8 @@
 //! # Memory
 //!
 //! `-m` covers the index and the segments. The index is sized once, at one slot per 48
-//! bytes of `-m` (plus 1/8 as overflow buckets): about 20% of `-m`. Segment memory is
+//! bytes of `-m` (plus 1/8 as overflow buckets); a slot costs 10 bytes (8 for the slot,
+//! 2 for the item's last access time, which the meta protocol shows): about 23% of `-m`. Segment memory is
 //! mapped on demand up to the rest and unmapped when the limit shrinks. The index is not
 //! resized: growing `-m` later adds segments only (more items than slots make the index
 //! lossy: a full chain replaces a slot, counted as `evicted_index_full`), and shrinking
@@ -71,6 +89,11 @@
 //! * Delete appends a tombstone; with `no_evict` and full memory the delete happens
 //!   without one (a log reader would miss it). Flushes are not logged.
 //! * No warm restart or replica reader yet (the format allows both, see `FORMAT.md`).
+//! * Meta: `mg ... T` and `md ... I` rewrite the item like touch does (no room with
+//!   `no_evict` and full memory: a miss, `NS`). The last access time is kept in 16 bits:
+//!   `l`/`la` are exact for items accessed within the last 18 hours, the age modulo
+//!   65536 s beyond. A reader that races with a writer of the same slot may record its
+//!   access time on the new item (the same `now`, or one second off).
 
 mod format;
 mod index;
@@ -86,10 +109,11 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize
 use std::sync::{Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard};
 
 use crate::{
-    ArithResult, Engine, EngineConfig, EngineStats, ItemView, ReadOptions, StoreMode, StoreRequest,
-    StoreResult, Time,
+    ArithResult, DebugItem, Engine, EngineConfig, EngineStats, ItemView, MetaArith,
+    MetaArithResult, MetaDelete, MetaDeleteResult, MetaGet, MetaItem, MetaRead, MetaStoreRequest,
+    MetaStored, ReadOptions, StoreMode, StoreRequest, StoreResult, Time, Win,
 };
-use format::{Rec, Spec, HDR_MAX, KIND_ITEM, KIND_TOMBSTONE, SEG_HDR};
+use format::{Rec, Spec, HDR_MAX, KIND_ITEM, KIND_TOMBSTONE, META_BINARY_KEY, META_STALE, SEG_HDR};
 use index::{Index, IDENT_MASK};
 
 /// Largest segment (offsets must fit the slot's offset field).
@@ -220,6 +244,9 @@ enum Cond {
     Absent,
     Present,
     Cas(u64),
+    /// `ms ... I`: like `Cas`, but a non-zero CAS lower than the item's also stores, and
+    /// then the new item is stale and keeps the old expiry and win mark.
+    CasStale(u64),
     /// The live item must still be at this location (slot identity bits).
     Loc(u64),
 }
@@ -267,12 +294,59 @@ struct Commit<'a> {
     /// this write as an access too.
     keep_access: bool,
     access: bool,
+    meta: MetaW,
 }
+
+/// The meta-protocol state a write gives the new item.
+#[derive(Debug, Clone, Copy)]
+struct MetaW {
+    /// The CAS clients see (`E`), when not the drawn version; ignored with `keep_cas`
+    /// (the old item's is kept) and when CAS is off.
+    explicit_cas: Option<u64>,
+    /// The stale mark; None keeps the old item's.
+    stale: Option<bool>,
+    /// The binary-key mark; None keeps the old item's.
+    binary_key: Option<bool>,
+    /// Set or clear the win mark; None keeps the old slot's with `keep_access`, else
+    /// clears it.
+    win: Option<bool>,
+    /// Keep the old item's last access time (the write is not an access).
+    keep_atime: bool,
+}
+
+impl Default for MetaW {
+    /// A plain new item: no explicit CAS, not stale, text key, no win mark.
+    fn default() -> Self {
+        MetaW {
+            explicit_cas: None,
+            stale: Some(false),
+            binary_key: Some(false),
+            win: None,
+            keep_atime: false,
+        }
+    }
+}
+
+/// The callback of a write that shows its result (gat, mg with T, mg with N): the slot and
+/// the value it held before (when the write replaced a live item in place) and the new
+/// record, all under the key's stripe lock.
+type ShowFn<'s> = &'s mut dyn FnMut(Option<(&AtomicU64, u64)>, &Rec<'_>);
 
 /// A stripe lock still held after a write, with the slot value written.
 struct Held<'a> {
     _g: MutexGuard<'a, ()>,
+    /// The slot and its value before the write, when a live item was replaced.
+    prev: Option<(&'a AtomicU64, u64)>,
     v: u64,
+}
+
+/// One attempt of a meta read.
+enum Step {
+    Done(MetaGet),
+    /// Lost a race with a writer or another reader: look again.
+    Retry,
+    /// No live item.
+    Missing,
 }
 
 /// Where a record goes: an open segment at `off`.
@@ -287,10 +361,15 @@ struct Dest {
 
 /// What the old item was, as seen by a pinned reader.
 #[derive(Debug, Clone, Copy)]
-struct Peek {
+struct Peek<'a> {
+    slot: &'a AtomicU64,
     ident: u64,
     value_len: usize,
     flags: u32,
+    exptime: Time,
+    /// The CAS clients see.
+    cas: u64,
+    stale: bool,
 }
 
 static NEXT_TID: AtomicUsize = AtomicUsize::new(0);
@@ -420,7 +499,7 @@ impl LogEngine {
         // SAFETY: pinned while `r` is used.
         let (_, _, r) = unsafe { self.lookup(h, key) }?;
         (self.vis(&r, now) == Vis::Live)
-            .then(|| (r.value.to_vec(), r.flags, r.exptime, self.report_cas(r.cas)))
+            .then(|| (r.value.to_vec(), r.flags, r.exptime, self.rec_cas(&r)))
     }
 
     /// Whether the index still holds a record for `key`, live or not (for tests).
@@ -531,9 +610,11 @@ impl LogEngine {
         self.rewrites.fetch_add(1, Ordering::Relaxed) + 1
     }
 
-    fn report_cas(&self, cas: u64) -> u64 {
+    /// The CAS unique clients see for a record: its explicit one, else its version
+    /// (0 with CAS off).
+    fn rec_cas(&self, r: &Rec<'_>) -> u64 {
         if self.use_cas {
-            cas
+            r.explicit_cas.unwrap_or(r.cas)
         } else {
             0
         }
@@ -633,7 +714,7 @@ impl LogEngine {
             value: r.value,
             flags: r.flags,
             exptime: r.exptime,
-            cas: self.report_cas(r.cas),
+            cas: self.rec_cas(r),
         }
     }
 
@@ -682,17 +763,21 @@ impl LogEngine {
 
     /// Look `key` up under a pin: its location and value length if live. A dead item is
     /// unlinked and counted, as memcached's lookups do.
-    fn peek(&self, h: u64, key: &[u8], now: Time) -> Option<Peek> {
+    fn peek(&self, h: u64, key: &[u8], now: Time) -> Option<Peek<'_>> {
         let dead = {
             let _pin = self.pin();
             // SAFETY: pinned.
-            let (_, v, r) = unsafe { self.lookup(h, key) }?;
+            let (slot, v, r) = unsafe { self.lookup(h, key) }?;
             match self.vis(&r, now) {
                 Vis::Live => {
                     return Some(Peek {
+                        slot,
                         ident: v & IDENT_MASK,
                         value_len: r.value.len(),
                         flags: r.flags,
+                        exptime: r.exptime,
+                        cas: self.rec_cas(&r),
+                        stale: r.meta & META_STALE != 0,
                     })
                 }
                 vis => (v, vis),
@@ -935,15 +1020,27 @@ impl LogEngine {
                 vis => self.count_dead(vis),
             }
         }
+        let mut stale_store = false;
         let failed = match (c.cond, &live) {
             (Cond::Any, _) => None,
             (Cond::Absent, Some(_)) => Some(Fail::Present),
             (Cond::Absent, None) => None,
             (Cond::Present, None) => Some(Fail::Absent),
             (Cond::Present, Some(_)) => None,
-            (Cond::Cas(_), None) => Some(Fail::Absent),
+            (Cond::Cas(_) | Cond::CasStale(_), None) => Some(Fail::Absent),
             (Cond::Cas(want), Some((_, r))) => {
-                (want == 0 || want != self.report_cas(r.cas)).then_some(Fail::CasMismatch)
+                (want == 0 || want != self.rec_cas(r)).then_some(Fail::CasMismatch)
+            }
+            (Cond::CasStale(want), Some((_, r))) => {
+                let have = self.rec_cas(r);
+                if want != 0 && want == have {
+                    None
+                } else if want != 0 && want < have {
+                    stale_store = true;
+                    None
+                } else {
+                    Some(Fail::CasMismatch)
+                }
             }
             (Cond::Loc(ident), Some((v, _))) => (v & IDENT_MASK != ident).then_some(Fail::Moved),
             (Cond::Loc(_), None) => Some(Fail::Moved),
@@ -965,18 +1062,31 @@ impl LogEngine {
             // Never write past the reservation; the caller retries.
             return (Outcome::Failed(Fail::Moved), 0, None);
         }
-        let (cas, stamp) = match (c.keep_cas, old) {
-            (true, Some(r)) => (r.cas, self.rewrite_stamp()),
-            _ => (self.next_cas.fetch_add(1, Ordering::SeqCst), 0),
+        let (cas, stamp, explicit_cas) = match (c.keep_cas, old) {
+            (true, Some(r)) => (r.cas, self.rewrite_stamp(), r.explicit_cas),
+            _ => (
+                self.next_cas.fetch_add(1, Ordering::SeqCst),
+                0,
+                c.meta.explicit_cas.filter(|_| self.use_cas),
+            ),
+        };
+        let old_meta = old.map_or(0, |r| r.meta);
+        let stale = stale_store || c.meta.stale.unwrap_or(old_meta & META_STALE != 0);
+        let binary = c.meta.binary_key.unwrap_or(old_meta & META_BINARY_KEY != 0);
+        let exptime = match (stale_store, old) {
+            (true, Some(r)) => r.exptime,
+            _ => c.exptime.or(old.map(|r| r.exptime)).unwrap_or(0),
         };
         let spec = Spec {
             kind: KIND_ITEM,
             key: c.key,
             parts,
             flags: c.flags.or(old.map(|r| r.flags)).unwrap_or(0),
-            exptime: c.exptime.or(old.map(|r| r.exptime)).unwrap_or(0),
+            exptime,
             cas,
             stamp,
+            meta: if stale { META_STALE } else { 0 } | if binary { META_BINARY_KEY } else { 0 },
+            explicit_cas,
         };
         // SAFETY: `dest` is in a segment the caller owns for appending (its shard's open
         // segment under the shard lock, or a fresh large segment) and `dest.room` bytes
@@ -985,27 +1095,56 @@ impl LogEngine {
         // the old record, which the stripe lock keeps in place, and cannot overlap the
         // unpublished destination.
         let len = unsafe { format::write(dest.ptr.as_ptr().add(dest.off), &spec, dest.base) };
-        let mut new_v = index::pack(index::tag_of(c.h), dest.id, dest.off as u32, 0, false);
-        if c.keep_access {
-            if let Some((_, v, _)) = &cur {
-                new_v = (new_v & IDENT_MASK) | (v & !IDENT_MASK);
+        let fresh = index::pack(index::tag_of(c.h), dest.id, dest.off as u32, 0, false);
+        // The new slot value, from the value the slot holds when it is replaced: readers
+        // may set access or win bits until then (by compare-exchange), and a write that
+        // keeps them must not lose one.
+        let next = |cur: Option<u64>| {
+            let mut n = fresh;
+            if let Some(x) = cur {
+                if c.keep_access {
+                    n |= x & !IDENT_MASK;
+                } else if stale_store {
+                    n |= x & index::WIN;
+                }
             }
-        }
-        if c.access {
-            new_v = index::bumped(new_v);
-        }
+            match c.meta.win {
+                Some(true) => n |= index::WIN,
+                Some(false) => n &= !index::WIN,
+                None => {}
+            }
+            if c.access {
+                n = index::bumped(n);
+            }
+            n
+        };
+        let mut new_v = next(None);
+        let mut held_prev = None;
         match &cur {
             Some((slot, v, r)) => {
-                slot.store(new_v, Ordering::Release);
+                // A dead item's time and bits are not kept (`Loc` writes, the only ones
+                // that keep them, need a live item).
+                let keep = live.is_some();
+                if !(keep && c.meta.keep_atime) {
+                    self.index.set_atime(slot, now);
+                }
+                let prev = slot
+                    .fetch_update(Ordering::Release, Ordering::Relaxed, |x| {
+                        Some(next(keep.then_some(x)))
+                    })
+                    .unwrap_or(*v);
+                new_v = next(keep.then_some(prev));
+                held_prev = keep.then_some((*slot, prev));
                 self.account_remove(*v, r.len);
             }
             None => {
-                if let Some(slot) = self.index.insert(c.h, new_v) {
+                if let Some(slot) = self.index.insert(c.h, new_v, now) {
                     // The chain is full: this slot's item is evicted to make room.
                     let victim = slot.load(Ordering::Acquire);
                     // SAFETY: `victim` is still in its slot of the chain whose stripe
                     // lock we hold; its length is read before the slot is overwritten.
                     let vlen = unsafe { self.rec(victim) }.map_or(0, |r| r.len);
+                    self.index.set_atime(slot, now);
                     slot.store(new_v, Ordering::Release);
                     self.account_remove(victim, vlen);
                     self.st.0.evictions.fetch_add(1, Ordering::Relaxed);
@@ -1014,29 +1153,33 @@ impl LogEngine {
             }
         }
         self.account_add(dest.id, len);
+        let shown = if self.use_cas {
+            explicit_cas.unwrap_or(cas)
+        } else {
+            0
+        };
         (
-            Outcome::Stored(self.report_cas(cas)),
+            Outcome::Stored(shown),
             len,
-            Some(Held { _g: g, v: new_v }),
+            Some(Held {
+                _g: g,
+                prev: held_prev,
+                v: new_v,
+            }),
         )
     }
 
-    /// Show the item just written to a `gat` callback, still under its stripe lock.
-    fn show(&self, key: &[u8], held: Option<Held<'_>>, view: Option<&mut dyn FnMut(ItemView<'_>)>) {
+    /// Show the item just written to a callback, still under its stripe lock.
+    fn show(&self, held: Option<Held<'_>>, view: Option<ShowFn<'_>>) {
         if let (Some(held), Some(cb)) = (held, view) {
             // SAFETY: `held.v` is in its slot and we hold the stripe lock (`held._g`).
             if let Some(r) = unsafe { self.rec(held.v) } {
-                cb(self.view(key, &r));
+                cb(held.prev, &r);
             }
         }
     }
 
-    fn commit(
-        &self,
-        c: &Commit<'_>,
-        now: Time,
-        view: Option<&mut dyn FnMut(ItemView<'_>)>,
-    ) -> Outcome {
+    fn commit(&self, c: &Commit<'_>, now: Time, view: Option<ShowFn<'_>>) -> Outcome {
         let extra = match c.src {
             Src::Bytes(b) | Src::OldThen(b) | Src::ThenOld(b) => b.len(),
             Src::Old => 0,
@@ -1073,7 +1216,7 @@ impl LogEngine {
                     .fetch_add(1, Ordering::Relaxed);
             }
         }
-        self.show(c.key, held, view);
+        self.show(held, view);
         out
     }
 
@@ -1082,7 +1225,7 @@ impl LogEngine {
         c: &Commit<'_>,
         need: usize,
         now: Time,
-        view: Option<&mut dyn FnMut(ItemView<'_>)>,
+        view: Option<ShowFn<'_>>,
     ) -> Outcome {
         let total = (SEG_HDR + need).div_ceil(PAGE) * PAGE;
         if total > self.budget() {
@@ -1120,7 +1263,7 @@ impl LogEngine {
         // Queued only now that its slot is installed (the evictor frees large segments
         // that no slot points at).
         lock(&self.fifo).push_back(id);
-        self.show(c.key, held, view);
+        self.show(held, view);
         out
     }
 
@@ -1151,7 +1294,10 @@ impl LogEngine {
         None
     }
 
-    fn store_inner(&self, req: &StoreRequest<'_>, h: u64, now: Time) -> StoreResult {
+    /// A store with the meta options (the classic store is one without them); returns the
+    /// result and the stored value's length (the request's when nothing was stored).
+    fn store_inner(&self, req: &MetaStoreRequest<'_>, h: u64, now: Time) -> (StoreResult, usize) {
+        let len = req.value.len();
         let base = Commit {
             key: req.key,
             h,
@@ -1163,12 +1309,21 @@ impl LogEngine {
             keep_cas: false,
             keep_access: false,
             access: false,
+            meta: MetaW {
+                explicit_cas: req.new_cas,
+                binary_key: Some(req.binary_key),
+                ..MetaW::default()
+            },
         };
         let c = match req.mode {
             StoreMode::Set => base,
             StoreMode::Add => {
-                if self.peek(h, req.key, now).is_some() {
-                    return StoreResult::NotStored;
+                if let Some(p) = self.peek(h, req.key, now) {
+                    // memcached's add bumps the access time of the item it finds.
+                    if p.slot.load(Ordering::Relaxed) & IDENT_MASK == p.ident {
+                        self.index.set_atime(p.slot, now);
+                    }
+                    return (StoreResult::NotStored, len);
                 }
                 Commit {
                     cond: Cond::Absent,
@@ -1177,7 +1332,7 @@ impl LogEngine {
             }
             StoreMode::Replace => {
                 if self.peek(h, req.key, now).is_none() {
-                    return StoreResult::NotStored;
+                    return (StoreResult::NotStored, len);
                 }
                 Commit {
                     cond: Cond::Present,
@@ -1186,20 +1341,36 @@ impl LogEngine {
             }
             StoreMode::Cas(want) => {
                 if self.peek(h, req.key, now).is_none() {
-                    return StoreResult::NotFound;
+                    return (StoreResult::NotFound, len);
                 }
-                Commit {
-                    cond: Cond::Cas(want),
-                    ..base
-                }
+                let cond = if req.invalidate {
+                    Cond::CasStale(want)
+                } else {
+                    Cond::Cas(want)
+                };
+                Commit { cond, ..base }
             }
             StoreMode::Append | StoreMode::Prepend => {
                 for _ in 0..RETRIES {
                     let Some(p) = self.peek(h, req.key, now) else {
-                        return StoreResult::NotStored;
+                        if !req.vivify {
+                            return (StoreResult::NotStored, len);
+                        }
+                        let c = Commit {
+                            cond: Cond::Absent,
+                            ..base
+                        };
+                        match self.commit(&c, now, None) {
+                            // Created meanwhile: append to it.
+                            Outcome::Failed(Fail::Present) => continue,
+                            o => return (self.result(o, false), len),
+                        }
                     };
+                    if req.compare_cas.is_some_and(|c| c != 0 && c != p.cas) {
+                        return (StoreResult::Exists, len);
+                    }
                     if self.too_large(req.key.len(), p.value_len + req.value.len(), p.flags) {
-                        return StoreResult::NotStored;
+                        return (StoreResult::NotStored, len);
                     }
                     let src = if req.mode == StoreMode::Append {
                         Src::OldThen(req.value)
@@ -1216,15 +1387,18 @@ impl LogEngine {
                     };
                     match self.commit(&c, now, None) {
                         Outcome::Failed(Fail::Moved) => continue,
-                        Outcome::TooLarge => return StoreResult::NotStored,
-                        o => return self.result(o, false),
+                        Outcome::TooLarge => return (StoreResult::NotStored, len),
+                        o @ Outcome::Stored(_) => {
+                            return (self.result(o, false), p.value_len + req.value.len())
+                        }
+                        o => return (self.result(o, false), len),
                     }
                 }
-                return StoreResult::NotStored;
+                return (StoreResult::NotStored, len);
             }
         };
         let out = self.commit(&c, now, None);
-        self.result(out, matches!(req.mode, StoreMode::Cas(_)))
+        (self.result(out, matches!(req.mode, StoreMode::Cas(_))), len)
     }
 
     fn result(&self, o: Outcome, cas_mode: bool) -> StoreResult {
@@ -1262,12 +1436,18 @@ impl LogEngine {
                 keep_cas: true,
                 keep_access: true,
                 access: true,
+                meta: MetaW {
+                    stale: None,
+                    binary_key: None,
+                    ..MetaW::default()
+                },
             };
-            let view: Option<&mut dyn FnMut(ItemView<'_>)> = match found.as_mut() {
-                Some(f) => Some(&mut **f),
-                None => None,
+            let mut show = |_: Option<(&AtomicU64, u64)>, r: &Rec<'_>| {
+                if let Some(f) = found.as_mut() {
+                    f(self.view(key, r));
+                }
             };
-            match self.commit(&c, now, view) {
+            match self.commit(&c, now, Some(&mut show)) {
                 Outcome::Stored(_) => return true,
                 Outcome::Failed(Fail::Moved) => continue,
                 _ => return false,
@@ -1280,6 +1460,12 @@ impl LogEngine {
         if key.len() > MAX_KEY || self.peek(h, key, now).is_none() {
             return false;
         }
+        self.delete_at(key, h, now, None).unwrap_or(false)
+    }
+
+    /// Delete the live item of `key` (only if it still has identity `want`, when given);
+    /// None if it moved.
+    fn delete_at(&self, key: &[u8], h: u64, now: Time, want: Option<u64>) -> Option<bool> {
         let need = HDR_MAX + key.len();
         let shard = &self.shards[tid() % self.shards.len()];
         let mut sh = lock(&shard.0);
@@ -1290,14 +1476,17 @@ impl LogEngine {
         let _g = self.index.lock(h);
         // SAFETY: we hold `h`'s stripe lock.
         let Some((slot, v, r)) = (unsafe { self.lookup(h, key) }) else {
-            return false;
+            return want.map_or(Some(false), |_| None);
         };
         let vis = self.vis(&r, now);
         if vis != Vis::Live {
             self.count_dead(vis);
             slot.store(0, Ordering::Release);
             self.account_remove(v, r.len);
-            return false;
+            return Some(false);
+        }
+        if want.is_some_and(|w| w != v & IDENT_MASK) {
+            return None;
         }
         if let (Some(o), Some(d)) = (open, dest) {
             let spec = Spec {
@@ -1310,6 +1499,8 @@ impl LogEngine {
                 // Not a new version: a tombstone removes versions below this one (the
                 // next set of the key draws this value or a later one).
                 cas: self.next_cas.load(Ordering::SeqCst),
+                meta: 0,
+                explicit_cas: None,
             };
             // SAFETY: `room` reserved `HDR_MAX + key` bytes at `d.off` in our shard's
             // open segment, which only we append to while holding the shard lock.
@@ -1323,35 +1514,83 @@ impl LogEngine {
         }
         slot.store(0, Ordering::Release);
         self.account_remove(v, r.len);
-        true
+        Some(true)
     }
 
-    fn arith_inner(&self, key: &[u8], h: u64, incr: bool, delta: u64, now: Time) -> ArithResult {
+    /// incr/decr with the meta options (the classic arith is one without them).
+    fn arith_inner(&self, key: &[u8], h: u64, now: Time, req: &MetaArith) -> MetaArithResult {
         for _ in 0..RETRIES {
             let read = {
                 let _pin = self.pin();
                 // SAFETY: pinned.
                 match unsafe { self.lookup(h, key) } {
-                    Some((_, v, r)) if self.vis(&r, now) == Vis::Live => {
-                        Some((v & IDENT_MASK, r.value.len(), number::parse(r.value)))
-                    }
+                    Some((_, v, r)) if self.vis(&r, now) == Vis::Live => Some((
+                        v & IDENT_MASK,
+                        r.value.len(),
+                        number::parse(r.value),
+                        self.rec_cas(&r),
+                        r.exptime,
+                    )),
                     _ => None,
                 }
             };
-            let Some((ident, old_len, n)) = read else {
+            let Some((ident, old_len, n, cas, exptime_before)) = read else {
                 // Count and unlink a dead item as a lookup would.
-                return match self.peek(h, key, now) {
-                    Some(_) => continue,
-                    None => ArithResult::NotFound,
+                if self.peek(h, key, now).is_some() {
+                    continue;
+                }
+                let Some((exptime, initial)) = req.vivify else {
+                    return MetaArithResult::NotFound;
                 };
+                let text = initial.to_string().into_bytes();
+                if self.too_large(key.len(), text.len(), 0) {
+                    return MetaArithResult::NoMemory;
+                }
+                let c = Commit {
+                    key,
+                    h,
+                    cond: Cond::Absent,
+                    src: Src::Bytes(&text),
+                    old_len: 0,
+                    flags: Some(0),
+                    exptime: Some(exptime),
+                    keep_cas: false,
+                    keep_access: false,
+                    access: false,
+                    meta: MetaW {
+                        explicit_cas: req.new_cas,
+                        binary_key: Some(req.binary_key),
+                        ..MetaW::default()
+                    },
+                };
+                match self.commit(&c, now, None) {
+                    Outcome::Stored(cas) => {
+                        return MetaArithResult::Value {
+                            value: initial,
+                            cas,
+                            exptime_before: 0,
+                            exptime,
+                            created: true,
+                        }
+                    }
+                    // Created meanwhile: change that one.
+                    Outcome::Failed(_) => continue,
+                    Outcome::NoMemory | Outcome::TooLarge => return MetaArithResult::NoMemory,
+                }
             };
+            if old_len == 0 {
+                return MetaArithResult::NonNumeric;
+            }
+            if req.compare_cas.is_some_and(|c| c != 0 && c != cas) {
+                return MetaArithResult::Exists;
+            }
             let Some(cur) = n else {
-                return ArithResult::NonNumeric;
+                return MetaArithResult::NonNumeric;
             };
-            let new = if incr {
-                cur.wrapping_add(delta)
+            let new = if req.incr {
+                cur.wrapping_add(req.delta)
             } else {
-                cur.saturating_sub(delta)
+                cur.saturating_sub(req.delta)
             };
             let mut text = new.to_string().into_bytes();
             let in_place = text.len() <= old_len;
@@ -1365,21 +1604,36 @@ impl LogEngine {
                 src: Src::Bytes(&text),
                 old_len,
                 flags: None,
-                exptime: None,
+                exptime: req.touch,
                 keep_cas: false,
-                // In memcached an in-place update keeps the item (and its fetched bit);
-                // a longer number is a new item, counted in total_items.
+                // In memcached an in-place update keeps the item (its fetched bit, stale
+                // and win marks); a longer number is a new item, counted in total_items,
+                // with none of them.
                 keep_access: in_place,
                 access: false,
+                meta: MetaW {
+                    explicit_cas: req.new_cas,
+                    stale: if in_place { None } else { Some(false) },
+                    binary_key: None,
+                    ..MetaW::default()
+                },
             };
             match self.commit(&c, now, None) {
-                Outcome::Stored(_) => return ArithResult::Value(new),
+                Outcome::Stored(cas) => {
+                    return MetaArithResult::Value {
+                        value: new,
+                        cas,
+                        exptime_before,
+                        exptime: req.touch.unwrap_or(exptime_before),
+                        created: false,
+                    }
+                }
                 Outcome::Failed(Fail::Moved) => continue,
-                Outcome::Failed(_) => return ArithResult::NotFound,
-                Outcome::NoMemory | Outcome::TooLarge => return ArithResult::NoMemory,
+                Outcome::Failed(_) => return MetaArithResult::NotFound,
+                Outcome::NoMemory | Outcome::TooLarge => return MetaArithResult::NoMemory,
             }
         }
-        ArithResult::NotFound
+        MetaArithResult::NotFound
     }
 
     // ---- eviction -------------------------------------------------------------------
@@ -1486,7 +1740,7 @@ impl LogEngine {
             if self.evict_item(&r, v, now) {
                 let copied = self.copy_forward(&mut lock(&self.evictor), &r, v);
                 if let Some(new_v) = copied {
-                    slot.store(new_v, Ordering::Release);
+                    self.relocate(slot, new_v);
                     self.account_remove(v, r.len);
                     self.st.0.copied_forward.fetch_add(1, Ordering::Relaxed);
                     continue;
@@ -1526,6 +1780,8 @@ impl LogEngine {
             exptime: r.exptime,
             cas: r.cas,
             stamp: self.rewrite_stamp(),
+            meta: r.meta,
+            explicit_cas: r.explicit_cas,
         };
         // SAFETY: `need` bytes are free at `d.off` in the evictor's own open segment (we
         // hold the evictor lock); the source record lives in the segment being evicted.
@@ -1544,7 +1800,7 @@ impl LogEngine {
             d.off as u32,
             index::freq(v) - 1,
             index::fetched(v),
-        );
+        ) | (v & index::WIN);
         Some(new_v)
     }
 
@@ -1574,14 +1830,26 @@ impl LogEngine {
         };
         if self.evict_item(&r, v, now) {
             let f = index::freq(v) - 1;
-            let nv = index::pack(index::slot_tag(v), id, SEG_HDR as u32, f, index::fetched(v));
-            slot.store(nv, Ordering::Release);
+            let nv = index::pack(index::slot_tag(v), id, SEG_HDR as u32, f, index::fetched(v))
+                | (v & index::WIN);
+            self.relocate(slot, nv);
             self.st.0.copied_forward.fetch_add(1, Ordering::Relaxed);
             return true;
         }
         slot.store(0, Ordering::Release);
         self.account_remove(v, r.len);
         false
+    }
+
+    /// Point `slot` at the second-chance copy `new_v` of its item (under the key's stripe
+    /// lock). `new_v` was computed from a value loaded earlier; readers may since have set
+    /// the fetched or win bit by compare-exchange, and those must survive (a lost win mark
+    /// would let a second reader win the same token).
+    fn relocate(&self, slot: &AtomicU64, new_v: u64) {
+        let keep = index::FETCHED | index::WIN;
+        let _ = slot.fetch_update(Ordering::Release, Ordering::Relaxed, |x| {
+            Some(new_v | (x & keep))
+        });
     }
 
     /// Evict and release until the segment memory fits the budget.
@@ -1696,6 +1964,7 @@ impl Engine for LogEngine {
                             Ordering::Relaxed,
                         );
                     }
+                    self.index.set_atime(slot, now);
                     found(self.view(key, &r));
                     return true;
                 }
@@ -1708,23 +1977,19 @@ impl Engine for LogEngine {
     }
 
     fn store(&self, req: StoreRequest<'_>, now: Time) -> StoreResult {
-        self.tick(now);
-        let h = self.hash(req.key);
-        let r = if req.key.len() > MAX_KEY
-            || self.too_large(req.key.len(), req.value.len(), req.flags)
-        {
-            StoreResult::TooLarge
-        } else {
-            self.store_inner(&req, h, now)
+        let req = MetaStoreRequest {
+            mode: req.mode,
+            key: req.key,
+            value: req.value,
+            flags: req.flags,
+            exptime: req.exptime,
+            compare_cas: None,
+            new_cas: None,
+            invalidate: false,
+            vivify: false,
+            binary_key: false,
         };
-        if matches!(r, StoreResult::TooLarge | StoreResult::NoMemory)
-            && req.mode == StoreMode::Set
-            && req.key.len() <= MAX_KEY
-        {
-            // memcached drops the old item when a set is refused (no stale data).
-            self.delete_inner(req.key, h, now);
-        }
-        r
+        self.meta_store(req, now).result
     }
 
     fn delete(&self, key: &[u8], now: Time) -> bool {
@@ -1733,11 +1998,17 @@ impl Engine for LogEngine {
     }
 
     fn arith(&self, key: &[u8], incr: bool, delta: u64, now: Time) -> ArithResult {
-        self.tick(now);
-        if key.len() > MAX_KEY {
-            return ArithResult::NotFound;
+        let req = MetaArith {
+            incr,
+            delta,
+            ..MetaArith::default()
+        };
+        match self.meta_arith(key, now, req) {
+            MetaArithResult::Value { value, .. } => ArithResult::Value(value),
+            MetaArithResult::NotFound | MetaArithResult::Exists => ArithResult::NotFound,
+            MetaArithResult::NonNumeric => ArithResult::NonNumeric,
+            MetaArithResult::NoMemory => ArithResult::NoMemory,
         }
-        self.arith_inner(key, self.hash(key), incr, delta, now)
     }
 
     fn touch(&self, key: &[u8], exptime: Time, now: Time) -> bool {
@@ -1887,6 +2158,198 @@ impl Engine for LogEngine {
         }
     }
 
+    fn meta_get(
+        &self,
+        key: &[u8],
+        now: Time,
+        opts: MetaRead,
+        found: &mut dyn FnMut(MetaItem<'_>),
+    ) -> MetaGet {
+        self.tick(now);
+        if key.len() > MAX_KEY {
+            return MetaGet::Miss;
+        }
+        let h = self.hash(key);
+        for _ in 0..RETRIES {
+            let step = match opts.touch {
+                Some(t) => self.meta_touch(key, h, t, now, &opts, found),
+                None => self.meta_read(key, h, now, &opts, found),
+            };
+            match step {
+                Step::Done(r) => return r,
+                Step::Retry => continue,
+                Step::Missing => {}
+            }
+            let Some(exptime) = opts.vivify else {
+                return MetaGet::Miss;
+            };
+            if self.too_large(key.len(), 0, 0) {
+                return MetaGet::Miss;
+            }
+            // Create an empty item; this request holds its win token.
+            let c = Commit {
+                key,
+                h,
+                cond: Cond::Absent,
+                src: Src::Bytes(&[]),
+                old_len: 0,
+                flags: Some(0),
+                exptime: Some(exptime),
+                keep_cas: false,
+                keep_access: false,
+                access: !opts.no_bump,
+                meta: MetaW {
+                    explicit_cas: opts.new_cas,
+                    binary_key: Some(opts.binary_key),
+                    win: Some(true),
+                    ..MetaW::default()
+                },
+            };
+            let mut show = |_: Option<(&AtomicU64, u64)>, r: &Rec<'_>| {
+                found(MetaItem {
+                    item: self.view(key, r),
+                    exptime_before: 0,
+                    last_access: now,
+                    fetched: false,
+                    stale: false,
+                    win: Win::Won,
+                    binary_key: opts.binary_key,
+                })
+            };
+            match self.commit(&c, now, Some(&mut show)) {
+                Outcome::Stored(_) => return MetaGet::Vivified,
+                // Created meanwhile: read that one.
+                Outcome::Failed(_) => continue,
+                Outcome::NoMemory | Outcome::TooLarge => return MetaGet::Miss,
+            }
+        }
+        MetaGet::Miss
+    }
+
+    fn meta_store(&self, req: MetaStoreRequest<'_>, now: Time) -> MetaStored {
+        self.tick(now);
+        let h = self.hash(req.key);
+        let (result, len) = if req.key.len() > MAX_KEY
+            || self.too_large(req.key.len(), req.value.len(), req.flags)
+        {
+            (StoreResult::TooLarge, req.value.len())
+        } else {
+            self.store_inner(&req, h, now)
+        };
+        if matches!(result, StoreResult::TooLarge | StoreResult::NoMemory)
+            && req.mode == StoreMode::Set
+            && req.key.len() <= MAX_KEY
+        {
+            // memcached drops the old item when a set is refused (no stale data).
+            self.delete_inner(req.key, h, now);
+        }
+        MetaStored { result, len }
+    }
+
+    fn meta_delete(&self, key: &[u8], now: Time, req: MetaDelete) -> MetaDeleteResult {
+        self.tick(now);
+        if key.len() > MAX_KEY {
+            return MetaDeleteResult::NotFound;
+        }
+        let h = self.hash(key);
+        for _ in 0..RETRIES {
+            let Some(p) = self.peek(h, key, now) else {
+                return MetaDeleteResult::NotFound;
+            };
+            if req.compare_cas.is_some_and(|c| c != p.cas) {
+                return MetaDeleteResult::Exists;
+            }
+            if !req.remove_value && !req.invalidate {
+                match self.delete_at(key, h, now, Some(p.ident)) {
+                    Some(true) => return MetaDeleteResult::Deleted,
+                    Some(false) => return MetaDeleteResult::NotFound,
+                    None => continue,
+                }
+            }
+            // `x` replaces the item by an empty one (a new item, keeping its CAS unless
+            // `E` gives one); `I` rewrites it stale with a new CAS, keeping its value,
+            // access bits and time. Both draw a new version and clear the win mark.
+            let explicit_cas = if req.invalidate {
+                req.new_cas
+            } else {
+                Some(req.new_cas.unwrap_or(p.cas))
+            };
+            let exptime = match (req.ttl, req.remove_value) {
+                (Some(t), _) => Some(t),
+                (None, true) => Some(0),
+                (None, false) => None,
+            };
+            let c = Commit {
+                key,
+                h,
+                cond: Cond::Loc(p.ident),
+                src: if req.remove_value {
+                    Src::Bytes(&[])
+                } else {
+                    Src::Old
+                },
+                old_len: p.value_len,
+                flags: req.remove_value.then_some(req.flags),
+                exptime,
+                keep_cas: false,
+                keep_access: !req.remove_value,
+                access: false,
+                meta: MetaW {
+                    explicit_cas,
+                    stale: Some(req.invalidate),
+                    binary_key: None,
+                    win: Some(false),
+                    keep_atime: !req.remove_value,
+                },
+            };
+            match self.commit(&c, now, None) {
+                Outcome::Stored(_) => return MetaDeleteResult::Deleted,
+                Outcome::Failed(Fail::Moved) => continue,
+                Outcome::Failed(_) => return MetaDeleteResult::NotFound,
+                Outcome::NoMemory | Outcome::TooLarge => return MetaDeleteResult::NotStored,
+            }
+        }
+        MetaDeleteResult::NotFound
+    }
+
+    fn meta_arith(&self, key: &[u8], now: Time, req: MetaArith) -> MetaArithResult {
+        self.tick(now);
+        if key.len() > MAX_KEY {
+            return MetaArithResult::NotFound;
+        }
+        self.arith_inner(key, self.hash(key), now, &req)
+    }
+
+    fn debug_item(&self, key: &[u8], now: Time) -> Option<DebugItem> {
+        self.tick(now);
+        if key.len() > MAX_KEY {
+            return None;
+        }
+        let h = self.hash(key);
+        let dead = {
+            let _pin = self.pin();
+            // SAFETY: pinned while `r` is used.
+            let (slot, v, r) = unsafe { self.lookup(h, key) }?;
+            match self.vis(&r, now) {
+                Vis::Live => {
+                    return Some(DebugItem {
+                        exptime: r.exptime,
+                        last_access: self.index.atime(slot, now),
+                        cas: self.rec_cas(&r),
+                        fetched: index::fetched(v),
+                        value_len: r.value.len(),
+                        flags: r.flags,
+                        binary_key: r.meta & META_BINARY_KEY != 0,
+                    })
+                }
+                vis => (v, vis),
+            }
+        };
+        self.count_dead(dead.1);
+        self.unlink_dead(h, dead.0);
+        None
+    }
+
     fn maintain(&self, now: Time) -> u64 {
         self.tick(now);
         let mut n = 0;
@@ -1915,5 +2378,162 @@ impl Engine for LogEngine {
         }
         self.free_dead_segments();
         n
+    }
+}
+
+/// Meta reads (`mg`).
+impl LogEngine {
+    /// The win a meta read gets from an item with slot value `x`, and `x` after the read
+    /// (win mark set if it won, access recorded unless `no_bump`).
+    fn meta_win(x: u64, stale: bool, recache: bool, no_bump: bool) -> (Win, u64) {
+        let win = if x & index::WIN != 0 {
+            Win::AlreadySent
+        } else if stale || recache {
+            Win::Won
+        } else {
+            Win::None
+        };
+        let mut n = x;
+        if win == Win::Won {
+            n |= index::WIN;
+        }
+        if !no_bump {
+            n = index::bumped(n);
+        }
+        (win, n)
+    }
+
+    /// `mg` without `T`: a pinned read; the win mark and the access bits change by one
+    /// compare-exchange on the slot, so exactly one reader wins a token.
+    fn meta_read(
+        &self,
+        key: &[u8],
+        h: u64,
+        now: Time,
+        opts: &MetaRead,
+        found: &mut dyn FnMut(MetaItem<'_>),
+    ) -> Step {
+        let dead = {
+            let _pin = self.pin();
+            // SAFETY: pinned for as long as `r` is used (the callback included).
+            let Some((slot, v, r)) = (unsafe { self.lookup(h, key) }) else {
+                return Step::Missing;
+            };
+            match self.vis(&r, now) {
+                Vis::Live => {
+                    let stale = r.meta & META_STALE != 0;
+                    let recache = opts
+                        .recache
+                        .is_some_and(|t| r.exptime != 0 && r.exptime < t);
+                    let (win, nv) = Self::meta_win(v, stale, recache, opts.no_bump);
+                    if nv != v {
+                        let swapped = slot
+                            .compare_exchange(v, nv, Ordering::Relaxed, Ordering::Relaxed)
+                            .is_ok();
+                        // Losing the race only loses an access mark, unless the win mark
+                        // was at stake: then decide again on the current value.
+                        if !swapped && win == Win::Won {
+                            return Step::Retry;
+                        }
+                    }
+                    let last_access = self.index.atime(slot, now);
+                    if !opts.no_bump {
+                        self.index.set_atime(slot, now);
+                    }
+                    found(MetaItem {
+                        item: self.view(key, &r),
+                        exptime_before: r.exptime,
+                        last_access,
+                        fetched: index::fetched(v),
+                        stale,
+                        win,
+                        binary_key: r.meta & META_BINARY_KEY != 0,
+                    });
+                    return Step::Done(MetaGet::Hit);
+                }
+                vis => (v, vis),
+            }
+        };
+        self.count_dead(dead.1);
+        self.unlink_dead(h, dead.0);
+        Step::Missing
+    }
+
+    /// `mg` with `T`: the touch rewrites the item (same CAS, marks and access state), and
+    /// the same compare-exchange that installs the rewritten item sets the win mark when
+    /// this request may win (see `apply`), so no reader sees the touched item without the
+    /// mark of the win that came with it. Whether it won shows in the replaced slot value.
+    fn meta_touch(
+        &self,
+        key: &[u8],
+        h: u64,
+        exptime: Time,
+        now: Time,
+        opts: &MetaRead,
+        found: &mut dyn FnMut(MetaItem<'_>),
+    ) -> Step {
+        let Some(p) = self.peek(h, key, now) else {
+            return Step::Missing;
+        };
+        let compared = if opts.recache_after_touch {
+            exptime
+        } else {
+            p.exptime
+        };
+        let recache = opts.recache.is_some_and(|t| compared != 0 && compared < t);
+        // `Loc` makes sure the rewritten item is the one peeked (stale mark included).
+        let may_win = p.stale || recache;
+        let c = Commit {
+            key,
+            h,
+            cond: Cond::Loc(p.ident),
+            src: Src::Old,
+            old_len: p.value_len,
+            flags: None,
+            exptime: Some(exptime),
+            keep_cas: true,
+            keep_access: true,
+            access: !opts.no_bump,
+            meta: MetaW {
+                stale: None,
+                binary_key: None,
+                win: may_win.then_some(true),
+                keep_atime: true,
+                ..MetaW::default()
+            },
+        };
+        let mut show = |prev: Option<(&AtomicU64, u64)>, r: &Rec<'_>| {
+            let (mut win, mut fetched, mut last_access) = (Win::None, false, now);
+            if let Some((slot, x)) = prev {
+                win = if x & index::WIN != 0 {
+                    Win::AlreadySent
+                } else if may_win {
+                    Win::Won
+                } else {
+                    Win::None
+                };
+                fetched = index::fetched(x);
+                last_access = self.index.atime(slot, now);
+                if !opts.no_bump {
+                    self.index.set_atime(slot, now);
+                }
+            }
+            found(MetaItem {
+                item: self.view(key, r),
+                exptime_before: p.exptime,
+                last_access,
+                fetched,
+                stale: r.meta & META_STALE != 0,
+                win,
+                binary_key: r.meta & META_BINARY_KEY != 0,
+            });
+        };
+        match self.commit(&c, now, Some(&mut show)) {
+            Outcome::Stored(_) => Step::Done(MetaGet::Hit),
+            Outcome::Failed(Fail::Moved) => Step::Retry,
+            Outcome::Failed(_) => Step::Missing,
+            // No room to rewrite it (no_evict, full): as a touch, a miss.
+            Outcome::NoMemory | Outcome::TooLarge => Step::Done(MetaGet::Miss),
+        }
     }
 }
