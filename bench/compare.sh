@@ -14,6 +14,7 @@
 #   (default: --workload etc --keys 100000 --look-aside).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 
 duration=10
 rounds=3
@@ -43,41 +44,12 @@ fi
 kvcached=target/release/kvcached
 memcached=${MEMCACHED:-/usr/bin/memcached}
 mc_version=$("$memcached" -V | awk '{print $2}')
-user_args=()
-[ "$(id -u)" -eq 0 ] && user_args=(-u root)
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
-# stat PORT NAME: one general stats value.
-stat() {
-    python3 - "$1" "$2" <<'EOF'
-import socket, sys
-s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=5)
-s.sendall(b"stats\r\n")
-buf = b""
-while not buf.endswith(b"END\r\n"):
-    d = s.recv(65536)
-    if not d:
-        break
-    buf += d
-for line in buf.decode().splitlines():
-    p = line.split()
-    if len(p) == 3 and p[1] == sys.argv[2]:
-        print(p[2])
-EOF
-}
 
 # cpu_ticks PID: user + system clock ticks of a process.
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
-wait_port() {
-    for _ in $(seq 1 200); do
-        python3 -c "import socket; socket.create_connection(('127.0.0.1',$1),timeout=0.2)" 2>/dev/null && return 0
-        sleep 0.05
-    done
-    echo "server on port $1 did not start" >&2
-    return 1
-}
 
 run_load() { # PORT
     local port=$1

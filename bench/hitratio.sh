@@ -12,6 +12,7 @@
 #                          [-- KVCACHED ARGS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 
 mem=64
 keys=2000000
@@ -33,21 +34,11 @@ kv_extra=("$@")
 
 cargo build --release -q -p kvcached -p kvblast
 memcached=${MEMCACHED:-/usr/bin/memcached}
-user_args=()
-[ "$(id -u)" -eq 0 ] && user_args=(-u root)
 server_core=1
 load_core=0
 json=$(mktemp)
 trap 'rm -f "$json"' EXIT
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_port() {
-    for _ in $(seq 1 200); do
-        python3 -c "import socket; socket.create_connection(('127.0.0.1',$1),timeout=0.2)" 2>/dev/null && return 0
-        sleep 0.05
-    done
-    return 1
-}
 
 echo "look-aside, etc sizes, $keys keys, -m $mem, 1 worker thread; $warmup warm-up requests, $measure measured; $(nproc) cores"
 echo "memcached: $("$memcached" -V); kvcached: $(target/release/kvcached -V) ${kv_extra[*]}"

@@ -9,6 +9,7 @@
 # usage: bench/memory.sh [-n ITEMS] [-k KEY] [-v VALUE] [-m MEGABYTES] [-- KVCACHED ARGS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 
 items=2000000
 key=15
@@ -28,35 +29,8 @@ kv_extra=("$@")
 
 cargo build --release -q -p kvcached -p kvblast
 memcached=${MEMCACHED:-/usr/bin/memcached}
-user_args=()
-[ "$(id -u)" -eq 0 ] && user_args=(-u root)
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status"; }
-stat() {
-    python3 - "$1" "$2" <<'EOF'
-import socket, sys
-s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=5)
-s.sendall(b"stats\r\n")
-buf = b""
-while not buf.endswith(b"END\r\n"):
-    d = s.recv(65536)
-    if not d:
-        break
-    buf += d
-for line in buf.decode().splitlines():
-    p = line.split()
-    if len(p) == 3 and p[1] == sys.argv[2]:
-        print(p[2])
-EOF
-}
-wait_port() {
-    for _ in $(seq 1 200); do
-        python3 -c "import socket; socket.create_connection(('127.0.0.1',$1),timeout=0.2)" 2>/dev/null && return 0
-        sleep 0.05
-    done
-    return 1
-}
 
 echo "items: $items, key $key bytes, value $value bytes, -m $mem; $(nproc) cores"
 printf '%-10s %12s %12s %12s %14s %14s\n' server curr_items rss_empty_MiB rss_full_MiB bytes/item "above empty"

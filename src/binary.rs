@@ -175,24 +175,7 @@ fn get(ctx: &Ctx<'_>, out: &mut Vec<u8>, req: &Request<'_>, with_key: bool, touc
                 out, req.opcode, req.opaque, item.cas, item.flags, key, item.value,
             );
         });
-    match (touch.is_some(), hit) {
-        (false, true) => {
-            st.cmd_get.incr();
-            st.get_hits.incr();
-        }
-        (false, false) => {
-            st.cmd_get.incr();
-            st.get_misses.incr();
-        }
-        (true, true) => {
-            st.cmd_touch.incr();
-            st.touch_hits.incr();
-        }
-        (true, false) => {
-            st.cmd_touch.incr();
-            st.touch_misses.incr();
-        }
-    }
+    st.count_read(touch.is_some(), hit);
     if !hit && !req.quiet {
         bin::write_get_miss(out, req.opcode, req.opaque, key);
     }
@@ -312,8 +295,8 @@ fn arith(
                 return;
             }
             ArithResult::NotFound if create => {
-                let digits = itoa_buf(initial);
-                let value = digits.as_slice();
+                let mut buf = [0u8; 20];
+                let value = crate::meta::digits(initial, &mut buf);
                 let result = shared.engine.store(
                     StoreRequest {
                         mode: kvstore::StoreMode::Add,
@@ -357,35 +340,6 @@ fn arith(
     bin::write_error(out, op, opaque, Status::KeyExists);
 }
 
-/// The decimal digits of `n`, on the stack.
-fn itoa_buf(n: u64) -> Digits {
-    let mut d = Digits {
-        buf: [0; 20],
-        start: 20,
-    };
-    let mut n = n;
-    loop {
-        d.start -= 1;
-        d.buf[d.start] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    d
-}
-
-struct Digits {
-    buf: [u8; 20],
-    start: usize,
-}
-
-impl Digits {
-    fn as_slice(&self) -> &[u8] {
-        self.buf.get(self.start..).unwrap_or_default()
-    }
-}
-
 /// A request whose value is larger than `-I`: memcached answers it (quiet or not) and, for
 /// `set`, removes the old item so that readers cannot see stale data.
 pub fn too_large(ctx: &Ctx<'_>, s: &mut Session, op: u8, opaque: u32, status: Status, key: &[u8]) {
@@ -395,16 +349,4 @@ pub fn too_large(ctx: &Ctx<'_>, s: &mut Session, op: u8, opaque: u32, status: St
         ctx.shared.engine.delete(key, ctx.shared.clock.now());
     }
     bin::write_error(&mut s.out, op, opaque, status);
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn digits() {
-        for n in [0u64, 7, 10, 12345, u64::MAX] {
-            assert_eq!(itoa_buf(n).as_slice(), n.to_string().as_bytes());
-        }
-    }
 }

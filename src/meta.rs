@@ -101,8 +101,8 @@ impl Code {
     }
 }
 
-/// The decimal digits of `n`, in `buf`.
-fn digits(n: u64, buf: &mut [u8; 20]) -> &[u8] {
+/// The decimal digits of `n`, in `buf` (no allocation).
+pub(crate) fn digits(n: u64, buf: &mut [u8; 20]) -> &[u8] {
     let mut n = n;
     let mut i = buf.len();
     loop {
@@ -470,6 +470,14 @@ fn slab_class(size: usize) -> u32 {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn digits_match_to_string() {
+        let mut buf = [0u8; 20];
+        for n in [0u64, 7, 10, 12345, u64::MAX] {
+            assert_eq!(super::digits(n, &mut buf), n.to_string().as_bytes());
+        }
+    }
+
     use super::*;
 
     #[test]

@@ -87,6 +87,24 @@ worker_counters!(
     conn_yields,
 );
 
+impl WorkerStats {
+    /// Count one key of a get (`cmd_get`, `get_hits`/`get_misses`) or of a get-and-touch
+    /// (memcached counts those as `cmd_touch`, `touch_hits`/`touch_misses`).
+    pub fn count_read(&self, touch: bool, hit: bool) {
+        let (cmd, hits, misses) = if touch {
+            (&self.cmd_touch, &self.touch_hits, &self.touch_misses)
+        } else {
+            (&self.cmd_get, &self.get_hits, &self.get_misses)
+        };
+        cmd.incr();
+        if hit {
+            hits.incr();
+        } else {
+            misses.incr();
+        }
+    }
+}
+
 /// All workers' counters, and the `stats reset` baseline.
 pub struct ServerStats {
     workers: Vec<std::sync::Arc<WorkerStats>>,

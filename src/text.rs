@@ -265,24 +265,7 @@ fn get(
                 proto::write_value(out, item.key, item.flags, item.value, cas);
             }
         });
-        match (touch.is_some(), hit) {
-            (false, true) => {
-                st.cmd_get.incr();
-                st.get_hits.incr();
-            }
-            (false, false) => {
-                st.cmd_get.incr();
-                st.get_misses.incr();
-            }
-            (true, true) => {
-                st.cmd_touch.incr();
-                st.touch_hits.incr();
-            }
-            (true, false) => {
-                st.cmd_touch.incr();
-                st.touch_misses.incr();
-            }
-        }
+        st.count_read(touch.is_some(), hit);
         s.get_progress += 1;
         if s.pending() >= OUTPUT_HIGH_WATER && keys.peek().is_some() {
             return Step::Pause;

@@ -43,7 +43,7 @@
 //!   the same second.
 
 mod hash;
-mod number;
+use crate::number;
 mod table;
 
 use std::sync::atomic::{

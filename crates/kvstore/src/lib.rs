@@ -13,6 +13,7 @@ mod hashmap;
 mod log;
 #[doc(hidden)]
 pub mod model;
+mod number;
 
 pub use hashmap::HashMapEngine;
 pub use log::LogEngine;

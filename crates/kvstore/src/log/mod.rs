@@ -98,7 +98,7 @@
 mod format;
 mod index;
 mod mem;
-mod number;
+use crate::number;
 #[cfg(test)]
 mod tests;
 

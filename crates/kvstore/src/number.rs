@@ -1,4 +1,4 @@
-//! incr/decr number handling, as memcached does it.
+//! incr/decr number handling, as memcached does it; shared by every engine.
 //!
 //! memcached (`do_add_delta`) reads the stored value with `safe_strtoull` (util.c):
 //! C `strtoull(value, &end, 10)` on the item data, which is followed by "\r\n" in the item

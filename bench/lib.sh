@@ -1,0 +1,37 @@
+# Helpers shared by the bench/ scripts (sourced, not run).
+
+# A TCP port on 127.0.0.1 that was free a moment ago.
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# stat PORT NAME: one value of the server's general `stats`.
+stat() {
+    python3 - "$1" "$2" <<'PY'
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=5)
+s.sendall(b"stats\r\n")
+buf = b""
+while not buf.endswith(b"END\r\n"):
+    d = s.recv(65536)
+    if not d:
+        break
+    buf += d
+for line in buf.decode().splitlines():
+    p = line.split()
+    if len(p) == 3 and p[1] == sys.argv[2]:
+        print(p[2])
+PY
+}
+
+# wait_port PORT: poll until something accepts on it (10 s at most).
+wait_port() {
+    for _ in $(seq 1 200); do
+        python3 -c "import socket; socket.create_connection(('127.0.0.1',$1),timeout=0.2)" 2>/dev/null && return 0
+        sleep 0.05
+    done
+    echo "server on port $1 did not start" >&2
+    return 1
+}
+
+# As root, both servers need -u (memcached refuses root without it; kvcached too).
+user_args=()
+[ "$(id -u)" -eq 0 ] && user_args=(-u root)
