@@ -4,9 +4,9 @@
 # Each server runs with one worker thread pinned to one core; the load generator is pinned to
 # the other core. The same load runs against each server in turn, ROUNDS times, alternating
 # (memcached, kvcached, memcached, ...) so that a noisy neighbour hurts both alike. For each run
-# it reports requests/s (from the server's own cmd_get + cmd_set counters) and the server's CPU
-# time per request (user + system, from /proc), then the kvcached/memcached ratios of the
-# medians.
+# it reports requests/s (from the server's own cmd_get + cmd_set counters), the server's CPU
+# time per request (user + system, from /proc) and how busy its core was, and the load
+# generator's CPU time per request; then the kvcached/memcached ratios of the medians.
 #
 # usage: bench/compare.sh [-d SECONDS] [-r ROUNDS] [-c CONNS] [-l memcaslap|kvblast] [-- LOAD ARGS]
 #   memcaslap (libmemcached-tools): its default mix, 90% get / 10% set, the OSv benchmark's.
@@ -51,17 +51,25 @@ mc_version=$("$memcached" -V | awk '{print $2}')
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
 
-run_load() { # PORT
+# cpu_of COMMAND...: run it quietly; print the CPU seconds (user + system) it used.
+cpu_of() {
+    python3 -c 'import resource, subprocess, sys
+subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+r = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(r.ru_utime + r.ru_stime)' "$@"
+}
+
+run_load() { # PORT; prints the load generator's CPU seconds
     local port=$1
     case $load in
         memcaslap)
-            timeout $((duration + 30)) taskset -c $load_core memcaslap -s "127.0.0.1:$port" -T 1 -c "$conns" \
-                -t "${duration}s" "${extra[@]}" >/dev/null 2>&1 || true ;;
+            cpu_of timeout $((duration + 30)) taskset -c $load_core memcaslap -s "127.0.0.1:$port" -T 1 \
+                -c "$conns" -t "${duration}s" "${extra[@]}" ;;
         kvblast)
             # Default workload: Facebook ETC sizes, 100k keys, look-aside (get; set on a miss).
             [ ${#extra[@]} -gt 0 ] || extra=(--workload etc --keys 100000 --look-aside)
-            timeout $((duration + 30)) taskset -c $load_core target/release/kvblast run -q --no-server-stats \
-                -c "$conns" -D "${duration}s" "${extra[@]}" "127.0.0.1:$port" >/dev/null 2>&1 || true ;;
+            cpu_of timeout $((duration + 30)) taskset -c $load_core target/release/kvblast run -q \
+                --no-server-stats -c "$conns" -D "${duration}s" "${extra[@]}" "127.0.0.1:$port" ;;
         *) echo "unknown load generator $load" >&2; exit 2 ;;
     esac
 }
@@ -81,27 +89,28 @@ for round in $(seq 1 "$rounds"); do
         t0=$(cpu_ticks $pid)
         g0=$(stat "$port" cmd_get); s0=$(stat "$port" cmd_set)
         start=$(date +%s.%N)
-        run_load "$port"
+        load_cpu=$(run_load "$port")
         end=$(date +%s.%N)
         g1=$(stat "$port" cmd_get); s1=$(stat "$port" cmd_set)
         t1=$(cpu_ticks $pid)
         kill "$pid"; wait "$pid" 2>/dev/null || true; pid=
-        python3 - "$server" "$round" "$start" "$end" "$g0" "$g1" "$s0" "$s1" "$t0" "$t1" "$hz" >>"$results" <<'EOF'
+        python3 - "$server" "$round" "$start" "$end" "$g0" "$g1" "$s0" "$s1" "$t0" "$t1" "$hz" "$load_cpu" >>"$results" <<'EOF'
 import sys
-server, rnd, start, end, g0, g1, s0, s1, t0, t1, hz = sys.argv[1:]
+server, rnd, start, end, g0, g1, s0, s1, t0, t1, hz, load_cpu = sys.argv[1:]
 reqs = (int(g1) - int(g0)) + (int(s1) - int(s0))
 secs = float(end) - float(start)
 cpu = (int(t1) - int(t0)) / int(hz)
-print(server, rnd, reqs, f"{reqs / secs:.0f}", f"{cpu / max(reqs, 1) * 1e6:.3f}", f"{cpu / secs * 100:.0f}")
+print(server, rnd, reqs, f"{reqs / secs:.0f}", f"{cpu / max(reqs, 1) * 1e6:.3f}", f"{cpu / secs * 100:.0f}",
+      f"{float(load_cpu) / max(reqs, 1) * 1e6:.3f}")
 EOF
     done
 done
 
 echo "load: $load, $conns connections, ${duration}s per run, $rounds rounds; $(nproc) cores; server on core $server_core, load on core $load_core"
 echo "memcached: $memcached $mc_version (1 worker thread); kvcached: $($kvcached -V) (1 worker thread)"
-printf '%-10s %5s %12s %12s %14s %9s\n' server round requests "req/s" "cpu_us/req" "cpu_%"
-while read -r s r n rps us pct; do
-    printf '%-10s %5s %12s %12s %14s %9s\n' "$s" "$r" "$n" "$rps" "$us" "$pct"
+printf '%-10s %5s %12s %12s %14s %9s %16s\n' server round requests "req/s" "cpu_us/req" "cpu_%" "load_cpu_us/req"
+while read -r s r n rps us pct lus; do
+    printf '%-10s %5s %12s %12s %14s %9s %16s\n' "$s" "$r" "$n" "$rps" "$us" "$pct" "$lus"
 done <"$results"
 python3 - "$results" <<'EOF'
 import sys, statistics
