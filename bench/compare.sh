@@ -8,7 +8,9 @@
 # time per request (user + system, from /proc) and how busy its core was, and the load
 # generator's CPU time per request; then the kvcached/memcached ratios of the medians.
 #
-# usage: bench/compare.sh [-d SECONDS] [-r ROUNDS] [-c CONNS] [-l memcaslap|kvblast] [-- LOAD ARGS]
+# usage: bench/compare.sh [-d SECONDS] [-r ROUNDS] [-c CONNS] [-l memcaslap|kvblast] [-u] [-- LOAD ARGS]
+#   -u: UDP (both servers get -U; kvblast sends to udp:HOST:PORT; default load: the USR
+#       workload's GETs over 100,000 keys, which are set over TCP before the measurement).
 #   memcaslap (libmemcached-tools): its default mix, 90% get / 10% set, the OSv benchmark's.
 #   kvblast: the project's own generator, closed loop; LOAD ARGS are passed to `kvblast run`
 #   (default: --workload etc --keys 100000 --look-aside).
@@ -20,12 +22,14 @@ duration=10
 rounds=3
 conns=50
 load=memcaslap
-while getopts "d:r:c:l:" opt; do
+udp=0
+while getopts "d:r:c:l:u" opt; do
     case $opt in
         d) duration=$OPTARG ;;
         r) rounds=$OPTARG ;;
         c) conns=$OPTARG ;;
         l) load=$OPTARG ;;
+        u) udp=1 ;;
         *) echo "usage: $0 [-d SECONDS] [-r ROUNDS] [-c CONNS] [-l memcaslap|kvblast] [-- LOAD ARGS]" >&2; exit 2 ;;
     esac
 done
@@ -66,10 +70,15 @@ run_load() { # PORT; prints the load generator's CPU seconds
             cpu_of timeout $((duration + 30)) taskset -c $load_core memcaslap -s "127.0.0.1:$port" -T 1 \
                 -c "$conns" -t "${duration}s" "${extra[@]}" ;;
         kvblast)
+            local target="127.0.0.1:$port"
+            if [ $udp = 1 ]; then
+                target="udp:$target"
+                [ ${#extra[@]} -gt 0 ] || extra=(--workload usr --keys 100000 --mix get=1)
+            fi
             # Default workload: Facebook ETC sizes, 100k keys, look-aside (get; set on a miss).
             [ ${#extra[@]} -gt 0 ] || extra=(--workload etc --keys 100000 --look-aside)
             cpu_of timeout $((duration + 30)) taskset -c $load_core target/release/kvblast run -q \
-                --no-server-stats -c "$conns" -D "${duration}s" "${extra[@]}" "127.0.0.1:$port" ;;
+                --no-server-stats -c "$conns" -D "${duration}s" "${extra[@]}" "$target" ;;
         *) echo "unknown load generator $load" >&2; exit 2 ;;
     esac
 }
@@ -83,9 +92,16 @@ for round in $(seq 1 "$rounds"); do
         port=$(free_port)
         bin=$memcached
         [ $server = kvcached ] && bin=$kvcached
-        taskset -c $server_core "$bin" "${user_args[@]}" -l 127.0.0.1 -p "$port" -t 1 -m 1024 -c 4096 &
+        udp_args=()
+        [ $udp = 1 ] && udp_args=(-U "$port")
+        taskset -c $server_core "$bin" "${user_args[@]}" -l 127.0.0.1 -p "$port" "${udp_args[@]}" \
+            -t 1 -m 1024 -c 4096 &
         pid=$!
         wait_port "$port"
+        if [ $udp = 1 ] && [ "$load" = kvblast ]; then
+            target/release/kvblast run -q --no-server-stats --workload usr --keys 100000 \
+                --mix set=1 --popularity sequential -c 8 -d 8 -n 100000 "127.0.0.1:$port" >/dev/null
+        fi
         t0=$(cpu_ticks $pid)
         g0=$(stat "$port" cmd_get); s0=$(stat "$port" cmd_set)
         start=$(date +%s.%N)
@@ -106,7 +122,9 @@ EOF
     done
 done
 
-echo "load: $load, $conns connections, ${duration}s per run, $rounds rounds; $(nproc) cores; server on core $server_core, load on core $load_core"
+proto=TCP
+[ $udp = 1 ] && proto=UDP
+echo "load: $load over $proto, $conns connections, ${duration}s per run, $rounds rounds; $(nproc) cores; server on core $server_core, load on core $load_core"
 echo "memcached: $memcached $mc_version (1 worker thread); kvcached: $($kvcached -V) (1 worker thread)"
 printf '%-10s %5s %12s %12s %14s %9s %16s\n' server round requests "req/s" "cpu_us/req" "cpu_%" "load_cpu_us/req"
 while read -r s r n rps us pct lus; do

@@ -121,7 +121,7 @@ enum Protocol {
 }
 
 impl Session {
-    fn new() -> Session {
+    pub fn new() -> Session {
         Session {
             out: Vec::new(),
             out_pos: 0,

@@ -16,6 +16,7 @@ mod server;
 mod stats;
 mod stats_report;
 mod text;
+mod udp;
 mod worker;
 
 use std::process::ExitCode;
@@ -66,9 +67,6 @@ fn check_unimplemented(config: &config::Config) -> Result<(), String> {
     }
     if config.auth_file.is_some() {
         return Err("-Y (ASCII authentication) is not supported yet".into());
-    }
-    if config.udp_port != 0 {
-        eprintln!("kvcached: warning: UDP (-U) is not supported yet; not listening on UDP");
     }
     if config.memory_file.is_some() {
         eprintln!("kvcached: warning: warm restart (-e) is not supported yet; starting empty");

@@ -261,6 +261,7 @@ pub fn run(config: Config, listeners: Vec<Listener>) -> Result<(), String> {
         shared.log(1, || format!("listening on {}", l.describe()));
     }
 
+    let udp_addrs = crate::udp::addresses(&shared.config)?;
     let mut workers = Vec::with_capacity(threads);
     let mut wakers = Vec::with_capacity(threads);
     for (i, stats) in worker_stats.into_iter().enumerate() {
@@ -269,7 +270,7 @@ pub fn run(config: Config, listeners: Vec<Listener>) -> Result<(), String> {
             .map(|l| l.try_clone())
             .collect::<io::Result<Vec<_>>>()
             .map_err(|e| format!("failed to share a listening socket: {e}"))?;
-        let worker = Worker::new(i, shared.clone(), stats, mine)
+        let worker = Worker::new(i, shared.clone(), stats, mine, &udp_addrs)
             .map_err(|e| format!("failed to start worker {i}: {e}"))?;
         wakers.push(worker.waker());
         workers.push(worker);

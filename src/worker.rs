@@ -34,7 +34,9 @@ pub struct Worker {
     poll: Poll,
     waker: Arc<Waker>,
     listeners: Vec<MioListener>,
-    /// Connections by slot; a slot's token is `listeners.len() + slot`.
+    /// This worker's own UDP sockets (SO_REUSEPORT), tokens after the listeners'.
+    udp: Vec<mio::net::UdpSocket>,
+    /// Connections by slot; a slot's token is `conn_base() + slot`.
     conns: Vec<Option<Conn>>,
     free: Vec<usize>,
     ready: VecDeque<usize>,
@@ -46,6 +48,7 @@ impl Worker {
         shared: Arc<Shared>,
         stats: Arc<WorkerStats>,
         listeners: Vec<Listener>,
+        udp_addrs: &[std::net::SocketAddr],
     ) -> io::Result<Worker> {
         let poll = Poll::new()?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
@@ -63,6 +66,13 @@ impl Worker {
                 .register(source, Token(i), Interest::READABLE)?;
             mine.push(ml);
         }
+        let mut udp = Vec::with_capacity(udp_addrs.len());
+        for (i, addr) in udp_addrs.iter().enumerate() {
+            let mut sock = crate::udp::bind(*addr)?;
+            poll.registry()
+                .register(&mut sock, Token(mine.len() + i), Interest::READABLE)?;
+            udp.push(sock);
+        }
         Ok(Worker {
             index,
             shared,
@@ -70,6 +80,7 @@ impl Worker {
             poll,
             waker,
             listeners: mine,
+            udp,
             conns: Vec::new(),
             free: Vec::new(),
             ready: VecDeque::new(),
@@ -80,9 +91,16 @@ impl Worker {
         self.waker.clone()
     }
 
+    /// The token of connection slot 0.
+    fn conn_base(&self) -> usize {
+        self.listeners.len() + self.udp.len()
+    }
+
     pub fn run(mut self) {
         let mut events = Events::with_capacity(1024);
         let mut scratch = vec![0u8; SCRATCH];
+        // Reply datagrams are assembled here, one at a time.
+        let mut datagram = Vec::with_capacity(kvproto::udp::MAX_DATAGRAM);
         let mut last_sweep = Instant::now();
         let idle = self.shared.config.idle_timeout;
         while !self.shared.shutting_down() {
@@ -108,8 +126,10 @@ impl Worker {
                 }
                 if token.0 < self.listeners.len() {
                     self.accept(token.0);
+                } else if token.0 < self.conn_base() {
+                    self.serve_udp(token.0 - self.listeners.len(), &mut scratch, &mut datagram);
                 } else {
-                    self.drive(token.0 - self.listeners.len(), &mut scratch);
+                    self.drive(token.0 - self.conn_base(), &mut scratch);
                 }
             }
             // Connections that yielded get another turn after this round of events.
@@ -131,6 +151,18 @@ impl Worker {
         }
     }
 
+    fn serve_udp(&mut self, index: usize, scratch: &mut [u8], datagram: &mut Vec<u8>) {
+        let Some(sock) = self.udp.get(index) else {
+            return;
+        };
+        let mut ctx = Ctx {
+            shared: &self.shared,
+            stats: &self.stats,
+            scratch: &mut Vec::new(),
+        };
+        crate::udp::serve(sock, &mut ctx, scratch, datagram);
+    }
+
     fn drive(&mut self, slot: usize, scratch: &mut Vec<u8>) {
         let Some(conn) = self.conns.get_mut(slot).and_then(|c| c.as_mut()) else {
             return;
@@ -149,7 +181,7 @@ impl Worker {
                 } else {
                     Interest::READABLE
                 };
-                let token = Token(self.listeners.len() + slot);
+                let token = Token(self.listeners.len() + self.udp.len() + slot);
                 if self
                     .poll
                     .registry()
@@ -227,7 +259,7 @@ impl Worker {
                 self.conns.len() - 1
             }
         };
-        let token = Token(self.listeners.len() + slot);
+        let token = Token(self.conn_base() + slot);
         if let Err(e) = self
             .poll
             .registry()
