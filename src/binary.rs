@@ -7,7 +7,10 @@
 
 use kvproto::binary::{self as bin, opcode, Command, Request, Status};
 use kvproto::text::StoreMode;
-use kvstore::{ArithResult, ReadOptions, StoreRequest, StoreResult};
+use kvstore::{
+    MetaArith, MetaArithResult, MetaDelete, MetaDeleteResult, MetaStoreRequest, ReadOptions,
+    StoreResult,
+};
 
 use crate::conn::{Ctx, Session, Step};
 use crate::stats_report;
@@ -65,31 +68,23 @@ pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
             exptime,
         } => store(ctx, out, &req, mode, flags, exptime),
         Command::Delete => {
-            let now = shared.clock.now();
-            // A non-zero CAS must match. The check and the delete are two engine calls: a
-            // write between them can still be deleted (memcached does both under one lock).
-            if req.cas != 0 {
-                match current_cas(ctx, req.key) {
-                    None => {
-                        st.delete_misses.incr();
-                        bin::write_error(out, op, opaque, Status::KeyNotFound);
-                        return Step::Next;
+            // A non-zero CAS must match; the engine checks it under the item's lock.
+            let req_del = MetaDelete {
+                compare_cas: (req.cas != 0).then_some(req.cas),
+                ..MetaDelete::default()
+            };
+            match engine.meta_delete(req.key, shared.clock.now(), req_del) {
+                MetaDeleteResult::Deleted => {
+                    st.delete_hits.incr();
+                    if !req.quiet {
+                        bin::write_ok(out, op, opaque, 0);
                     }
-                    Some(cas) if cas != req.cas => {
-                        bin::write_error(out, op, opaque, Status::KeyExists);
-                        return Step::Next;
-                    }
-                    Some(_) => {}
                 }
-            }
-            if engine.delete(req.key, now) {
-                st.delete_hits.incr();
-                if !req.quiet {
-                    bin::write_ok(out, op, opaque, 0);
+                MetaDeleteResult::Exists => bin::write_error(out, op, opaque, Status::KeyExists),
+                MetaDeleteResult::NotFound | MetaDeleteResult::NotStored => {
+                    st.delete_misses.incr();
+                    bin::write_error(out, op, opaque, Status::KeyNotFound);
                 }
-            } else {
-                st.delete_misses.incr();
-                bin::write_error(out, op, opaque, Status::KeyNotFound);
             }
         }
         Command::Arith {
@@ -152,17 +147,6 @@ pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
     Step::Next
 }
 
-fn current_cas(ctx: &Ctx<'_>, key: &[u8]) -> Option<u64> {
-    let mut cas = None;
-    let now = ctx.shared.clock.now();
-    ctx.shared
-        .engine
-        .get(key, now, ReadOptions::default(), &mut |item| {
-            cas = Some(item.cas)
-        });
-    cas
-}
-
 fn get(ctx: &Ctx<'_>, out: &mut Vec<u8>, req: &Request<'_>, with_key: bool, touch: Option<u32>) {
     let shared = ctx.shared;
     let st = ctx.stats;
@@ -193,21 +177,6 @@ fn store(
     let st = ctx.stats;
     let (op, opaque) = (req.opcode, req.opaque);
     st.cmd_set.incr();
-    // append/prepend with a CAS: memcached checks it under the item lock; here it is checked
-    // just before the write (see Delete).
-    if req.cas != 0 && matches!(mode, StoreMode::Append | StoreMode::Prepend) {
-        match current_cas(ctx, req.key) {
-            None => {
-                bin::write_error(out, op, opaque, Status::NotStored);
-                return;
-            }
-            Some(cas) if cas != req.cas => {
-                bin::write_error(out, op, opaque, Status::KeyExists);
-                return;
-            }
-            Some(_) => {}
-        }
-    }
     let engine_mode = match mode {
         StoreMode::Set => kvstore::StoreMode::Set,
         StoreMode::Add => kvstore::StoreMode::Add,
@@ -217,16 +186,25 @@ fn store(
         StoreMode::Cas => kvstore::StoreMode::Cas(req.cas),
     };
     let now = shared.clock.now();
-    let result = shared.engine.store(
-        StoreRequest {
-            mode: engine_mode,
-            key: req.key,
-            value: req.value,
-            flags,
-            exptime: shared.clock.expiry(exptime),
-        },
-        now,
-    );
+    // append/prepend with a non-zero CAS must match it; the engine checks it atomically.
+    let result = shared
+        .engine
+        .meta_store(
+            MetaStoreRequest {
+                mode: engine_mode,
+                key: req.key,
+                value: req.value,
+                flags,
+                exptime: shared.clock.expiry(exptime),
+                compare_cas: (req.cas != 0).then_some(req.cas),
+                new_cas: None,
+                invalidate: false,
+                vivify: false,
+                binary_key: false,
+            },
+            now,
+        )
+        .result;
     if mode == StoreMode::Cas {
         match result {
             StoreResult::Stored(_) => st.cas_hits.incr(),
@@ -281,63 +259,38 @@ fn arith(
     } else {
         (&st.decr_hits, &st.decr_misses)
     };
-    // Twice at most: a miss creates the item with `initial`; if another client created it
-    // first, the second round applies the delta to theirs.
-    for _ in 0..2 {
-        let now = shared.clock.now();
-        match shared.engine.arith(req.key, incr, delta, now) {
-            ArithResult::Value(v) => {
-                hits.incr();
-                if !req.quiet {
-                    let cas = current_cas(ctx, req.key).unwrap_or(0);
-                    bin::write_arith(out, op, opaque, cas, v);
-                }
-                return;
-            }
-            ArithResult::NotFound if create => {
-                let mut buf = [0u8; 20];
-                let value = crate::meta::digits(initial, &mut buf);
-                let result = shared.engine.store(
-                    StoreRequest {
-                        mode: kvstore::StoreMode::Add,
-                        key: req.key,
-                        value,
-                        flags: 0,
-                        exptime: shared.clock.expiry(exptime),
-                    },
-                    now,
-                );
-                match result {
-                    StoreResult::Stored(cas) => {
-                        misses.incr();
-                        if !req.quiet {
-                            bin::write_arith(out, op, opaque, cas, initial);
-                        }
-                        return;
-                    }
-                    StoreResult::NotStored => continue,
-                    _ => {
-                        bin::write_error(out, op, opaque, Status::OutOfMemory);
-                        return;
-                    }
-                }
-            }
-            ArithResult::NotFound => {
+    // A miss creates the item with `initial` (no delta applied) unless `create` is off; the
+    // engine does it atomically and returns the new CAS.
+    let arith = MetaArith {
+        incr,
+        delta,
+        vivify: create.then(|| (shared.clock.expiry(exptime), initial)),
+        ..MetaArith::default()
+    };
+    match shared.engine.meta_arith(req.key, shared.clock.now(), arith) {
+        MetaArithResult::Value {
+            value,
+            cas,
+            created,
+            ..
+        } => {
+            if created {
                 misses.incr();
-                bin::write_error(out, op, opaque, Status::KeyNotFound);
-                return;
+            } else {
+                hits.incr();
             }
-            ArithResult::NonNumeric => {
-                bin::write_error(out, op, opaque, Status::DeltaBadValue);
-                return;
-            }
-            ArithResult::NoMemory => {
-                bin::write_error(out, op, opaque, Status::OutOfMemory);
-                return;
+            if !req.quiet {
+                bin::write_arith(out, op, opaque, cas, value);
             }
         }
+        MetaArithResult::NotFound => {
+            misses.incr();
+            bin::write_error(out, op, opaque, Status::KeyNotFound);
+        }
+        MetaArithResult::Exists => bin::write_error(out, op, opaque, Status::KeyExists),
+        MetaArithResult::NonNumeric => bin::write_error(out, op, opaque, Status::DeltaBadValue),
+        MetaArithResult::NoMemory => bin::write_error(out, op, opaque, Status::OutOfMemory),
     }
-    bin::write_error(out, op, opaque, Status::KeyExists);
 }
 
 /// A request whose value is larger than `-I`: memcached answers it (quiet or not) and, for
