@@ -74,17 +74,29 @@ fn start_memcached_udp(udp: bool) -> Memcached {
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn memcached");
-        let mc = Memcached {
+        let mut mc = Memcached {
             child,
             addr: format!("127.0.0.1:{port}"),
         };
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {
             if TcpStream::connect(&mc.addr).is_ok() {
-                return mc;
+                // Parallel tests can pick the same free port: then ours failed to bind and
+                // exited, and what answered is another test's server. Keep it only if it is ours.
+                let pid = server_stats(&mc.addr, Duration::from_secs(5))
+                    .ok()
+                    .and_then(|s| s.get("pid").copied());
+                if pid == Some(i64::from(mc.child.id())) {
+                    return mc;
+                }
+                break;
+            }
+            if mc.child.try_wait().map(|s| s.is_some()).unwrap_or(true) {
+                break;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+        // Not ours (or never up): drop kills it; try another port.
     }
     panic!("memcached did not start");
 }
