@@ -217,8 +217,9 @@ fn request(rng: &mut StdRng, opaque: u32, cas_of: &dyn Fn(&[u8]) -> u64) -> Vec<
 
 #[test]
 fn binary_sequences_match_memcached() {
-    let memcached = Server::start(Kind::Memcached, &["-o", "no_lru_crawler,no_lru_maintainer"]);
-    let kvcached = Server::start(Kind::Kvcached, &[]);
+    let memcached =
+        Server::start_verified(Kind::Memcached, &["-o", "no_lru_crawler,no_lru_maintainer"]);
+    let kvcached = Server::start_verified(Kind::Kvcached, &[]);
     let mut compared = 0;
     for seed in 0..SEEDS {
         let mut mc = Conn::new(&memcached);

@@ -29,11 +29,11 @@ fn round_trip(server: &Server) -> (bool, String) {
 
 #[test]
 fn client_libraries_round_trip() {
-    let memcached = Server::start(Kind::Memcached, &[]);
+    let memcached = Server::start_verified(Kind::Memcached, &[]);
     let (ok, text) = round_trip(&memcached);
     assert!(ok, "the script fails against memcached itself:\n{text}");
 
-    let kvcached = Server::start(Kind::Kvcached, &[]);
+    let kvcached = Server::start_verified(Kind::Kvcached, &[]);
     let (ok, text) = round_trip(&kvcached);
     assert!(ok, "kvcached:\n{text}");
     for library in ["pymemcache: ok", "pylibmc text: ok", "pylibmc binary: ok"] {

@@ -44,7 +44,7 @@ fn run(server: &Server, args: &[&str]) -> (BTreeSet<String>, BTreeSet<String>) {
 #[test]
 fn ascii_protocol_matches_memcached() {
     // The reference: Debian's memcached passes every ASCII test.
-    let memcached = Server::start(Kind::Memcached, &[]);
+    let memcached = Server::start_verified(Kind::Memcached, &[]);
     let (mc_passed, mc_failed) = run(&memcached, &["-a"]);
     assert!(mc_failed.is_empty(), "memcached failed {mc_failed:?}");
     assert!(
@@ -52,7 +52,7 @@ fn ascii_protocol_matches_memcached() {
         "memccapable ran too few tests: {mc_passed:?}"
     );
 
-    let kvcached = Server::start(Kind::Kvcached, &[]);
+    let kvcached = Server::start_verified(Kind::Kvcached, &[]);
     let (passed, failed) = run(&kvcached, &["-a"]);
     let expected: BTreeSet<String> = EXPECTED_FAILURES.iter().map(|s| s.to_string()).collect();
     assert_eq!(
@@ -66,7 +66,7 @@ fn ascii_protocol_matches_memcached() {
 
 #[test]
 fn binary_protocol_matches_memcached() {
-    let memcached = Server::start(Kind::Memcached, &[]);
+    let memcached = Server::start_verified(Kind::Memcached, &[]);
     let (mc_passed, mc_failed) = run(&memcached, &["-b"]);
     assert!(mc_failed.is_empty(), "memcached failed {mc_failed:?}");
     assert!(
@@ -74,7 +74,7 @@ fn binary_protocol_matches_memcached() {
         "memccapable ran too few tests: {mc_passed:?}"
     );
 
-    let kvcached = Server::start(Kind::Kvcached, &[]);
+    let kvcached = Server::start_verified(Kind::Kvcached, &[]);
     let (passed, failed) = run(&kvcached, &["-b"]);
     assert!(failed.is_empty(), "kvcached failed {failed:?}");
     assert_eq!(

@@ -321,6 +321,26 @@ impl Client {
     }
 }
 
+/// The `pid` that whatever answers on `addr` reports in `stats`, or None on any failure (the
+/// other end may be another test's server that is going away and resets the connection).
+fn probe_pid(addr: SocketAddr) -> Option<String> {
+    let stream = TcpStream::connect(addr).ok()?;
+    stream.set_read_timeout(Some(TIMEOUT)).ok()?;
+    stream.set_write_timeout(Some(TIMEOUT)).ok()?;
+    let mut reader = BufReader::new(stream);
+    reader.get_mut().write_all(b"stats\r\n").ok()?;
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if reader.read_line(&mut line).ok()? == 0 || line == "END\r\n" {
+            return None;
+        }
+        if let Some(pid) = line.strip_prefix("STAT pid ") {
+            return Some(pid.trim_end().to_string());
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Added by the integration tests (text_protocol.rs, connections.rs, cli.rs).
 
@@ -332,10 +352,7 @@ impl Server {
     pub fn start_verified(kind: Kind, args: &[&str]) -> Server {
         for _ in 0..5 {
             let mut s = Server::start(kind, args);
-            let ok = TcpStream::connect(s.addr())
-                .map(Client::new)
-                .map(|mut c| c.stat("pid") == Some(s.child.id().to_string()))
-                .unwrap_or(false);
+            let ok = probe_pid(s.addr()) == Some(s.child.id().to_string());
             if ok && s.child.try_wait().map(|st| st.is_none()).unwrap_or(false) {
                 return s;
             }
