@@ -16,6 +16,7 @@ pub mod model;
 mod number;
 
 pub use hashmap::HashMapEngine;
+pub use log::repl::{Applied, ReplError, ReplicaState, Served};
 pub use log::LogEngine;
 
 /// Unix time in whole seconds.
@@ -608,4 +609,9 @@ pub trait Engine: Send + Sync + 'static {
     /// Reclaim expired items in the background; called periodically by the server.
     /// Returns how many items were reclaimed.
     fn maintain(&self, now: Time) -> u64;
+
+    /// The log engine behind this engine, for replication (None: not supported).
+    fn log_engine(&self) -> Option<&LogEngine> {
+        None
+    }
 }

@@ -88,7 +88,7 @@
 //!   `no_evict` and full memory they cannot, and report a miss.
 //! * Delete appends a tombstone; with `no_evict` and full memory the delete happens
 //!   without one (a log reader would miss it). Flushes are not logged.
-//! * No warm restart or replica reader yet (the format allows both, see `FORMAT.md`).
+//! * No warm restart yet (the format allows it, see `FORMAT.md`). Replication: `repl.rs`.
 //! * Meta: `mg ... T` and `md ... I` rewrite the item like touch does (no room with
 //!   `no_evict` and full memory: a miss, `NS`). The last access time is kept in 16 bits:
 //!   `l`/`la` are exact for items accessed within the last 18 hours, the age modulo
@@ -98,6 +98,7 @@
 mod format;
 mod index;
 mod mem;
+pub mod repl;
 use crate::number;
 #[cfg(test)]
 mod tests;
@@ -146,6 +147,13 @@ struct SegMem {
     /// Bytes appended so far (published length, release-stored after each append).
     used: AtomicUsize,
     large: AtomicBool,
+    /// The segment's sequence number while it is live (open or sealed, holding records a
+    /// log reader may ship), 0 otherwise. Set after the header is written; cleared when
+    /// the segment leaves the FIFO to be freed, before the pin barrier that precedes its
+    /// reuse (so a pinned reader that still sees the number may read the segment).
+    seq: AtomicU64,
+    /// Sealed: `used` is final (release-stored before this flag).
+    sealed: AtomicBool,
 }
 
 #[derive(Default)]
@@ -249,6 +257,9 @@ enum Cond {
     CasStale(u64),
     /// The live item must still be at this location (slot identity bits).
     Loc(u64),
+    /// A replicated record (replica): stores with this version (CAS, rewrite stamp) if
+    /// the key's current record, live or not, has a lower one.
+    Newer(u64, u64),
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -419,6 +430,12 @@ pub struct LogEngine {
     flush_lock: Mutex<()>,
     maint_cursor: AtomicUsize,
     rewrites: AtomicU64,
+    /// Held while a segment sequence number is drawn and published (see `open_segment`).
+    seq_lock: Mutex<()>,
+    /// Log bytes of segments retired so far (for the replication offset).
+    retired_bytes: AtomicU64,
+    /// Replication state of this engine (see `repl`).
+    repl: repl::ReplFlags,
     st: Padded<Counters>,
 }
 
@@ -471,6 +488,9 @@ impl LogEngine {
             flush_lock: Mutex::new(()),
             maint_cursor: AtomicUsize::new(0),
             rewrites: AtomicU64::new(0),
+            seq_lock: Mutex::new(()),
+            retired_bytes: AtomicU64::new(0),
+            repl: repl::ReplFlags::default(),
             st: Padded::default(),
         }
     }
@@ -887,6 +907,7 @@ impl LogEngine {
             .segs
             .get(id)
             .is_some_and(|s| s.mem.0.large.load(Ordering::Relaxed));
+        self.retire(id);
         // Readers that found a slot into it before it emptied must be done before reuse.
         self.barrier();
         let mut p = lock(&self.pool);
@@ -946,18 +967,22 @@ impl LogEngine {
         let seg = self.segs.get(id)?;
         let ptr = NonNull::new(seg.mem.0.ptr.load(Ordering::Acquire))?;
         let cap = seg.mem.0.cap.load(Ordering::Relaxed);
-        let base = self.next_cas.load(Ordering::SeqCst);
-        let seq = self.seg_seq.fetch_add(1, Ordering::Relaxed);
         // SAFETY: a free segment is unreachable (no slot points into it, readers from
         // before it was freed are gone, see `release`/`evict_one`) and owned by us now,
         // so we may write all `cap` bytes of its mapping.
-        unsafe {
-            std::ptr::write_bytes(ptr.as_ptr(), 0, cap);
-            format::write_seg_header(ptr.as_ptr(), format::SEG_KIND_REGULAR, seq, base);
-        }
+        unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, cap) };
         seg.acct.0.live_items.store(0, Ordering::Relaxed);
         seg.acct.0.live_bytes.store(0, Ordering::Relaxed);
+        // The number is drawn and published under `seq_lock`, so that a log reader that
+        // holds it sees every number below `seg_seq` either live or retired.
+        let _s = lock(&self.seq_lock);
+        let base = self.next_cas.load(Ordering::SeqCst);
+        let seq = self.seg_seq.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: as above.
+        unsafe { format::write_seg_header(ptr.as_ptr(), format::SEG_KIND_REGULAR, seq, base) };
         seg.mem.0.used.store(SEG_HDR, Ordering::Release);
+        seg.mem.0.sealed.store(false, Ordering::Relaxed);
+        seg.mem.0.seq.store(seq, Ordering::Release);
         Some(Open {
             id,
             cap,
@@ -969,6 +994,7 @@ impl LogEngine {
     fn seal(&self, open: Open) {
         if let Some(seg) = self.segs.get(open.id) {
             seg.mem.0.used.store(open.used, Ordering::Release);
+            seg.mem.0.sealed.store(true, Ordering::Release);
         }
         lock(&self.fifo).push_back(open.id);
     }
@@ -1044,6 +1070,10 @@ impl LogEngine {
             }
             (Cond::Loc(ident), Some((v, _))) => (v & IDENT_MASK != ident).then_some(Fail::Moved),
             (Cond::Loc(_), None) => Some(Fail::Moved),
+            (Cond::Newer(cas, stamp), _) => cur
+                .as_ref()
+                .is_some_and(|(_, _, r)| (r.cas, r.stamp) >= (cas, stamp))
+                .then_some(Fail::Present),
         };
         if let Some(f) = failed {
             return (Outcome::Failed(f), 0, None);
@@ -1062,8 +1092,9 @@ impl LogEngine {
             // Never write past the reservation; the caller retries.
             return (Outcome::Failed(Fail::Moved), 0, None);
         }
-        let (cas, stamp, explicit_cas) = match (c.keep_cas, old) {
-            (true, Some(r)) => (r.cas, self.rewrite_stamp(), r.explicit_cas),
+        let (cas, stamp, explicit_cas) = match (c.cond, c.keep_cas, old) {
+            (Cond::Newer(cas, stamp), _, _) => (cas, stamp, c.meta.explicit_cas),
+            (_, true, Some(r)) => (r.cas, self.rewrite_stamp(), r.explicit_cas),
             _ => (
                 self.next_cas.fetch_add(1, Ordering::SeqCst),
                 0,
@@ -1235,9 +1266,10 @@ impl LogEngine {
             return Outcome::NoMemory;
         };
         let base = self.next_cas.load(Ordering::SeqCst);
-        let seq = self.seg_seq.fetch_add(1, Ordering::Relaxed);
+        // The sequence number is drawn once the record is in (a failed write never
+        // becomes visible, and log readers expect every number to name a segment).
         // SAFETY: the mapping is fresh, `total >= SEG_HDR`, and nothing else knows it.
-        unsafe { format::write_seg_header(ptr.as_ptr(), format::SEG_KIND_LARGE, seq, base) };
+        unsafe { format::write_seg_header(ptr.as_ptr(), format::SEG_KIND_LARGE, 0, base) };
         let dest = Dest {
             id,
             ptr,
@@ -1253,7 +1285,16 @@ impl LogEngine {
             return out;
         }
         if let Some(seg) = self.segs.get(id) {
+            let _s = lock(&self.seq_lock);
+            let seq = self.seg_seq.fetch_add(1, Ordering::Relaxed);
+            // SAFETY: bytes 8..16 of the header (the sequence number) are read by no one
+            // (readers of the record read the CAS base, bytes 16..24).
+            unsafe {
+                std::ptr::copy_nonoverlapping(seq.to_le_bytes().as_ptr(), ptr.as_ptr().add(8), 8)
+            };
             seg.mem.0.used.store(SEG_HDR + len, Ordering::Release);
+            seg.mem.0.sealed.store(true, Ordering::Release);
+            seg.mem.0.seq.store(seq, Ordering::Release);
         }
         if !c.keep_cas && !c.keep_access {
             self.shard_items[tid() % self.shard_items.len()]
@@ -1457,7 +1498,11 @@ impl LogEngine {
     }
 
     fn delete_inner(&self, key: &[u8], h: u64, now: Time) -> bool {
-        if key.len() > MAX_KEY || self.peek(h, key, now).is_none() {
+        if key.len() > MAX_KEY {
+            return false;
+        }
+        if self.peek(h, key, now).is_none() {
+            self.tombstone_for_replicas(key, h);
             return false;
         }
         self.delete_at(key, h, now, None).unwrap_or(false)
@@ -1663,6 +1708,7 @@ impl LogEngine {
             self.clean(id);
         }
         self.st.0.segments_evicted.fetch_add(1, Ordering::Relaxed);
+        self.retire(id);
         self.barrier();
         let over = self.allocated.load(Ordering::Relaxed) > self.budget();
         if !(release || large || over) {
@@ -1779,7 +1825,13 @@ impl LogEngine {
             flags: r.flags,
             exptime: r.exptime,
             cas: r.cas,
-            stamp: self.rewrite_stamp(),
+            // A replica keeps the master's stamp: its copies must not outrank a later
+            // rewrite of the same item on the master.
+            stamp: if self.repl.replica.load(Ordering::Relaxed) {
+                r.stamp
+            } else {
+                self.rewrite_stamp()
+            },
             meta: r.meta,
             explicit_cas: r.explicit_cas,
         };
@@ -1897,6 +1949,9 @@ impl LogEngine {
         if dead.is_empty() {
             return 0;
         }
+        for &id in &dead {
+            self.retire(id);
+        }
         self.barrier();
         let mut p = lock(&self.pool);
         for &id in &dead {
@@ -1911,6 +1966,17 @@ impl LogEngine {
             }
         }
         dead.len()
+    }
+
+    /// A segment leaves the set a log reader may ship (before the barrier that precedes
+    /// its reuse); its bytes count towards the log offset already shipped or lost.
+    fn retire(&self, id: u32) {
+        if let Some(seg) = self.segs.get(id) {
+            if seg.mem.0.seq.swap(0, Ordering::AcqRel) != 0 {
+                let used = seg.mem.0.used.load(Ordering::Acquire);
+                self.retired_bytes.fetch_add(used as u64, Ordering::Relaxed);
+            }
+        }
     }
 
     fn seg_ids(&self) -> u32 {
@@ -2254,6 +2320,7 @@ impl Engine for LogEngine {
         let h = self.hash(key);
         for _ in 0..RETRIES {
             let Some(p) = self.peek(h, key, now) else {
+                self.tombstone_for_replicas(key, h);
                 return MetaDeleteResult::NotFound;
             };
             if req.compare_cas.is_some_and(|c| c != p.cas) {
@@ -2348,6 +2415,10 @@ impl Engine for LogEngine {
         self.count_dead(dead.1);
         self.unlink_dead(h, dead.0);
         None
+    }
+
+    fn log_engine(&self) -> Option<&LogEngine> {
+        Some(self)
     }
 
     fn maintain(&self, now: Time) -> u64 {

@@ -1,0 +1,928 @@
+//! Log shipping: what a master serves from its log and how a replica applies it.
+//!
+//! A replica pulls; the master does no work per write for it (beyond logging a tombstone
+//! for a delete of an absent key once a replica has pulled, see below). Each pull carries
+//! the replica's *cursor* (where it is in the master's log) and is answered with one
+//! *batch*; both are byte strings in this module's format (`FORMAT.md`, "Replication"),
+//! carried opaquely by the server.
+//!
+//! * **Position.** Every segment gets a sequence number when it opens (`seg_seq`). The
+//!   cursor is `below` (every segment numbered below it was consumed completely or is
+//!   gone) and, for segments at or above it, how many bytes were consumed and whether
+//!   the segment is complete (sealed and consumed to its end).
+//! * **Tail.** The master ships, for each live segment at or above `below`, the
+//!   published records after the replica's offset, verbatim, up to a byte budget. If a
+//!   segment the replica had not finished is gone (evicted), the replica fell behind the
+//!   retained log: the master answers with a reset and the replica resynchronizes.
+//! * **Full sync.** A new replica (or one after a reset) gets a *reset* batch holding a
+//!   starting cursor (the open segments and their lengths, and `below` = the next
+//!   sequence number), then a snapshot of the live items of every segment below that
+//!   cursor, walked segment by segment (resumable), then follows the tail from the
+//!   starting cursor. Items written meanwhile may arrive twice; versions decide.
+//! * **Versions.** A replica stores each item with the master's CAS and rewrite stamp and
+//!   keeps the record with the highest (CAS, stamp), so records may be applied in any
+//!   order. A tombstone removes the key's item if the item's CAS is lower. Because the
+//!   segments are read one after another, a tombstone can arrive before the older item
+//!   it deletes (in another segment); the replica remembers tombstones until a batch
+//!   that was not cut short by the budget has been applied after them (by then every
+//!   record published before the tombstone has been shipped).
+//! * **Flush, expiry, eviction.** Every batch carries the master's flush watermarks;
+//!   items keep their absolute expiry. A replica evicts on its own when its memory is
+//!   full (give it at least the master's `-m`). Because the master may evict an item
+//!   the replica still holds, a master with replicas logs a tombstone for every delete,
+//!   hit or miss, so an evicted-then-deleted key cannot survive on a replica.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::format::{
+    self, Rec, Spec, HDR_MAX, KIND_ITEM, KIND_TOMBSTONE, META_BINARY_KEY, META_STALE, SEG_HDR,
+};
+use super::{index, lock, tid, Commit, Cond, LogEngine, MetaW, Open, Src, Vis};
+use crate::Time;
+
+const CURSOR_MAGIC: [u8; 4] = *b"KVRC";
+const BATCH_MAGIC: [u8; 4] = *b"KVRB";
+const VERSION: u8 = 1;
+/// Most segment entries a cursor may carry.
+const MAX_ENTRIES: usize = 1 << 16;
+/// Tombstones a replica remembers at most (beyond, the oldest are forgotten).
+const MAX_TOMBS: usize = 1 << 20;
+
+const KIND_TAIL: u8 = 0;
+const KIND_SNAPSHOT: u8 = 1;
+const KIND_RESET: u8 = 2;
+/// Batch flag: nothing was left out for lack of budget.
+const FLAG_COMPLETE: u8 = 1;
+/// Batch flag (snapshot): the snapshot is finished; follow the tail next.
+const FLAG_DONE: u8 = 2;
+/// Chunk flag: the segment is sealed and shipped to its end.
+const CHUNK_COMPLETE: u8 = 1;
+
+/// Offsets of fields in a batch header.
+const B_FLAGS: usize = 6;
+const BATCH_HDR: usize = 8 + 8 + 8 + 8 + 4 + 8;
+
+/// The engine's replication switches.
+#[derive(Default)]
+pub(super) struct ReplFlags {
+    /// This engine follows a master (copies forward keep the master's stamps).
+    pub(super) replica: AtomicBool,
+    /// A replica has pulled from this engine: deletes of absent keys are logged too.
+    pub(super) active: AtomicBool,
+}
+
+/// What a master did for one pull.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Served {
+    /// Log bytes the replica has not received yet, after this batch (tail), or the bytes
+    /// of the live segments (during a full sync).
+    pub lag_bytes: u64,
+    /// Bytes of records put into the batch.
+    pub shipped: usize,
+    /// The batch starts a full sync (new replica, or it fell behind the retained log).
+    pub reset: bool,
+    /// The replica is in the snapshot of a full sync.
+    pub snapshot: bool,
+}
+
+/// What a replica did with one batch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// Records applied (stored or found older than what the replica has).
+    pub records: u64,
+    /// Bytes of records received.
+    pub bytes: u64,
+    /// The batch started a full sync.
+    pub reset: bool,
+    /// The master had nothing new (a tail batch without records).
+    pub idle: bool,
+    /// The master's log offset when it served the batch.
+    pub master_offset: u64,
+}
+
+/// A batch or cursor that does not follow the format.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplError(pub &'static str);
+
+impl std::fmt::Display for ReplError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Nothing yet: the next pull asks for a full sync.
+    Fresh,
+    /// In the snapshot, at this segment and offset.
+    Snapshot { seq: u64, off: u32 },
+    /// Following the log.
+    Tail,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Pos {
+    off: u32,
+    complete: bool,
+}
+
+/// A replica's position in its master's log, and what it needs to apply batches in any
+/// order. Owned by the thread that pulls.
+#[derive(Debug)]
+pub struct ReplicaState {
+    phase: Phase,
+    below: u64,
+    entries: BTreeMap<u64, Pos>,
+    /// Recent tombstones: key → (CAS, batch number it arrived in).
+    tombs: HashMap<Box<[u8]>, (u64, u64)>,
+    batches: u64,
+    /// Record bytes received since the last full sync started.
+    pub applied_bytes: u64,
+    /// Full syncs started.
+    pub full_syncs: u64,
+}
+
+impl Default for ReplicaState {
+    fn default() -> Self {
+        ReplicaState::new()
+    }
+}
+
+impl ReplicaState {
+    /// A replica that has nothing yet.
+    pub fn new() -> ReplicaState {
+        ReplicaState {
+            phase: Phase::Fresh,
+            below: 0,
+            entries: BTreeMap::new(),
+            tombs: HashMap::new(),
+            batches: 0,
+            applied_bytes: 0,
+            full_syncs: 0,
+        }
+    }
+
+    /// Forget the position: the next pull asks for a full sync.
+    pub fn restart(&mut self) {
+        self.phase = Phase::Fresh;
+        self.below = 0;
+        self.entries.clear();
+        self.tombs.clear();
+    }
+
+    /// True until a full sync has started.
+    pub fn is_fresh(&self) -> bool {
+        self.phase == Phase::Fresh
+    }
+
+    /// `"none"`, `"snapshot"` or `"tail"`.
+    pub fn phase(&self) -> &'static str {
+        match self.phase {
+            Phase::Fresh => "none",
+            Phase::Snapshot { .. } => "snapshot",
+            Phase::Tail => "tail",
+        }
+    }
+
+    /// The cursor to send with the next pull.
+    pub fn cursor(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&CURSOR_MAGIC);
+        let (phase, seq, off) = match self.phase {
+            Phase::Fresh => (0u8, 0, 0),
+            Phase::Snapshot { seq, off } => (1, seq, off),
+            Phase::Tail => (2, 0, 0),
+        };
+        out.push(phase);
+        out.extend_from_slice(&self.below.to_le_bytes());
+        out.extend_from_slice(&seq.to_le_bytes());
+        out.extend_from_slice(&off.to_le_bytes());
+        let n = self.entries.len().min(MAX_ENTRIES);
+        out.extend_from_slice(&(n as u32).to_le_bytes());
+        for (seq, p) in self.entries.iter().take(n) {
+            out.extend_from_slice(&seq.to_le_bytes());
+            out.extend_from_slice(&p.off.to_le_bytes());
+            out.push(u8::from(p.complete));
+        }
+    }
+
+    /// Forget complete segments below `below` and move `below` past complete ones.
+    /// (Entries below `below` that are not complete are segments that were open when a
+    /// full sync started: the tail continues them.)
+    fn advance(&mut self) {
+        let below = self.below;
+        self.entries.retain(|&seq, p| !(p.complete && seq < below));
+        while let Some(p) = self.entries.get(&self.below) {
+            if !p.complete {
+                return;
+            }
+            self.entries.remove(&self.below);
+            self.below += 1;
+        }
+    }
+}
+
+/// A cursor as the master reads it.
+struct Cursor {
+    phase: Phase,
+    below: u64,
+    /// Sorted by sequence number (checked).
+    entries: Vec<(u64, Pos)>,
+}
+
+impl Cursor {
+    fn decode(b: &[u8]) -> Result<Cursor, ReplError> {
+        let mut r = Reader(b);
+        if r.take(4)? != CURSOR_MAGIC {
+            return Err(ReplError("bad cursor magic"));
+        }
+        let phase = r.u8()?;
+        let below = r.u64()?;
+        let seq = r.u64()?;
+        let off = r.u32()?;
+        let phase = match phase {
+            0 => Phase::Fresh,
+            1 => Phase::Snapshot { seq, off },
+            2 => Phase::Tail,
+            _ => return Err(ReplError("bad cursor phase")),
+        };
+        let n = r.u32()? as usize;
+        if n > MAX_ENTRIES || r.0.len() != n * 13 {
+            return Err(ReplError("bad cursor length"));
+        }
+        let mut entries = Vec::with_capacity(n);
+        for _ in 0..n {
+            let seq = r.u64()?;
+            let off = r.u32()?;
+            let complete = r.u8()? != 0;
+            if entries.last().is_some_and(|&(last, _)| last >= seq) {
+                return Err(ReplError("cursor entries out of order"));
+            }
+            entries.push((seq, Pos { off, complete }));
+        }
+        Ok(Cursor {
+            phase,
+            below,
+            entries,
+        })
+    }
+
+    fn get(&self, seq: u64) -> Option<Pos> {
+        self.entries
+            .binary_search_by_key(&seq, |&(s, _)| s)
+            .ok()
+            .and_then(|i| self.entries.get(i))
+            .map(|&(_, p)| p)
+    }
+}
+
+/// A bounds-checked little-endian reader over hostile bytes.
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], ReplError> {
+        if self.0.len() < n {
+            return Err(ReplError("truncated"));
+        }
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        Ok(a)
+    }
+    fn u8(&mut self) -> Result<u8, ReplError> {
+        Ok(self.take(1)?[0])
+    }
+    fn u32(&mut self) -> Result<u32, ReplError> {
+        let mut a = [0; 4];
+        a.copy_from_slice(self.take(4)?);
+        Ok(u32::from_le_bytes(a))
+    }
+    fn u64(&mut self) -> Result<u64, ReplError> {
+        let mut a = [0; 8];
+        a.copy_from_slice(self.take(8)?);
+        Ok(u64::from_le_bytes(a))
+    }
+}
+
+fn put_chunk_header(out: &mut Vec<u8>, seq: u64, base: u64, start: u32, end: u32, flags: u8) {
+    out.extend_from_slice(&seq.to_le_bytes());
+    out.extend_from_slice(&base.to_le_bytes());
+    out.extend_from_slice(&start.to_le_bytes());
+    out.extend_from_slice(&end.to_le_bytes());
+    out.push(flags);
+    // Data length, patched when the chunk is finished.
+    out.extend_from_slice(&0u32.to_le_bytes());
+}
+
+/// Chunk header: seq, base, start, end, flags, data length.
+const CHUNK_HDR: usize = 8 + 8 + 4 + 4 + 1 + 4;
+
+fn finish_chunk(out: &mut [u8], at: usize) {
+    let len = (out.len() - at - CHUNK_HDR) as u32;
+    if let Some(d) = out.get_mut(at + CHUNK_HDR - 4..at + CHUNK_HDR) {
+        d.copy_from_slice(&len.to_le_bytes());
+    }
+}
+
+/// Master side.
+impl LogEngine {
+    /// Live segments as (sequence number, id), in sequence order.
+    fn live_segments(&self) -> Vec<(u64, u32)> {
+        let mut v: Vec<(u64, u32)> = (0..self.seg_ids())
+            .filter_map(|id| {
+                let seq = self.segs.get(id)?.mem.0.seq.load(Ordering::Acquire);
+                (seq != 0).then_some((seq, id))
+            })
+            .collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Bytes written to the log so far: a replication offset that only grows.
+    pub fn log_offset(&self) -> u64 {
+        let live: u64 = self
+            .live_segments()
+            .iter()
+            .filter_map(|&(_, id)| self.segs.get(id))
+            .map(|s| s.mem.0.used.load(Ordering::Acquire) as u64)
+            .sum();
+        self.retired_bytes.load(Ordering::Relaxed) + live
+    }
+
+    fn batch_header(&self, kind: u8, out: &mut Vec<u8>) -> usize {
+        let at = out.len();
+        out.extend_from_slice(&BATCH_MAGIC);
+        out.push(VERSION);
+        out.push(kind);
+        out.push(0);
+        out.push(0);
+        out.extend_from_slice(&self.seg_seq.load(Ordering::SeqCst).to_le_bytes());
+        out.extend_from_slice(&self.flush_mark.load(Ordering::SeqCst).to_le_bytes());
+        out.extend_from_slice(&self.delayed_mark.load(Ordering::SeqCst).to_le_bytes());
+        out.extend_from_slice(&self.next_cas.load(Ordering::SeqCst).to_le_bytes());
+        out.extend_from_slice(&self.flush_deadline.load(Ordering::Acquire).to_le_bytes());
+        out.extend_from_slice(&self.log_offset().to_le_bytes());
+        at
+    }
+
+    /// Serve one pull: append a batch for `cursor` to `out`, with about `budget` bytes
+    /// of records at most (one record more than the budget may go in, so that progress
+    /// is always made). `fresh` forces a full sync (the replica followed another log).
+    pub fn repl_serve(
+        &self,
+        cursor: &[u8],
+        fresh: bool,
+        budget: usize,
+        out: &mut Vec<u8>,
+    ) -> Served {
+        self.repl.active.store(true, Ordering::SeqCst);
+        let cur = if fresh {
+            None
+        } else {
+            Cursor::decode(cursor).ok()
+        };
+        match cur {
+            Some(c) if c.phase == Phase::Tail => {
+                let mark = out.len();
+                match self.serve_tail(&c, budget, out) {
+                    Some(s) => s,
+                    None => {
+                        out.truncate(mark);
+                        self.serve_reset(out)
+                    }
+                }
+            }
+            Some(c) if matches!(c.phase, Phase::Snapshot { .. }) => {
+                self.serve_snapshot(&c, budget, out)
+            }
+            _ => self.serve_reset(out),
+        }
+    }
+
+    fn serve_reset(&self, out: &mut Vec<u8>) -> Served {
+        let (next, live) = {
+            let _s = lock(&self.seq_lock);
+            (self.seg_seq.load(Ordering::SeqCst), self.live_segments())
+        };
+        let at = self.batch_header(KIND_RESET, out);
+        let mut open = Vec::new();
+        let mut lag = 0;
+        for &(seq, id) in &live {
+            let Some(seg) = self.segs.get(id) else {
+                continue;
+            };
+            let sealed = seg.mem.0.sealed.load(Ordering::Acquire);
+            let used = seg.mem.0.used.load(Ordering::Acquire);
+            if seg.mem.0.seq.load(Ordering::Acquire) != seq {
+                continue;
+            }
+            lag += used as u64;
+            if !sealed {
+                open.push((seq, used as u32));
+            }
+        }
+        out.extend_from_slice(&next.to_le_bytes());
+        out.extend_from_slice(&(open.len() as u32).to_le_bytes());
+        for (seq, used) in open {
+            out.extend_from_slice(&seq.to_le_bytes());
+            out.extend_from_slice(&used.to_le_bytes());
+        }
+        if let Some(f) = out.get_mut(at + B_FLAGS) {
+            *f = FLAG_COMPLETE;
+        }
+        Served {
+            lag_bytes: lag,
+            shipped: 0,
+            reset: true,
+            snapshot: true,
+        }
+    }
+
+    fn serve_snapshot(&self, c: &Cursor, budget: usize, out: &mut Vec<u8>) -> Served {
+        let Phase::Snapshot {
+            seq: from_seq,
+            off: from_off,
+        } = c.phase
+        else {
+            return self.serve_reset(out);
+        };
+        let live = self.live_segments();
+        let at = self.batch_header(KIND_SNAPSHOT, out);
+        let pos_at = out.len();
+        out.extend_from_slice(&from_seq.to_le_bytes());
+        out.extend_from_slice(&from_off.to_le_bytes());
+        let now = self.clock.load(Ordering::Relaxed);
+        let mut shipped = 0;
+        let mut lag = 0u64;
+        let mut next_pos = None;
+        let _pin = self.pin();
+        for &(seq, id) in live.iter().filter(|&&(s, _)| s >= from_seq && s < c.below) {
+            let Some(seg) = self.segs.get(id) else {
+                continue;
+            };
+            if seg.mem.0.seq.load(Ordering::Acquire) != seq {
+                continue;
+            }
+            let used = seg.mem.0.used.load(Ordering::Acquire);
+            let limit = c.get(seq).map_or(used, |p| (p.off as usize).min(used));
+            let start = if seq == from_seq {
+                (from_off as usize).max(SEG_HDR)
+            } else {
+                SEG_HDR
+            };
+            lag += limit.saturating_sub(start) as u64;
+            if next_pos.is_some() || start >= limit {
+                continue;
+            }
+            let Some(ptr) = std::ptr::NonNull::new(seg.mem.0.ptr.load(Ordering::Acquire)) else {
+                continue;
+            };
+            // SAFETY: pinned, and the segment is still live (its number did not change
+            // since the pin was taken), so it is not reused before we unpin.
+            let base = unsafe { format::seg_cas_base(ptr.as_ptr()) };
+            let chunk = out.len();
+            put_chunk_header(out, seq, base, start as u32, 0, 0);
+            let mut off = start;
+            while off < limit {
+                if shipped >= budget {
+                    next_pos = Some((seq, off as u32));
+                    break;
+                }
+                // SAFETY: as above; `limit <= used`, the published length.
+                let Some(r) = (unsafe { format::read(ptr.as_ptr(), limit, off, base) }) else {
+                    break;
+                };
+                let here = off;
+                off += r.len;
+                if r.kind != KIND_ITEM || self.vis(&r, now) != Vis::Live {
+                    continue;
+                }
+                let h = self.hash(r.key);
+                let current = self
+                    .index
+                    .find(h, |v| {
+                        index::slot_seg(v) == id && index::slot_off(v) == here
+                    })
+                    .is_some();
+                if current {
+                    // SAFETY: `here .. here + r.len` is the published record just read.
+                    let bytes =
+                        unsafe { std::slice::from_raw_parts(ptr.as_ptr().add(here), r.len) };
+                    out.extend_from_slice(bytes);
+                    shipped += r.len;
+                }
+            }
+            let end = next_pos.map_or(limit, |(_, o)| o as usize);
+            if let Some(e) = out.get_mut(chunk + 20..chunk + 24) {
+                e.copy_from_slice(&(end as u32).to_le_bytes());
+            }
+            finish_chunk(out, chunk);
+        }
+        let (flags, (pseq, poff)) = match next_pos {
+            Some(p) => (0, p),
+            None => (FLAG_COMPLETE | FLAG_DONE, (c.below, 0)),
+        };
+        if let Some(f) = out.get_mut(at + B_FLAGS) {
+            *f = flags;
+        }
+        if let Some(p) = out.get_mut(pos_at..pos_at + 12) {
+            p[..8].copy_from_slice(&pseq.to_le_bytes());
+            p[8..].copy_from_slice(&poff.to_le_bytes());
+        }
+        Served {
+            lag_bytes: lag,
+            shipped,
+            reset: false,
+            snapshot: true,
+        }
+    }
+
+    /// The tail for `c`, or None if the replica fell behind the retained log (or sent
+    /// an impossible cursor) and must resynchronize.
+    fn serve_tail(&self, c: &Cursor, budget: usize, out: &mut Vec<u8>) -> Option<Served> {
+        let (next, live) = {
+            let _s = lock(&self.seq_lock);
+            (self.seg_seq.load(Ordering::SeqCst), self.live_segments())
+        };
+        // Every segment numbered from `below` up to `next` must be live here or complete
+        // there; a partly consumed one must be live.
+        let span = next.checked_sub(c.below)?;
+        if span > (live.len() + c.entries.len()) as u64 {
+            return None;
+        }
+        let is_live = |seq: u64| live.binary_search_by_key(&seq, |&(s, _)| s).is_ok();
+        if c.entries
+            .iter()
+            .any(|&(seq, p)| !p.complete && !is_live(seq))
+        {
+            return None;
+        }
+        let mut li = live.iter().peekable();
+        for seq in c.below..next {
+            while li.peek().is_some_and(|&&(s, _)| s < seq) {
+                li.next();
+            }
+            let is_live = li.peek().is_some_and(|&&(s, _)| s == seq);
+            let complete = c.get(seq).is_some_and(|p| p.complete);
+            if !is_live && !complete {
+                return None;
+            }
+        }
+        let at = self.batch_header(KIND_TAIL, out);
+        let mut shipped = 0;
+        let mut lag = 0u64;
+        let mut complete = true;
+        let _pin = self.pin();
+        let wanted = live
+            .iter()
+            .filter(|&&(s, _)| s >= c.below || c.get(s).is_some_and(|p| !p.complete));
+        for &(seq, id) in wanted {
+            let pos = c.get(seq);
+            if pos.is_some_and(|p| p.complete) {
+                continue;
+            }
+            let seg = self.segs.get(id)?;
+            let sealed = seg.mem.0.sealed.load(Ordering::Acquire);
+            let used = seg.mem.0.used.load(Ordering::Acquire);
+            if seg.mem.0.seq.load(Ordering::Acquire) != seq {
+                // Retired since the check: unless it was new to the replica, part of it
+                // is lost.
+                if pos.is_some() {
+                    return None;
+                }
+                continue;
+            }
+            let start = pos.map_or(SEG_HDR, |p| (p.off as usize).max(SEG_HDR));
+            if start > used {
+                return None;
+            }
+            if start == used && !sealed {
+                continue;
+            }
+            let ptr = std::ptr::NonNull::new(seg.mem.0.ptr.load(Ordering::Acquire))?;
+            // SAFETY: pinned and still live, as in `serve_snapshot`.
+            let base = unsafe { format::seg_cas_base(ptr.as_ptr()) };
+            let mut end = start;
+            while end < used && shipped < budget {
+                // SAFETY: as above; `used` is the published length.
+                let Some(r) = (unsafe { format::read(ptr.as_ptr(), used, end, base) }) else {
+                    break;
+                };
+                end += r.len;
+                shipped += r.len;
+            }
+            lag += (used - end) as u64;
+            if end < used {
+                complete = false;
+            }
+            if end == start && !(sealed && end == used) {
+                continue;
+            }
+            let flags = if sealed && end == used {
+                CHUNK_COMPLETE
+            } else {
+                0
+            };
+            let chunk = out.len();
+            put_chunk_header(out, seq, base, start as u32, end as u32, flags);
+            // SAFETY: `start .. end` are published records of the pinned segment.
+            out.extend_from_slice(unsafe {
+                std::slice::from_raw_parts(ptr.as_ptr().add(start), end - start)
+            });
+            finish_chunk(out, chunk);
+        }
+        if let Some(f) = out.get_mut(at + B_FLAGS) {
+            *f = if complete { FLAG_COMPLETE } else { 0 };
+        }
+        Some(Served {
+            lag_bytes: lag,
+            shipped,
+            reset: false,
+            snapshot: false,
+        })
+    }
+}
+
+/// Replica side.
+impl LogEngine {
+    /// Follow a master (true) or stop (false: promotion). A replica keeps the master's
+    /// versions; after promotion new writes draw versions above every one it holds.
+    pub fn set_replica(&self, on: bool) {
+        self.repl.replica.store(on, Ordering::SeqCst);
+    }
+
+    /// Apply one batch from the master to this engine and advance `st`.
+    pub fn repl_apply(
+        &self,
+        st: &mut ReplicaState,
+        batch: &[u8],
+        now: Time,
+    ) -> Result<Applied, ReplError> {
+        self.tick(now);
+        let mut r = Reader(batch);
+        if r.take(4)? != BATCH_MAGIC {
+            return Err(ReplError("bad batch magic"));
+        }
+        if r.u8()? != VERSION {
+            return Err(ReplError("unknown batch version"));
+        }
+        let kind = r.u8()?;
+        let flags = r.u8()?;
+        r.u8()?;
+        let _next_seq = r.u64()?;
+        let flush_mark = r.u64()?;
+        let delayed_mark = r.u64()?;
+        let next_cas = r.u64()?;
+        let deadline = r.u32()?;
+        let master_offset = r.u64()?;
+        debug_assert_eq!(batch.len() - r.0.len(), BATCH_HDR + 8);
+        let mut applied = Applied {
+            master_offset,
+            ..Applied::default()
+        };
+        st.batches += 1;
+        let batch_no = st.batches;
+        match kind {
+            KIND_RESET => {
+                let below = r.u64()?;
+                let n = r.u32()? as usize;
+                if n > MAX_ENTRIES || r.0.len() != n * 12 {
+                    return Err(ReplError("bad reset length"));
+                }
+                let mut entries = BTreeMap::new();
+                for _ in 0..n {
+                    let seq = r.u64()?;
+                    let off = r.u32()?;
+                    if seq >= below {
+                        return Err(ReplError("reset entry beyond its cursor"));
+                    }
+                    entries.insert(
+                        seq,
+                        Pos {
+                            off,
+                            complete: false,
+                        },
+                    );
+                }
+                self.wipe();
+                st.restart();
+                st.phase = Phase::Snapshot { seq: 0, off: 0 };
+                st.below = below;
+                st.entries = entries;
+                st.applied_bytes = 0;
+                st.full_syncs += 1;
+                applied.reset = true;
+            }
+            KIND_SNAPSHOT => {
+                if !matches!(st.phase, Phase::Snapshot { .. }) {
+                    return Err(ReplError("snapshot batch outside a full sync"));
+                }
+                let pseq = r.u64()?;
+                let poff = r.u32()?;
+                while !r.0.is_empty() {
+                    let (seq, base, _start, _end, _f, data) = chunk(&mut r)?;
+                    if seq >= st.below {
+                        return Err(ReplError("snapshot chunk beyond its cursor"));
+                    }
+                    self.apply_records(st, base, data, batch_no, now, &mut applied)?;
+                }
+                st.phase = if flags & FLAG_DONE != 0 {
+                    Phase::Tail
+                } else {
+                    Phase::Snapshot {
+                        seq: pseq,
+                        off: poff,
+                    }
+                };
+            }
+            KIND_TAIL => {
+                if st.phase != Phase::Tail {
+                    return Err(ReplError("tail batch before the full sync finished"));
+                }
+                applied.idle = r.0.is_empty();
+                while !r.0.is_empty() {
+                    let (seq, base, start, end, f, data) = chunk(&mut r)?;
+                    let have = st.entries.get(&seq).copied();
+                    let expect = have.map_or(SEG_HDR as u32, |p| p.off.max(SEG_HDR as u32));
+                    let known = seq >= st.below || have.is_some();
+                    if !known || have.is_some_and(|p| p.complete) || start != expect {
+                        return Err(ReplError("tail chunk does not continue the cursor"));
+                    }
+                    if end as usize != start as usize + data.len() {
+                        return Err(ReplError("tail chunk length"));
+                    }
+                    self.apply_records(st, base, data, batch_no, now, &mut applied)?;
+                    st.entries.insert(
+                        seq,
+                        Pos {
+                            off: end,
+                            complete: f & CHUNK_COMPLETE != 0,
+                        },
+                    );
+                }
+                st.advance();
+                if flags & FLAG_COMPLETE != 0 {
+                    st.tombs.retain(|_, &mut (_, n)| n == batch_no);
+                }
+            }
+            _ => return Err(ReplError("unknown batch kind")),
+        }
+        // The master's flush state and version counter (items carry its versions).
+        {
+            let _f = lock(&self.flush_lock);
+            self.flush_mark.store(flush_mark, Ordering::SeqCst);
+            self.delayed_mark.store(delayed_mark, Ordering::SeqCst);
+            self.flush_deadline.store(deadline, Ordering::Release);
+        }
+        self.next_cas.fetch_max(next_cas, Ordering::SeqCst);
+        Ok(applied)
+    }
+
+    fn apply_records(
+        &self,
+        st: &mut ReplicaState,
+        base: u64,
+        data: &[u8],
+        batch_no: u64,
+        now: Time,
+        applied: &mut Applied,
+    ) -> Result<(), ReplError> {
+        let mut off = 0;
+        while off < data.len() {
+            // SAFETY: `data` is a live slice of `data.len()` bytes that nobody writes;
+            // `read` checks every length against it.
+            let rec = unsafe { format::read(data.as_ptr(), data.len(), off, base) };
+            let Some(rec) = rec else {
+                return Err(ReplError("bad record"));
+            };
+            off += rec.len;
+            applied.records += 1;
+            applied.bytes += rec.len as u64;
+            st.applied_bytes += rec.len as u64;
+            match rec.kind {
+                KIND_ITEM => self.apply_item(st, &rec, now),
+                KIND_TOMBSTONE => {
+                    self.apply_tombstone(rec.key, rec.cas, now);
+                    if st.tombs.len() >= MAX_TOMBS {
+                        st.tombs.clear();
+                    }
+                    st.tombs.insert(rec.key.into(), (rec.cas, batch_no));
+                }
+                _ => return Err(ReplError("unknown record kind")),
+            }
+        }
+        Ok(())
+    }
+
+    fn apply_item(&self, st: &ReplicaState, r: &Rec<'_>, now: Time) {
+        if st.tombs.get(r.key).is_some_and(|&(tc, _)| r.cas < tc) {
+            return;
+        }
+        let c = Commit {
+            key: r.key,
+            h: self.hash(r.key),
+            cond: Cond::Newer(r.cas, r.stamp),
+            src: Src::Bytes(r.value),
+            old_len: 0,
+            flags: Some(r.flags),
+            exptime: Some(r.exptime),
+            keep_cas: false,
+            keep_access: false,
+            access: false,
+            meta: MetaW {
+                explicit_cas: r.explicit_cas,
+                stale: Some(r.meta & META_STALE != 0),
+                binary_key: Some(r.meta & META_BINARY_KEY != 0),
+                win: Some(false),
+                keep_atime: false,
+            },
+        };
+        self.commit(&c, now, None);
+        self.next_cas
+            .fetch_max(r.cas.saturating_add(1), Ordering::SeqCst);
+        self.rewrites.fetch_max(r.stamp, Ordering::Relaxed);
+    }
+
+    /// Remove `key`'s item if it is older than the tombstone, and log the tombstone (for
+    /// this engine's own replicas).
+    fn apply_tombstone(&self, key: &[u8], cas: u64, now: Time) {
+        let _ = now;
+        self.next_cas.fetch_max(cas, Ordering::SeqCst);
+        self.write_tombstone(key, self.hash(key), Some(cas));
+    }
+
+    /// With replicas attached, a delete of an absent key is logged too (the key may live
+    /// on a replica that did not see the master evict it).
+    pub(super) fn tombstone_for_replicas(&self, key: &[u8], h: u64) {
+        if self.repl.active.load(Ordering::Relaxed) && key.len() <= super::MAX_KEY {
+            self.write_tombstone(key, h, None);
+        }
+    }
+
+    /// Append a tombstone for `key` (CAS `cas`, else the next unique) and remove an older
+    /// item of the key. Without room for it (no_evict and full) only the removal happens.
+    fn write_tombstone(&self, key: &[u8], h: u64, cas: Option<u64>) {
+        let need = HDR_MAX + key.len();
+        let shard = &self.shards[tid() % self.shards.len()];
+        let mut sh = lock(&shard.0);
+        let open = self.room(&mut sh, need);
+        let dest = open.as_ref().and_then(|o| self.dest(o));
+        let _g = self.index.lock(h);
+        let cas = cas.unwrap_or_else(|| self.next_cas.load(Ordering::SeqCst));
+        // SAFETY: we hold `h`'s stripe lock.
+        if let Some((slot, v, r)) = unsafe { self.lookup(h, key) } {
+            if r.cas < cas {
+                slot.store(0, Ordering::Release);
+                self.account_remove(v, r.len);
+            }
+        }
+        if let (Some(o), Some(d)) = (open, dest) {
+            let spec = Spec {
+                kind: KIND_TOMBSTONE,
+                key,
+                parts: [&[], &[]],
+                flags: 0,
+                exptime: 0,
+                stamp: 0,
+                cas,
+                meta: 0,
+                explicit_cas: None,
+            };
+            // SAFETY: `room` reserved `HDR_MAX + key` bytes at `d.off` in our shard's
+            // open segment, which only we append to while holding the shard lock.
+            let len = unsafe { format::write(d.ptr.as_ptr().add(d.off), &spec, d.base) };
+            let used = o.used + len;
+            *sh = Some(Open { used, ..o });
+            if let Some(seg) = self.segs.get(o.id) {
+                seg.mem.0.used.store(used, Ordering::Release);
+            }
+            self.st.0.tombstones.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Drop every item (a full sync starts from nothing).
+    fn wipe(&self) {
+        for b in 0..self.index.nmain() {
+            let _g = self.index.lock_bucket(b);
+            self.index.for_each_in_chain(b, |slot, v| {
+                // SAFETY: we hold the chain's stripe lock and `v` is in its slot.
+                let len = unsafe { self.rec(v) }.map_or(0, |r| r.len);
+                slot.store(0, Ordering::Release);
+                self.account_remove(v, len);
+            });
+        }
+        self.free_dead_segments();
+    }
+}
+
+type ChunkParts<'a> = (u64, u64, u32, u32, u8, &'a [u8]);
+
+fn chunk<'a>(r: &mut Reader<'a>) -> Result<ChunkParts<'a>, ReplError> {
+    let seq = r.u64()?;
+    let base = r.u64()?;
+    let start = r.u32()?;
+    let end = r.u32()?;
+    let flags = r.u8()?;
+    let len = r.u32()? as usize;
+    let data = r.take(len)?;
+    Ok((seq, base, start, end, flags, data))
+}

@@ -1,0 +1,208 @@
+//! Replication of `LogEngine` (log shipping, `log/repl.rs`): a replica that pulls batches
+//! from a master at random points of a random operation sequence, with random byte budgets,
+//! ends with exactly the master's items (value, flags, expiry, CAS), whether it followed
+//! from the start or joined late with a full sync.
+
+use kvstore::{Engine, LogEngine, ReplicaState, Time};
+use proptest::prelude::*;
+
+#[path = "support/ops.rs"]
+mod ops;
+
+use ops::{Op, START};
+
+const KEYS: usize = 24;
+
+/// One pull: serve the replica's cursor on the master, apply the batch on the replica.
+fn pull(
+    master: &LogEngine,
+    replica: &LogEngine,
+    st: &mut ReplicaState,
+    budget: usize,
+    now: Time,
+) -> (bool, u64) {
+    let mut cursor = Vec::new();
+    st.cursor(&mut cursor);
+    let mut batch = Vec::new();
+    let served = master.repl_serve(&cursor, false, budget, &mut batch);
+    let applied = replica
+        .repl_apply(st, &batch, now)
+        .unwrap_or_else(|e| panic!("replica rejected a batch: {e}"));
+    (applied.idle && !served.snapshot, served.lag_bytes)
+}
+
+/// Pull until the replica follows the tail with nothing left to fetch.
+fn catch_up(master: &LogEngine, replica: &LogEngine, st: &mut ReplicaState, now: Time) {
+    for _ in 0..10_000 {
+        let (idle, lag) = pull(master, replica, st, 4096, now);
+        if idle && lag == 0 {
+            return;
+        }
+    }
+    panic!("replica did not catch up");
+}
+
+fn assert_same(master: &LogEngine, replica: &LogEngine, now: Time) {
+    for k in 0..KEYS {
+        let key = ops::key_name(k);
+        assert_eq!(
+            master.peek_item(&key, now),
+            replica.peek_item(&key, now),
+            "key {k} differs between master and replica"
+        );
+    }
+}
+
+/// A second delayed `flush_all` replaces the first (memcached keeps one deadline), and
+/// items the first one hid come back, except those the master already removed when a
+/// read found them dead. Those removals are not logged, so a replica may keep such an
+/// item: a documented difference, left out here.
+fn comparable(ops_: &[Op]) -> bool {
+    ops_.iter().filter(|o| matches!(o, Op::FlushIn(_))).count() <= 1
+}
+
+fn run(ops_: &[Op], pulls: &[(bool, usize)], join_at: usize, max_bytes: usize) {
+    let master = LogEngine::new(ops::config(max_bytes, false, true));
+    let replica = LogEngine::new(ops::config(max_bytes, false, true));
+    replica.set_replica(true);
+    let mut st = ReplicaState::new();
+    let mut now = START;
+    for (i, op) in ops_.iter().enumerate() {
+        if let Op::Advance(d) = op {
+            now += d;
+        }
+        let cas_right = ops::apply(
+            &master,
+            &Op::Debug {
+                key: op.key().unwrap_or(0),
+            },
+            now,
+            0,
+        );
+        let right = match cas_right {
+            ops::Reply::Debug(Some(d)) => d.cas,
+            _ => 0,
+        };
+        ops::apply(&master, op, now, right);
+        let (p, budget) = pulls[i % pulls.len()];
+        if p && i >= join_at {
+            pull(&master, &replica, &mut st, budget, now);
+        }
+    }
+    catch_up(&master, &replica, &mut st, now);
+    assert_same(&master, &replica, now);
+    // Promotion: the replica takes writes and draws versions above the master's.
+    replica.set_replica(false);
+    let req = kvstore::StoreRequest {
+        mode: kvstore::StoreMode::Set,
+        key: b"after-promotion",
+        value: b"x",
+        flags: 0,
+        exptime: 0,
+    };
+    let kvstore::StoreResult::Stored(master_cas) = master.store(req, now) else {
+        panic!("the master must take writes");
+    };
+    let kvstore::StoreResult::Stored(cas) = replica.store(req, now) else {
+        panic!("a promoted replica must take writes");
+    };
+    assert!(
+        cas >= master_cas,
+        "promoted replica drew CAS {cas} < the master's next {master_cas}"
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    /// A replica following from the start, with pulls at random points and budgets.
+    #[test]
+    fn replica_follows(
+        ops_ in prop::collection::vec(prop_oneof![3 => ops::op(KEYS), 2 => ops::meta_op(KEYS)], 1..160),
+        pulls in prop::collection::vec((any::<bool>(), prop_oneof![Just(1usize), Just(60), Just(4096)]), 1..8),
+    ) {
+        prop_assume!(comparable(&ops_));
+        run(&ops_, &pulls, 0, 4 << 20);
+    }
+
+    /// A replica joining late: full sync (snapshot) while the master keeps writing.
+    #[test]
+    fn replica_joins_late(
+        ops_ in prop::collection::vec(prop_oneof![3 => ops::op(KEYS), 2 => ops::meta_op(KEYS)], 1..160),
+        pulls in prop::collection::vec((any::<bool>(), prop_oneof![Just(1usize), Just(60), Just(4096)]), 1..8),
+        join_at in 0usize..160,
+    ) {
+        prop_assume!(comparable(&ops_));
+        run(&ops_, &pulls, join_at, 4 << 20);
+    }
+}
+
+/// A replica that stops pulling while the master turns its whole memory over several
+/// times falls behind the retained log, gets a full sync and converges.
+#[test]
+fn lagging_replica_resyncs() {
+    let cfg = ops::config(1 << 20, false, true);
+    let master = LogEngine::new(cfg.clone());
+    let replica = LogEngine::new(cfg);
+    replica.set_replica(true);
+    let mut st = ReplicaState::new();
+    let now = START;
+    let value = [7u8; 60];
+    let set = |i: usize| {
+        let key = format!("k{}", i % 5000);
+        let req = kvstore::StoreRequest {
+            mode: kvstore::StoreMode::Set,
+            key: key.as_bytes(),
+            value: &value[..40],
+            flags: i as u32,
+            exptime: 0,
+        };
+        master.store(req, now);
+    };
+    for i in 0..2000 {
+        set(i);
+    }
+    catch_up(&master, &replica, &mut st, now);
+    assert_eq!(st.full_syncs, 1);
+    for i in 0..60_000 {
+        set(i);
+    }
+    catch_up(&master, &replica, &mut st, now);
+    assert_eq!(
+        st.full_syncs, 2,
+        "the replica should have resynchronized once"
+    );
+    for i in 0..5000 {
+        let key = format!("k{i}");
+        assert_eq!(
+            master.peek_item(key.as_bytes(), now),
+            replica.peek_item(key.as_bytes(), now),
+            "{key}"
+        );
+    }
+}
+
+/// Hostile batches are refused with an error, never a panic, and leave the replica usable.
+#[test]
+fn garbage_batches_are_refused() {
+    let replica = LogEngine::new(ops::config(1 << 20, false, true));
+    let mut st = ReplicaState::new();
+    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+    for n in 0..2000usize {
+        let mut b = b"KVRB\x01".to_vec();
+        b.push((n % 4) as u8);
+        for _ in 0..(n % 97) {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            b.push(seed as u8);
+        }
+        let _ = replica.repl_apply(&mut st, &b, START);
+    }
+    let mut out = Vec::new();
+    for n in 0..500usize {
+        let cursor: Vec<u8> = (0..n).map(|i| (i * 31 + n) as u8).collect();
+        out.clear();
+        let _ = replica.repl_serve(&cursor, false, 1024, &mut out);
+    }
+}
