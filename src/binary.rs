@@ -22,6 +22,20 @@ pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
     let engine = &*shared.engine;
     let out = &mut s.out;
     let (op, opaque) = (req.opcode, req.opaque);
+    let writes = matches!(
+        req.command,
+        Command::GetAndTouch { .. }
+            | Command::Touch { .. }
+            | Command::Store { .. }
+            | Command::Delete
+            | Command::Arith { .. }
+            | Command::Flush { .. }
+    );
+    if writes && shared.repl.read_only() {
+        // A replica refuses writes ("Not stored." with its own message).
+        bin::write_error_message(out, op, opaque, Status::NotStored, "replica is read-only");
+        return Step::Next;
+    }
     match req.command {
         Command::Get { with_key } => {
             get(ctx, out, &req, with_key, None);

@@ -126,7 +126,12 @@ const OPTIONS: &[OptSpec] = &[
     spec(b'e', "memory-file", HasArg::Required),
     spec(b'o', "extended", HasArg::Required),
     spec(b'N', "napi-ids", HasArg::Required),
+    // kvcached's own (no short letter).
+    spec(REPLICA_OF, "replica-of", HasArg::Required),
 ];
+
+/// The option code of `--replica-of` (not a letter: long form only).
+const REPLICA_OF: u8 = 1;
 
 fn short_spec(c: u8) -> Option<&'static OptSpec> {
     OPTIONS.iter().find(|o| o.short == c)
@@ -729,6 +734,15 @@ impl Builder {
             b'W' => self.cfg.watch_enabled = false,
             b'Y' => self.cfg.auth_file = Some(path()?),
             b'e' => self.cfg.memory_file = Some(path()?),
+            REPLICA_OF => {
+                let ok = value
+                    .rsplit_once(':')
+                    .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p > 0));
+                if !ok {
+                    return Err(bad(sp, value, "HOST:PORT of the master"));
+                }
+                self.cfg.replica_of = Some(value.to_string());
+            }
             b'N' => {
                 self.napi_ids = Some(int_in(
                     sp,
@@ -1191,6 +1205,10 @@ Process
   -h, --help                  print this help and exit
   -i, --license               print the license and exit
   -V, --version               print the version and exit
+
+Replication (kvcached's own)
+      --replica-of=HOST:PORT  follow that master as a read-only replica (at run time:
+                              `replicaof HOST PORT`, `replicaof no one` to promote)
 
 Extended options: -o, --extended=OPT[,OPT=VALUE...]
   idle_timeout=SECONDS        close connections idle this long; 0 never (default 0)
@@ -1842,6 +1860,7 @@ mod tests {
                 b'I' => "1m",
                 b'o' => "modern",
                 b'l' => "127.0.0.1",
+                REPLICA_OF => "127.0.0.1:11211",
                 _ => "x",
             };
             let mut args = vec![flag.clone()];
@@ -1867,7 +1886,8 @@ mod tests {
                 assert!(t.contains("idle_timeout"));
                 assert!(t.contains("debug_clock"));
                 assert!(t.contains("ignored"));
-                for o in OPTIONS {
+                assert!(t.contains("--replica-of"));
+                for o in OPTIONS.iter().filter(|o| o.short.is_ascii_alphabetic()) {
                     assert!(
                         t.contains(&format!("-{},", o.short as char))
                             || t.contains(&format!("-{} ", o.short as char))

@@ -151,6 +151,9 @@ pub struct Config {
     pub debug_clock: bool,
     /// The item store (`-o engine=log|hashmap`; kvcached's own option).
     pub engine: EngineChoice,
+    /// Follow this master ("host:port") as a read-only replica (`--replica-of`;
+    /// kvcached's own option).
+    pub replica_of: Option<String>,
 }
 
 impl Default for Config {
@@ -190,6 +193,7 @@ impl Default for Config {
             memory_file: None,
             debug_clock: false,
             engine: EngineChoice::Log,
+            replica_of: None,
         }
     }
 }

@@ -110,6 +110,8 @@ pub struct Session {
     pub close_after_write: bool,
     /// The protocol this connection speaks, decided by its first byte.
     protocol: Option<Protocol>,
+    /// Authentication state (`-Y`, `-S`).
+    pub auth: crate::auth::ConnAuth,
 }
 
 /// The protocols a TCP or unix connection can speak.
@@ -129,6 +131,7 @@ impl Session {
             get_progress: 0,
             close_after_write: false,
             protocol: None,
+            auth: crate::auth::ConnAuth::default(),
         }
     }
 
@@ -380,6 +383,18 @@ impl Conn {
                 }
                 continue;
             }
+            // -Y: until authenticated, every line is an authentication attempt or refused.
+            if shared.config.auth_file.is_some() && !self.session.auth.authenticated {
+                match crate::auth::ascii_gate(ctx, &mut self.session, rest) {
+                    crate::auth::Gate::Incomplete => return (pos, Step::Next),
+                    crate::auth::Gate::Close => return (pos, Step::Close),
+                    crate::auth::Gate::Done(used) => {
+                        *budget -= 1;
+                        pos += used;
+                        continue;
+                    }
+                }
+            }
             match proto::parse(rest, &limits) {
                 Parse::Incomplete => return (pos, Step::Next),
                 Parse::Request(req, used) => {
@@ -433,6 +448,16 @@ impl Conn {
         budget: &mut usize,
     ) -> (usize, Step) {
         let limits = ctx.shared.limits;
+        // -S: SASL commands, and refusal of the rest until authenticated.
+        if ctx.shared.config.sasl {
+            if let Some(h) = crate::auth::sasl_gate(ctx, &mut self.session, data) {
+                if h.consumed > 0 {
+                    *budget -= 1;
+                }
+                self.session.swallow = h.swallow;
+                return (h.consumed, h.step);
+            }
+        }
         match bin::parse(data, &limits) {
             bin::Parse::Incomplete => (0, Step::Next),
             bin::Parse::Request(req, used) => {

@@ -4,6 +4,7 @@
 //! privileges, daemon mode, pid file), binds the listening sockets and hands them to
 //! [`server::run`].
 
+mod auth;
 mod binary;
 mod cli;
 mod clock;
@@ -12,6 +13,7 @@ mod conn;
 mod daemon;
 mod memory;
 mod meta;
+mod replication;
 mod server;
 mod stats;
 mod stats_report;
@@ -61,13 +63,6 @@ fn main() -> ExitCode {
 /// Refuse what kvcached does not do yet when running without it would be unsafe, and warn
 /// about the rest.
 fn check_unimplemented(config: &config::Config) -> Result<(), String> {
-    // Starting without authentication when it was asked for would expose the cache.
-    if config.sasl {
-        return Err("-S (SASL authentication) is not supported yet".into());
-    }
-    if config.auth_file.is_some() {
-        return Err("-Y (ASCII authentication) is not supported yet".into());
-    }
     if config.memory_file.is_some() {
         eprintln!("kvcached: warning: warm restart (-e) is not supported yet; starting empty");
     }

@@ -40,6 +40,14 @@ use crate::conn::{Ctx, Session, Step};
 
 /// Execute one meta request, appending its reply to `s.out`.
 pub fn execute(req: MetaRequest<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
+    let writes = matches!(
+        req,
+        MetaRequest::Set { .. } | MetaRequest::Delete(_) | MetaRequest::Arith { .. }
+    );
+    if writes && ctx.shared.repl.read_only() {
+        s.out.extend_from_slice(crate::replication::READ_ONLY);
+        return Step::Next;
+    }
     match req {
         MetaRequest::Get(args) => get(ctx, s, &args),
         MetaRequest::Set { args, mode, data } => set(ctx, s, &args, mode, data),

@@ -84,6 +84,10 @@ pub struct Shared {
     pub clock: Clock,
     pub stats: ServerStats,
     pub limits: Limits,
+    /// Credentials for `-Y` and `-S`.
+    pub auth: crate::auth::Auth,
+    /// Replication (role, the puller, the replicas pulling from here).
+    pub repl: crate::replication::Replication,
     pub verbosity: AtomicU8,
     pub curr_conns: AtomicUsize,
     pub total_conns: AtomicU64,
@@ -229,6 +233,8 @@ pub fn build_engine(config: &Config) -> (Box<dyn Engine>, &'static str) {
 /// Run the server until a signal or `shutdown` stops it.
 pub fn run(config: Config, listeners: Vec<Listener>) -> Result<(), String> {
     let threads = config.threads.max(1);
+    // Like memcached, the auth file is read after dropping privileges and daemonizing.
+    let auth = crate::auth::Auth::new(&config)?;
     let (engine, engine_name) = build_engine(&config);
     let worker_stats: Vec<Arc<WorkerStats>> = (0..threads)
         .map(|_| Arc::new(WorkerStats::default()))
@@ -239,6 +245,8 @@ pub fn run(config: Config, listeners: Vec<Listener>) -> Result<(), String> {
             flush_enabled: config.flush_enabled,
             shutdown_enabled: config.enable_shutdown,
         },
+        auth,
+        repl: crate::replication::Replication::new(),
         verbosity: AtomicU8::new(config.verbose),
         engine,
         engine_name,
@@ -276,10 +284,15 @@ pub fn run(config: Config, listeners: Vec<Listener>) -> Result<(), String> {
         workers.push(worker);
     }
     let _ = shared.wakers.set(wakers);
+    let _ = shared.repl.server.set(Arc::downgrade(&shared));
+    if let Some(master) = shared.config.replica_of.clone() {
+        crate::replication::follow(&shared, master);
+    }
 
     let signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGINT,
         signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
     ])
     .map_err(|e| format!("failed to install signal handlers: {e}"))?;
     let handle = signals.handle();
@@ -289,9 +302,18 @@ pub fn run(config: Config, listeners: Vec<Listener>) -> Result<(), String> {
         std::thread::Builder::new()
             .name("signals".into())
             .spawn(move || {
-                if let Some(sig) = signals.forever().next() {
+                for sig in signals.forever() {
+                    // Like memcached, SIGHUP reloads the -Y auth file and nothing else.
+                    if sig == signal_hook::consts::SIGHUP {
+                        match shared.auth.reload() {
+                            Ok(()) => shared.log(1, || "SIGHUP: auth file reloaded".into()),
+                            Err(e) => eprintln!("kvcached: SIGHUP: {e}; keeping the old entries"),
+                        }
+                        continue;
+                    }
                     shared.log(1, || format!("signal {sig}: shutting down"));
                     shared.request_shutdown();
+                    break;
                 }
             })
             .map_err(|e| format!("failed to start the signal thread: {e}"))?

@@ -28,6 +28,7 @@ pub enum Group {
     Items,
     Slabs,
     Sizes,
+    Replication,
     Reset,
     Detail,
     CacheDump,
@@ -56,6 +57,7 @@ pub fn classify(group: Option<&[u8]>) -> Group {
             b"items" => Group::Items,
             b"slabs" => Group::Slabs,
             b"sizes" => Group::Sizes,
+            b"replication" => Group::Replication,
             _ => Group::Unknown,
         }
     }
@@ -78,6 +80,11 @@ pub fn emit_group(ctx: &Ctx<'_>, group: Group, sink: &mut Sink<'_>) -> bool {
             }
         }
         Group::Sizes => emit(sink, "sizes_status", "disabled"),
+        Group::Replication => {
+            for (k, v) in ctx.shared.repl.stats(ctx.shared) {
+                emit(sink, &k, v);
+            }
+        }
         Group::Reset | Group::Detail | Group::CacheDump | Group::Unknown => return false,
     }
     true
@@ -215,7 +222,11 @@ fn settings(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
     };
     emit(sink, "binding_protocol", proto_name);
     emit(sink, "auth_enabled_sasl", yes_no(c.sasl));
-    emit(sink, "auth_enabled_ascii", yes_no(c.auth_file.is_some()));
+    // memcached shows the auth file's path.
+    match &c.auth_file {
+        Some(p) => emit(sink, "auth_enabled_ascii", p.display()),
+        None => emit(sink, "auth_enabled_ascii", "no"),
+    }
     emit(sink, "item_size_max", c.item_size_max);
     emit(sink, "flush_enabled", yes_no(c.flush_enabled));
     emit(

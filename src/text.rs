@@ -10,12 +10,50 @@ use kvstore::{ArithResult, ReadOptions, StoreRequest, StoreResult};
 use crate::conn::{Ctx, Session, Step, OUTPUT_HIGH_WATER};
 use crate::stats_report;
 
+/// Whether a replica refuses `req` (it changes items).
+fn is_write(req: &Request<'_>) -> bool {
+    matches!(
+        req,
+        Request::Gat { .. }
+            | Request::Store { .. }
+            | Request::Delete { .. }
+            | Request::Arith { .. }
+            | Request::Touch { .. }
+            | Request::FlushAll { .. }
+    )
+}
+
 /// Execute one request, appending its reply to `s.out`.
 pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
     let shared = ctx.shared;
     let st = ctx.stats;
     let engine = &*shared.engine;
+    if shared.repl.read_only() && is_write(&req) {
+        s.out.extend_from_slice(crate::replication::READ_ONLY);
+        return Step::Next;
+    }
     match req {
+        Request::ReplPull {
+            replid,
+            name,
+            cursor,
+        } => crate::replication::serve(ctx, s, replid, name, cursor),
+        Request::ReplicaOf { master } => {
+            match master {
+                None => crate::replication::promote(shared),
+                Some((host, port)) => {
+                    let host = String::from_utf8_lossy(host);
+                    let master = if host.contains(':') {
+                        format!("[{host}]:{port}")
+                    } else {
+                        format!("{host}:{port}")
+                    };
+                    crate::replication::follow(shared, master);
+                }
+            }
+            s.out.extend_from_slice(proto::OK);
+            Step::Next
+        }
         Request::Get {
             with_cas,
             keys,

@@ -174,6 +174,17 @@ pub enum Request<'a> {
     /// `debugtime <seconds>`: shift the server's clock (only honoured when the server enables
     /// its test clock; otherwise the server answers `ERROR`, as an unknown command).
     DebugTime { seconds: i64 },
+    /// `replicaof <host> <port>`: follow that master; `replicaof no one`: stop following
+    /// (promotion). kvcached's own command (as Redis names it).
+    ReplicaOf { master: Option<(&'a [u8], u16)> },
+    /// `replpull <replid> <bytes> [<name>]\r\n<cursor>\r\n`: a replica's pull
+    /// (kvcached's own). `replid` is the log the cursor refers to (`-` for none); `name`
+    /// identifies the replica (at most 64 bytes); the cursor is opaque here.
+    ReplPull {
+        replid: &'a [u8],
+        name: &'a [u8],
+        cursor: &'a [u8],
+    },
     /// Commands memcached knows that kvcached answers without implementing them in full:
     /// `slabs`, `lru`, `lru_crawler`, `watch`, `misbehave`, `extstore`. `name` is the command.
     /// `args.ends_with_noreply()` tells whether memcached would stay silent (except `watch`).
@@ -399,7 +410,7 @@ fn parse_line<'a>(buf: &'a [u8], line: &'a [u8], limits: &Limits) -> Parse<'a> {
             args: Tokens::new(content.get(cmd_len..).unwrap_or_default()),
         }),
         [b'm', b'g' | b's' | b'd' | b'n' | b'a' | b'e'] => crate::meta::parse(buf, line, limits),
-        _ => parse_other(line, content, limits),
+        _ => parse_other(buf, line, content, limits),
     }
 }
 
@@ -532,6 +543,43 @@ fn parse_store<'a>(buf: &'a [u8], line: &'a [u8], mode: StoreMode, limits: &Limi
     )
 }
 
+/// The largest cursor a `replpull` may carry.
+pub const MAX_REPL_CURSOR: usize = 1 << 20;
+
+/// `replpull <replid> <bytes>\r\n<cursor>\r\n`.
+fn parse_replpull<'a>(buf: &'a [u8], line: &'a [u8], toks: &Toks) -> Parse<'a> {
+    let line_len = line.len();
+    let (3 | 4, Some(replid), Some(n)) = (toks.count, toks.get(line, 1), toks.get(line, 2)) else {
+        return fail(BAD_FORMAT, false, line_len, 0);
+    };
+    let name = toks.get(line, 3).unwrap_or(b"-");
+    if name.len() > 64 || replid.len() > 64 {
+        return fail(BAD_FORMAT, false, line_len, 0);
+    }
+    let Some(n) = tok_u32(n)
+        .map(|n| n as usize)
+        .filter(|&n| n <= MAX_REPL_CURSOR)
+    else {
+        return Parse::Close;
+    };
+    let total = line_len + n + 2;
+    let Some(block) = buf.get(line_len..total) else {
+        return Parse::Incomplete;
+    };
+    let (cursor, terminator) = block.split_at(n);
+    if terminator != b"\r\n" {
+        return fail(BAD_DATA_CHUNK, false, total, 0);
+    }
+    Parse::Request(
+        Request::ReplPull {
+            replid,
+            name,
+            cursor,
+        },
+        total,
+    )
+}
+
 /// `incr`/`decr <key> <delta> [noreply]`.
 fn parse_arith(line: &[u8], incr: bool) -> Parse<'_> {
     let len = line.len();
@@ -597,7 +645,7 @@ fn parse_delete(line: &[u8]) -> Parse<'_> {
 
 /// Everything not recognised by its command word: the admin commands, found by their first
 /// token, then unknown commands (`ERROR`, or a silent close for something ending in `HTTP/`).
-fn parse_other<'a>(line: &'a [u8], content: &'a [u8], limits: &Limits) -> Parse<'a> {
+fn parse_other<'a>(buf: &'a [u8], line: &'a [u8], content: &'a [u8], limits: &Limits) -> Parse<'a> {
     let len = line.len();
     let toks = Toks::new(line);
     let noreply = toks.ends_with_noreply(line);
@@ -658,6 +706,19 @@ fn parse_other<'a>(line: &'a [u8], content: &'a [u8], limits: &Limits) -> Parse<
                     return ok(Request::DebugTime { seconds });
                 }
             }
+            b"replicaof" => {
+                return match (toks.count, toks.get(line, 1), toks.get(line, 2)) {
+                    (3, Some(b"no"), Some(b"one")) => ok(Request::ReplicaOf { master: None }),
+                    (3, Some(host), Some(port)) => match tok_u32(port) {
+                        Some(p @ 1..=65535) if host.len() <= 255 => ok(Request::ReplicaOf {
+                            master: Some((host, p as u16)),
+                        }),
+                        _ => fail(BAD_FORMAT, false, len, 0),
+                    },
+                    _ => fail(BAD_FORMAT, false, len, 0),
+                };
+            }
+            b"replpull" => return parse_replpull(buf, line, &toks),
             _ => {}
         }
     }

@@ -1,0 +1,402 @@
+//! Replication, server side: serving pulls (`replpull`) from the engine's log, and the
+//! replica's puller thread that follows a master (`--replica-of`, `replicaof`).
+//!
+//! The log format, cursors and batches are the storage engine's (`kvstore::LogEngine`,
+//! `repl_serve`/`repl_apply`); this module moves them over an ordinary client connection:
+//!
+//! ```text
+//! replica → master   replpull <replid> <bytes>\r\n<cursor>\r\n
+//! master → replica   REPL <replid> <bytes>\r\n<batch>\r\n
+//! ```
+//!
+//! `replid` names the master's log (random at each start). A replica that sends another
+//! one (or `-`) gets a full sync. A replica is read-only; `replicaof no one` promotes it.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+use kvstore::{LogEngine, ReplicaState};
+
+use crate::conn::{Ctx, Session, Step};
+use crate::server::Shared;
+
+/// Record bytes a master puts in one batch at most (plus one record).
+const BATCH_BUDGET: usize = 256 << 10;
+/// A replica that has not pulled for this long is no longer counted as connected.
+const REPLICA_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a replica waits for a master's reply before it reconnects.
+const IO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest batch a replica accepts (a batch holds at most one record over the budget).
+const MAX_BATCH: usize = 1 << 31;
+
+/// The error line a replica sends for writes.
+pub const READ_ONLY: &[u8] = b"SERVER_ERROR replica is read-only\r\n";
+
+/// What a master knows of one replica (from its pulls).
+#[derive(Debug, Clone)]
+struct Follower {
+    lag_bytes: u64,
+    last_pull: Instant,
+    /// When the replica last had nothing left to fetch.
+    caught_up: Instant,
+    pulls: u64,
+    snapshot: bool,
+}
+
+/// Replication state shared by the workers and the puller thread.
+pub struct Replication {
+    /// This server's log id (what its replicas follow).
+    pub replid: String,
+    replica: AtomicBool,
+    /// Bumped whenever the master changes; a puller of an older generation stops.
+    generation: AtomicU64,
+    master: Mutex<Option<String>>,
+    master_replid: Mutex<String>,
+    link_up: AtomicBool,
+    full_syncs: AtomicU64,
+    partial_syncs: AtomicU64,
+    applied_bytes: AtomicU64,
+    master_offset: AtomicU64,
+    /// Milliseconds since start of the last batch applied.
+    last_io_ms: AtomicU64,
+    started: Instant,
+    followers: Mutex<BTreeMap<String, Follower>>,
+    /// The server, for starting a puller from a worker (`replicaof`).
+    pub server: OnceLock<Weak<Shared>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Default for Replication {
+    fn default() -> Self {
+        Replication::new()
+    }
+}
+
+impl Replication {
+    pub fn new() -> Replication {
+        Replication {
+            replid: new_replid(),
+            replica: AtomicBool::new(false),
+            generation: AtomicU64::new(0),
+            master: Mutex::new(None),
+            master_replid: Mutex::new("-".into()),
+            link_up: AtomicBool::new(false),
+            full_syncs: AtomicU64::new(0),
+            partial_syncs: AtomicU64::new(0),
+            applied_bytes: AtomicU64::new(0),
+            master_offset: AtomicU64::new(0),
+            last_io_ms: AtomicU64::new(0),
+            started: Instant::now(),
+            followers: Mutex::new(BTreeMap::new()),
+            server: OnceLock::new(),
+        }
+    }
+
+    /// Writes are refused (this server follows a master).
+    pub fn read_only(&self) -> bool {
+        self.replica.load(Ordering::Acquire)
+    }
+
+    /// `stats replication`.
+    pub fn stats(&self, shared: &Shared) -> Vec<(String, String)> {
+        let mut v: Vec<(String, String)> = Vec::new();
+        let mut put = |k: &str, val: String| v.push((k.to_string(), val));
+        let replica = self.read_only();
+        put("role", if replica { "replica" } else { "master" }.into());
+        put("replid", self.replid.clone());
+        let offset = shared.engine.log_engine().map_or(0, LogEngine::log_offset);
+        put("master_offset", offset.to_string());
+        if replica {
+            put(
+                "master_host",
+                lock(&self.master).clone().unwrap_or_default(),
+            );
+            put("master_replid", lock(&self.master_replid).clone());
+            let up = self.link_up.load(Ordering::Relaxed);
+            put("master_link_status", if up { "up" } else { "down" }.into());
+            let now_ms = self.started.elapsed().as_millis() as u64;
+            let last = self.last_io_ms.load(Ordering::Relaxed);
+            put(
+                "master_last_io_seconds_ago",
+                (now_ms.saturating_sub(last) / 1000).to_string(),
+            );
+            put(
+                "master_repl_offset",
+                self.master_offset.load(Ordering::Relaxed).to_string(),
+            );
+            put(
+                "replica_applied_bytes",
+                self.applied_bytes.load(Ordering::Relaxed).to_string(),
+            );
+        }
+        put(
+            "full_syncs",
+            self.full_syncs.load(Ordering::Relaxed).to_string(),
+        );
+        put(
+            "partial_syncs",
+            self.partial_syncs.load(Ordering::Relaxed).to_string(),
+        );
+        let followers = lock(&self.followers);
+        let live: Vec<(&String, &Follower)> = followers
+            .iter()
+            .filter(|(_, f)| f.last_pull.elapsed() < REPLICA_TIMEOUT)
+            .collect();
+        v.push(("connected_replicas".into(), live.len().to_string()));
+        for (i, (addr, f)) in live.iter().enumerate() {
+            v.push((format!("replica{i}_id"), (*addr).clone()));
+            let state = if f.snapshot { "sync" } else { "online" };
+            v.push((format!("replica{i}_state"), state.into()));
+            v.push((format!("replica{i}_lag_bytes"), f.lag_bytes.to_string()));
+            let lag_s = if f.lag_bytes == 0 {
+                0.0
+            } else {
+                f.caught_up.elapsed().as_secs_f64()
+            };
+            v.push((format!("replica{i}_lag_seconds"), format!("{lag_s:.3}")));
+            v.push((format!("replica{i}_pulls"), f.pulls.to_string()));
+        }
+        v
+    }
+}
+
+/// 40 hex digits from the OS's randomness (the clock and pid if it is unavailable).
+fn new_replid() -> String {
+    let mut b = [0u8; 20];
+    let ok = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b));
+    if ok.is_err() {
+        let seed = Instant::now().elapsed().as_nanos() as u64
+            ^ u64::from(std::process::id()).rotate_left(32)
+            ^ std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+        for (i, x) in b.iter_mut().enumerate() {
+            *x = (seed.rotate_left(i as u32 * 7) >> 8) as u8 ^ i as u8;
+        }
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Serve a `replpull` on a client connection.
+pub fn serve(
+    ctx: &mut Ctx<'_>,
+    s: &mut Session,
+    replid: &[u8],
+    name: &[u8],
+    cursor: &[u8],
+) -> Step {
+    let peer = String::from_utf8_lossy(name);
+    let shared = ctx.shared;
+    let Some(log) = shared.engine.log_engine() else {
+        s.out
+            .extend_from_slice(b"SERVER_ERROR replication needs the log engine\r\n");
+        return Step::Next;
+    };
+    let repl = &shared.repl;
+    let fresh = replid != repl.replid.as_bytes();
+    let mut batch = Vec::new();
+    let served = log.repl_serve(cursor, fresh, BATCH_BUDGET, &mut batch);
+    {
+        let now = Instant::now();
+        let mut f = lock(&repl.followers);
+        f.retain(|_, x| x.last_pull.elapsed() < REPLICA_TIMEOUT * 6);
+        let e = f.entry(peer.into_owned()).or_insert(Follower {
+            lag_bytes: 0,
+            last_pull: now,
+            caught_up: now,
+            pulls: 0,
+            snapshot: true,
+        });
+        e.lag_bytes = served.lag_bytes;
+        e.last_pull = now;
+        e.pulls += 1;
+        e.snapshot = served.snapshot;
+        if served.lag_bytes == 0 && !served.snapshot {
+            e.caught_up = now;
+        }
+    }
+    s.out.extend_from_slice(b"REPL ");
+    s.out.extend_from_slice(repl.replid.as_bytes());
+    s.out
+        .extend_from_slice(format!(" {}\r\n", batch.len()).as_bytes());
+    s.out.extend_from_slice(&batch);
+    s.out.extend_from_slice(b"\r\n");
+    Step::Next
+}
+
+/// Start following `master` ("host:port"), replacing any master followed before.
+pub fn follow(shared: &Shared, master: String) {
+    let repl = &shared.repl;
+    let Some(shared) = repl.server.get().and_then(Weak::upgrade) else {
+        return;
+    };
+    if let Some(log) = shared.engine.log_engine() {
+        log.set_replica(true);
+    }
+    repl.replica.store(true, Ordering::Release);
+    *lock(&repl.master) = Some(master.clone());
+    let generation = repl.generation.fetch_add(1, Ordering::AcqRel) + 1;
+    repl.link_up.store(false, Ordering::Relaxed);
+    let spawned = std::thread::Builder::new()
+        .name("kvcached-replica".into())
+        .spawn(move || puller(&shared, &master, generation));
+    if let Err(e) = spawned {
+        eprintln!("kvcached: cannot start the replication thread: {e}");
+    }
+}
+
+/// Stop following: this server becomes a master with the data it has.
+pub fn promote(shared: &Shared) {
+    let repl = &shared.repl;
+    repl.generation.fetch_add(1, Ordering::AcqRel);
+    *lock(&repl.master) = None;
+    repl.link_up.store(false, Ordering::Relaxed);
+    if let Some(log) = shared.engine.log_engine() {
+        log.set_replica(false);
+    }
+    repl.replica.store(false, Ordering::Release);
+}
+
+/// The puller: connect, pull, apply, until the generation changes or the server stops.
+fn puller(shared: &Shared, master: &str, generation: u64) {
+    let repl = &shared.repl;
+    let Some(log) = shared.engine.log_engine() else {
+        eprintln!("kvcached: replication needs the log engine (-o engine=log)");
+        return;
+    };
+    let current =
+        || repl.generation.load(Ordering::Acquire) == generation && !shared.shutting_down();
+    let mut st = ReplicaState::new();
+    let mut backoff = Duration::from_millis(20);
+    while current() {
+        match connect(master) {
+            Ok(stream) => {
+                backoff = Duration::from_millis(20);
+                let r = follow_link(shared, log, stream, &mut st, &current);
+                repl.link_up.store(false, Ordering::Relaxed);
+                if let Err(e) = r {
+                    if current() && shared.config.verbose > 0 {
+                        eprintln!("kvcached: replication link to {master}: {e}");
+                    }
+                }
+            }
+            Err(_) => {
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+            }
+        }
+        // Wait before reconnecting, checking for a new master or shutdown meanwhile.
+        let until = Instant::now() + backoff;
+        while current() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+fn connect(master: &str) -> std::io::Result<TcpStream> {
+    let mut last = std::io::Error::other("no address");
+    for addr in master.to_socket_addrs()? {
+        match TcpStream::connect_timeout(&addr, IO_TIMEOUT) {
+            Ok(s) => {
+                s.set_nodelay(true)?;
+                s.set_read_timeout(Some(IO_TIMEOUT))?;
+                s.set_write_timeout(Some(IO_TIMEOUT))?;
+                return Ok(s);
+            }
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+/// Pull over one connection until it fails or the puller must stop.
+fn follow_link(
+    shared: &Shared,
+    log: &LogEngine,
+    stream: TcpStream,
+    st: &mut ReplicaState,
+    current: &dyn Fn() -> bool,
+) -> std::io::Result<()> {
+    let repl = &shared.repl;
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut writer = stream;
+    let mut first = true;
+    let mut cursor = Vec::new();
+    let mut line = String::new();
+    let mut batch = Vec::new();
+    let mut idle = Duration::ZERO;
+    while current() {
+        cursor.clear();
+        st.cursor(&mut cursor);
+        let replid = lock(&repl.master_replid).clone();
+        let mut req =
+            format!("replpull {replid} {} {}\r\n", cursor.len(), repl.replid).into_bytes();
+        req.extend_from_slice(&cursor);
+        req.extend_from_slice(b"\r\n");
+        writer.write_all(&req)?;
+        line.clear();
+        // Bounded: a reply line longer than this is not a REPL header.
+        (&mut reader).take(512).read_line(&mut line)?;
+        let mut parts = line.trim_end().split(' ');
+        let (Some("REPL"), Some(their), Some(n), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(std::io::Error::other(format!(
+                "unexpected reply {:?}",
+                line.trim_end()
+            )));
+        };
+        let n: usize = n
+            .parse()
+            .ok()
+            .filter(|&n| n <= MAX_BATCH)
+            .ok_or_else(|| std::io::Error::other("bad batch length"))?;
+        batch.clear();
+        batch.resize(n + 2, 0);
+        reader.read_exact(&mut batch)?;
+        if batch.get(n..) != Some(b"\r\n".as_slice()) {
+            return Err(std::io::Error::other("bad batch terminator"));
+        }
+        batch.truncate(n);
+        if their != replid {
+            // Another log (a new master, or it restarted): this batch is a full sync.
+            *lock(&repl.master_replid) = their.to_string();
+            st.restart();
+        }
+        repl.link_up.store(true, Ordering::Relaxed);
+        match log.repl_apply(st, &batch, shared.clock.now()) {
+            Ok(a) => {
+                if a.reset {
+                    repl.full_syncs.fetch_add(1, Ordering::Relaxed);
+                } else if first {
+                    repl.partial_syncs.fetch_add(1, Ordering::Relaxed);
+                }
+                first = false;
+                repl.applied_bytes
+                    .store(st.applied_bytes, Ordering::Relaxed);
+                repl.master_offset.store(a.master_offset, Ordering::Relaxed);
+                repl.last_io_ms
+                    .store(repl.started.elapsed().as_millis() as u64, Ordering::Relaxed);
+                if a.idle {
+                    // Nothing new: poll again soon (1 ms, up to 4 ms while it stays idle).
+                    idle = (idle + Duration::from_millis(1)).min(Duration::from_millis(4));
+                    std::thread::sleep(idle);
+                } else {
+                    idle = Duration::ZERO;
+                }
+            }
+            Err(e) => {
+                // A batch we cannot apply: start over with a full sync.
+                st.restart();
+                return Err(std::io::Error::other(format!("bad batch: {e}")));
+            }
+        }
+    }
+    Ok(())
+}

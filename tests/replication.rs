@@ -1,0 +1,771 @@
+//! Server-side replication (issue 6): replicas started with `--replica-of HOST:PORT` or turned
+//! into replicas at run time with `replicaof HOST PORT`, promoted with `replicaof no one`.
+//!
+//! Every test starts its own servers on free loopback ports and talks to them over sockets
+//! only. Replication is asynchronous, so nothing sleeps to pass: every wait is a bounded poll
+//! (a deadline, 10 ms between attempts) until the replica answers exactly as the master does.
+//! Contents are compared through `gets` replies byte for byte (a replica keeps the master's
+//! CAS uniques). Of `stats replication` the tests rely only on `role`, `master_link_status`,
+//! `connected_replicas`, `full_syncs` and `replica0_lag_bytes`.
+
+mod common;
+
+use common::{Client, Kind, Server};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+/// How long a replica may take to catch up before a test fails.
+const SYNC: Duration = Duration::from_secs(30);
+
+const READ_ONLY: &str = "SERVER_ERROR replica is read-only\r\n";
+const BAD_FORMAT: &str = "CLIENT_ERROR bad command line format\r\n";
+
+/// The raw `gets` reply block (`VALUE` line, data, `\r\n`) of every key present, by key.
+type Dump = BTreeMap<String, Vec<u8>>;
+
+// ---------------------------------------------------------------------------------------------
+// Helpers.
+
+/// Start a master (a plain kvcached) with these extra arguments.
+fn start_master(args: &[&str]) -> Server {
+    Server::start_verified(Kind::Kvcached, args)
+}
+
+/// Start a replica of the kvcached listening on `master_port` (127.0.0.1), with these extra
+/// arguments. `start_verified` retries when the replica's own port was taken meanwhile.
+fn start_replica(master_port: u16, args: &[&str]) -> Server {
+    let target = format!("127.0.0.1:{master_port}");
+    let mut all = vec!["--replica-of", target.as_str()];
+    all.extend_from_slice(args);
+    Server::start_verified(Kind::Kvcached, &all)
+}
+
+/// SIGKILL the server and reap it, so its port is closed when this returns.
+fn kill(server: &mut Server) {
+    server.child.kill().expect("SIGKILL the server");
+    server.child.wait().expect("reap the server");
+}
+
+/// Poll `f` until it returns Ok or `within` passes; on timeout, fail with its last reason.
+fn poll_until(what: &str, within: Duration, mut f: impl FnMut() -> Result<(), String>) {
+    let end = Instant::now() + within;
+    loop {
+        match f() {
+            Ok(()) => return,
+            Err(why) => assert!(
+                Instant::now() < end,
+                "timed out after {within:?} waiting for {what}: {why}"
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// One value of `stats replication`.
+fn repl_stat(c: &mut Client, name: &str) -> Option<String> {
+    c.stats("replication")
+        .into_iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v)
+}
+
+/// Poll until `stats replication` reports `name` as `want`.
+fn wait_stat(c: &mut Client, who: &str, name: &str, want: &str) {
+    poll_until(&format!("{who}: {name} {want}"), SYNC, || {
+        match repl_stat(c, name) {
+            Some(v) if v == want => Ok(()),
+            other => Err(format!("{name} is {other:?}")),
+        }
+    });
+}
+
+/// `stats replication` `name` as a number (fails if absent or not a number).
+fn repl_num(c: &mut Client, name: &str) -> u64 {
+    let v = repl_stat(c, name).unwrap_or_else(|| panic!("no STAT {name} in stats replication"));
+    v.parse()
+        .unwrap_or_else(|_| panic!("STAT {name} {v} is not a number"))
+}
+
+/// `gets` every key (in chunks of 50 per request) and return the reply block of each hit.
+fn dump(c: &mut Client, keys: &[String]) -> Dump {
+    let mut out = Dump::new();
+    for chunk in keys.chunks(50) {
+        c.send(format!("gets {}\r\n", chunk.join(" ")).as_bytes());
+        loop {
+            let line = c.line();
+            if line == "END\r\n" {
+                break;
+            }
+            let fields: Vec<&str> = line.trim_end().split(' ').collect();
+            assert!(
+                fields.len() == 5 && fields[0] == "VALUE",
+                "unexpected line in a gets reply: {line:?}"
+            );
+            let len: usize = fields[3]
+                .parse()
+                .unwrap_or_else(|_| panic!("bad length in {line:?}"));
+            let mut block = line.as_bytes().to_vec();
+            let data = c.exact(len + 2);
+            assert!(data.ends_with(b"\r\n"), "data block of {line:?} not ended");
+            block.extend_from_slice(&data);
+            out.insert(fields[1].to_string(), block);
+        }
+    }
+    out
+}
+
+fn show(block: Option<&Vec<u8>>) -> String {
+    match block {
+        None => "absent".to_string(),
+        Some(b) if b.len() > 200 => format!("{:?}...", String::from_utf8_lossy(&b[..200])),
+        Some(b) => format!("{:?}", String::from_utf8_lossy(b)),
+    }
+}
+
+/// The first key whose `gets` reply on `replica` differs from `want` (the master's dump), or
+/// Ok if all of `keys` match (absent where the master has no item). With `only_present`, keys
+/// the master lacks are not checked. Stops at the first differing chunk, so polling is cheap.
+fn compare(
+    want: &Dump,
+    keys: &[String],
+    replica: &mut Client,
+    only_present: bool,
+) -> Result<(), String> {
+    let keys: Vec<String> = keys
+        .iter()
+        .filter(|k| !only_present || want.contains_key(*k))
+        .cloned()
+        .collect();
+    for chunk in keys.chunks(500) {
+        let got = dump(replica, chunk);
+        for k in chunk {
+            if want.get(k) != got.get(k) {
+                return Err(format!(
+                    "key {k}: master {}, replica {}",
+                    show(want.get(k)),
+                    show(got.get(k))
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Poll until `replica` holds exactly `want` for `keys`.
+fn wait_converged(who: &str, want: &Dump, keys: &[String], replica: &mut Client) {
+    poll_until(&format!("{who} to converge"), SYNC, || {
+        compare(want, keys, replica, false)
+    });
+}
+
+/// Store `(key, value)` pairs with plain `set`s, pipelined 100 at a time.
+fn fill(c: &mut Client, items: &[(String, Vec<u8>)]) {
+    for batch in items.chunks(100) {
+        let mut req = Vec::new();
+        for (k, v) in batch {
+            req.extend_from_slice(format!("set {k} 0 0 {}\r\n", v.len()).as_bytes());
+            req.extend_from_slice(v);
+            req.extend_from_slice(b"\r\n");
+        }
+        c.send(&req);
+        for (k, _) in batch {
+            assert_eq!(c.line(), "STORED\r\n", "set {k}");
+        }
+    }
+}
+
+/// `n` items `{prefix}{i}` with values that say where they came from.
+fn items(prefix: &str, n: usize, tag: &str) -> Vec<(String, Vec<u8>)> {
+    (0..n)
+        .map(|i| {
+            let v = format!("{tag}-{prefix}{i}-").repeat(1 + i % 7);
+            (format!("{prefix}{i}"), v.into_bytes())
+        })
+        .collect()
+}
+
+fn keys_of(items: &[(String, Vec<u8>)]) -> Vec<String> {
+    items.iter().map(|(k, _)| k.clone()).collect()
+}
+
+/// A deterministic pseudo-random sequence (xorshift64), so failures reproduce.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    fn step(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.step() % n
+    }
+
+    /// Lowercase letters, `1..=max` of them.
+    fn word(&mut self, max: u64) -> String {
+        let len = 1 + self.below(max);
+        (0..len)
+            .map(|_| (b'a' + self.below(26) as u8) as char)
+            .collect()
+    }
+
+    /// A value: a number (for incr/decr), a short word, or now and then a few KB.
+    fn value(&mut self) -> String {
+        match self.below(20) {
+            0..=6 => self.below(100_000).to_string(),
+            7 => self.word(26).repeat(100 + self.below(60) as usize),
+            _ => self.word(40),
+        }
+    }
+}
+
+/// The remaining TTL `mg <key> t` reports (-1: never expires), or None on a miss.
+fn ttl(c: &mut Client, key: &str) -> Option<i64> {
+    let l = c.call(&format!("mg {key} t\r\n"));
+    if l == "EN\r\n" {
+        return None;
+    }
+    let t = l
+        .trim_end()
+        .split(' ')
+        .find_map(|f| f.strip_prefix('t'))
+        .unwrap_or_else(|| panic!("mg {key} t answered {l:?}"));
+    Some(t.parse().unwrap_or_else(|_| panic!("mg {key} t: {l:?}")))
+}
+
+/// The random mixed load of `replica_converges` against `c` (a master), checking each reply
+/// against a model of which keys exist. Returns the keys that must exist at the end.
+fn mixed_load(c: &mut Client, seed: u64, ops: usize, nkeys: u64) -> BTreeSet<String> {
+    let mut rng = Rng::new(seed);
+    let mut present = BTreeSet::new();
+    for op in 0..ops {
+        if op == ops / 2 {
+            assert_eq!(c.call("flush_all\r\n"), "OK\r\n");
+            present.clear();
+            continue;
+        }
+        let key = format!("key{}", rng.below(nkeys));
+        let flags = rng.below(1 << 16);
+        let exp = if rng.below(4) == 0 { 3600 } else { 0 };
+        let has = present.contains(&key);
+        let ctx = format!("op {op} on {key} (exists: {has})");
+        match rng.below(13) {
+            // set / add / replace
+            kind @ 0..=4 => {
+                let cmd = ["set", "set", "set", "add", "replace"][kind as usize];
+                let v = rng.value();
+                let reply = c.call(&format!("{cmd} {key} {flags} {exp} {}\r\n{v}\r\n", v.len()));
+                let stored = match cmd {
+                    "set" => true,
+                    "add" => !has,
+                    _ => has,
+                };
+                let want = if stored {
+                    "STORED\r\n"
+                } else {
+                    "NOT_STORED\r\n"
+                };
+                assert_eq!(reply, want, "{cmd}: {ctx}");
+                if stored {
+                    present.insert(key);
+                }
+            }
+            // append / prepend
+            kind @ 5..=6 => {
+                let cmd = if kind == 5 { "append" } else { "prepend" };
+                let v = if rng.below(2) == 0 {
+                    rng.below(10).to_string()
+                } else {
+                    rng.word(10)
+                };
+                let reply = c.call(&format!("{cmd} {key} 0 0 {}\r\n{v}\r\n", v.len()));
+                let want = if has { "STORED\r\n" } else { "NOT_STORED\r\n" };
+                assert_eq!(reply, want, "{cmd}: {ctx}");
+            }
+            7 => {
+                let reply = c.call(&format!("delete {key}\r\n"));
+                let want = if has { "DELETED\r\n" } else { "NOT_FOUND\r\n" };
+                assert_eq!(reply, want, "delete: {ctx}");
+                present.remove(&key);
+            }
+            kind @ 8..=9 => {
+                let cmd = if kind == 8 { "incr" } else { "decr" };
+                let reply = c.call(&format!("{cmd} {key} {}\r\n", rng.below(1000)));
+                if has {
+                    assert!(
+                        reply.trim_end().parse::<u64>().is_ok()
+                            || reply.starts_with("CLIENT_ERROR "),
+                        "{cmd}: {ctx}: {reply:?}"
+                    );
+                } else {
+                    assert_eq!(reply, "NOT_FOUND\r\n", "{cmd}: {ctx}");
+                }
+            }
+            10 => {
+                let exp = [0, 3600, 7200][rng.below(3) as usize];
+                let reply = c.call(&format!("touch {key} {exp}\r\n"));
+                let want = if has { "TOUCHED\r\n" } else { "NOT_FOUND\r\n" };
+                assert_eq!(reply, want, "touch: {ctx}");
+            }
+            _ => {
+                // cas with the current unique (mostly) or a stale one.
+                let mut one = dump(c, std::slice::from_ref(&key));
+                let unique: u64 = match one.remove(&key) {
+                    Some(block) => {
+                        let head = String::from_utf8_lossy(&block).into_owned();
+                        let head = head.lines().next().unwrap_or_default().to_string();
+                        head.rsplit(' ')
+                            .next()
+                            .unwrap()
+                            .parse()
+                            .expect("cas unique")
+                    }
+                    None => 1 + rng.below(1000),
+                };
+                assert!(one.is_empty());
+                let right = rng.below(4) != 0;
+                let unique = if right { unique } else { unique + 1_000_000 };
+                let v = rng.value();
+                let reply = c.call(&format!(
+                    "cas {key} {flags} {exp} {} {unique}\r\n{v}\r\n",
+                    v.len()
+                ));
+                let want = match (has, right) {
+                    (false, _) => "NOT_FOUND\r\n",
+                    (true, true) => "STORED\r\n",
+                    (true, false) => "EXISTS\r\n",
+                };
+                assert_eq!(reply, want, "cas: {ctx}");
+            }
+        }
+    }
+    present
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tests.
+
+/// A random mix of every write command (and a `flush_all` halfway) on the master; the replica
+/// ends up with the same items: same flags, data, CAS uniques, and TTLs.
+#[test]
+fn replica_converges() {
+    let master = start_master(&[]);
+    let replica = start_replica(master.port, &[]);
+    let mut m = master.connect();
+    let mut r = replica.connect();
+
+    let present = mixed_load(&mut m, 6, 3000, 300);
+    let keys: Vec<String> = (0..300).map(|i| format!("key{i}")).collect();
+    let want = dump(&mut m, &keys);
+    let have: BTreeSet<String> = want.keys().cloned().collect();
+    assert_eq!(have, present, "the master's key set after the load");
+    assert!(
+        present.len() > 50,
+        "the load left only {} keys",
+        present.len()
+    );
+
+    wait_converged("the replica", &want, &keys, &mut r);
+
+    // The TTLs replicated too (touch, exptimes): equal up to a clock tick or two.
+    for k in &keys {
+        let (tm, tr) = (ttl(&mut m, k), ttl(&mut r, k));
+        let ok = match (tm, tr) {
+            (Some(a), Some(b)) if a < 0 || b < 0 => a == b,
+            (Some(a), Some(b)) => (a - b).abs() <= 2,
+            (None, None) => true,
+            _ => false,
+        };
+        assert!(ok, "TTL of {k}: master {tm:?}, replica {tr:?}");
+    }
+
+    assert_eq!(repl_stat(&mut m, "role").as_deref(), Some("master"));
+    assert_eq!(repl_stat(&mut r, "role").as_deref(), Some("replica"));
+    wait_stat(&mut r, "replica", "master_link_status", "up");
+    wait_stat(&mut m, "master", "connected_replicas", "1");
+    // Nothing is written any more: the replica's acknowledged position reaches the end.
+    wait_stat(&mut m, "master", "replica0_lag_bytes", "0");
+}
+
+/// Every write command is refused on a replica (data blocks swallowed, noreply or not); reads
+/// work; the refused writes change nothing, and the replica keeps following its master.
+#[test]
+fn replica_is_read_only() {
+    let master = start_master(&[]);
+    let replica = start_replica(master.port, &[]);
+    let mut m = master.connect();
+    let mut r = replica.connect();
+
+    assert_eq!(m.call("set k1 5 0 5\r\nhello\r\n"), "STORED\r\n");
+    assert_eq!(m.call("set n 0 0 2\r\n10\r\n"), "STORED\r\n");
+    let keys: Vec<String> = ["k1", "n", "fresh"].map(String::from).to_vec();
+    let want = dump(&mut m, &keys);
+    wait_converged("the replica", &want, &keys, &mut r);
+
+    // Reads.
+    assert_eq!(
+        r.call("get k1\r\n") + &r.until("END\r\n"),
+        "VALUE k1 5 5\r\nhello\r\nEND\r\n"
+    );
+    assert_eq!(
+        r.call("get k1 fresh n\r\n") + &r.until("END\r\n"),
+        "VALUE k1 5 5\r\nhello\r\nVALUE n 0 2\r\n10\r\nEND\r\n"
+    );
+    assert_eq!(dump(&mut r, &keys), want, "gets on the replica");
+    assert_eq!(r.call("mg k1 v f\r\n"), "VA 5 f5\r\n");
+    assert_eq!(r.line(), "hello\r\n");
+    assert_eq!(r.call("mg fresh v\r\n"), "EN\r\n");
+    assert_eq!(repl_stat(&mut r, "role").as_deref(), Some("replica"));
+
+    let cas = {
+        let block = want.get("k1").expect("k1 on the master");
+        let head = String::from_utf8_lossy(block).into_owned();
+        head.lines()
+            .next()
+            .and_then(|l| l.rsplit(' ').next())
+            .unwrap()
+            .to_string()
+    };
+    let refused = [
+        "set k1 0 0 5\r\nworld\r\n".to_string(),
+        "set fresh 0 0 5\r\nworld\r\n".to_string(),
+        "add fresh 0 0 5\r\nworld\r\n".to_string(),
+        "add k1 0 0 5\r\nworld\r\n".to_string(),
+        "replace k1 0 0 5\r\nworld\r\n".to_string(),
+        "replace fresh 0 0 5\r\nworld\r\n".to_string(),
+        "append k1 0 0 5\r\nworld\r\n".to_string(),
+        "prepend k1 0 0 5\r\nworld\r\n".to_string(),
+        format!("cas k1 0 0 5 {cas}\r\nworld\r\n"),
+        "cas fresh 0 0 5 1\r\nworld\r\n".to_string(),
+        "delete k1\r\n".to_string(),
+        "delete fresh\r\n".to_string(),
+        "incr n 1\r\n".to_string(),
+        "decr n 1\r\n".to_string(),
+        "touch k1 100\r\n".to_string(),
+        "gat 100 k1\r\n".to_string(),
+        "gats 100 k1\r\n".to_string(),
+        "flush_all\r\n".to_string(),
+        "flush_all 0\r\n".to_string(),
+        "ms k1 5\r\nworld\r\n".to_string(),
+        "ms fresh 5 T0 F3\r\nworld\r\n".to_string(),
+        "md k1\r\n".to_string(),
+        "ma n\r\n".to_string(),
+        "ma n MD D3\r\n".to_string(),
+        // noreply: the error is still sent.
+        "set k1 0 0 5 noreply\r\nworld\r\n".to_string(),
+        "append k1 0 0 5 noreply\r\nworld\r\n".to_string(),
+        "delete k1 noreply\r\n".to_string(),
+        "incr n 1 noreply\r\n".to_string(),
+        "touch k1 100 noreply\r\n".to_string(),
+        "flush_all noreply\r\n".to_string(),
+    ];
+    for req in &refused {
+        // The `version` after it shows the data block (if any) was swallowed, not parsed.
+        r.send(req.as_bytes());
+        r.send(b"version\r\n");
+        assert_eq!(r.line(), READ_ONLY, "replica answering {req:?}");
+        let v = r.line();
+        assert!(v.starts_with("VERSION "), "after {req:?}: {v:?}");
+    }
+    // A whole batch pipelined in one write: one error each, in order.
+    let batch: String = refused.concat();
+    r.send(batch.as_bytes());
+    for req in &refused {
+        assert_eq!(r.line(), READ_ONLY, "pipelined {req:?}");
+    }
+    assert!(r.call("version\r\n").starts_with("VERSION "));
+
+    // Nothing changed, on either side.
+    assert_eq!(
+        dump(&mut r, &keys),
+        want,
+        "the replica after refused writes"
+    );
+    assert_eq!(dump(&mut m, &keys), want, "the master after refused writes");
+    assert_eq!(ttl(&mut r, "k1"), Some(-1), "touch/gat must not apply");
+
+    // The link still works.
+    assert_eq!(m.call("set fresh 0 0 3\r\nnew\r\n"), "STORED\r\n");
+    assert_eq!(m.call("incr n 5\r\n"), "15\r\n");
+    assert_eq!(m.call("delete k1\r\n"), "DELETED\r\n");
+    let want = dump(&mut m, &keys);
+    wait_converged("the replica after more writes", &want, &keys, &mut r);
+    assert_eq!(r.call("incr n 1\r\n"), READ_ONLY);
+}
+
+/// `replicaof HOST PORT` at run time turns a master into a replica (its own data replaced by
+/// the master's); after the master is SIGKILLed, `replicaof no one` promotes it with all the
+/// replicated data, and it takes writes.
+#[test]
+fn runtime_replicaof_and_promotion() {
+    let mut a = start_master(&[]);
+    let b = start_master(&[]);
+    let mut ca = a.connect();
+    let mut cb = b.connect();
+
+    // Bad arguments change nothing.
+    for bad in [
+        "replicaof 127.0.0.1\r\n",
+        "replicaof 127.0.0.1 notaport\r\n",
+        "replicaof 127.0.0.1 99999\r\n",
+        "replicaof no\r\n",
+    ] {
+        assert_eq!(cb.call(bad), BAD_FORMAT, "{bad:?}");
+    }
+    assert_eq!(repl_stat(&mut cb, "role").as_deref(), Some("master"));
+
+    let data = items("a", 500, "from-a");
+    fill(&mut ca, &data);
+    assert_eq!(ca.call("delete a7\r\n"), "DELETED\r\n");
+    assert_eq!(ca.call("append a8 0 0 4\r\n+end\r\n"), "STORED\r\n");
+    assert_eq!(ca.call("set num 0 0 3\r\n100\r\n"), "STORED\r\n");
+    assert_eq!(ca.call("incr num 23\r\n"), "123\r\n");
+    // B's own item, which A does not have: gone once B follows A.
+    assert_eq!(cb.call("set bonly 0 0 1\r\nb\r\n"), "STORED\r\n");
+    let mut keys = keys_of(&data);
+    keys.push("num".into());
+    keys.push("bonly".into());
+    let want = dump(&mut ca, &keys);
+    assert!(!want.contains_key("a7") && !want.contains_key("bonly"));
+
+    assert_eq!(
+        cb.call(&format!("replicaof 127.0.0.1 {}\r\n", a.port)),
+        "OK\r\n"
+    );
+    wait_converged("B to follow A", &want, &keys, &mut cb);
+    assert_eq!(repl_stat(&mut cb, "role").as_deref(), Some("replica"));
+    wait_stat(&mut cb, "B", "master_link_status", "up");
+    wait_stat(&mut ca, "A", "connected_replicas", "1");
+    assert_eq!(cb.call("set x 0 0 1\r\nx\r\n"), READ_ONLY);
+
+    // A dies; B is promoted and keeps everything that had replicated.
+    kill(&mut a);
+    assert_eq!(cb.call("replicaof no one\r\n"), "OK\r\n");
+    assert_eq!(repl_stat(&mut cb, "role").as_deref(), Some("master"));
+    assert_eq!(
+        compare(&want, &keys, &mut cb, false),
+        Ok(()),
+        "B after promotion"
+    );
+    assert_eq!(cb.call("set x 0 0 1\r\nx\r\n"), "STORED\r\n");
+    assert_eq!(cb.call("incr num 1\r\n"), "124\r\n");
+    assert_eq!(cb.call("append a8 0 0 2\r\n!!\r\n"), "STORED\r\n");
+    assert_eq!(cb.call("delete a9\r\n"), "DELETED\r\n");
+    assert_eq!(cb.call("add a7 0 0 1\r\n7\r\n"), "STORED\r\n");
+    assert_eq!(
+        cb.call("get a8 a9 a7 x\r\n") + &cb.until("END\r\n"),
+        format!(
+            "VALUE a8 0 {n}\r\nfrom-a-a8-from-a-a8-+end!!\r\nVALUE a7 0 1\r\n7\r\n\
+             VALUE x 0 1\r\nx\r\nEND\r\n",
+            n = "from-a-a8-from-a-a8-+end!!".len()
+        )
+    );
+    // Still a master after a moment: no link to A comes back.
+    assert_eq!(repl_stat(&mut cb, "role").as_deref(), Some("master"));
+    assert_eq!(cb.call("set y 0 0 1\r\ny\r\n"), "STORED\r\n");
+}
+
+/// A <- B <- C: C converges to A through B, including a delete and an overwrite made later.
+#[test]
+fn chained_replicas() {
+    let a = start_master(&[]);
+    let b = start_replica(a.port, &[]);
+    let c = start_replica(b.port, &[]);
+    let (mut ca, mut cb, mut cc) = (a.connect(), b.connect(), c.connect());
+
+    let data = items("c", 1000, "chain");
+    fill(&mut ca, &data);
+    let keys = keys_of(&data);
+    let want = dump(&mut ca, &keys);
+    wait_converged("C (through B)", &want, &keys, &mut cc);
+    wait_converged("B", &want, &keys, &mut cb);
+
+    assert_eq!(ca.call("delete c10\r\n"), "DELETED\r\n");
+    assert_eq!(ca.call("set c11 9 0 4\r\nnew!\r\n"), "STORED\r\n");
+    assert_eq!(ca.call("prepend c12 0 0 3\r\npre\r\n"), "STORED\r\n");
+    let want = dump(&mut ca, &keys);
+    assert!(!want.contains_key("c10"));
+    wait_converged("C after a delete on A", &want, &keys, &mut cc);
+    assert_eq!(compare(&want, &keys, &mut cb, false), Ok(()), "B");
+
+    for (who, cl) in [("B", &mut cb), ("C", &mut cc)] {
+        assert_eq!(repl_stat(cl, "role").as_deref(), Some("replica"), "{who}");
+        assert_eq!(cl.call("set c1 0 0 1\r\nx\r\n"), READ_ONLY, "{who}");
+    }
+}
+
+/// The master dies: the replica notices (link down), keeps serving what it had, and follows a
+/// new master (a full sync) when told to, ending up with exactly the new master's data.
+#[test]
+fn replica_reconnects() {
+    let mut m = start_master(&[]);
+    let r = start_replica(m.port, &[]);
+    let mut cm = m.connect();
+    let mut cr = r.connect();
+
+    let old = items("k", 300, "old");
+    fill(&mut cm, &old);
+    let mut keys = keys_of(&old);
+    keys.extend((0..50).map(|i| format!("nonly{i}")));
+    let old_want = dump(&mut cm, &keys);
+    wait_converged("R to follow M", &old_want, &keys, &mut cr);
+    poll_until("R to count its first full sync", SYNC, || {
+        match repl_num(&mut cr, "full_syncs") {
+            n if n >= 1 => Ok(()),
+            n => Err(format!("full_syncs {n}")),
+        }
+    });
+    let syncs_before = repl_num(&mut cr, "full_syncs");
+
+    kill(&mut m);
+    drop(cm);
+    wait_stat(&mut cr, "R", "master_link_status", "down");
+    // Stale reads are served while the link is down.
+    assert_eq!(
+        compare(&old_want, &keys, &mut cr, false),
+        Ok(()),
+        "R's data with its master gone"
+    );
+    assert_eq!(repl_stat(&mut cr, "role").as_deref(), Some("replica"));
+    assert_eq!(cr.call("set k1 0 0 1\r\nx\r\n"), READ_ONLY);
+
+    // A new master with other data: overlapping keys with new values, fewer of them, and
+    // keys R never saw.
+    let n = start_master(&[]);
+    let mut cn = n.connect();
+    let new = items("k", 200, "new");
+    fill(&mut cn, &new);
+    fill(&mut cn, &items("nonly", 50, "new"));
+    let new_want = dump(&mut cn, &keys);
+    assert_eq!(new_want.len(), 250);
+
+    assert_eq!(
+        cr.call(&format!("replicaof 127.0.0.1 {}\r\n", n.port)),
+        "OK\r\n"
+    );
+    wait_converged("R to follow N", &new_want, &keys, &mut cr);
+    wait_stat(&mut cr, "R", "master_link_status", "up");
+    poll_until("R to count another full sync", SYNC, || {
+        match repl_num(&mut cr, "full_syncs") {
+            n if n > syncs_before => Ok(()),
+            n => Err(format!("full_syncs {n}, was {syncs_before}")),
+        }
+    });
+    wait_stat(&mut cn, "N", "connected_replicas", "1");
+
+    // And it follows N's later writes.
+    assert_eq!(cn.call("delete k0\r\n"), "DELETED\r\n");
+    assert_eq!(cn.call("set k250 0 0 2\r\nhi\r\n"), "STORED\r\n");
+    keys.push("k250".into());
+    let new_want = dump(&mut cn, &keys);
+    wait_converged("R to follow N's later writes", &new_want, &keys, &mut cr);
+}
+
+/// A replica started after the master holds 20,000 items gets them all (a full sync).
+#[test]
+fn late_replica_full_sync() {
+    let master = start_master(&[]);
+    let mut m = master.connect();
+    let data: Vec<(String, Vec<u8>)> = (0..20_000)
+        .map(|i| {
+            let v = format!("v{i}:").repeat(1 + i % 40);
+            (format!("late{i}"), v.into_bytes())
+        })
+        .collect();
+    fill(&mut m, &data);
+    let keys = keys_of(&data);
+    let want = dump(&mut m, &keys);
+    assert_eq!(want.len(), 20_000, "the master lost items at -m 64");
+
+    let replica = start_replica(master.port, &[]);
+    let mut r = replica.connect();
+    wait_converged("the late replica", &want, &keys, &mut r);
+    poll_until("a full sync to be counted", SYNC, || {
+        match repl_num(&mut r, "full_syncs") {
+            n if n >= 1 => Ok(()),
+            n => Err(format!("full_syncs {n}")),
+        }
+    });
+    wait_stat(&mut r, "replica", "master_link_status", "up");
+    wait_stat(&mut m, "master", "connected_replicas", "1");
+    wait_stat(&mut m, "master", "replica0_lag_bytes", "0");
+}
+
+/// Master and replica at `-m 8`; the master takes ~40 MB of writes as fast as a pipelining
+/// client can send them, far more than its log retains, while the replica follows (and may
+/// fall behind past the retained log and resync). In the end the replica agrees with the
+/// master on every recent key the master still holds.
+#[test]
+fn replica_survives_lagging_past_the_log() {
+    let master = start_master(&["-m", "8"]);
+    let replica = start_replica(master.port, &["-m", "8"]);
+    let mut m = master.connect();
+    let mut r = replica.connect();
+    wait_stat(&mut r, "replica", "master_link_status", "up");
+
+    let mut rng = Rng::new(7);
+    let mut written = Vec::with_capacity(40_000);
+    let batch = 100;
+    for start in (0..40_000usize).step_by(batch) {
+        let mut req = Vec::with_capacity(batch * 1100);
+        for i in start..start + batch {
+            let key = format!("lag{}", rng.below(60_000));
+            let mut v = format!("{i}:{key}:").into_bytes();
+            v.resize(1024, b'a' + (i % 26) as u8);
+            req.extend_from_slice(format!("set {key} {} 0 {}\r\n", i % 1000, v.len()).as_bytes());
+            req.extend_from_slice(&v);
+            req.extend_from_slice(b"\r\n");
+            written.push(key);
+        }
+        m.send(&req);
+        for i in start..start + batch {
+            assert_eq!(m.line(), "STORED\r\n", "set number {i}");
+        }
+    }
+    let markers: Vec<(String, Vec<u8>)> = (0..200)
+        .map(|j| (format!("marker{j}"), format!("the end {j}").into_bytes()))
+        .collect();
+    fill(&mut m, &markers);
+
+    // The last 2,000 distinct keys written, then the markers.
+    let mut recent = Vec::new();
+    let mut seen = BTreeSet::new();
+    for k in written.iter().rev() {
+        if recent.len() == 2000 {
+            break;
+        }
+        if seen.insert(k.clone()) {
+            recent.push(k.clone());
+        }
+    }
+    let marker_keys = keys_of(&markers);
+    let want_markers = dump(&mut m, &marker_keys);
+    assert_eq!(
+        want_markers.len(),
+        200,
+        "the master evicted markers it just stored"
+    );
+    let want_recent = dump(&mut m, &recent);
+    eprintln!(
+        "master holds {} of the last {} keys written",
+        want_recent.len(),
+        recent.len()
+    );
+
+    wait_converged("the replica's markers", &want_markers, &marker_keys, &mut r);
+    // Keys the master evicted may be missing on the replica too; the ones it holds must match.
+    poll_until("the replica's recent keys", SYNC, || {
+        compare(&want_recent, &recent, &mut r, true)
+    });
+    assert_eq!(repl_stat(&mut r, "role").as_deref(), Some("replica"));
+    wait_stat(&mut r, "replica", "master_link_status", "up");
+    // Both still serve.
+    assert!(m.call("version\r\n").starts_with("VERSION "));
+    assert!(r.call("version\r\n").starts_with("VERSION "));
+}
