@@ -43,7 +43,11 @@ pub fn encode_stats(st: &Stats) -> String {
         ("misrouted", st.misrouted),
         ("issued", st.issued),
         ("loaded", st.loaded),
+        ("load_retries", st.load_retries),
+        ("reconnects", st.reconnects),
+        ("unsent", st.unsent),
         ("window_ns", st.window_ns),
+        ("interval_ns", st.interval_ns),
     ] {
         out.push_str(&format!("stat {name} {v}\n"));
     }
@@ -55,6 +59,9 @@ pub fn encode_stats(st: &Stats) -> String {
         encode_hist(&mut out, &format!("op{i}"), &o.hist);
     }
     encode_hist(&mut out, "lag", &st.send_lag);
+    for (i, h) in st.intervals.iter().enumerate() {
+        encode_hist(&mut out, &format!("iv{i}"), h);
+    }
     out
 }
 
@@ -83,7 +90,11 @@ pub fn decode_stats(text: &str) -> Result<Stats, String> {
                     "misrouted" => &mut st.misrouted,
                     "issued" => &mut st.issued,
                     "loaded" => &mut st.loaded,
+                    "load_retries" => &mut st.load_retries,
+                    "reconnects" => &mut st.reconnects,
+                    "unsent" => &mut st.unsent,
                     "window_ns" => &mut st.window_ns,
+                    "interval_ns" => &mut st.interval_ns,
                     _ => continue, // a newer agent's counter: ignore
                 };
                 *slot = v;
@@ -113,6 +124,16 @@ pub fn decode_stats(text: &str) -> Result<Stats, String> {
                 let name = f.next().unwrap_or("");
                 let h = if name == "lag" {
                     &mut st.send_lag
+                } else if let Some(i) = name.strip_prefix("iv") {
+                    let i = i
+                        .parse::<usize>()
+                        .ok()
+                        .filter(|&i| i < crate::stats::MAX_INTERVALS)
+                        .ok_or_else(|| format!("bad histogram {name:?}"))?;
+                    while st.intervals.len() <= i {
+                        st.intervals.push(crate::stats::new_interval_histogram());
+                    }
+                    &mut st.intervals[i]
                 } else {
                     let i = name
                         .strip_prefix("op")

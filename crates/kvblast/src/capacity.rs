@@ -93,6 +93,37 @@ pub struct Step {
     pub metric_us: f64,
     pub pass: bool,
     pub why: String,
+    /// The step's latencies (the probe's with `--probe-rate`, else all requests'), for the
+    /// latency-against-throughput curve.
+    pub latency: Latencies,
+}
+
+/// Latency summary of one step, in µs.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Latencies {
+    pub mean_us: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub p999_us: f64,
+    pub max_us: f64,
+}
+
+impl Latencies {
+    /// The latencies of the requests the objective is judged on.
+    pub fn of(r: &Report) -> Latencies {
+        let o = match &r.probe {
+            Some(p) if p.all().count > 0 => p.all(),
+            _ => r.stats.all(),
+        };
+        let m = |metric: Metric| metric.of(&o);
+        Latencies {
+            mean_us: m(Metric::Avg),
+            p50_us: m(Metric::Percentile(50.0)),
+            p99_us: m(Metric::Percentile(99.0)),
+            p999_us: m(Metric::Percentile(99.9)),
+            max_us: m(Metric::Max),
+        }
+    }
 }
 
 /// The outcome of a capacity search.
@@ -197,6 +228,7 @@ pub fn search(
             metric_us: m,
             pass,
             why,
+            latency: Latencies::of(&r),
         };
         on_step(&step);
         out.steps.push(step);
@@ -262,13 +294,19 @@ impl Capacity {
         for (i, st) in self.steps.iter().enumerate() {
             let _ = write!(
                 s,
-                "{}\n    {{\"rate\": {:.1}, \"achieved\": {:.1}, \"metric_us\": {:.3}, \"pass\": {}, \"why\": {}}}",
+                "{}\n    {{\"rate\": {:.1}, \"achieved\": {:.1}, \"metric_us\": {:.3}, \"pass\": {}, \"why\": {}, \
+\"mean_us\": {:.3}, \"p50_us\": {:.3}, \"p99_us\": {:.3}, \"p999_us\": {:.3}, \"max_us\": {:.3}}}",
                 if i == 0 { "" } else { "," },
                 st.rate,
                 st.achieved,
                 st.metric_us,
                 st.pass,
-                json_str(&st.why)
+                json_str(&st.why),
+                st.latency.mean_us,
+                st.latency.p50_us,
+                st.latency.p99_us,
+                st.latency.p999_us,
+                st.latency.max_us
             );
         }
         s.push_str("\n  ]");

@@ -16,6 +16,10 @@ USAGE:
   kvblast run [OPTIONS] SERVER...        one run; prints a table (and --json FILE)
   kvblast capacity [OPTIONS] SERVER...   bisect open-loop rates for the highest that meets --slo
   kvblast workloads                      list the built-in workloads
+  kvblast plot -o OUT.png|OUT.svg [LABEL=]CAPACITY.json...
+                                         capacity searches' p99 and mean latency against
+                                         throughput, several servers on one plot (files
+                                         with the same LABEL make one curve)
   kvblast agent --listen ADDR [--jobs N] serve load jobs for a master (run --agent ADDR)
 
 SERVER is host[:port] (port 11211 when left out), unix:/path (or /path) for a unix socket,
@@ -62,8 +66,10 @@ LOAD:
 
 OUTPUT:
       --json FILE          write the JSON report
-      --plot PREFIX        write SVG plots: PREFIX-latency.svg and PREFIX-timeline.svg (run),
-                           PREFIX-capacity.svg and PREFIX-latency.svg (capacity)
+      --plot PREFIX        write plots, each as PREFIX-NAME.svg and PREFIX-NAME.png: latency
+                           (by percentile), cdf, timeline (throughput), latency-timeline
+                           (p50/p99 over time); capacity adds capacity (metric against
+                           offered load) and curve (percentiles against throughput)
   -q, --quiet              no progress line
       --no-server-stats    do not read the servers' stats before and after
 
@@ -113,6 +119,8 @@ pub struct Args {
     pub steps: Option<u32>,
     pub probe_rate: Option<f64>,
     pub plot: Option<String>,
+    /// `plot -o FILE`.
+    pub output: Option<String>,
     /// `run --agent HOST:PORT` (repeatable): agents that take a share of the load.
     pub agents: Vec<String>,
     /// `agent --listen ADDR`.
@@ -289,6 +297,7 @@ impl Args {
                 "--protocol" => a.protocol = Some(value(&flag)?),
                 "--seed" => a.seed = Some(num(&flag, &value(&flag)?)?),
                 "--json" => a.json = Some(value(&flag)?),
+                "-o" | "--output" => a.output = Some(value(&flag)?),
                 "--plot" => a.plot = Some(value(&flag)?),
                 "--agent" => a.agents.push(value(&flag)?),
                 "--listen" => a.listen = Some(value(&flag)?),

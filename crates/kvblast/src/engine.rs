@@ -521,6 +521,22 @@ fn progress_loop(
 
 const TIMER: Token = Token(usize::MAX);
 
+/// The first wait before reconnecting a failed connection; each failure in a row doubles it,
+/// up to [`RECONNECT_MAX`].
+const RECONNECT_MIN: Duration = Duration::from_millis(10);
+const RECONNECT_MAX: Duration = Duration::from_millis(500);
+
+/// The main loops stop when no connection has been up for this long.
+const GIVE_UP: Duration = Duration::from_secs(10);
+
+/// Load-phase sets outstanding per UDP socket: a burst of datagrams larger than the server's
+/// receive buffer is dropped by the kernel, so UDP keeps a smaller window than streams.
+const UDP_LOAD_WINDOW: usize = 8;
+
+/// The load phase gives up when no set has been answered for this long (or five UDP
+/// timeouts, if longer): a server that stops answering cannot hold it until `load_timeout`.
+const LOAD_STALL: Duration = Duration::from_secs(5);
+
 /// What a worker thread returns: whether it was the probe, and its counters.
 type WorkerResult = Result<(bool, Stats), String>;
 const READ_CHUNK: usize = 64 * 1024;
@@ -554,6 +570,13 @@ struct Conn {
     /// `VALUE` items seen so far for the get at the front of `inflight`.
     values: u32,
     alive: bool,
+    /// A dead connection's next reconnection attempt.
+    retry_at: Option<Instant>,
+    /// The wait before the next attempt after a failure: [`RECONNECT_MIN`], doubled by each
+    /// failure up to [`RECONNECT_MAX`], back to the minimum after a reply.
+    backoff: Duration,
+    /// A reconnection in progress (a non-blocking TCP connect): when it began.
+    connecting_since: Option<Instant>,
     /// Datagram state, for a UDP "connection" (a connected UDP socket).
     udp: Option<Box<UdpState>>,
 }
@@ -571,6 +594,24 @@ struct UdpState {
     /// The request id whose reply bytes are in the read buffer, and the last sequence number.
     cur: Option<(u16, u16)>,
     scratch: Vec<u8>,
+}
+
+impl Conn {
+    /// Up, and not still connecting.
+    fn usable(&self) -> bool {
+        self.alive && self.connecting_since.is_none()
+    }
+}
+
+impl UdpState {
+    fn new() -> Box<UdpState> {
+        Box::new(UdpState {
+            ends: VecDeque::new(),
+            next_id: 0,
+            cur: None,
+            scratch: vec![0; 65_536],
+        })
+    }
 }
 
 /// The reply reduced to what the engine needs (so the read buffer's borrow ends).
@@ -721,7 +762,14 @@ struct Worker {
     is_dirty: Vec<bool>,
     max_reply: usize,
     has_udp: bool,
+    /// The servers, for reconnecting.
+    addrs: Vec<Endpoint>,
+    /// Some connection is dead (waiting to reconnect) or still connecting.
+    unsettled: bool,
+    /// The last time some connection was up.
+    last_up: Instant,
     // Window, set when the main phase starts.
+    run_start: Instant,
     measure_start: Instant,
     end: Instant,
     quota: Option<u64>,
@@ -766,14 +814,10 @@ impl Worker {
                     inflight: VecDeque::with_capacity(cfg.depth.min(4096)),
                     values: 0,
                     alive: true,
-                    udp: addr.is_udp().then(|| {
-                        Box::new(UdpState {
-                            ends: VecDeque::new(),
-                            next_id: 0,
-                            cur: None,
-                            scratch: vec![0; 65_536],
-                        })
-                    }),
+                    retry_at: None,
+                    backoff: RECONNECT_MIN,
+                    connecting_since: None,
+                    udp: addr.is_udp().then(UdpState::new),
                 });
             }
         }
@@ -799,7 +843,11 @@ impl Worker {
             is_dirty: vec![false; n],
             max_reply: cfg.workload.value_size.max.max(2 << 20) + 4096,
             has_udp: addrs.iter().any(Endpoint::is_udp),
+            addrs: addrs.to_vec(),
+            unsettled: false,
+            last_up: now,
             measure_start: now,
+            run_start: now,
             end: now,
             quota: None,
             stopping: false,
@@ -807,10 +855,6 @@ impl Worker {
             load_deadline: None,
             shared,
         })
-    }
-
-    fn alive_conns(&self) -> usize {
-        self.conns.iter().filter(|c| c.alive).count()
     }
 
     fn inflight(&self) -> usize {
@@ -1043,7 +1087,8 @@ impl Worker {
         conn.wpos = 0;
     }
 
-    /// Close a connection that failed or misbehaved; its outstanding requests are lost.
+    /// Close a connection that failed or misbehaved; its outstanding requests are lost. It is
+    /// opened again after its backoff by [`Worker::reconnect_due`].
     fn fail(&mut self, c: usize) {
         let conn = &mut self.conns[c];
         if !conn.alive {
@@ -1052,6 +1097,11 @@ impl Worker {
         conn.alive = false;
         let _ = self.poll.registry().deregister(&mut conn.sock);
         conn.sock.shutdown();
+        let now = Instant::now();
+        conn.retry_at = Some(now + conn.backoff);
+        conn.backoff = (conn.backoff * 2).min(RECONNECT_MAX);
+        conn.connecting_since = None;
+        self.unsettled = true;
         self.stats.conn_failures += 1;
         self.stats.lost += conn.inflight.len() as u64;
         self.shared.progress[self.t]
@@ -1210,9 +1260,9 @@ impl Worker {
     /// it and, in the closed loop, free its slot.
     fn drop_front(&mut self, c: usize, now: Instant) {
         let conn = &mut self.conns[c];
-        if conn.inflight.pop_front().is_none() {
+        let Some(p) = conn.inflight.pop_front() else {
             return;
-        }
+        };
         conn.rpos = 0;
         conn.rlen = 0;
         conn.values = 0;
@@ -1223,7 +1273,15 @@ impl Worker {
         self.shared.progress[self.t]
             .errors
             .fetch_add(1, Ordering::Relaxed);
-        if self.cfg.load == LoadModel::Closed {
+        if p.load {
+            // The load phase sets every key: send a lost one again (the load phase's deadline
+            // bounds the retries). Once the load phase is over, a late load request is only
+            // forgotten; it held no slot of the main loop.
+            if self.load_deadline.is_some() {
+                self.stats.load_retries += 1;
+                self.send(c, Op::Set, p.key, now, false, true);
+            }
+        } else if self.cfg.load == LoadModel::Closed {
             self.refill_closed(c, now);
         }
     }
@@ -1341,6 +1399,8 @@ impl Worker {
     }
 
     fn complete(&mut self, c: usize, p: Pending, o: Outcome, now: Instant) {
+        // A reply: the connection works, so its next failure starts the backoff afresh.
+        self.conns[c].backoff = RECONNECT_MIN;
         self.shared.progress[self.t]
             .completed
             .fetch_add(1, Ordering::Relaxed);
@@ -1355,6 +1415,19 @@ impl Worker {
                 self.send_load(c, now);
             }
             return;
+        }
+        if self.stats.interval_ns > 0 {
+            let i = (now.saturating_duration_since(self.run_start).as_nanos()
+                / u128::from(self.stats.interval_ns)) as usize;
+            if i < crate::stats::MAX_INTERVALS {
+                while self.stats.intervals.len() <= i {
+                    self.stats
+                        .intervals
+                        .push(crate::stats::new_interval_histogram());
+                }
+                let us = now.saturating_duration_since(p.t0).as_micros() as u64;
+                self.stats.intervals[i].saturating_record(us.max(1));
+            }
         }
         let st = &mut self.stats.ops[p.op.index()];
         st.total += 1;
@@ -1412,7 +1485,7 @@ impl Worker {
         let key = self.load_next;
         self.load_next += self.cfg.threads as u64;
         let s = self.shared.server_of(key);
-        let target = if self.conns[c].server == s && self.conns[c].alive {
+        let target = if self.conns[c].server == s && self.conns[c].usable() {
             c
         } else {
             match self.pick_conn(s, usize::MAX) {
@@ -1423,31 +1496,45 @@ impl Worker {
         self.send(target, Op::Set, key, Instant::now(), false, true);
     }
 
-    /// Set every key of this thread's share once (closed loop, 32 outstanding per connection).
+    /// Set every key of this thread's share once (closed loop, 32 outstanding per stream
+    /// connection, [`UDP_LOAD_WINDOW`] per UDP socket). A UDP set whose reply is lost is sent
+    /// again. Bounded by `load_timeout`, and by [`LOAD_STALL`] without any reply.
     fn load_phase(&mut self) {
         let deadline = Instant::now() + self.cfg.load_timeout;
         self.load_deadline = Some(deadline);
         let now = Instant::now();
         for c in 0..self.conns.len() {
-            for _ in 0..32 {
-                if self.load_next >= self.cfg.workload.keys {
-                    break;
-                }
-                self.send_load(c, now);
-            }
+            self.prime(c, now);
         }
         self.flush();
         let mut events = Events::with_capacity(1024);
-        while self.inflight() > 0 && self.alive_conns() > 0 {
+        let stall = LOAD_STALL.max(self.cfg.udp_timeout * 5);
+        let mut last_loaded = (self.stats.loaded, Instant::now());
+        loop {
             let now = Instant::now();
-            if now >= deadline {
+            self.reconnect_due(now);
+            // Done when nothing is outstanding, unless keys remain and a connection that
+            // failed is about to come back for them.
+            let waiting = self.unsettled && self.load_next < self.cfg.workload.keys;
+            if now >= deadline || (self.inflight() == 0 && !waiting) {
                 break;
             }
-            let timeout = (deadline - now).min(Duration::from_millis(100));
-            if self.poll.poll(&mut events, Some(timeout)).is_err() {
+            if self.stats.loaded != last_loaded.0 {
+                last_loaded = (self.stats.loaded, now);
+            } else if now.saturating_duration_since(last_loaded.1) >= stall {
                 break;
+            }
+            let timeout =
+                self.reconnect_wait(now, (deadline - now).min(Duration::from_millis(100)));
+            if self.poll.poll(&mut events, Some(timeout)).is_err() {
+                // EINTR (a debugger attaching, a signal) is not a reason to stop loading.
+                continue;
             }
             self.handle_events(&events);
+            if self.has_udp {
+                // A lost reply to the last sets sent has no later reply to reveal it.
+                self.sweep_udp(Instant::now());
+            }
             self.flush();
         }
         // Anything still outstanding is abandoned with its connection state intact: the
@@ -1468,11 +1555,145 @@ impl Worker {
             if ev.is_readable() || ev.is_read_closed() || ev.is_error() {
                 self.on_readable(c);
             }
+            if ev.is_writable() && self.conns[c].alive && self.conns[c].connecting_since.is_some() {
+                // A reconnection that completed: now it gets its work.
+                self.conns[c].connecting_since = None;
+                self.stats.reconnects += 1;
+                self.prime(c, Instant::now());
+            }
             if ev.is_writable() && !self.is_dirty[c] {
                 self.is_dirty[c] = true;
                 self.dirty.push(c);
             }
         }
+    }
+
+    /// Reopen the dead connections whose backoff has passed (non-blocking), and fail those
+    /// whose reconnection has taken longer than the connect timeout. A reopened connection
+    /// gets its share of work once it is established: its load-phase window, or its
+    /// closed-loop depth.
+    fn reconnect_due(&mut self, now: Instant) {
+        if !self.unsettled {
+            return;
+        }
+        let mut unsettled = false;
+        for c in 0..self.conns.len() {
+            let conn = &self.conns[c];
+            if conn.alive {
+                if conn
+                    .connecting_since
+                    .is_some_and(|t| now.saturating_duration_since(t) > self.cfg.connect_timeout)
+                {
+                    self.fail(c);
+                }
+                unsettled |= self.conns[c].connecting_since.is_some() || !self.conns[c].alive;
+                continue;
+            }
+            if conn.retry_at.is_none_or(|t| t > now) {
+                unsettled = true;
+                continue;
+            }
+            let server = conn.server;
+            let opened = self.addrs[server]
+                .connect_nonblocking()
+                .and_then(|mut sock| {
+                    self.poll
+                        .registry()
+                        .register(&mut sock, Token(c), Interest::READABLE | Interest::WRITABLE)
+                        .map(|()| sock)
+                });
+            let conn = &mut self.conns[c];
+            match opened {
+                Ok(sock) => {
+                    conn.sock = sock;
+                    conn.alive = true;
+                    conn.retry_at = None;
+                    conn.connecting_since = (!conn.sock.is_udp()).then_some(now);
+                    conn.wbuf = Vec::with_capacity(READ_CHUNK);
+                    conn.wpos = 0;
+                    conn.rbuf = vec![0; READ_CHUNK];
+                    conn.rpos = 0;
+                    conn.rlen = 0;
+                    conn.values = 0;
+                    if conn.udp.is_some() {
+                        conn.udp = Some(UdpState::new());
+                    }
+                    if conn.connecting_since.is_some() {
+                        // Work waits for the connection (see `handle_events`).
+                        unsettled = true;
+                    } else {
+                        self.stats.reconnects += 1;
+                        self.prime(c, now);
+                    }
+                }
+                Err(_) => {
+                    conn.retry_at = Some(now + conn.backoff);
+                    conn.backoff = (conn.backoff * 2).min(RECONNECT_MAX);
+                    unsettled = true;
+                    self.stats.conn_failures += 1;
+                    self.shared.progress[self.t]
+                        .errors
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        self.unsettled = unsettled;
+        self.flush();
+    }
+
+    /// Give a freshly reopened connection its work: the load phase's window, or the closed
+    /// loop's `depth` requests (the open loop picks connections as requests fall due).
+    fn prime(&mut self, c: usize, now: Instant) {
+        if self.load_deadline.is_some() {
+            for _ in 0..self.load_window(c) {
+                if self.load_next >= self.cfg.workload.keys {
+                    break;
+                }
+                self.send_load(c, now);
+            }
+        } else if self.cfg.load == LoadModel::Closed {
+            for _ in 0..self.cfg.depth {
+                self.refill_closed(c, now);
+            }
+        }
+    }
+
+    fn load_window(&self, c: usize) -> usize {
+        if self.conns[c].udp.is_some() {
+            UDP_LOAD_WINDOW
+        } else {
+            32
+        }
+    }
+
+    /// Whether every connection has been down for [`GIVE_UP`] (a run limited only by a
+    /// request count would otherwise keep reconnecting to a dead server for its hour).
+    fn all_down_too_long(&mut self, now: Instant) -> bool {
+        if self.conns.iter().any(|c| c.alive) {
+            self.last_up = now;
+            false
+        } else {
+            now.saturating_duration_since(self.last_up) >= GIVE_UP
+        }
+    }
+
+    /// Whether no connection to `server` is up (its requests cannot be sent at all).
+    fn server_down(&self, server: usize) -> bool {
+        !self.by_server[server]
+            .iter()
+            .any(|&i| self.conns[i].usable())
+    }
+
+    /// How long an event loop may sleep before the next reconnection attempt is due.
+    fn reconnect_wait(&self, now: Instant, max: Duration) -> Duration {
+        if !self.unsettled {
+            return max;
+        }
+        self.conns
+            .iter()
+            .filter_map(|c| c.retry_at)
+            .map(|t| t.saturating_duration_since(now))
+            .fold(max, Duration::min)
     }
 
     /// A live connection to `server` with fewer than `cap` outstanding, round robin.
@@ -1482,7 +1703,7 @@ impl Worker {
         for i in 0..n {
             let idx = list[(self.rr[server] + i) % n];
             let conn = &self.conns[idx];
-            if conn.alive && conn.inflight.len() < cap {
+            if conn.usable() && conn.inflight.len() < cap {
                 self.rr[server] = (self.rr[server] + i + 1) % n;
                 return Some(idx);
             }
@@ -1498,6 +1719,11 @@ impl Worker {
             .copied()
             .unwrap_or_else(Instant::now);
         self.measure_start = start + self.cfg.warmup;
+        self.run_start = start;
+        // Timeline intervals: 1 s, or longer so that a long run keeps at most MAX_INTERVALS.
+        let span = self.cfg.warmup + self.cfg.duration + self.cfg.drain;
+        let secs = span.as_secs_f64() / crate::stats::MAX_INTERVALS as f64;
+        self.stats.interval_ns = (secs.ceil().max(1.0) * 1e9) as u64;
         self.end = if self.cfg.duration.is_zero() {
             // A request count with no duration: bound the run at an hour all the same.
             self.measure_start + Duration::from_secs(3600)
@@ -1536,7 +1762,10 @@ impl Worker {
             if self.stopping && self.inflight() == 0 {
                 break;
             }
-            if self.alive_conns() == 0 {
+            if !self.stopping {
+                self.reconnect_due(now);
+            }
+            if self.all_down_too_long(now) {
                 break;
             }
             let limit = if self.stopping {
@@ -1547,7 +1776,7 @@ impl Worker {
             if now >= limit {
                 break;
             }
-            let timeout = (limit - now).min(Duration::from_millis(100));
+            let timeout = self.reconnect_wait(now, (limit - now).min(Duration::from_millis(100)));
             if self.poll.poll(&mut events, Some(timeout)).is_err() {
                 break;
             }
@@ -1629,12 +1858,16 @@ impl Worker {
                     }
                     match self.pick_conn(server, cap) {
                         Some(c) => self.send(c, op, key, intended, measured, false),
+                        None if self.server_down(server) => self.stats.unsent += 1,
                         None => self.stats.skipped += 1,
                     }
                 }
             }
             self.flush();
-            if self.alive_conns() == 0 {
+            if stopped_at.is_none() {
+                self.reconnect_due(now);
+            }
+            if self.all_down_too_long(now) {
                 break;
             }
             let timeout = match stopped_at {
@@ -1655,7 +1888,7 @@ impl Worker {
                         Duration::ZERO
                     } else {
                         timer.arm(wait);
-                        Duration::from_millis(100)
+                        self.reconnect_wait(now, Duration::from_millis(100))
                     }
                 }
             };

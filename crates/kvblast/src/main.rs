@@ -33,6 +33,15 @@ fn write_file(path: &str, text: &str) -> Result<(), String> {
     std::fs::write(path, text).map_err(|e| format!("{path}: {e}"))
 }
 
+/// A run's plots, each as SVG and PNG.
+fn write_run_plots(prefix: &str, r: &kvblast::stats::Report) -> Result<(), String> {
+    plot::write_both(prefix, "latency", &plot::latency(r))?;
+    plot::write_both(prefix, "cdf", &plot::cdf(r))?;
+    plot::write_both(prefix, "timeline", &plot::timeline(r))?;
+    plot::write_both(prefix, "latency-timeline", &plot::latency_timeline(r))?;
+    Ok(())
+}
+
 fn main_result() -> Result<(), String> {
     let args = Args::parse(std::env::args().skip(1))?;
     match args.command.as_str() {
@@ -70,14 +79,7 @@ fn main_result() -> Result<(), String> {
             }
             print!("{}", report.table());
             if let Some(prefix) = &args.plot {
-                write_file(
-                    &format!("{prefix}-latency.svg"),
-                    &plot::latency_svg(&report),
-                )?;
-                write_file(
-                    &format!("{prefix}-timeline.svg"),
-                    &plot::timeline_svg(&report),
-                )?;
+                write_run_plots(prefix, &report)?;
             }
             write_json(&args.json, &report.json())
         }
@@ -108,15 +110,49 @@ fn main_result() -> Result<(), String> {
             )?;
             print!("{}", result.table());
             if let Some(prefix) = &args.plot {
-                write_file(
-                    &format!("{prefix}-capacity.svg"),
-                    &plot::capacity_svg(&result),
-                )?;
+                plot::write_both(prefix, "capacity", &plot::capacity(&result))?;
+                plot::write_both(prefix, "curve", &plot::capacity_curve(&result))?;
                 if let Some(best) = &result.best {
-                    write_file(&format!("{prefix}-latency.svg"), &plot::latency_svg(best))?;
+                    write_run_plots(prefix, best)?;
                 }
             }
             write_json(&args.json, &result.json())
+        }
+        "plot" => {
+            let out = args
+                .output
+                .as_deref()
+                .ok_or("plot needs -o OUT.png (or OUT.svg)")?;
+            if args.servers.is_empty() {
+                return Err("plot needs capacity reports: [LABEL=]FILE.json ...".into());
+            }
+            let mut curves: Vec<plot::Curve> = Vec::new();
+            for arg in &args.servers {
+                let (label, path) = match arg.split_once('=') {
+                    Some((l, p)) => (l.to_string(), p),
+                    None => (
+                        std::path::Path::new(arg)
+                            .file_stem()
+                            .map(|s| s.to_string_lossy().into_owned())
+                            .unwrap_or_else(|| arg.clone()),
+                        arg.as_str(),
+                    ),
+                };
+                let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+                let i = match curves.iter().position(|c| c.label == label) {
+                    Some(i) => i,
+                    None => {
+                        curves.push(plot::Curve {
+                            label,
+                            ..Default::default()
+                        });
+                        curves.len() - 1
+                    }
+                };
+                plot::add_capacity_json(&mut curves[i], &text)
+                    .map_err(|e| format!("{path}: {e}"))?;
+            }
+            plot::write_one(out, &plot::compare(&curves))
         }
         other => Err(format!("unknown command {other:?}\n\n{USAGE}")),
     }

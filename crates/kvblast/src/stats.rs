@@ -22,6 +22,18 @@ pub fn new_histogram() -> Histogram<u64> {
         .unwrap_or_else(|_| unreachable!("3 significant figures is valid"))
 }
 
+/// The timeline's latency histograms: microseconds, 1 µs to 100 s, 2 significant digits
+/// (about 21 KB each; a run keeps at most [`MAX_INTERVALS`] per thread).
+pub fn new_interval_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 100_000_000, 2)
+        .or_else(|_| Histogram::new(2))
+        .unwrap_or_else(|_| unreachable!("2 significant figures is valid"))
+}
+
+/// The most timeline intervals a run records (the interval grows with long runs to stay
+/// under this).
+pub const MAX_INTERVALS: usize = 300;
+
 /// Counters for one request kind.
 #[derive(Debug, Clone)]
 pub struct OpStats {
@@ -103,9 +115,19 @@ pub struct Stats {
     pub issued: u64,
     /// Sets sent by the load phase, and their completions.
     pub loaded: u64,
+    /// Connections reopened after a failure.
+    pub reconnects: u64,
+    /// Open loop: requests not sent because no connection to their server was up.
+    pub unsent: u64,
+    /// Load-phase sets sent again because their UDP reply was lost.
+    pub load_retries: u64,
     /// Closed loop: nanoseconds from the start of the measured window until the thread
     /// stopped issuing (merged as the maximum).
     pub window_ns: u64,
+    /// Latency (µs) of every request completed in each interval of `interval_ns` from the
+    /// start (warm-up and drain included, the load phase not): the p99-over-time plot.
+    pub intervals: Vec<Histogram<u64>>,
+    pub interval_ns: u64,
 }
 
 /// A send later than this after its intended time counts as a late send (the generator fell
@@ -128,7 +150,12 @@ impl Default for Stats {
             misrouted: 0,
             issued: 0,
             loaded: 0,
+            load_retries: 0,
+            reconnects: 0,
+            unsent: 0,
             window_ns: 0,
+            intervals: Vec::new(),
+            interval_ns: 0,
         }
     }
 }
@@ -148,7 +175,17 @@ impl Stats {
         self.misrouted += o.misrouted;
         self.issued += o.issued;
         self.loaded += o.loaded;
+        self.load_retries += o.load_retries;
+        self.reconnects += o.reconnects;
+        self.unsent += o.unsent;
         self.window_ns = self.window_ns.max(o.window_ns);
+        self.interval_ns = self.interval_ns.max(o.interval_ns);
+        for (i, h) in o.intervals.iter().enumerate() {
+            if i >= self.intervals.len() {
+                self.intervals.push(new_interval_histogram());
+            }
+            let _ = self.intervals[i].add(h);
+        }
     }
 
     pub fn op(&self, op: Op) -> &OpStats {
@@ -300,8 +337,17 @@ impl Report {
         if let Some(l) = self.load_seconds {
             let _ = writeln!(
                 s,
-                "{:>12}: {} sets in {l:.2}s",
-                "load phase", self.stats.loaded
+                "{:>12}: {} sets in {l:.2}s{}",
+                "load phase",
+                self.stats.loaded,
+                if self.stats.load_retries > 0 {
+                    format!(
+                        " ({} sent again after a lost UDP reply)",
+                        self.stats.load_retries
+                    )
+                } else {
+                    String::new()
+                }
             );
         }
         let _ = writeln!(
@@ -354,12 +400,18 @@ impl Report {
                 }
             );
         }
-        if st.timeouts + st.lost + st.conn_failures + st.misrouted + st.dropped > 0 {
+        if st.timeouts + st.lost + st.conn_failures + st.misrouted + st.dropped + st.unsent > 0 {
             let _ = writeln!(
                 s,
-                "timeouts {}, lost with connections {}, connection failures {}, misrouted {}, \
-                 UDP dropped {}",
-                st.timeouts, st.lost, st.conn_failures, st.misrouted, st.dropped
+                "timeouts {}, lost with connections {}, connection failures {}, reconnects {}, \
+                 not sent (server down) {}, misrouted {}, UDP dropped {}",
+                st.timeouts,
+                st.lost,
+                st.conn_failures,
+                st.reconnects,
+                st.unsent,
+                st.misrouted,
+                st.dropped
             );
         }
         if let Some(server) = &self.server {
@@ -448,14 +500,17 @@ impl Report {
         let st = &self.stats;
         let _ = write!(
             s,
-            "\n  }},\n  \"totals\": {{\"issued\": {}, \"loaded\": {}, \"late_sends\": {}, \"skipped\": {}, \"timeouts\": {}, \"lost\": {}, \"conn_failures\": {}, \"dropped\": {}, \"misrouted\": {}, \"send_lag_p99_us\": {}, \"send_lag_max_us\": {}}}",
+            "\n  }},\n  \"totals\": {{\"issued\": {}, \"loaded\": {}, \"load_retries\": {}, \"late_sends\": {}, \"skipped\": {}, \"timeouts\": {}, \"lost\": {}, \"conn_failures\": {}, \"reconnects\": {}, \"unsent\": {}, \"dropped\": {}, \"misrouted\": {}, \"send_lag_p99_us\": {}, \"send_lag_max_us\": {}}}",
             st.issued,
             st.loaded,
+            st.load_retries,
             st.late_sends,
             st.skipped,
             st.timeouts,
             st.lost,
             st.conn_failures,
+            st.reconnects,
+            st.unsent,
             st.dropped,
             st.misrouted,
             num(st.send_lag.value_at_quantile(0.99) as f64 / 1000.0),
@@ -470,6 +525,20 @@ impl Report {
                 num(p.t),
                 p.completed,
                 p.errors
+            );
+        }
+        s.push(']');
+        s.push_str(",\n  \"latency_timeline\": [");
+        for (i, p) in self.latency_timeline().iter().enumerate() {
+            let _ = write!(
+                s,
+                "{}{{\"t\": {}, \"count\": {}, \"p50_us\": {}, \"p99_us\": {}, \"max_us\": {}}}",
+                if i == 0 { "" } else { ", " },
+                num(p.t),
+                p.count,
+                num(p.p50_us),
+                num(p.p99_us),
+                num(p.max_us)
             );
         }
         s.push(']');
@@ -515,6 +584,36 @@ pub fn json_str(s: &str) -> String {
     }
     o.push('"');
     o
+}
+
+/// One interval of the latency timeline: `t` is the interval's end in seconds from the start.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LatencyPoint {
+    pub t: f64,
+    pub count: u64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub max_us: f64,
+}
+
+impl Report {
+    /// The latency of each interval that completed requests.
+    pub fn latency_timeline(&self) -> Vec<LatencyPoint> {
+        let step = self.stats.interval_ns as f64 / 1e9;
+        self.stats
+            .intervals
+            .iter()
+            .enumerate()
+            .filter(|(_, h)| !h.is_empty())
+            .map(|(i, h)| LatencyPoint {
+                t: (i + 1) as f64 * step,
+                count: h.len(),
+                p50_us: h.value_at_quantile(0.5) as f64,
+                p99_us: h.value_at_quantile(0.99) as f64,
+                max_us: h.max() as f64,
+            })
+            .collect()
+    }
 }
 
 /// The counters a run changes, as memcached names them.

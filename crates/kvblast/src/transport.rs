@@ -142,6 +142,21 @@ impl Endpoint {
     pub fn is_udp(&self) -> bool {
         matches!(self, Endpoint::Udp(_))
     }
+
+    /// A connection opened without waiting, to reconnect from inside an event loop: a TCP
+    /// connect completes (or fails) later, reported as writability (or an error event).
+    pub fn connect_nonblocking(&self) -> io::Result<Stream> {
+        match self {
+            Endpoint::Tcp(a) => {
+                let s = mio::net::TcpStream::connect(*a)?;
+                s.set_nodelay(true)?;
+                Ok(Stream::Tcp(s))
+            }
+            Endpoint::Unix(p) => Ok(Stream::Unix(mio::net::UnixStream::connect(p)?)),
+            // Nothing to wait for.
+            Endpoint::Udp(_) => self.connect(Duration::ZERO),
+        }
+    }
 }
 
 impl std::fmt::Display for Endpoint {
@@ -168,6 +183,10 @@ pub enum Stream {
 }
 
 impl Stream {
+    pub fn is_udp(&self) -> bool {
+        matches!(self, Stream::Udp(_))
+    }
+
     pub fn shutdown(&self) {
         let _ = match self {
             Stream::Tcp(s) => s.shutdown(std::net::Shutdown::Both),

@@ -294,16 +294,46 @@ fn binary_writes_json_report() {
     ] {
         assert!(text.contains(field), "{field} missing in {text}");
     }
-    for plot in ["plot-latency.svg", "plot-timeline.svg"] {
-        let svg = std::fs::read_to_string(dir.join(plot)).expect("plot written");
+    assert!(text.contains("\"latency_timeline\""), "{text}");
+    for plot in ["latency", "cdf", "timeline", "latency-timeline"] {
+        let svg = std::fs::read_to_string(dir.join(format!("plot-{plot}.svg"))).expect("svg");
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+        assert_png(&dir.join(format!("plot-{plot}.png")));
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A valid 800×480 PNG: the signature, then the whole image decodes, and it is not blank.
+fn assert_png(path: &std::path::Path) {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert!(
+        bytes.len() > 1000,
+        "{}: {} bytes",
+        path.display(),
+        bytes.len()
+    );
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "{}", path.display());
+    assert_eq!(&bytes[bytes.len() - 8..bytes.len() - 4], b"IEND");
+    let mut reader = png::Decoder::new(std::io::Cursor::new(&bytes))
+        .read_info()
+        .expect("png header");
+    let mut buf = vec![0; reader.output_buffer_size().expect("size")];
+    let info = reader.next_frame(&mut buf).expect("png data");
+    assert_eq!((info.width, info.height), (800, 480));
+    let pixels = &buf[..info.buffer_size()];
+    let dark = pixels
+        .chunks(3)
+        .filter(|p| p.iter().all(|&c| c < 100))
+        .count();
+    assert!(dark > 1000, "{}: only {dark} dark pixels", path.display());
 }
 
 #[test]
 fn capacity_search_finds_a_rate() {
     let mc = start_memcached();
+    let dir = std::env::temp_dir().join(format!("kvblast-cap-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp dir");
+    let json = dir.join("cap.json");
     let out = Command::new(env!("CARGO_BIN_EXE_kvblast"))
         .args([
             "capacity",
@@ -323,6 +353,10 @@ fn capacity_search_finds_a_rate() {
             "p99=200ms",
             "-q",
         ])
+        .arg("--json")
+        .arg(&json)
+        .arg("--plot")
+        .arg(dir.join("cap"))
         .arg(&mc.addr)
         .output()
         .expect("run kvblast");
@@ -338,6 +372,33 @@ fn capacity_search_finds_a_rate() {
         !stdout.contains("capacity (p99<=200ms): 0 req/s"),
         "{stdout}"
     );
+    for plot in ["capacity", "curve", "latency", "cdf"] {
+        assert_png(&dir.join(format!("cap-{plot}.png")));
+    }
+    // Two reports side by side on one plot, PNG and SVG.
+    for out in ["cmp.png", "cmp.svg"] {
+        let o = Command::new(env!("CARGO_BIN_EXE_kvblast"))
+            .args(["plot", "-o"])
+            .arg(dir.join(out))
+            .arg(format!("one={}", json.display()))
+            .arg(format!("two={}", json.display()))
+            .output()
+            .expect("run kvblast plot");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    assert_png(&dir.join("cmp.png"));
+    let svg = std::fs::read_to_string(dir.join("cmp.svg")).expect("svg");
+    assert!(svg.contains(">one<") && svg.contains(">two<"), "{svg}");
+    // Not a capacity report: an error, not a panic.
+    let o = Command::new(env!("CARGO_BIN_EXE_kvblast"))
+        .args(["plot", "-o"])
+        .arg(dir.join("bad.png"))
+        .arg(dir.join("cap-curve.svg"))
+        .output()
+        .expect("run kvblast plot");
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("not JSON"));
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -598,4 +659,270 @@ fn master_and_agent_split_the_load() {
     assert_eq!(r.stats.all().count, r.stats.issued, "{}", r.table());
     assert!(r.table().contains("agents"));
     agent.join().expect("agent thread").expect("agent");
+}
+
+/// The load phase over UDP finishes and stores every key, even with enough sockets and sets
+/// in flight that the server's receive buffer overflows (lost sets are sent again).
+#[test]
+fn udp_load_phase_finishes_and_loads_every_key() {
+    let mc = start_memcached_udp(true);
+    let mut w = Workload::preset("usr").expect("usr");
+    w.keys = 20_000;
+    let mut cfg = RunConfig::new(w, vec![format!("udp:{}", mc.addr)]);
+    cfg.threads = 2;
+    cfg.conns = 50;
+    cfg.duration = Duration::from_millis(300);
+    cfg.drain = Duration::from_millis(300);
+    cfg.load_phase = true;
+    cfg.load_timeout = Duration::from_secs(20);
+    let started = Instant::now();
+    let r = engine::run(&cfg).expect("run");
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(10),
+        "took {took:?}\n{}",
+        r.table()
+    );
+    assert_eq!(r.stats.loaded, 20_000, "{}", r.table());
+    let items = server_stats(&mc.addr, Duration::from_secs(5)).expect("stats");
+    assert_eq!(items.get("curr_items").copied(), Some(20_000));
+    assert!(
+        r.stats.op(kvblast::workload::Op::Get).hits > 0,
+        "{}",
+        r.table()
+    );
+}
+
+/// A UDP server that ignores every third datagram: the load phase sends each lost set again
+/// and still sets every key once, quickly.
+#[test]
+fn udp_load_phase_sends_lost_sets_again() {
+    let sock = std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
+    let addr = sock.local_addr().expect("addr");
+    sock.set_read_timeout(Some(Duration::from_millis(50)))
+        .expect("timeout");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop2 = std::sync::Arc::clone(&stop);
+    let h = std::thread::spawn(move || {
+        let deadline = Instant::now() + Duration::from_secs(8);
+        let mut buf = [0u8; 2048];
+        let mut n = 0u32;
+        let mut keys = std::collections::HashSet::new();
+        while Instant::now() < deadline && !stop2.load(std::sync::atomic::Ordering::Relaxed) {
+            let Ok((len, peer)) = sock.recv_from(&mut buf) else {
+                continue;
+            };
+            n += 1;
+            if len < 8 || n % 3 == 0 {
+                continue; // "lost"
+            }
+            let body = &buf[8..len];
+            let reply: &[u8] = if let Some(rest) = body.strip_prefix(b"set ") {
+                let key = rest.split(|&b| b == b' ').next().unwrap_or_default();
+                keys.insert(key.to_vec());
+                b"STORED\r\n"
+            } else {
+                b"END\r\n"
+            };
+            let _ = sock.send_to(
+                &[&[buf[0], buf[1], 0, 0, 0, 1, 0, 0][..], reply].concat(),
+                peer,
+            );
+        }
+        keys
+    });
+    let mut w = Workload::preset("usr").expect("usr");
+    w.keys = 500;
+    w.mix = Mix::parse("get=1").expect("mix");
+    let mut cfg = RunConfig::new(w, vec![format!("udp:{addr}")]);
+    cfg.conns = 2;
+    cfg.duration = Duration::from_millis(200);
+    cfg.drain = Duration::from_millis(200);
+    cfg.udp_timeout = Duration::from_millis(50);
+    cfg.load_phase = true;
+    cfg.load_timeout = Duration::from_secs(5);
+    let started = Instant::now();
+    let r = engine::run(&cfg).expect("run");
+    assert!(started.elapsed() < Duration::from_secs(4), "{}", r.table());
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let keys = h.join().expect("server thread");
+    assert_eq!(r.stats.loaded, 500, "{}", r.table());
+    assert!(r.stats.load_retries > 0, "{}", r.table());
+    assert_eq!(keys.len(), 500, "every key reached the server");
+}
+
+/// A TCP proxy on loopback in front of `upstream`. At `cut_after` it closes every connection
+/// it carries; afterwards it accepts new ones if `reopen`, else it closes its listener too.
+/// Everything stops when `stop` is set, or after 8 s at the latest. The thread returns the
+/// bytes it passed from the server to clients over connections accepted after the cut.
+fn cutting_proxy(
+    upstream: String,
+    cut_after: Duration,
+    reopen: bool,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> (String, std::thread::JoinHandle<u64>) {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind proxy");
+    let addr = l.local_addr().expect("addr").to_string();
+    l.set_nonblocking(true).expect("nonblocking");
+    let h = std::thread::spawn(move || {
+        let started = Instant::now();
+        let deadline = started + Duration::from_secs(8);
+        let after_cut = Arc::new(AtomicU64::new(0));
+        let mut listener = Some(l);
+        let mut open: Vec<TcpStream> = Vec::new();
+        let mut pumps = Vec::new();
+        let mut cut = false;
+        // Copy one direction until EOF, an error, the stop flag or the deadline.
+        let pump = |mut from: TcpStream,
+                    mut to: TcpStream,
+                    count: Option<Arc<AtomicU64>>,
+                    stop: Arc<AtomicBool>| {
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 16384];
+                while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
+                    match from.read(&mut buf) {
+                        Ok(0) => break,
+                        Ok(n) => {
+                            if to.write_all(&buf[..n]).is_err() {
+                                break;
+                            }
+                            if let Some(c) = &count {
+                                c.fetch_add(n as u64, Ordering::Relaxed);
+                            }
+                        }
+                        Err(e)
+                            if matches!(
+                                e.kind(),
+                                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                            ) => {}
+                        Err(_) => break,
+                    }
+                }
+                let _ = from.shutdown(std::net::Shutdown::Both);
+                let _ = to.shutdown(std::net::Shutdown::Both);
+            })
+        };
+        while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
+            if !cut && started.elapsed() >= cut_after {
+                cut = true;
+                for s in open.drain(..) {
+                    let _ = s.shutdown(std::net::Shutdown::Both);
+                }
+                if !reopen {
+                    listener = None;
+                }
+            }
+            if let Some(Ok((client, _))) = listener.as_ref().map(|l| l.accept()) {
+                let Ok(up) = TcpStream::connect(&upstream) else {
+                    continue;
+                };
+                for s in [&client, &up] {
+                    s.set_read_timeout(Some(Duration::from_millis(50)))
+                        .expect("timeout");
+                }
+                let (Ok(c2), Ok(u2), Ok(c3), Ok(u3)) = (
+                    client.try_clone(),
+                    up.try_clone(),
+                    client.try_clone(),
+                    up.try_clone(),
+                ) else {
+                    continue;
+                };
+                let count = cut.then(|| Arc::clone(&after_cut));
+                pumps.push(pump(client, up, None, Arc::clone(&stop)));
+                pumps.push(pump(u2, c2, count, Arc::clone(&stop)));
+                open.push(c3);
+                open.push(u3);
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        for s in &open {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        for p in pumps {
+            let _ = p.join();
+        }
+        after_cut.load(Ordering::Relaxed)
+    });
+    (addr, h)
+}
+
+/// The server drops every connection mid-run: kvblast counts the failures, reconnects, and
+/// requests succeed again over the new connections, in the closed and the open loop.
+#[test]
+fn reconnects_after_the_server_drops_connections() {
+    let mc = start_memcached();
+    for load in [
+        LoadModel::Closed,
+        LoadModel::Open {
+            rate: 3000.0,
+            arrival: Arrival::Poisson,
+        },
+    ] {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (addr, proxy) = cutting_proxy(
+            mc.addr.clone(),
+            Duration::from_millis(400),
+            true,
+            std::sync::Arc::clone(&stop),
+        );
+        let mut w = Workload::preset("usr").expect("usr");
+        w.keys = 1000;
+        let mut cfg = RunConfig::new(w, vec![addr]);
+        cfg.conns = 3;
+        cfg.depth = if load == LoadModel::Closed { 2 } else { 100 };
+        cfg.load = load;
+        cfg.duration = Duration::from_millis(1200);
+        cfg.drain = Duration::from_millis(300);
+        let started = Instant::now();
+        let r = engine::run(&cfg).expect("run");
+        let took = started.elapsed();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let after_cut = proxy.join().expect("proxy");
+        let what = format!("{load:?}: {}", r.table());
+        assert!(took < Duration::from_secs(3), "took {took:?}; {what}");
+        assert!(r.stats.conn_failures >= 3, "{what}");
+        assert!(r.stats.reconnects >= 3, "{what}");
+        // Replies came back over the connections made after the cut.
+        assert!(after_cut > 100, "{after_cut} bytes after the cut; {what}");
+        assert!(r.stats.all().count > 500, "{what}");
+    }
+}
+
+/// The server goes away for good mid-run: kvblast keeps trying (with backoff) and still stops
+/// at the run's deadline.
+#[test]
+fn run_ends_at_its_deadline_when_the_server_is_gone() {
+    let mc = start_memcached();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (addr, proxy) = cutting_proxy(
+        mc.addr.clone(),
+        Duration::from_millis(300),
+        false,
+        std::sync::Arc::clone(&stop),
+    );
+    let mut w = Workload::preset("usr").expect("usr");
+    w.keys = 1000;
+    let mut cfg = RunConfig::new(w, vec![addr]);
+    cfg.conns = 2;
+    cfg.load = LoadModel::Open {
+        rate: 2000.0,
+        arrival: Arrival::Fixed,
+    };
+    cfg.depth = 100;
+    cfg.duration = Duration::from_millis(1000);
+    cfg.drain = Duration::from_millis(300);
+    let started = Instant::now();
+    let r = engine::run(&cfg).expect("run");
+    let took = started.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = proxy.join();
+    assert!(took < Duration::from_millis(2500), "took {took:?}");
+    assert_eq!(r.stats.reconnects, 0, "{}", r.table());
+    // The two failures, then refused attempts with backoff (10, 20, 40, ... ms).
+    assert!(r.stats.conn_failures > 4, "{}", r.table());
+    assert!(r.stats.unsent > 500, "{}", r.table());
+    assert!(r.stats.all().count > 300, "{}", r.table());
 }
