@@ -143,6 +143,21 @@ fn reply(out: &mut Vec<u8>, request: &Request<'_>, limits: &Limits) {
         | Request::Verbosity { .. }
         | Request::CacheMemlimit { .. }
         | Request::DebugTime { .. } => out.extend_from_slice(text::OK),
+        Request::ReplicaOf { master } => {
+            if let Some((host, port)) = master {
+                assert!(host.len() <= 255 && port > 0);
+            }
+            out.extend_from_slice(text::OK);
+        }
+        Request::ReplPull {
+            replid,
+            name,
+            cursor,
+        } => {
+            assert!(replid.len() <= 64 && name.len() <= 64);
+            assert!(cursor.len() <= text::MAX_REPL_CURSOR);
+            out.extend_from_slice(cursor);
+        }
         Request::Quit | Request::Shutdown { .. } | Request::Meta(_) => {}
     }
 }
