@@ -7,25 +7,29 @@
 #    2-core machine it competes with the load generator, which can only lower the second
 #    figure). ROUNDS alternating pairs; reports the median requests/s of each and the ratio.
 # 2. Replication lag under a write load at a given rate (open loop, all sets, VALUE-byte
-#    values): samples the master's `replica0_lag_bytes` and `replica0_lag_seconds` every
-#    50 ms during the run and reports their p50/p99/max.
+#    values): every ~50 ms samples the master's `replica0_lag_bytes` and
+#    `replica0_lag_seconds`, and measures the end-to-end lag: a probe key set on the master,
+#    polled on the replica until it is there. Reports p50/p99/max of each.
 #
-# usage: bench/replication.sh [-d SECONDS] [-r ROUNDS] [-w RATE] [-v VALUE_BYTES]
+# usage: bench/replication.sh [-d SECONDS] [-r ROUNDS] [-w RATE[,RATE...]] [-v VALUE_BYTES] [-s]
+#   -s: skip part 1 (throughput)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
 
 duration=8
 rounds=3
-rate=20000
+rates=20000
 value=4096
-while getopts "d:r:w:v:" opt; do
+skip=0
+while getopts "d:r:w:v:s" opt; do
     case $opt in
         d) duration=$OPTARG ;;
         r) rounds=$OPTARG ;;
-        w) rate=$OPTARG ;;
+        w) rates=$OPTARG ;;
         v) value=$OPTARG ;;
-        *) echo "usage: $0 [-d SECONDS] [-r ROUNDS] [-w RATE] [-v VALUE_BYTES]" >&2; exit 2 ;;
+        s) skip=1 ;;
+        *) echo "usage: $0 [-d SECONDS] [-r ROUNDS] [-w RATE,...] [-v VALUE_BYTES] [-s]" >&2; exit 2 ;;
     esac
 done
 
@@ -51,8 +55,9 @@ rps() { # rps JSON: requests/s of the run
 }
 
 echo "machine: $(nproc) cores; $(uname -r)"
-echo "== master throughput, no replica vs one replica (memaslap mix, 50 conns, ${duration}s, $rounds rounds)"
 tmp=$(mktemp -d)
+if [ "$skip" = 0 ]; then
+echo "== master throughput, no replica vs one replica (memaslap mix, 50 conns, ${duration}s, $rounds rounds)"
 none=(); one=()
 for r in $(seq "$rounds"); do
     for mode in none one; do
@@ -75,7 +80,9 @@ done
 median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 mn=$(median "${none[@]}"); mo=$(median "${one[@]}")
 echo "median no replica: $mn req/s; one replica: $mo req/s; ratio $(python3 -c "print(round($mo/$mn, 3))")"
-
+fi
+lag_run() {
+local rate=$1
 echo "== replication lag: sets of ${value}-byte values at $rate/s for ${duration}s"
 mport=$(free_port); mpid=$(start 0 "$mport")
 rport=$(free_port); rpid=$(start 1 "$rport" --replica-of "127.0.0.1:$mport")
@@ -83,22 +90,37 @@ taskset -c 1 "$kvblast" run -q --workload fixedsize --value-size "$value" --keys
     --mix set=1 --rate "$rate" -c 8 -D "${duration}s" --json "$tmp/lag.json" \
     "127.0.0.1:$mport" >/dev/null &
 load=$!
-python3 - "$mport" "$load" >"$tmp/lag.txt" <<'PY'
+python3 - "$mport" "$rport" "$load" >"$tmp/lag.txt" <<'PY'
+# Every ~50 ms: read the master's view of the replica's lag (stats replication), then set a
+# probe key on the master and time how long until the replica returns it (end to end).
 import os, socket, sys, time
-port, load = int(sys.argv[1]), int(sys.argv[2])
-s = socket.create_connection(("127.0.0.1", port)); f = s.makefile("rb")
+mport, rport, load = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+def conn(port):
+    s = socket.create_connection(("127.0.0.1", port)); s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return s, s.makefile("rb")
+(ms, mf), (rs, rf) = conn(mport), conn(rport)
 def alive():
     try: os.kill(load, 0); return True
     except OSError: return False
 deadline = time.time() + 600
+i = 0
 while alive() and time.time() < deadline:
-    s.sendall(b"stats replication\r\n"); st = {}
-    for line in f:
+    ms.sendall(b"stats replication\r\n"); st = {}
+    for line in mf:
         if line == b"END\r\n": break
         p = line.split()
         if len(p) == 3: st[p[1].decode()] = p[2].decode()
-    if "replica0_lag_bytes" in st:
-        print(st["replica0_lag_bytes"], st.get("replica0_lag_seconds", "0"), flush=True)
+    i += 1
+    key = b"lagprobe:%d" % i
+    ms.sendall(b"set " + key + b" 0 0 1\r\nx\r\n"); mf.readline()
+    t0 = time.perf_counter(); seen = None
+    while time.perf_counter() - t0 < 5:
+        rs.sendall(b"get " + key + b"\r\n"); first = rf.readline()
+        if first.startswith(b"VALUE"):
+            rf.readline(); rf.readline(); seen = time.perf_counter() - t0; break
+        time.sleep(0.0005)
+    print(st.get("replica0_lag_bytes", "0"), st.get("replica0_lag_seconds", "0"),
+          "%.6f" % (seen if seen is not None else 5.0), flush=True)
     time.sleep(0.05)
 PY
 wait "$load" || true
@@ -109,7 +131,13 @@ rows = [tuple(map(float, l.split())) for l in open(sys.argv[1]) if l.strip()]
 def pct(v, p):
     v = sorted(v)
     return v[min(len(v) - 1, int(p * len(v)))] if v else 0
-b = [r[0] for r in rows]; s = [r[1] for r in rows]
+b = [r[0] for r in rows]; s = [r[1] for r in rows]; e = [r[2] for r in rows]
 print(f"samples {len(rows)}; lag bytes p50 {pct(b,.5):.0f} p99 {pct(b,.99):.0f} max {max(b, default=0):.0f}; "
-      f"lag seconds p50 {pct(s,.5):.3f} p99 {pct(s,.99):.3f} max {max(s, default=0):.3f}")
+      f"lag seconds (stats) p50 {pct(s,.5):.3f} p99 {pct(s,.99):.3f} max {max(s, default=0):.3f}")
+print(f"end-to-end (set on master until the replica returns it): "
+      f"p50 {pct(e,.5)*1000:.1f} ms p99 {pct(e,.99)*1000:.1f} ms max {max(e, default=0)*1000:.1f} ms")
 PY
+kill "$mpid" "$rpid" 2>/dev/null || true
+wait "$mpid" "$rpid" 2>/dev/null || true
+}
+for r in ${rates//,/ }; do lag_run "$r"; done

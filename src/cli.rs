@@ -128,7 +128,11 @@ const OPTIONS: &[OptSpec] = &[
     spec(b'N', "napi-ids", HasArg::Required),
     // kvcached's own (no short letter).
     spec(REPLICA_OF, "replica-of", HasArg::Required),
+    spec(REPLICA_AUTH, "replica-auth", HasArg::Required),
 ];
+
+/// The option code of `--replica-auth` (long form only).
+const REPLICA_AUTH: u8 = 2;
 
 /// The option code of `--replica-of` (not a letter: long form only).
 const REPLICA_OF: u8 = 1;
@@ -743,6 +747,7 @@ impl Builder {
                 }
                 self.cfg.replica_of = Some(value.to_string());
             }
+            REPLICA_AUTH => self.cfg.replica_auth = Some(path()?),
             b'N' => {
                 self.napi_ids = Some(int_in(
                     sp,
@@ -1209,6 +1214,8 @@ Process
 Replication (kvcached's own)
       --replica-of=HOST:PORT  follow that master as a read-only replica (at run time:
                               `replicaof HOST PORT`, `replicaof no one` to promote)
+      --replica-auth=FILE     credentials for a master with -Y: the first line of FILE,
+                              `user:password` (as in a -Y file)
 
 Extended options: -o, --extended=OPT[,OPT=VALUE...]
   idle_timeout=SECONDS        close connections idle this long; 0 never (default 0)
@@ -1861,6 +1868,7 @@ mod tests {
                 b'o' => "modern",
                 b'l' => "127.0.0.1",
                 REPLICA_OF => "127.0.0.1:11211",
+                REPLICA_AUTH => "/etc/kvcached/replica-auth",
                 _ => "x",
             };
             let mut args = vec![flag.clone()];

@@ -154,6 +154,8 @@ pub struct Config {
     /// Follow this master ("host:port") as a read-only replica (`--replica-of`;
     /// kvcached's own option).
     pub replica_of: Option<String>,
+    /// `user:password` file for authenticating to a master that has `-Y` (`--replica-auth`).
+    pub replica_auth: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -194,6 +196,7 @@ impl Default for Config {
             debug_clock: false,
             engine: EngineChoice::Log,
             replica_of: None,
+            replica_auth: None,
         }
     }
 }

@@ -19,6 +19,7 @@ mod stats;
 mod stats_report;
 mod text;
 mod udp;
+mod warm;
 mod worker;
 
 use std::process::ExitCode;
@@ -60,17 +61,7 @@ fn main() -> ExitCode {
     }
 }
 
-/// Refuse what kvcached does not do yet when running without it would be unsafe, and warn
-/// about the rest.
-fn check_unimplemented(config: &config::Config) -> Result<(), String> {
-    if config.memory_file.is_some() {
-        eprintln!("kvcached: warning: warm restart (-e) is not supported yet; starting empty");
-    }
-    Ok(())
-}
-
 fn start(config: config::Config) -> Result<(), String> {
-    check_unimplemented(&config)?;
     if let Err(e) = daemon::raise_fd_limit(config.max_connections) {
         eprintln!("kvcached: {e}");
     }

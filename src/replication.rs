@@ -12,7 +12,7 @@
 //! `replid` names the master's log (random at each start). A replica that sends another
 //! one (or `-`) gets a full sync. A replica is read-only; `replicaof no one` promotes it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -40,11 +40,54 @@ pub const READ_ONLY: &[u8] = b"SERVER_ERROR replica is read-only\r\n";
 #[derive(Debug, Clone)]
 struct Follower {
     lag_bytes: u64,
+    /// How old the replica's view is: now minus when the master's log was where the
+    /// replica now is (from `history`), as of the last pull.
+    lag: Duration,
     last_pull: Instant,
-    /// When the replica last had nothing left to fetch.
-    caught_up: Instant,
     pulls: u64,
     snapshot: bool,
+    /// (when, master log offset), at most one sample per `SAMPLE_EVERY`, for `lag`.
+    history: VecDeque<(Instant, u64)>,
+}
+
+/// Spacing of the offset samples kept per replica for its lag in seconds.
+const SAMPLE_EVERY: Duration = Duration::from_millis(5);
+/// Offset samples kept per replica (about a minute at `SAMPLE_EVERY`).
+const SAMPLES: usize = 12_000;
+
+impl Follower {
+    /// Record a pull: the master's offset now, and the replica's (the master's minus what
+    /// it has not received).
+    fn pulled(&mut self, now: Instant, master_offset: u64, lag_bytes: u64) {
+        if self
+            .history
+            .back()
+            .is_none_or(|&(t, _)| now.duration_since(t) >= SAMPLE_EVERY)
+        {
+            if self.history.len() >= SAMPLES {
+                self.history.pop_front();
+            }
+            self.history.push_back((now, master_offset));
+        }
+        let acked = master_offset.saturating_sub(lag_bytes);
+        // The oldest byte the replica lacks was written after the last sample at or below
+        // its offset, i.e. no earlier than the first sample above it.
+        self.lag = if lag_bytes == 0 {
+            Duration::ZERO
+        } else {
+            self.history
+                .iter()
+                .find(|&&(_, off)| off > acked)
+                .map_or(Duration::ZERO, |&(t, _)| now.duration_since(t))
+        };
+        while self
+            .history
+            .front()
+            .is_some_and(|&(_, off)| off <= acked && self.history.len() > 1)
+        {
+            self.history.pop_front();
+        }
+    }
 }
 
 /// Replication state shared by the workers and the puller thread.
@@ -155,11 +198,7 @@ impl Replication {
             let state = if f.snapshot { "sync" } else { "online" };
             v.push((format!("replica{i}_state"), state.into()));
             v.push((format!("replica{i}_lag_bytes"), f.lag_bytes.to_string()));
-            let lag_s = if f.lag_bytes == 0 {
-                0.0
-            } else {
-                f.caught_up.elapsed().as_secs_f64()
-            };
+            let lag_s = f.lag.as_secs_f64();
             v.push((format!("replica{i}_lag_seconds"), format!("{lag_s:.3}")));
             v.push((format!("replica{i}_pulls"), f.pulls.to_string()));
         }
@@ -209,18 +248,17 @@ pub fn serve(
         f.retain(|_, x| x.last_pull.elapsed() < REPLICA_TIMEOUT * 6);
         let e = f.entry(peer.into_owned()).or_insert(Follower {
             lag_bytes: 0,
+            lag: Duration::ZERO,
             last_pull: now,
-            caught_up: now,
             pulls: 0,
             snapshot: true,
+            history: VecDeque::new(),
         });
         e.lag_bytes = served.lag_bytes;
         e.last_pull = now;
         e.pulls += 1;
         e.snapshot = served.snapshot;
-        if served.lag_bytes == 0 && !served.snapshot {
-            e.caught_up = now;
-        }
+        e.pulled(now, log.log_offset(), served.lag_bytes);
     }
     s.out.extend_from_slice(b"REPL ");
     s.out.extend_from_slice(repl.replid.as_bytes());
@@ -315,6 +353,45 @@ fn connect(master: &str) -> std::io::Result<TcpStream> {
     Err(last)
 }
 
+/// The credentials of `--replica-auth` (first line, `user:password`), read at each connect
+/// so that a changed file takes effect on the next reconnect.
+fn credentials(shared: &Shared) -> std::io::Result<Option<(String, String)>> {
+    let Some(path) = &shared.config.replica_auth else {
+        return Ok(None);
+    };
+    let text = std::fs::read_to_string(path)?;
+    let line = text.lines().next().unwrap_or_default();
+    let (user, pass) = line
+        .split_once(':')
+        .ok_or_else(|| std::io::Error::other("--replica-auth: expected user:password"))?;
+    Ok(Some((user.to_string(), pass.to_string())))
+}
+
+/// memcached's ASCII authentication (`-Y` on the master): a `set` whose data is
+/// `user password`.
+fn authenticate(
+    reader: &mut BufReader<TcpStream>,
+    writer: &mut TcpStream,
+    user: &str,
+    pass: &str,
+) -> std::io::Result<()> {
+    let token = format!("{user} {pass}");
+    let mut req = format!("set replica 0 0 {}\r\n", token.len()).into_bytes();
+    req.extend_from_slice(token.as_bytes());
+    req.extend_from_slice(b"\r\n");
+    writer.write_all(&req)?;
+    let mut line = String::new();
+    (&mut *reader).take(512).read_line(&mut line)?;
+    if line != "STORED\r\n" {
+        // Never echo the token; the master's reply says why.
+        return Err(std::io::Error::other(format!(
+            "authentication refused: {}",
+            line.trim_end()
+        )));
+    }
+    Ok(())
+}
+
 /// Pull over one connection until it fails or the puller must stop.
 fn follow_link(
     shared: &Shared,
@@ -326,6 +403,9 @@ fn follow_link(
     let repl = &shared.repl;
     let mut reader = BufReader::new(stream.try_clone()?);
     let mut writer = stream;
+    if let Some((user, pass)) = credentials(shared)? {
+        authenticate(&mut reader, &mut writer, &user, &pass)?;
+    }
     let mut first = true;
     let mut cursor = Vec::new();
     let mut line = String::new();

@@ -88,6 +88,8 @@ pub struct Shared {
     pub auth: crate::auth::Auth,
     /// Replication (role, the puller, the replicas pulling from here).
     pub repl: crate::replication::Replication,
+    /// SIGUSR1 asked for a graceful stop: with `-e`, save a snapshot for a warm restart.
+    save_on_exit: AtomicBool,
     pub verbosity: AtomicU8,
     pub curr_conns: AtomicUsize,
     pub total_conns: AtomicU64,
@@ -236,6 +238,9 @@ pub fn run(config: Config, listeners: Vec<Listener>) -> Result<(), String> {
     // Like memcached, the auth file is read after dropping privileges and daemonizing.
     let auth = crate::auth::Auth::new(&config)?;
     let (engine, engine_name) = build_engine(&config);
+    if let Some(path) = &config.memory_file {
+        crate::warm::load(&*engine, path, &Clock::new());
+    }
     let worker_stats: Vec<Arc<WorkerStats>> = (0..threads)
         .map(|_| Arc::new(WorkerStats::default()))
         .collect();
@@ -247,6 +252,7 @@ pub fn run(config: Config, listeners: Vec<Listener>) -> Result<(), String> {
         },
         auth,
         repl: crate::replication::Replication::new(),
+        save_on_exit: AtomicBool::new(false),
         verbosity: AtomicU8::new(config.verbose),
         engine,
         engine_name,
@@ -293,6 +299,7 @@ pub fn run(config: Config, listeners: Vec<Listener>) -> Result<(), String> {
         signal_hook::consts::SIGINT,
         signal_hook::consts::SIGTERM,
         signal_hook::consts::SIGHUP,
+        signal_hook::consts::SIGUSR1,
     ])
     .map_err(|e| format!("failed to install signal handlers: {e}"))?;
     let handle = signals.handle();
@@ -310,6 +317,11 @@ pub fn run(config: Config, listeners: Vec<Listener>) -> Result<(), String> {
                             Err(e) => eprintln!("kvcached: SIGHUP: {e}; keeping the old entries"),
                         }
                         continue;
+                    }
+                    // Like memcached, SIGUSR1 is a graceful stop that saves the cache for a
+                    // warm restart when -e names a file.
+                    if sig == signal_hook::consts::SIGUSR1 {
+                        shared.save_on_exit.store(true, Ordering::Release);
                     }
                     shared.log(1, || format!("signal {sig}: shutting down"));
                     shared.request_shutdown();
@@ -348,20 +360,45 @@ pub fn run(config: Config, listeners: Vec<Listener>) -> Result<(), String> {
     if let Some(path) = &shared.config.unix_socket {
         let _ = std::fs::remove_file(path);
     }
+    if !failed && shared.save_on_exit.load(Ordering::Acquire) {
+        if let Some(path) = &shared.config.memory_file {
+            crate::warm::save(&shared, path)?;
+        }
+    }
     if failed {
         return Err("a worker thread failed".into());
     }
     Ok(())
 }
 
-/// Reclaim expired items in the background, a bounded amount each tick, until shutdown.
+/// Reclaim expired items in the background, a bounded amount each tick, until shutdown;
+/// with `-m auto`, follow the memory available once a second (`memory::adjust`).
 fn maintenance_loop(shared: &Shared) {
     // Sleep in short slices so that shutdown is noticed promptly.
     let slice = std::time::Duration::from_millis(50);
     let mut n = 0u32;
+    let auto = shared.config.memory_limit == MemoryLimit::Auto;
+    let ceiling = shared.engine.stats().limit_maxbytes as usize;
     while !shared.shutting_down() {
         if n % 4 == 0 {
             shared.engine.maintain(shared.clock.now());
+        }
+        if auto && n % 20 == 0 {
+            if let Some(available) = crate::memory::available_now() {
+                let limit = shared.engine.stats().limit_maxbytes as usize;
+                let next = crate::memory::adjust(limit, available, ceiling);
+                if next != limit {
+                    shared.log(1, || {
+                        format!(
+                            "-m auto: {} MiB available; memory limit {} -> {} MiB",
+                            available >> 20,
+                            limit >> 20,
+                            next >> 20
+                        )
+                    });
+                    shared.engine.set_max_bytes(next, shared.clock.now());
+                }
+            }
         }
         n = n.wrapping_add(1);
         std::thread::sleep(slice);

@@ -769,3 +769,60 @@ fn replica_survives_lagging_past_the_log() {
     assert!(m.call("version\r\n").starts_with("VERSION "));
     assert!(r.call("version\r\n").starts_with("VERSION "));
 }
+
+/// A master with `-Y`: a replica with the right `--replica-auth` follows it; one with a
+/// wrong password is refused (the master counts the failure) and gets nothing.
+#[test]
+fn replica_authenticates_to_a_master_with_ascii_auth() {
+    let dir = std::env::temp_dir();
+    let tag = std::process::id();
+    let auth = dir.join(format!("kvcached-repl-auth-{tag}"));
+    let good = dir.join(format!("kvcached-repl-cred-{tag}"));
+    let bad = dir.join(format!("kvcached-repl-bad-{tag}"));
+    std::fs::write(&auth, "repl:s3cret\n").expect("write auth file");
+    std::fs::write(&good, "repl:s3cret\n").expect("write credentials");
+    std::fs::write(&bad, "repl:wrong\n").expect("write credentials");
+    let master = Server::start(Kind::Kvcached, &["-Y", auth.to_str().expect("utf-8 path")]);
+    let mut mc = master.connect();
+    assert_eq!(mc.call("set x 0 0 11\r\nrepl s3cret\r\n"), "STORED\r\n");
+    let data = items("auth", 300, "a");
+    fill(&mut mc, &data);
+    let keys = keys_of(&data);
+    let want = dump(&mut mc, &keys);
+
+    let replica = start_replica(
+        master.port,
+        &["--replica-auth", good.to_str().expect("path")],
+    );
+    let mut rc = replica.connect();
+    wait_converged("authenticated replica", &want, &keys, &mut rc);
+
+    let errors_before: u64 = mc
+        .stat("auth_errors")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let refused = start_replica(
+        master.port,
+        &["--replica-auth", bad.to_str().expect("path")],
+    );
+    poll_until("the master to refuse the wrong password", SYNC, || {
+        let n: u64 = mc
+            .stat("auth_errors")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        if n > errors_before {
+            Ok(())
+        } else {
+            Err(format!("auth_errors {n}"))
+        }
+    });
+    let mut xc = refused.connect();
+    assert_eq!(
+        repl_stat(&mut xc, "master_link_status").as_deref(),
+        Some("down")
+    );
+    assert_eq!(xc.call("get auth1\r\n"), "END\r\n");
+    for p in [auth, good, bad] {
+        let _ = std::fs::remove_file(p);
+    }
+}

@@ -1534,32 +1534,40 @@ impl LogEngine {
             return None;
         }
         if let (Some(o), Some(d)) = (open, dest) {
-            let spec = Spec {
-                kind: KIND_TOMBSTONE,
-                key,
-                parts: [&[], &[]],
-                flags: 0,
-                exptime: 0,
-                stamp: 0,
-                // Not a new version: a tombstone removes versions below this one (the
-                // next set of the key draws this value or a later one).
-                cas: self.next_cas.load(Ordering::SeqCst),
-                meta: 0,
-                explicit_cas: None,
-            };
-            // SAFETY: `room` reserved `HDR_MAX + key` bytes at `d.off` in our shard's
-            // open segment, which only we append to while holding the shard lock.
-            let len = unsafe { format::write(d.ptr.as_ptr().add(d.off), &spec, d.base) };
-            let used = o.used + len;
-            *sh = Some(Open { used, ..o });
-            if let Some(seg) = self.segs.get(o.id) {
-                seg.mem.0.used.store(used, Ordering::Release);
-            }
-            self.st.0.tombstones.fetch_add(1, Ordering::Relaxed);
+            // Not a new version: a tombstone removes versions below this one (the next set
+            // of the key draws this value or a later one).
+            let cas = self.next_cas.load(Ordering::SeqCst);
+            self.append_tombstone(&mut sh, o, &d, key, cas);
         }
         slot.store(0, Ordering::Release);
         self.account_remove(v, r.len);
         Some(true)
+    }
+
+    /// Append a tombstone for `key` with version `cas` at `d`, the shard's open segment
+    /// `o`, whose room for `HDR_MAX + key` bytes the caller reserved under the shard lock
+    /// it holds (`sh`).
+    fn append_tombstone(&self, sh: &mut Option<Open>, o: Open, d: &Dest, key: &[u8], cas: u64) {
+        let spec = Spec {
+            kind: KIND_TOMBSTONE,
+            key,
+            parts: [&[], &[]],
+            flags: 0,
+            exptime: 0,
+            stamp: 0,
+            cas,
+            meta: 0,
+            explicit_cas: None,
+        };
+        // SAFETY: per this function's contract `HDR_MAX + key` bytes at `d.off` are
+        // reserved in the open segment only the caller appends to.
+        let len = unsafe { format::write(d.ptr.as_ptr().add(d.off), &spec, d.base) };
+        let used = o.used + len;
+        *sh = Some(Open { used, ..o });
+        if let Some(seg) = self.segs.get(o.id) {
+            seg.mem.0.used.store(used, Ordering::Release);
+        }
+        self.st.0.tombstones.fetch_add(1, Ordering::Relaxed);
     }
 
     /// incr/decr with the meta options (the classic arith is one without them).

@@ -36,9 +36,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::format::{
-    self, Rec, Spec, HDR_MAX, KIND_ITEM, KIND_TOMBSTONE, META_BINARY_KEY, META_STALE, SEG_HDR,
+    self, Rec, HDR_MAX, KIND_ITEM, KIND_TOMBSTONE, META_BINARY_KEY, META_STALE, SEG_HDR,
 };
-use super::{index, lock, tid, Commit, Cond, LogEngine, MetaW, Open, Src, Vis};
+use super::{index, lock, tid, Commit, Cond, LogEngine, MetaW, Src, Vis};
 use crate::Time;
 
 const CURSOR_MAGIC: [u8; 4] = *b"KVRC";
@@ -392,13 +392,18 @@ impl LogEngine {
                 }
             }
             Some(c) if matches!(c.phase, Phase::Snapshot { .. }) => {
-                self.serve_snapshot(&c, budget, out)
+                self.serve_snapshot(&c, budget, out).0
             }
             _ => self.serve_reset(out),
         }
     }
 
     fn serve_reset(&self, out: &mut Vec<u8>) -> Served {
+        self.serve_reset_cursor(out).0
+    }
+
+    /// A reset batch, and the snapshot cursor it announces.
+    fn serve_reset_cursor(&self, out: &mut Vec<u8>) -> (Served, Cursor) {
         let (next, live) = {
             let _s = lock(&self.seq_lock);
             (self.seg_seq.load(Ordering::SeqCst), self.live_segments())
@@ -422,28 +427,51 @@ impl LogEngine {
         }
         out.extend_from_slice(&next.to_le_bytes());
         out.extend_from_slice(&(open.len() as u32).to_le_bytes());
-        for (seq, used) in open {
+        for &(seq, used) in &open {
             out.extend_from_slice(&seq.to_le_bytes());
             out.extend_from_slice(&used.to_le_bytes());
         }
         if let Some(f) = out.get_mut(at + B_FLAGS) {
             *f = FLAG_COMPLETE;
         }
-        Served {
+        let served = Served {
             lag_bytes: lag,
             shipped: 0,
             reset: true,
             snapshot: true,
-        }
+        };
+        let cursor = Cursor {
+            phase: Phase::Snapshot { seq: 0, off: 0 },
+            below: next,
+            entries: open
+                .into_iter()
+                .map(|(seq, off)| {
+                    (
+                        seq,
+                        Pos {
+                            off,
+                            complete: false,
+                        },
+                    )
+                })
+                .collect(),
+        };
+        (served, cursor)
     }
 
-    fn serve_snapshot(&self, c: &Cursor, budget: usize, out: &mut Vec<u8>) -> Served {
+    /// A snapshot batch for `c`, and the position after it (None: the snapshot is done).
+    fn serve_snapshot(
+        &self,
+        c: &Cursor,
+        budget: usize,
+        out: &mut Vec<u8>,
+    ) -> (Served, Option<(u64, u32)>) {
         let Phase::Snapshot {
             seq: from_seq,
             off: from_off,
         } = c.phase
         else {
-            return self.serve_reset(out);
+            return (self.serve_reset(out), None);
         };
         let live = self.live_segments();
         let at = self.batch_header(KIND_SNAPSHOT, out);
@@ -528,12 +556,13 @@ impl LogEngine {
             p[..8].copy_from_slice(&pseq.to_le_bytes());
             p[8..].copy_from_slice(&poff.to_le_bytes());
         }
-        Served {
+        let served = Served {
             lag_bytes: lag,
             shipped,
             reset: false,
             snapshot: true,
-        }
+        };
+        (served, next_pos)
     }
 
     /// The tail for `c`, or None if the replica fell behind the retained log (or sent
@@ -640,6 +669,85 @@ impl LogEngine {
             snapshot: false,
         })
     }
+}
+
+/// Warm restart: the same snapshot a new replica gets, written to a file and read back.
+impl LogEngine {
+    /// Write a snapshot of every live item (a reset batch, then snapshot batches) as
+    /// length-prefixed frames ending in an empty one. Meant for a quiescent engine (at
+    /// shutdown): writes that race with it may or may not be in the snapshot. Returns the
+    /// record bytes written.
+    pub fn dump(&self, w: &mut dyn std::io::Write) -> std::io::Result<u64> {
+        let mut out = Vec::new();
+        let mut bytes = 0u64;
+        w.write_all(&DUMP_MAGIC)?;
+        let (_, mut c) = self.serve_reset_cursor(&mut out);
+        write_frame(w, &out)?;
+        loop {
+            out.clear();
+            let (served, next) = self.serve_snapshot(&c, 4 << 20, &mut out);
+            write_frame(w, &out)?;
+            bytes += served.shipped as u64;
+            match next {
+                Some((seq, off)) => c.phase = Phase::Snapshot { seq, off },
+                None => break,
+            }
+        }
+        write_frame(w, &[])?;
+        Ok(bytes)
+    }
+
+    /// Load a snapshot written by [`LogEngine::dump`] into this (empty) engine; returns
+    /// the record bytes loaded. On an error the engine is left empty.
+    pub fn restore(&self, r: &mut dyn std::io::Read, now: Time) -> Result<u64, ReplError> {
+        let result = self.restore_frames(r, now);
+        if result.is_err() {
+            self.wipe();
+        }
+        result
+    }
+
+    fn restore_frames(&self, r: &mut dyn std::io::Read, now: Time) -> Result<u64, ReplError> {
+        let mut magic = [0u8; 8];
+        r.read_exact(&mut magic)
+            .map_err(|_| ReplError("not a kvcached snapshot"))?;
+        if magic != DUMP_MAGIC {
+            return Err(ReplError("not a kvcached snapshot"));
+        }
+        let mut st = ReplicaState::new();
+        let mut buf = Vec::new();
+        loop {
+            let mut len = [0u8; 8];
+            r.read_exact(&mut len)
+                .map_err(|_| ReplError("snapshot truncated"))?;
+            let len = u64::from_le_bytes(len);
+            if len == 0 {
+                break;
+            }
+            if len > MAX_FRAME {
+                return Err(ReplError("snapshot frame too large"));
+            }
+            buf.clear();
+            buf.resize(len as usize, 0);
+            r.read_exact(&mut buf)
+                .map_err(|_| ReplError("snapshot truncated"))?;
+            self.repl_apply(&mut st, &buf, now)?;
+        }
+        if st.phase != Phase::Tail {
+            return Err(ReplError("snapshot incomplete"));
+        }
+        Ok(st.applied_bytes)
+    }
+}
+
+/// File magic and version of a snapshot (`dump`).
+const DUMP_MAGIC: [u8; 8] = *b"KVSNAP\x00\x01";
+/// Largest frame `restore` accepts (a batch holds at most one record over its budget).
+const MAX_FRAME: u64 = 1 << 31;
+
+fn write_frame(w: &mut dyn std::io::Write, frame: &[u8]) -> std::io::Result<()> {
+    w.write_all(&(frame.len() as u64).to_le_bytes())?;
+    w.write_all(frame)
 }
 
 /// Replica side.
@@ -876,26 +984,7 @@ impl LogEngine {
             }
         }
         if let (Some(o), Some(d)) = (open, dest) {
-            let spec = Spec {
-                kind: KIND_TOMBSTONE,
-                key,
-                parts: [&[], &[]],
-                flags: 0,
-                exptime: 0,
-                stamp: 0,
-                cas,
-                meta: 0,
-                explicit_cas: None,
-            };
-            // SAFETY: `room` reserved `HDR_MAX + key` bytes at `d.off` in our shard's
-            // open segment, which only we append to while holding the shard lock.
-            let len = unsafe { format::write(d.ptr.as_ptr().add(d.off), &spec, d.base) };
-            let used = o.used + len;
-            *sh = Some(Open { used, ..o });
-            if let Some(seg) = self.segs.get(o.id) {
-                seg.mem.0.used.store(used, Ordering::Release);
-            }
-            self.st.0.tombstones.fetch_add(1, Ordering::Relaxed);
+            self.append_tombstone(&mut sh, o, &d, key, cas);
         }
     }
 

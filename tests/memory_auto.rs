@@ -1,0 +1,102 @@
+//! `-m auto` follows the memory available: the limit starts at what is available less a
+//! reserve, drops (and the server's resident memory with it) when the machine runs short,
+//! and grows back when memory is free again. The machine's memory is simulated with a
+//! meminfo file (`KVCACHED_MEMINFO`), so the test is exact and harmless.
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use common::{Client, Kind, Server};
+
+const MIB: u64 = 1 << 20;
+
+fn set_available(path: &PathBuf, mib: u64) {
+    let text = format!(
+        "MemTotal: {} kB\nMemAvailable: {} kB\n",
+        8192 * 1024,
+        mib * 1024
+    );
+    // Write then rename, so the server never reads a half-written file.
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).expect("write meminfo");
+    std::fs::rename(&tmp, path).expect("rename meminfo");
+}
+
+fn limit(c: &mut Client) -> u64 {
+    c.stat("limit_maxbytes")
+        .and_then(|v| v.parse().ok())
+        .expect("limit_maxbytes")
+}
+
+fn poll(what: &str, mut f: impl FnMut() -> Result<(), String>) {
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        match f() {
+            Ok(()) => return,
+            Err(why) => assert!(Instant::now() < end, "timed out waiting for {what}: {why}"),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn auto_limit_gives_memory_back_under_pressure_and_takes_it_again() {
+    let meminfo = std::env::temp_dir().join(format!("kvcached-meminfo-{}", std::process::id()));
+    set_available(&meminfo, 400);
+    // The only test in this file (its own process): no other thread reads the environment.
+    std::env::set_var("KVCACHED_MEMINFO", &meminfo);
+    let server = Server::start_verified(Kind::Kvcached, &["-m", "auto"]);
+    let mut c = server.connect();
+    // 400 MiB available less the 256 MiB reserve.
+    assert_eq!(limit(&mut c), 144 * MIB);
+
+    // Fill about 110 MB.
+    let value = vec![b'v'; 1000];
+    for batch in 0..110 {
+        let mut req = Vec::new();
+        for i in 0..1000 {
+            req.extend_from_slice(format!("set k{batch}-{i} 0 0 1000\r\n").as_bytes());
+            req.extend_from_slice(&value);
+            req.extend_from_slice(b"\r\n");
+        }
+        c.send(&req);
+        for _ in 0..1000 {
+            assert_eq!(c.line(), "STORED\r\n");
+        }
+    }
+    let full = server.rss_kib();
+    assert!(full > 100 * 1024, "RSS {full} KiB after storing 110 MB");
+
+    // The machine runs short: the limit drops to the floor and the memory goes back.
+    set_available(&meminfo, 50);
+    poll("the limit to drop", || match limit(&mut c) {
+        l if l == 64 * MIB => Ok(()),
+        l => Err(format!("limit {} MiB", l / MIB)),
+    });
+    poll("resident memory to shrink", || match server.rss_kib() {
+        r if r < 96 * 1024 => Ok(()),
+        r => Err(format!("RSS {r} KiB")),
+    });
+    // The newest items are still there, the server still works.
+    c.send(b"get k109-999\r\n");
+    let reply = c.until("END\r\n");
+    assert!(
+        reply.starts_with("VALUE k109-999 0 1000\r\n"),
+        "{reply:.60}"
+    );
+
+    // Between the reserve and twice it: no change.
+    set_available(&meminfo, 300);
+    for _ in 0..3 {
+        assert_eq!(limit(&mut c), 64 * MIB);
+    }
+    // Memory is free again: back up to the starting limit, not beyond.
+    set_available(&meminfo, 4096);
+    poll("the limit to grow back", || match limit(&mut c) {
+        l if l == 144 * MIB => Ok(()),
+        l => Err(format!("limit {} MiB", l / MIB)),
+    });
+    let _ = std::fs::remove_file(&meminfo);
+}
