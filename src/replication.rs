@@ -24,8 +24,9 @@ use kvstore::{LogEngine, ReplicaState};
 use crate::conn::{Ctx, Session, Step};
 use crate::server::Shared;
 
-/// Record bytes a master puts in one batch at most (plus one record).
-const BATCH_BUDGET: usize = 256 << 10;
+/// Record bytes a master puts in one batch at most (plus one record): large enough that a
+/// replica keeps up with tens of MB/s of writes in a few round trips per second.
+const BATCH_BUDGET: usize = 4 << 20;
 /// A replica that has not pulled for this long is no longer counted as connected.
 const REPLICA_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a replica waits for a master's reply before it reconnects.
@@ -97,6 +98,10 @@ pub struct Replication {
     replica: AtomicBool,
     /// Bumped whenever the master changes; a puller of an older generation stops.
     generation: AtomicU64,
+    /// Held while a batch is applied and while the generation changes, so that once
+    /// `promote` or `follow` returns no batch of the previous master is applied any more
+    /// (a pull in flight when the link heals is dropped).
+    apply_lock: Mutex<()>,
     master: Mutex<Option<String>>,
     master_replid: Mutex<String>,
     link_up: AtomicBool,
@@ -128,6 +133,7 @@ impl Replication {
             replid: new_replid(),
             replica: AtomicBool::new(false),
             generation: AtomicU64::new(0),
+            apply_lock: Mutex::new(()),
             master: Mutex::new(None),
             master_replid: Mutex::new("-".into()),
             link_up: AtomicBool::new(false),
@@ -240,8 +246,20 @@ pub fn serve(
     };
     let repl = &shared.repl;
     let fresh = replid != repl.replid.as_bytes();
-    let mut batch = Vec::new();
-    let served = log.repl_serve(cursor, fresh, BATCH_BUDGET, &mut batch);
+    // The batch goes straight into the output after a header whose length field is
+    // patched once the batch is written (fixed width: the replica parses leading zeros).
+    s.out.extend_from_slice(b"REPL ");
+    s.out.extend_from_slice(repl.replid.as_bytes());
+    s.out.extend_from_slice(b" ");
+    let len_at = s.out.len();
+    s.out.extend_from_slice(b"0000000000\r\n");
+    let start = s.out.len();
+    let served = log.repl_serve(cursor, fresh, BATCH_BUDGET, &mut s.out);
+    let len = s.out.len() - start;
+    if let Some(field) = s.out.get_mut(len_at..len_at + 10) {
+        field.copy_from_slice(format!("{len:010}").as_bytes());
+    }
+    s.out.extend_from_slice(b"\r\n");
     {
         let now = Instant::now();
         let mut f = lock(&repl.followers);
@@ -260,12 +278,6 @@ pub fn serve(
         e.snapshot = served.snapshot;
         e.pulled(now, log.log_offset(), served.lag_bytes);
     }
-    s.out.extend_from_slice(b"REPL ");
-    s.out.extend_from_slice(repl.replid.as_bytes());
-    s.out
-        .extend_from_slice(format!(" {}\r\n", batch.len()).as_bytes());
-    s.out.extend_from_slice(&batch);
-    s.out.extend_from_slice(b"\r\n");
     Step::Next
 }
 
@@ -280,7 +292,10 @@ pub fn follow(shared: &Shared, master: String) {
     }
     repl.replica.store(true, Ordering::Release);
     *lock(&repl.master) = Some(master.clone());
-    let generation = repl.generation.fetch_add(1, Ordering::AcqRel) + 1;
+    let generation = {
+        let _a = lock(&repl.apply_lock);
+        repl.generation.fetch_add(1, Ordering::AcqRel) + 1
+    };
     repl.link_up.store(false, Ordering::Relaxed);
     let spawned = std::thread::Builder::new()
         .name("kvcached-replica".into())
@@ -293,7 +308,10 @@ pub fn follow(shared: &Shared, master: String) {
 /// Stop following: this server becomes a master with the data it has.
 pub fn promote(shared: &Shared) {
     let repl = &shared.repl;
-    repl.generation.fetch_add(1, Ordering::AcqRel);
+    {
+        let _a = lock(&repl.apply_lock);
+        repl.generation.fetch_add(1, Ordering::AcqRel);
+    }
     *lock(&repl.master) = None;
     repl.link_up.store(false, Ordering::Relaxed);
     if let Some(log) = shared.engine.log_engine() {
@@ -449,8 +467,17 @@ fn follow_link(
             *lock(&repl.master_replid) = their.to_string();
             st.restart();
         }
+        // Apply only while this puller is still the current one (checked under the lock
+        // that promotion and a new master take).
+        let applied = {
+            let _a = lock(&repl.apply_lock);
+            if !current() {
+                return Ok(());
+            }
+            log.repl_apply(st, &batch, shared.clock.now())
+        };
         repl.link_up.store(true, Ordering::Relaxed);
-        match log.repl_apply(st, &batch, shared.clock.now()) {
+        match applied {
             Ok(a) => {
                 if a.reset {
                     repl.full_syncs.fetch_add(1, Ordering::Relaxed);
