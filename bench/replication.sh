@@ -6,13 +6,15 @@
 #    connections) runs on core 1; the replica, when attached, also runs on core 1 (on a
 #    2-core machine it competes with the load generator, which can only lower the second
 #    figure). ROUNDS alternating pairs; reports the median requests/s of each and the ratio.
-# 2. Replication lag under a write load at a given rate (open loop, all sets, VALUE-byte
+# 2. Replication lag (kvblast on core 0 with the master unless -L) under a write load at a given rate (open loop, all sets, VALUE-byte
 #    values): every ~50 ms samples the master's `replica0_lag_bytes` and
 #    `replica0_lag_seconds`, and measures the end-to-end lag: a probe key set on the master,
 #    polled on the replica until it is there. Reports p50/p99/max of each.
 #
 # usage: bench/replication.sh [-d SECONDS] [-r ROUNDS] [-w RATE[,RATE...]] [-v VALUE_BYTES] [-s]
 #   -s: skip part 1 (throughput)
+#   -L CORE: where kvblast runs in part 2 (default 0, with the master, so that the replica
+#      has core 1 to itself; a load generator that shares the replica's core starves it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
@@ -22,13 +24,15 @@ rounds=3
 rates=20000
 value=4096
 skip=0
-while getopts "d:r:w:v:s" opt; do
+lag_load_core=0
+while getopts "d:r:w:v:sL:" opt; do
     case $opt in
         d) duration=$OPTARG ;;
         r) rounds=$OPTARG ;;
         w) rates=$OPTARG ;;
         v) value=$OPTARG ;;
         s) skip=1 ;;
+        L) lag_load_core=$OPTARG ;;
         *) echo "usage: $0 [-d SECONDS] [-r ROUNDS] [-w RATE,...] [-v VALUE_BYTES] [-s]" >&2; exit 2 ;;
     esac
 done
@@ -86,7 +90,7 @@ local rate=$1
 echo "== replication lag: sets of ${value}-byte values at $rate/s for ${duration}s"
 mport=$(free_port); mpid=$(start 0 "$mport")
 rport=$(free_port); rpid=$(start 1 "$rport" --replica-of "127.0.0.1:$mport")
-taskset -c 1 "$kvblast" run -q --workload fixedsize --value-size "$value" --keys 100000 \
+taskset -c "$lag_load_core" "$kvblast" run -q --workload fixedsize --value-size "$value" --keys 100000 \
     --mix set=1 --rate "$rate" -c 8 -D "${duration}s" --json "$tmp/lag.json" \
     "127.0.0.1:$mport" >/dev/null &
 load=$!

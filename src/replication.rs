@@ -101,7 +101,10 @@ pub struct Replication {
     /// Held while a batch is applied and while the generation changes, so that once
     /// `promote` or `follow` returns no batch of the previous master is applied any more
     /// (a pull in flight when the link heals is dropped).
-    apply_lock: Mutex<()>,
+    /// Also holds the replica's position, which outlives a puller: after `replicaof` to
+    /// another server, the new puller continues from it (a switch, when the new master
+    /// followed the same upstream).
+    state: Mutex<ReplicaState>,
     master: Mutex<Option<String>>,
     master_replid: Mutex<String>,
     link_up: AtomicBool,
@@ -133,7 +136,7 @@ impl Replication {
             replid: new_replid(),
             replica: AtomicBool::new(false),
             generation: AtomicU64::new(0),
-            apply_lock: Mutex::new(()),
+            state: Mutex::new(ReplicaState::new()),
             master: Mutex::new(None),
             master_replid: Mutex::new("-".into()),
             link_up: AtomicBool::new(false),
@@ -254,7 +257,10 @@ pub fn serve(
     let len_at = s.out.len();
     s.out.extend_from_slice(b"0000000000\r\n");
     let start = s.out.len();
-    let served = log.repl_serve(cursor, fresh, BATCH_BUDGET, &mut s.out);
+    // A replica of the master this server follows (or followed before its promotion) may
+    // continue here without a full sync.
+    let upstream = replid != b"-" && replid == lock(&repl.master_replid).as_bytes();
+    let served = log.repl_serve(cursor, fresh, upstream, BATCH_BUDGET, &mut s.out);
     let len = s.out.len() - start;
     if let Some(field) = s.out.get_mut(len_at..len_at + 10) {
         field.copy_from_slice(format!("{len:010}").as_bytes());
@@ -293,7 +299,7 @@ pub fn follow(shared: &Shared, master: String) {
     repl.replica.store(true, Ordering::Release);
     *lock(&repl.master) = Some(master.clone());
     let generation = {
-        let _a = lock(&repl.apply_lock);
+        let _a = lock(&repl.state);
         repl.generation.fetch_add(1, Ordering::AcqRel) + 1
     };
     repl.link_up.store(false, Ordering::Relaxed);
@@ -309,7 +315,7 @@ pub fn follow(shared: &Shared, master: String) {
 pub fn promote(shared: &Shared) {
     let repl = &shared.repl;
     {
-        let _a = lock(&repl.apply_lock);
+        let _a = lock(&repl.state);
         repl.generation.fetch_add(1, Ordering::AcqRel);
     }
     *lock(&repl.master) = None;
@@ -329,13 +335,12 @@ fn puller(shared: &Shared, master: &str, generation: u64) {
     };
     let current =
         || repl.generation.load(Ordering::Acquire) == generation && !shared.shutting_down();
-    let mut st = ReplicaState::new();
     let mut backoff = Duration::from_millis(20);
     while current() {
         match connect(master) {
             Ok(stream) => {
                 backoff = Duration::from_millis(20);
-                let r = follow_link(shared, log, stream, &mut st, &current);
+                let r = follow_link(shared, log, stream, &current);
                 repl.link_up.store(false, Ordering::Relaxed);
                 if let Err(e) = r {
                     if current() && shared.config.verbose > 0 {
@@ -415,7 +420,6 @@ fn follow_link(
     shared: &Shared,
     log: &LogEngine,
     stream: TcpStream,
-    st: &mut ReplicaState,
     current: &dyn Fn() -> bool,
 ) -> std::io::Result<()> {
     let repl = &shared.repl;
@@ -431,7 +435,7 @@ fn follow_link(
     let mut idle = Duration::ZERO;
     while current() {
         cursor.clear();
-        st.cursor(&mut cursor);
+        lock(&repl.state).cursor(&mut cursor);
         let replid = lock(&repl.master_replid).clone();
         let mut req =
             format!("replpull {replid} {} {}\r\n", cursor.len(), repl.replid).into_bytes();
@@ -463,18 +467,23 @@ fn follow_link(
         }
         batch.truncate(n);
         if their != replid {
-            // Another log (a new master, or it restarted): this batch is a full sync.
+            // Another log (a new master, or it restarted): this batch starts a full sync
+            // (a reset) or continues this replica in the new log (a switch).
             *lock(&repl.master_replid) = their.to_string();
-            st.restart();
         }
         // Apply only while this puller is still the current one (checked under the lock
         // that promotion and a new master take).
-        let applied = {
-            let _a = lock(&repl.apply_lock);
+        let (applied, applied_bytes) = {
+            let mut st = lock(&repl.state);
             if !current() {
                 return Ok(());
             }
-            log.repl_apply(st, &batch, shared.clock.now())
+            let a = log.repl_apply(&mut st, &batch, shared.clock.now());
+            if a.is_err() {
+                // A batch we cannot apply: start over with a full sync.
+                st.restart();
+            }
+            (a, st.applied_bytes)
         };
         repl.link_up.store(true, Ordering::Relaxed);
         match applied {
@@ -485,8 +494,7 @@ fn follow_link(
                     repl.partial_syncs.fetch_add(1, Ordering::Relaxed);
                 }
                 first = false;
-                repl.applied_bytes
-                    .store(st.applied_bytes, Ordering::Relaxed);
+                repl.applied_bytes.store(applied_bytes, Ordering::Relaxed);
                 repl.master_offset.store(a.master_offset, Ordering::Relaxed);
                 repl.last_io_ms
                     .store(repl.started.elapsed().as_millis() as u64, Ordering::Relaxed);
@@ -499,8 +507,6 @@ fn follow_link(
                 }
             }
             Err(e) => {
-                // A batch we cannot apply: start over with a full sync.
-                st.restart();
                 return Err(std::io::Error::other(format!("bad batch: {e}")));
             }
         }

@@ -826,3 +826,39 @@ fn replica_authenticates_to_a_master_with_ascii_auth() {
         let _ = std::fs::remove_file(p);
     }
 }
+
+/// Two replicas of one master; the master dies, one replica is promoted, and the other is
+/// pointed at it: it continues without a full sync and follows the new master's writes.
+#[test]
+fn fellow_replica_follows_the_promoted_one_without_full_sync() {
+    let mut master = start_master(&[]);
+    let a = start_replica(master.port, &[]);
+    let b = start_replica(master.port, &[]);
+    let mut mc = master.connect();
+    let data = items("fell", 800, "m");
+    fill(&mut mc, &data);
+    let keys = keys_of(&data);
+    let want = dump(&mut mc, &keys);
+    let (mut ac, mut bc) = (a.connect(), b.connect());
+    wait_converged("replica a", &want, &keys, &mut ac);
+    wait_converged("replica b", &want, &keys, &mut bc);
+    let full_before = repl_num(&mut bc, "full_syncs");
+    let partial_before = repl_num(&mut bc, "partial_syncs");
+    kill(&mut master);
+    assert_eq!(ac.call("replicaof no one\r\n"), "OK\r\n");
+    let more = items("after", 200, "a");
+    fill(&mut ac, &more);
+    assert_eq!(
+        bc.call(&format!("replicaof 127.0.0.1 {}\r\n", a.port)),
+        "OK\r\n"
+    );
+    let all: Vec<String> = keys.iter().chain(&keys_of(&more)).cloned().collect();
+    let want = dump(&mut ac, &all);
+    wait_converged("replica b following a", &want, &all, &mut bc);
+    assert_eq!(
+        repl_num(&mut bc, "full_syncs"),
+        full_before,
+        "b did a full sync"
+    );
+    assert!(repl_num(&mut bc, "partial_syncs") > partial_before);
+}

@@ -59,7 +59,11 @@ fuzz_target!(|input: &[u8]| {
     }
     // As a cursor: the master answers with a batch the replica accepts.
     let mut batch = Vec::new();
-    p.master.repl_serve(input, false, 4096, &mut batch);
+    p.master.repl_serve(input, false, false, 4096, &mut batch);
+    // As a cursor of a fellow replica asking to switch to the replica (which keeps
+    // checkpoints of what it applied): a switch, a reset or a tail, never a panic.
+    let mut other = Vec::new();
+    p.replica.repl_serve(input, true, true, 4096, &mut other);
     let mut fresh = ReplicaState::new();
     let scratch = LogEngine::new(EngineConfig {
         max_bytes: 1 << 20,

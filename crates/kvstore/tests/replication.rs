@@ -24,7 +24,7 @@ fn pull(
     let mut cursor = Vec::new();
     st.cursor(&mut cursor);
     let mut batch = Vec::new();
-    let served = master.repl_serve(&cursor, false, budget, &mut batch);
+    let served = master.repl_serve(&cursor, false, false, budget, &mut batch);
     let applied = replica
         .repl_apply(st, &batch, now)
         .unwrap_or_else(|e| panic!("replica rejected a batch: {e}"));
@@ -203,7 +203,7 @@ fn garbage_batches_are_refused() {
     for n in 0..500usize {
         let cursor: Vec<u8> = (0..n).map(|i| (i * 31 + n) as u8).collect();
         out.clear();
-        let _ = replica.repl_serve(&cursor, false, 1024, &mut out);
+        let _ = replica.repl_serve(&cursor, false, false, 1024, &mut out);
     }
 }
 
@@ -264,5 +264,138 @@ fn dump_and_restore() {
     assert!(truncated.restore(&mut &cut[..], now).is_err());
     for i in 0..7000 {
         assert_eq!(truncated.peek_item(format!("k{i}").as_bytes(), now), None);
+    }
+}
+
+/// Throughput of shipping and applying 4 KB items in process (no network); run with
+/// `cargo test --release -p kvstore --test replication -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn ship_and_apply_throughput() {
+    let cfg = kvstore::EngineConfig {
+        max_bytes: 1 << 30,
+        max_item_size: 1 << 20,
+        no_evict: false,
+        use_cas: true,
+    };
+    let master = LogEngine::new(cfg.clone());
+    let replica = LogEngine::new(cfg);
+    replica.set_replica(true);
+    let mut st = ReplicaState::new();
+    catch_up(&master, &replica, &mut st, START);
+    let value = vec![7u8; 4096];
+    let n = 100_000;
+    for i in 0..n {
+        let key = format!("key:{i}");
+        let req = kvstore::StoreRequest {
+            mode: kvstore::StoreMode::Set,
+            key: key.as_bytes(),
+            value: &value,
+            flags: 0,
+            exptime: 0,
+        };
+        master.store(req, START);
+    }
+    let t = std::time::Instant::now();
+    let (mut serve_t, mut apply_t) = (std::time::Duration::ZERO, std::time::Duration::ZERO);
+    let mut batch = Vec::new();
+    let mut cursor = Vec::new();
+    loop {
+        cursor.clear();
+        st.cursor(&mut cursor);
+        batch.clear();
+        let t0 = std::time::Instant::now();
+        let served = master.repl_serve(&cursor, false, false, 4 << 20, &mut batch);
+        let t1 = std::time::Instant::now();
+        let a = replica.repl_apply(&mut st, &batch, START).expect("apply");
+        apply_t += t1.elapsed();
+        serve_t += t1 - t0;
+        if a.idle && served.lag_bytes == 0 {
+            break;
+        }
+    }
+    let secs = t.elapsed().as_secs_f64();
+    println!(
+        "{n} items of 4 KB: {secs:.3} s ({:.0} items/s, {:.0} MB/s); serve {:?}, apply {:?}",
+        n as f64 / secs,
+        n as f64 * 4096.0 / secs / 1e6,
+        serve_t,
+        apply_t
+    );
+}
+
+/// Two replicas of one master; the master goes away and one replica is promoted. The other
+/// continues from the promoted one without a full sync when it has no more than the
+/// promoted one has, and resynchronizes fully when it is ahead of it.
+#[test]
+fn fellow_replica_switches_to_the_promoted_one() {
+    let cfg = ops::config(4 << 20, false, true);
+    let now = START;
+    for b_ahead in [false, true] {
+        let m = LogEngine::new(cfg.clone());
+        let a = LogEngine::new(cfg.clone());
+        let b = LogEngine::new(cfg.clone());
+        a.set_replica(true);
+        b.set_replica(true);
+        let (mut sa, mut sb) = (ReplicaState::new(), ReplicaState::new());
+        let set = |e: &LogEngine, i: u32, tag: &str| {
+            let key = format!("k{}", i % 500);
+            let value = format!("{tag}{i}");
+            let req = kvstore::StoreRequest {
+                mode: kvstore::StoreMode::Set,
+                key: key.as_bytes(),
+                value: value.as_bytes(),
+                flags: i,
+                exptime: 0,
+            };
+            e.store(req, now);
+        };
+        for i in 0..1000 {
+            set(&m, i, "m");
+            if i % 7 == 0 {
+                m.delete(format!("k{}", i % 300).as_bytes(), now);
+            }
+            if i % 50 == 0 {
+                pull(&m, &a, &mut sa, 777, now);
+                pull(&m, &b, &mut sb, 777, now);
+            }
+        }
+        catch_up(&m, &a, &mut sa, now);
+        catch_up(&m, &b, &mut sb, now);
+        // More writes that only one of them gets before the master dies.
+        for i in 1000..1200 {
+            set(&m, i, "late");
+        }
+        if b_ahead {
+            catch_up(&m, &b, &mut sb, now);
+        } else {
+            catch_up(&m, &a, &mut sa, now);
+        }
+        // The master is gone: promote A; B asks A, sending its cursor in M's log.
+        a.set_replica(false);
+        for i in 2000..2100 {
+            set(&a, i, "a");
+        }
+        let mut cursor = Vec::new();
+        sb.cursor(&mut cursor);
+        let mut batch = Vec::new();
+        let served = a.repl_serve(&cursor, true, true, 4096, &mut batch);
+        assert_eq!(served.switched, !b_ahead, "b_ahead {b_ahead}");
+        assert_eq!(served.reset, b_ahead, "b_ahead {b_ahead}");
+        let applied = b.repl_apply(&mut sb, &batch, now).expect("apply");
+        assert_eq!(applied.switched, !b_ahead);
+        catch_up(&a, &b, &mut sb, now);
+        for i in 0..600 {
+            let key = format!("k{i}");
+            assert_eq!(
+                a.peek_item(key.as_bytes(), now),
+                b.peek_item(key.as_bytes(), now),
+                "{key} (b_ahead {b_ahead})"
+            );
+        }
+        for i in 2000..2100 {
+            let key = format!("k{}", i % 500);
+            assert!(b.peek_item(key.as_bytes(), now).is_some());
+        }
     }
 }

@@ -19,6 +19,12 @@
 //!   sequence number), then a snapshot of the live items of every segment below that
 //!   cursor, walked segment by segment (resumable), then follows the tail from the
 //!   starting cursor. Items written meanwhile may arrive twice; versions decide.
+//! * **Switch.** A replica keeps checkpoints: after each tail batch it applies, its position
+//!   in the upstream log and its own log's position. A fellow replica of the same upstream
+//!   that asks it (after a promotion, or to chain) with a cursor it has all of gets a switch
+//!   batch: its new cursor in this engine's log, from the latest checkpoint at or below its
+//!   upstream position. Records it already has come again and lose on version. A replica
+//!   ahead of this engine (writes it never got) gets a full sync instead.
 //! * **Versions.** A replica stores each item with the master's CAS and rewrite stamp and
 //!   keeps the record with the highest (CAS, stamp), so records may be applied in any
 //!   order. A tombstone removes the key's item if the item's CAS is lower. Because the
@@ -52,6 +58,7 @@ const MAX_TOMBS: usize = 1 << 20;
 const KIND_TAIL: u8 = 0;
 const KIND_SNAPSHOT: u8 = 1;
 const KIND_RESET: u8 = 2;
+const KIND_SWITCH: u8 = 3;
 /// Batch flag: nothing was left out for lack of budget.
 const FLAG_COMPLETE: u8 = 1;
 /// Batch flag (snapshot): the snapshot is finished; follow the tail next.
@@ -70,7 +77,21 @@ pub(super) struct ReplFlags {
     pub(super) replica: AtomicBool,
     /// A replica has pulled from this engine: deletes of absent keys are logged too.
     pub(super) active: AtomicBool,
+    /// While following (and after a promotion): where this engine's own log stood after
+    /// each tail batch it applied, with its position in the upstream log then. Lets a
+    /// replica of the same upstream switch to this engine without a full sync.
+    checkpoints: std::sync::Mutex<std::collections::VecDeque<Checkpoint>>,
 }
+
+/// This engine's own log position (`own`) when its position in the upstream log was
+/// `upstream`: every upstream record up to `upstream` is in the own log up to `own`.
+struct Checkpoint {
+    upstream: Cursor,
+    own: Cursor,
+}
+
+/// Checkpoints kept (one per tail batch that brought records).
+const CHECKPOINTS: usize = 4096;
 
 /// What a master did for one pull.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -84,6 +105,9 @@ pub struct Served {
     pub reset: bool,
     /// The replica is in the snapshot of a full sync.
     pub snapshot: bool,
+    /// The replica followed this engine's upstream and continues here without a full
+    /// sync (a switch batch).
+    pub switched: bool,
 }
 
 /// What a replica did with one batch.
@@ -97,6 +121,8 @@ pub struct Applied {
     pub reset: bool,
     /// The master had nothing new (a tail batch without records).
     pub idle: bool,
+    /// The replica switched to the master's own log without a full sync.
+    pub switched: bool,
     /// The master's log offset when it served the batch.
     pub master_offset: u64,
 }
@@ -223,6 +249,7 @@ impl ReplicaState {
 }
 
 /// A cursor as the master reads it.
+#[derive(Debug, Clone)]
 struct Cursor {
     phase: Phase,
     below: u64,
@@ -265,6 +292,39 @@ impl Cursor {
             below,
             entries,
         })
+    }
+
+    /// Bytes of segment `seq` the cursor covers (`u64::MAX`: all of it).
+    fn consumed(&self, seq: u64) -> u64 {
+        match self.get(seq) {
+            Some(p) if p.complete => u64::MAX,
+            Some(p) => u64::from(p.off),
+            None if seq < self.below => u64::MAX,
+            None => 0,
+        }
+    }
+
+    /// Whether everything `self` covers, `other` covers too (same log). False when the
+    /// comparison would be too long to make.
+    fn within(&self, other: &Cursor) -> bool {
+        let (lo, hi) = (self.below.min(other.below), self.below.max(other.below));
+        if hi - lo > 1 << 20 {
+            return false;
+        }
+        self.entries
+            .iter()
+            .chain(&other.entries)
+            .map(|&(s, _)| s)
+            .chain(lo..hi)
+            .all(|seq| self.consumed(seq) <= other.consumed(seq))
+    }
+
+    fn from_state(st: &ReplicaState) -> Cursor {
+        Cursor {
+            phase: Phase::Tail,
+            below: st.below,
+            entries: st.entries.iter().map(|(&s, &p)| (s, p)).collect(),
+        }
     }
 
     fn get(&self, seq: u64) -> Option<Pos> {
@@ -366,15 +426,28 @@ impl LogEngine {
 
     /// Serve one pull: append a batch for `cursor` to `out`, with about `budget` bytes
     /// of records at most (one record more than the budget may go in, so that progress
-    /// is always made). `fresh` forces a full sync (the replica followed another log).
+    /// is always made). `fresh` forces a full sync (the replica followed another log),
+    /// unless `upstream` says that other log is the one this engine follows (or followed
+    /// before it was promoted) and this engine has everything the replica has: then the
+    /// replica switches to this engine's log without a full sync.
     pub fn repl_serve(
         &self,
         cursor: &[u8],
         fresh: bool,
+        upstream: bool,
         budget: usize,
         out: &mut Vec<u8>,
     ) -> Served {
         self.repl.active.store(true, Ordering::SeqCst);
+        if fresh && upstream {
+            if let Some(served) = Cursor::decode(cursor)
+                .ok()
+                .filter(|c| c.phase == Phase::Tail)
+                .and_then(|c| self.serve_switch(&c, out))
+            {
+                return served;
+            }
+        }
         let cur = if fresh {
             None
         } else {
@@ -395,6 +468,67 @@ impl LogEngine {
                 self.serve_snapshot(&c, budget, out).0
             }
             _ => self.serve_reset(out),
+        }
+    }
+
+    /// A switch batch for a replica at `c` in this engine's upstream log, or None if this
+    /// engine lacks some of what the replica has (it must resynchronize).
+    fn serve_switch(&self, c: &Cursor, out: &mut Vec<u8>) -> Option<Served> {
+        let own = {
+            let cps = lock(&self.repl.checkpoints);
+            if !c.within(&cps.back()?.upstream) {
+                return None;
+            }
+            cps.iter()
+                .rev()
+                .find(|cp| cp.upstream.within(c))?
+                .own
+                .clone()
+        };
+        let at = self.batch_header(KIND_SWITCH, out);
+        out.extend_from_slice(&own.below.to_le_bytes());
+        out.extend_from_slice(&(own.entries.len() as u32).to_le_bytes());
+        for &(seq, p) in &own.entries {
+            out.extend_from_slice(&seq.to_le_bytes());
+            out.extend_from_slice(&p.off.to_le_bytes());
+        }
+        if let Some(f) = out.get_mut(at + B_FLAGS) {
+            *f = FLAG_COMPLETE;
+        }
+        Some(Served {
+            switched: true,
+            ..Served::default()
+        })
+    }
+
+    /// Where this engine's own log stands: every segment below the next number done,
+    /// open ones at their length.
+    fn own_position(&self) -> Cursor {
+        let (next, live) = {
+            let _s = lock(&self.seq_lock);
+            (self.seg_seq.load(Ordering::SeqCst), self.live_segments())
+        };
+        let mut entries = Vec::new();
+        for &(seq, id) in &live {
+            let Some(seg) = self.segs.get(id) else {
+                continue;
+            };
+            let sealed = seg.mem.0.sealed.load(Ordering::Acquire);
+            let used = seg.mem.0.used.load(Ordering::Acquire);
+            if !sealed && seg.mem.0.seq.load(Ordering::Acquire) == seq {
+                entries.push((
+                    seq,
+                    Pos {
+                        off: used as u32,
+                        complete: false,
+                    },
+                ));
+            }
+        }
+        Cursor {
+            phase: Phase::Tail,
+            below: next,
+            entries,
         }
     }
 
@@ -439,6 +573,7 @@ impl LogEngine {
             shipped: 0,
             reset: true,
             snapshot: true,
+            switched: false,
         };
         let cursor = Cursor {
             phase: Phase::Snapshot { seq: 0, off: 0 },
@@ -561,6 +696,7 @@ impl LogEngine {
             shipped,
             reset: false,
             snapshot: true,
+            switched: false,
         };
         (served, next_pos)
     }
@@ -667,6 +803,7 @@ impl LogEngine {
             shipped,
             reset: false,
             snapshot: false,
+            switched: false,
         })
     }
 }
@@ -812,6 +949,7 @@ impl LogEngine {
                     );
                 }
                 self.wipe();
+                lock(&self.repl.checkpoints).clear();
                 st.restart();
                 st.phase = Phase::Snapshot { seq: 0, off: 0 };
                 st.below = below;
@@ -871,6 +1009,45 @@ impl LogEngine {
                 if flags & FLAG_COMPLETE != 0 {
                     st.tombs.retain(|_, &mut (_, n)| n == batch_no);
                 }
+                if !applied.idle {
+                    let cp = Checkpoint {
+                        upstream: Cursor::from_state(st),
+                        own: self.own_position(),
+                    };
+                    let mut cps = lock(&self.repl.checkpoints);
+                    if cps.len() >= CHECKPOINTS {
+                        cps.pop_front();
+                    }
+                    cps.push_back(cp);
+                }
+            }
+            KIND_SWITCH => {
+                if st.phase != Phase::Tail {
+                    return Err(ReplError("switch batch outside the tail"));
+                }
+                let below = r.u64()?;
+                let n = r.u32()? as usize;
+                if n > MAX_ENTRIES || r.0.len() != n * 12 {
+                    return Err(ReplError("bad switch length"));
+                }
+                let mut entries = BTreeMap::new();
+                for _ in 0..n {
+                    let seq = r.u64()?;
+                    let off = r.u32()?;
+                    entries.insert(
+                        seq,
+                        Pos {
+                            off,
+                            complete: false,
+                        },
+                    );
+                }
+                // The new master's log from here on holds everything this replica lacks;
+                // checkpoints of the old upstream no longer describe what it follows.
+                lock(&self.repl.checkpoints).clear();
+                st.below = below;
+                st.entries = entries;
+                applied.switched = true;
             }
             _ => return Err(ReplError("unknown batch kind")),
         }
