@@ -238,26 +238,33 @@ pub fn run_with_agents(args: &Args) -> Result<Report, String> {
         }
         + cfg.drain
         + Duration::from_secs(60);
-    // Send every agent its job first, then run the master's share.
+    // Connect to every agent first, so that an unreachable one fails the run before any
+    // agent has a job (and none is left sending load for a run that already failed); then
+    // send every agent its job, back to back, and run the master's share.
     let mut conns = Vec::new();
-    for (i, agent) in args.agents.iter().enumerate() {
+    for agent in &args.agents {
         let addr = agent
             .to_socket_addrs()
             .map_err(|e| format!("agent {agent}: {e}"))?
             .next()
             .ok_or_else(|| format!("agent {agent}: no address"))?;
-        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
-            .map_err(|e| format!("agent {agent}: {e}"))?;
+        let s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+            .map_err(|e| format!("agent {agent}: cannot connect to {addr}: {e}"))?;
         s.set_read_timeout(Some(wait))
             .map_err(|e| format!("agent {agent}: {e}"))?;
+        conns.push((agent.clone(), s));
+    }
+    let mut jobs = Vec::new();
+    for i in 0..conns.len() {
         let job = agent_args(args, i, participants);
         if job.iter().any(|a| a.contains(['\t', '\n'])) {
             return Err("flags sent to agents may not contain tabs or newlines".into());
         }
-        let line = format!("RUN\t{}\n", job.join("\t"));
+        jobs.push(format!("RUN\t{}\n", job.join("\t")));
+    }
+    for ((agent, s), line) in conns.iter_mut().zip(&jobs) {
         s.write_all(line.as_bytes())
             .map_err(|e| format!("agent {agent}: {e}"))?;
-        conns.push((agent.clone(), s));
     }
     let mut report = engine::run(&cfg)?;
     for (agent, s) in conns {
