@@ -31,9 +31,12 @@ pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
             | Command::Arith { .. }
             | Command::Flush { .. }
     );
-    if writes && shared.repl.read_only() {
-        // A replica refuses writes ("Not stored." with its own message).
-        bin::write_error_message(out, op, opaque, Status::NotStored, "replica is read-only");
+    if let Some(refusal) = shared.repl.write_refusal().filter(|_| writes) {
+        // A replica, or a master short of --min-replicas, refuses writes ("Not stored."
+        // with the text protocol's message, without its SERVER_ERROR prefix).
+        let msg = std::str::from_utf8(refusal).unwrap_or_default();
+        let msg = msg.trim_start_matches("SERVER_ERROR ").trim_end();
+        bin::write_error_message(out, op, opaque, Status::NotStored, msg);
         return Step::Next;
     }
     match req.command {

@@ -129,7 +129,17 @@ const OPTIONS: &[OptSpec] = &[
     // kvcached's own (no short letter).
     spec(REPLICA_OF, "replica-of", HasArg::Required),
     spec(REPLICA_AUTH, "replica-auth", HasArg::Required),
+    spec(MIN_REPLICAS, "min-replicas", HasArg::Required),
+    spec(
+        MIN_REPLICAS_MAX_LAG,
+        "min-replicas-max-lag",
+        HasArg::Required,
+    ),
 ];
+
+/// The option codes of `--min-replicas` and `--min-replicas-max-lag` (long form only).
+const MIN_REPLICAS: u8 = 3;
+const MIN_REPLICAS_MAX_LAG: u8 = 4;
 
 /// The option code of `--replica-auth` (long form only).
 const REPLICA_AUTH: u8 = 2;
@@ -748,6 +758,13 @@ impl Builder {
                 self.cfg.replica_of = Some(value.to_string());
             }
             REPLICA_AUTH => self.cfg.replica_auth = Some(path()?),
+            MIN_REPLICAS => {
+                self.cfg.min_replicas = int_in(sp, value, 0, 1000, "a number of replicas 0-1000")?
+            }
+            MIN_REPLICAS_MAX_LAG => {
+                let secs: u64 = int_in(sp, value, 1, 86_400, "a number of seconds 1-86400")?;
+                self.cfg.min_replicas_max_lag = Duration::from_secs(secs);
+            }
             b'N' => {
                 self.napi_ids = Some(int_in(
                     sp,
@@ -1216,6 +1233,11 @@ Replication (kvcached's own)
                               `replicaof HOST PORT`, `replicaof no one` to promote)
       --replica-auth=FILE     credentials for a master with -Y: the first line of FILE,
                               `user:password` (as in a -Y file)
+      --min-replicas=N        refuse writes (SERVER_ERROR not enough good replicas) unless
+                              N replicas are in sync (default 0: off)
+      --min-replicas-max-lag=SECONDS
+                              in sync: pulled within, and lagging at most, SECONDS
+                              (default 10)
 
 Extended options: -o, --extended=OPT[,OPT=VALUE...]
   idle_timeout=SECONDS        close connections idle this long; 0 never (default 0)
@@ -1869,6 +1891,7 @@ mod tests {
                 b'l' => "127.0.0.1",
                 REPLICA_OF => "127.0.0.1:11211",
                 REPLICA_AUTH => "/etc/kvcached/replica-auth",
+                MIN_REPLICAS | MIN_REPLICAS_MAX_LAG => "1",
                 _ => "x",
             };
             let mut args = vec![flag.clone()];

@@ -156,6 +156,10 @@ pub struct Config {
     pub replica_of: Option<String>,
     /// `user:password` file for authenticating to a master that has `-Y` (`--replica-auth`).
     pub replica_auth: Option<PathBuf>,
+    /// Refuse writes unless this many replicas are in sync (`--min-replicas`; 0: off).
+    pub min_replicas: usize,
+    /// In sync: pulled and lagging at most this long (`--min-replicas-max-lag`, seconds).
+    pub min_replicas_max_lag: Duration,
 }
 
 impl Default for Config {
@@ -197,6 +201,8 @@ impl Default for Config {
             engine: EngineChoice::Log,
             replica_of: None,
             replica_auth: None,
+            min_replicas: 0,
+            min_replicas_max_lag: Duration::from_secs(10),
         }
     }
 }

@@ -44,8 +44,8 @@ pub fn execute(req: MetaRequest<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step
         req,
         MetaRequest::Set { .. } | MetaRequest::Delete(_) | MetaRequest::Arith { .. }
     );
-    if writes && ctx.shared.repl.read_only() {
-        s.out.extend_from_slice(crate::replication::READ_ONLY);
+    if let Some(refusal) = ctx.shared.repl.write_refusal().filter(|_| writes) {
+        s.out.extend_from_slice(refusal);
         return Step::Next;
     }
     match req {

@@ -36,6 +36,8 @@ const MAX_BATCH: usize = 1 << 31;
 
 /// The error line a replica sends for writes.
 pub const READ_ONLY: &[u8] = b"SERVER_ERROR replica is read-only\r\n";
+/// The error line for writes while fewer replicas than `--min-replicas` are in sync.
+pub const NOT_ENOUGH_REPLICAS: &[u8] = b"SERVER_ERROR not enough good replicas\r\n";
 
 /// What a master knows of one replica (from its pulls).
 #[derive(Debug, Clone)]
@@ -116,6 +118,8 @@ pub struct Replication {
     last_io_ms: AtomicU64,
     started: Instant,
     followers: Mutex<BTreeMap<String, Follower>>,
+    /// `--min-replicas` is set and fewer replicas are in sync: writes are refused.
+    too_few_replicas: AtomicBool,
     /// The server, for starting a puller from a worker (`replicaof`).
     pub server: OnceLock<Weak<Shared>>,
 }
@@ -147,6 +151,7 @@ impl Replication {
             last_io_ms: AtomicU64::new(0),
             started: Instant::now(),
             followers: Mutex::new(BTreeMap::new()),
+            too_few_replicas: AtomicBool::new(false),
             server: OnceLock::new(),
         }
     }
@@ -154,6 +159,36 @@ impl Replication {
     /// Writes are refused (this server follows a master).
     pub fn read_only(&self) -> bool {
         self.replica.load(Ordering::Acquire)
+    }
+
+    /// Why a write must be refused now, as memcached-style error line, if it must: this
+    /// server is a replica, or `--min-replicas` is not met.
+    pub fn write_refusal(&self) -> Option<&'static [u8]> {
+        if self.replica.load(Ordering::Acquire) {
+            Some(READ_ONLY)
+        } else if self.too_few_replicas.load(Ordering::Relaxed) {
+            Some(NOT_ENOUGH_REPLICAS)
+        } else {
+            None
+        }
+    }
+
+    /// Recount the replicas in sync for `--min-replicas` (on every pull and every
+    /// maintenance tick, so that a replica that stops pulling counts out in time).
+    pub fn check_min_replicas(&self, config: &crate::config::Config) {
+        if config.min_replicas == 0 {
+            return;
+        }
+        let good = lock(&self.followers)
+            .values()
+            .filter(|f| {
+                !f.snapshot
+                    && f.last_pull.elapsed() <= config.min_replicas_max_lag
+                    && f.lag <= config.min_replicas_max_lag
+            })
+            .count();
+        self.too_few_replicas
+            .store(good < config.min_replicas, Ordering::Relaxed);
     }
 
     /// `stats replication`.
@@ -284,6 +319,7 @@ pub fn serve(
         e.snapshot = served.snapshot;
         e.pulled(now, log.log_offset(), served.lag_bytes);
     }
+    repl.check_min_replicas(&shared.config);
     Step::Next
 }
 

@@ -291,6 +291,8 @@ pub fn run(config: Config, listeners: Vec<Listener>) -> Result<(), String> {
     }
     let _ = shared.wakers.set(wakers);
     let _ = shared.repl.server.set(Arc::downgrade(&shared));
+    // --min-replicas: no replica yet, so writes start refused.
+    shared.repl.check_min_replicas(&shared.config);
     if let Some(master) = shared.config.replica_of.clone() {
         crate::replication::follow(&shared, master);
     }
@@ -383,6 +385,7 @@ fn maintenance_loop(shared: &Shared) {
         if n % 4 == 0 {
             shared.engine.maintain(shared.clock.now());
         }
+        shared.repl.check_min_replicas(&shared.config);
         if auto && n % 20 == 0 {
             if let Some(available) = crate::memory::available_now() {
                 let limit = shared.engine.stats().limit_maxbytes as usize;

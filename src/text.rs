@@ -28,8 +28,8 @@ pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
     let shared = ctx.shared;
     let st = ctx.stats;
     let engine = &*shared.engine;
-    if shared.repl.read_only() && is_write(&req) {
-        s.out.extend_from_slice(crate::replication::READ_ONLY);
+    if let Some(refusal) = shared.repl.write_refusal().filter(|_| is_write(&req)) {
+        s.out.extend_from_slice(refusal);
         return Step::Next;
     }
     match req {

@@ -862,3 +862,31 @@ fn fellow_replica_follows_the_promoted_one_without_full_sync() {
     );
     assert!(repl_num(&mut bc, "partial_syncs") > partial_before);
 }
+
+/// `--min-replicas 1`: a master refuses writes until a replica is in sync, and again once
+/// its only replica is gone; reads always work.
+#[test]
+fn min_replicas_refuses_writes_without_a_replica_in_sync() {
+    const REFUSED: &str = "SERVER_ERROR not enough good replicas\r\n";
+    let master = start_master(&["--min-replicas", "1", "--min-replicas-max-lag", "1"]);
+    let mut mc = master.connect();
+    assert_eq!(mc.call("set a 0 0 1\r\nx\r\n"), REFUSED);
+    assert_eq!(mc.call("delete a\r\n"), REFUSED);
+    assert_eq!(mc.call("get a\r\n"), "END\r\n");
+    let mut replica = start_replica(master.port, &[]);
+    poll_until("writes to be accepted", SYNC, || {
+        match mc.call("set a 0 0 1\r\nx\r\n").as_str() {
+            "STORED\r\n" => Ok(()),
+            other => Err(other.to_string()),
+        }
+    });
+    kill(&mut replica);
+    poll_until("writes to be refused again", SYNC, || {
+        match mc.call("set b 0 0 1\r\ny\r\n").as_str() {
+            REFUSED => Ok(()),
+            other => Err(other.to_string()),
+        }
+    });
+    mc.send(b"get a\r\n");
+    assert_eq!(mc.until("END\r\n"), "VALUE a 0 1\r\nx\r\nEND\r\n");
+}
