@@ -31,9 +31,18 @@ pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
             | Command::Arith { .. }
             | Command::Flush { .. }
     );
-    if let Some(refusal) = shared.repl.write_refusal().filter(|_| writes) {
-        // A replica, or a master short of --min-replicas, refuses writes ("Not stored."
-        // with the text protocol's message, without its SERVER_ERROR prefix).
+    let reads = matches!(req.command, Command::Get { .. });
+    let refusal = if writes {
+        shared.repl.write_refusal()
+    } else if reads {
+        shared.repl.read_refusal(&shared.config)
+    } else {
+        None
+    };
+    if let Some(refusal) = refusal {
+        // A replica refuses writes, a master short of --min-replicas too, and a replica out
+        // of sync with --replica-serve-stale no refuses reads: "Not stored." with the text
+        // protocol's message, without its SERVER_ERROR prefix.
         let msg = std::str::from_utf8(refusal).unwrap_or_default();
         let msg = msg.trim_start_matches("SERVER_ERROR ").trim_end();
         bin::write_error_message(out, op, opaque, Status::NotStored, msg);

@@ -135,7 +135,11 @@ const OPTIONS: &[OptSpec] = &[
         "min-replicas-max-lag",
         HasArg::Required,
     ),
+    spec(REPLICA_SERVE_STALE, "replica-serve-stale", HasArg::Required),
 ];
+
+/// The option code of `--replica-serve-stale` (long form only).
+const REPLICA_SERVE_STALE: u8 = 5;
 
 /// The option codes of `--min-replicas` and `--min-replicas-max-lag` (long form only).
 const MIN_REPLICAS: u8 = 3;
@@ -761,6 +765,13 @@ impl Builder {
             MIN_REPLICAS => {
                 self.cfg.min_replicas = int_in(sp, value, 0, 1000, "a number of replicas 0-1000")?
             }
+            REPLICA_SERVE_STALE => {
+                self.cfg.replica_serve_stale = match value {
+                    "yes" => true,
+                    "no" => false,
+                    _ => return Err(bad(sp, value, "yes or no")),
+                }
+            }
             MIN_REPLICAS_MAX_LAG => {
                 let secs: u64 = int_in(sp, value, 1, 86_400, "a number of seconds 1-86400")?;
                 self.cfg.min_replicas_max_lag = Duration::from_secs(secs);
@@ -1238,6 +1249,9 @@ Replication (kvcached's own)
       --min-replicas-max-lag=SECONDS
                               in sync: pulled within, and lagging at most, SECONDS
                               (default 10)
+      --replica-serve-stale=yes|no
+                              a replica whose link is down or that is in a full sync
+                              answers reads (yes, default) or refuses them (no)
 
 Extended options: -o, --extended=OPT[,OPT=VALUE...]
   idle_timeout=SECONDS        close connections idle this long; 0 never (default 0)
@@ -1892,6 +1906,7 @@ mod tests {
                 REPLICA_OF => "127.0.0.1:11211",
                 REPLICA_AUTH => "/etc/kvcached/replica-auth",
                 MIN_REPLICAS | MIN_REPLICAS_MAX_LAG => "1",
+                REPLICA_SERVE_STALE => "no",
                 _ => "x",
             };
             let mut args = vec![flag.clone()];

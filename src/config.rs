@@ -160,6 +160,9 @@ pub struct Config {
     pub min_replicas: usize,
     /// In sync: pulled and lagging at most this long (`--min-replicas-max-lag`, seconds).
     pub min_replicas_max_lag: Duration,
+    /// A replica answers reads while its link is down or it is in a full sync
+    /// (`--replica-serve-stale yes|no`, default yes).
+    pub replica_serve_stale: bool,
 }
 
 impl Default for Config {
@@ -203,6 +206,7 @@ impl Default for Config {
             replica_auth: None,
             min_replicas: 0,
             min_replicas_max_lag: Duration::from_secs(10),
+            replica_serve_stale: true,
         }
     }
 }

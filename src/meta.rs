@@ -48,6 +48,12 @@ pub fn execute(req: MetaRequest<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step
         s.out.extend_from_slice(refusal);
         return Step::Next;
     }
+    if let MetaRequest::Get(_) = req {
+        if let Some(refusal) = ctx.shared.repl.read_refusal(&ctx.shared.config) {
+            s.out.extend_from_slice(refusal);
+            return Step::Next;
+        }
+    }
     match req {
         MetaRequest::Get(args) => get(ctx, s, &args),
         MetaRequest::Set { args, mode, data } => set(ctx, s, &args, mode, data),

@@ -36,6 +36,9 @@ const MAX_BATCH: usize = 1 << 31;
 
 /// The error line a replica sends for writes.
 pub const READ_ONLY: &[u8] = b"SERVER_ERROR replica is read-only\r\n";
+/// The error line for reads on a replica that is not in sync, with
+/// `--replica-serve-stale no`.
+pub const NOT_IN_SYNC: &[u8] = b"SERVER_ERROR replica is not in sync with its master\r\n";
 /// The error line for writes while fewer replicas than `--min-replicas` are in sync.
 pub const NOT_ENOUGH_REPLICAS: &[u8] = b"SERVER_ERROR not enough good replicas\r\n";
 
@@ -110,6 +113,8 @@ pub struct Replication {
     master: Mutex<Option<String>>,
     master_replid: Mutex<String>,
     link_up: AtomicBool,
+    /// The replica follows the tail (not in a full sync) over a live link.
+    in_sync: AtomicBool,
     full_syncs: AtomicU64,
     partial_syncs: AtomicU64,
     applied_bytes: AtomicU64,
@@ -144,6 +149,7 @@ impl Replication {
             master: Mutex::new(None),
             master_replid: Mutex::new("-".into()),
             link_up: AtomicBool::new(false),
+            in_sync: AtomicBool::new(false),
             full_syncs: AtomicU64::new(0),
             partial_syncs: AtomicU64::new(0),
             applied_bytes: AtomicU64::new(0),
@@ -171,6 +177,15 @@ impl Replication {
         } else {
             None
         }
+    }
+
+    /// Why a read must be refused now, if it must: a replica with
+    /// `--replica-serve-stale no` whose link is down or that is in a full sync.
+    pub fn read_refusal(&self, config: &crate::config::Config) -> Option<&'static [u8]> {
+        (!config.replica_serve_stale
+            && self.replica.load(Ordering::Acquire)
+            && !self.in_sync.load(Ordering::Acquire))
+        .then_some(NOT_IN_SYNC)
     }
 
     /// Recount the replicas in sync for `--min-replicas` (on every pull and every
@@ -339,6 +354,7 @@ pub fn follow(shared: &Shared, master: String) {
         repl.generation.fetch_add(1, Ordering::AcqRel) + 1
     };
     repl.link_up.store(false, Ordering::Relaxed);
+    repl.in_sync.store(false, Ordering::Release);
     let spawned = std::thread::Builder::new()
         .name("kvcached-replica".into())
         .spawn(move || puller(&shared, &master, generation));
@@ -356,6 +372,7 @@ pub fn promote(shared: &Shared) {
     }
     *lock(&repl.master) = None;
     repl.link_up.store(false, Ordering::Relaxed);
+    repl.in_sync.store(false, Ordering::Release);
     if let Some(log) = shared.engine.log_engine() {
         log.set_replica(false);
     }
@@ -378,6 +395,7 @@ fn puller(shared: &Shared, master: &str, generation: u64) {
                 backoff = Duration::from_millis(20);
                 let r = follow_link(shared, log, stream, &current);
                 repl.link_up.store(false, Ordering::Relaxed);
+                repl.in_sync.store(false, Ordering::Release);
                 if let Err(e) = r {
                     if current() && shared.config.verbose > 0 {
                         eprintln!("kvcached: replication link to {master}: {e}");
@@ -519,6 +537,8 @@ fn follow_link(
                 // A batch we cannot apply: start over with a full sync.
                 st.restart();
             }
+            repl.in_sync
+                .store(a.is_ok() && st.phase() == "tail", Ordering::Release);
             (a, st.applied_bytes)
         };
         repl.link_up.store(true, Ordering::Relaxed);

@@ -32,6 +32,12 @@ pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
         s.out.extend_from_slice(refusal);
         return Step::Next;
     }
+    if matches!(req, Request::Get { .. }) {
+        if let Some(refusal) = shared.repl.read_refusal(&shared.config) {
+            s.out.extend_from_slice(refusal);
+            return Step::Next;
+        }
+    }
     match req {
         Request::ReplPull {
             replid,

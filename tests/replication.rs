@@ -890,3 +890,48 @@ fn min_replicas_refuses_writes_without_a_replica_in_sync() {
     mc.send(b"get a\r\n");
     assert_eq!(mc.until("END\r\n"), "VALUE a 0 1\r\nx\r\nEND\r\n");
 }
+
+/// `--replica-serve-stale no`: a replica answers reads while in sync and refuses them once
+/// its master is gone (the default, tested in `replica_reconnects`, keeps serving).
+#[test]
+fn replica_refuses_stale_reads_when_asked_to() {
+    const NOT_IN_SYNC: &str = "SERVER_ERROR replica is not in sync with its master\r\n";
+    let mut master = start_master(&[]);
+    let replica = start_replica(master.port, &["--replica-serve-stale", "no"]);
+    let mut mc = master.connect();
+    let data = items("stale", 50, "m");
+    fill(&mut mc, &data);
+    let keys = keys_of(&data);
+    let want = dump(&mut mc, &keys);
+    let mut rc = replica.connect();
+    // Reads are refused until the full sync is done.
+    poll_until("the replica to be in sync", SYNC, || {
+        rc.send(b"get stale49\r\n");
+        let first = rc.line();
+        if first.starts_with("VALUE") {
+            rc.until("END\r\n");
+            return Ok(());
+        }
+        if first != "END\r\n" && first != NOT_IN_SYNC {
+            return Err(format!("unexpected {first:?}"));
+        }
+        Err(first)
+    });
+    wait_converged("replica", &want, &keys, &mut rc);
+    kill(&mut master);
+    poll_until("reads to be refused", SYNC, || {
+        rc.send(b"get stale1\r\n");
+        let first = rc.line();
+        if first == NOT_IN_SYNC {
+            return Ok(());
+        }
+        rc.until("END\r\n");
+        Err(first)
+    });
+    assert_eq!(rc.call("mg stale1 v\r\n"), NOT_IN_SYNC);
+    assert_eq!(rc.call("set x 0 0 1\r\ny\r\n"), READ_ONLY);
+    // Promoted, it serves its data again.
+    assert_eq!(rc.call("replicaof no one\r\n"), "OK\r\n");
+    rc.send(b"get stale1\r\n");
+    assert!(rc.until("END\r\n").starts_with("VALUE stale1 0 "));
+}
