@@ -139,6 +139,16 @@ impl Session {
     pub fn pending(&self) -> usize {
         self.out.len() - self.out_pos
     }
+
+    /// Give the output buffer back when nothing is pending (an idle connection holds no
+    /// buffers: thousands of idle connections that once fetched a large item must not
+    /// keep that much memory each).
+    fn release_idle(&mut self) {
+        if self.pending() == 0 && self.out.capacity() > 0 {
+            self.out = Vec::new();
+            self.out_pos = 0;
+        }
+    }
 }
 
 /// What executing one request asks of the connection.
@@ -260,6 +270,7 @@ impl Conn {
 
             // 3. Read more.
             if drained {
+                self.idle();
                 return Drive::Wait;
             }
             let source = match self.read(ctx) {
@@ -267,7 +278,10 @@ impl Conn {
                     drained = !full;
                     s
                 }
-                Ok(None) => return Drive::Wait,
+                Ok(None) => {
+                    self.idle();
+                    return Drive::Wait;
+                }
                 Err(_) => return Drive::Close,
             };
             self.last_active = Instant::now();
@@ -292,6 +306,16 @@ impl Conn {
                     return Drive::Yield;
                 }
             }
+        }
+    }
+
+    /// The client has nothing more for now: give back the buffers that hold nothing (an
+    /// idle connection holds no buffers).
+    fn idle(&mut self) {
+        self.session.release_idle();
+        if self.input_pos == self.input.len() && self.input.capacity() > 0 {
+            self.input = Vec::new();
+            self.input_pos = 0;
         }
     }
 

@@ -373,6 +373,16 @@ pub fn run(config: Config, listeners: Vec<Listener>) -> Result<(), String> {
     Ok(())
 }
 
+/// Return free heap memory to the system (glibc's `malloc_trim`).
+fn trim_heap() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only releases free memory of the allocator's own heaps; it has no
+    // preconditions.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// Reclaim expired items in the background, a bounded amount each tick, until shutdown;
 /// with `-m auto`, follow the memory available once a second (`memory::adjust`).
 fn maintenance_loop(shared: &Shared) {
@@ -380,12 +390,25 @@ fn maintenance_loop(shared: &Shared) {
     let slice = std::time::Duration::from_millis(50);
     let mut n = 0u32;
     let auto = shared.config.memory_limit == MemoryLimit::Auto;
+    let mut trimmed_at = 0u64;
     let ceiling = shared.engine.stats().limit_maxbytes as usize;
     while !shared.shutting_down() {
         if n % 4 == 0 {
             shared.engine.maintain(shared.clock.now());
         }
         shared.repl.check_min_replicas(&shared.config);
+        if n % 20 == 0 {
+            // Connections closed since the last look: give the memory their buffers held
+            // back to the system (glibc keeps freed memory below the top of its heaps).
+            let closed = shared
+                .total_conns
+                .load(Ordering::Relaxed)
+                .saturating_sub(shared.curr_conns.load(Ordering::Relaxed) as u64);
+            if closed != trimmed_at {
+                trimmed_at = closed;
+                trim_heap();
+            }
+        }
         if auto && n % 20 == 0 {
             if let Some(available) = crate::memory::available_now() {
                 let limit = shared.engine.stats().limit_maxbytes as usize;
