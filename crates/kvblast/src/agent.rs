@@ -1,21 +1,29 @@
-//! Distributed load: `kvblast agent --listen ADDR` runs jobs for a master; `kvblast run
-//! --agent HOST:PORT ...` splits the load between itself and its agents and merges their
-//! counters into one report (mutilate's master/agent arrangement).
+//! Distributed load: `kvblast agent --listen ADDR` runs jobs for a controller; `kvblast run
+//! --agent HOST:PORT ...` splits the load between itself and its agents, starts everyone
+//! together, and merges their counters and histograms into one report (mutilate's
+//! master/agent arrangement).
 //!
-//! The master sends one line, the job's flags separated by tabs (`RUN\t--workload\tetc...`);
-//! the agent runs it with [`engine::run`] and answers with its counters in a line-based text
-//! form ([`encode_stats`]) ended by `END`, or with `ERR message`. The open-loop rate and any
-//! request count are divided evenly between the master and the agents; each gets its own seed;
-//! only the master runs the load phase, the latency probe and reads the servers' `stats`.
-//! Agents start when their job arrives, so use a warm-up long enough to cover the skew.
+//! The controller sends one line, the job's flags separated by tabs (`RUN\t--workload\tetc...`,
+//! with `--participant I/N` and the participant's rate and request count); the agent connects,
+//! runs its load phase and answers `READY`; once every participant is ready the controller
+//! pings each agent and sends `GO <delay>` so that all start at one instant (see
+//! [`run_with_agents`]); the agent runs with [`engine::run_synced`] and answers with
+//! `DONE ...`, its counters in a line-based text form ([`encode_stats`]) and `END`, or with
+//! `ERR message`. With `--agent-keys split` (the default) participant i of N draws only the
+//! keys k with k mod N = i and sets only those in its load phase; the rate and the request
+//! count are divided in proportion to each share's popularity mass, so the union of the
+//! participants' requests has the workload's popularity. Every participant uses the same
+//! `--seed` for the key space (sizes, bucket shuffle) and its own random streams. Only the
+//! controller runs the latency probe and reads the servers' `stats`.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use crate::cli::Args;
+use crate::cli::{AgentKeys, Args};
+use crate::dist::KeyChooser;
 use crate::engine::{self, LoadModel};
-use crate::stats::{new_histogram, OpStats, Report, Stats};
+use crate::stats::{new_histogram, OpStats, Participant, Report, Stats};
 
 /// The longest job line or reply an agent or master accepts.
 const MAX_MESSAGE: u64 = 64 << 20;
@@ -178,20 +186,46 @@ fn serve_one(conn: TcpStream) -> Result<(), String> {
             .map_err(|e| format!("agent: {e}"))?
             .take(MAX_MESSAGE),
     );
+    let mut writer = conn;
     let mut line = String::new();
     reader
         .read_line(&mut line)
         .map_err(|e| format!("agent: {e}"))?;
-    let reply = match run_job(line.trim_end_matches(['\r', '\n'])) {
-        Ok(st) => encode_stats(&st) + "END\n",
+    let reply = match run_job(
+        line.trim_end_matches(['\r', '\n']),
+        &mut reader,
+        &mut writer,
+    ) {
+        Ok(text) => text,
         Err(e) => format!("ERR {}\n", e.replace('\n', " ")),
     };
-    let mut conn = conn;
-    conn.write_all(reply.as_bytes())
+    writer
+        .write_all(reply.as_bytes())
         .map_err(|e| format!("agent: {e}"))
 }
 
-fn run_job(line: &str) -> Result<Stats, String> {
+/// Wall-clock nanoseconds since the Unix epoch, now.
+fn unix_ns() -> u64 {
+    engine::unix_ns_at(Instant::now())
+}
+
+/// Read one line (without its end); an error at the end of the stream.
+fn read_line(reader: &mut impl BufRead, what: &str) -> Result<String, String> {
+    let mut line = String::new();
+    match reader.read_line(&mut line) {
+        Ok(0) => Err(format!("{what}: connection closed")),
+        Ok(_) => Ok(line.trim_end_matches(['\r', '\n']).to_string()),
+        Err(e) => Err(format!("{what}: {e}")),
+    }
+}
+
+/// Run one job: connect and load, say `READY`, answer `PING`s, start when `GO` says, and
+/// return the reply (`DONE` line, counters, `END`).
+fn run_job(
+    line: &str,
+    reader: &mut impl BufRead,
+    writer: &mut TcpStream,
+) -> Result<String, String> {
     let mut fields = line.split('\t');
     if fields.next() != Some("RUN") {
         return Err("expected RUN".into());
@@ -199,36 +233,181 @@ fn run_job(line: &str) -> Result<Stats, String> {
     let argv = std::iter::once("run".to_string()).chain(fields.map(String::from));
     let args = Args::parse(argv)?;
     let cfg = args.run_config()?;
-    Ok(engine::run(&cfg)?.stats)
+    // The controller may take its own load phase, and wait for the other agents', before
+    // saying GO; a controller that goes away closes the connection.
+    let _ = writer.set_read_timeout(Some(cfg.load_timeout * 2 + Duration::from_secs(60)));
+    let mut sync = || -> Result<Instant, String> {
+        writer
+            .write_all(b"READY\n")
+            .map_err(|e| format!("agent: {e}"))?;
+        loop {
+            let l = read_line(reader, "agent: waiting for GO")?;
+            let received = Instant::now();
+            match l.split_once(' ') {
+                None if l == "PING" => writer
+                    .write_all(format!("PONG {}\n", unix_ns()).as_bytes())
+                    .map_err(|e| format!("agent: {e}"))?,
+                Some(("GO", ns)) => return Ok(received + Duration::from_nanos(num(ns)?)),
+                _ => return Err(format!("agent: expected PING or GO, got {l:?}")),
+            }
+        }
+    };
+    let r = engine::run_synced(&cfg, &mut sync)?;
+    Ok(format!(
+        "DONE {} {} {}\n{}END\n",
+        r.start_unix_ns,
+        r.seconds,
+        r.distinct_keys
+            .map(|k| k.to_string())
+            .unwrap_or_else(|| "-".into()),
+        encode_stats(&r.stats)
+    ))
 }
 
-/// The job an agent gets: the master's flags with this participant's share.
-fn agent_args(args: &Args, index: usize, participants: usize) -> Vec<String> {
+/// What a participant is given: its share of the workload, its rate and request count.
+struct Share {
+    share: f64,
+    rate: Option<f64>,
+    requests: Option<u64>,
+}
+
+/// Each participant's share of the workload (the controller first). With split keys,
+/// participant i's share is the popularity mass of its keys (k mod N = i), so that every key
+/// is asked for at the workload's rate for it; with shared keys, 1/N each. A request count is
+/// divided in the same proportions, the controller taking the rounding remainder.
+fn shares(args: &Args, participants: usize) -> Result<Vec<Share>, String> {
+    let n = participants as u64;
+    let fractions = match args.agent_keys()? {
+        AgentKeys::Split => {
+            let w = args.workload()?;
+            if w.keys < n {
+                return Err(format!(
+                    "splitting {} keys between {n} participants leaves one without keys \
+                     (use more keys or --agent-keys shared)",
+                    w.keys
+                ));
+            }
+            KeyChooser::new(w.keys, &w.popularity, args.seed.unwrap_or(1))?.partition_mass(n)
+        }
+        AgentKeys::Shared => vec![1.0 / n as f64; participants],
+    };
+    let mut out: Vec<Share> = fractions
+        .iter()
+        .map(|&f| Share {
+            share: f,
+            rate: args.rate.map(|r| r * f),
+            requests: args.requests.map(|q| (q as f64 * f).floor() as u64),
+        })
+        .collect();
+    if let Some(q) = args.requests {
+        let agents: u64 = out.iter().skip(1).filter_map(|s| s.requests).sum();
+        out[0].requests = Some(q.saturating_sub(agents));
+    }
+    Ok(out)
+}
+
+/// The job an agent gets: the controller's flags with this participant's number and share.
+fn agent_args(args: &Args, participant: usize, participants: usize, share: &Share) -> Vec<String> {
+    let split = args.agent_keys().ok() != Some(AgentKeys::Shared);
     let mut a = args.clone();
     a.agents.clear();
     a.json = None;
     a.plot = None;
-    a.load = false;
+    // With split keys each participant loads its own keys; shared, the controller all.
+    a.load = args.load && split;
     a.probe_rate = None;
     a.quiet = true;
     a.no_server_stats = true;
-    a.rate = args.rate.map(|r| r / participants as f64);
-    a.requests = args.requests.map(|n| n / participants as u64);
-    a.seed = Some(args.seed.unwrap_or(1).wrapping_add(1 + index as u64));
+    a.rate = share.rate;
+    a.requests = share.requests;
+    a.participant = Some((participant as u64, participants as u64));
+    a.agent_keys = Some(if split { "split" } else { "shared" }.into());
     a.to_argv()
 }
 
+/// A connected agent, as the controller sees it.
+struct AgentConn {
+    name: String,
+    reader: BufReader<std::io::Take<TcpStream>>,
+    writer: TcpStream,
+    /// The fastest ping's round trip, and the agent's clock minus ours it gave (ns).
+    rtt: Duration,
+    offset_ns: i64,
+}
+
+impl AgentConn {
+    fn err(&self, e: impl std::fmt::Display) -> String {
+        format!("agent {}: {e}", self.name)
+    }
+
+    fn send(&mut self, line: &str) -> Result<(), String> {
+        self.writer
+            .write_all(line.as_bytes())
+            .map_err(|e| self.err(e))
+    }
+
+    fn line(&mut self, timeout: Duration) -> Result<String, String> {
+        let _ = self.writer.set_read_timeout(Some(timeout));
+        read_line(&mut self.reader, &format!("agent {}", self.name))
+    }
+
+    /// Wait for `READY` (the agent has connected and run its load phase).
+    fn ready(&mut self, timeout: Duration) -> Result<(), String> {
+        let l = self.line(timeout)?;
+        match l.strip_prefix("ERR ") {
+            Some(e) => Err(self.err(e)),
+            None if l == "READY" => Ok(()),
+            None => Err(self.err(format!("expected READY, got {l:?}"))),
+        }
+    }
+
+    /// Ping a few times; keep the fastest round trip and the clock offset it gives
+    /// (Cristian's method: the agent read its clock half a round trip after we sent).
+    fn ping(&mut self) -> Result<(), String> {
+        self.rtt = Duration::MAX;
+        for _ in 0..PINGS {
+            let (sent, sent_ns) = (Instant::now(), unix_ns());
+            self.send("PING\n")?;
+            let l = self.line(Duration::from_secs(5))?;
+            let rtt = sent.elapsed();
+            let theirs = l
+                .strip_prefix("PONG ")
+                .ok_or_else(|| self.err(format!("expected PONG, got {l:?}")))
+                .and_then(|t| num(t).map_err(|e| self.err(e)))?;
+            if rtt < self.rtt {
+                self.rtt = rtt;
+                self.offset_ns = theirs as i64 - (sent_ns + rtt.as_nanos() as u64 / 2) as i64;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Pings per agent before the start.
+const PINGS: usize = 3;
+
+/// The start is this long after the controller decides it (plus two of the slowest round
+/// trips): time to send every agent its `GO`.
+const START_LEAD: Duration = Duration::from_millis(20);
+
 /// Run `args` split between this process and `args.agents`, merging every participant's
-/// counters into the master's report.
+/// counters into the controller's report.
+///
+/// Protocol, per agent: `RUN\t<flags>` →; ← `READY` once the agent has connected and run its
+/// load phase (or `ERR ...`); when every agent and the controller are ready, `PING` → ←
+/// `PONG <wall ns>` a few times, then `GO <delay ns>` →, and the agent starts that long
+/// after it read the line: the delay is the common start instant less the time already
+/// passed and half the agent's round trip, so every participant starts at the same moment
+/// (to within the asymmetry of the network's delays). ← `DONE <start wall ns> <seconds>
+/// <distinct keys>`, the counters, `END`.
 pub fn run_with_agents(args: &Args) -> Result<Report, String> {
     let participants = args.agents.len() + 1;
+    let shares = shares(args, participants)?;
     let mut mine = args.clone();
     mine.agents.clear();
-    mine.rate = args.rate.map(|r| r / participants as f64);
-    // The master takes the remainder of an uneven request count.
-    mine.requests = args
-        .requests
-        .map(|n| n - (n / participants as u64) * (participants as u64 - 1));
+    mine.rate = shares[0].rate;
+    mine.requests = shares[0].requests;
+    mine.participant = Some((0, participants as u64));
     let cfg = mine.run_config()?;
     let wait = cfg.warmup
         + if cfg.duration.is_zero() {
@@ -250,43 +429,103 @@ pub fn run_with_agents(args: &Args) -> Result<Report, String> {
             .ok_or_else(|| format!("agent {agent}: no address"))?;
         let s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
             .map_err(|e| format!("agent {agent}: cannot connect to {addr}: {e}"))?;
-        s.set_read_timeout(Some(wait))
-            .map_err(|e| format!("agent {agent}: {e}"))?;
-        conns.push((agent.clone(), s));
+        let _ = s.set_nodelay(true);
+        let r = s.try_clone().map_err(|e| format!("agent {agent}: {e}"))?;
+        conns.push(AgentConn {
+            name: agent.clone(),
+            reader: BufReader::new(r.take(MAX_MESSAGE)),
+            writer: s,
+            rtt: Duration::ZERO,
+            offset_ns: 0,
+        });
     }
     let mut jobs = Vec::new();
-    for i in 0..conns.len() {
-        let job = agent_args(args, i, participants);
+    for (i, share) in shares.iter().enumerate().skip(1) {
+        let job = agent_args(args, i, participants, share);
         if job.iter().any(|a| a.contains(['\t', '\n'])) {
             return Err("flags sent to agents may not contain tabs or newlines".into());
         }
         jobs.push(format!("RUN\t{}\n", job.join("\t")));
     }
-    for ((agent, s), line) in conns.iter_mut().zip(&jobs) {
-        s.write_all(line.as_bytes())
-            .map_err(|e| format!("agent {agent}: {e}"))?;
+    for (a, line) in conns.iter_mut().zip(&jobs) {
+        a.send(line)?;
     }
-    let mut report = engine::run(&cfg)?;
-    for (agent, s) in conns {
-        let mut text = String::new();
-        s.take(MAX_MESSAGE)
-            .read_to_string(&mut text)
-            .map_err(|e| format!("agent {agent}: {e}"))?;
-        if let Some(e) = text.strip_prefix("ERR ") {
-            return Err(format!("agent {agent}: {}", e.trim_end()));
+    // Called once this process has connected and loaded: wait for every agent to be ready
+    // too, then start everyone together.
+    let ready_wait = cfg.load_timeout + Duration::from_secs(60);
+    let mut sync = || -> Result<Instant, String> {
+        for a in conns.iter_mut() {
+            a.ready(ready_wait)?;
         }
-        let Some(body) = text.strip_suffix("END\n") else {
-            return Err(format!("agent {agent}: truncated reply"));
+        for a in conns.iter_mut() {
+            a.ping()?;
+        }
+        let slowest = conns.iter().map(|a| a.rtt).max().unwrap_or_default();
+        let start = Instant::now() + START_LEAD + slowest * 2;
+        for a in conns.iter_mut() {
+            let delay = start
+                .saturating_duration_since(Instant::now())
+                .saturating_sub(a.rtt / 2);
+            a.send(&format!("GO {}\n", delay.as_nanos()))?;
+        }
+        Ok(start)
+    };
+    let mut report = engine::run_synced(&cfg, &mut sync)?;
+    let mut me = Participant::of(
+        "controller",
+        shares[0].share,
+        shares[0].rate,
+        &report.stats,
+        report.seconds,
+    );
+    me.distinct_keys = report.distinct_keys;
+    let mut list = vec![me];
+    for (i, mut a) in conns.into_iter().enumerate() {
+        let head = a.line(wait)?;
+        if let Some(e) = head.strip_prefix("ERR ") {
+            return Err(a.err(e));
+        }
+        let done: Vec<&str> = head.split(' ').collect();
+        let ["DONE", start_ns, seconds, keys] = done.as_slice() else {
+            return Err(a.err(format!("expected DONE, got {head:?}")));
         };
-        report.stats.merge(&decode_stats(body)?);
+        let start_ns = num(start_ns).map_err(|e| a.err(e))?;
+        let seconds: f64 = seconds
+            .parse()
+            .map_err(|_| a.err(format!("bad seconds {seconds:?}")))?;
+        let keys = match *keys {
+            "-" => None,
+            k => Some(num(k).map_err(|e| a.err(e))?),
+        };
+        let mut text = String::new();
+        a.reader.read_to_string(&mut text).map_err(|e| a.err(e))?;
+        let Some(body) = text.strip_suffix("END\n") else {
+            return Err(a.err("truncated reply"));
+        };
+        let st = decode_stats(body).map_err(|e| a.err(e))?;
+        let share = &shares[i + 1];
+        let mut p = Participant::of(&a.name, share.share, share.rate, &st, seconds);
+        p.distinct_keys = keys;
+        p.rtt_ms = a.rtt.as_secs_f64() * 1e3;
+        p.clock_offset_ms = a.offset_ns as f64 / 1e6;
+        p.start_ms = (start_ns as i64 - a.offset_ns - report.start_unix_ns as i64) as f64 / 1e6;
+        list.push(p);
+        report.stats.merge(&st);
     }
+    // The union's distinct keys are not known (only each participant's).
+    report.distinct_keys = None;
+    report.participants = list;
     if let (Some(rate), LoadModel::Open { .. }) = (args.rate, cfg.load) {
         report.target_rate = Some(rate);
     }
+    let how = match args.agent_keys()? {
+        AgentKeys::Split => "keys split (k mod N), each participant's rate and requests in proportion to its keys' popularity",
+        AgentKeys::Shared => "keys shared, each participant sends 1/N of the rate and requests",
+    };
     report.settings.push((
         "agents".into(),
         format!(
-            "{} (each participant sends 1/{participants} of the load)",
+            "{} (N = {participants} participants started together; {how})",
             args.agents.join(" ")
         ),
     ));
@@ -327,6 +566,37 @@ mod tests {
 
     fn g_max(st: &Stats) -> u64 {
         st.op(Op::Get).hist.max()
+    }
+
+    #[test]
+    fn shares_follow_the_popularity_mass_and_add_up() {
+        let parse = |s: &str| {
+            Args::parse(s.split_whitespace().map(String::from)).unwrap_or_else(|e| panic!("{e}"))
+        };
+        let a = parse("run --keys 1000 --popularity zipf:1.2 --rate 9000 -n 1001 h");
+        let sh = shares(&a, 3).unwrap_or_else(|e| panic!("{e}"));
+        let total: f64 = sh.iter().map(|s| s.share).sum();
+        assert!((total - 1.0).abs() < 1e-9);
+        let rate: f64 = sh.iter().filter_map(|s| s.rate).sum();
+        assert!((rate - 9000.0).abs() < 1e-6);
+        assert_eq!(sh.iter().filter_map(|s| s.requests).sum::<u64>(), 1001);
+        assert!(
+            sh.iter().any(|s| (s.share - 1.0 / 3.0).abs() > 0.01),
+            "zipf is uneven"
+        );
+        let a = parse("run --keys 1000 --popularity zipf:1.2 --rate 9000 --agent-keys shared h");
+        let sh = shares(&a, 3).unwrap_or_else(|e| panic!("{e}"));
+        assert!(sh.iter().all(|s| s.rate == Some(3000.0)));
+        assert!(
+            shares(&parse("run --keys 2 h"), 3).is_err(),
+            "a share without keys"
+        );
+        // The job carries the participant number, the share and the key mode.
+        let job = agent_args(&a, 2, 3, &sh[2]).join(" ");
+        assert!(
+            job.contains("--participant 2/3") && job.contains("--agent-keys shared"),
+            "{job}"
+        );
     }
 
     #[test]

@@ -348,6 +348,9 @@ mod tests {
             timeline: vec![],
             load_seconds: None,
             server: None,
+            start_unix_ns: 0,
+            distinct_keys: None,
+            participants: Vec::new(),
         };
         let (pass, m, _) = judge(&r, &target);
         assert!(pass && (m - 100.0).abs() < 1.0, "{m}");

@@ -74,9 +74,15 @@ OUTPUT:
       --no-server-stats    do not read the servers' stats before and after
 
 DISTRIBUTED:
-      --agent HOST:PORT    (run; repeatable) split the load with an agent: each participant
-                           sends 1/(agents+1) of the rate and requests; the master alone runs
-                           --load and --probe-rate and reads the servers' stats
+      --agent HOST:PORT    (run; repeatable) split the load with an agent. All participants
+                           (this controller and its agents) start together; the controller
+                           alone runs --probe-rate and reads the servers' stats
+      --agent-keys M       split (default): participant i of N draws only keys k with
+                           k mod N = i (popularity conditioned on them) at the share of the
+                           rate and requests that those keys' popularity carries, and its
+                           --load sets only them; shared: every participant draws from the
+                           whole key space at 1/N of the rate, the controller alone loads
+      --participant I/N    (set by the controller in an agent's job) this participant's number
 
 CAPACITY:
       --low R --high R     initial bracket (default: 0 and 1.2 x a closed-loop probe)
@@ -127,6 +133,47 @@ pub struct Args {
     pub listen: Option<String>,
     /// `agent --jobs N`: exit after N jobs.
     pub jobs: Option<u64>,
+    /// `run --agent-keys split|shared`.
+    pub agent_keys: Option<String>,
+    /// `--participant I/N` (in an agent's job): this participant's number and the count.
+    pub participant: Option<(u64, u64)>,
+}
+
+/// How distributed load divides the key space (`--agent-keys`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AgentKeys {
+    Split,
+    Shared,
+}
+
+impl AgentKeys {
+    pub fn parse(s: &str) -> Result<AgentKeys, String> {
+        match s {
+            "split" => Ok(AgentKeys::Split),
+            "shared" => Ok(AgentKeys::Shared),
+            _ => Err(format!("bad --agent-keys {s:?}: split | shared")),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            AgentKeys::Split => "split",
+            AgentKeys::Shared => "shared",
+        }
+    }
+}
+
+fn parse_participant(v: &str) -> Result<(u64, u64), String> {
+    let bad = || format!("--participant: expected I/N with I < N, got {v:?}");
+    let (i, n) = v.split_once('/').ok_or_else(bad)?;
+    let (i, n) = (
+        i.trim().parse::<u64>().map_err(|_| bad())?,
+        n.trim().parse::<u64>().map_err(|_| bad())?,
+    );
+    if i >= n {
+        return Err(bad());
+    }
+    Ok((i, n))
 }
 
 /// Parse "30s", "500ms", "250us", "2m", "1.5s", or a bare number of seconds.
@@ -302,6 +349,12 @@ impl Args {
                 "--agent" => a.agents.push(value(&flag)?),
                 "--listen" => a.listen = Some(value(&flag)?),
                 "--jobs" => a.jobs = Some(num(&flag, &value(&flag)?)?),
+                "--agent-keys" => {
+                    let v = value(&flag)?;
+                    AgentKeys::parse(&v)?;
+                    a.agent_keys = Some(v);
+                }
+                "--participant" => a.participant = Some(parse_participant(&value(&flag)?)?),
                 "-q" | "--quiet" => a.quiet = true,
                 "--no-server-stats" => a.no_server_stats = true,
                 "--low" => a.low = Some(num(&flag, &value(&flag)?)?),
@@ -349,6 +402,11 @@ impl Args {
         opt("--json", self.json.clone());
         opt("--plot", self.plot.clone());
         opt("--probe-rate", self.probe_rate.map(|x| x.to_string()));
+        opt("--agent-keys", self.agent_keys.clone());
+        opt(
+            "--participant",
+            self.participant.map(|(i, n)| format!("{i}/{n}")),
+        );
         for (flag, on) in [
             ("--look-aside", self.look_aside),
             ("--load", self.load),
@@ -413,6 +471,11 @@ impl Args {
         }
     }
 
+    /// `--agent-keys`, split by default.
+    pub fn agent_keys(&self) -> Result<AgentKeys, String> {
+        AgentKeys::parse(self.agent_keys.as_deref().unwrap_or("split"))
+    }
+
     pub fn run_config(&self) -> Result<RunConfig, String> {
         if self.servers.is_empty() {
             return Err("give at least one SERVER (host[:port])".into());
@@ -451,6 +514,11 @@ impl Args {
         c.load_phase = self.load;
         c.progress = !self.quiet;
         c.probe_rate = self.probe_rate;
+        c.split_keys = self.agent_keys()? == AgentKeys::Split;
+        if let Some((i, n)) = self.participant {
+            c.participant = i;
+            c.participants = n;
+        }
         c.validate()?;
         Ok(c)
     }
@@ -598,6 +666,16 @@ mod tests {
         assert_eq!(c1.servers, c2.servers);
         assert!(c2.look_aside);
         assert!(back.agents.is_empty(), "agents are not passed on");
+        let a = args("run --agent-keys shared --participant 2/3 h").unwrap_or_default();
+        let back = Args::parse(std::iter::once("run".to_string()).chain(a.to_argv()))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let c = back.run_config().unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((c.participant, c.participants, c.split_keys), (2, 3, false));
+        assert!(args("run --participant 3/3 h").is_err());
+        assert!(args("run --participant x h").is_err());
+        assert!(args("run --agent-keys some h").is_err());
+        let few = args("run --keys 2 --participant 0/3 h").unwrap_or_default();
+        assert!(few.run_config().is_err(), "a share without keys");
     }
 
     #[test]

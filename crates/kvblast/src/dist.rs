@@ -609,6 +609,10 @@ pub struct KeyChooser {
     bucket_of: Option<std::sync::Arc<Vec<u32>>>,
     mult: u64,
     next_seq: u64,
+    /// Draw only keys `k` with `k % parts == part` (a participant's share of the key space,
+    /// see [`Self::set_partition`]); `parts == 1` draws every key.
+    part: u64,
+    parts: u64,
 }
 
 fn gcd(mut a: u64, mut b: u64) -> u64 {
@@ -655,7 +659,76 @@ impl KeyChooser {
             bucket_of,
             mult,
             next_seq: 0,
+            part: 0,
+            parts: 1,
         })
+    }
+
+    /// Draw only the keys `k` with `k % parts == part` from now on: the popularity
+    /// distribution conditioned on that share of the key space (by rejection, which keeps
+    /// the relative popularity of the keys in the share exactly; uniform popularity draws a
+    /// key of the share directly). The share must hold at least one key.
+    pub fn set_partition(&mut self, part: u64, parts: u64) -> Result<(), String> {
+        if parts == 0 || part >= parts || part >= self.n {
+            return Err(format!(
+                "key share {part} of {parts} is empty with {} keys",
+                self.n
+            ));
+        }
+        self.part = part;
+        self.parts = parts;
+        Ok(())
+    }
+
+    /// The probability mass of each share `k % parts == i` of the key space under this
+    /// popularity (what fraction of the workload's requests fall on share `i`).
+    pub fn partition_mass(&self, parts: u64) -> Vec<f64> {
+        let parts = parts.max(1);
+        let mut mass = vec![0.0f64; parts as usize];
+        let n = self.n;
+        match (&self.kind, self.kind.weights(n)) {
+            (Popularity::Zipf { .. }, Some(w)) => {
+                for (r, wr) in w.iter().enumerate() {
+                    mass[(self.rank_to_key(r as u64) % parts) as usize] += wr;
+                }
+            }
+            (Popularity::Buckets { size, .. }, Some(w)) => {
+                for (pos, wp) in w.iter().enumerate() {
+                    let bucket = match &self.bucket_of {
+                        Some(order) => u64::from(order.get(pos).copied().unwrap_or(0)),
+                        None => pos as u64,
+                    };
+                    // As in `next`: a key uniform within the bucket, clamped to the space.
+                    let first = bucket * size;
+                    let width = (*size).min(n.saturating_sub(first)).max(1);
+                    for j in 0..width {
+                        let k = (first + j).min(n - 1);
+                        mass[(k % parts) as usize] += wp / width as f64;
+                    }
+                }
+            }
+            _ => {
+                for (i, m) in mass.iter_mut().enumerate() {
+                    *m = Self::share_len(n, i as u64, parts) as f64;
+                }
+            }
+        }
+        let total: f64 = mass.iter().sum();
+        if total > 0.0 {
+            for m in &mut mass {
+                *m /= total;
+            }
+        }
+        mass
+    }
+
+    /// How many keys `k < n` have `k % parts == part`.
+    fn share_len(n: u64, part: u64, parts: u64) -> u64 {
+        if part >= n {
+            0
+        } else {
+            (n - part).div_ceil(parts)
+        }
     }
 
     /// Start a sequential chooser at `offset` (so threads do not walk in step).
@@ -688,8 +761,34 @@ impl KeyChooser {
         }
     }
 
-    /// Draw a key index in [0, n).
+    /// Draw a key index in [0, n) (of this chooser's share, if it has one).
     pub fn next(&mut self, rng: &mut impl Rng) -> u64 {
+        if self.parts <= 1 {
+            return self.next_any(rng);
+        }
+        if self.kind == Popularity::Uniform {
+            let j = below(rng, Self::share_len(self.n, self.part, self.parts));
+            return self.part + j * self.parts;
+        }
+        // Rejection: the expected number of draws is 1 / (the share's mass), about `parts`.
+        // The bound is never reached in practice; past it, the drawn key's neighbour in the
+        // share stands in (still a key of the share).
+        for _ in 0..(1u64 << 20) {
+            let k = self.next_any(rng);
+            if k % self.parts == self.part {
+                return k;
+            }
+        }
+        let k = self.next_any(rng);
+        let k = k - k % self.parts + self.part;
+        if k < self.n {
+            k
+        } else {
+            self.part
+        }
+    }
+
+    fn next_any(&mut self, rng: &mut impl Rng) -> u64 {
         let r = self.next_rank(rng);
         match self.kind {
             Popularity::Zipf { .. } => self.rank_to_key(r),
@@ -821,6 +920,87 @@ mod tests {
         for (i, d) in rows.iter().enumerate() {
             check(d, 1000 + i as u64);
         }
+    }
+
+    /// Two-sample Kolmogorov-Smirnov statistic.
+    fn ks2(mut a: Vec<u64>, mut b: Vec<u64>) -> f64 {
+        a.sort_unstable();
+        b.sort_unstable();
+        let (mut i, mut j, mut d) = (0, 0, 0.0f64);
+        while i < a.len() && j < b.len() {
+            let x = a[i].min(b[j]);
+            while i < a.len() && a[i] == x {
+                i += 1;
+            }
+            while j < b.len() && b[j] == x {
+                j += 1;
+            }
+            d = d.max((i as f64 / a.len() as f64 - j as f64 / b.len() as f64).abs());
+        }
+        d
+    }
+
+    /// A participant's share of the key space: every key drawn is in the share; the keys it
+    /// draws follow the full distribution conditioned on the share (two-sample KS against
+    /// the full chooser's draws that fell in the share); and the share's mass is the fraction
+    /// of the full chooser's draws that fall in it.
+    #[test]
+    fn key_shares_draw_the_conditional_distribution() {
+        let n = 997;
+        let parts = 3u64;
+        for (pi, pop) in [
+            Popularity::Uniform,
+            Popularity::Zipf { alpha: 0.99 },
+            Popularity::Buckets {
+                size: 10,
+                alpha: 0.01,
+                xmin: 0.001,
+            },
+        ]
+        .iter()
+        .enumerate()
+        {
+            let full = KeyChooser::new(n, pop, 4).unwrap_or_else(|e| panic!("{e}"));
+            let mass = full.partition_mass(parts);
+            assert!(
+                (mass.iter().sum::<f64>() - 1.0).abs() < 1e-9,
+                "{pop:?}: {mass:?}"
+            );
+            let m = 300_000;
+            let mut r = rng(50 + pi as u64);
+            let mut f = full.clone();
+            let all: Vec<u64> = (0..m).map(|_| f.next(&mut r)).collect();
+            for i in 0..parts {
+                let in_share: Vec<u64> = all.iter().copied().filter(|k| k % parts == i).collect();
+                let frac = in_share.len() as f64 / m as f64;
+                let sd = (mass[i as usize] * (1.0 - mass[i as usize]) / m as f64).sqrt();
+                assert!(
+                    (frac - mass[i as usize]).abs() < 5.0 * sd,
+                    "{pop:?} share {i}: drawn {frac}, mass {}",
+                    mass[i as usize]
+                );
+                let mut c = full.clone();
+                c.set_partition(i, parts).unwrap_or_else(|e| panic!("{e}"));
+                let mine: Vec<u64> = (0..50_000).map(|_| c.next(&mut r)).collect();
+                assert!(mine.iter().all(|k| k % parts == i && *k < n), "{pop:?}");
+                let (n1, n2) = (mine.len() as f64, in_share.len() as f64);
+                let crit = 1.95 * ((n1 + n2) / (n1 * n2)).sqrt();
+                let d = ks2(mine, in_share);
+                assert!(d < crit, "{pop:?} share {i}: KS {d} >= {crit}");
+            }
+        }
+        // Zipf's hottest keys make the shares' masses unequal; uniform's are the key counts.
+        let z = KeyChooser::new(1000, &Popularity::Zipf { alpha: 1.2 }, 1)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let zm = z.partition_mass(2);
+        assert!((zm[0] - zm[1]).abs() > 0.05, "{zm:?}");
+        let u = KeyChooser::new(10, &Popularity::Uniform, 1).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(u.partition_mass(3), [0.4, 0.3, 0.3]);
+        let mut e = u.clone();
+        assert!(e.set_partition(3, 3).is_err());
+        let mut tiny =
+            KeyChooser::new(2, &Popularity::Uniform, 1).unwrap_or_else(|e| panic!("{e}"));
+        assert!(tiny.set_partition(2, 3).is_err(), "a share with no keys");
     }
 
     #[test]

@@ -117,6 +117,14 @@ pub struct RunConfig {
     /// A separate latency probe: one more connection per server, in a thread of its own,
     /// with one request at a time at this rate (mutilate's unloaded latency client).
     pub probe_rate: Option<f64>,
+    /// Distributed load: this participant's number (0 = the controller) of `participants`.
+    /// It changes the random streams (every participant draws its own requests from the same
+    /// workload: `seed` still fixes the key space, e.g. the bucket shuffle).
+    pub participant: u64,
+    pub participants: u64,
+    /// Distributed load: this participant draws (and its load phase sets) only the keys
+    /// `k % participants == participant`.
+    pub split_keys: bool,
 }
 
 impl RunConfig {
@@ -145,7 +153,22 @@ impl RunConfig {
             connect_timeout: Duration::from_secs(3),
             probe_rate: None,
             udp_timeout: Duration::from_secs(1),
+            participant: 0,
+            participants: 1,
+            split_keys: false,
         }
+    }
+
+    /// Whether this run draws from a share of the key space only.
+    pub fn key_share(&self) -> Option<(u64, u64)> {
+        (self.split_keys && self.participants > 1).then_some((self.participant, self.participants))
+    }
+
+    /// The seed of this participant's random streams (the controller's is `seed` itself, so a
+    /// run without agents is unchanged).
+    fn stream_seed(&self) -> u64 {
+        self.seed
+            .wrapping_add(self.participant.wrapping_mul(0x9E37_79B9_7F4A_7C15))
     }
 
     pub fn validate(&self) -> Result<(), String> {
@@ -195,6 +218,16 @@ impl RunConfig {
         if self.workload.value_size.max > MAX_VALUE {
             return Err(format!("value sizes are limited to {MAX_VALUE} bytes"));
         }
+        if self.participants == 0 || self.participant >= self.participants {
+            return Err("participant must be I/N with I < N".into());
+        }
+        if self.key_share().is_some() && self.workload.keys < self.participants {
+            return Err(format!(
+                "splitting {} keys between {} participants leaves one without keys \
+                 (use more keys or --agent-keys shared)",
+                self.workload.keys, self.participants
+            ));
+        }
         Ok(())
     }
 
@@ -242,6 +275,9 @@ impl RunConfig {
             ));
         }
         v.push(("seed".into(), self.seed.to_string()));
+        if let Some((i, n)) = self.key_share() {
+            v.push(("keys share".into(), format!("keys k with k mod {n} = {i}")));
+        }
         v
     }
 
@@ -261,6 +297,8 @@ impl RunConfig {
         p.look_aside = false;
         p.seed = self.seed ^ 0x9E0B_E000;
         p.probe_rate = None;
+        // The probe is not part of the load: it samples the whole key space.
+        p.split_keys = false;
         Some(p)
     }
 }
@@ -301,6 +339,17 @@ impl Shared {
 
 /// Run a whole benchmark and return its report (server counters are the caller's business).
 pub fn run(cfg: &RunConfig) -> Result<Report, String> {
+    run_synced(cfg, &mut || Ok(Instant::now() + Duration::from_millis(5)))
+}
+
+/// [`run`], with the start instant given by `sync`, which is called once every worker has
+/// connected and finished the load phase (and not at all if a worker failed). Distributed
+/// load uses it to start every participant together; an error from it aborts the run (the
+/// workers send nothing) and is the run's error.
+pub fn run_synced(
+    cfg: &RunConfig,
+    sync: &mut dyn FnMut() -> Result<Instant, String>,
+) -> Result<Report, String> {
     cfg.validate()?;
     let addrs: Vec<Endpoint> = cfg
         .servers
@@ -329,6 +378,10 @@ pub fn run(cfg: &RunConfig) -> Result<Report, String> {
         None
     };
     let chooser = KeyChooser::new(cfg.workload.keys, &cfg.workload.popularity, cfg.seed)?;
+    if let Some((i, n)) = cfg.key_share() {
+        // Checked here so that a bad share is an error before any connection is made.
+        chooser.clone().set_partition(i, n)?;
+    }
     let shared = Arc::new(Shared {
         keyspace,
         routes,
@@ -378,18 +431,29 @@ pub fn run(cfg: &RunConfig) -> Result<Report, String> {
                     return Err(ABORTED.to_string());
                 }
                 w.main_phase();
-                Ok((probe, w.stats))
+                Ok((probe, w.stats, std::mem::take(&mut w.touched)))
             })
             .map_err(|e| format!("spawn: {e}"))?;
         handles.push(h);
     }
     barrier.wait();
     let load_seconds = cfg.load_phase.then(|| load_started.elapsed().as_secs_f64());
-    if failed.load(Ordering::Relaxed) {
+    let mut sync_err = None;
+    let start = if failed.load(Ordering::Relaxed) {
         shared.abort.store(true, Ordering::Relaxed);
-    }
-    // A short lead time so that every worker sees the start in the future.
-    let start = Instant::now() + Duration::from_millis(5);
+        Instant::now()
+    } else {
+        // By default a short lead time, so that every worker sees the start in the future.
+        match sync() {
+            Ok(s) => s,
+            Err(e) => {
+                shared.abort.store(true, Ordering::Relaxed);
+                sync_err = Some(e);
+                Instant::now()
+            }
+        }
+    };
+    let start_unix_ns = unix_ns_at(start);
     let _ = shared.start.set(start);
     barrier.wait();
     let timeline = if shared.abort.load(Ordering::Relaxed) {
@@ -399,11 +463,21 @@ pub fn run(cfg: &RunConfig) -> Result<Report, String> {
     };
     let mut stats = Stats::default();
     let mut probe_stats = None;
-    let mut first_err = None;
+    let mut first_err = sync_err;
+    let mut touched: Vec<u64> = Vec::new();
     for h in handles {
         match h.join() {
-            Ok(Ok((true, s))) => probe_stats = Some(s),
-            Ok(Ok((false, s))) => stats.merge(&s),
+            Ok(Ok((true, s, _))) => probe_stats = Some(s),
+            Ok(Ok((false, s, t))) => {
+                stats.merge(&s);
+                if touched.is_empty() {
+                    touched = t;
+                } else {
+                    for (a, b) in touched.iter_mut().zip(&t) {
+                        *a |= b;
+                    }
+                }
+            }
             // A worker that failed to connect says why; the others only say "aborted".
             Ok(Err(e)) => {
                 if first_err.as_deref().is_none_or(|f| f == ABORTED) {
@@ -432,8 +506,30 @@ pub fn run(cfg: &RunConfig) -> Result<Report, String> {
         timeline,
         load_seconds,
         server: None,
+        start_unix_ns,
+        distinct_keys: (!touched.is_empty())
+            .then(|| touched.iter().map(|w| u64::from(w.count_ones())).sum()),
+        participants: Vec::new(),
     })
 }
+
+/// The wall-clock time (ns since the Unix epoch) of a monotonic instant near now.
+pub fn unix_ns_at(t: Instant) -> u64 {
+    let (wall, now) = (std::time::SystemTime::now(), Instant::now());
+    let wall = if t >= now {
+        wall + (t - now)
+    } else {
+        wall - (now - t)
+    };
+    wall.duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+/// Keys a worker tracks as touched (a bit each) when there are at most this many, and
+/// threads × keys is at most [`TRACK_BITS_TOTAL`].
+const TRACK_KEYS_MAX: u64 = 1 << 24;
+const TRACK_BITS_TOTAL: u64 = 1 << 30;
 
 /// The measured window's length: the configured duration, or shorter when a request count
 /// ended the run first (then the issue rate tells the time: count / rate for an open loop;
@@ -537,8 +633,9 @@ const UDP_LOAD_WINDOW: usize = 8;
 /// timeouts, if longer): a server that stops answering cannot hold it until `load_timeout`.
 const LOAD_STALL: Duration = Duration::from_secs(5);
 
-/// What a worker thread returns: whether it was the probe, and its counters.
-type WorkerResult = Result<(bool, Stats), String>;
+/// What a worker thread returns: whether it was the probe, its counters, and the keys its
+/// main phase sent requests for (a bit per key; empty when not tracked).
+type WorkerResult = Result<(bool, Stats, Vec<u64>), String>;
 const READ_CHUNK: usize = 64 * 1024;
 
 /// A request sent and not yet answered.
@@ -776,7 +873,11 @@ struct Worker {
     stopping: bool,
     // Load phase.
     load_next: u64,
+    /// The load phase's step between this thread's keys.
+    load_stride: u64,
     load_deadline: Option<Instant>,
+    /// A bit per key the main phase sent a request for (empty when not tracked).
+    touched: Vec<u64>,
 }
 
 impl Worker {
@@ -824,6 +925,24 @@ impl Worker {
         let mut chooser = shared.chooser.clone();
         chooser
             .set_sequence_start((cfg.workload.keys / cfg.threads as u64).saturating_mul(t as u64));
+        // The load phase: thread t of T sets keys t, t + T, ...; with a share i of N of the
+        // key space, keys i + N·t, i + N·(t + T), ...
+        let (mut load_next, mut load_stride) = (t as u64, cfg.threads as u64);
+        if let Some((i, parts)) = cfg.key_share() {
+            chooser.set_partition(i, parts)?;
+            load_next = i + parts * t as u64;
+            load_stride = parts * cfg.threads as u64;
+        }
+        let probe = t >= cfg.threads;
+        let keys = cfg.workload.keys;
+        let touched = if !probe
+            && keys <= TRACK_KEYS_MAX
+            && keys.saturating_mul(cfg.threads as u64) <= TRACK_BITS_TOTAL
+        {
+            vec![0u64; keys.div_ceil(64) as usize]
+        } else {
+            Vec::new()
+        };
         let n = conns.len();
         let now = Instant::now();
         Ok(Worker {
@@ -833,7 +952,7 @@ impl Worker {
             conns,
             rr: vec![0; by_server.len()],
             by_server,
-            rng: Xoshiro256PlusPlus::seed_from_u64(dist::mix64(cfg.seed ^ (t as u64 + 1))),
+            rng: Xoshiro256PlusPlus::seed_from_u64(dist::mix64(cfg.stream_seed() ^ (t as u64 + 1))),
             chooser,
             stats: Stats::default(),
             keybuf: Vec::with_capacity(256),
@@ -851,8 +970,10 @@ impl Worker {
             end: now,
             quota: None,
             stopping: false,
-            load_next: t as u64,
+            load_next,
+            load_stride,
             load_deadline: None,
+            touched,
             shared,
         })
     }
@@ -872,6 +993,9 @@ impl Worker {
     fn send(&mut self, c: usize, op: Op, key: u64, t0: Instant, measured: bool, load: bool) {
         let shared = Arc::clone(&self.shared);
         let w = &self.cfg.workload;
+        if !load {
+            mark(&mut self.touched, key);
+        }
         let conn = &mut self.conns[c];
         self.keybuf.clear();
         shared.keyspace.write_key(key, &mut self.keybuf);
@@ -917,6 +1041,7 @@ impl Worker {
                         }
                     }
                     if let Some(k) = found {
+                        mark(&mut self.touched, k);
                         self.keybuf.push(b' ');
                         shared.keyspace.write_key(k, &mut self.keybuf);
                         self.keyends.push(self.keybuf.len());
@@ -1483,7 +1608,7 @@ impl Worker {
         // This thread's keys are t, t + threads, t + 2·threads, ...; each goes to its server's
         // connection, so the load phase walks its keys and sends each where it belongs.
         let key = self.load_next;
-        self.load_next += self.cfg.threads as u64;
+        self.load_next += self.load_stride;
         let s = self.shared.server_of(key);
         let target = if self.conns[c].server == s && self.conns[c].usable() {
             c
@@ -1734,6 +1859,14 @@ impl Worker {
             let per = n / self.cfg.threads as u64;
             per + u64::from((self.t as u64) < n % self.cfg.threads as u64)
         });
+        // Sleep until just before the start, then spin: a long spin by every worker would
+        // starve other threads of the machine (an agent's thread reading its GO, say).
+        let before = start
+            .saturating_duration_since(Instant::now())
+            .saturating_sub(Duration::from_millis(1));
+        if !before.is_zero() {
+            std::thread::sleep(before);
+        }
         while Instant::now() < start {
             std::hint::spin_loop();
         }
@@ -1910,6 +2043,13 @@ impl Worker {
             .poll
             .registry()
             .deregister(&mut mio::unix::SourceFd(&timer.fd.as_raw_fd()));
+    }
+}
+
+/// Set key `k`'s bit (no-op when keys are not tracked).
+fn mark(touched: &mut [u64], k: u64) {
+    if let Some(w) = touched.get_mut((k / 64) as usize) {
+        *w |= 1 << (k % 64);
     }
 }
 

@@ -1081,6 +1081,9 @@ mod tests {
             timeline: vec![],
             load_seconds: None,
             server: None,
+            start_unix_ns: 0,
+            distinct_keys: None,
+            participants: Vec::new(),
         }
     }
 

@@ -288,6 +288,68 @@ pub struct Report {
     pub load_seconds: Option<f64>,
     /// Server counter deltas over the run (sum over servers), if read.
     pub server: Option<BTreeMap<String, i64>>,
+    /// When the run started (warm-up included), by the wall clock, in ns since the Unix
+    /// epoch (0 if unknown).
+    pub start_unix_ns: u64,
+    /// Distinct keys the main phase sent requests for (warm-up included, the load phase and
+    /// the probe not), when tracked (at most 2^24 keys).
+    pub distinct_keys: Option<u64>,
+    /// Distributed load: each participant's share and counts (the controller first).
+    pub participants: Vec<Participant>,
+}
+
+/// One participant of a distributed run, as the controller saw it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Participant {
+    /// "controller", or the agent's address.
+    pub name: String,
+    /// The fraction of the workload's requests it was given: of the key space's popularity
+    /// mass with split keys, else 1/N.
+    pub share: f64,
+    /// Open loop: the rate it was asked for.
+    pub target_rate: Option<f64>,
+    /// Measured requests issued.
+    pub issued: u64,
+    /// Measured requests completed (as `count` of the `all` row).
+    pub requests: u64,
+    /// Error replies, timeouts, requests lost with a connection or dropped (UDP).
+    pub errors: u64,
+    /// Measured requests completed per second of its window.
+    pub rate: f64,
+    /// Distinct keys its main phase touched, when tracked.
+    pub distinct_keys: Option<u64>,
+    /// Its start relative to the controller's, in ms: the difference of the wall clocks at
+    /// the two starts, less `clock_offset_ms`.
+    pub start_ms: f64,
+    /// Its wall clock minus the controller's, estimated from the fastest of a few pings
+    /// (within half a round trip).
+    pub clock_offset_ms: f64,
+    /// That ping's round trip, ms.
+    pub rtt_ms: f64,
+}
+
+impl Participant {
+    /// A participant's entry from its own counters over `seconds` of measured window.
+    pub fn of(name: &str, share: f64, target_rate: Option<f64>, st: &Stats, seconds: f64) -> Self {
+        let all = st.all();
+        Participant {
+            name: name.to_string(),
+            share,
+            target_rate,
+            issued: st.issued,
+            requests: all.count,
+            errors: all.errors + st.timeouts + st.lost + st.dropped,
+            rate: if seconds > 0.0 {
+                all.count as f64 / seconds
+            } else {
+                0.0
+            },
+            distinct_keys: None,
+            start_ms: 0.0,
+            clock_offset_ms: 0.0,
+            rtt_ms: 0.0,
+        }
+    }
 }
 
 impl Report {
@@ -413,6 +475,40 @@ impl Report {
                 st.misrouted,
                 st.dropped
             );
+        }
+        if !self.participants.is_empty() {
+            let _ = writeln!(
+                s,
+                "\n{:<24}{:>7}{:>10}{:>10}{:>10}{:>8}{:>9}{:>10}{:>8}",
+                "participant",
+                "share",
+                "target/s",
+                "req/s",
+                "requests",
+                "errors",
+                "keys",
+                "start ms",
+                "rtt ms"
+            );
+            for p in &self.participants {
+                let _ = writeln!(
+                    s,
+                    "{:<24}{:>7.3}{:>10}{:>10.0}{:>10}{:>8}{:>9}{:>10.3}{:>8.3}",
+                    p.name,
+                    p.share,
+                    p.target_rate
+                        .map(|r| format!("{r:.0}"))
+                        .unwrap_or_else(|| "-".into()),
+                    p.rate,
+                    p.requests,
+                    p.errors,
+                    p.distinct_keys
+                        .map(|k| k.to_string())
+                        .unwrap_or_else(|| "-".into()),
+                    p.start_ms,
+                    p.rtt_ms
+                );
+            }
         }
         if let Some(server) = &self.server {
             let _ = writeln!(s, "\nserver counters over the run (ours in brackets):");
@@ -547,6 +643,37 @@ impl Report {
             let _ = write!(s, "{}{}: {v}", if i == 0 { "" } else { ", " }, json_str(k));
         }
         s.push('}');
+        let _ = write!(
+            s,
+            ",\n  \"distinct_keys\": {}",
+            self.distinct_keys
+                .map(|k| k.to_string())
+                .unwrap_or_else(|| "null".into())
+        );
+        if !self.participants.is_empty() {
+            s.push_str(",\n  \"participants\": [");
+            for (i, p) in self.participants.iter().enumerate() {
+                let _ = write!(
+                    s,
+                    "{}\n    {{\"name\": {}, \"share\": {}, \"target_rate\": {}, \"issued\": {}, \"requests\": {}, \"errors\": {}, \"rate\": {}, \"distinct_keys\": {}, \"start_ms\": {}, \"clock_offset_ms\": {}, \"rtt_ms\": {}}}",
+                    if i == 0 { "" } else { "," },
+                    json_str(&p.name),
+                    num6(p.share),
+                    p.target_rate.map(num).unwrap_or_else(|| "null".into()),
+                    p.issued,
+                    p.requests,
+                    p.errors,
+                    num(p.rate),
+                    p.distinct_keys
+                        .map(|k| k.to_string())
+                        .unwrap_or_else(|| "null".into()),
+                    num6(p.start_ms),
+                    num6(p.clock_offset_ms),
+                    num6(p.rtt_ms)
+                );
+            }
+            s.push_str("\n  ]");
+        }
         if let Some(server) = &self.server {
             s.push_str(",\n  \"server\": {");
             for (i, (k, v)) in server.iter().enumerate() {
@@ -556,6 +683,16 @@ impl Report {
         }
         s.push_str("\n}\n");
         s
+    }
+}
+
+/// A number to six decimals (shares, milliseconds), `null` if not finite.
+fn num6(x: f64) -> String {
+    if x.is_finite() {
+        let r = (x * 1e6).round() / 1e6;
+        format!("{r}")
+    } else {
+        "null".into()
     }
 }
 
@@ -736,6 +873,9 @@ mod tests {
             timeline: vec![],
             load_seconds: None,
             server: None,
+            start_unix_ns: 0,
+            distinct_keys: None,
+            participants: Vec::new(),
         }
     }
 

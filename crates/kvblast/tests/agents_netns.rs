@@ -492,6 +492,33 @@ fn agents_in_namespaces_share_the_load_and_merge_exactly() {
     );
     assert!(net.alive("agent1") && net.alive("agent2"));
 
+    // One entry per participant, the controller first: the counts add up to the merged
+    // totals, the keys are split (1000 keys, k mod 3: 334 + 333 + 333 at most), and everyone
+    // started together (the namespaces share the machine's clock).
+    let ps = r["participants"].as_array().expect("participants");
+    let names: Vec<&str> = ps
+        .iter()
+        .map(|p| p["name"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(names, ["controller", a1.as_str(), a2.as_str()], "{test}");
+    let sum = |k: &str| {
+        ps.iter()
+            .map(|p| p[k].as_f64().unwrap_or(-1.0))
+            .sum::<f64>()
+    };
+    assert_eq!(
+        sum("requests"),
+        f64_at(&r, &["ops", "all", "count"]),
+        "{test}"
+    );
+    assert_eq!(sum("issued"), f64_at(&r, &["totals", "issued"]), "{test}");
+    for (p, most) in ps.iter().zip([334.0, 333.0, 333.0]) {
+        let keys = p["distinct_keys"].as_f64().unwrap_or(-1.0);
+        assert!(keys > 0.0 && keys <= most, "{test}: {p}");
+        let skew = p["start_ms"].as_f64().unwrap_or(f64::NAN);
+        assert!(skew.abs() < 50.0, "{test}: start skew {skew} ms: {p}");
+    }
+
     // Exact merge: kvblast's totals (all participants, warm-up and drain included) are
     // memcached's counter deltas, in the report and read independently here.
     let delta = |k: &str| after.get(k).copied().unwrap_or(0) - before.get(k).copied().unwrap_or(0);

@@ -633,6 +633,7 @@ fn master_and_agent_split_the_load() {
         "usr",
         "--keys",
         "1000",
+        "--load",
         "--rate",
         "4000",
         "--arrival",
@@ -657,8 +658,173 @@ fn master_and_agent_split_the_load() {
     let offered = r.offered_rate();
     assert!((offered - 4000.0).abs() / 4000.0 < 0.01, "{}", r.table());
     assert_eq!(r.stats.all().count, r.stats.issued, "{}", r.table());
-    assert!(r.table().contains("agents"));
+    let table = r.table();
+    assert!(table.contains("agents"));
+    // The load phase is split too: each participant set its own half, every key once.
+    assert_eq!(r.stats.loaded, 1000, "{table}");
+    // One line per participant, in the table and in the JSON, summing to the totals.
+    let json: serde_json::Value = serde_json::from_str(&r.json()).expect("JSON");
+    let ps = json["participants"].as_array().expect("participants");
+    assert_eq!(ps.len(), 2, "{json}");
+    assert_eq!(ps[0]["name"], "controller");
+    assert_eq!(ps[1]["name"].as_str(), Some(agent_addr.as_str()));
+    let sum = |k: &str| ps.iter().map(|p| p[k].as_u64().expect(k)).sum::<u64>();
+    assert_eq!(sum("requests"), r.stats.all().count, "{table}");
+    assert_eq!(sum("issued"), r.stats.issued, "{table}");
+    assert_eq!(sum("errors"), 0, "{table}");
+    let share: f64 = ps.iter().map(|p| p["share"].as_f64().expect("share")).sum();
+    assert!((share - 1.0).abs() < 1e-6, "{json}");
+    for p in ps {
+        let name = p["name"].as_str().unwrap_or_default();
+        assert!(table.contains(name), "{table}");
+        // Uniform popularity over 1000 keys: half the rate each, and it was achieved.
+        assert_eq!(p["target_rate"].as_f64(), Some(2000.0), "{p}");
+        let rate = p["rate"].as_f64().expect("rate");
+        assert!((rate - 2000.0).abs() / 2000.0 < 0.02, "{p}");
+        // Started together (one machine: one clock).
+        let skew = p["start_ms"].as_f64().expect("start_ms");
+        assert!(
+            skew.abs() < 50.0,
+            "{name} started {skew} ms after the controller"
+        );
+        // Each drew from its own half of the keys (500 of them).
+        let keys = p["distinct_keys"].as_u64().expect("distinct_keys");
+        assert!(keys > 400 && keys <= 500, "{p}");
+    }
+    eprintln!("{table}");
     agent.join().expect("agent thread").expect("agent");
+}
+
+/// An agent that fails before the start (here: a fake one that answers its job with `ERR`
+/// instead of `READY`) fails the run, naming it, and nobody sends measured load.
+#[test]
+fn agent_failing_before_the_start_fails_the_run() {
+    let mc = start_memcached();
+    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind agent");
+    let agent_addr = l.local_addr().expect("addr").to_string();
+    let fake = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().expect("accept");
+        let mut line = Vec::new();
+        let mut b = [0u8; 1];
+        while s.read(&mut b).map(|n| n == 1).unwrap_or(false) && b[0] != b'\n' {
+            line.push(b[0]);
+        }
+        let _ = s.write_all(b"ERR cannot connect to the server\n");
+        String::from_utf8_lossy(&line).into_owned()
+    });
+    let argv = [
+        "run",
+        "-w",
+        "usr",
+        "--keys",
+        "100",
+        "--rate",
+        "1000",
+        "-D",
+        "300ms",
+        "-q",
+        "--agent",
+        &agent_addr,
+        &mc.addr,
+    ];
+    let args = kvblast::cli::Args::parse(argv.iter().map(|s| s.to_string())).expect("args");
+    let before = stats_of(&[&mc]);
+    let err = kvblast::agent::run_with_agents(&args).expect_err("the agent failed");
+    let after = stats_of(&[&mc]);
+    assert!(
+        err.contains(&agent_addr) && err.contains("cannot connect to the server"),
+        "{err}"
+    );
+    let job = fake.join().expect("fake agent");
+    assert!(
+        job.starts_with("RUN\t") && job.contains("--participant\t1/2"),
+        "{job}"
+    );
+    let d = server_delta(&before, &after);
+    assert_eq!(d["cmd_get"] + d["cmd_set"], 0, "load was sent: {d:?}");
+}
+
+/// With `--agent-keys split` (the default) the participants' keys are disjoint: a set-only
+/// run over a small key space leaves memcached with exactly as many items as the sum of the
+/// participants' distinct keys. With `shared` they overlap (the check can fail).
+#[test]
+fn agents_split_the_key_space() {
+    for mode in ["split", "shared"] {
+        let mc = start_memcached();
+        let mut agents = Vec::new();
+        let mut addrs = Vec::new();
+        for _ in 0..2 {
+            let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind agent");
+            addrs.push(l.local_addr().expect("addr").to_string());
+            agents.push(std::thread::spawn(move || {
+                kvblast::agent::serve(l, Some(1))
+            }));
+        }
+        let argv = [
+            "run",
+            "-w",
+            "usr",
+            "--keys",
+            "300",
+            "--popularity",
+            "zipf:0.9",
+            "--mix",
+            "set=1",
+            "--rate",
+            "6000",
+            "-D",
+            "500ms",
+            "--drain",
+            "300ms",
+            "-q",
+            "--agent-keys",
+            mode,
+            "--agent",
+            &addrs[0],
+            "--agent",
+            &addrs[1],
+            &mc.addr,
+        ];
+        let args = kvblast::cli::Args::parse(argv.iter().map(|s| s.to_string())).expect("args");
+        let r = kvblast::agent::run_with_agents(&args).expect("distributed run");
+        for a in agents {
+            a.join().expect("agent thread").expect("agent");
+        }
+        let table = r.table();
+        eprintln!("{mode}:\n{table}");
+        let items = server_stats(&mc.addr, Duration::from_secs(5)).expect("stats")["curr_items"];
+        let keys: Vec<u64> = r
+            .participants
+            .iter()
+            .map(|p| p.distinct_keys.expect("distinct keys tracked"))
+            .collect();
+        assert_eq!(keys.len(), 3);
+        let sum: u64 = keys.iter().sum();
+        assert_eq!(
+            r.participants.iter().map(|p| p.requests).sum::<u64>(),
+            r.stats.all().count
+        );
+        for p in &r.participants {
+            assert!(p.start_ms.abs() < 50.0, "{mode}: {p:?}");
+            assert!(p.requests > 0, "{mode}: {p:?}");
+        }
+        if mode == "split" {
+            assert_eq!(
+                sum as i64, items,
+                "{mode}: keys {keys:?}, memcached has {items}"
+            );
+            // Each share is 100 keys; the zipf shares' rates follow their popularity mass.
+            assert!(keys.iter().all(|&k| k <= 100), "{keys:?}");
+            let target: f64 = r.participants.iter().filter_map(|p| p.target_rate).sum();
+            assert!((target - 6000.0).abs() < 1e-6, "{table}");
+        } else {
+            assert!(
+                sum as i64 > items,
+                "{mode}: keys {keys:?}, memcached has {items}"
+            );
+            assert!(keys.iter().all(|&k| k > 100), "{keys:?}");
+        }
+    }
 }
 
 /// The load phase over UDP finishes and stores every key, even with enough sockets and sets
