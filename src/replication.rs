@@ -555,8 +555,12 @@ fn follow_link(
                 repl.last_io_ms
                     .store(repl.started.elapsed().as_millis() as u64, Ordering::Relaxed);
                 if a.idle {
-                    // Nothing new: poll again soon (1 ms, up to 4 ms while it stays idle).
-                    idle = (idle + Duration::from_millis(1)).min(Duration::from_millis(4));
+                    // Nothing new: poll again soon, backing off while it stays idle (1 ms
+                    // doubling to 10 ms: an idle link costs both ends well under 1% of a
+                    // core, and a write waits at most 10 ms for the next pull).
+                    idle = (idle * 2)
+                        .max(Duration::from_millis(1))
+                        .min(Duration::from_millis(10));
                     std::thread::sleep(idle);
                 } else {
                     idle = Duration::ZERO;
