@@ -45,7 +45,10 @@ if [ "$load" = kvblast ]; then
 else
     cargo build --release -q -p kvcached
 fi
-kvcached=target/release/kvcached
+# Binaries from CARGO_TARGET_DIR if set; KVCACHED runs another kvcached (e.g. an older build).
+target=${CARGO_TARGET_DIR:-target}
+kvcached=${KVCACHED:-$target/release/kvcached}
+kvblast=$target/release/kvblast
 memcached=${MEMCACHED:-/usr/bin/memcached}
 mc_version=$("$memcached" -V | awk '{print $2}')
 
@@ -77,7 +80,7 @@ run_load() { # PORT; prints the load generator's CPU seconds
             fi
             # Default workload: Facebook ETC sizes, 100k keys, look-aside (get; set on a miss).
             [ ${#extra[@]} -gt 0 ] || extra=(--workload etc --keys 100000 --look-aside)
-            cpu_of timeout $((duration + 30)) taskset -c $load_core target/release/kvblast run -q \
+            cpu_of timeout $((duration + 30)) taskset -c $load_core "$kvblast" run -q \
                 --no-server-stats -c "$conns" -D "${duration}s" "${extra[@]}" "$target" ;;
         *) echo "unknown load generator $load" >&2; exit 2 ;;
     esac
@@ -99,7 +102,7 @@ for round in $(seq 1 "$rounds"); do
         pid=$!
         wait_port "$port"
         if [ $udp = 1 ] && [ "$load" = kvblast ]; then
-            target/release/kvblast run -q --no-server-stats --workload usr --keys 100000 \
+            "$kvblast" run -q --no-server-stats --workload usr --keys 100000 \
                 --mix set=1 --popularity sequential -c 8 -d 8 -n 100000 "127.0.0.1:$port" >/dev/null
         fi
         t0=$(cpu_ticks $pid)

@@ -1,20 +1,35 @@
-//! The UDP path (`-U`): memcached's framed datagrams.
+//! The UDP path (`-U`): memcached's framed datagrams, received and sent in batches.
 //!
 //! Every worker binds its own socket to the UDP port with SO_REUSEPORT, so the kernel spreads
-//! datagrams over the workers and no socket is shared. A request is one datagram (memcached
-//! drops requests that span datagrams); its reply is one message, split into datagrams of at
-//! most 1400 bytes with the request's id, sequence numbers and count. Requests run through
-//! the same text and binary executors as TCP, on a session that lives for one datagram.
+//! datagrams over the workers and no socket is shared. A worker takes up to [`BATCH`]
+//! datagrams per `recvmmsg` into buffers it keeps ([`Buffers`]), answers them into one output
+//! buffer (values are copied once, from the item memory into it), and sends the reply
+//! datagrams with `sendmmsg`, [`BATCH`] per call, each as two pieces (the 8-byte frame header
+//! and a slice of the output buffer), so a reply is never copied again to be framed.
 //!
-//! Difference from memcached: a multiget's reply is one message here, where memcached sends
-//! one message per key; single-key replies are the same bytes.
+//! A request is one datagram (memcached drops requests that span datagrams). Requests run
+//! through the same text and binary executors as TCP, on a session that lives for one
+//! datagram. Replies are framed as memcached 1.6 frames them (see `kvproto::udp`): each
+//! request's reply is its own message, and a multi-key `get` sends one message per key (`END`
+//! goes with the last). memcached keeps its replies in a queue that it flushes at the end of
+//! a datagram, every `-R` requests (21 the first time) and after `mn` or a binary `noop`,
+//! error or `quit`. A message with no bytes is a bare 8-byte header (count 0), sent only when
+//! no other message of its flush went out before it: memcached consumes later empty messages
+//! as part of the send before them. Silent text replies (`noreply`, `q`) are no message at
+//! all; silent binary replies (quiet commands) are empty messages. A multiget rejected for an
+//! over-long key drops the unsent messages of its flush, as memcached does.
 
 use std::io;
+use std::mem::{size_of, zeroed};
 use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, RawFd};
+use std::ptr;
 
 use kvproto::binary as bin;
-use kvproto::text::{self as proto, Parse};
-use kvproto::udp::{self as frame, Datagrams};
+use kvproto::meta::MetaRequest;
+use kvproto::text::{self as proto, Keys, Parse, Request};
+use kvproto::udp::{self as frame, Datagrams, HEADER_LEN};
+use kvstore::ReadOptions;
 use socket2::{Domain, Socket, Type};
 
 use crate::binary;
@@ -22,8 +37,20 @@ use crate::config::Config;
 use crate::conn::{Ctx, Session, Step};
 use crate::text;
 
-/// Datagrams handled per readiness event before the worker turns to other sockets.
-const BATCH: usize = 64;
+/// Datagrams per `recvmmsg` or `sendmmsg` call.
+const BATCH: usize = 32;
+
+/// `recvmmsg` calls per turn before the worker turns to other sockets.
+const ROUNDS: usize = 2;
+
+/// Receive buffer per datagram: the largest UDP payload fits.
+const RECV_SLOT: usize = 64 * 1024;
+
+/// Queued replies are sent once the output buffer holds this much.
+const FLUSH_AT: usize = 256 * 1024;
+
+/// Capacity the output buffer keeps after a large reply.
+const KEEP_CAPACITY: usize = 1 << 20;
 
 /// The largest reply sent for one datagram; a request whose reply would exceed it gets
 /// memcached's error for a get response it cannot build.
@@ -60,54 +87,331 @@ pub fn bind(addr: SocketAddr) -> io::Result<mio::net::UdpSocket> {
     Ok(mio::net::UdpSocket::from_std(socket.into()))
 }
 
-/// Answer the datagrams waiting on `sock`, up to a batch.
-pub fn serve(
-    sock: &mio::net::UdpSocket,
-    ctx: &mut Ctx<'_>,
-    datagram: &mut [u8],
-    out: &mut Vec<u8>,
-) {
-    for _ in 0..BATCH {
-        let (n, peer) = match sock.recv_from(datagram) {
-            Ok(r) => r,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(_) => return,
-        };
-        ctx.stats.bytes_read.add(n as u64);
-        let Some((header, payload)) = datagram.get(..n).and_then(frame::parse_frame) else {
-            continue; // malformed or multi-datagram request: memcached drops it silently
-        };
-        let reply = execute(ctx, payload);
-        if reply.is_empty() {
-            continue;
+/// One reply message: `out[start..end]`, for the datagram in receive slot `peer`.
+#[derive(Debug, Clone, Copy)]
+struct Message {
+    peer: usize,
+    request_id: u16,
+    start: usize,
+    end: usize,
+}
+
+/// A worker's UDP buffers, allocated on first use and reused for every datagram.
+pub struct Buffers {
+    /// [`BATCH`] receive slots of [`RECV_SLOT`] bytes (pages are touched only as used).
+    recv: Vec<u8>,
+    /// The bytes received in each slot.
+    lens: [usize; BATCH],
+    /// Each slot's sender, as `recvmmsg` wrote it, and its length.
+    addrs: Vec<libc::sockaddr_storage>,
+    addr_lens: [libc::socklen_t; BATCH],
+    /// Replies not yet sent, and their messages in order.
+    out: Vec<u8>,
+    messages: Vec<Message>,
+}
+
+impl Buffers {
+    pub fn new() -> Buffers {
+        Buffers {
+            recv: Vec::new(),
+            lens: [0; BATCH],
+            addrs: Vec::new(),
+            addr_lens: [0; BATCH],
+            out: Vec::new(),
+            messages: Vec::new(),
         }
-        for d in Datagrams::new(header.request_id, &reply) {
-            out.clear();
-            d.write_to(out);
-            match sock.send_to(out, peer) {
-                Ok(sent) => ctx.stats.bytes_written.add(sent as u64),
+    }
+}
+
+/// Answer the datagrams waiting on `sock`, up to [`ROUNDS`] batches. Returns true if more
+/// may be waiting (the last batch was full): the caller should come back without waiting
+/// for readiness, which an edge-triggered poll would not report again.
+pub fn serve(sock: &mio::net::UdpSocket, ctx: &mut Ctx<'_>, b: &mut Buffers) -> bool {
+    if b.recv.is_empty() {
+        b.recv = vec![0; BATCH * RECV_SLOT];
+        // SAFETY: sockaddr_storage is a plain C struct for which all zero bytes is a valid
+        // value (an unspecified address family).
+        b.addrs = vec![unsafe { zeroed::<libc::sockaddr_storage>() }; BATCH];
+    }
+    let fd = sock.as_raw_fd();
+    let mut rounds = 0;
+    while rounds < ROUNDS {
+        let n = match recv_batch(fd, b) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => return false,
+        };
+        rounds += 1;
+        for slot in 0..n {
+            let len = b.lens.get(slot).copied().unwrap_or(0);
+            ctx.stats.bytes_read.add(len as u64);
+            let start = slot * RECV_SLOT;
+            let Some(datagram) = b.recv.get(start..start + len) else {
+                continue;
+            };
+            let Some((header, payload)) = frame::parse_frame(datagram) else {
+                continue; // malformed or multi-datagram request: memcached drops it silently
+            };
+            let reply = Reply {
+                peer: slot,
+                request_id: header.request_id,
+                messages: &mut b.messages,
+            };
+            execute(ctx, payload, &mut b.out, reply);
+            if b.out.len() >= FLUSH_AT {
+                send_all(fd, ctx, b);
+            }
+        }
+        send_all(fd, ctx, b);
+        if n < BATCH {
+            return false;
+        }
+    }
+    true
+}
+
+/// `recvmmsg` into the receive slots; returns how many datagrams arrived (0: none waiting).
+fn recv_batch(fd: RawFd, b: &mut Buffers) -> io::Result<usize> {
+    // SAFETY: iovec and mmsghdr are plain C structs; all zero bytes is a valid value
+    // (null pointers, zero lengths).
+    let mut iovs: [libc::iovec; BATCH] = unsafe { zeroed() };
+    // SAFETY: as above.
+    let mut hdrs: [libc::mmsghdr; BATCH] = unsafe { zeroed() };
+    for (iov, slot) in iovs.iter_mut().zip(b.recv.chunks_exact_mut(RECV_SLOT)) {
+        iov.iov_base = slot.as_mut_ptr().cast();
+        iov.iov_len = slot.len();
+    }
+    let iov_base = iovs.as_mut_ptr();
+    let addr_base = b.addrs.as_mut_ptr();
+    let slots = BATCH.min(b.addrs.len()).min(b.recv.len() / RECV_SLOT);
+    for (i, h) in hdrs.iter_mut().enumerate().take(slots) {
+        // Pointers into `iovs` and `b.addrs`, both left alone until recvmmsg returns.
+        h.msg_hdr.msg_iov = iov_base.wrapping_add(i);
+        h.msg_hdr.msg_iovlen = 1;
+        h.msg_hdr.msg_name = addr_base.wrapping_add(i).cast();
+        h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    }
+    // SAFETY: the first `slots` headers point at valid iovecs, each covering a distinct
+    // RECV_SLOT-byte region of `b.recv`, and at distinct sockaddr_storage entries of
+    // `b.addrs` with their true size; none of these is moved or otherwise accessed during
+    // the call, and the kernel writes at most `slots` headers and within those bounds.
+    let n = unsafe {
+        libc::recvmmsg(
+            fd,
+            hdrs.as_mut_ptr(),
+            slots as libc::c_uint,
+            libc::MSG_DONTWAIT,
+            ptr::null_mut(),
+        )
+    };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        return match e.kind() {
+            io::ErrorKind::WouldBlock => Ok(0),
+            _ => Err(e),
+        };
+    }
+    let n = (n as usize).min(slots);
+    for (i, h) in hdrs.iter().enumerate().take(n) {
+        b.lens[i] = (h.msg_len as usize).min(RECV_SLOT);
+        b.addr_lens[i] = h.msg_hdr.msg_namelen;
+    }
+    Ok(n)
+}
+
+/// Send every queued message and empty the queue.
+fn send_all(fd: RawFd, ctx: &mut Ctx<'_>, b: &mut Buffers) {
+    send_messages(fd, ctx, b);
+    b.out.clear();
+    b.messages.clear();
+    if b.out.capacity() > KEEP_CAPACITY {
+        b.out.shrink_to(FLUSH_AT);
+    }
+}
+
+fn send_messages(fd: RawFd, ctx: &mut Ctx<'_>, b: &Buffers) {
+    let out = &b.out;
+    let mut datagrams = b.messages.iter().enumerate().flat_map(|(m, msg)| {
+        let body = out.get(msg.start..msg.end).unwrap_or_default();
+        Datagrams::new(msg.request_id, body).map(move |d| (m, msg.peer, d))
+    });
+    let mut heads = [[0u8; HEADER_LEN]; BATCH];
+    let mut payloads: [&[u8]; BATCH] = [&[]; BATCH];
+    let mut peers = [0usize; BATCH];
+    let mut msgs = [0usize; BATCH];
+    // A message whose datagram could not be sent: the rest of it is dropped too.
+    let mut dropped = None;
+    loop {
+        let mut n = 0;
+        while n < BATCH {
+            let Some((m, peer, d)) = datagrams.next() else {
+                break;
+            };
+            if dropped == Some(m) {
+                continue;
+            }
+            heads[n] = d.header;
+            payloads[n] = d.payload;
+            peers[n] = peer;
+            msgs[n] = m;
+            n += 1;
+        }
+        if n == 0 {
+            return;
+        }
+        let mut done = 0;
+        while done < n {
+            let batch = Batch {
+                heads: &heads[done..n],
+                payloads: &payloads[done..n],
+                peers: &peers[done..n],
+            };
+            match send_batch(fd, batch, b) {
+                Ok((sent, bytes)) if sent > 0 => {
+                    ctx.stats.bytes_written.add(bytes);
+                    done += sent;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 // UDP is lossy: a full socket buffer drops the rest of this reply.
-                Err(_) => break,
+                _ => {
+                    let m = msgs[done];
+                    dropped = Some(m);
+                    while done < n && msgs[done] == m {
+                        done += 1;
+                    }
+                }
             }
         }
     }
 }
 
-/// Execute every request in one datagram; returns the reply message.
-fn execute(ctx: &mut Ctx<'_>, payload: &[u8]) -> Vec<u8> {
+/// Datagrams for one `sendmmsg`: headers, payloads and receive slots of their peers.
+struct Batch<'a> {
+    heads: &'a [[u8; HEADER_LEN]],
+    payloads: &'a [&'a [u8]],
+    peers: &'a [usize],
+}
+
+/// One `sendmmsg`; returns the datagrams sent (from the first) and their bytes.
+fn send_batch(fd: RawFd, batch: Batch<'_>, b: &Buffers) -> io::Result<(usize, u64)> {
+    // SAFETY: iovec and mmsghdr are plain C structs; all zero bytes is a valid value
+    // (null pointers, zero lengths).
+    let mut iovs: [[libc::iovec; 2]; BATCH] = unsafe { zeroed() };
+    // SAFETY: as above.
+    let mut hdrs: [libc::mmsghdr; BATCH] = unsafe { zeroed() };
+    let mut n = 0;
+    for (iov, ((head, payload), &peer)) in iovs
+        .iter_mut()
+        .zip(batch.heads.iter().zip(batch.payloads).zip(batch.peers))
+    {
+        if peer >= b.addrs.len() || peer >= BATCH {
+            break;
+        }
+        // The kernel only reads through these pointers (sendmmsg).
+        iov[0].iov_base = head.as_ptr().cast_mut().cast();
+        iov[0].iov_len = head.len();
+        iov[1].iov_base = payload.as_ptr().cast_mut().cast();
+        iov[1].iov_len = payload.len();
+        n += 1;
+    }
+    let iov_base = iovs.as_mut_ptr();
+    for (i, (h, &peer)) in hdrs.iter_mut().zip(batch.peers).enumerate().take(n) {
+        h.msg_hdr.msg_iov = iov_base.wrapping_add(i).cast();
+        h.msg_hdr.msg_iovlen = 2;
+        h.msg_hdr.msg_name = ptr::from_ref(&b.addrs[peer]).cast_mut().cast();
+        h.msg_hdr.msg_namelen = b.addr_lens[peer];
+    }
+    if n == 0 {
+        return Ok((0, 0));
+    }
+    // SAFETY: the first `n` headers point at two valid iovecs each (a header array and a
+    // slice of the output buffer, both borrowed for the call) and at a sockaddr_storage
+    // filled by recvmmsg with its length; sendmmsg only reads through them and writes
+    // `msg_len` of at most `n` headers.
+    let sent =
+        unsafe { libc::sendmmsg(fd, hdrs.as_mut_ptr(), n as libc::c_uint, libc::MSG_DONTWAIT) };
+    if sent < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let sent = (sent as usize).min(n);
+    let bytes = hdrs.iter().take(sent).map(|h| u64::from(h.msg_len)).sum();
+    Ok((sent, bytes))
+}
+
+/// Where one datagram's reply messages go, and the state of memcached's reply queue.
+struct Reply<'a> {
+    peer: usize,
+    request_id: u16,
+    messages: &'a mut Vec<Message>,
+}
+
+/// memcached's reply queue within one datagram: which messages one flush covers.
+struct Queue {
+    /// Index of the first message of the current flush.
+    flush_start: usize,
+    /// No message of the current flush was sent yet: an empty message would be.
+    nothing_sent: bool,
+    /// Requests left before memcached flushes for `-R`.
+    left: usize,
+    per_event: usize,
+}
+
+impl Reply<'_> {
+    /// A message of `out[start..end]`: sent if not empty; if empty, sent as a bare header
+    /// when `empty_counts` and nothing of this flush went out before it.
+    fn message(&mut self, q: &mut Queue, start: usize, end: usize, empty_counts: bool) {
+        if end > start || (empty_counts && q.nothing_sent) {
+            q.nothing_sent = false;
+            self.messages.push(Message {
+                peer: self.peer,
+                request_id: self.request_id,
+                start,
+                end,
+            });
+        }
+    }
+
+    fn flush(&mut self, q: &mut Queue) {
+        q.flush_start = self.messages.len();
+        q.nothing_sent = true;
+    }
+
+    /// One request done: memcached flushes every `-R` requests.
+    fn request_done(&mut self, q: &mut Queue) {
+        q.left = q.left.saturating_sub(1);
+        if q.left == 0 {
+            q.left = q.per_event.max(1);
+            self.flush(q);
+        }
+    }
+}
+
+/// Execute every request in one datagram, appending the replies to `out` and their
+/// messages to `reply`.
+fn execute(ctx: &mut Ctx<'_>, payload: &[u8], out: &mut Vec<u8>, mut reply: Reply<'_>) {
+    let base = out.len();
+    let base_messages = reply.messages.len();
     let mut s = Session::new();
+    s.out = std::mem::take(out);
+    let per_event = ctx.shared.config.reqs_per_event;
+    let mut q = Queue {
+        flush_start: base_messages,
+        nothing_sent: true,
+        // memcached runs one request before it starts counting.
+        left: per_event.saturating_add(1),
+        per_event,
+    };
     let limits = ctx.shared.limits;
     let binary = payload.first() == Some(&bin::REQUEST_MAGIC);
     let mut pos = 0;
-    while pos < payload.len() && s.out.len() <= MAX_REPLY {
+    while pos < payload.len() && s.out.len() - base <= MAX_REPLY {
         let rest = &payload[pos..];
+        let start = s.out.len();
         if binary {
-            match bin::parse(rest, &limits) {
+            let stop = match bin::parse(rest, &limits) {
                 bin::Parse::Request(req, used) => {
-                    if binary::execute(req, ctx, &mut s) == Step::Close {
-                        break;
-                    }
                     pos += used;
+                    binary::execute(req, ctx, &mut s) == Step::Close
                 }
                 bin::Parse::Error {
                     opcode,
@@ -116,7 +420,7 @@ fn execute(ctx: &mut Ctx<'_>, payload: &[u8]) -> Vec<u8> {
                     ..
                 } => {
                     bin::write_error(&mut s.out, opcode, opaque, status);
-                    break;
+                    true
                 }
                 bin::Parse::TooLarge {
                     opcode,
@@ -126,47 +430,177 @@ fn execute(ctx: &mut Ctx<'_>, payload: &[u8]) -> Vec<u8> {
                     ..
                 } => {
                     binary::too_large(ctx, &mut s, opcode, opaque, status, key);
-                    break;
+                    true
                 }
                 bin::Parse::Incomplete | bin::Parse::Close => break,
+            };
+            let end = s.out.len();
+            reply.message(&mut q, start, end, true);
+            if s.out.get(start..end).is_some_and(binary_flushes) {
+                reply.flush(&mut q);
+            }
+            if stop {
+                break;
             }
         } else {
             match proto::parse(rest, &limits) {
-                Parse::Request(req, used) => match text::execute(req, ctx, &mut s) {
-                    // A multiget paused for output: continue it (the session remembers
-                    // which keys are done); MAX_REPLY bounds the message.
-                    Step::Pause => continue,
-                    Step::Close => break,
-                    Step::Next => pos += used,
-                },
+                Parse::Request(req, used) => {
+                    // Replication's refusals (a replica's writes, an out-of-sync replica's
+                    // reads) are `text::execute`'s: a refused get goes there.
+                    let repl = &ctx.shared.repl;
+                    let step = match req {
+                        Request::Get {
+                            with_cas,
+                            keys,
+                            rejected,
+                        } if repl.read_refusal(&ctx.shared.config).is_none() => get(
+                            ctx,
+                            &mut s,
+                            (&mut reply, &mut q),
+                            keys,
+                            with_cas,
+                            None,
+                            rejected,
+                        ),
+                        Request::Gat {
+                            with_cas,
+                            exptime,
+                            keys,
+                            rejected,
+                        } if repl.write_refusal().is_none() => {
+                            let at = Some(ctx.shared.clock.expiry(exptime));
+                            get(
+                                ctx,
+                                &mut s,
+                                (&mut reply, &mut q),
+                                keys,
+                                with_cas,
+                                at,
+                                rejected,
+                            )
+                        }
+                        req => {
+                            let noop = matches!(req, Request::Meta(MetaRequest::Noop));
+                            let step = text::execute(req, ctx, &mut s);
+                            reply.message(&mut q, start, s.out.len(), false);
+                            if noop {
+                                reply.flush(&mut q); // `mn` flushes memcached's queue
+                            }
+                            step
+                        }
+                    };
+                    match step {
+                        Step::Close => break,
+                        // Over MAX_REPLY (the error replaces the reply below).
+                        Step::Pause => break,
+                        Step::Next => pos += used,
+                    }
+                }
                 Parse::Error {
-                    reply,
+                    reply: error,
                     noreply,
                     consumed,
                     ..
                 } => {
                     if !noreply {
-                        proto::write_error(&mut s.out, reply);
+                        proto::write_error(&mut s.out, error);
                     }
+                    reply.message(&mut q, start, s.out.len(), false);
                     pos += consumed.max(1);
                 }
                 Parse::TooLarge {
                     mode, key, noreply, ..
                 } => {
                     text::too_large(ctx, &mut s, mode, key, noreply);
+                    reply.message(&mut q, start, s.out.len(), false);
                     break;
                 }
                 Parse::Incomplete | Parse::Close => break,
             }
         }
+        reply.request_done(&mut q);
         if s.close_after_write {
             break;
         }
     }
-    if s.out.len() > MAX_REPLY {
-        s.out.clear();
+    if s.out.len() - base > MAX_REPLY {
+        s.out.truncate(base);
+        reply.messages.truncate(base_messages);
         s.out
             .extend_from_slice(b"SERVER_ERROR out of memory writing get response\r\n");
+        let end = s.out.len();
+        reply.message(&mut q, base, end, false);
     }
-    s.out
+    *out = s.out;
+}
+
+/// Whether memcached flushes its reply queue after this binary reply: `noop` and `quit`,
+/// and errors without a key (the miss of a `getk` keeps the queue).
+fn binary_flushes(reply: &[u8]) -> bool {
+    let Some(head) = reply.first_chunk::<8>() else {
+        return false;
+    };
+    let [magic, opcode, k0, k1, _, _, s0, s1] = *head;
+    magic == bin::RESPONSE_MAGIC
+        && (opcode == bin::opcode::NOOP
+            || opcode == bin::opcode::QUIT
+            || (u16::from_be_bytes([s0, s1]) != 0 && u16::from_be_bytes([k0, k1]) == 0))
+}
+
+/// get/gets/gat/gats over UDP: one message per key, `END` with the last, as memcached does.
+/// Lookups, counters and replies are those of `text::execute`. Returns `Step::Pause` when
+/// the reply outgrew [`MAX_REPLY`].
+fn get(
+    ctx: &mut Ctx<'_>,
+    s: &mut Session,
+    (reply, q): (&mut Reply<'_>, &mut Queue),
+    keys: Keys<'_>,
+    with_cas: bool,
+    touch: Option<kvstore::Time>,
+    rejected: bool,
+) -> Step {
+    let shared = ctx.shared;
+    let now = shared.clock.now();
+    let opts = ReadOptions { touch };
+    let base = s.out.len();
+    // Where the last key's message starts (`END` joins it).
+    let mut last = s.out.len();
+    let mut keys = keys.peekable();
+    while let Some(key) = keys.next() {
+        let start = s.out.len();
+        last = start;
+        let out = &mut s.out;
+        let hit = shared.engine.get(key, now, opts, &mut |item| {
+            if !rejected {
+                let cas = if with_cas { Some(item.cas) } else { None };
+                proto::write_value(out, item.key, item.flags, item.value, cas);
+            }
+        });
+        ctx.stats.count_read(touch.is_some(), hit);
+        if s.out.len() - base > MAX_REPLY {
+            return Step::Pause;
+        }
+        if keys.peek().is_some() && !rejected {
+            reply.message(q, start, s.out.len(), true);
+        }
+    }
+    if rejected {
+        // memcached drops the replies of this flush not sent yet and answers only the error.
+        let (cut, first) = reply
+            .messages
+            .get(q.flush_start)
+            .map_or((s.out.len(), false), |m| (m.start, true));
+        if first {
+            reply.messages.truncate(q.flush_start);
+        }
+        s.out.truncate(cut.min(s.out.len()));
+        let start = s.out.len();
+        proto::write_error(&mut s.out, proto::BAD_FORMAT);
+        q.nothing_sent = true;
+        reply.message(q, start, s.out.len(), false);
+    } else {
+        s.out.extend_from_slice(proto::END);
+        reply.message(q, last, s.out.len(), false);
+    }
+    Step::Next
 }

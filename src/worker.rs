@@ -36,6 +36,8 @@ pub struct Worker {
     listeners: Vec<MioListener>,
     /// This worker's own UDP sockets (SO_REUSEPORT), tokens after the listeners'.
     udp: Vec<mio::net::UdpSocket>,
+    /// UDP sockets that may hold more datagrams than one turn took (by index in `udp`).
+    udp_ready: Vec<usize>,
     /// Connections by slot; a slot's token is `conn_base() + slot`.
     conns: Vec<Option<Conn>>,
     free: Vec<usize>,
@@ -81,6 +83,7 @@ impl Worker {
             waker,
             listeners: mine,
             udp,
+            udp_ready: Vec::new(),
             conns: Vec::new(),
             free: Vec::new(),
             ready: VecDeque::new(),
@@ -99,12 +102,12 @@ impl Worker {
     pub fn run(mut self) {
         let mut events = Events::with_capacity(1024);
         let mut scratch = vec![0u8; SCRATCH];
-        // Reply datagrams are assembled here, one at a time.
-        let mut datagram = Vec::with_capacity(kvproto::udp::MAX_DATAGRAM);
+        // Receive slots and replies of the UDP sockets (allocated on first use).
+        let mut udp = crate::udp::Buffers::new();
         let mut last_sweep = Instant::now();
         let idle = self.shared.config.idle_timeout;
         while !self.shared.shutting_down() {
-            let timeout = if !self.ready.is_empty() {
+            let timeout = if !self.ready.is_empty() || !self.udp_ready.is_empty() {
                 Some(Duration::ZERO)
             } else if idle.is_some() {
                 Some(Duration::from_secs(1))
@@ -127,10 +130,15 @@ impl Worker {
                 if token.0 < self.listeners.len() {
                     self.accept(token.0);
                 } else if token.0 < self.conn_base() {
-                    self.serve_udp(token.0 - self.listeners.len(), &mut scratch, &mut datagram);
+                    self.serve_udp(token.0 - self.listeners.len(), &mut udp);
                 } else {
                     self.drive(token.0 - self.conn_base(), &mut scratch);
                 }
+            }
+            // UDP sockets left with datagrams waiting get another turn (edge-triggered
+            // readiness would not report them again).
+            for index in std::mem::take(&mut self.udp_ready) {
+                self.serve_udp(index, &mut udp);
             }
             // Connections that yielded get another turn after this round of events.
             for _ in 0..self.ready.len() {
@@ -151,7 +159,7 @@ impl Worker {
         }
     }
 
-    fn serve_udp(&mut self, index: usize, scratch: &mut [u8], datagram: &mut Vec<u8>) {
+    fn serve_udp(&mut self, index: usize, buffers: &mut crate::udp::Buffers) {
         let Some(sock) = self.udp.get(index) else {
             return;
         };
@@ -160,7 +168,9 @@ impl Worker {
             stats: &self.stats,
             scratch: &mut Vec::new(),
         };
-        crate::udp::serve(sock, &mut ctx, scratch, datagram);
+        if crate::udp::serve(sock, &mut ctx, buffers) && !self.udp_ready.contains(&index) {
+            self.udp_ready.push(index);
+        }
     }
 
     fn drive(&mut self, slot: usize, scratch: &mut Vec<u8>) {

@@ -20,8 +20,10 @@
 //!   sends one message per key (a hit's `VALUE` block, or nothing for a miss) with `END`
 //!   appended to the last key's message; one per binary response packet, except that a whole
 //!   binary `stat` listing is one message.
-//! - An empty message (a missed key that is not the last of a multi-key `get`) is still sent:
-//!   as a bare 8-byte header with count 0. [`Datagrams`] reproduces that.
+//! - An empty message (a missed key that is not the last of a multi-key `get`, a silent
+//!   binary reply) is sent as a bare 8-byte header with count 0 ([`Datagrams`] yields it)
+//!   only when no other message of memcached's reply queue went out before it; otherwise
+//!   memcached consumes it with the previous send. Silent text replies are no message.
 
 /// Length of the frame header.
 pub const HEADER_LEN: usize = 8;
