@@ -131,9 +131,12 @@ pub struct Stats {
 }
 
 /// A send later than this after its intended time counts as a late send (the generator fell
-/// behind): 100 µs, or a tenth of the SLO when that is longer.
+/// behind): half the SLO, at least 100 µs. A late send's delay is in its latency anyway
+/// (latency counts from the intended time); this only decides when the generator itself,
+/// not the server, would be what broke the SLO. (A tenth of the SLO rejected every step on
+/// shared virtual machines, whose scheduling jitter alone exceeds 100 µs for 1% of sends.)
 pub fn late_send_ns(slo: std::time::Duration) -> u64 {
-    (slo.as_nanos() as u64 / 10).max(100_000)
+    (slo.as_nanos() as u64 / 2).max(100_000)
 }
 
 impl Default for Stats {
