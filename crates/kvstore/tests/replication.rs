@@ -399,3 +399,46 @@ fn fellow_replica_switches_to_the_promoted_one() {
         }
     }
 }
+
+/// The master decides evictions: a replica with more memory than its master ends with
+/// exactly the master's items, not also the ones the master evicted.
+#[test]
+fn replica_drops_what_the_master_evicts() {
+    let master = LogEngine::new(ops::config(1 << 20, false, true));
+    let replica = LogEngine::new(ops::config(16 << 20, false, true));
+    replica.set_replica(true);
+    let mut st = ReplicaState::new();
+    let now = START;
+    catch_up(&master, &replica, &mut st, now);
+    let value = [9u8; 40];
+    for i in 0..30_000u32 {
+        let key = format!("k{i}");
+        let req = kvstore::StoreRequest {
+            mode: kvstore::StoreMode::Set,
+            key: key.as_bytes(),
+            value: &value,
+            flags: i,
+            exptime: 0,
+        };
+        master.store(req, now);
+        if i % 1000 == 0 {
+            pull(&master, &replica, &mut st, 1 << 20, now);
+        }
+    }
+    catch_up(&master, &replica, &mut st, now);
+    let (mut kept, mut evicted) = (0, 0);
+    for i in 0..30_000 {
+        let key = format!("k{i}");
+        let m = master.peek_item(key.as_bytes(), now);
+        if m.is_some() {
+            kept += 1;
+        } else {
+            evicted += 1;
+        }
+        assert_eq!(m, replica.peek_item(key.as_bytes(), now), "{key}");
+    }
+    assert!(
+        kept > 1000 && evicted > 1000,
+        "kept {kept}, evicted {evicted}"
+    );
+}

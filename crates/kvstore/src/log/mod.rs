@@ -1174,7 +1174,10 @@ impl LogEngine {
                     let victim = slot.load(Ordering::Acquire);
                     // SAFETY: `victim` is still in its slot of the chain whose stripe
                     // lock we hold; its length is read before the slot is overwritten.
-                    let vlen = unsafe { self.rec(victim) }.map_or(0, |r| r.len);
+                    let vlen = unsafe { self.rec(victim) }.map_or(0, |r| {
+                        self.note_eviction(r.key, r.cas);
+                        r.len
+                    });
                     self.index.set_atime(slot, now);
                     slot.store(new_v, Ordering::Release);
                     self.account_remove(victim, vlen);
@@ -1743,6 +1746,7 @@ impl LogEngine {
                 if index::freq(v) > 0 {
                     return true;
                 }
+                self.note_eviction(r.key, r.cas);
                 self.st.0.evictions.fetch_add(1, Ordering::Relaxed);
                 if !index::fetched(v) {
                     self.st.0.evicted_unfetched.fetch_add(1, Ordering::Relaxed);
@@ -1799,6 +1803,7 @@ impl LogEngine {
                     self.st.0.copied_forward.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
+                self.note_eviction(r.key, r.cas);
                 self.st.0.evictions.fetch_add(1, Ordering::Relaxed);
             }
             slot.store(0, Ordering::Release);
@@ -2431,6 +2436,7 @@ impl Engine for LogEngine {
 
     fn maintain(&self, now: Time) -> u64 {
         self.tick(now);
+        self.repl_log_evictions();
         let mut n = 0;
         // A bounded slice of the index per call, continuing where the last call stopped.
         let nmain = self.index.nmain();

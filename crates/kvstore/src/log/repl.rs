@@ -33,10 +33,11 @@
 //!   that was not cut short by the budget has been applied after them (by then every
 //!   record published before the tombstone has been shipped).
 //! * **Flush, expiry, eviction.** Every batch carries the master's flush watermarks;
-//!   items keep their absolute expiry. A replica evicts on its own when its memory is
-//!   full (give it at least the master's `-m`). Because the master may evict an item
-//!   the replica still holds, a master with replicas logs a tombstone for every delete,
-//!   hit or miss, so an evicted-then-deleted key cannot survive on a replica.
+//!   items keep their absolute expiry. The master decides evictions: once a replica has
+//!   pulled, every eviction is noted and logged as a tombstone for the evicted version
+//!   (CAS + 1; written outside eviction's locks, by `maintain` or before a pull is
+//!   served), and every delete is logged, hit or miss. A replica with less memory than
+//!   its master also evicts on its own.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -81,7 +82,13 @@ pub(super) struct ReplFlags {
     /// each tail batch it applied, with its position in the upstream log then. Lets a
     /// replica of the same upstream switch to this engine without a full sync.
     checkpoints: std::sync::Mutex<std::collections::VecDeque<Checkpoint>>,
+    /// Items evicted since replicas attached, (key, CAS), waiting to be logged as
+    /// tombstones (eviction runs under locks a log append cannot take).
+    evicted: std::sync::Mutex<Vec<(Box<[u8]>, u64)>>,
 }
+
+/// Evictions waiting to be logged at most; beyond, replicas keep those items (counted).
+const MAX_PENDING_EVICTIONS: usize = 1 << 20;
 
 /// This engine's own log position (`own`) when its position in the upstream log was
 /// `upstream`: every upstream record up to `upstream` is in the own log up to `own`.
@@ -439,6 +446,7 @@ impl LogEngine {
         out: &mut Vec<u8>,
     ) -> Served {
         self.repl.active.store(true, Ordering::SeqCst);
+        self.repl_log_evictions();
         if fresh && upstream {
             if let Some(served) = Cursor::decode(cursor)
                 .ok()
@@ -1133,6 +1141,29 @@ impl LogEngine {
         let _ = now;
         self.next_cas.fetch_max(cas, Ordering::SeqCst);
         self.write_tombstone(key, self.hash(key), Some(cas));
+    }
+
+    /// With replicas attached, remember an eviction so that it is logged as a tombstone
+    /// (see `repl_log_evictions`): the master decides evictions, and its replicas drop the
+    /// same items instead of keeping what it no longer has. Called under eviction's locks.
+    pub(super) fn note_eviction(&self, key: &[u8], cas: u64) {
+        if !self.repl.active.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut q = lock(&self.repl.evicted);
+        if q.len() < MAX_PENDING_EVICTIONS {
+            q.push((key.into(), cas));
+        }
+    }
+
+    /// Log the evictions noted since the last call as tombstones that remove exactly the
+    /// evicted version (CAS + 1: a later version of the key has a higher CAS). Called by
+    /// the maintenance tick and before serving a pull, never under the engine's locks.
+    pub fn repl_log_evictions(&self) {
+        let pending = std::mem::take(&mut *lock(&self.repl.evicted));
+        for (key, cas) in pending {
+            self.write_tombstone(&key, self.hash(&key), Some(cas.saturating_add(1)));
+        }
     }
 
     /// With replicas attached, a delete of an absent key is logged too (the key may live
