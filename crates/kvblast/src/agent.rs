@@ -401,6 +401,11 @@ const START_LEAD: Duration = Duration::from_millis(20);
 /// (to within the asymmetry of the network's delays). ← `DONE <start wall ns> <seconds>
 /// <distinct keys>`, the counters, `END`.
 pub fn run_with_agents(args: &Args) -> Result<Report, String> {
+    // Agents get histograms' contents, not their paths: they need no files of their own
+    // (and the file is read once).
+    let mut resolved = args.clone();
+    resolved.inline_histograms()?;
+    let args = &resolved;
     let participants = args.agents.len() + 1;
     let shares = shares(args, participants)?;
     let mut mine = args.clone();

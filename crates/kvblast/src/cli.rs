@@ -29,8 +29,10 @@ WORKLOAD (a preset, then overrides):
   -w, --workload NAME      etc (default), usr, kvcache-a, kvcache-b, kvcache-c, memaslap,
                            fixedsize, microblog, wiki, imgpreview, friendfeed
       --keys N             number of distinct keys
-      --key-size DIST      e.g. 19, uniform:10,40, gev:30.8,8.2,0.079, etc-key
-      --value-size DIST    e.g. 64, normal:1024,266, gpareto:15,214.476,0.348238, etc-value
+      --key-size DIST      e.g. 19, uniform:10,40, gev:30.8,8.2,0.079, etc-key, hist:FILE
+      --value-size DIST    e.g. 64, normal:1024,266, gpareto:15,214.476,0.348238, etc-value,
+                           hist:FILE (lines `SIZE WEIGHT`, # comments; key sizes 1..=250),
+                           hist-inline:SIZE:WEIGHT,SIZE:WEIGHT,...
       --value-max N        clamp value sizes to at most N bytes
       --popularity P       uniform | zipf:ALPHA | buckets[:SIZE,ALPHA,XMIN] | sequential
       --mix SPEC           e.g. get=0.9,set=0.1 (kinds: get set delete touch incr)
@@ -428,16 +430,20 @@ impl Args {
             w.keys = k;
         }
         if let Some(s) = &self.key_size {
-            let d = Dist::parse(s)?;
+            let d = Dist::parse_sizes(s, 1, kvproto::MAX_KEY_LEN as u64)
+                .map_err(|e| format!("--key-size: {e}"))?;
             w.key_size = match d {
                 Dist::Fixed(v) => SizeDist::fixed(v.max(1.0) as usize),
+                Dist::Hist(h) => hist_sizes(h),
                 d => SizeDist::new(d, 1, kvproto::MAX_KEY_LEN),
             };
         }
         if let Some(s) = &self.value_size {
-            let d = Dist::parse(s)?;
+            let d = Dist::parse_sizes(s, 0, MAX_VALUE as u64)
+                .map_err(|e| format!("--value-size: {e}"))?;
             w.value_size = match d {
                 Dist::Fixed(v) => SizeDist::fixed(v.max(0.0) as usize),
+                Dist::Hist(h) => hist_sizes(h),
                 d => SizeDist::new(d, 0, 1 << 20),
             };
         }
@@ -458,6 +464,30 @@ impl Args {
             w.multiget = m;
         }
         Ok(w)
+    }
+
+    /// Replace `hist:PATH` size distributions by their contents (`hist-inline:SIZE:W,...`),
+    /// so that a job sent to an agent carries the histogram and the agent needs no file.
+    pub fn inline_histograms(&mut self) -> Result<(), String> {
+        for (flag, spec, lo, hi) in [
+            (
+                "--key-size",
+                &mut self.key_size,
+                1,
+                kvproto::MAX_KEY_LEN as u64,
+            ),
+            ("--value-size", &mut self.value_size, 0, MAX_VALUE as u64),
+        ] {
+            let Some(s) = spec.as_deref() else { continue };
+            if !s.trim().starts_with("hist:") {
+                continue;
+            }
+            match Dist::parse_sizes(s, lo, hi).map_err(|e| format!("{flag}: {e}"))? {
+                Dist::Hist(h) => *spec = Some(format!("hist-inline:{}", h.to_inline())),
+                _ => return Err(format!("{flag}: {s:?} is not a histogram")),
+            }
+        }
+        Ok(())
     }
 
     /// The latency objective: (metric, threshold). Run uses only the threshold.
@@ -522,6 +552,12 @@ impl Args {
         c.validate()?;
         Ok(c)
     }
+}
+
+/// A histogram's sizes, bounded by its smallest and largest size.
+fn hist_sizes(h: std::sync::Arc<crate::dist::SizeHistogram>) -> SizeDist {
+    let (min, max) = (h.min_size() as usize, h.max_size() as usize);
+    SizeDist::new(Dist::Hist(h), min, max)
 }
 
 pub fn list_workloads() -> String {
@@ -676,6 +712,73 @@ mod tests {
         assert!(args("run --agent-keys some h").is_err());
         let few = args("run --keys 2 --participant 0/3 h").unwrap_or_default();
         assert!(few.run_config().is_err(), "a share without keys");
+    }
+
+    #[test]
+    fn histogram_sizes_from_flags_config_and_inline() {
+        let dir = std::env::temp_dir().join(format!("kvblast-cli-hist-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        let values = dir.join("values.txt");
+        let keys = dir.join("keys.txt");
+        let _ = std::fs::write(&values, "# value sizes\n100 3\n300 1\n");
+        let _ = std::fs::write(&keys, "20 1\n40 1\n");
+        let (vp, kp) = (values.display().to_string(), keys.display().to_string());
+        let a = args(&format!(
+            "run --value-size hist:{vp} --key-size hist:{kp} h"
+        ))
+        .unwrap_or_else(|e| panic!("{e}"));
+        let w = a.workload().unwrap_or_else(|e| panic!("{e}"));
+        assert!(matches!(w.value_size.dist, Dist::Hist(_)), "{w:?}");
+        assert_eq!((w.value_size.min, w.value_size.max), (100, 300));
+        assert_eq!((w.key_size.min, w.key_size.max), (20, 40));
+        assert!(
+            w.describe().contains("hist(2 sizes in 100..=300"),
+            "{}",
+            w.describe()
+        );
+        // The same through a config file.
+        let cfg = dir.join("c.toml");
+        let _ = std::fs::write(
+            &cfg,
+            format!("value_size = \"hist:{vp}\"\nservers = [\"h\"]\n"),
+        );
+        let c = Args::parse(
+            ["run", "--config", &cfg.display().to_string()]
+                .iter()
+                .map(|s| s.to_string()),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.workload().map(|w| w.value_size), Ok(w.value_size.clone()));
+        // Resolved to the inline form for agents: no path left, the same workload.
+        let mut inl = a.clone();
+        inl.inline_histograms().unwrap_or_else(|e| panic!("{e}"));
+        let argv = inl.to_argv();
+        assert!(
+            argv.contains(&"hist-inline:100:3.0,300:1.0".to_string()),
+            "{argv:?}"
+        );
+        assert!(
+            !argv.iter().any(|x| x.contains(&vp) || x.contains(&kp)),
+            "{argv:?}"
+        );
+        let back = Args::parse(std::iter::once("run".to_string()).chain(argv))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(back.workload(), Ok(w));
+        // Errors name the flag, the file and the line; keys must be 1..=250.
+        let _ = std::fs::write(&keys, "20 1\n251 1\n");
+        let e = args(&format!("run --key-size hist:{kp} h"))
+            .unwrap_or_default()
+            .run_config()
+            .map(|_| ());
+        assert_eq!(
+            e,
+            Err(format!("--key-size: {kp}:2: size 251 is outside 1..=250"))
+        );
+        let _ = std::fs::write(&values, "100 -1\n");
+        let mut bad = args(&format!("run --value-size hist:{vp} h")).unwrap_or_default();
+        assert!(matches!(bad.workload(), Err(m) if m.contains(&format!("{vp}:1:"))));
+        assert!(bad.inline_histograms().is_err());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -92,6 +92,9 @@ pub enum Dist {
     },
     /// ETC value size: [`ETC_SMALL_VALUES`] for 0..=14 bytes, else [`ETC_VALUE_TAIL`].
     EtcValue,
+    /// An empirical size histogram (`hist:PATH` or `hist-inline:SIZE:W,...`), as KV-Blaster
+    /// configures its traffic generators; see [`SizeHistogram`].
+    Hist(std::sync::Arc<SizeHistogram>),
 }
 
 fn gev_quantile(loc: f64, scale: f64, shape: f64, u: f64) -> f64 {
@@ -185,6 +188,7 @@ impl Dist {
     pub fn quantile(&self, u: f64) -> f64 {
         match *self {
             Dist::Fixed(v) => v,
+            Dist::Hist(ref h) => h.quantile(u),
             Dist::Uniform { lo, hi } => lo + (hi - lo) * u,
             Dist::Normal { mean, sd } => mean + sd * normal_quantile(u),
             Dist::LogNormal { mean, sd } => {
@@ -223,6 +227,7 @@ impl Dist {
     /// P(X <= x).
     pub fn cdf(&self, x: f64) -> f64 {
         match *self {
+            Dist::Hist(ref h) => h.cdf(x),
             Dist::Fixed(v) => {
                 if x >= v {
                     1.0
@@ -294,6 +299,7 @@ impl Dist {
             Dist::Uniform { lo, hi } => Some((lo + hi) / 2.0),
             Dist::Normal { mean, .. } | Dist::LogNormal { mean, .. } => Some(mean),
             Dist::Exponential { mean } => Some(mean),
+            Dist::Hist(ref h) => Some(h.mean()),
             Dist::GPareto { loc, scale, shape } if shape < 1.0 => Some(loc + scale / (1.0 - shape)),
             Dist::EtcValue => {
                 let small: f64 = ETC_SMALL_VALUES.iter().sum();
@@ -310,13 +316,37 @@ impl Dist {
 
     /// Parse `fixed:V`, a bare number, `uniform:LO,HI`, `normal:MEAN,SD`,
     /// `lognormal:MEAN,SD`, `exp:MEAN`, `gev:LOC,SCALE,SHAPE`, `gpareto:LOC,SCALE,SHAPE`,
-    /// `etc-key`, `etc-value`.
+    /// `etc-key`, `etc-value`, `hist:PATH` (reads the file), `hist-inline:SIZE:W,...`.
+    /// Histogram sizes may be any integer >= 0; see [`Dist::parse_sizes`] for bounds.
     pub fn parse(spec: &str) -> Result<Dist, String> {
+        Dist::parse_sizes(spec, 0, u64::MAX)
+    }
+
+    /// [`Dist::parse`], with a histogram's sizes required to lie in `lo..=hi` (key sizes
+    /// 1..=250, value sizes 0..=the largest value); the other families are clamped later by
+    /// their [`SizeDist`].
+    pub fn parse_sizes(spec: &str, lo: u64, hi: u64) -> Result<Dist, String> {
         let spec = spec.trim();
         if let Ok(v) = spec.parse::<f64>() {
             return Ok(Dist::Fixed(v));
         }
         let (name, args) = spec.split_once(':').unwrap_or((spec, ""));
+        match name {
+            "hist" => {
+                if args.is_empty() {
+                    return Err(format!(
+                        "distribution {spec:?}: hist needs a file (hist:PATH)"
+                    ));
+                }
+                let h = SizeHistogram::read_file(std::path::Path::new(args), lo, hi)?;
+                return Ok(Dist::Hist(std::sync::Arc::new(h)));
+            }
+            "hist-inline" => {
+                let h = SizeHistogram::parse_inline(args, lo, hi)?;
+                return Ok(Dist::Hist(std::sync::Arc::new(h)));
+            }
+            _ => {}
+        }
         let nums: Vec<f64> = if args.is_empty() {
             Vec::new()
         } else {
@@ -399,6 +429,255 @@ impl Dist {
             }
         }
         Ok(d)
+    }
+}
+
+/// The most lines a histogram file may have.
+pub const MAX_HIST_LINES: usize = 1_000_000;
+/// The largest histogram file (or inline list) accepted, in bytes.
+pub const MAX_HIST_BYTES: u64 = 64 << 20;
+
+/// An empirical size distribution: sizes with non-negative weights, as KV-Blaster configures
+/// its traffic generators with histogram files and draws from them by inverse transform
+/// sampling. The cumulative distribution is computed once; a draw is a binary search over it
+/// (O(log n)), and [`SizeHistogram::quantile`] is monotone in `u`, so a key's size can be a
+/// pure function of the key as for the other distributions.
+///
+/// The file format (kvblast's; KV-Blaster's paper does not publish one, only that a
+/// histogram of sizes and frequencies is written to a file): text, one `SIZE WEIGHT` pair
+/// per line, separated by whitespace (or a comma); `SIZE` a whole number of bytes, `WEIGHT` a
+/// finite number >= 0 (a count or a probability: only ratios matter); `#` starts a comment;
+/// blank lines are ignored; a size given twice has its weights added. The weights must not
+/// all be zero. Sizes of weight zero are never drawn.
+#[derive(Clone)]
+pub struct SizeHistogram {
+    /// Distinct sizes of positive weight, ascending.
+    sizes: Vec<u64>,
+    /// Their weights, as given (summed over repeated sizes).
+    weights: Vec<f64>,
+    /// cdf[i] = P(size <= sizes[i]); the last is exactly 1.
+    cdf: Vec<f64>,
+    /// Where it came from (a path or `hist-inline`), for messages.
+    source: String,
+}
+
+impl PartialEq for SizeHistogram {
+    /// The same distribution, wherever it was read from.
+    fn eq(&self, o: &SizeHistogram) -> bool {
+        self.sizes == o.sizes && self.weights == o.weights
+    }
+}
+
+impl std::fmt::Debug for SizeHistogram {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "hist({} sizes in {}..={}, mean {:.1}, from {})",
+            self.sizes.len(),
+            self.min_size(),
+            self.max_size(),
+            self.mean(),
+            self.source
+        )
+    }
+}
+
+/// One `SIZE WEIGHT` entry, checked: a whole size in `lo..=hi` and a finite weight >= 0.
+fn hist_entry(size: &str, weight: &str, lo: u64, hi: u64) -> Result<(u64, f64), String> {
+    let s: u64 = size
+        .parse()
+        .map_err(|_| format!("size {size:?} is not a whole number >= 0"))?;
+    if s < lo || s > hi {
+        return Err(format!("size {s} is outside {lo}..={hi}"));
+    }
+    let w: f64 = weight
+        .parse()
+        .map_err(|_| format!("weight {weight:?} is not a number"))?;
+    if !w.is_finite() {
+        return Err(format!("weight {weight:?} is not finite"));
+    }
+    if w < 0.0 {
+        return Err(format!("weight {weight} is negative"));
+    }
+    Ok((s, w))
+}
+
+impl SizeHistogram {
+    /// Build from checked `(size, weight)` pairs.
+    fn from_entries(entries: Vec<(u64, f64)>, source: &str) -> Result<SizeHistogram, String> {
+        if entries.is_empty() {
+            return Err(format!("{source}: no SIZE WEIGHT entries"));
+        }
+        let mut by_size = std::collections::BTreeMap::new();
+        for (s, w) in entries {
+            *by_size.entry(s).or_insert(0.0) += w;
+        }
+        by_size.retain(|_, w| *w > 0.0);
+        let total: f64 = by_size.values().sum();
+        if by_size.is_empty() {
+            return Err(format!("{source}: every weight is zero"));
+        }
+        if !total.is_finite() {
+            return Err(format!("{source}: the weights' sum is not finite"));
+        }
+        let (sizes, weights): (Vec<u64>, Vec<f64>) = by_size.into_iter().unzip();
+        let mut acc = 0.0;
+        let mut cdf: Vec<f64> = weights
+            .iter()
+            .map(|w| {
+                acc += w;
+                (acc / total).min(1.0)
+            })
+            .collect();
+        if let Some(last) = cdf.last_mut() {
+            *last = 1.0;
+        }
+        Ok(SizeHistogram {
+            sizes,
+            weights,
+            cdf,
+            source: source.to_string(),
+        })
+    }
+
+    /// Parse the text of a histogram file (see the type's documentation); `source` names it
+    /// in errors, which give the line: `PATH:LINE: message`.
+    pub fn parse_text(text: &str, source: &str, lo: u64, hi: u64) -> Result<SizeHistogram, String> {
+        let mut entries = Vec::new();
+        for (i, raw) in text.lines().enumerate() {
+            if i >= MAX_HIST_LINES {
+                return Err(format!("{source}: more than {MAX_HIST_LINES} lines"));
+            }
+            let line = raw.split('#').next().unwrap_or("");
+            let mut fields = line
+                .split(|c: char| c.is_whitespace() || c == ',')
+                .filter(|f| !f.is_empty());
+            let Some(size) = fields.next() else {
+                continue;
+            };
+            let at = |m: String| format!("{source}:{}: {m}", i + 1);
+            let weight = fields
+                .next()
+                .ok_or_else(|| at(format!("expected SIZE WEIGHT, got {:?}", line.trim())))?;
+            if let Some(extra) = fields.next() {
+                return Err(at(format!("unexpected third field {extra:?}")));
+            }
+            entries.push(hist_entry(size, weight, lo, hi).map_err(at)?);
+        }
+        SizeHistogram::from_entries(entries, source)
+    }
+
+    /// Read a histogram file (at most [`MAX_HIST_BYTES`] bytes and [`MAX_HIST_LINES`] lines).
+    pub fn read_file(path: &std::path::Path, lo: u64, hi: u64) -> Result<SizeHistogram, String> {
+        use std::io::Read;
+        let name = path.display().to_string();
+        let f = std::fs::File::open(path).map_err(|e| format!("histogram {name}: {e}"))?;
+        if let Ok(m) = f.metadata() {
+            if m.len() > MAX_HIST_BYTES {
+                return Err(format!(
+                    "histogram {name}: {} bytes, more than the {MAX_HIST_BYTES} allowed",
+                    m.len()
+                ));
+            }
+        }
+        let mut bytes = Vec::new();
+        f.take(MAX_HIST_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| format!("histogram {name}: {e}"))?;
+        if bytes.len() as u64 > MAX_HIST_BYTES {
+            return Err(format!(
+                "histogram {name}: more than the {MAX_HIST_BYTES} bytes allowed"
+            ));
+        }
+        let text = String::from_utf8(bytes)
+            .map_err(|e| format!("histogram {name}: not UTF-8 text ({e})"))?;
+        SizeHistogram::parse_text(&text, &name, lo, hi)
+    }
+
+    /// Parse the inline form `SIZE:WEIGHT,SIZE:WEIGHT,...` (what a controller sends its agents
+    /// in place of a file; see [`Self::to_inline`]).
+    pub fn parse_inline(list: &str, lo: u64, hi: u64) -> Result<SizeHistogram, String> {
+        const SRC: &str = "hist-inline";
+        if list.len() as u64 > MAX_HIST_BYTES {
+            return Err(format!("{SRC}: longer than {MAX_HIST_BYTES} bytes"));
+        }
+        let mut entries = Vec::new();
+        for (i, item) in list.split(',').enumerate() {
+            if i >= MAX_HIST_LINES {
+                return Err(format!("{SRC}: more than {MAX_HIST_LINES} entries"));
+            }
+            let at = |m: String| format!("{SRC} entry {}: {m}", i + 1);
+            let item = item.trim();
+            if item.is_empty() {
+                continue;
+            }
+            let (size, weight) = item
+                .split_once(':')
+                .ok_or_else(|| at(format!("expected SIZE:WEIGHT, got {item:?}")))?;
+            entries.push(hist_entry(size.trim(), weight.trim(), lo, hi).map_err(at)?);
+        }
+        SizeHistogram::from_entries(entries, SRC)
+    }
+
+    /// The inline form, `SIZE:WEIGHT,...`: parsing it gives an equal histogram (weights are
+    /// written in Rust's shortest round-trip form).
+    pub fn to_inline(&self) -> String {
+        let mut out = String::with_capacity(self.sizes.len() * 12);
+        for (i, (s, w)) in self.sizes.iter().zip(&self.weights).enumerate() {
+            use std::fmt::Write as _;
+            if i > 0 {
+                out.push(',');
+            }
+            let _ = write!(out, "{s}:{w:?}");
+        }
+        out
+    }
+
+    /// The size for uniform `u` in (0, 1]: the smallest size whose cumulative probability
+    /// reaches `u` (inverse transform; a binary search).
+    pub fn quantile(&self, u: f64) -> f64 {
+        let i = self.cdf.partition_point(|&c| c < u);
+        self.sizes[i.min(self.sizes.len() - 1)] as f64
+    }
+
+    /// P(size <= x).
+    pub fn cdf(&self, x: f64) -> f64 {
+        if x.is_nan() {
+            return 0.0;
+        }
+        let i = self.sizes.partition_point(|&s| (s as f64) <= x);
+        if i == 0 {
+            0.0
+        } else {
+            self.cdf[i - 1]
+        }
+    }
+
+    pub fn mean(&self) -> f64 {
+        let total: f64 = self.weights.iter().sum();
+        self.sizes
+            .iter()
+            .zip(&self.weights)
+            .map(|(s, w)| *s as f64 * w / total)
+            .sum()
+    }
+
+    /// The drawn sizes (weight > 0), ascending, and their probabilities.
+    pub fn sizes(&self) -> &[u64] {
+        &self.sizes
+    }
+
+    pub fn probabilities(&self) -> Vec<f64> {
+        let total: f64 = self.weights.iter().sum();
+        self.weights.iter().map(|w| w / total).collect()
+    }
+
+    pub fn min_size(&self) -> u64 {
+        self.sizes.first().copied().unwrap_or(0)
+    }
+
+    pub fn max_size(&self) -> u64 {
+        self.sizes.last().copied().unwrap_or(0)
     }
 }
 
@@ -1186,6 +1465,186 @@ mod tests {
             assert!((1..=250).contains(&k));
         }
         assert_eq!(SizeDist::fixed(19).quantile(0.3), 19);
+    }
+
+    fn hist(text: &str) -> Result<SizeHistogram, String> {
+        SizeHistogram::parse_text(text, "h.txt", 0, u64::MAX)
+    }
+
+    #[test]
+    fn histogram_text_parses() {
+        let h =
+            hist("# size  count\n\n100 5\r\n  300\t3   # tail\n100,1\n200 0\n1000 2e0\n0 0.5\n")
+                .unwrap_or_else(|e| panic!("{e}"));
+        // Repeated sizes add up; zero weights are never drawn.
+        assert_eq!(h.sizes(), [0, 100, 300, 1000]);
+        let p = h.probabilities();
+        let want = [0.5 / 11.5, 6.0 / 11.5, 3.0 / 11.5, 2.0 / 11.5];
+        for (a, b) in p.iter().zip(want) {
+            assert!((a - b).abs() < 1e-12, "{p:?}");
+        }
+        assert_eq!((h.min_size(), h.max_size()), (0, 1000));
+        assert!((h.mean() - (600.0 + 900.0 + 2000.0) / 11.5).abs() < 1e-9);
+        // Quantile: monotone, every drawn size reachable, the extremes of (0, 1].
+        assert_eq!(h.quantile(f64::MIN_POSITIVE), 0.0);
+        assert_eq!(h.quantile(1.0), 1000.0);
+        assert_eq!(h.quantile(0.5), 100.0);
+        assert_eq!(h.quantile(p[0] + p[1] + 1e-9), 300.0);
+        let mut last = 0.0;
+        for i in 1..=1000 {
+            let q = h.quantile(i as f64 / 1000.0);
+            assert!(q >= last);
+            last = q;
+        }
+        assert_eq!(h.cdf(99.9), p[0]);
+        assert_eq!(h.cdf(1000.0), 1.0);
+        assert_eq!(h.cdf(-1.0), 0.0);
+        // The inline form gives the same histogram back, and so does the spec.
+        let inline = h.to_inline();
+        let back =
+            SizeHistogram::parse_inline(&inline, 0, u64::MAX).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(back, h);
+        assert_eq!(
+            Dist::parse(&format!("hist-inline:{inline}")),
+            Ok(Dist::Hist(std::sync::Arc::new(h)))
+        );
+        let tiny =
+            SizeHistogram::parse_inline("5:1e-300,7:3", 0, 9).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            SizeHistogram::parse_inline(&tiny.to_inline(), 0, 9),
+            Ok(tiny)
+        );
+    }
+
+    #[test]
+    fn histogram_errors_name_the_file_and_line() {
+        let cases: [(&str, &str); 12] = [
+            ("", "h.txt: no SIZE WEIGHT entries"),
+            ("# only a comment\n\n", "h.txt: no SIZE WEIGHT entries"),
+            ("1 0\n2 0.0\n", "h.txt: every weight is zero"),
+            ("1 1\n2 -1\n", "h.txt:2: weight -1 is negative"),
+            ("1 1\n\n3 NaN\n", "h.txt:3: weight \"NaN\" is not finite"),
+            ("1 inf\n", "h.txt:1: weight \"inf\" is not finite"),
+            (
+                "1 1\n12.5 1\n",
+                "h.txt:2: size \"12.5\" is not a whole number >= 0",
+            ),
+            ("-3 1\n", "h.txt:1: size \"-3\" is not a whole number >= 0"),
+            ("100\n", "h.txt:1: expected SIZE WEIGHT, got \"100\""),
+            ("1 2 3\n", "h.txt:1: unexpected third field \"3\""),
+            ("1 lots\n", "h.txt:1: weight \"lots\" is not a number"),
+            (
+                "1 1e308\n2 1e308\n",
+                "h.txt: the weights' sum is not finite",
+            ),
+        ];
+        for (text, want) in cases {
+            assert_eq!(hist(text).map(|_| ()), Err(want.to_string()), "{text:?}");
+        }
+        // Key sizes are 1..=250.
+        let keys = |t: &str| SizeHistogram::parse_text(t, "k.txt", 1, 250).map(|_| ());
+        assert_eq!(
+            keys("10 1\n251 1\n"),
+            Err("k.txt:2: size 251 is outside 1..=250".into())
+        );
+        assert_eq!(
+            keys("0 1\n"),
+            Err("k.txt:1: size 0 is outside 1..=250".into())
+        );
+        assert_eq!(keys("250 1\n1 1\n"), Ok(()));
+        // Inline errors name the entry.
+        let e = SizeHistogram::parse_inline("1:1,2", 0, 9).map(|_| ());
+        assert_eq!(
+            e,
+            Err("hist-inline entry 2: expected SIZE:WEIGHT, got \"2\"".into())
+        );
+        assert!(SizeHistogram::parse_inline("", 0, 9).is_err());
+        assert!(SizeHistogram::parse_inline("10:1", 0, 9).is_err());
+        // Too many lines.
+        let long = "1 1\n".repeat(MAX_HIST_LINES + 1);
+        assert_eq!(
+            hist(&long).map(|_| ()),
+            Err(format!("h.txt: more than {MAX_HIST_LINES} lines"))
+        );
+        assert!(hist(&"1 1\n".repeat(1000)).is_ok());
+        // Files: missing, too large (sparse, never read), not text; and a good one.
+        let dir = std::env::temp_dir().join(format!("kvblast-hist-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        let missing = Dist::parse(&format!("hist:{}", dir.join("nope").display()));
+        assert!(
+            matches!(&missing, Err(e) if e.contains("nope")),
+            "{missing:?}"
+        );
+        let big = dir.join("big.txt");
+        let f = std::fs::File::create(&big).unwrap_or_else(|e| panic!("{e}"));
+        f.set_len(MAX_HIST_BYTES + 1)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let e = SizeHistogram::read_file(&big, 0, 9).map(|_| ());
+        assert!(
+            matches!(&e, Err(m) if m.contains("big.txt") && m.contains("bytes")),
+            "{e:?}"
+        );
+        let bin = dir.join("bin.txt");
+        let _ = std::fs::write(&bin, [0xffu8, 0xfe, b'\n']);
+        assert!(SizeHistogram::read_file(&bin, 0, 9).is_err());
+        let good = dir.join("good.txt");
+        let _ = std::fs::write(&good, "1 1\n2 x\n");
+        let spec = format!("hist:{}", good.display());
+        assert_eq!(
+            Dist::parse(&spec).map(|_| ()),
+            Err(format!(
+                "{}:2: weight \"x\" is not a number",
+                good.display()
+            ))
+        );
+        let _ = std::fs::write(&good, "7 1\n9 3\n");
+        let d = Dist::parse_sizes(&spec, 1, 250).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(d.mean(), Some(8.5));
+        assert!(Dist::parse("hist:").is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Pearson's chi-square statistic of the counts of `sizes` drawn against probabilities.
+    fn chi_square(d: &Dist, sizes: &[u64], probs: &[f64], n: usize, seed: u64) -> f64 {
+        let mut r = rng(seed);
+        let mut counts = vec![0u64; sizes.len()];
+        for _ in 0..n {
+            let x = d.sample(&mut r) as u64;
+            let i = sizes
+                .iter()
+                .position(|s| *s == x)
+                .unwrap_or_else(|| panic!("drew {x}, not in the histogram"));
+            counts[i] += 1;
+        }
+        counts
+            .iter()
+            .zip(probs)
+            .map(|(c, p)| {
+                let e = p * n as f64;
+                (*c as f64 - e).powi(2) / e
+            })
+            .sum()
+    }
+
+    #[test]
+    fn histogram_samples_follow_the_weights() {
+        let h = hist("100 5\n200 0\n300 3\n1000 2\n1 0.25\n").unwrap_or_else(|e| panic!("{e}"));
+        let probs = h.probabilities();
+        let sizes = h.sizes().to_vec();
+        let d = Dist::Hist(std::sync::Arc::new(h));
+        let n = 100_000;
+        // 4 outcomes, 3 degrees of freedom: 16.27 is the 0.001 critical value. Size 200
+        // (weight 0) is never drawn (chi_square panics on a size outside the list).
+        let stat = chi_square(&d, &sizes, &probs, n, 77);
+        assert!(stat < 16.27, "chi-square {stat}");
+        // The test can fail: the same draws against other weights.
+        let wrong = [0.25 / 10.25, 4.0 / 10.25, 4.0 / 10.25, 2.0 / 10.25];
+        assert!(chi_square(&d, &sizes, &wrong, n, 77) > 16.27);
+        // And KS against the step CDF, through a SizeDist as the engine draws.
+        check(&d, 78);
+        let sd = SizeDist::new(d.clone(), 1, 1000);
+        let mut r = rng(79);
+        assert!((0..1000).all(|_| sizes.contains(&(sd.sample(&mut r) as u64))));
     }
 
     #[test]

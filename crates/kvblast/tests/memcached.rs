@@ -1092,3 +1092,146 @@ fn run_ends_at_its_deadline_when_the_server_is_gone() {
     assert!(r.stats.unsent > 500, "{}", r.table());
     assert!(r.stats.all().count > 300, "{}", r.table());
 }
+
+/// The value lengths memcached holds for `keys` (one multiget; missing keys are left out).
+fn value_lengths(addr: &str, keys: &[String]) -> Vec<usize> {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    s.write_all(format!("get {}\r\n", keys.join(" ")).as_bytes())
+        .expect("send get");
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 65536];
+    while !(buf.ends_with(b"END\r\n") && (buf.len() == 5 || buf.ends_with(b"\r\nEND\r\n"))) {
+        let n = s.read(&mut chunk).expect("read get reply");
+        assert!(n > 0, "connection closed");
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    let mut lens = Vec::new();
+    let mut at = 0;
+    while buf[at..].starts_with(b"VALUE ") {
+        let eol = at
+            + buf[at..]
+                .windows(2)
+                .position(|w| w == b"\r\n")
+                .expect("line");
+        let header = std::str::from_utf8(&buf[at..eol]).expect("header");
+        let len: usize = header
+            .rsplit(' ')
+            .next()
+            .and_then(|l| l.parse().ok())
+            .expect("length");
+        lens.push(len);
+        at = eol + 2 + len + 2;
+    }
+    assert_eq!(&buf[at..], b"END\r\n");
+    lens
+}
+
+/// `--value-size hist:FILE`: a load phase with a histogram of only 100- and 300-byte values
+/// (weights 3:1) leaves memcached with every key, each value 100 or 300 bytes long, about
+/// three quarters of them 100.
+#[test]
+fn histogram_value_sizes_reach_memcached() {
+    let mc = start_memcached();
+    let dir = std::env::temp_dir().join(format!("kvblast-hist-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp dir");
+    let file = dir.join("values.hist");
+    std::fs::write(&file, "# size weight\n100 3\n300 1\n").expect("write histogram");
+    let keys = 400;
+    let out = Command::new(env!("CARGO_BIN_EXE_kvblast"))
+        .args(["run", "-w", "usr", "--keys", &keys.to_string(), "--load"])
+        .args(["--mix", "get=1", "-n", "200", "-q", "--no-server-stats"])
+        .arg("--value-size")
+        .arg(format!("hist:{}", file.display()))
+        .arg(&mc.addr)
+        .output()
+        .expect("run kvblast");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let names: Vec<String> = (0..keys).map(|i| format!("{i:019}")).collect();
+    let lens = value_lengths(&mc.addr, &names);
+    assert_eq!(lens.len(), keys, "every key loaded");
+    assert!(lens.iter().all(|l| *l == 100 || *l == 300), "{lens:?}");
+    let small = lens.iter().filter(|l| **l == 100).count() as f64 / keys as f64;
+    // 5 standard deviations of a binomial proportion around 0.75 (n = 400): ±0.11.
+    assert!(
+        (small - 0.75).abs() < 0.11,
+        "{small} of the values are 100 bytes"
+    );
+    // A bad histogram fails the run with the file and line, before any load.
+    std::fs::write(&file, "100 3\n300 -1\n").expect("write histogram");
+    let out = Command::new(env!("CARGO_BIN_EXE_kvblast"))
+        .args(["run", "-w", "usr", "-n", "10", "-q", "--value-size"])
+        .arg(format!("hist:{}", file.display()))
+        .arg(&mc.addr)
+        .output()
+        .expect("run kvblast");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains(&format!("{}:2: weight -1 is negative", file.display())),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A job sent to an agent carries a histogram's contents, not its path (remote agents have
+/// no copy of the file): a fake agent records the job line.
+#[test]
+fn agents_get_histograms_inline() {
+    let mc = start_memcached();
+    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind agent");
+    let agent_addr = l.local_addr().expect("addr").to_string();
+    let fake = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().expect("accept");
+        let mut line = Vec::new();
+        let mut b = [0u8; 1];
+        while s.read(&mut b).map(|n| n == 1).unwrap_or(false) && b[0] != b'\n' {
+            line.push(b[0]);
+        }
+        let _ = s.write_all(b"ERR fake agent\n");
+        String::from_utf8_lossy(&line).into_owned()
+    });
+    let dir = std::env::temp_dir().join(format!("kvblast-hist-agent-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp dir");
+    let (values, keys) = (dir.join("v.hist"), dir.join("k.hist"));
+    std::fs::write(&values, "100 3\n300 1\n").expect("write");
+    std::fs::write(&keys, "20 1\n").expect("write");
+    let vspec = format!("hist:{}", values.display());
+    let kspec = format!("hist:{}", keys.display());
+    let argv = [
+        "run",
+        "-w",
+        "usr",
+        "--keys",
+        "100",
+        "--rate",
+        "1000",
+        "-D",
+        "300ms",
+        "-q",
+        "--value-size",
+        &vspec,
+        "--key-size",
+        &kspec,
+        "--agent",
+        &agent_addr,
+        &mc.addr,
+    ];
+    let args = kvblast::cli::Args::parse(argv.iter().map(|s| s.to_string())).expect("args");
+    let err = kvblast::agent::run_with_agents(&args).expect_err("the fake agent failed");
+    assert!(err.contains("fake agent"), "{err}");
+    let job = fake.join().expect("fake agent");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        job.contains("--value-size\thist-inline:100:3.0,300:1.0\t"),
+        "{job}"
+    );
+    assert!(job.contains("--key-size\thist-inline:20:1.0\t"), "{job}");
+    assert!(!job.contains("hist:"), "a path was sent: {job}");
+}
