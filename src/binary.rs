@@ -165,6 +165,7 @@ pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
                 }
             }
         }
+        Command::ReplPull => crate::replication::serve_binary(ctx, out, &req),
         // Without -S, memcached answers the SASL opcodes as unknown commands.
         Command::SaslListMechs | Command::SaslAuth | Command::SaslStep => {
             bin::write_error(out, op, opaque, Status::UnknownCommand);

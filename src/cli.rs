@@ -136,7 +136,11 @@ const OPTIONS: &[OptSpec] = &[
         HasArg::Required,
     ),
     spec(REPLICA_SERVE_STALE, "replica-serve-stale", HasArg::Required),
+    spec(REPLICA_AUTH_MECH, "replica-auth-mech", HasArg::Required),
 ];
+
+/// The option code of `--replica-auth-mech` (long form only).
+const REPLICA_AUTH_MECH: u8 = 6;
 
 /// The option code of `--replica-serve-stale` (long form only).
 const REPLICA_SERVE_STALE: u8 = 5;
@@ -765,6 +769,13 @@ impl Builder {
             MIN_REPLICAS => {
                 self.cfg.min_replicas = int_in(sp, value, 0, 1000, "a number of replicas 0-1000")?
             }
+            REPLICA_AUTH_MECH => {
+                self.cfg.replica_auth_sasl = match value {
+                    "ascii" => false,
+                    "sasl" => true,
+                    _ => return Err(bad(sp, value, "ascii or sasl")),
+                }
+            }
             REPLICA_SERVE_STALE => {
                 self.cfg.replica_serve_stale = match value {
                     "yes" => true,
@@ -1244,6 +1255,9 @@ Replication (kvcached's own)
                               `replicaof HOST PORT`, `replicaof no one` to promote)
       --replica-auth=FILE     credentials for a master with -Y: the first line of FILE,
                               `user:password` (as in a -Y file)
+      --replica-auth-mech=ascii|sasl
+                              how to present them: ASCII auth (a -Y master, the default)
+                              or SASL PLAIN, pulling over the binary protocol (a -S master)
       --min-replicas=N        refuse writes (SERVER_ERROR not enough good replicas) unless
                               N replicas are in sync (default 0: off)
       --min-replicas-max-lag=SECONDS
@@ -1907,6 +1921,7 @@ mod tests {
                 REPLICA_AUTH => "/etc/kvcached/replica-auth",
                 MIN_REPLICAS | MIN_REPLICAS_MAX_LAG => "1",
                 REPLICA_SERVE_STALE => "no",
+                REPLICA_AUTH_MECH => "sasl",
                 _ => "x",
             };
             let mut args = vec![flag.clone()];

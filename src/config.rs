@@ -156,6 +156,9 @@ pub struct Config {
     pub replica_of: Option<String>,
     /// `user:password` file for authenticating to a master that has `-Y` (`--replica-auth`).
     pub replica_auth: Option<PathBuf>,
+    /// Authenticate to the master with SASL PLAIN and pull over the binary protocol (a
+    /// master with `-S`) instead of ASCII auth and text (`--replica-auth-mech=sasl`).
+    pub replica_auth_sasl: bool,
     /// Refuse writes unless this many replicas are in sync (`--min-replicas`; 0: off).
     pub min_replicas: usize,
     /// In sync: pulled and lagging at most this long (`--min-replicas-max-lag`, seconds).
@@ -204,6 +207,7 @@ impl Default for Config {
             engine: EngineChoice::Log,
             replica_of: None,
             replica_auth: None,
+            replica_auth_sasl: false,
             min_replicas: 0,
             min_replicas_max_lag: Duration::from_secs(10),
             replica_serve_stale: true,

@@ -290,32 +290,74 @@ pub fn serve(
     name: &[u8],
     cursor: &[u8],
 ) -> Step {
-    let peer = String::from_utf8_lossy(name);
     let shared = ctx.shared;
-    let Some(log) = shared.engine.log_engine() else {
+    if shared.engine.log_engine().is_none() {
         s.out
             .extend_from_slice(b"SERVER_ERROR replication needs the log engine\r\n");
         return Step::Next;
-    };
-    let repl = &shared.repl;
-    let fresh = replid != repl.replid.as_bytes();
+    }
     // The batch goes straight into the output after a header whose length field is
     // patched once the batch is written (fixed width: the replica parses leading zeros).
     s.out.extend_from_slice(b"REPL ");
-    s.out.extend_from_slice(repl.replid.as_bytes());
+    s.out.extend_from_slice(shared.repl.replid.as_bytes());
     s.out.extend_from_slice(b" ");
     let len_at = s.out.len();
     s.out.extend_from_slice(b"0000000000\r\n");
     let start = s.out.len();
-    // A replica of the master this server follows (or followed before its promotion) may
-    // continue here without a full sync.
-    let upstream = replid != b"-" && replid == lock(&repl.master_replid).as_bytes();
-    let served = log.repl_serve(cursor, fresh, upstream, BATCH_BUDGET, &mut s.out);
+    serve_batch(shared, replid, name, cursor, &mut s.out);
     let len = s.out.len() - start;
     if let Some(field) = s.out.get_mut(len_at..len_at + 10) {
         field.copy_from_slice(format!("{len:010}").as_bytes());
     }
     s.out.extend_from_slice(b"\r\n");
+    Step::Next
+}
+
+/// Serve a binary-protocol pull ([`kvproto::binary::opcode::REPL_PULL`], for masters with
+/// `-S`): key `<replid> <name>`, value the cursor; the reply's key is this server's replid
+/// and its value the batch.
+pub fn serve_binary(ctx: &mut Ctx<'_>, out: &mut Vec<u8>, req: &kvproto::binary::Request<'_>) {
+    use kvproto::binary as bin;
+    let shared = ctx.shared;
+    if shared.engine.log_engine().is_none() {
+        bin::write_error_message(
+            out,
+            req.opcode,
+            req.opaque,
+            bin::Status::UnknownCommand,
+            "replication needs the log engine",
+        );
+        return;
+    }
+    let mut parts = req.key.splitn(2, |&b| b == b' ');
+    let replid = parts.next().unwrap_or_default();
+    let name = parts.next().unwrap_or(b"-");
+    let mut batch = Vec::new();
+    serve_batch(shared, replid, name, req.value, &mut batch);
+    bin::write_response(
+        out,
+        req.opcode,
+        bin::Status::Success,
+        req.opaque,
+        0,
+        &[],
+        shared.repl.replid.as_bytes(),
+        &batch,
+    );
+}
+
+/// Append the batch for one pull to `out` and record the replica's progress.
+fn serve_batch(shared: &Shared, replid: &[u8], name: &[u8], cursor: &[u8], out: &mut Vec<u8>) {
+    let Some(log) = shared.engine.log_engine() else {
+        return;
+    };
+    let peer = String::from_utf8_lossy(name);
+    let repl = &shared.repl;
+    let fresh = replid != repl.replid.as_bytes();
+    // A replica of the master this server follows (or followed before its promotion) may
+    // continue here without a full sync.
+    let upstream = replid != b"-" && replid == lock(&repl.master_replid).as_bytes();
+    let served = log.repl_serve(cursor, fresh, upstream, BATCH_BUDGET, out);
     {
         let now = Instant::now();
         let mut f = lock(&repl.followers);
@@ -335,7 +377,6 @@ pub fn serve(
         e.pulled(now, log.log_offset(), served.lag_bytes);
     }
     repl.check_min_replicas(&shared.config);
-    Step::Next
 }
 
 /// Start following `master` ("host:port"), replacing any master followed before.
@@ -469,6 +510,142 @@ fn authenticate(
     Ok(())
 }
 
+/// One text-protocol pull: send `replpull`, read `REPL <replid> <n>` and the batch into
+/// `batch`; returns the master's replid.
+fn pull_text(
+    reader: &mut BufReader<TcpStream>,
+    writer: &mut TcpStream,
+    replid: &str,
+    name: &str,
+    cursor: &[u8],
+    line: &mut String,
+    batch: &mut Vec<u8>,
+) -> std::io::Result<String> {
+    let mut req = format!("replpull {replid} {} {name}\r\n", cursor.len()).into_bytes();
+    req.extend_from_slice(cursor);
+    req.extend_from_slice(b"\r\n");
+    writer.write_all(&req)?;
+    line.clear();
+    // Bounded: a reply line longer than this is not a REPL header.
+    (&mut *reader).take(512).read_line(line)?;
+    let mut parts = line.trim_end().split(' ');
+    let (Some("REPL"), Some(their), Some(n), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(std::io::Error::other(format!(
+            "unexpected reply {:?}",
+            line.trim_end()
+        )));
+    };
+    let n: usize = n
+        .parse()
+        .ok()
+        .filter(|&n| n <= MAX_BATCH)
+        .ok_or_else(|| std::io::Error::other("bad batch length"))?;
+    batch.clear();
+    batch.resize(n + 2, 0);
+    reader.read_exact(batch)?;
+    if batch.get(n..) != Some(b"\r\n".as_slice()) {
+        return Err(std::io::Error::other("bad batch terminator"));
+    }
+    batch.truncate(n);
+    Ok(their.to_string())
+}
+
+/// Read one binary response: (status, key, value in `value`).
+fn read_binary(
+    reader: &mut BufReader<TcpStream>,
+    value: &mut Vec<u8>,
+) -> std::io::Result<(u16, Vec<u8>)> {
+    let mut h = [0u8; 24];
+    reader.read_exact(&mut h)?;
+    if h[0] != kvproto::binary::RESPONSE_MAGIC {
+        return Err(std::io::Error::other("not a binary response"));
+    }
+    let keylen = usize::from(u16::from_be_bytes([h[2], h[3]]));
+    let extlen = usize::from(h[4]);
+    let status = u16::from_be_bytes([h[6], h[7]]);
+    let body = u32::from_be_bytes([h[8], h[9], h[10], h[11]]) as usize;
+    if body > MAX_BATCH || keylen + extlen > body {
+        return Err(std::io::Error::other("bad binary response length"));
+    }
+    value.clear();
+    value.resize(body, 0);
+    reader.read_exact(value)?;
+    let key = value
+        .get(extlen..extlen + keylen)
+        .unwrap_or_default()
+        .to_vec();
+    value.drain(..extlen + keylen);
+    Ok((status, key))
+}
+
+/// One binary-protocol pull ([`kvproto::binary::opcode::REPL_PULL`]); returns the master's
+/// replid, with the batch in `batch`.
+fn pull_binary(
+    reader: &mut BufReader<TcpStream>,
+    writer: &mut TcpStream,
+    replid: &str,
+    name: &str,
+    cursor: &[u8],
+    batch: &mut Vec<u8>,
+) -> std::io::Result<String> {
+    let mut req = Vec::new();
+    let key = format!("{replid} {name}");
+    kvproto::binary::write_request(
+        &mut req,
+        kvproto::binary::opcode::REPL_PULL,
+        0,
+        0,
+        &[],
+        key.as_bytes(),
+        cursor,
+    );
+    writer.write_all(&req)?;
+    let (status, their) = read_binary(reader, batch)?;
+    if status != 0 {
+        return Err(std::io::Error::other(format!(
+            "pull refused: status {status:#x} {}",
+            String::from_utf8_lossy(batch)
+        )));
+    }
+    String::from_utf8(their).map_err(|_| std::io::Error::other("bad replid"))
+}
+
+/// SASL PLAIN over the binary protocol (a master with `-S`).
+fn authenticate_sasl(
+    reader: &mut BufReader<TcpStream>,
+    writer: &mut TcpStream,
+    user: &str,
+    pass: &str,
+) -> std::io::Result<()> {
+    let mut data = Vec::with_capacity(user.len() + pass.len() + 2);
+    data.push(0);
+    data.extend_from_slice(user.as_bytes());
+    data.push(0);
+    data.extend_from_slice(pass.as_bytes());
+    let mut req = Vec::new();
+    kvproto::binary::write_request(
+        &mut req,
+        kvproto::binary::opcode::SASL_AUTH,
+        0,
+        0,
+        &[],
+        b"PLAIN",
+        &data,
+    );
+    writer.write_all(&req)?;
+    let mut body = Vec::new();
+    let (status, _) = read_binary(reader, &mut body)?;
+    if status != 0 {
+        // Never echo the credentials; the master's status says why.
+        return Err(std::io::Error::other(format!(
+            "SASL authentication refused: status {status:#x}"
+        )));
+    }
+    Ok(())
+}
+
 /// Pull over one connection until it fails or the puller must stop.
 fn follow_link(
     shared: &Shared,
@@ -479,8 +656,13 @@ fn follow_link(
     let repl = &shared.repl;
     let mut reader = BufReader::new(stream.try_clone()?);
     let mut writer = stream;
+    let binary = shared.config.replica_auth_sasl;
     if let Some((user, pass)) = credentials(shared)? {
-        authenticate(&mut reader, &mut writer, &user, &pass)?;
+        if binary {
+            authenticate_sasl(&mut reader, &mut writer, &user, &pass)?;
+        } else {
+            authenticate(&mut reader, &mut writer, &user, &pass)?;
+        }
     }
     let mut first = true;
     let mut cursor = Vec::new();
@@ -491,35 +673,27 @@ fn follow_link(
         cursor.clear();
         lock(&repl.state).cursor(&mut cursor);
         let replid = lock(&repl.master_replid).clone();
-        let mut req =
-            format!("replpull {replid} {} {}\r\n", cursor.len(), repl.replid).into_bytes();
-        req.extend_from_slice(&cursor);
-        req.extend_from_slice(b"\r\n");
-        writer.write_all(&req)?;
-        line.clear();
-        // Bounded: a reply line longer than this is not a REPL header.
-        (&mut reader).take(512).read_line(&mut line)?;
-        let mut parts = line.trim_end().split(' ');
-        let (Some("REPL"), Some(their), Some(n), None) =
-            (parts.next(), parts.next(), parts.next(), parts.next())
-        else {
-            return Err(std::io::Error::other(format!(
-                "unexpected reply {:?}",
-                line.trim_end()
-            )));
+        let their = if binary {
+            pull_binary(
+                &mut reader,
+                &mut writer,
+                &replid,
+                &repl.replid,
+                &cursor,
+                &mut batch,
+            )?
+        } else {
+            pull_text(
+                &mut reader,
+                &mut writer,
+                &replid,
+                &repl.replid,
+                &cursor,
+                &mut line,
+                &mut batch,
+            )?
         };
-        let n: usize = n
-            .parse()
-            .ok()
-            .filter(|&n| n <= MAX_BATCH)
-            .ok_or_else(|| std::io::Error::other("bad batch length"))?;
-        batch.clear();
-        batch.resize(n + 2, 0);
-        reader.read_exact(&mut batch)?;
-        if batch.get(n..) != Some(b"\r\n".as_slice()) {
-            return Err(std::io::Error::other("bad batch terminator"));
-        }
-        batch.truncate(n);
+        let their = their.as_str();
         if their != replid {
             // Another log (a new master, or it restarted): this batch starts a full sync
             // (a reset) or continues this replica in the new log (a switch).

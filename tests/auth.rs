@@ -829,3 +829,62 @@ fn pylibmc_sasl_round_trip() {
     assert!(text.contains("pylibmc sasl: ok"), "{text}");
     let _ = std::fs::remove_file(pwdb);
 }
+
+/// Replication from a master with `-S`: the replica authenticates with SASL PLAIN
+/// (`--replica-auth-mech sasl`) and pulls over the binary protocol; it gets what the master
+/// holds. (That a `-S` master refuses unauthenticated requests, a pull among them, is
+/// `sasl_plain`'s.)
+#[test]
+fn replica_of_a_sasl_master() {
+    let (master, pwdb) = sasl_server("repl-pwdb");
+    let cred = temp_file("repl-cred", b"bob:pw\n");
+    let mut c = master.connect();
+    assert_eq!(auth(&mut c, "bob", "pw"), 0);
+    for i in 0..200u32 {
+        let key = format!("sasl{i}");
+        let set = packet(
+            SET,
+            &[0, 0, 0, 7, 0, 0, 0, 0],
+            key.as_bytes(),
+            format!("v{i}").as_bytes(),
+        );
+        assert_eq!(call(&mut c, &set).map(|r| r.1), Some(0), "{key}");
+    }
+    let target = format!("127.0.0.1:{}", master.port);
+    let cred_path = cred.to_str().expect("utf-8 path");
+    let replica = Server::start_verified(
+        Kind::Kvcached,
+        &[
+            "--replica-of",
+            &target,
+            "--replica-auth",
+            cred_path,
+            "--replica-auth-mech",
+            "sasl",
+        ],
+    );
+    let mut r = replica.connect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        r.send(b"get sasl199\r\n");
+        let got = r.until("END\r\n");
+        if got == "VALUE sasl199 7 4\r\nv199\r\nEND\r\n" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "replica did not catch up: {got:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for i in 0..200 {
+        r.send(format!("get sasl{i}\r\n").as_bytes());
+        let v = format!("v{i}");
+        assert_eq!(
+            r.until("END\r\n"),
+            format!("VALUE sasl{i} 7 {}\r\n{v}\r\nEND\r\n", v.len())
+        );
+    }
+    let _ = std::fs::remove_file(pwdb);
+    let _ = std::fs::remove_file(cred);
+}

@@ -149,6 +149,16 @@ fn reply(out: &mut Vec<u8>, r: &binary::Request<'_>) {
         Command::SaslListMechs | Command::SaslAuth | Command::SaslStep => {
             binary::write_error(out, op, opaque, Status::UnknownCommand)
         }
+        Command::ReplPull => binary::write_response(
+            out,
+            op,
+            binary::Status::Success,
+            opaque,
+            0,
+            &[],
+            r.key,
+            r.value,
+        ),
         Command::Quit | Command::Flush { .. } | Command::Noop => {
             binary::write_ok(out, op, opaque, 0)
         }

@@ -115,6 +115,10 @@ pub mod opcode {
     pub const SASL_STEP: u8 = 0x22;
     pub const GATK: u8 = 0x23;
     pub const GATKQ: u8 = 0x24;
+    /// kvcached's own: a replica's pull (the text protocol's `replpull`), for masters that
+    /// speak only the binary protocol (`-S`). Key: `<replid> <name>`; value: the cursor.
+    /// The reply's key is the master's replid and its value the batch.
+    pub const REPL_PULL: u8 = 0xe0;
 }
 
 /// A response status, with memcached's default message for each.
@@ -234,6 +238,9 @@ pub enum Command {
     SaslAuth,
     /// `sasl step`: as [`Command::SaslAuth`].
     SaslStep,
+    /// kvcached's replication pull ([`opcode::REPL_PULL`]): the key is `<replid> <name>`,
+    /// the value the replica's cursor.
+    ReplPull,
 }
 
 /// One parsed request. Byte slices borrow from the buffer given to [`parse`].
@@ -500,9 +507,10 @@ pub fn parse<'a>(buf: &'a [u8], limits: &Limits) -> Parse<'a> {
             };
             (command, Body::Value(rest))
         }
+        REPL_PULL if extlen == 0 && has_key => (Command::ReplPull, Body::Value(rest)),
         VERSION | NOOP | QUIT | SASL_LIST_MECHS | FLUSH | SET | ADD | REPLACE | APPEND
         | PREPEND | GET | GETK | DELETE | INCREMENT | DECREMENT | TOUCH | GAT | GATK | STAT
-        | SASL_AUTH | SASL_STEP => return fail(Status::InvalidArguments, true, 0),
+        | SASL_AUTH | SASL_STEP | REPL_PULL => return fail(Status::InvalidArguments, true, 0),
         _ => return fail(Status::UnknownCommand, false, bodylen),
     };
     let (value, consumed) = match body {
