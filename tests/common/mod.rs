@@ -2,6 +2,8 @@
 //! talk to it over sockets, and stop it when the handle drops.
 #![allow(dead_code)]
 
+pub mod repl;
+
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
