@@ -1975,3 +1975,27 @@ impl XorShift {
         self.next() % n
     }
 }
+
+/// memcached stores items over 512 KiB in chunks and calls every chunked item non-numeric
+/// for incr/decr, whatever it holds (found by the meta differential against the newest
+/// memcached; 1.6.18 does the same).
+#[test]
+fn incr_on_a_chunked_size_value_is_non_numeric() {
+    for kind in [Kind::Kvcached, Kind::Memcached] {
+        let server = Server::start_verified(kind, &[]);
+        let mut c = server.connect();
+        let big = format!("54 {}", "x".repeat(600_000));
+        let mut req = format!("set k 0 0 {}\r\n", big.len()).into_bytes();
+        req.extend_from_slice(big.as_bytes());
+        req.extend_from_slice(b"\r\n");
+        c.send(&req);
+        assert_eq!(c.line(), "STORED\r\n", "{kind:?}");
+        assert_eq!(
+            c.call("incr k 5\r\n"),
+            "CLIENT_ERROR cannot increment or decrement non-numeric value\r\n",
+            "{kind:?}"
+        );
+        assert_eq!(c.call("set j 0 0 5\r\n54 xx\r\n"), "STORED\r\n");
+        assert_eq!(c.call("incr j 5\r\n"), "59\r\n", "{kind:?}");
+    }
+}

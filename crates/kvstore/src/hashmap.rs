@@ -850,7 +850,7 @@ impl HashMapEngine {
         {
             return Ok(MetaArithResult::Exists);
         }
-        let Some(cur) = number::parse(it.value()) else {
+        let Some(cur) = number::parse_item(key, it.value()) else {
             return Ok(MetaArithResult::NonNumeric);
         };
         let new = if req.incr {

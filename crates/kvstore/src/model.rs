@@ -552,6 +552,10 @@ impl Engine for Model {
         if req.compare_cas.is_some_and(|c| c != 0 && c != self.cas(it)) {
             return MetaArithResult::Exists;
         }
+        // memcached stores items over 512 KiB in chunks and calls them non-numeric.
+        if 48 + key.len() + 1 + it.value.len() + 2 + 8 > 512 * 1024 {
+            return MetaArithResult::NonNumeric;
+        }
         let Some(cur) = strtoull(&it.value) else {
             return MetaArithResult::NonNumeric;
         };

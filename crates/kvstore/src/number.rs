@@ -13,6 +13,21 @@ fn is_c_space(b: u8) -> bool {
     matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r')
 }
 
+/// memcached stores an item whose total size is over its largest slab chunk (512 KiB by
+/// default) in chunks, and `do_add_delta` calls every chunked item non-numeric, whatever
+/// it holds. The total, with CAS on: a 48-byte header, the key and a NUL, the value and
+/// "\r\n", 8 bytes of CAS.
+const CHUNKED_ITEM: usize = 512 * 1024;
+
+/// The number in the stored value of `key`, or `None` if memcached would call it
+/// non-numeric (including a value so large that memcached stores it chunked).
+pub(crate) fn parse_item(key: &[u8], value: &[u8]) -> Option<u64> {
+    if 48 + key.len() + 1 + value.len() + 2 + 8 > CHUNKED_ITEM {
+        return None;
+    }
+    parse(value)
+}
+
 /// The number in a stored value, or `None` if memcached would call it non-numeric.
 pub(crate) fn parse(value: &[u8]) -> Option<u64> {
     let mut i = 0;

@@ -1583,7 +1583,7 @@ impl LogEngine {
                     Some((_, v, r)) if self.vis(&r, now) == Vis::Live => Some((
                         v & IDENT_MASK,
                         r.value.len(),
-                        number::parse(r.value),
+                        number::parse_item(key, r.value),
                         self.rec_cas(&r),
                         r.exptime,
                     )),
