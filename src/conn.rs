@@ -30,6 +30,9 @@ pub const OUTPUT_HIGH_WATER: usize = 256 * 1024;
 /// Buffers larger than this are given back once empty.
 const KEEP_CAPACITY: usize = 64 * 1024;
 
+/// An idle connection keeps an output buffer up to this size (small replies), no more.
+const IDLE_KEEP: usize = 4 * 1024;
+
 /// The socket of a connection.
 pub enum Stream {
     Tcp(mio::net::TcpStream),
@@ -140,11 +143,12 @@ impl Session {
         self.out.len() - self.out_pos
     }
 
-    /// Give the output buffer back when nothing is pending (an idle connection holds no
-    /// buffers: thousands of idle connections that once fetched a large item must not
-    /// keep that much memory each).
+    /// Give the output buffer back when nothing is pending and it is larger than
+    /// [`IDLE_KEEP`]: thousands of idle connections that once fetched a large item must not
+    /// keep that much memory each, while a connection of small replies keeps its small
+    /// buffer instead of allocating one per request.
     fn release_idle(&mut self) {
-        if self.pending() == 0 && self.out.capacity() > 0 {
+        if self.pending() == 0 && self.out.capacity() > IDLE_KEEP {
             self.out = Vec::new();
             self.out_pos = 0;
         }

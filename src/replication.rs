@@ -332,18 +332,26 @@ pub fn serve_binary(ctx: &mut Ctx<'_>, out: &mut Vec<u8>, req: &kvproto::binary:
     let mut parts = req.key.splitn(2, |&b| b == b' ');
     let replid = parts.next().unwrap_or_default();
     let name = parts.next().unwrap_or(b"-");
-    let mut batch = Vec::new();
-    serve_batch(shared, replid, name, req.value, &mut batch);
-    bin::write_response(
+    // As in the text reply, the batch goes straight into the output; the header's body
+    // length is patched once it is written.
+    let key = shared.repl.replid.as_bytes();
+    let at = out.len();
+    bin::write_header(
         out,
         req.opcode,
         bin::Status::Success,
         req.opaque,
         0,
-        &[],
-        shared.repl.replid.as_bytes(),
-        &batch,
+        0,
+        key.len() as u16,
+        0,
     );
+    out.extend_from_slice(key);
+    serve_batch(shared, replid, name, req.value, out);
+    let body = (out.len() - at - bin::HEADER_LEN) as u32;
+    if let Some(field) = out.get_mut(at + 8..at + 12) {
+        field.copy_from_slice(&body.to_be_bytes());
+    }
 }
 
 /// Append the batch for one pull to `out` and record the replica's progress.
@@ -374,7 +382,7 @@ fn serve_batch(shared: &Shared, replid: &[u8], name: &[u8], cursor: &[u8], out: 
         e.last_pull = now;
         e.pulls += 1;
         e.snapshot = served.snapshot;
-        e.pulled(now, log.log_offset(), served.lag_bytes);
+        e.pulled(now, served.log_offset, served.lag_bytes);
     }
     repl.check_min_replicas(&shared.config);
 }
@@ -552,32 +560,34 @@ fn pull_text(
     Ok(their.to_string())
 }
 
-/// Read one binary response: (status, key, value in `value`).
+/// Read one binary response into `buf` and parse it with the protocol crate: (status,
+/// key, where the value lies in `buf`).
 fn read_binary(
     reader: &mut BufReader<TcpStream>,
-    value: &mut Vec<u8>,
-) -> std::io::Result<(u16, Vec<u8>)> {
-    let mut h = [0u8; 24];
-    reader.read_exact(&mut h)?;
-    if h[0] != kvproto::binary::RESPONSE_MAGIC {
-        return Err(std::io::Error::other("not a binary response"));
+    buf: &mut Vec<u8>,
+) -> std::io::Result<(u16, Vec<u8>, std::ops::Range<usize>)> {
+    use kvproto::binary::{parse_response, ResponseParse, HEADER_LEN};
+    buf.clear();
+    buf.resize(HEADER_LEN, 0);
+    reader.read_exact(buf)?;
+    let body = buf
+        .get(8..12)
+        .and_then(|b| <[u8; 4]>::try_from(b).ok())
+        .map_or(0, u32::from_be_bytes) as usize;
+    if body > MAX_BATCH {
+        return Err(std::io::Error::other("binary response too long"));
     }
-    let keylen = usize::from(u16::from_be_bytes([h[2], h[3]]));
-    let extlen = usize::from(h[4]);
-    let status = u16::from_be_bytes([h[6], h[7]]);
-    let body = u32::from_be_bytes([h[8], h[9], h[10], h[11]]) as usize;
-    if body > MAX_BATCH || keylen + extlen > body {
-        return Err(std::io::Error::other("bad binary response length"));
+    buf.resize(HEADER_LEN + body, 0);
+    reader.read_exact(&mut buf[HEADER_LEN..])?;
+    match parse_response(buf) {
+        // The value ends the packet.
+        ResponseParse::Response(r, _) => Ok((
+            r.status,
+            r.key.to_vec(),
+            buf.len() - r.value.len()..buf.len(),
+        )),
+        _ => Err(std::io::Error::other("not a binary response")),
     }
-    value.clear();
-    value.resize(body, 0);
-    reader.read_exact(value)?;
-    let key = value
-        .get(extlen..extlen + keylen)
-        .unwrap_or_default()
-        .to_vec();
-    value.drain(..extlen + keylen);
-    Ok((status, key))
 }
 
 /// One binary-protocol pull ([`kvproto::binary::opcode::REPL_PULL`]); returns the master's
@@ -602,13 +612,15 @@ fn pull_binary(
         cursor,
     );
     writer.write_all(&req)?;
-    let (status, their) = read_binary(reader, batch)?;
+    let (status, their, value) = read_binary(reader, batch)?;
     if status != 0 {
         return Err(std::io::Error::other(format!(
             "pull refused: status {status:#x} {}",
-            String::from_utf8_lossy(batch)
+            String::from_utf8_lossy(batch.get(value).unwrap_or_default())
         )));
     }
+    // Keep only the batch (the value).
+    batch.drain(..value.start);
     String::from_utf8(their).map_err(|_| std::io::Error::other("bad replid"))
 }
 
@@ -636,7 +648,7 @@ fn authenticate_sasl(
     );
     writer.write_all(&req)?;
     let mut body = Vec::new();
-    let (status, _) = read_binary(reader, &mut body)?;
+    let (status, _, _) = read_binary(reader, &mut body)?;
     if status != 0 {
         // Never echo the credentials; the master's status says why.
         return Err(std::io::Error::other(format!(

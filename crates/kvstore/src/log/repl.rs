@@ -115,6 +115,8 @@ pub struct Served {
     /// The replica followed this engine's upstream and continues here without a full
     /// sync (a switch batch).
     pub switched: bool,
+    /// This engine's log offset when the batch was made ([`LogEngine::log_offset`]).
+    pub log_offset: u64,
 }
 
 /// What a replica did with one batch.
@@ -406,16 +408,16 @@ impl LogEngine {
 
     /// Bytes written to the log so far: a replication offset that only grows.
     pub fn log_offset(&self) -> u64 {
-        let live: u64 = self
-            .live_segments()
-            .iter()
-            .filter_map(|&(_, id)| self.segs.get(id))
+        let live: u64 = (0..self.seg_ids())
+            .filter_map(|id| self.segs.get(id))
+            .filter(|s| s.mem.0.seq.load(Ordering::Acquire) != 0)
             .map(|s| s.mem.0.used.load(Ordering::Acquire) as u64)
             .sum();
         self.retired_bytes.load(Ordering::Relaxed) + live
     }
 
-    fn batch_header(&self, kind: u8, out: &mut Vec<u8>) -> usize {
+    /// Write a batch header; returns where it starts and the log offset it carries.
+    fn batch_header(&self, kind: u8, out: &mut Vec<u8>) -> (usize, u64) {
         let at = out.len();
         out.extend_from_slice(&BATCH_MAGIC);
         out.push(VERSION);
@@ -427,8 +429,9 @@ impl LogEngine {
         out.extend_from_slice(&self.delayed_mark.load(Ordering::SeqCst).to_le_bytes());
         out.extend_from_slice(&self.next_cas.load(Ordering::SeqCst).to_le_bytes());
         out.extend_from_slice(&self.flush_deadline.load(Ordering::Acquire).to_le_bytes());
-        out.extend_from_slice(&self.log_offset().to_le_bytes());
-        at
+        let offset = self.log_offset();
+        out.extend_from_slice(&offset.to_le_bytes());
+        (at, offset)
     }
 
     /// Serve one pull: append a batch for `cursor` to `out`, with about `budget` bytes
@@ -493,7 +496,7 @@ impl LogEngine {
                 .own
                 .clone()
         };
-        let at = self.batch_header(KIND_SWITCH, out);
+        let (at, log_offset) = self.batch_header(KIND_SWITCH, out);
         out.extend_from_slice(&own.below.to_le_bytes());
         out.extend_from_slice(&(own.entries.len() as u32).to_le_bytes());
         for &(seq, p) in &own.entries {
@@ -505,6 +508,7 @@ impl LogEngine {
         }
         Some(Served {
             switched: true,
+            log_offset,
             ..Served::default()
         })
     }
@@ -550,7 +554,7 @@ impl LogEngine {
             let _s = lock(&self.seq_lock);
             (self.seg_seq.load(Ordering::SeqCst), self.live_segments())
         };
-        let at = self.batch_header(KIND_RESET, out);
+        let (at, log_offset) = self.batch_header(KIND_RESET, out);
         let mut open = Vec::new();
         let mut lag = 0;
         for &(seq, id) in &live {
@@ -582,6 +586,7 @@ impl LogEngine {
             reset: true,
             snapshot: true,
             switched: false,
+            log_offset,
         };
         let cursor = Cursor {
             phase: Phase::Snapshot { seq: 0, off: 0 },
@@ -617,7 +622,7 @@ impl LogEngine {
             return (self.serve_reset(out), None);
         };
         let live = self.live_segments();
-        let at = self.batch_header(KIND_SNAPSHOT, out);
+        let (at, log_offset) = self.batch_header(KIND_SNAPSHOT, out);
         let pos_at = out.len();
         out.extend_from_slice(&from_seq.to_le_bytes());
         out.extend_from_slice(&from_off.to_le_bytes());
@@ -705,6 +710,7 @@ impl LogEngine {
             reset: false,
             snapshot: true,
             switched: false,
+            log_offset,
         };
         (served, next_pos)
     }
@@ -740,7 +746,7 @@ impl LogEngine {
                 return None;
             }
         }
-        let at = self.batch_header(KIND_TAIL, out);
+        let (at, log_offset) = self.batch_header(KIND_TAIL, out);
         let mut shipped = 0;
         let mut lag = 0u64;
         let mut complete = true;
@@ -812,6 +818,7 @@ impl LogEngine {
             reset: false,
             snapshot: false,
             switched: false,
+            log_offset,
         })
     }
 }
