@@ -326,10 +326,16 @@ fn log_concurrent_resize_and_maintain() {
         stop.store(true, Ordering::Relaxed);
     });
     e.set_max_bytes(2 << 20, 100);
-    // The index was sized for 16 MiB and is larger than 1 MiB, so the segments get half
-    // of the new limit.
-    assert!(e.index_bytes() > 1 << 20);
-    assert!(e.stats().total_malloced <= 1 << 20, "{:?}", e.stats());
+    // The index does not shrink: segments get what it leaves, at least a quarter.
+    let budget = (2usize << 20)
+        .saturating_sub(e.index_bytes())
+        .max(512 << 10);
+    assert!(
+        e.stats().total_malloced as usize <= budget,
+        "{:?}, index {}",
+        e.stats(),
+        e.index_bytes()
+    );
     e.check_accounting().unwrap();
 }
 
@@ -418,4 +424,77 @@ fn log_concurrent_meta_win_token_is_unique() {
         );
     }
     e.check_accounting().unwrap();
+}
+
+/// The index grows (linear hashing: splits move items to new buckets, then chains are
+/// compacted and overflow buckets reused) while readers look up keys that are present all
+/// along: no lookup may miss one, see another key's value, or lose a win token.
+#[test]
+fn log_index_growth_never_hides_a_present_key() {
+    let e = engine(512 << 20);
+    let stable = 20_000u64;
+    for i in 0..stable {
+        let k = format!("stable:{i}");
+        assert!(matches!(
+            store(&e, StoreMode::Set, k.as_bytes(), k.as_bytes(), 0),
+            StoreResult::Stored(_)
+        ));
+    }
+    let splits_before = splits(&e);
+    let writers_done = AtomicU64::new(0);
+    let lookups = AtomicU64::new(0);
+    let fresh = 150_000 * scale() as u64;
+    std::thread::scope(|s| {
+        for t in 0..2u64 {
+            let (e, done) = (&e, &writers_done);
+            s.spawn(move || {
+                for i in 0..fresh / 2 {
+                    let k = format!("fresh:{t}:{i}");
+                    store(e, StoreMode::Set, k.as_bytes(), b"x", 0);
+                }
+                done.fetch_add(1, Ordering::SeqCst);
+            });
+        }
+        for r in 0..2u64 {
+            let (e, done, lookups) = (&e, &writers_done, &lookups);
+            s.spawn(move || {
+                let mut rng = Rng(0x5eed + r);
+                // Bounded: until both writers are done, and at most 20 million lookups.
+                for n in 0..20_000_000u64 {
+                    if n % 1024 == 0 && done.load(Ordering::SeqCst) == 2 {
+                        break;
+                    }
+                    let i = rng.below(stable);
+                    let k = format!("stable:{i}");
+                    let mut got = None;
+                    let hit = e.get(k.as_bytes(), 100, ReadOptions::default(), &mut |v| {
+                        got = Some(v.value.to_vec());
+                    });
+                    assert!(hit, "{k} missed during growth");
+                    assert_eq!(got.as_deref(), Some(k.as_bytes()), "{k}: wrong value");
+                    lookups.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+        }
+    });
+    assert!(
+        splits(&e) > splits_before + 1000,
+        "the index grew: {} splits",
+        splits(&e) - splits_before
+    );
+    assert!(lookups.load(Ordering::Relaxed) > 0);
+    for i in 0..stable {
+        let k = format!("stable:{i}");
+        assert!(e.get(k.as_bytes(), 100, ReadOptions::default(), &mut |_| {}));
+    }
+    assert_eq!(e.stats().evictions, 0);
+    e.check_accounting().unwrap();
+}
+
+fn splits(e: &LogEngine) -> u64 {
+    e.stats_detail("slabs")
+        .into_iter()
+        .find(|(k, _)| k == "index_splits")
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(0)
 }

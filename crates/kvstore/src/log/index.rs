@@ -1,26 +1,55 @@
-//! The hash index: cache-line buckets of eight tagged 64-bit slots.
+//! The hash index: cache-line buckets of eight tagged 64-bit slots, grown by linear
+//! hashing.
 //!
-//! A slot is `VALID | - | win | fetched | freq(2) | tag(16) | segment(22) | offset(20)`, or 0
-//! when empty. Readers load slots atomically and never lock; writers change the location
-//! bits only while holding the lock stripe of the key's main bucket. Readers change only the
-//! `freq`/`fetched`/`win` bits, and only by compare-exchange, so they never undo a writer.
-//! `win` ("a win token was sent for this item", meta protocol) is set by a reader's
-//! compare-exchange, so exactly one reader sets it; a writer that keeps it (a rewrite of the
-//! same item) carries it over with a compare-exchange loop too, never with a plain store of
-//! a value it loaded earlier.
+//! A slot is `VALID | MOVED | win | fetched | freq(2) | tag(16) | segment(22) | offset(20)`,
+//! or 0 when empty. Readers load slots atomically and never lock; writers change the
+//! location bits only while holding the lock stripe of the key's bucket. Readers change
+//! only the `freq`/`fetched`/`win` bits, and only by compare-exchange, so they never undo a
+//! writer. `win` ("a win token was sent for this item", meta protocol) is set by a
+//! reader's compare-exchange, so exactly one reader sets it; a writer that keeps it (a
+//! rewrite of the same item) carries it over with a compare-exchange loop too, never with
+//! a plain store of a value it loaded earlier.
 //!
 //! Next to every slot the index keeps the item's last access time in a parallel table: the
 //! low 16 bits of the unix time (`AtomicU16`), written before the slot is published for a
 //! new item, and by readers (relaxed) on every access. It reads back as the latest time at
 //! or before `now` with those low bits: exact for items accessed within the last 18 hours
-//! (65536 s), the age modulo 65536 s beyond. Two bytes per slot instead of four keep the
-//! index at about a fifth of `-m`.
+//! (65536 s), the age modulo 65536 s beyond.
 //!
-//! Every key hashes to one main bucket; when its eight slots are taken the bucket chains
-//! to overflow buckets taken from a pool that is sized up front and never shrinks (an
-//! overflow bucket once linked stays linked, so a reader walking a chain never lands in a
-//! bucket that belongs to another chain). When the pool is exhausted the insert replaces a
-//! slot of the chain (the index is lossy, as MICA's is: that item is evicted).
+//! # Addressing and growth
+//!
+//! The table is sized to the items it holds, not to `-m`: it starts small and grows one
+//! bucket at a time (linear hashing). The addressing state is a level `L` and a split
+//! pointer `p`: `nmain = 2^L + p` main buckets; a key's bucket is `h mod 2^L`, or
+//! `h mod 2^(L+1)` when that is below `p`. Splitting bucket `p` moves the items whose bit
+//! `L` is set to the new bucket `p + 2^L`; buckets never move, so a slot's address stays
+//! valid. The whole table (main and overflow buckets) is one mapping reserved up front for
+//! the most buckets the memory limit could need and touched only as it grows. The tag is
+//! the top 16 bits of the hash, the bucket the low bits, the lock stripe the low bits too
+//! (`h mod nlocks`, with `nlocks <= 2^L`), so a key's stripe never changes as the table
+//! grows and a split needs one stripe lock.
+//!
+//! A split never lets a lock-free reader miss an item:
+//! 1. Under the stripe lock, the state is marked busy on `p`; each moving item is first
+//!    copied into the new bucket (not yet addressable) and then its old slot is marked
+//!    `MOVED` by compare-exchange (so a reader's concurrent access-bit update either lands
+//!    before and is copied again, or fails). The state then advances and the lock is
+//!    released.
+//! 2. A reader skips `MOVED` slots. One that saw a `MOVED` slot with its tag and found
+//!    nothing reloads the state: if the split of its bucket is still running it waits; if
+//!    its key's bucket changed it searches the new one; otherwise it rescans once (see 3).
+//! 3. After a pin barrier (every reader that could still use the old addressing is gone)
+//!    the `MOVED` slots are cleared and the chain compacted: items in overflow buckets move
+//!    forward into free slots of the same chain, by the same copy-then-mark steps (a reader
+//!    that meets the mark rescans the chain once and finds the copy, which precedes it).
+//! 4. After a second barrier those marks are cleared and overflow buckets left empty are
+//!    unlinked; after a third they may be reused (a reader inside an unlinked bucket still
+//!    follows its intact `next` link back into the chain).
+//!
+//! Every key hashes to one main bucket; when its eight slots are taken the bucket chains to
+//! overflow buckets from a pool (reused once unlinked, see above). When the pool is
+//! exhausted, or the table has reached its largest size, an insert replaces a slot of the
+//! chain (the index is lossy, as MICA's is: that item is evicted).
 
 use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
@@ -30,6 +59,8 @@ use std::sync::{Mutex, MutexGuard};
 use super::mem::ZeroedSlice;
 
 pub(crate) const SLOTS: usize = 8;
+/// Bytes one more bucket adds to the index (the bucket, its link, its time cells).
+pub(crate) const BUCKET_BYTES: usize = std::mem::size_of::<Bucket>() + 4 + SLOTS * 2;
 
 const OFF_BITS: u32 = 20;
 const SEG_BITS: u32 = 22;
@@ -40,6 +71,9 @@ const FREQ_MASK: u64 = FREQ_MAX << FREQ_SHIFT;
 pub(crate) const FETCHED: u64 = 1 << 60;
 /// Meta protocol: a win token was handed out for this item.
 pub(crate) const WIN: u64 = 1 << 61;
+/// The item was copied elsewhere by a split or a compaction; this slot is only a marker
+/// (never read through) until it is cleared after a pin barrier.
+pub(crate) const MOVED: u64 = 1 << 62;
 const VALID: u64 = 1 << 63;
 /// The bits that name an item's location (everything but the access and win bits).
 pub(crate) const IDENT_MASK: u64 = !(FREQ_MASK | FETCHED | WIN);
@@ -48,9 +82,11 @@ pub(crate) const MAX_SEGMENTS: usize = 1 << SEG_BITS;
 /// Largest in-segment offset + 1 a slot can name.
 pub(crate) const MAX_OFFSET: usize = 1 << OFF_BITS;
 
+const LEVEL_SHIFT: u32 = 32;
+
 #[inline]
 pub(crate) fn tag_of(h: u64) -> u64 {
-    h & 0xffff
+    h >> 48
 }
 
 #[inline]
@@ -66,6 +102,11 @@ pub(crate) fn pack(tag: u64, seg: u32, off: u32, freq: u64, fetched: bool) -> u6
 #[inline]
 pub(crate) fn is_valid(v: u64) -> bool {
     v & VALID != 0
+}
+/// A slot that names a live record: valid and not a `MOVED` marker.
+#[inline]
+pub(crate) fn is_item(v: u64) -> bool {
+    v & (VALID | MOVED) == VALID
 }
 #[inline]
 pub(crate) fn slot_tag(v: u64) -> u64 {
@@ -94,69 +135,150 @@ pub(crate) fn bumped(v: u64) -> u64 {
     (v & !FREQ_MASK) | (f << FREQ_SHIFT) | FETCHED
 }
 
+#[inline]
+fn level(s: u64) -> u32 {
+    (s >> LEVEL_SHIFT) as u32
+}
+#[inline]
+fn split_ptr(s: u64) -> usize {
+    (s & 0xffff_ffff) as usize
+}
+#[inline]
+fn main_count(s: u64) -> usize {
+    (1usize << level(s)) + split_ptr(s)
+}
+/// The main bucket of hash `h` under state `s`.
+#[inline]
+fn addr(h: u64, s: u64) -> usize {
+    let m = 1u64 << level(s);
+    let b = h & (m - 1);
+    if (b as usize) < split_ptr(s) {
+        (h & (2 * m - 1)) as usize
+    } else {
+        b as usize
+    }
+}
+
+/// Where an insert went.
+pub(crate) enum Insert<'a> {
+    Stored,
+    /// The chain is full and no overflow bucket is left: the caller evicts this slot's
+    /// item and stores its value there.
+    Victim(&'a AtomicU64),
+    /// As `Victim`, but every candidate slot is a `MOVED` marker: nothing was stored.
+    Full,
+}
+
 #[derive(Default)]
 #[repr(align(64))]
 pub(crate) struct Bucket(pub(crate) [AtomicU64; SLOTS]);
 
 pub(crate) struct Index {
-    /// Main buckets first, then the overflow pool.
+    /// Main buckets `0 .. max_main`, then the overflow pool.
     buckets: ZeroedSlice<Bucket>,
     /// Per bucket: 1 + the overflow bucket that follows it, or 0.
     next: ZeroedSlice<AtomicU32>,
     /// Per slot (bucket * SLOTS + i): low 16 bits of the last access time of its item.
     times: ZeroedSlice<AtomicU16>,
-    nmain: usize,
+    max_main: usize,
+    /// `level << 32 | split pointer` (see the module documentation).
+    state: AtomicU64,
+    /// 1 + the main bucket whose chain is being split or compacted, or 0.
+    work: AtomicUsize,
+    /// Overflow buckets ever handed out (the pool's high-water mark).
     over_used: AtomicUsize,
+    /// Overflow buckets unlinked and past their barriers: free to link again.
+    over_free: Mutex<Vec<u32>>,
     locks: Box<[Mutex<()>]>,
 }
 
 impl Index {
-    /// An index with room for about `slots` items in main buckets. Its pages become
-    /// resident only as items land in them.
-    pub(crate) fn new(slots: usize) -> Index {
-        let nmain = slots.div_ceil(SLOTS).max(16);
-        let nover = (nmain / 8).max(4);
-        let nlocks = (nmain / 4).clamp(16, 4096).next_power_of_two();
-        Index {
-            // SAFETY: a bucket is eight AtomicU64: all-zero bytes are its default (empty
-            // slots); no drop; 64-byte alignment.
-            buckets: unsafe { ZeroedSlice::new(nmain + nover) },
-            // SAFETY: all-zero bytes are AtomicU32's default (0: no next bucket); no drop.
-            next: unsafe { ZeroedSlice::new(nmain + nover) },
-            // SAFETY: all-zero bytes are AtomicU16's default; no drop.
-            times: unsafe { ZeroedSlice::new((nmain + nover) * SLOTS) },
-            nmain,
-            over_used: AtomicUsize::new(0),
-            locks: (0..nlocks).map(|_| Mutex::new(())).collect(),
+    /// An index that can grow to about `max_slots` slots in main buckets (plus a quarter
+    /// as overflow). It starts small; its pages become resident only as it grows.
+    pub(crate) fn new(max_slots: usize) -> Index {
+        let mut max_main = max_slots.div_ceil(SLOTS).clamp(16, u32::MAX as usize / 2);
+        let nlocks = (max_main / 4).clamp(16, 4096).next_power_of_two();
+        let start = nlocks;
+        loop {
+            let total = max_main + max_main / 2 + 4;
+            // SAFETY: a bucket is eight AtomicU64, an AtomicU32 and an AtomicU16 are
+            // valid and default as all-zero bytes (empty slot, no next bucket, time 0);
+            // none needs drop; alignment is at most 64.
+            let parts = unsafe {
+                (
+                    ZeroedSlice::<Bucket>::reserve(total),
+                    ZeroedSlice::<AtomicU32>::reserve(total),
+                    ZeroedSlice::<AtomicU16>::reserve(total * SLOTS),
+                )
+            };
+            let (buckets, next, times) = match parts {
+                (Some(b), Some(n), Some(t)) => (b, n, t),
+                _ if max_main > 2 * start => {
+                    max_main /= 2;
+                    continue;
+                }
+                _ => {
+                    // SAFETY: as above.
+                    unsafe {
+                        (
+                            ZeroedSlice::new(total),
+                            ZeroedSlice::new(total),
+                            ZeroedSlice::new(total * SLOTS),
+                        )
+                    }
+                }
+            };
+            return Index {
+                buckets,
+                next,
+                times,
+                max_main,
+                state: AtomicU64::new(u64::from(start.trailing_zeros()) << LEVEL_SHIFT),
+                work: AtomicUsize::new(0),
+                over_used: AtomicUsize::new(0),
+                over_free: Mutex::new(Vec::new()),
+                locks: (0..nlocks).map(|_| Mutex::new(())).collect(),
+            };
         }
     }
 
-    /// Bytes the index occupies.
+    /// Bytes the index occupies (main buckets in use and every overflow bucket ever
+    /// handed out, with their link and time cells).
     pub(crate) fn bytes(&self) -> usize {
-        self.buckets.len() * std::mem::size_of::<Bucket>()
-            + self.next.len() * 4
-            + self.times.len() * 2
+        (self.nmain() + self.overflow_used()) * BUCKET_BYTES
             + self.locks.len() * std::mem::size_of::<Mutex<()>>()
     }
 
+    /// Main buckets in use now.
     pub(crate) fn nmain(&self) -> usize {
-        self.nmain
+        main_count(self.state.load(Ordering::Acquire))
+    }
+
+    /// The level `L` (`2^L <= nmain < 2^(L+1)`), memcached's `hash_power_level` analog.
+    pub(crate) fn level(&self) -> u32 {
+        level(self.state.load(Ordering::Acquire))
+    }
+
+    /// Main buckets the index may grow to.
+    pub(crate) fn max_main(&self) -> usize {
+        self.max_main
     }
 
     pub(crate) fn overflow_used(&self) -> usize {
         self.over_used
             .load(Ordering::Relaxed)
-            .min(self.buckets.len() - self.nmain)
-    }
-
-    #[inline]
-    fn main_bucket(&self, h: u64) -> usize {
-        ((u128::from(h) * self.nmain as u128) >> 64) as usize
+            .min(self.buckets.len() - self.max_main)
     }
 
     /// Lock the stripe that guards `h`'s bucket chain.
     pub(crate) fn lock(&self, h: u64) -> MutexGuard<'_, ()> {
-        let i = self.main_bucket(h) & (self.locks.len() - 1);
+        self.lock_bucket(h as usize)
+    }
+
+    /// Lock the stripe of main bucket `b` (for scans that walk buckets, not keys): the
+    /// same stripe as every key whose bucket is `b`.
+    pub(crate) fn lock_bucket(&self, b: usize) -> MutexGuard<'_, ()> {
+        let i = b & (self.locks.len() - 1);
         match self.locks.get(i) {
             Some(m) => m.lock().unwrap_or_else(|e| e.into_inner()),
             // Unreachable: the mask keeps `i` in range.
@@ -164,25 +286,59 @@ impl Index {
         }
     }
 
-    /// Call `f` on every occupied slot of `h`'s chain whose tag matches, until it returns
-    /// true; returns that slot and the value `f` saw.
+    /// Call `f` on every item slot of `h`'s chain whose tag matches, until it returns
+    /// true; returns that slot and the value `f` saw. Lock-free (see the module
+    /// documentation for how a concurrent split or compaction is followed).
     #[inline]
     pub(crate) fn find(&self, h: u64, mut f: impl FnMut(u64) -> bool) -> Option<(&AtomicU64, u64)> {
         let tag = tag_of(h);
-        let mut b = self.main_bucket(h);
+        let mut b = addr(h, self.state.load(Ordering::Acquire));
+        let mut rescanned = false;
         loop {
-            let bucket = self.buckets.get(b)?;
-            for slot in &bucket.0 {
-                let v = slot.load(Ordering::Acquire);
-                if is_valid(v) && slot_tag(v) == tag && f(v) {
-                    return Some((slot, v));
+            let mut moved = false;
+            let mut c = b;
+            loop {
+                let bucket = self.buckets.get(c)?;
+                for slot in &bucket.0 {
+                    let v = slot.load(Ordering::Acquire);
+                    if is_valid(v) && slot_tag(v) == tag {
+                        if v & MOVED != 0 {
+                            moved = true;
+                        } else if f(v) {
+                            return Some((slot, v));
+                        }
+                    }
                 }
+                let n = self.next.get(c)?.load(Ordering::Acquire);
+                if n == 0 {
+                    break;
+                }
+                c = n as usize - 1;
             }
-            let n = self.next.get(b)?.load(Ordering::Acquire);
-            if n == 0 {
+            if !moved {
                 return None;
             }
-            b = n as usize - 1;
+            // A slot with our tag moved during the scan: maybe our item. Its copy is
+            // in place once the work on this chain is over.
+            let mut spins = 0u32;
+            while self.work.load(Ordering::Acquire) == b + 1 {
+                // Bounded work by a thread that holds this chain's stripe lock.
+                spins += 1;
+                if spins < 64 {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+            let nb = addr(h, self.state.load(Ordering::Acquire));
+            if nb != b {
+                b = nb;
+            } else if rescanned {
+                return None;
+            } else {
+                // Moved within the chain (compaction), or another key's marker.
+                rescanned = true;
+            }
         }
     }
 
@@ -212,56 +368,101 @@ impl Index {
         }
     }
 
-    /// Put `v` into a free slot of `h`'s chain, with last access time `t` (stored before
-    /// the slot is published). When the chain is full and the overflow pool is exhausted,
-    /// nothing is stored and a slot of the chain is returned instead: the caller evicts
-    /// its item and stores `v` there.
-    ///
-    /// The caller holds `h`'s stripe lock.
-    pub(crate) fn insert(&self, h: u64, v: u64, t: Time) -> Option<&AtomicU64> {
-        let mut b = self.main_bucket(h);
+    fn copy_atime(&self, from: &AtomicU64, to: &AtomicU64) {
+        if let (Some(a), Some(b)) = (self.time(from), self.time(to)) {
+            b.store(a.load(Ordering::Relaxed), Ordering::Relaxed);
+        }
+    }
+
+    /// A fresh overflow bucket (all slots empty, no next link), or None.
+    fn take_overflow(&self) -> Option<usize> {
+        let reused = self
+            .over_free
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop();
+        if let Some(b) = reused {
+            let b = b as usize;
+            self.next.get(b)?.store(0, Ordering::Relaxed);
+            return Some(b);
+        }
+        let o = self.over_used.fetch_add(1, Ordering::Relaxed);
+        let nb = self.max_main + o;
+        (nb < self.buckets.len()).then_some(nb)
+    }
+
+    /// Put `v` into the first free slot of the chain of main bucket `b` (time `t` stored
+    /// before the slot is published); link an overflow bucket if the chain is full. When
+    /// none is left, returns a slot of the chain's last bucket to replace.
+    fn insert_at(&self, b: usize, h: u64, v: u64, t: Time) -> Insert<'_> {
+        let mut b = b;
         loop {
-            let bucket = self.buckets.get(b)?;
+            let Some(bucket) = self.buckets.get(b) else {
+                return Insert::Full;
+            };
             for slot in &bucket.0 {
                 if slot.load(Ordering::Relaxed) == 0 {
                     self.set_atime(slot, t);
                     slot.store(v, Ordering::Release);
-                    return None;
+                    return Insert::Stored;
                 }
             }
-            let next = self.next.get(b)?;
+            let Some(next) = self.next.get(b) else {
+                return Insert::Full;
+            };
             let n = next.load(Ordering::Acquire);
             if n != 0 {
                 b = n as usize - 1;
                 continue;
             }
             // End of the chain: link a fresh overflow bucket, or replace a slot here.
-            let o = self.over_used.fetch_add(1, Ordering::Relaxed);
-            let nb = self.nmain + o;
-            if nb < self.buckets.len() {
-                // The new bucket has never been used, so it is all zero: fill its first
-                // slot before linking it so readers find the item as soon as they see it.
-                self.set_atime(&self.buckets[nb].0[0], t);
-                self.buckets[nb].0[0].store(v, Ordering::Release);
+            if let Some(nb) = self.take_overflow() {
+                // The new bucket is empty and unreachable: fill its first slot before
+                // linking it so readers find the item as soon as they see the bucket.
+                let first = &self.buckets[nb].0[0];
+                self.set_atime(first, t);
+                first.store(v, Ordering::Release);
                 next.store(nb as u32 + 1, Ordering::Release);
-                return None;
+                return Insert::Stored;
             }
-            return bucket.0.get((h as usize >> 16) % SLOTS);
+            let start = (h >> 32) as usize;
+            for i in 0..SLOTS {
+                let slot = &bucket.0[(start + i) % SLOTS];
+                if is_item(slot.load(Ordering::Relaxed)) {
+                    return Insert::Victim(slot);
+                }
+            }
+            return Insert::Full;
         }
     }
 
-    /// Visit every occupied slot of the main bucket `b` and its chain.
+    /// Put `v` into a free slot of `h`'s chain, with last access time `t`.
+    ///
+    /// The caller holds `h`'s stripe lock (which keeps `h`'s bucket fixed).
+    pub(crate) fn insert(&self, h: u64, v: u64, t: Time) -> Insert<'_> {
+        let b = addr(h, self.state.load(Ordering::Acquire));
+        self.insert_at(b, h, v, t)
+    }
+
+    /// Visit every item slot of the main bucket `b` and its chain.
     pub(crate) fn for_each_in_chain(&self, b: usize, mut f: impl FnMut(&AtomicU64, u64)) {
+        self.walk(b, |_, slot| {
+            let v = slot.load(Ordering::Acquire);
+            if is_item(v) {
+                f(slot, v);
+            }
+        });
+    }
+
+    /// Visit every slot of `b`'s chain with the index of the bucket that holds it.
+    fn walk<'a>(&'a self, b: usize, mut f: impl FnMut(usize, &'a AtomicU64)) {
         let mut b = b;
         loop {
             let Some(bucket) = self.buckets.get(b) else {
                 return;
             };
             for slot in &bucket.0 {
-                let v = slot.load(Ordering::Acquire);
-                if is_valid(v) {
-                    f(slot, v);
-                }
+                f(b, slot);
             }
             let n = self.next.get(b).map_or(0, |n| n.load(Ordering::Acquire));
             if n == 0 {
@@ -271,13 +472,146 @@ impl Index {
         }
     }
 
-    /// Lock the stripe of main bucket `b` (for scans that walk buckets, not keys).
-    pub(crate) fn lock_bucket(&self, b: usize) -> MutexGuard<'_, ()> {
-        let i = b & (self.locks.len() - 1);
-        match self.locks.get(i) {
-            Some(m) => m.lock().unwrap_or_else(|e| e.into_inner()),
-            None => self.locks[0].lock().unwrap_or_else(|e| e.into_inner()),
+    // ---- growth (one thread at a time: the engine's grow lock) ----------------------
+
+    /// The bucket the next split would split and its level, or None at the largest size.
+    pub(crate) fn next_split(&self) -> Option<(usize, u32)> {
+        let s = self.state.load(Ordering::Acquire);
+        (main_count(s) < self.max_main).then(|| (split_ptr(s), level(s)))
+    }
+
+    /// Split bucket `b` at level `l` (from [`Index::next_split`]): `hash` gives the hash of
+    /// an item slot's key (it may read the record: the caller holds `b`'s stripe lock).
+    /// Items whose bit `l` is set move to bucket `b + 2^l`, leaving `MOVED` markers here;
+    /// `evict` is called with a slot (already a marker) and the item it held when the
+    /// new bucket has no room, and must clear the slot. Then the state advances.
+    ///
+    /// The caller holds the grow lock and `b`'s stripe lock.
+    pub(crate) fn split(
+        &self,
+        b: usize,
+        l: u32,
+        mut hash: impl FnMut(u64) -> Option<u64>,
+        mut evict: impl FnMut(&AtomicU64, u64),
+    ) {
+        let s = self.state.load(Ordering::Acquire);
+        if split_ptr(s) != b || level(s) != l {
+            return;
         }
+        let to = b + (1usize << l);
+        self.work.store(b + 1, Ordering::Release);
+        self.walk(b, |_, slot| {
+            let v = slot.load(Ordering::Acquire);
+            if !is_item(v) {
+                return;
+            }
+            let Some(h) = hash(v) else { return };
+            if h >> l & 1 == 0 {
+                return;
+            }
+            let x = self.mark(slot);
+            let t = self.time(slot).map_or(0, |c| c.load(Ordering::Relaxed));
+            if !matches!(self.insert_at(to, h, x, Time::from(t)), Insert::Stored) {
+                evict(slot, x);
+            }
+        });
+        let n = if b + 1 == 1usize << l {
+            u64::from(l + 1) << LEVEL_SHIFT
+        } else {
+            (u64::from(l) << LEVEL_SHIFT) | (b as u64 + 1)
+        };
+        self.state.store(n, Ordering::Release);
+        self.work.store(0, Ordering::Release);
+    }
+
+    /// Mark `slot` `MOVED`; returns the item value it held (with every access bit a
+    /// reader set before the mark: their compare-exchanges fail after it).
+    fn mark(&self, slot: &AtomicU64) -> u64 {
+        slot.fetch_or(MOVED, Ordering::AcqRel)
+    }
+
+    /// Compact `b`'s chain after a barrier: clear its `MOVED` markers, then move items
+    /// from overflow buckets forward into free slots (marking the old slots `MOVED`).
+    /// Returns whether any item moved (another barrier is then due before
+    /// [`Index::release_chain`]).
+    ///
+    /// The caller holds the grow lock and `b`'s stripe lock, and every reader that could
+    /// have seen this chain's markers has unpinned since they were set.
+    pub(crate) fn compact(&self, b: usize) -> bool {
+        self.clear_markers(b);
+        self.work.store(b + 1, Ordering::Release);
+        let mut moved = false;
+        let mut free: Vec<&AtomicU64> = Vec::new();
+        self.walk(b, |bucket, slot| {
+            let v = slot.load(Ordering::Relaxed);
+            if v == 0 {
+                free.push(slot);
+            } else if bucket >= self.max_main && is_item(v) {
+                // In an overflow bucket: the first free slot before it, if any.
+                if !free.is_empty() {
+                    let to = free.remove(0);
+                    let x = self.mark(slot);
+                    self.copy_atime(slot, to);
+                    to.store(x, Ordering::Release);
+                    moved = true;
+                }
+            }
+        });
+        self.work.store(0, Ordering::Release);
+        moved
+    }
+
+    /// Clear `b`'s markers and unlink the overflow buckets of its chain left empty;
+    /// returns them (to [`Index::recycle`] after one more barrier).
+    ///
+    /// The caller holds the grow lock and `b`'s stripe lock, and every reader that could
+    /// have seen this chain's markers has unpinned since they were set.
+    pub(crate) fn release_chain(&self, b: usize) -> Vec<u32> {
+        self.clear_markers(b);
+        let mut out = Vec::new();
+        let mut prev = b;
+        loop {
+            let Some(link) = self.next.get(prev) else {
+                return out;
+            };
+            let n = link.load(Ordering::Acquire);
+            if n == 0 {
+                return out;
+            }
+            let cur = n as usize - 1;
+            let empty = self
+                .buckets
+                .get(cur)
+                .is_some_and(|bk| bk.0.iter().all(|s| s.load(Ordering::Relaxed) == 0));
+            if empty {
+                // Readers inside `cur` still follow its own link back into the chain;
+                // it is reused only after another barrier.
+                let after = self.next.get(cur).map_or(0, |x| x.load(Ordering::Acquire));
+                link.store(after, Ordering::Release);
+                out.push(cur as u32);
+            } else {
+                prev = cur;
+            }
+        }
+    }
+
+    /// Overflow buckets unlinked by [`Index::release_chain`] before a barrier that no
+    /// reader inside them can have survived: free to link again.
+    pub(crate) fn recycle(&self, ids: Vec<u32>) {
+        if !ids.is_empty() {
+            self.over_free
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .extend(ids);
+        }
+    }
+
+    fn clear_markers(&self, b: usize) {
+        self.walk(b, |_, slot| {
+            if slot.load(Ordering::Relaxed) & MOVED != 0 {
+                slot.store(0, Ordering::Release);
+            }
+        });
     }
 }
 
@@ -294,7 +628,7 @@ mod tests {
             2,
             true,
         );
-        assert!(is_valid(v));
+        assert!(is_valid(v) && is_item(v) && !is_item(v | MOVED));
         assert_eq!(slot_tag(v), 0xabcd);
         assert_eq!(slot_seg(v) as usize, MAX_SEGMENTS - 1);
         assert_eq!(slot_off(v), MAX_OFFSET - 1);
@@ -304,35 +638,146 @@ mod tests {
         assert_eq!(freq(b), FREQ_MAX);
         assert_eq!(b & IDENT_MASK, v & IDENT_MASK);
         assert_eq!((v | WIN) & IDENT_MASK, v & IDENT_MASK);
+        assert_ne!((v | MOVED) & IDENT_MASK, v & IDENT_MASK);
         let z = pack(0, 0, 0, 0, false);
         assert!(is_valid(z) && z != 0 && !fetched(z) && freq(z) == 0);
     }
 
     #[test]
+    fn addressing_follows_the_split_pointer() {
+        // Level 2, split pointer 1: buckets 0..5; bucket 0 was split into 0 and 4.
+        let s = (2u64 << LEVEL_SHIFT) | 1;
+        assert_eq!(main_count(s), 5);
+        assert_eq!(addr(0b000, s), 0);
+        assert_eq!(addr(0b100, s), 4);
+        assert_eq!(addr(0b101, s), 1);
+        assert_eq!(addr(0b111, s), 3);
+        // Splitting the last bucket of a level starts the next one.
+        assert_eq!(main_count(3u64 << LEVEL_SHIFT), 8);
+    }
+
+    #[test]
     fn chains_and_lossy_overflow() {
         let idx = Index::new(16);
-        // Every key in the same main bucket: h's high bits pick the bucket.
-        let h = |i: u64| (i << 16) | 0x77;
+        // Every key in bucket 0 (low bits zero), different tags.
+        let h = |i: u64| i << 30;
         let mut victims = 0;
         let n = (SLOTS * (idx.buckets.len() + 4)) as u64;
         for i in 0..n {
             let _g = idx.lock(h(i));
-            let v = pack(0x77, i as u32, 0, 0, false);
-            if let Some(slot) = idx.insert(h(i), v, i as u32) {
-                assert!(is_valid(slot.load(Ordering::Relaxed)));
-                slot.store(v, Ordering::Relaxed);
-                victims += 1;
+            let v = pack(tag_of(h(i)), i as u32, 0, 0, false);
+            match idx.insert(h(i), v, i as u32) {
+                Insert::Stored => {}
+                Insert::Victim(slot) => {
+                    assert!(is_item(slot.load(Ordering::Relaxed)));
+                    slot.store(v, Ordering::Relaxed);
+                    victims += 1;
+                }
+                Insert::Full => panic!("no markers here"),
             }
         }
         // The chain consumed the whole overflow pool before any slot was replaced.
-        let chain_slots = SLOTS * (1 + idx.buckets.len() - idx.nmain);
+        let chain_slots = SLOTS * (1 + idx.buckets.len() - idx.max_main);
         assert_eq!(victims as usize, n as usize - chain_slots);
         let mut seen = 0;
-        idx.for_each_in_chain(idx.main_bucket(h(0)), |_, _| seen += 1);
+        idx.for_each_in_chain(0, |_, _| seen += 1);
         assert_eq!(seen, chain_slots);
-        // find stops at the first match.
-        let found = idx.find(h(0), |v| slot_seg(v) == (n - 1) as u32);
+        let found = idx.find(h(n - 1), |v| slot_seg(v) == (n - 1) as u32);
         assert!(found.is_some());
+    }
+
+    /// Hash of item `i` in the split tests: spread over buckets, tags distinct.
+    fn test_hash(i: u64) -> u64 {
+        // splitmix64's finalizer.
+        let mut z = i.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    #[test]
+    fn splits_compaction_and_reuse_keep_every_item() {
+        let idx = Index::new(1 << 16);
+        let n = 40_000u64;
+        let put = |i: u64| {
+            let h = test_hash(i);
+            let _g = idx.lock(h);
+            let v = pack(tag_of(h), i as u32, 0, 0, false);
+            assert!(matches!(idx.insert(h, v, 7), Insert::Stored), "item {i}");
+        };
+        let check = |upto: u64| {
+            for i in 0..upto {
+                let h = test_hash(i);
+                let got = idx.find(h, |v| slot_seg(v) == i as u32);
+                assert!(got.is_some(), "item {i} lost at {} buckets", idx.nmain());
+            }
+        };
+        let start = idx.nmain();
+        let mut inserted = 0;
+        let mut overflow_high = 0;
+        let mut recycled = 0;
+        while inserted < n {
+            for i in inserted..inserted + 1000 {
+                put(i);
+            }
+            inserted += 1000;
+            let mut split = Vec::new();
+            while inserted as usize * 20 > idx.nmain() * SLOTS * 18 {
+                let Some((b, l)) = idx.next_split() else {
+                    break;
+                };
+                let _g = idx.lock_bucket(b);
+                idx.split(
+                    b,
+                    l,
+                    |v| Some(test_hash(u64::from(slot_seg(v)))),
+                    |_, _| panic!("room for every moved item"),
+                );
+                split.push(b);
+            }
+            // Markers are skipped, items found (through the new addressing).
+            check(inserted);
+            for &b in &split {
+                let _g = idx.lock_bucket(b);
+                idx.compact(b);
+            }
+            check(inserted);
+            let mut spare = Vec::new();
+            for &b in &split {
+                let _g = idx.lock_bucket(b);
+                spare.extend(idx.release_chain(b));
+            }
+            recycled += spare.len();
+            idx.recycle(spare);
+            check(inserted);
+            overflow_high = overflow_high.max(idx.overflow_used());
+        }
+        assert!(
+            idx.nmain() > start * 2,
+            "grew from {start} to {}",
+            idx.nmain()
+        );
+        // Every item exactly once in the chain of its bucket, no marker left.
+        let mut count = 0;
+        for b in 0..idx.nmain() {
+            idx.walk(b, |_, slot| {
+                let v = slot.load(Ordering::Relaxed);
+                assert_eq!(v & MOVED, 0, "marker left in bucket {b}");
+                if is_item(v) {
+                    let h = test_hash(u64::from(slot_seg(v)));
+                    assert_eq!(addr(h, idx.state.load(Ordering::Relaxed)), b);
+                    count += 1;
+                }
+            });
+        }
+        assert_eq!(count, n);
+        // Overflow buckets are reused, not only added: fewer than a fifth of the main.
+        // Overflow buckets emptied by splits are unlinked and linked again.
+        assert!(recycled > 0);
+        assert!(
+            overflow_high * 2 < idx.nmain(),
+            "{overflow_high} overflow buckets"
+        );
     }
 
     #[test]
@@ -341,7 +786,7 @@ mod tests {
         let h = 0x1234_5678_9abc_def0;
         let _g = idx.lock(h);
         let v = pack(tag_of(h), 1, 2, 0, false);
-        assert!(idx.insert(h, v, 1_000_000).is_none());
+        assert!(matches!(idx.insert(h, v, 1_000_000), Insert::Stored));
         let (slot, _) = idx.find(h, |x| x == v).expect("inserted");
         assert_eq!(idx.atime(slot, 1_000_000), 1_000_000);
         assert_eq!(idx.atime(slot, 1_000_050), 1_000_000);

@@ -27,6 +27,30 @@ pub(crate) fn map(len: usize) -> Option<NonNull<u8>> {
     NonNull::new(p.cast::<u8>())
 }
 
+/// Reserve `len` bytes of zeroed, private, read-write address space that is not charged
+/// against the commit limit up front (`MAP_NORESERVE`): pages cost memory only once
+/// touched. For tables sized for the most they could ever need.
+fn map_reserve(len: usize) -> Option<NonNull<u8>> {
+    if len == 0 {
+        return None;
+    }
+    // SAFETY: as in `map`.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return None;
+    }
+    NonNull::new(p.cast::<u8>())
+}
+
 /// Unmap memory from [`map`].
 ///
 /// # Safety
@@ -82,6 +106,25 @@ impl<T> ZeroedSlice<T> {
                 heap: Some((0..len).map(|_| T::default()).collect()),
             },
         }
+    }
+}
+
+impl<T> ZeroedSlice<T> {
+    /// `len` zeroed elements in a mapping reserved without committing memory, or None
+    /// when the address space cannot be had (no heap fallback: `len` may be far more than
+    /// will ever be touched).
+    ///
+    /// # Safety
+    /// As for [`ZeroedSlice::new`].
+    pub(crate) unsafe fn reserve(len: usize) -> Option<ZeroedSlice<T>> {
+        let bytes = std::mem::size_of::<T>().checked_mul(len)?.max(1);
+        let p = map_reserve(bytes)?;
+        Some(ZeroedSlice {
+            ptr: p.cast::<T>(),
+            len,
+            bytes,
+            heap: None,
+        })
     }
 }
 

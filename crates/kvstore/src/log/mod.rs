@@ -74,13 +74,20 @@
 //!
 //! # Memory
 //!
-//! `-m` covers the index and the segments. The index is sized once, at one slot per 48
-//! bytes of `-m` (plus 1/8 as overflow buckets); a slot costs 10 bytes (8 for the slot,
-//! 2 for the item's last access time, which the meta protocol shows): about 23% of `-m`. Segment memory is
-//! mapped on demand up to the rest and unmapped when the limit shrinks. The index is not
-//! resized: growing `-m` later adds segments only (more items than slots make the index
-//! lossy: a full chain replaces a slot, counted as `evicted_index_full`), and shrinking
-//! `-m` below twice the index leaves the segments half of the new limit.
+//! `-m` covers the index and the segments. The index is sized to the items, not to `-m`:
+//! it starts at a few thousand buckets and grows by linear hashing (see [`index`]) while
+//! the items exceed 90% of its main slots, one batch of splits at a time by whichever
+//! writer notices (never waiting for readers: the pin barriers a batch needs are tried,
+//! and a batch whose barrier is held up finishes on a later call; `maintain` waits). A
+//! slot costs 10 bytes (8, plus 2 for the item's last access time, which the meta
+//! protocol shows), about 15 bytes per item with overflow buckets. Growth stops at half
+//! the limit, or (with `no_evict`) at the memory no segment uses, and at one main slot
+//! per 32 bytes of the starting limit (a mapping reserved up front and touched only as
+//! the index grows); beyond that the index is lossy (a full chain replaces a slot,
+//! counted as `evicted_index_full`). Segments get the limit minus the index, and are
+//! evicted when the index grows into their room; segment memory is mapped on demand and
+//! unmapped when the limit shrinks. The index never shrinks (memcached's hash table does
+//! not either): if the limit later falls under it, segments keep a quarter of the limit.
 //!
 //! # Known gaps
 //!
@@ -106,7 +113,9 @@ mod tests;
 use std::collections::VecDeque;
 use std::hash::BuildHasher;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{
+    AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+};
 use std::sync::{Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard};
 
 use crate::{
@@ -115,7 +124,7 @@ use crate::{
     MetaStored, ReadOptions, StoreMode, StoreRequest, StoreResult, Time, Win,
 };
 use format::{Rec, Spec, HDR_MAX, KIND_ITEM, KIND_TOMBSTONE, META_BINARY_KEY, META_STALE, SEG_HDR};
-use index::{Index, IDENT_MASK};
+use index::{Index, Insert, IDENT_MASK};
 
 /// Largest segment (offsets must fit the slot's offset field).
 const MAX_SEG_SIZE: usize = 1 << 20;
@@ -123,8 +132,17 @@ const MIN_SEG_SIZE: usize = 4 << 10;
 const _: () = assert!(MAX_SEG_SIZE <= index::MAX_OFFSET);
 /// Reader pin locks (threads share them round-robin beyond this).
 const NPINS: usize = 64;
-/// The index gets one slot per this many bytes of `-m`.
-const BYTES_PER_SLOT: usize = 48;
+/// The index may grow to one main slot per this many bytes of `-m` (it is sized to the
+/// items it holds; beyond this many items it becomes lossy).
+const BYTES_PER_SLOT: usize = 32;
+/// The index grows while its items exceed this fraction of its main slots
+/// (`LOAD_NUM / LOAD_DEN`).
+const LOAD_NUM: usize = 18;
+const LOAD_DEN: usize = 20;
+/// Buckets split per growth step (between pin barriers).
+const GROW_BATCH: usize = 64;
+/// A writer checks whether the index should grow once per this many stores of its shard.
+const GROW_EVERY: u64 = 64;
 const PAGE: usize = 4096;
 /// Keys longer than this cannot be stored (memcached allows 250).
 const MAX_KEY: usize = 255;
@@ -237,6 +255,30 @@ struct Counters {
     copied_forward: AtomicU64,
     segments_evicted: AtomicU64,
     tombstones: AtomicU64,
+    index_splits: AtomicU64,
+}
+
+/// Where index growth stands (see [`LogEngine::grow`]).
+#[derive(Default)]
+struct Grow {
+    step: GrowStep,
+    /// Buckets split in the current batch.
+    buckets: Vec<usize>,
+    /// Overflow buckets unlinked, waiting for a barrier before reuse.
+    spare: Vec<u32>,
+}
+
+#[derive(Default, Clone, Copy, PartialEq, Eq)]
+enum GrowStep {
+    /// No batch under way.
+    #[default]
+    Idle,
+    /// Split; a barrier is due before compaction.
+    Split,
+    /// Compacted (items moved); a barrier is due before unlinking.
+    Compacted,
+    /// Unlinked (`spare`); a barrier is due before reuse.
+    Released,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -412,6 +454,10 @@ pub struct LogEngine {
     evictor: Mutex<Evictor>,
     shards: Box<[Padded<Mutex<Option<Open>>>]>,
     shard_items: Box<[Padded<AtomicU64>]>,
+    /// Items the index points at, summed over cells (a cell may go negative).
+    live: Box<[Padded<AtomicI64>]>,
+    /// Index growth, one thread at a time, and its pending steps.
+    grow_lock: Mutex<Grow>,
     pins: Box<[Padded<RwLock<()>>]>,
     next_cas: AtomicU64,
     seg_seq: AtomicU64,
@@ -476,6 +522,8 @@ impl LogEngine {
             evictor: Mutex::new(Evictor::default()),
             shards: (0..nshards).map(|_| Padded::default()).collect(),
             shard_items: (0..nshards).map(|_| Padded::default()).collect(),
+            live: (0..nshards).map(|_| Padded::default()).collect(),
+            grow_lock: Mutex::new(Grow::default()),
             pins: (0..NPINS).map(|_| Padded::default()).collect(),
             next_cas: AtomicU64::new(1),
             seg_seq: AtomicU64::new(1),
@@ -537,6 +585,7 @@ impl LogEngine {
     #[doc(hidden)]
     pub fn check_accounting(&self) -> Result<(), String> {
         let _ev = lock(&self.evictor);
+        let _grow = lock(&self.grow_lock);
         let mut items = std::collections::HashMap::<u32, (u64, u64)>::new();
         for b in 0..self.index.nmain() {
             let _g = self.index.lock_bucket(b);
@@ -582,18 +631,14 @@ impl LogEngine {
         Ok(())
     }
 
-    /// Bytes segments may use: the limit minus the index. The index is sized once, for
-    /// the limit at construction; if the limit later shrinks below twice the index, the
-    /// segments still get half of it (memory then exceeds the limit by up to the index)
-    /// rather than nothing.
+    /// Bytes segments may use: the limit minus the index. The index grows with the items
+    /// (to at most half the limit by splits; overflow buckets may add a little) and does
+    /// not shrink; if the limit later shrinks under it, segments still get a quarter of
+    /// the new limit (memory then exceeds the limit by up to the index) rather than
+    /// nothing.
     fn budget(&self) -> usize {
         let max = self.max_bytes.load(Ordering::Relaxed);
-        let index = self.index.bytes();
-        if max > 2 * index {
-            max - index
-        } else {
-            max / 2
-        }
+        max.saturating_sub(self.index.bytes()).max(max / 4)
     }
 
     #[inline]
@@ -679,6 +724,23 @@ impl LogEngine {
         p.read().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// [`LogEngine::barrier`], or (unless `block`) false at once if a reader still holds
+    /// a pin lock (the caller tries again later: every lock taken once still counts).
+    fn try_barrier(&self, block: bool) -> bool {
+        if block {
+            self.barrier();
+            return true;
+        }
+        for p in self.pins.iter() {
+            match p.0.try_write() {
+                Ok(g) => drop(g),
+                Err(std::sync::TryLockError::Poisoned(e)) => drop(e.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => return false,
+            }
+        }
+        true
+    }
+
     /// Wait until every reader that pinned before this call has unpinned.
     fn barrier(&self) {
         for p in self.pins.iter() {
@@ -739,6 +801,9 @@ impl LogEngine {
     }
 
     fn account_add(&self, id: u32, len: usize) {
+        self.live[tid() % self.live.len()]
+            .0
+            .fetch_add(1, Ordering::Relaxed);
         if let Some(seg) = self.segs.get(id) {
             seg.acct.0.live_items.fetch_add(1, Ordering::Relaxed);
             seg.acct
@@ -749,6 +814,9 @@ impl LogEngine {
     }
 
     fn account_remove(&self, v: u64, len: usize) {
+        self.live[tid() % self.live.len()]
+            .0
+            .fetch_sub(1, Ordering::Relaxed);
         if let Some(seg) = self.segs.get(index::slot_seg(v)) {
             // Release: whoever sees the count reach 0 (acquire) and then reuses the
             // segment also sees the slot change that preceded this decrement.
@@ -1151,6 +1219,7 @@ impl LogEngine {
         };
         let mut new_v = next(None);
         let mut held_prev = None;
+        let mut indexed = true;
         match &cur {
             Some((slot, v, r)) => {
                 // A dead item's time and bits are not kept (`Loc` writes, the only ones
@@ -1169,7 +1238,15 @@ impl LogEngine {
                 self.account_remove(*v, r.len);
             }
             None => {
-                if let Some(slot) = self.index.insert(c.h, new_v, now) {
+                let ins = self.index.insert(c.h, new_v, now);
+                if let Insert::Full = ins {
+                    // No slot to take (only markers of a split in the chain): the new
+                    // record stays unreferenced, as if evicted at once.
+                    self.st.0.evictions.fetch_add(1, Ordering::Relaxed);
+                    self.st.0.evicted_index.fetch_add(1, Ordering::Relaxed);
+                    indexed = false;
+                }
+                if let Insert::Victim(slot) = ins {
                     // The chain is full: this slot's item is evicted to make room.
                     let victim = slot.load(Ordering::Acquire);
                     // SAFETY: `victim` is still in its slot of the chain whose stripe
@@ -1186,12 +1263,15 @@ impl LogEngine {
                 }
             }
         }
-        self.account_add(dest.id, len);
         let shown = if self.use_cas {
             explicit_cas.unwrap_or(cas)
         } else {
             0
         };
+        if !indexed {
+            return (Outcome::Stored(shown), len, None);
+        }
+        self.account_add(dest.id, len);
         (
             Outcome::Stored(shown),
             len,
@@ -1201,6 +1281,124 @@ impl LogEngine {
                 v: new_v,
             }),
         )
+    }
+
+    /// Grow the index while its items exceed `LOAD_NUM / LOAD_DEN` of its main slots: up
+    /// to `GROW_BATCH` splits, then, each after a pin barrier, the compaction of the split
+    /// chains, the unlinking of their empty overflow buckets and the reuse of those (see
+    /// `index`). One thread at a time; others skip. With `block` false a barrier that
+    /// readers still hold up is left for a later call (a writer never waits for readers
+    /// here); no new split starts until the pending steps are done. Called with no lock
+    /// and no pin held.
+    fn grow(&self, block: bool) {
+        let Ok(mut g) = self.grow_lock.try_lock() else {
+            return;
+        };
+        loop {
+            match g.step {
+                GrowStep::Idle => {
+                    let live: i64 = self.live.iter().map(|c| c.0.load(Ordering::Relaxed)).sum();
+                    let live = usize::try_from(live).unwrap_or(0);
+                    let mut split = Vec::new();
+                    // The index takes at most half the limit (the segments the rest).
+                    // With no_evict it grows only into memory no segment uses.
+                    let max = self.max_bytes.load(Ordering::Relaxed);
+                    let room = |extra: usize| {
+                        let index = self.index.bytes() + extra;
+                        index <= max / 2
+                            && (!self.no_evict
+                                || self.allocated.load(Ordering::Relaxed) + index <= max)
+                    };
+                    while split.len() < GROW_BATCH
+                        && live * LOAD_DEN > self.index.nmain() * index::SLOTS * LOAD_NUM
+                        && room(index::BUCKET_BYTES)
+                    {
+                        let Some((b, l)) = self.index.next_split() else {
+                            break;
+                        };
+                        let _s = self.index.lock_bucket(b);
+                        self.index.split(
+                            b,
+                            l,
+                            // SAFETY: we hold the chain's stripe lock and `v` is in its slot.
+                            |v| unsafe { self.rec(v) }.map(|r| self.hash(r.key)),
+                            |slot, x| self.evict_marker(slot, x),
+                        );
+                        split.push(b);
+                    }
+                    if split.is_empty() {
+                        return;
+                    }
+                    self.st
+                        .0
+                        .index_splits
+                        .fetch_add(split.len() as u64, Ordering::Relaxed);
+                    g.buckets = split;
+                    g.step = GrowStep::Split;
+                    // The index is counted against the limit: give back what it took.
+                    if !self.no_evict && self.allocated.load(Ordering::Relaxed) > self.budget() {
+                        self.shrink();
+                    }
+                }
+                GrowStep::Split => {
+                    if !self.try_barrier(block) {
+                        return;
+                    }
+                    let mut moved = false;
+                    for &b in &g.buckets {
+                        let _s = self.index.lock_bucket(b);
+                        moved |= self.index.compact(b);
+                    }
+                    g.step = GrowStep::Compacted;
+                    if moved {
+                        continue;
+                    }
+                    // Nothing marked: no barrier needed before unlinking.
+                    g.step = GrowStep::Released;
+                    g.spare = self.release_chains(&g.buckets);
+                }
+                GrowStep::Compacted => {
+                    if !self.try_barrier(block) {
+                        return;
+                    }
+                    g.spare = self.release_chains(&g.buckets);
+                    g.step = GrowStep::Released;
+                }
+                GrowStep::Released => {
+                    if !g.spare.is_empty() && !self.try_barrier(block) {
+                        return;
+                    }
+                    let spare = std::mem::take(&mut g.spare);
+                    self.index.recycle(spare);
+                    g.buckets.clear();
+                    g.step = GrowStep::Idle;
+                    return;
+                }
+            }
+        }
+    }
+
+    fn release_chains(&self, buckets: &[usize]) -> Vec<u32> {
+        let mut spare = Vec::new();
+        for &b in buckets {
+            let _s = self.index.lock_bucket(b);
+            spare.extend(self.index.release_chain(b));
+        }
+        spare
+    }
+
+    /// A split found no room for a moved item: evict it (its slot is a marker holding
+    /// `x`; we hold its stripe lock).
+    fn evict_marker(&self, slot: &AtomicU64, x: u64) {
+        // SAFETY: the slot still holds `x` under our stripe lock, so its record is live.
+        let len = unsafe { self.rec(x) }.map_or(0, |r| {
+            self.note_eviction(r.key, r.cas);
+            r.len
+        });
+        slot.store(0, Ordering::Release);
+        self.account_remove(x, len);
+        self.st.0.evictions.fetch_add(1, Ordering::Relaxed);
+        self.st.0.evicted_index.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Show the item just written to a callback, still under its stripe lock.
@@ -1238,6 +1436,7 @@ impl LogEngine {
             return Outcome::NoMemory;
         };
         let (out, len, held) = self.apply(c, &dest, now);
+        let mut grow = false;
         if len > 0 {
             let used = open.used + len;
             *sh = Some(Open { used, ..open });
@@ -1245,12 +1444,17 @@ impl LogEngine {
                 seg.mem.0.used.store(used, Ordering::Release);
             }
             if !c.keep_cas && !c.keep_access {
-                self.shard_items[tid() % self.shard_items.len()]
+                let n = self.shard_items[tid() % self.shard_items.len()]
                     .0
                     .fetch_add(1, Ordering::Relaxed);
+                grow = n % GROW_EVERY == GROW_EVERY - 1;
             }
         }
         self.show(held, view);
+        drop(sh);
+        if grow {
+            self.grow(false);
+        }
         out
     }
 
@@ -2179,6 +2383,9 @@ impl Engine for LogEngine {
                 put("dead_bytes", used.saturating_sub(live));
                 put("index_bytes", self.index.bytes() as u64);
                 put("index_buckets", self.index.nmain() as u64);
+                put("index_max_buckets", self.index.max_main() as u64);
+                put("index_level", u64::from(self.index.level()));
+                put("index_splits", st.index_splits.load(Ordering::Relaxed));
                 put(
                     "index_overflow_buckets_used",
                     self.index.overflow_used() as u64,
@@ -2462,6 +2669,7 @@ impl Engine for LogEngine {
             });
         }
         self.free_dead_segments();
+        self.grow(true);
         n
     }
 }

@@ -335,9 +335,8 @@ fn maintain_reclaims_expired() {
             1,
         );
     }
-    // 64 MiB: an index of ~175k buckets, scanned 65536 buckets per call.
+    // Enough calls to cover the index (65536 buckets per call).
     let calls = e.index.nmain().div_ceil(MAINTAIN_BUCKETS);
-    assert_eq!(calls, 3);
     assert_eq!((0..calls).map(|_| e.maintain(5)).sum::<u64>(), 0);
     assert_eq!((0..calls).map(|_| e.maintain(10)).sum::<u64>(), 50);
     assert_eq!(e.stats().curr_items, 50);
@@ -436,9 +435,9 @@ fn shrink_and_grow() {
     assert!(after < before);
     assert!(e.memory_bytes() <= 16 << 20, "{}", e.memory_bytes());
     assert_eq!(e.stats().limit_maxbytes, 16 << 20);
-    // Below twice the index (sized for 32 MiB), segments keep half the limit.
+    // The index stays as it grew (for 100,000 items); segments get the rest.
     e.set_max_bytes(4 << 20, 1);
-    assert!(e.stats().total_malloced <= 2 << 20);
+    assert!(e.memory_bytes() <= 4 << 20, "{}", e.memory_bytes());
     assert!(val(&e, b"key:99999", 1).is_some());
     e.set_max_bytes(16 << 20, 1);
     // Still works, and values are right.
@@ -459,7 +458,15 @@ fn lossy_index_overflow_is_counted() {
         .filter(|i| get(&e, format!("key:{i}").as_bytes(), 1).is_some())
         .count();
     assert_eq!(present as u64, s.curr_items);
-    assert!(e.memory_bytes() <= 1 << 20);
+    assert!(
+        e.memory_bytes() <= 1 << 20,
+        "{} = {} + {} (budget {}, seg {})",
+        e.memory_bytes(),
+        e.allocated.load(Ordering::Relaxed),
+        e.index_bytes(),
+        e.budget(),
+        e.segment_size()
+    );
 }
 
 #[test]
