@@ -530,6 +530,13 @@ impl Index {
         slot.fetch_or(MOVED, Ordering::AcqRel)
     }
 
+    /// Whether main bucket `b`'s chain has an overflow bucket.
+    pub(crate) fn has_overflow(&self, b: usize) -> bool {
+        self.next
+            .get(b)
+            .is_some_and(|n| n.load(Ordering::Relaxed) != 0)
+    }
+
     /// Compact `b`'s chain after a barrier: clear its `MOVED` markers, then move items
     /// from overflow buckets forward into free slots (marking the old slots `MOVED`).
     /// Returns whether any item moved (another barrier is then due before

@@ -1,6 +1,6 @@
 //! The log-structured engine ([`LogEngine`]): items appended to fixed-size segments, a
-//! lock-free-read hash index of tagged slots, and CLOCK-style eviction of whole segments,
-//! oldest first.
+//! lock-free-read hash index of tagged slots, and eviction of whole segments from two
+//! FIFOs (a probation queue for new items, a main queue with CLOCK second chances).
 //!
 //! # Layout
 //!
@@ -16,9 +16,15 @@
 //! * **Append shards**: each thread appends to the open segment of its shard (threads
 //!   are spread over shards round-robin), so writers of different shards never share an
 //!   append lock.
-//! * **FIFO** of sealed segments, evicted oldest first. An item whose slot says it was
-//!   read since it was written is copied forward (its counter decremented); the rest is
-//!   dropped (expired, flushed, overwritten or deleted records just are not referenced).
+//! * **Two FIFOs** of sealed segments (S3-FIFO, by whole segments): segments of new
+//!   writes join the small (probation) queue, segments of second-chance copies the main
+//!   queue. The small queue's oldest segment is evicted while the small queue holds more
+//!   than `SMALL_PERCENT` (40%) of the sealed segments, else the main queue's. Either way an
+//!   item whose slot says it was read since it was written (or last copied) is copied
+//!   forward into the main queue, its counter decremented; the rest is dropped (expired,
+//!   flushed, overwritten or deleted records just are not referenced). So an item nobody
+//!   reads leaves after a trip through the small queue, not the whole cache. (A ghost
+//!   queue, S3-FIFO's third part, measured worse here and is left out.)
 //!
 //! # Concurrency
 //!
@@ -141,6 +147,11 @@ const LOAD_NUM: usize = 18;
 const LOAD_DEN: usize = 20;
 /// Buckets split per growth step (between pin barriers).
 const GROW_BATCH: usize = 64;
+/// The small (probation) FIFO is evicted first while it holds more than this percentage of
+/// the sealed segments.
+const SMALL_PERCENT: usize = 40;
+/// Buckets a compaction sweep looks at per call (when the index need not grow).
+const SWEEP_SCAN: usize = 1024;
 /// A writer checks whether the index should grow once per this many stores of its shard.
 const GROW_EVERY: u64 = 64;
 const PAGE: usize = 4096;
@@ -266,6 +277,8 @@ struct Grow {
     buckets: Vec<usize>,
     /// Overflow buckets unlinked, waiting for a barrier before reuse.
     spare: Vec<u32>,
+    /// Where the next sweep for chains to compact starts.
+    cursor: usize,
 }
 
 #[derive(Default, Clone, Copy, PartialEq, Eq)]
@@ -279,6 +292,63 @@ enum GrowStep {
     Compacted,
     /// Unlinked (`spare`); a barrier is due before reuse.
     Released,
+}
+
+/// Which FIFO a sealed segment joins.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Queue {
+    /// Segments of new writes: a probation queue (S3-FIFO's small queue).
+    Small,
+    /// Segments of second-chance copies: items read while on probation or since.
+    Main,
+}
+
+/// The sealed segments in two FIFOs, oldest first (S3-FIFO, by segment): new items wait
+/// in `small`, which is evicted first while it holds more than `SMALL_PERCENT` of the
+/// sealed segments, so an item nobody reads leaves after a short probation instead of a
+/// trip through the whole cache; items read meanwhile are copied into `main`, evicted
+/// with CLOCK second chances.
+#[derive(Default)]
+struct Fifo {
+    small: VecDeque<u32>,
+    main: VecDeque<u32>,
+}
+
+impl Fifo {
+    fn push(&mut self, id: u32, queue: Queue) {
+        match queue {
+            Queue::Small => self.small.push_back(id),
+            Queue::Main => self.main.push_back(id),
+        }
+    }
+
+    /// The next segment to evict.
+    fn pop(&mut self) -> Option<u32> {
+        let total = self.small.len() + self.main.len();
+        if self.small.len() * 100 > total * SMALL_PERCENT || self.main.is_empty() {
+            self.small.pop_front().or_else(|| self.main.pop_front())
+        } else {
+            self.main.pop_front()
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.small.len() + self.main.len()
+    }
+
+    fn remove_first(&mut self, mut f: impl FnMut(u32) -> bool) -> Option<u32> {
+        for q in [&mut self.small, &mut self.main] {
+            if let Some(i) = q.iter().position(|&id| f(id)) {
+                return q.remove(i);
+            }
+        }
+        None
+    }
+
+    fn retain(&mut self, mut f: impl FnMut(u32) -> bool) {
+        self.small.retain(|&id| f(id));
+        self.main.retain(|&id| f(id));
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -450,7 +520,7 @@ pub struct LogEngine {
     index: Index,
     segs: SegTable,
     pool: Mutex<Pool>,
-    fifo: Mutex<VecDeque<u32>>,
+    fifo: Mutex<Fifo>,
     evictor: Mutex<Evictor>,
     shards: Box<[Padded<Mutex<Option<Open>>>]>,
     shard_items: Box<[Padded<AtomicU64>]>,
@@ -518,7 +588,7 @@ impl LogEngine {
             index,
             segs: SegTable::new(),
             pool: Mutex::new(Pool::default()),
-            fifo: Mutex::new(VecDeque::new()),
+            fifo: Mutex::new(Fifo::default()),
             evictor: Mutex::new(Evictor::default()),
             shards: (0..nshards).map(|_| Padded::default()).collect(),
             shard_items: (0..nshards).map(|_| Padded::default()).collect(),
@@ -555,7 +625,7 @@ impl LogEngine {
 
     /// Segment memory plus index: everything the engine holds for items.
     pub fn memory_bytes(&self) -> usize {
-        self.allocated.load(Ordering::Relaxed) + self.index.bytes()
+        self.allocated.load(Ordering::Relaxed) + self.index_bytes()
     }
 
     /// The item stored under `key` if a get at `now` would return it, without counting
@@ -638,7 +708,7 @@ impl LogEngine {
     /// nothing.
     fn budget(&self) -> usize {
         let max = self.max_bytes.load(Ordering::Relaxed);
-        max.saturating_sub(self.index.bytes()).max(max / 4)
+        max.saturating_sub(self.index_bytes()).max(max / 4)
     }
 
     #[inline]
@@ -960,13 +1030,12 @@ impl LogEngine {
     /// `no_evict` (memcached's `-M`), where deleting items must make room again.
     fn reclaim_dead(&self) -> bool {
         let id = {
-            let mut fifo = lock(&self.fifo);
-            let dead = fifo.iter().position(|&id| {
+            let dead = lock(&self.fifo).remove_first(|id| {
                 self.segs
                     .get(id)
                     .is_some_and(|s| s.acct.0.live_items.load(Ordering::Acquire) == 0)
             });
-            match dead.and_then(|i| fifo.remove(i)) {
+            match dead {
                 Some(id) => id,
                 None => return false,
             }
@@ -1001,14 +1070,14 @@ impl LogEngine {
                 changed = true;
             }
             if let Some(o) = ev.dest.take() {
-                self.seal(o);
+                self.seal(o, Queue::Main);
                 changed = true;
             }
         }
         for shard in self.shards.iter() {
             if let Ok(mut sh) = shard.0.try_lock() {
                 if let Some(o) = sh.take() {
-                    self.seal(o);
+                    self.seal(o, Queue::Small);
                     changed = true;
                 }
             }
@@ -1059,12 +1128,12 @@ impl LogEngine {
         })
     }
 
-    fn seal(&self, open: Open) {
+    fn seal(&self, open: Open, queue: Queue) {
         if let Some(seg) = self.segs.get(open.id) {
             seg.mem.0.used.store(open.used, Ordering::Release);
             seg.mem.0.sealed.store(true, Ordering::Release);
         }
-        lock(&self.fifo).push_back(open.id);
+        lock(&self.fifo).push(open.id, queue);
     }
 
     /// Make sure `slot` holds an open segment with `need` free bytes.
@@ -1074,7 +1143,7 @@ impl LogEngine {
                 return Some(o);
             }
             *slot = None;
-            self.seal(o);
+            self.seal(o, Queue::Small);
         }
         let id = self.take_segment()?;
         let o = self.open_segment(id)?;
@@ -1304,7 +1373,7 @@ impl LogEngine {
                     // With no_evict it grows only into memory no segment uses.
                     let max = self.max_bytes.load(Ordering::Relaxed);
                     let room = |extra: usize| {
-                        let index = self.index.bytes() + extra;
+                        let index = self.index_bytes() + extra;
                         index <= max / 2
                             && (!self.no_evict
                                 || self.allocated.load(Ordering::Relaxed) + index <= max)
@@ -1327,6 +1396,10 @@ impl LogEngine {
                         split.push(b);
                     }
                     if split.is_empty() {
+                        // Nothing to split: compact a slice of chains instead, so that
+                        // overflow buckets linked while a bucket was briefly full go
+                        // back to the pool (a full cache churns every bucket).
+                        self.sweep(&mut g);
                         return;
                     }
                     self.st
@@ -1376,6 +1449,39 @@ impl LogEngine {
                 }
             }
         }
+    }
+
+    /// Start compacting the next chains that have overflow buckets (up to `GROW_BATCH`
+    /// of them, looking at no more than `SWEEP_SCAN` buckets).
+    fn sweep(&self, g: &mut Grow) {
+        let nmain = self.index.nmain();
+        let mut picked = Vec::new();
+        for _ in 0..SWEEP_SCAN.min(nmain) {
+            let b = g.cursor % nmain;
+            g.cursor = g.cursor.wrapping_add(1);
+            if self.index.has_overflow(b) {
+                picked.push(b);
+                if picked.len() == GROW_BATCH {
+                    break;
+                }
+            }
+        }
+        if picked.is_empty() {
+            return;
+        }
+        // No marker is left from an earlier batch (Idle), so no barrier is due first.
+        let mut moved = false;
+        for &b in &picked {
+            let _s = self.index.lock_bucket(b);
+            moved |= self.index.compact(b);
+        }
+        if moved {
+            g.step = GrowStep::Compacted;
+        } else {
+            g.spare = self.release_chains(&picked);
+            g.step = GrowStep::Released;
+        }
+        g.buckets = picked;
     }
 
     fn release_chains(&self, buckets: &[usize]) -> Vec<u32> {
@@ -1510,7 +1616,7 @@ impl LogEngine {
         }
         // Queued only now that its slot is installed (the evictor frees large segments
         // that no slot points at).
-        lock(&self.fifo).push_back(id);
+        lock(&self.fifo).push(id, Queue::Small);
         self.show(held, view);
         out
     }
@@ -1903,7 +2009,7 @@ impl LogEngine {
     fn evict_one(&self, release: bool) -> Evicted {
         // Popping the segment makes it ours: several threads may clean different
         // segments at once (they share only the evictor's copy destination).
-        let Some(id) = lock(&self.fifo).pop_front() else {
+        let Some(id) = lock(&self.fifo).pop() else {
             return Evicted::Nothing;
         };
         let Some(seg) = self.segs.get(id) else {
@@ -1916,7 +2022,7 @@ impl LogEngine {
             // unlinked already): no need to look at its records.
         } else if large {
             if self.clean_large(id) {
-                lock(&self.fifo).push_back(id);
+                lock(&self.fifo).push(id, Queue::Main);
                 return Evicted::Kept;
             }
         } else {
@@ -2022,7 +2128,7 @@ impl LogEngine {
         let fits = ev.dest.is_some_and(|o| o.used + need <= o.cap);
         if !fits {
             if let Some(o) = ev.dest.take() {
-                self.seal(o);
+                self.seal(o, Queue::Main);
             }
             let id = match ev.spare.take() {
                 Some(id) => id,
@@ -2151,7 +2257,7 @@ impl LogEngine {
         let dead: Vec<u32> = {
             let mut fifo = lock(&self.fifo);
             let mut dead = Vec::new();
-            fifo.retain(|&id| {
+            fifo.retain(|id| {
                 let empty = self
                     .segs
                     .get(id)
