@@ -53,7 +53,7 @@ for server in memcached kvcached; do
     kill $pid; wait $pid 2>/dev/null || true
     line=$(python3 -c "
 n, e, f = $n, $empty, $full
-print(f'{n} {e/1024:.1f} {f/1024:.1f} {f*1024/max(n,1):.1f} {(f-e)*1024/max(n,1):.1f}')")
+print(f'{n} {e/1024:.1f} {f/1024:.1f} {f*1024/max(n,1):.2f} {(f-e)*1024/max(n,1):.2f}')")
     read -r n e f b a <<<"$line"
     per_item[$server]=$b
     printf '%-10s %12s %12s %12s %14s %14s\n' "$server" "$n" "$e" "$f" "$b" "$a"
