@@ -267,6 +267,104 @@ fn dump_and_restore() {
     }
 }
 
+/// A dump of several frames is restored by several threads with every item intact; a file
+/// whose frames are out of place (a second reset, a batch after the last) is refused.
+#[test]
+fn restore_of_many_frames_and_stray_batches() {
+    let cfg = kvstore::EngineConfig {
+        max_item_size: 1 << 20,
+        ..ops::config(64 << 20, false, true)
+    };
+    let master = LogEngine::new(cfg.clone());
+    let now = START;
+    let n = 150_000u32;
+    for i in 0..n {
+        let key = format!("key:{i}");
+        let value = vec![(i % 251) as u8; 100];
+        let req = kvstore::StoreRequest {
+            mode: kvstore::StoreMode::Set,
+            key: key.as_bytes(),
+            value: &value,
+            flags: i,
+            exptime: 0,
+        };
+        assert!(matches!(
+            master.store(req, now),
+            kvstore::StoreResult::Stored(_)
+        ));
+    }
+    assert_eq!(master.stats().curr_items, u64::from(n));
+    let mut file = Vec::new();
+    master.dump(&mut file).expect("dump to memory");
+    // Split the file into its frames: magic, then u64 length + bytes, ending with 0.
+    let mut frames = Vec::new();
+    let mut at = 8;
+    loop {
+        let len = u64::from_le_bytes(file[at..at + 8].try_into().unwrap()) as usize;
+        at += 8;
+        if len == 0 {
+            break;
+        }
+        frames.push(file[at..at + len].to_vec());
+        at += len;
+    }
+    assert!(
+        frames.len() >= 4,
+        "{:?} frame lengths",
+        frames.iter().map(Vec::len).collect::<Vec<_>>()
+    );
+    let restored = LogEngine::new(cfg.clone());
+    restored
+        .restore(&mut file.as_slice(), now)
+        .expect("restore");
+    assert_eq!(restored.stats().curr_items, u64::from(n));
+    for i in (0..n).step_by(7) {
+        let key = format!("key:{i}");
+        assert_eq!(
+            master.peek_item(key.as_bytes(), now),
+            restored.peek_item(key.as_bytes(), now),
+            "{key}"
+        );
+    }
+    let build = |order: &[usize]| {
+        let mut f = file[..8].to_vec();
+        for &i in order {
+            f.extend_from_slice(&(frames[i].len() as u64).to_le_bytes());
+            f.extend_from_slice(&frames[i]);
+        }
+        f.extend_from_slice(&0u64.to_le_bytes());
+        f
+    };
+    let last = frames.len() - 1;
+    let all: Vec<usize> = (0..frames.len()).collect();
+    let mut twice_reset = vec![0];
+    twice_reset.extend(&all);
+    let mut after_done = all.clone();
+    after_done.push(1);
+    let mut no_done = all.clone();
+    no_done.pop();
+    for (what, order) in [
+        ("a second reset", twice_reset),
+        ("a batch after the last", after_done),
+        ("no last batch", no_done),
+    ] {
+        let e = LogEngine::new(cfg.clone());
+        assert!(
+            e.restore(&mut build(&order).as_slice(), now).is_err(),
+            "{what}"
+        );
+        assert_eq!(e.stats().curr_items, 0, "{what}: left empty");
+    }
+    // The frames in another order (reset first) restore the same items.
+    let mut shuffled = vec![0];
+    shuffled.extend((1..last).rev());
+    shuffled.push(last);
+    let e = LogEngine::new(cfg);
+    e.restore(&mut build(&shuffled).as_slice(), now)
+        .expect("restore in another order");
+    assert_eq!(e.stats().curr_items, u64::from(n));
+}
+
 /// Throughput of shipping and applying 4 KB items in process (no network); run with
 /// `cargo test --release -p kvstore --test replication -- --ignored --nocapture`.
 #[test]

@@ -164,7 +164,7 @@ struct Pos {
 
 /// A replica's position in its master's log, and what it needs to apply batches in any
 /// order. Owned by the thread that pulls.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct ReplicaState {
     phase: Phase,
     below: u64,
@@ -866,30 +866,98 @@ impl LogEngine {
         if magic != DUMP_MAGIC {
             return Err(ReplError("not a kvcached snapshot"));
         }
+        // The reset batch first, alone: it sets up the cursor every snapshot batch is
+        // checked against.
         let mut st = ReplicaState::new();
-        let mut buf = Vec::new();
-        loop {
-            let mut len = [0u8; 8];
-            r.read_exact(&mut len)
-                .map_err(|_| ReplError("snapshot truncated"))?;
-            let len = u64::from_le_bytes(len);
-            if len == 0 {
-                break;
-            }
-            if len > MAX_FRAME {
-                return Err(ReplError("snapshot frame too large"));
-            }
-            buf.clear();
-            buf.resize(len as usize, 0);
-            r.read_exact(&mut buf)
-                .map_err(|_| ReplError("snapshot truncated"))?;
-            self.repl_apply(&mut st, &buf, now)?;
+        let first = read_frame(r)?.ok_or(ReplError("snapshot incomplete"))?;
+        self.repl_apply(&mut st, &first, now)?;
+        drop(first);
+        // Snapshot batches hold live items, each applied with its version (the highest
+        // wins), so they may be applied in any order: worker threads apply them while this
+        // one reads the file. At most two frames per worker wait in the queue.
+        let workers = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .clamp(1, RESTORE_THREADS);
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(2 * workers);
+        let rx = std::sync::Mutex::new(rx);
+        let (read, results) = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..workers)
+                .map(|_| {
+                    let mut mine = st.clone();
+                    let rx = &rx;
+                    s.spawn(move || -> Result<(u64, bool), ReplError> {
+                        let mut bytes = 0;
+                        loop {
+                            let frame = match rx.lock() {
+                                Ok(q) => q.recv(),
+                                Err(_) => return Err(ReplError("restore worker failed")),
+                            };
+                            let Ok(frame) = frame else {
+                                return Ok((bytes, mine.phase == Phase::Tail));
+                            };
+                            let before = mine.applied_bytes;
+                            self.repl_apply(&mut mine, &frame, now)?;
+                            bytes += mine.applied_bytes - before;
+                        }
+                    })
+                })
+                .collect();
+            let read = (|| -> Result<(), ReplError> {
+                let mut done = false;
+                while let Some(frame) = read_frame(r)? {
+                    // Header: magic (4), version, kind, flags (see FORMAT.md).
+                    if done || frame.get(5) != Some(&KIND_SNAPSHOT) {
+                        return Err(ReplError("not a snapshot batch where one belongs"));
+                    }
+                    done = frame.get(6).is_some_and(|f| f & FLAG_DONE != 0);
+                    if tx.send(frame).is_err() {
+                        // Every worker stopped: one of them has the error.
+                        return Ok(());
+                    }
+                }
+                Ok(())
+            })();
+            drop(tx);
+            let results: Vec<_> = handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or(Err(ReplError("restore worker failed"))))
+                .collect();
+            (read, results)
+        });
+        let mut bytes = st.applied_bytes;
+        let mut done = false;
+        for res in results {
+            let (b, d) = res?;
+            bytes += b;
+            done |= d;
         }
-        if st.phase != Phase::Tail {
+        read?;
+        if !done {
             return Err(ReplError("snapshot incomplete"));
         }
-        Ok(st.applied_bytes)
+        Ok(bytes)
     }
+}
+
+/// Threads that apply a snapshot's batches on a warm restart.
+const RESTORE_THREADS: usize = 8;
+
+/// The next length-prefixed frame of a snapshot file, or None at the empty end frame.
+fn read_frame(r: &mut dyn std::io::Read) -> Result<Option<Vec<u8>>, ReplError> {
+    let mut len = [0u8; 8];
+    r.read_exact(&mut len)
+        .map_err(|_| ReplError("snapshot truncated"))?;
+    let len = u64::from_le_bytes(len);
+    if len == 0 {
+        return Ok(None);
+    }
+    if len > MAX_FRAME {
+        return Err(ReplError("snapshot frame too large"));
+    }
+    let mut buf = vec![0; len as usize];
+    r.read_exact(&mut buf)
+        .map_err(|_| ReplError("snapshot truncated"))?;
+    Ok(Some(buf))
 }
 
 /// File magic and version of a snapshot (`dump`).
