@@ -101,7 +101,12 @@
 //!   `no_evict` and full memory they cannot, and report a miss.
 //! * Delete appends a tombstone; with `no_evict` and full memory the delete happens
 //!   without one (a log reader would miss it). Flushes are not logged.
-//! * No warm restart yet (the format allows it, see `FORMAT.md`). Replication: `repl.rs`.
+//! * Flushes travel to replicas as watermarks in every batch, not as log records (see
+//!   `repl.rs`); warm restart (`dump`/`restore`) writes the live items, not the log.
+//! * The index never shrinks, and its largest size is fixed by the starting `-m` (one main
+//!   slot per 32 bytes): raising the limit later (`cache_memlimit`) adds segments only.
+//! * A reader that records an access (or a last-access time) on a slot while a split or
+//!   compaction moves it may lose that access mark; win marks are never lost.
 //! * Meta: `mg ... T` and `md ... I` rewrite the item like touch does (no room with
 //!   `no_evict` and full memory: a miss, `NS`). The last access time is kept in 16 bits:
 //!   `l`/`la` are exact for items accessed within the last 18 hours, the age modulo
