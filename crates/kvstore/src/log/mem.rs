@@ -6,6 +6,17 @@ use std::ptr::NonNull;
 
 /// Map `len` bytes of zeroed, private, read-write memory.
 pub(crate) fn map(len: usize) -> Option<NonNull<u8>> {
+    map_anon(len, 0)
+}
+
+/// Reserve `len` bytes of zeroed, private, read-write address space that is not charged
+/// against the commit limit up front (`MAP_NORESERVE`): pages cost memory only once
+/// touched. For tables sized for the most they could ever need.
+fn map_reserve(len: usize) -> Option<NonNull<u8>> {
+    map_anon(len, libc::MAP_NORESERVE)
+}
+
+fn map_anon(len: usize, extra_flags: libc::c_int) -> Option<NonNull<u8>> {
     if len == 0 {
         return None;
     }
@@ -16,31 +27,7 @@ pub(crate) fn map(len: usize) -> Option<NonNull<u8>> {
             std::ptr::null_mut(),
             len,
             libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return None;
-    }
-    NonNull::new(p.cast::<u8>())
-}
-
-/// Reserve `len` bytes of zeroed, private, read-write address space that is not charged
-/// against the commit limit up front (`MAP_NORESERVE`): pages cost memory only once
-/// touched. For tables sized for the most they could ever need.
-fn map_reserve(len: usize) -> Option<NonNull<u8>> {
-    if len == 0 {
-        return None;
-    }
-    // SAFETY: as in `map`.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | extra_flags,
             -1,
             0,
         )

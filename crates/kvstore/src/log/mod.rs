@@ -83,7 +83,7 @@
 //! `-m` covers the index and the segments. The index is sized to the items, not to `-m`:
 //! it starts at a few thousand buckets and grows by linear hashing (see [`index`]) while
 //! the items exceed 90% of its main slots, one batch of splits at a time by whichever
-//! writer notices (never waiting for readers: the pin barriers a batch needs are tried,
+//! writer notices (the pin barriers a batch needs are tried, not waited for,
 //! and a batch whose barrier is held up finishes on a later call; `maintain` waits). A
 //! slot costs 10 bytes (8, plus 2 for the item's last access time, which the meta
 //! protocol shows), about 15 bytes per item with overflow buckets. Growth stops at half
@@ -1361,9 +1361,10 @@ impl LogEngine {
     /// to `GROW_BATCH` splits, then, each after a pin barrier, the compaction of the split
     /// chains, the unlinking of their empty overflow buckets and the reuse of those (see
     /// `index`). One thread at a time; others skip. With `block` false a barrier that
-    /// readers still hold up is left for a later call (a writer never waits for readers
-    /// here); no new split starts until the pending steps are done. Called with no lock
-    /// and no pin held.
+    /// readers still hold up is left for a later call instead of waited for; no new split
+    /// starts until the pending steps are done. (Giving segment memory back when the index
+    /// grew into it evicts, and eviction waits for readers as it always does.) Called with
+    /// no lock and no pin held.
     fn grow(&self, block: bool) {
         let Ok(mut g) = self.grow_lock.try_lock() else {
             return;
