@@ -182,6 +182,9 @@ fn general(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
     emit(sink, "accepting_conns", 1);
     emit(sink, "threads", c.threads);
     emit(sink, "conn_yields", t.conn_yields);
+    emit(sink, "hash_power_level", e.hash_power_level);
+    emit(sink, "hash_bytes", e.hash_bytes);
+    emit(sink, "hash_is_expanding", u8::from(e.hash_is_expanding));
     emit(sink, "bytes", e.bytes);
     emit(sink, "curr_items", e.curr_items);
     emit(sink, "total_items", e.total_items);

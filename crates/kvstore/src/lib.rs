@@ -147,6 +147,13 @@ pub struct EngineStats {
     pub limit_maxbytes: u64,
     /// Bytes of item memory held by the engine (allocated, live or not).
     pub total_malloced: u64,
+    /// memcached's `hash_power_level`: log2 of the hash index's main buckets (0 for an
+    /// engine without one).
+    pub hash_power_level: u64,
+    /// memcached's `hash_bytes`: bytes of the hash index.
+    pub hash_bytes: u64,
+    /// memcached's `hash_is_expanding`: the index is growing right now.
+    pub hash_is_expanding: bool,
 }
 
 // ---------------------------------------------------------------------------------------------

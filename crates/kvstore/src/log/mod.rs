@@ -284,6 +284,8 @@ struct Grow {
     spare: Vec<u32>,
     /// Where the next sweep for chains to compact starts.
     cursor: usize,
+    /// The pending steps finish a batch of splits (not a compaction sweep).
+    expanding: bool,
 }
 
 #[derive(Default, Clone, Copy, PartialEq, Eq)]
@@ -1406,7 +1408,10 @@ impl LogEngine {
                         // overflow buckets linked while a bucket was briefly full go
                         // back to the pool (a full cache churns every bucket).
                         self.sweep(&mut g);
-                        return;
+                        if g.step == GrowStep::Idle {
+                            return;
+                        }
+                        continue;
                     }
                     self.st
                         .0
@@ -1414,6 +1419,7 @@ impl LogEngine {
                         .fetch_add(split.len() as u64, Ordering::Relaxed);
                     g.buckets = split;
                     g.step = GrowStep::Split;
+                    g.expanding = true;
                     // The index is counted against the limit: give back what it took.
                     if !self.no_evict && self.allocated.load(Ordering::Relaxed) > self.budget() {
                         self.shrink();
@@ -1451,6 +1457,7 @@ impl LogEngine {
                     self.index.recycle(spare);
                     g.buckets.clear();
                     g.step = GrowStep::Idle;
+                    g.expanding = false;
                     return;
                 }
             }
@@ -2457,6 +2464,10 @@ impl Engine for LogEngine {
             get_flushed: st.get_flushed.load(Ordering::Relaxed),
             limit_maxbytes: self.max_bytes.load(Ordering::Relaxed) as u64,
             total_malloced: self.allocated.load(Ordering::Relaxed) as u64,
+            hash_power_level: u64::from(self.index.level()),
+            hash_bytes: self.index.bytes() as u64,
+            // A batch is under way while its steps are pending (or running right now).
+            hash_is_expanding: self.grow_lock.try_lock().is_ok_and(|g| g.expanding),
         }
     }
 

@@ -704,3 +704,36 @@ fn the_log_replays_to_the_same_items() {
     let items: std::collections::HashMap<_, _> = e.stats_detail("items").into_iter().collect();
     assert_ne!(items["items:1:tombstones"], "0");
 }
+
+#[test]
+fn the_index_grows_with_the_items_and_reports_it() {
+    let e = LogEngine::new(cfg(256 << 20));
+    let start = e.stats();
+    assert!(!start.hash_is_expanding);
+    fill(&e, 200_000, 10, 1);
+    let grown = e.stats();
+    // 200,000 items at most 90% of 8-slot main buckets: 27,778 buckets, level 14.
+    assert!(
+        grown.hash_power_level >= 14 && grown.hash_power_level > start.hash_power_level,
+        "{} -> {}",
+        start.hash_power_level,
+        grown.hash_power_level
+    );
+    assert!(grown.hash_bytes > start.hash_bytes);
+    assert_eq!(grown.hash_bytes as usize, e.index_bytes());
+    // Sized to the items, not to -m: well under a tenth of the limit here.
+    assert!(grown.hash_bytes < (256 << 20) / 10, "{}", grown.hash_bytes);
+    // Every item is still found through the grown index.
+    for i in (0..200_000).step_by(13) {
+        assert!(
+            get(&e, format!("key:{i}").as_bytes(), 1).is_some(),
+            "key:{i}"
+        );
+    }
+    e.maintain(1);
+    assert!(
+        !e.stats().hash_is_expanding,
+        "maintain finishes a pending batch"
+    );
+    e.check_accounting().unwrap();
+}
