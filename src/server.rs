@@ -321,8 +321,10 @@ pub fn run(config: Config, listeners: Vec<Listener>) -> Result<(), String> {
                         continue;
                     }
                     // Like memcached, SIGUSR1 is a graceful stop that saves the cache for a
-                    // warm restart when -e names a file.
-                    if sig == signal_hook::consts::SIGUSR1 {
+                    // warm restart when -e names a file. So is SIGTERM (unlike memcached),
+                    // so that a service manager's stop keeps the cache warm; SIGINT (^C)
+                    // saves nothing.
+                    if sig == signal_hook::consts::SIGUSR1 || sig == signal_hook::consts::SIGTERM {
                         shared.save_on_exit.store(true, Ordering::Release);
                     }
                     shared.log(1, || format!("signal {sig}: shutting down"));

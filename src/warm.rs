@@ -1,5 +1,6 @@
 //! Warm restart (`-e FILE`), as memcached's restartable cache behaves for an operator: stop
-//! the server with SIGUSR1 and it saves the cache; start it again with the same `-e` and it
+//! the server with SIGUSR1 (or, unlike memcached, SIGTERM: what a service manager sends) and
+//! it saves the cache; SIGINT saves nothing. Start it again with the same `-e` and it
 //! comes back with every item that was live (values, flags, expiry and CAS uniques), once:
 //! the file is removed when it is loaded, so a crash later never brings back stale data.
 //!

@@ -1,5 +1,6 @@
-//! Warm restart (`-e FILE`): SIGUSR1 saves the cache, the next start with the same file loads
-//! it (once), SIGTERM saves nothing, and a damaged file means an empty start, never a crash.
+//! Warm restart (`-e FILE`): SIGUSR1 (and SIGTERM) save the cache, the next start with the
+//! same file loads it (once), SIGINT saves nothing, and a damaged file means an empty start,
+//! never a crash.
 
 mod common;
 
@@ -12,6 +13,7 @@ extern "C" {
     fn kill(pid: i32, sig: i32) -> i32;
 }
 
+const SIGINT: i32 = 2;
 const SIGUSR1: i32 = 10;
 
 fn snapshot_path(name: &str) -> PathBuf {
@@ -22,8 +24,13 @@ fn snapshot_path(name: &str) -> PathBuf {
 
 /// Send SIGUSR1 and wait (bounded) for a clean exit.
 fn stop_with_usr1(server: &mut Server) {
+    stop_with(server, SIGUSR1);
+}
+
+/// Send `sig` and wait (bounded) for a clean exit.
+fn stop_with(server: &mut Server, sig: i32) {
     // SAFETY: kill(2) on our own child's pid.
-    assert_eq!(unsafe { kill(server.child.id() as i32, SIGUSR1) }, 0);
+    assert_eq!(unsafe { kill(server.child.id() as i32, sig) }, 0);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         if let Ok(Some(status)) = server.child.try_wait() {
@@ -36,7 +43,7 @@ fn stop_with_usr1(server: &mut Server) {
         }
         assert!(
             Instant::now() < deadline,
-            "server did not exit after SIGUSR1"
+            "server did not exit after signal {sig}"
         );
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -81,7 +88,7 @@ fn dump(server: &Server, n: usize) -> Vec<String> {
 }
 
 #[test]
-fn sigusr1_saves_and_the_next_start_loads_once() {
+fn sigusr1_and_sigterm_save_and_the_next_start_loads_once() {
     let file = snapshot_path("once");
     let f = file.to_str().expect("utf-8 temp path");
     let mut first = Server::start_verified(Kind::Kvcached, &["-e", f]);
@@ -116,11 +123,20 @@ fn sigusr1_saves_and_the_next_start_loads_once() {
         fresh_cas > max_cas,
         "new CAS {fresh_cas} <= restored {max_cas}"
     );
-    // A plain SIGTERM saves nothing.
+    // SIGTERM (a service manager's stop) saves too.
     assert!(second.terminate().is_some_and(|s| s.success()));
-    assert!(!file.exists(), "SIGTERM must not save");
-    let third = Server::start_verified(Kind::Kvcached, &["-e", f]);
-    assert_eq!(third.connect().call("get k1\r\n"), "END\r\n");
+    assert!(file.exists(), "SIGTERM must save");
+    let mut third = Server::start_verified(Kind::Kvcached, &["-e", f]);
+    assert!(!file.exists(), "the snapshot is used once");
+    assert_eq!(dump(&third, 3000), before, "after a SIGTERM restart");
+    let mut c = third.connect();
+    c.send(b"get fresh\r\n");
+    assert_eq!(c.until("END\r\n"), "VALUE fresh 0 1\r\nz\r\nEND\r\n");
+    // SIGINT saves nothing.
+    stop_with(&mut third, SIGINT);
+    assert!(!file.exists(), "SIGINT must not save");
+    let fourth = Server::start_verified(Kind::Kvcached, &["-e", f]);
+    assert_eq!(fourth.connect().call("get k1\r\n"), "END\r\n");
 }
 
 #[test]
