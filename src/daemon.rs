@@ -173,9 +173,19 @@ fn lookup_user(user: &str) -> Result<(libc::uid_t, libc::gid_t), String> {
 
 /// `-k`: lock all current and future memory into RAM. memcached only warns when this
 /// fails; so should the caller.
+///
+/// Pages are locked as they are first touched (`MCL_ONFAULT`, Linux 4.4), not populated at
+/// once: the engine reserves address space for the largest index it may grow to and maps
+/// segments lazily, and locking all of that up front would make it resident. Kernels
+/// without `MCL_ONFAULT` get the plain lock.
 pub fn lock_memory() -> Result<(), String> {
+    let all = libc::MCL_CURRENT | libc::MCL_FUTURE;
     // SAFETY: mlockall takes only flags.
-    if unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE) } != 0 {
+    if unsafe { libc::mlockall(all | libc::MCL_ONFAULT) } == 0 {
+        return Ok(());
+    }
+    // SAFETY: as above.
+    if unsafe { libc::mlockall(all) } != 0 {
         return Err(format!(
             "-k: mlockall() failed: {}",
             io::Error::last_os_error()

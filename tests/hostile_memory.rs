@@ -793,3 +793,16 @@ fn fd_budget() -> usize {
     }
     soft
 }
+
+/// `-k` (mlockall) must not make the engine's reservations resident: the index reserves
+/// address space for the largest size it may grow to, and segments are mapped lazily. With
+/// `-m 1024` the reservation is hundreds of MiB; an idle server stays a few MiB. (Without
+/// the privilege to lock, kvcached warns and runs unlocked: the bound holds either way.)
+#[test]
+fn lock_memory_keeps_reservations_unresident() {
+    let server = Server::start_verified(Kind::Kvcached, &["-k", "-m", "1024"]);
+    let mut c = server.connect();
+    assert_eq!(c.call("set k 0 0 1\r\nv\r\n"), "STORED\r\n");
+    let rss = server.rss_kib();
+    assert!(rss < 64 * 1024, "idle -k -m 1024 server: RSS {rss} KiB");
+}
