@@ -729,7 +729,7 @@ mod tests {
             }
             inserted += 1000;
             let mut split = Vec::new();
-            while inserted as usize * 20 > idx.nmain() * SLOTS * 18 {
+            while inserted as usize > idx.nmain() * SLOTS {
                 let Some((b, l)) = idx.next_split() else {
                     break;
                 };
