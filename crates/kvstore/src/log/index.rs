@@ -30,18 +30,18 @@
 //! grows and a split needs one stripe lock.
 //!
 //! A split never lets a lock-free reader miss an item:
-//! 1. Under the stripe lock, the state is marked busy on `p`; each moving item is first
-//!    copied into the new bucket (not yet addressable) and then its old slot is marked
-//!    `MOVED` by compare-exchange (so a reader's concurrent access-bit update either lands
-//!    before and is copied again, or fails). The state then advances and the lock is
-//!    released.
+//! 1. Under the stripe lock, the chain is flagged as being worked on (`work`); each moving
+//!    item's old slot is marked `MOVED` by an atomic `fetch_or`, which returns the item
+//!    with every access or win bit a reader set before (a reader's compare-exchange after
+//!    it fails), and the item is then stored into the new bucket (not yet addressable).
+//!    The state then advances, the work flag is cleared and the lock released.
 //! 2. A reader skips `MOVED` slots. One that saw a `MOVED` slot with its tag and found
-//!    nothing reloads the state: if the split of its bucket is still running it waits; if
-//!    its key's bucket changed it searches the new one; otherwise it rescans once (see 3).
+//!    nothing waits while its chain is flagged, then reloads the state: if its key's bucket
+//!    changed it searches the new one; otherwise it rescans once (see 3).
 //! 3. After a pin barrier (every reader that could still use the old addressing is gone)
 //!    the `MOVED` slots are cleared and the chain compacted: items in overflow buckets move
-//!    forward into free slots of the same chain, by the same copy-then-mark steps (a reader
-//!    that meets the mark rescans the chain once and finds the copy, which precedes it).
+//!    forward into free slots of the same chain by the same flag-mark-store steps (a reader
+//!    that meets such a mark waits for the flag to clear and rescans the chain once).
 //! 4. After a second barrier those marks are cleared and overflow buckets left empty are
 //!    unlinked; after a third they may be reused (a reader inside an unlinked bucket still
 //!    follows its intact `next` link back into the chain).
