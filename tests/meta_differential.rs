@@ -56,16 +56,14 @@
 
 mod common;
 
-use common::{memcached_path, Client, Kind, Server, TIMEOUT};
+use common::diff::{show, spawn, target, Totals};
+use common::{memcached_path, Client, Kind, Server};
 use rand::rngs::StdRng;
 use rand::{Rng, RngExt, SeedableRng};
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::io::{BufRead, ErrorKind, Read, Write};
-use std::net::{Ipv4Addr, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Both servers run with these flags (as in tests/differential.rs; kvcached on its default
 /// engine, `-o engine=log`).
@@ -1064,96 +1062,6 @@ fn is_len(t: &[u8]) -> bool {
 // Servers and replies.
 // ---------------------------------------------------------------------------------------
 
-fn target() -> (Kind, PathBuf, &'static str) {
-    if let Some(p) = std::env::var_os("KVCACHED_DIFF_TARGET") {
-        (Kind::Memcached, PathBuf::from(p), "target")
-    } else if std::env::var_os("KVCACHED_DIFF_SELF").is_some_and(|v| v != "0") {
-        (Kind::Memcached, memcached_path(), "memcached (self)")
-    } else {
-        (
-            Kind::Kvcached,
-            PathBuf::from(env!("CARGO_BIN_EXE_kvcached")),
-            "kvcached",
-        )
-    }
-}
-
-/// Start `program` on a free loopback port and check that the process answering is it (as
-/// tests/differential.rs does).
-fn spawn(kind: Kind, program: &Path, args: &[&str]) -> Server {
-    assert!(
-        program.exists(),
-        "{} not found: run scripts/install-deps.sh",
-        program.display()
-    );
-    let mut last_err = String::new();
-    for _ in 0..5 {
-        let port = common::free_port();
-        let mut cmd = Command::new(program);
-        cmd.arg("-l")
-            .arg("127.0.0.1")
-            .arg("-p")
-            .arg(port.to_string());
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } == 0 {
-            cmd.arg("-u").arg("root");
-        }
-        cmd.args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        let mut child = cmd.spawn().expect("spawn server");
-        let deadline = Instant::now() + TIMEOUT;
-        loop {
-            if let Ok(stream) = TcpStream::connect((Ipv4Addr::LOCALHOST, port)) {
-                if answers_as(stream, child.id()) {
-                    return Server {
-                        kind,
-                        port,
-                        child,
-                        socket: None,
-                    };
-                }
-                let _ = child.kill();
-                let _ = child.wait();
-                last_err = "another process answered on its port".into();
-                break;
-            }
-            if let Ok(Some(status)) = child.try_wait() {
-                last_err = format!("exited with {status}");
-                break;
-            }
-            if Instant::now() >= deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                last_err = "timed out waiting for the port".into();
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-    panic!("{} did not start: {last_err}", program.display());
-}
-
-fn answers_as(stream: TcpStream, pid: u32) -> bool {
-    let mut c = Client::new(stream);
-    c.send(b"stats\r\n");
-    let mut line = String::new();
-    loop {
-        line.clear();
-        match c.reader.read_line(&mut line) {
-            Ok(0) | Err(_) => return false,
-            Ok(_) => {}
-        }
-        if line == "END\r\n" || line.starts_with("ERROR") {
-            return true;
-        }
-        if let Some(p) = line.strip_prefix("STAT pid ") {
-            return p.trim() == pid.to_string();
-        }
-    }
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum End {
     Fence,
@@ -1370,42 +1278,9 @@ fn read_reply(client: &mut Client, cas: &mut Cas, key: Option<&[u8]>) -> Reply {
     }
 }
 
-fn show(bytes: &[u8]) -> String {
-    const MAX: usize = 600;
-    let mut s = String::new();
-    let emit = |b: u8, s: &mut String| match b {
-        b'\r' => s.push_str("\\r"),
-        b'\n' => s.push_str("\\n"),
-        b'\\' => s.push_str("\\\\"),
-        0x20..=0x7e => s.push(b as char),
-        _ => {
-            let _ = write!(s, "\\x{b:02x}");
-        }
-    };
-    if bytes.len() <= MAX {
-        bytes.iter().for_each(|&b| emit(b, &mut s));
-    } else {
-        bytes[..MAX / 2].iter().for_each(|&b| emit(b, &mut s));
-        let _ = write!(s, "…<{} bytes>…", bytes.len() - MAX);
-        bytes[bytes.len() - MAX / 2..]
-            .iter()
-            .for_each(|&b| emit(b, &mut s));
-    }
-    format!("\"{s}\"")
-}
-
 // ---------------------------------------------------------------------------------------
 // Running.
 // ---------------------------------------------------------------------------------------
-
-#[derive(Default)]
-struct Totals {
-    sequences: usize,
-    commands: usize,
-    batches: usize,
-    avoided: Vec<usize>,
-    mismatches: Vec<String>,
-}
 
 struct Run {
     reference: Side,

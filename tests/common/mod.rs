@@ -2,6 +2,7 @@
 //! talk to it over sockets, and stop it when the handle drops.
 #![allow(dead_code)]
 
+pub mod diff;
 pub mod repl;
 
 use std::io::{self, BufRead, BufReader, Read, Write};

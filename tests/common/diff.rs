@@ -1,0 +1,148 @@
+//! Shared by the randomized differential tests (`differential.rs`, `meta_differential.rs`):
+//! which server is compared with memcached, starting it, and printing protocol bytes.
+
+use super::{memcached_path, Client, Kind, Server, TIMEOUT};
+use std::fmt::Write as _;
+use std::io::BufRead;
+use std::net::{Ipv4Addr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// What the compared-against side is.
+pub fn target() -> (Kind, PathBuf, &'static str) {
+    if let Some(p) = std::env::var_os("KVCACHED_DIFF_TARGET") {
+        (Kind::Memcached, PathBuf::from(p), "target")
+    } else if std::env::var_os("KVCACHED_DIFF_SELF").is_some_and(|v| v != "0") {
+        (Kind::Memcached, memcached_path(), "memcached (self)")
+    } else {
+        (
+            Kind::Kvcached,
+            PathBuf::from(env!("CARGO_BIN_EXE_kvcached")),
+            "kvcached",
+        )
+    }
+}
+
+/// Start `program` on a free loopback port; its stderr goes to a file (a `verbosity`
+/// command can make a server log every request, which must never block it).
+pub fn spawn(kind: Kind, program: &Path, args: &[&str]) -> Server {
+    assert!(
+        program.exists(),
+        "{} not found: run scripts/install-deps.sh",
+        program.display()
+    );
+    let mut last_err = String::new();
+    for _ in 0..5 {
+        let port = super::free_port();
+        let log = std::env::temp_dir().join(format!(
+            "kvcached-differential-{}-{port}.log",
+            std::process::id()
+        ));
+        let stderr = std::fs::File::create(&log).expect("create server log");
+        let mut cmd = Command::new(program);
+        cmd.arg("-l")
+            .arg("127.0.0.1")
+            .arg("-p")
+            .arg(port.to_string());
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            cmd.arg("-u").arg("root");
+        }
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr);
+        let mut child = cmd.spawn().expect("spawn server");
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            if let Ok(stream) = TcpStream::connect((Ipv4Addr::LOCALHOST, port)) {
+                // Two servers started at once can be handed the same free port; make sure
+                // the one answering is ours (its `stats` pid), else try another port.
+                if answers_as(stream, child.id()) {
+                    let _ = std::fs::remove_file(&log);
+                    return Server {
+                        kind,
+                        port,
+                        child,
+                        socket: None,
+                    };
+                }
+                let _ = child.kill();
+                let _ = child.wait();
+                last_err = "another process answered on its port".into();
+                break;
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                let err = std::fs::read_to_string(&log).unwrap_or_default();
+                last_err = format!("exited with {status}: {err}");
+                break;
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                last_err = "timed out waiting for the port".into();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let _ = std::fs::remove_file(&log);
+    }
+    panic!("{} did not start: {last_err}", program.display());
+}
+
+/// Whether the server on `stream` reports process id `pid` (or reports none).
+fn answers_as(stream: TcpStream, pid: u32) -> bool {
+    let mut c = Client::new(stream);
+    c.send(b"stats\r\n");
+    let mut line = String::new();
+    loop {
+        line.clear();
+        match c.reader.read_line(&mut line) {
+            Ok(0) | Err(_) => return false,
+            Ok(_) => {}
+        }
+        if line == "END\r\n" || line.starts_with("ERROR") {
+            return true;
+        }
+        if let Some(p) = line.strip_prefix("STAT pid ") {
+            return p.trim() == pid.to_string();
+        }
+    }
+}
+
+/// Printable form of protocol bytes, shortened in the middle when long.
+pub fn show(bytes: &[u8]) -> String {
+    const MAX: usize = 600;
+    let mut s = String::new();
+    let emit = |b: u8, s: &mut String| match b {
+        b'\r' => s.push_str("\\r"),
+        b'\n' => s.push_str("\\n"),
+        b'\\' => s.push_str("\\\\"),
+        0x20..=0x7e => s.push(b as char),
+        _ => {
+            let _ = write!(s, "\\x{b:02x}");
+        }
+    };
+    if bytes.len() <= MAX {
+        bytes.iter().for_each(|&b| emit(b, &mut s));
+    } else {
+        bytes[..MAX / 2].iter().for_each(|&b| emit(b, &mut s));
+        let _ = write!(s, "…<{} bytes>…", bytes.len() - MAX);
+        bytes[bytes.len() - MAX / 2..]
+            .iter()
+            .for_each(|&b| emit(b, &mut s));
+    }
+    format!("\"{s}\"")
+}
+
+/// What a run counted.
+#[derive(Default)]
+pub struct Totals {
+    pub sequences: usize,
+    pub commands: usize,
+    pub batches: usize,
+    /// Per expected difference: generated requests skipped.
+    pub avoided: Vec<usize>,
+    pub mismatches: Vec<String>,
+}
