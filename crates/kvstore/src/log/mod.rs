@@ -136,6 +136,7 @@ use crate::{
 };
 use format::{Rec, Spec, HDR_MAX, KIND_ITEM, KIND_TOMBSTONE, META_BINARY_KEY, META_STALE, SEG_HDR};
 use index::{Index, Insert, IDENT_MASK};
+use repl::EvictionNotes;
 
 /// Largest segment (offsets must fit the slot's offset field).
 const MAX_SEG_SIZE: usize = 1 << 20;
@@ -1326,18 +1327,8 @@ impl LogEngine {
                 }
                 if let Insert::Victim(slot) = ins {
                     // The chain is full: this slot's item is evicted to make room.
-                    let victim = slot.load(Ordering::Acquire);
-                    // SAFETY: `victim` is still in its slot of the chain whose stripe
-                    // lock we hold; its length is read before the slot is overwritten.
-                    let vlen = unsafe { self.rec(victim) }.map_or(0, |r| {
-                        self.note_eviction(r.key, r.cas);
-                        r.len
-                    });
                     self.index.set_atime(slot, now);
-                    slot.store(new_v, Ordering::Release);
-                    self.account_remove(victim, vlen);
-                    self.st.0.evictions.fetch_add(1, Ordering::Relaxed);
-                    self.st.0.evicted_index.fetch_add(1, Ordering::Relaxed);
+                    self.evict_index_slot(slot, slot.load(Ordering::Acquire), new_v);
                 }
             }
         }
@@ -1401,7 +1392,7 @@ impl LogEngine {
                             l,
                             // SAFETY: we hold the chain's stripe lock and `v` is in its slot.
                             |v| unsafe { self.rec(v) }.map(|r| self.hash(r.key)),
-                            |slot, x| self.evict_marker(slot, x),
+                            |slot, x| self.evict_index_slot(slot, x, 0),
                         );
                         split.push(b);
                     }
@@ -1508,16 +1499,18 @@ impl LogEngine {
         spare
     }
 
-    /// A split found no room for a moved item: evict it (its slot is a marker holding
-    /// `x`; we hold its stripe lock).
-    fn evict_marker(&self, slot: &AtomicU64, x: u64) {
-        // SAFETY: the slot still holds `x` under our stripe lock, so its record is live.
-        let len = unsafe { self.rec(x) }.map_or(0, |r| {
+    /// Evict the item `v` of `slot` because the index has no room for it (a full chain,
+    /// or a split's new bucket), putting `replacement` (a new item, or 0) in the slot.
+    /// The caller holds the slot's stripe lock and `slot` still holds `v` (as an item or
+    /// as a marker), so its record is live.
+    fn evict_index_slot(&self, slot: &AtomicU64, v: u64, replacement: u64) {
+        // SAFETY: per the contract; the length is read before the slot is overwritten.
+        let len = unsafe { self.rec(v) }.map_or(0, |r| {
             self.note_eviction(r.key, r.cas);
             r.len
         });
-        slot.store(0, Ordering::Release);
-        self.account_remove(x, len);
+        slot.store(replacement, Ordering::Release);
+        self.account_remove(v, len);
         self.st.0.evictions.fetch_add(1, Ordering::Relaxed);
         self.st.0.evicted_index.fetch_add(1, Ordering::Relaxed);
     }
@@ -2065,13 +2058,13 @@ impl LogEngine {
 
     /// Decide the fate of one live slot `v` of a segment being evicted: count it and
     /// return whether to give it a second chance.
-    fn evict_item(&self, r: &Rec<'_>, v: u64, now: Time) -> bool {
+    fn evict_item(&self, r: &Rec<'_>, v: u64, now: Time, notes: &mut EvictionNotes) -> bool {
         match self.vis(r, now) {
             Vis::Live => {
                 if index::freq(v) > 0 {
                     return true;
                 }
-                self.note_eviction(r.key, r.cas);
+                self.note_eviction_in(notes, r.key, r.cas);
                 self.st.0.evictions.fetch_add(1, Ordering::Relaxed);
                 if !index::fetched(v) {
                     self.st.0.evicted_unfetched.fetch_add(1, Ordering::Relaxed);
@@ -2102,6 +2095,8 @@ impl LogEngine {
         // SAFETY: the segment is sealed and owned by the evictor until it is freed below
         // our caller: nobody appends to it and it stays mapped.
         let base = unsafe { format::seg_cas_base(ptr.as_ptr()) };
+        // Evictions are noted for replicas once per segment, not under each stripe lock.
+        let mut notes = EvictionNotes::default();
         let mut off = SEG_HDR;
         while off < used {
             // SAFETY: as above; `used` is the published length.
@@ -2120,7 +2115,7 @@ impl LogEngine {
             }) else {
                 continue;
             };
-            if self.evict_item(&r, v, now) {
+            if self.evict_item(&r, v, now, &mut notes) {
                 let copied = self.copy_forward(&mut lock(&self.evictor), &r, v);
                 if let Some(new_v) = copied {
                     self.relocate(slot, new_v);
@@ -2128,12 +2123,13 @@ impl LogEngine {
                     self.st.0.copied_forward.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
-                self.note_eviction(r.key, r.cas);
+                self.note_eviction_in(&mut notes, r.key, r.cas);
                 self.st.0.evictions.fetch_add(1, Ordering::Relaxed);
             }
             slot.store(0, Ordering::Release);
             self.account_remove(v, r.len);
         }
+        self.note_evictions(notes);
     }
 
     /// Copy a second-chance item into the evictor's segment; its new slot value (access
@@ -2218,7 +2214,10 @@ impl LogEngine {
         }) else {
             return false;
         };
-        if self.evict_item(&r, v, now) {
+        let mut notes = EvictionNotes::default();
+        let again = self.evict_item(&r, v, now, &mut notes);
+        self.note_evictions(notes);
+        if again {
             let f = index::freq(v) - 1;
             let nv = index::pack(index::slot_tag(v), id, SEG_HDR as u32, f, index::fetched(v))
                 | (v & index::WIN);

@@ -84,7 +84,7 @@ pub(super) struct ReplFlags {
     checkpoints: std::sync::Mutex<std::collections::VecDeque<Checkpoint>>,
     /// Items evicted since replicas attached, (key, CAS), waiting to be logged as
     /// tombstones (eviction runs under locks a log append cannot take).
-    evicted: std::sync::Mutex<Vec<(Box<[u8]>, u64)>>,
+    evicted: std::sync::Mutex<EvictionNotes>,
 }
 
 /// Evictions waiting to be logged at most; beyond, replicas keep those items (counted).
@@ -960,6 +960,9 @@ fn read_frame(r: &mut dyn std::io::Read) -> Result<Option<Vec<u8>>, ReplError> {
     Ok(Some(buf))
 }
 
+/// Evicted items (key, CAS) waiting to be logged as tombstones for replicas.
+pub(super) type EvictionNotes = Vec<(Box<[u8]>, u64)>;
+
 /// File magic and version of a snapshot (`dump`).
 const DUMP_MAGIC: [u8; 8] = *b"KVSNAP\x00\x01";
 /// Largest frame `restore` accepts (a batch holds at most one record over its budget).
@@ -1222,13 +1225,27 @@ impl LogEngine {
     /// (see `repl_log_evictions`): the master decides evictions, and its replicas drop the
     /// same items instead of keeping what it no longer has. Called under eviction's locks.
     pub(super) fn note_eviction(&self, key: &[u8], cas: u64) {
-        if !self.repl.active.load(Ordering::Relaxed) {
+        let mut one = EvictionNotes::default();
+        self.note_eviction_in(&mut one, key, cas);
+        self.note_evictions(one);
+    }
+
+    /// [`LogEngine::note_eviction`] into a local batch, for [`LogEngine::note_evictions`]
+    /// to hand over at once (eviction notes a whole segment's items).
+    pub(super) fn note_eviction_in(&self, notes: &mut EvictionNotes, key: &[u8], cas: u64) {
+        if self.repl.active.load(Ordering::Relaxed) && notes.len() < MAX_PENDING_EVICTIONS {
+            notes.push((key.into(), cas));
+        }
+    }
+
+    /// Hand a batch of noted evictions to the replication log (one lock for the batch).
+    pub(super) fn note_evictions(&self, notes: EvictionNotes) {
+        if notes.is_empty() {
             return;
         }
         let mut q = lock(&self.repl.evicted);
-        if q.len() < MAX_PENDING_EVICTIONS {
-            q.push((key.into(), cas));
-        }
+        let room = MAX_PENDING_EVICTIONS.saturating_sub(q.len());
+        q.extend(notes.into_iter().take(room));
     }
 
     /// Log the evictions noted since the last call as tombstones that remove exactly the
