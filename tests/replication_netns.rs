@@ -33,6 +33,7 @@
 
 mod common;
 
+use common::netns::{in_netns, must, run};
 use common::repl::{dump, fill, poll_until, repl_num, repl_stat, show, ttl, wait_stat, Dump, SYNC};
 use common::{Client, TIMEOUT};
 use std::collections::{BTreeSet, VecDeque};
@@ -90,49 +91,6 @@ struct Net {
     ip: [String; 2],
     servers: [Option<NsServer>; 2],
     relay: Option<Relay>,
-}
-
-/// Run `program args`, returning its stdout, or its stderr (or spawn error) on failure.
-fn run(program: &str, args: &[&str]) -> Result<String, String> {
-    let out = Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("cannot run {program}: {e}"))?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    } else {
-        Err(format!(
-            "`{program} {}` failed ({}): {}",
-            args.join(" "),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
-/// Like [`run`], failing the test on error.
-fn must(program: &str, args: &[&str]) -> String {
-    run(program, args).unwrap_or_else(|e| panic!("{e}"))
-}
-
-/// Run `f` on a thread that first enters network namespace `ns`: sockets (and TUN devices)
-/// it creates belong to that namespace, whichever thread uses them afterwards.
-fn in_netns<T: Send + 'static>(
-    ns: &str,
-    f: impl FnOnce() -> io::Result<T> + Send + 'static,
-) -> io::Result<T> {
-    let path = format!("/var/run/netns/{ns}");
-    std::thread::spawn(move || {
-        let handle = File::open(&path)?;
-        // SAFETY: setns(2) on an fd we own; it affects only this (short-lived) thread.
-        if unsafe { libc::setns(handle.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        f()
-    })
-    .join()
-    .expect("the thread in the namespace panicked")
 }
 
 impl Net {

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod diff;
+pub mod netns;
 pub mod repl;
 
 use std::io::{self, BufRead, BufReader, Read, Write};

@@ -24,11 +24,14 @@
 //! the processes and deletes the namespaces even when a test fails (and then prints the tail
 //! of each process's log).
 
+#[path = "../../../tests/common/netns.rs"]
+mod netns;
+
+use netns::{in_netns, must, run};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -51,49 +54,6 @@ const A2: usize = 3;
 const ROLES: [&str; 4] = ["server", "controller", "agent1", "agent2"];
 /// Each namespace's letter in names.
 const TAG: [&str; 4] = ["s", "c", "1", "2"];
-
-/// Run `program args`, returning its stdout, or its stderr (or spawn error) on failure.
-fn run(program: &str, args: &[&str]) -> Result<String, String> {
-    let out = Command::new(program)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("cannot run {program}: {e}"))?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    } else {
-        Err(format!(
-            "`{program} {}` failed ({}): {}",
-            args.join(" "),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
-}
-
-/// Like [`run`], failing the test on error.
-fn must(program: &str, args: &[&str]) -> String {
-    run(program, args).unwrap_or_else(|e| panic!("{e}"))
-}
-
-/// Run `f` on a thread that first enters network namespace `ns`: sockets it creates belong to
-/// that namespace.
-fn in_netns<T: Send + 'static>(
-    ns: &str,
-    f: impl FnOnce() -> io::Result<T> + Send + 'static,
-) -> io::Result<T> {
-    let path = format!("/var/run/netns/{ns}");
-    std::thread::spawn(move || {
-        let handle = File::open(&path)?;
-        // SAFETY: setns(2) on an fd we own; it affects only this (short-lived) thread.
-        if unsafe { libc::setns(handle.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        f()
-    })
-    .join()
-    .expect("the thread in the namespace panicked")
-}
 
 /// A process running in one of the namespaces, with its stderr in a log file.
 struct NsProc {
