@@ -82,12 +82,7 @@ fn start(kind: Kind, args: &[&str], envs: &[(&str, OsString)]) -> Server {
         // A server that lost the port to another one exits: check it is still there.
         std::thread::sleep(Duration::from_millis(30));
         if up && matches!(child.try_wait(), Ok(None)) {
-            return Server {
-                kind,
-                port,
-                child,
-                socket: None,
-            };
+            return Server::new(kind, port, child, None);
         }
         let _ = child.kill();
         let _ = child.wait();

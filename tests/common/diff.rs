@@ -61,12 +61,7 @@ pub fn spawn(kind: Kind, program: &Path, args: &[&str]) -> Server {
                 // the one answering is ours (its `stats` pid), else try another port.
                 if answers_as(stream, child.id()) {
                     let _ = std::fs::remove_file(&log);
-                    return Server {
-                        kind,
-                        port,
-                        child,
-                        socket: None,
-                    };
+                    return Server::new(kind, port, child, None);
                 }
                 let _ = child.kill();
                 let _ = child.wait();

@@ -29,7 +29,13 @@ pub struct Server {
     pub child: Child,
     /// The unix socket path, when the server listens on one.
     pub socket: Option<PathBuf>,
+    /// Drains the server's stderr so that a chatty server never blocks on a full pipe
+    /// (memcached writes accept errors there during a connection storm).
+    log: Option<std::thread::JoinHandle<String>>,
 }
+
+/// Keep at most this much of a server's stderr (the tail).
+const LOG_KEEP: usize = 1 << 20;
 
 /// A TCP port on 127.0.0.1 that was free a moment ago.
 pub fn free_port() -> u16 {
@@ -55,6 +61,35 @@ extern "C" {
 }
 
 impl Server {
+    /// Wrap a started server: from now on its stderr is read on a thread until it exits.
+    pub fn new(kind: Kind, port: u16, mut child: Child, socket: Option<PathBuf>) -> Server {
+        let log = child.stderr.take().map(|mut e| {
+            std::thread::spawn(move || {
+                let mut kept: Vec<u8> = Vec::new();
+                let mut buf = [0u8; 8192];
+                loop {
+                    match e.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            kept.extend_from_slice(&buf[..n]);
+                            if kept.len() > 2 * LOG_KEEP {
+                                kept.drain(..kept.len() - LOG_KEEP);
+                            }
+                        }
+                    }
+                }
+                String::from_utf8_lossy(&kept).into_owned()
+            })
+        });
+        Server {
+            kind,
+            port,
+            child,
+            socket,
+            log,
+        }
+    }
+
     /// Start kvcached on a free loopback port with these extra arguments.
     pub fn kvcached(args: &[&str]) -> Server {
         Server::start(Kind::Kvcached, args)
@@ -94,14 +129,7 @@ impl Server {
                 .stderr(Stdio::piped());
             let mut child = cmd.spawn().expect("spawn server");
             match wait_listening(&mut child, port) {
-                Ok(()) => {
-                    return Server {
-                        kind,
-                        port,
-                        child,
-                        socket: None,
-                    }
-                }
+                Ok(()) => return Server::new(kind, port, child, None),
                 Err(e) => {
                     let _ = child.kill();
                     let _ = child.wait();
@@ -143,12 +171,7 @@ impl Server {
             );
             std::thread::sleep(Duration::from_millis(5));
         }
-        Server {
-            kind,
-            port: 0,
-            child,
-            socket: Some(path.to_path_buf()),
-        }
+        Server::new(kind, 0, child, Some(path.to_path_buf()))
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -177,13 +200,13 @@ impl Server {
         None
     }
 
-    /// Whatever the server wrote to stderr (reads until EOF: call after it exited).
+    /// Whatever the server wrote to stderr, up to its last MiB (waits for EOF: call after
+    /// it exited).
     pub fn stderr(&mut self) -> String {
-        let mut s = String::new();
-        if let Some(mut e) = self.child.stderr.take() {
-            let _ = e.read_to_string(&mut s);
-        }
-        s
+        self.log
+            .take()
+            .and_then(|h| h.join().ok())
+            .unwrap_or_default()
     }
 }
 
