@@ -911,10 +911,11 @@ impl Builder {
                 )?;
                 self.ignored(sp);
             }
-            "lru_crawler_tocrawl"
-            | "watcher_logbuf_size"
-            | "worker_logbuf_size"
-            | "read_buf_mem_limit" => {
+            "read_buf_mem_limit" => {
+                let mb = int::<u32>(sp, &need(val)?, "a whole number of megabytes")?;
+                self.cfg.read_buf_mem_limit = (mb as usize).saturating_mul(1 << 20);
+            }
+            "lru_crawler_tocrawl" | "watcher_logbuf_size" | "worker_logbuf_size" => {
                 int::<u32>(sp, &need(val)?, "a whole number")?;
                 self.ignored(sp);
             }
@@ -1271,6 +1272,10 @@ Extended options: -o, --extended=OPT[,OPT=VALUE...]
   idle_timeout=SECONDS        close connections idle this long; 0 never (default 0)
   maxconns_fast               over -c, answer a new connection with an error and close
                               it (default); no_maxconns_fast leaves it queued instead
+  read_buf_mem_limit=MB       memory all connections' read and reply buffers may hold
+                              together; 0 no limit (default 0). Over it a connection that
+                              needs more is closed (read_buf_oom, response_obj_oom) and a
+                              get answers SERVER_ERROR out of memory writing get response
   engine=log|hashmap          the item store: the segmented log (default) or the
                               interim sharded hash map
   debug_clock                 TESTS ONLY: enable the debugtime command, which moves the
@@ -1283,8 +1288,7 @@ Accepted for compatibility and ignored (logged at startup):
   slab_automove_ratio, slab_automove_window, slab_automove_freeratio, slab_chunk_max,
   slab_sizes, no_chunked_items, lru_crawler, lru_crawler_sleep, lru_crawler_tocrawl,
   lru_maintainer, hot_lru_pct, warm_lru_pct, hot_max_factor, warm_max_factor,
-  temporary_ttl, watcher_logbuf_size, worker_logbuf_size, read_buf_mem_limit,
-  resp_obj_mem_limit, track_sizes, inline_ascii_resp, modern, no_modern,
+  temporary_ttl, watcher_logbuf_size, worker_logbuf_size, resp_obj_mem_limit, track_sizes, inline_ascii_resp, modern, no_modern,
   drop_privileges, relaxed_privileges, sock_cookie_id, proxy_arg, proxy_uring,
   proxy_memprofile, ssl_* (TLS settings) and ext_* (extstore settings); most have a
   no_ form. Their values are still checked as memcached checks them.

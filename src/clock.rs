@@ -39,6 +39,11 @@ impl Clock {
         t.clamp(1, u32::MAX as i64) as Time
     }
 
+    /// Microseconds since start, for measuring spans (not shifted by `debugtime`).
+    pub fn micros(&self) -> u64 {
+        self.started.elapsed().as_micros() as u64
+    }
+
     /// Seconds since start (memcached's `uptime`).
     pub fn uptime(&self) -> u64 {
         (self.now() as i64 - self.started_unix).max(0) as u64

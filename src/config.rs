@@ -128,6 +128,9 @@ pub struct Config {
     pub maxconns_fast: bool,
     /// Close connections idle for this long (`-o idle_timeout=SECONDS`; 0 or absent: never).
     pub idle_timeout: Option<Duration>,
+    /// Bytes all connections' buffers may hold together (memcached's
+    /// `-o read_buf_mem_limit`, given in megabytes); 0: no limit.
+    pub read_buf_mem_limit: usize,
     /// Run in the background (`-d`).
     pub daemonize: bool,
     /// Write the process id here (`-P`).
@@ -194,6 +197,7 @@ impl Default for Config {
             watch_enabled: true,
             maxconns_fast: true,
             idle_timeout: None,
+            read_buf_mem_limit: 0,
             daemonize: false,
             pid_file: None,
             user: None,

@@ -1,6 +1,18 @@
 //! One client connection: its socket, its partial input, its pending output, and the loop
 //! that reads requests, executes them and writes replies.
 //!
+//! A connection's life ends in exactly one of these ways, and each costs nothing afterwards:
+//! - The peer finishes sending (FIN): every whole request already received is executed, the
+//!   replies owed are written, then the connection closes (an unfinished request is
+//!   dropped). EOF is read even when it arrived in the same readiness event as the last
+//!   request: a hang-up reported with the event disables the "short read means drained"
+//!   shortcut, so the read that returns 0 is always made.
+//! - The peer resets the connection, or a read or write fails: it closes at once.
+//! - A request asks to close (`quit`, a fatal protocol error): pending replies are written
+//!   first (`close_after_write`), except where memcached drops them (`Step::Close`).
+//! - The worker closes it: idle too long (`-o idle_timeout`), out of buffer memory
+//!   (`-o read_buf_mem_limit`), or at shutdown.
+//!
 //! Memory per connection is bounded and mostly zero while idle:
 //! - Input is read into the worker's shared scratch buffer; only the bytes of an unfinished
 //!   request are copied into the connection's own buffer, which is capped at the largest
@@ -13,7 +25,6 @@
 use std::io::{self, Read, Write};
 use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
 
 use kvproto::binary as bin;
 use kvproto::text::{self as proto, Parse};
@@ -32,6 +43,9 @@ const KEEP_CAPACITY: usize = 64 * 1024;
 
 /// An idle connection keeps an output buffer up to this size (small replies), no more.
 const IDLE_KEEP: usize = 4 * 1024;
+
+/// The first growth step of a connection's own input buffer (an unfinished request).
+const INPUT_STEP: usize = 2 * 1024;
 
 /// The socket of a connection.
 pub enum Stream {
@@ -74,13 +88,64 @@ pub struct ConnInfo {
     pub addr: String,
     /// The listening socket it came in on.
     pub listen_addr: String,
-    /// Unix time of the last command.
+    /// Server time (unix seconds) of the last command, or of the accept.
     pub last_cmd: AtomicU32,
-    pub state: AtomicU8,
+    /// A [`ConnState`], written by the owning worker.
+    state: AtomicU8,
 }
 
-pub const STATE_READ: u8 = 0;
-pub const STATE_WRITE: u8 = 1;
+/// The states `stats conns` shows, with memcached 1.6's names for the same situations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ConnState {
+    /// Waiting for a new command, nothing buffered (`conn_new_cmd`).
+    NewCmd = 0,
+    /// Part of a command line has arrived (`conn_read`).
+    Read = 1,
+    /// A command line has arrived and its data block is still coming (`conn_nread`).
+    NRead = 2,
+    /// Discarding the data block of a refused store (`conn_swallow`).
+    Swallow = 3,
+    /// Executing requests (`conn_parse_cmd`): the connection that asks `stats conns` sees
+    /// itself in this state.
+    ParseCmd = 4,
+    /// Replies are waiting for the client to read (`conn_mwrite`).
+    MWrite = 5,
+    /// Closing once its last replies are written (`conn_closing`).
+    Closing = 6,
+}
+
+impl ConnState {
+    fn from_u8(v: u8) -> ConnState {
+        match v {
+            1 => ConnState::Read,
+            2 => ConnState::NRead,
+            3 => ConnState::Swallow,
+            4 => ConnState::ParseCmd,
+            5 => ConnState::MWrite,
+            6 => ConnState::Closing,
+            _ => ConnState::NewCmd,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ConnState::NewCmd => "conn_new_cmd",
+            ConnState::Read => "conn_read",
+            ConnState::NRead => "conn_nread",
+            ConnState::Swallow => "conn_swallow",
+            ConnState::ParseCmd => "conn_parse_cmd",
+            ConnState::MWrite => "conn_mwrite",
+            ConnState::Closing => "conn_closing",
+        }
+    }
+
+    /// Whether `-o idle_timeout` may close a connection in this state: memcached kicks only
+    /// connections waiting for (the rest of) a command line.
+    pub fn kickable(self) -> bool {
+        matches!(self, ConnState::NewCmd | ConnState::Read)
+    }
+}
 
 impl ConnInfo {
     pub fn new(addr: String, listen_addr: String) -> ConnInfo {
@@ -88,15 +153,16 @@ impl ConnInfo {
             addr,
             listen_addr,
             last_cmd: AtomicU32::new(0),
-            state: AtomicU8::new(STATE_READ),
+            state: AtomicU8::new(ConnState::NewCmd as u8),
         }
     }
 
-    pub fn state_name(&self) -> &'static str {
-        match self.state.load(Ordering::Relaxed) {
-            STATE_WRITE => "conn_mwrite",
-            _ => "conn_parse_cmd",
-        }
+    pub fn state(&self) -> ConnState {
+        ConnState::from_u8(self.state.load(Ordering::Relaxed))
+    }
+
+    fn set_state(&self, state: ConnState) {
+        self.state.store(state as u8, Ordering::Relaxed);
     }
 }
 
@@ -185,10 +251,37 @@ pub struct Conn {
     input: Vec<u8>,
     input_pos: usize,
     pub session: Session,
-    pub last_active: Instant,
     /// Whether the socket is registered for writability: only while output is blocked, so
     /// that a connection whose replies fit the socket buffer never wakes the worker twice.
     pub write_interest: bool,
+    /// The poller reported a hang-up or an error with a readiness event: read until EOF or
+    /// EAGAIN, never stopping at a short read (the edge that announced EOF is spent).
+    pub hangup: bool,
+    /// The peer has finished sending (a read returned 0).
+    eof: bool,
+    /// Bytes of buffer memory this connection held when the worker last accounted for it.
+    pub accounted: usize,
+    /// What the worker's buffer gauges (`stats`) last counted for this connection.
+    pub gauged: crate::stats::Gauged,
+}
+
+/// The share of `-o read_buf_mem_limit` a worker's connections may hold, and what the
+/// worker's other connections hold now: the limit a connection checks before it grows a
+/// buffer or starts a reply.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BufferLimit {
+    /// Bytes for all of the worker's connection buffers; 0: no limit.
+    pub limit: usize,
+    /// Bytes held by the worker's other connections.
+    pub others: usize,
+}
+
+impl BufferLimit {
+    /// Whether a connection may hold `mine` bytes of buffers.
+    #[inline]
+    pub fn allows(&self, mine: usize) -> bool {
+        self.limit == 0 || self.others.saturating_add(mine) <= self.limit
+    }
 }
 
 /// Worker-owned context for driving connections.
@@ -197,12 +290,26 @@ pub struct Ctx<'a> {
     pub stats: &'a WorkerStats,
     /// The worker's read buffer, shared by all its connections.
     pub scratch: &'a mut Vec<u8>,
+    /// Server time (unix seconds), read once per turn of the worker's loop.
+    pub now: u32,
+    /// Buffer memory the connection being driven may hold.
+    pub buffers: BufferLimit,
 }
 
 /// Where the bytes being parsed live.
 enum Source {
     Scratch(usize),
     Input,
+}
+
+/// What one read from the socket gave.
+enum Received {
+    /// Bytes, where they are, and whether they filled all the room they were given.
+    Data(Source, bool),
+    /// The peer has finished sending.
+    Eof,
+    /// Nothing now.
+    WouldBlock,
 }
 
 impl Conn {
@@ -213,42 +320,65 @@ impl Conn {
             input: Vec::new(),
             input_pos: 0,
             session: Session::new(),
-            last_active: Instant::now(),
             write_interest: false,
+            hangup: false,
+            eof: false,
+            accounted: 0,
+            gauged: Default::default(),
         }
+    }
+
+    /// Bytes of buffer memory the connection holds now: its input and its output buffer.
+    pub fn buffer_split(&self) -> (usize, usize) {
+        (self.input.capacity(), self.session.out.capacity())
+    }
+
+    /// Bytes of unfinished input.
+    fn buffered(&self) -> usize {
+        self.input.len() - self.input_pos
     }
 
     /// Read, execute and write until the socket would block, the connection has used its
     /// share of requests, or it must close.
     pub fn drive(&mut self, ctx: &mut Ctx<'_>) -> Drive {
-        let mut budget = ctx.shared.config.reqs_per_event.max(1);
-        // A read that did not fill the buffer drained the socket: reading again would only
-        // return EAGAIN, and new data raises a new (edge-triggered) event anyway.
+        let reqs = ctx.shared.config.reqs_per_event.max(1);
+        let mut budget = reqs;
+        let drive = self.run(ctx, &mut budget);
+        if budget != reqs {
+            self.info.last_cmd.store(ctx.now, Ordering::Relaxed);
+        }
+        if drive != Drive::Close {
+            self.info.set_state(self.resting_state());
+        }
+        drive
+    }
+
+    fn run(&mut self, ctx: &mut Ctx<'_>, budget: &mut usize) -> Drive {
+        // A read that did not fill its buffer drained the socket: reading again would only
+        // return EAGAIN, and new data raises a new (edge-triggered) event anyway. Not so
+        // after a hang-up: the event that reported it will not come again.
         let mut drained = false;
         loop {
-            // 1. Write what is pending.
-            match self.flush(ctx.stats) {
-                Ok(()) => {}
-                Err(_) => return Drive::Close,
-            }
-            if self.session.close_after_write && self.session.pending() == 0 {
+            // 1. Write what is owed.
+            if self.flush(ctx.stats).is_err() {
                 return Drive::Close;
             }
-            if self.session.pending() >= OUTPUT_HIGH_WATER {
-                self.info.state.store(STATE_WRITE, Ordering::Relaxed);
-                return Drive::Wait;
-            }
-            self.info.state.store(STATE_READ, Ordering::Relaxed);
             if self.session.close_after_write {
-                // Output still pending but below the mark: wait for writability.
+                return if self.session.pending() == 0 {
+                    Drive::Close
+                } else {
+                    Drive::Wait
+                };
+            }
+            if self.session.pending() >= OUTPUT_HIGH_WATER {
                 return Drive::Wait;
             }
 
-            // 2. Execute requests already buffered.
-            if self.input_pos < self.input.len() {
+            // 2. Execute the whole requests already buffered.
+            if self.buffered() > 0 {
                 let data = std::mem::take(&mut self.input);
                 let start = self.input_pos;
-                let (consumed, step) = self.execute(ctx, &data[start..], &mut budget);
+                let (consumed, step) = self.execute(ctx, &data[start..], budget);
                 self.input = data;
                 self.input_pos += consumed;
                 if self.input_pos == self.input.len() {
@@ -263,53 +393,105 @@ impl Conn {
                     Step::Pause => continue,
                     Step::Next => {}
                 }
-                if budget == 0 {
+                if *budget == 0 {
                     ctx.stats.conn_yields.incr();
                     return Drive::Yield;
                 }
-                if self.session.pending() > 0 || self.session.close_after_write {
+                if consumed > 0 {
+                    // Progress: write the replies, then look again.
                     continue;
                 }
             }
 
-            // 3. Read more.
+            // 3. Nothing whole is buffered. After EOF nothing more will come: write what is
+            //    owed and close (an unfinished request is dropped, as memcached does).
+            if self.eof {
+                self.session.close_after_write = true;
+                continue;
+            }
+
+            // 4. Read more.
             if drained {
                 self.idle();
                 return Drive::Wait;
             }
             let source = match self.read(ctx) {
-                Ok(Some((s, full))) => {
-                    drained = !full;
-                    s
+                Ok(Received::Data(source, full)) => {
+                    drained = !full && !self.hangup;
+                    source
                 }
-                Ok(None) => {
+                Ok(Received::Eof) => {
+                    self.eof = true;
+                    continue;
+                }
+                Ok(Received::WouldBlock) => {
                     self.idle();
                     return Drive::Wait;
                 }
                 Err(_) => return Drive::Close,
             };
-            self.last_active = Instant::now();
-            self.info
-                .last_cmd
-                .store(ctx.shared.clock.now(), Ordering::Relaxed);
             if let Source::Scratch(n) = source {
                 // Execute straight from the worker's buffer; keep only what is unfinished.
                 let scratch = std::mem::take(ctx.scratch);
-                let (consumed, step) = self.execute(ctx, &scratch[..n], &mut budget);
-                if consumed < n {
-                    self.input.extend_from_slice(&scratch[consumed..n]);
-                    self.input_pos = 0;
-                }
+                let (consumed, step) = self.execute(ctx, &scratch[..n], budget);
+                let kept = if consumed < n && step != Step::Close {
+                    self.keep(ctx, &scratch[consumed..n])
+                } else {
+                    true
+                };
                 *ctx.scratch = scratch;
+                if !kept {
+                    return Drive::Close;
+                }
                 match step {
                     Step::Close => return Drive::Close,
                     Step::Pause | Step::Next => {}
                 }
-                if budget == 0 {
+                if *budget == 0 {
                     ctx.stats.conn_yields.incr();
                     return Drive::Yield;
                 }
             }
+        }
+    }
+
+    /// Copy the unfinished end of a read into the connection's own buffer, within the
+    /// buffer memory limit (false: over it; the connection must close, as memcached closes
+    /// one it cannot give a read buffer).
+    fn keep(&mut self, ctx: &Ctx<'_>, rest: &[u8]) -> bool {
+        if !ctx.buffers.allows(rest.len() + self.session.out.capacity()) {
+            ctx.stats.read_buf_oom.incr();
+            return false;
+        }
+        self.input.extend_from_slice(rest);
+        self.input_pos = 0;
+        true
+    }
+
+    /// The state `stats conns` shows while the connection waits for its socket.
+    fn resting_state(&self) -> ConnState {
+        if self.session.close_after_write || self.eof {
+            ConnState::Closing
+        } else if self.session.pending() > 0 {
+            ConnState::MWrite
+        } else if self.session.swallow > 0 {
+            ConnState::Swallow
+        } else if self.buffered() == 0 {
+            ConnState::NewCmd
+        } else if self.partial_has_command() {
+            ConnState::NRead
+        } else {
+            ConnState::Read
+        }
+    }
+
+    /// Whether the unfinished input holds a whole command line (or binary header) whose
+    /// data is still coming.
+    fn partial_has_command(&self) -> bool {
+        let rest = &self.input[self.input_pos..];
+        match self.session.protocol {
+            Some(Protocol::Binary) => rest.len() >= bin::HEADER_LEN,
+            _ => rest.contains(&b'\n'),
         }
     }
 
@@ -324,12 +506,12 @@ impl Conn {
     }
 
     /// Read from the socket into the scratch buffer (when no request is unfinished) or onto
-    /// the end of the unfinished input. `Ok(None)`: the socket would block; otherwise the
-    /// source and whether the read filled all the room it was given.
-    fn read(&mut self, ctx: &mut Ctx<'_>) -> io::Result<Option<(Source, bool)>> {
+    /// the end of the unfinished input, growing it within the request limit and the buffer
+    /// memory limit (an error closes the connection).
+    fn read(&mut self, ctx: &mut Ctx<'_>) -> io::Result<Received> {
         let limit = ctx.shared.max_request_len();
         loop {
-            let result = if self.input_pos == self.input.len() {
+            let result = if self.buffered() == 0 {
                 self.input.clear();
                 self.input_pos = 0;
                 let scratch: &mut Vec<u8> = ctx.scratch;
@@ -347,7 +529,15 @@ impl Conn {
                 if have >= limit {
                     return Err(io::Error::other("request exceeds the largest allowed"));
                 }
-                let want = (have + 16 * 1024).max(have * 2).min(limit);
+                // Small steps first: a dribbling client (slowloris) holds a few KiB, not a
+                // read-sized buffer; a large value still arrives in O(log n) reads.
+                let want = (have + INPUT_STEP).max(have * 2).min(limit);
+                if want > self.input.capacity()
+                    && !ctx.buffers.allows(want + self.session.out.capacity())
+                {
+                    ctx.stats.read_buf_oom.incr();
+                    return Err(io::Error::other("out of connection buffer memory"));
+                }
                 self.input.resize(want, 0);
                 let r = self.stream.read(&mut self.input[have..]);
                 let n = *r.as_ref().unwrap_or(&0);
@@ -355,16 +545,17 @@ impl Conn {
                 r.map(|n| (n, false, n == want - have))
             };
             match result {
-                Ok((0, _, _)) => return Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
-                Ok((n, true, full)) => {
+                Ok((0, _, _)) => return Ok(Received::Eof),
+                Ok((n, scratch, full)) => {
                     ctx.stats.bytes_read.add(n as u64);
-                    return Ok(Some((Source::Scratch(n), full)));
+                    let source = if scratch {
+                        Source::Scratch(n)
+                    } else {
+                        Source::Input
+                    };
+                    return Ok(Received::Data(source, full));
                 }
-                Ok((n, false, full)) => {
-                    ctx.stats.bytes_read.add(n as u64);
-                    return Ok(Some((Source::Input, full)));
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(Received::WouldBlock),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
             }
@@ -378,6 +569,7 @@ impl Conn {
         let shared = ctx.shared;
         let limits = shared.limits;
         let mut pos = 0;
+        self.info.set_state(ConnState::ParseCmd);
         while pos < data.len() {
             if self.session.swallow > 0 {
                 let n = self.session.swallow.min(data.len() - pos);
@@ -387,6 +579,11 @@ impl Conn {
             }
             if self.session.pending() >= OUTPUT_HIGH_WATER || *budget == 0 {
                 return (pos, Step::Next);
+            }
+            // memcached closes a connection it cannot give a response object.
+            if !ctx.buffers.allows(self.session.out.capacity()) {
+                ctx.stats.response_obj_oom.incr();
+                return (pos, Step::Close);
             }
             let rest = &data[pos..];
             let protocol = match self.session.protocol {

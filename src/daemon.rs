@@ -241,8 +241,10 @@ pub fn raise_fd_limit(max_conns: usize) -> Result<(), String> {
         return Ok(());
     }
     Err(format!(
-        "failed to raise the open-file limit to {needed} for -c {max_conns} (hard limit {}): \
-         start as root or ask for fewer connections",
+        "failed to set the open-file limit (RLIMIT_NOFILE) to {needed} for -c {max_conns} \
+         ({FD_RESERVE} kept for listeners and files; hard limit {}): start as root, raise \
+         the hard limit (ulimit -Hn, LimitNOFILE= in a unit file) or ask for fewer \
+         connections with -c",
         cur.rlim_max
     ))
 }

@@ -52,6 +52,11 @@ fn main() -> ExitCode {
     for note in &notes {
         eprintln!("kvcached: {note}");
     }
+    // Like memcached, refuse to start when -c cannot be honoured (EX_OSERR).
+    if let Err(e) = daemon::raise_fd_limit(config.max_connections) {
+        eprintln!("kvcached: {e}");
+        return ExitCode::from(71);
+    }
     match start(config) {
         Ok(()) => ExitCode::SUCCESS,
         Err(msg) => {
@@ -62,9 +67,6 @@ fn main() -> ExitCode {
 }
 
 fn start(config: config::Config) -> Result<(), String> {
-    if let Err(e) = daemon::raise_fd_limit(config.max_connections) {
-        eprintln!("kvcached: {e}");
-    }
     daemon::drop_privileges(config.user.as_deref())?;
     let listeners = server::bind_listeners(&config)?;
     if config.max_core_file {

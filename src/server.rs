@@ -94,6 +94,13 @@ pub struct Shared {
     pub curr_conns: AtomicUsize,
     pub total_conns: AtomicU64,
     pub rejected_conns: AtomicU64,
+    /// Whether the workers accept connections (memcached's `accepting_conns`).
+    accepting: AtomicBool,
+    /// Times accepting stopped (`listen_disabled_num`), when it last stopped (microseconds
+    /// on the server clock) and for how long in all (`time_in_listen_disabled_us`).
+    listen_disabled_num: AtomicU64,
+    listen_disabled_since_us: AtomicU64,
+    time_in_listen_disabled_us: AtomicU64,
     shutdown: AtomicBool,
     /// Sockets by file descriptor, for `stats conns`; written on accept and close only.
     registry: Mutex<BTreeMap<i32, (ConnKind, Arc<ConnInfo>)>>,
@@ -139,6 +146,46 @@ impl Shared {
     pub fn reset_connection_stats(&self) {
         self.total_conns.store(0, Ordering::Relaxed);
         self.rejected_conns.store(0, Ordering::Relaxed);
+        self.listen_disabled_num.store(0, Ordering::Relaxed);
+        self.time_in_listen_disabled_us.store(0, Ordering::Relaxed);
+    }
+
+    /// Whether the workers accept new connections now.
+    pub fn accepting(&self) -> bool {
+        self.accepting.load(Ordering::Acquire)
+    }
+
+    /// Accepting stops (false) or resumes (true); a stop counts in `listen_disabled_num`
+    /// and its length in `time_in_listen_disabled_us`. Only a change does anything, so
+    /// workers may report the same state at once.
+    pub fn set_accepting(&self, on: bool) {
+        if self.accepting.load(Ordering::Relaxed) == on
+            || self
+                .accepting
+                .compare_exchange(!on, on, Ordering::AcqRel, Ordering::Relaxed)
+                .is_err()
+        {
+            return;
+        }
+        let now = self.clock.micros();
+        if on {
+            let since = self.listen_disabled_since_us.load(Ordering::Acquire);
+            self.time_in_listen_disabled_us
+                .fetch_add(now.saturating_sub(since), Ordering::Relaxed);
+        } else {
+            self.listen_disabled_since_us.store(now, Ordering::Release);
+            self.listen_disabled_num.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// `listen_disabled_num` and `time_in_listen_disabled_us`, counting a stop in progress.
+    pub fn listen_disabled(&self) -> (u64, u64) {
+        let mut time = self.time_in_listen_disabled_us.load(Ordering::Relaxed);
+        if !self.accepting() {
+            let since = self.listen_disabled_since_us.load(Ordering::Acquire);
+            time += self.clock.micros().saturating_sub(since);
+        }
+        (self.listen_disabled_num.load(Ordering::Relaxed), time)
     }
 
     fn lock_registry(&self) -> std::sync::MutexGuard<'_, BTreeMap<i32, (ConnKind, Arc<ConnInfo>)>> {
@@ -261,17 +308,19 @@ pub fn run(config: Config, listeners: Vec<Listener>) -> Result<(), String> {
         curr_conns: AtomicUsize::new(0),
         total_conns: AtomicU64::new(0),
         rejected_conns: AtomicU64::new(0),
+        accepting: AtomicBool::new(true),
+        listen_disabled_num: AtomicU64::new(0),
+        listen_disabled_since_us: AtomicU64::new(0),
+        time_in_listen_disabled_us: AtomicU64::new(0),
         shutdown: AtomicBool::new(false),
         registry: Mutex::new(BTreeMap::new()),
         wakers: OnceLock::new(),
         config,
     });
     for l in &listeners {
-        shared.register(
-            l.fd(),
-            ConnKind::Listener,
-            Arc::new(ConnInfo::new(l.describe(), String::new())),
-        );
+        let info = Arc::new(ConnInfo::new(l.describe(), String::new()));
+        info.last_cmd.store(shared.clock.now(), Ordering::Relaxed);
+        shared.register(l.fd(), ConnKind::Listener, info);
         shared.log(1, || format!("listening on {}", l.describe()));
     }
 

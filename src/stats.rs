@@ -32,11 +32,12 @@ impl Counter {
 
 macro_rules! worker_counters {
     ($($name:ident),* $(,)?) => {
-        /// One worker's request counters.
+        /// One worker's request counters, and the gauges of its connections' buffers.
         #[derive(Default)]
         #[repr(align(128))]
         pub struct WorkerStats {
             $(pub $name: Counter,)*
+            pub buffers: BufferGauges,
         }
 
         /// Counters summed over workers.
@@ -85,7 +86,69 @@ worker_counters!(
     bytes_read,
     bytes_written,
     conn_yields,
+    idle_kicks,
+    read_buf_oom,
+    response_obj_oom,
 );
+
+/// A value written by one thread (set, not added) and read by any.
+#[derive(Default)]
+pub struct Gauge(AtomicU64);
+
+impl Gauge {
+    #[inline]
+    fn adjust(&self, old: usize, new: usize) {
+        let v = self.0.load(Ordering::Relaxed);
+        let v = v.wrapping_sub(old as u64).wrapping_add(new as u64);
+        self.0.store(v, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// What a connection's buffers were last counted as in its worker's [`BufferGauges`].
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Gauged {
+    input: usize,
+    output: usize,
+}
+
+/// A worker's connection buffers, for memcached's `read_buf_*` and `response_obj_*` stats:
+/// read buffers are the worker's scratch buffer and each connection's buffer of unfinished
+/// input; response buffers are each connection's output buffer.
+#[derive(Default)]
+pub struct BufferGauges {
+    pub read_buf_count: Gauge,
+    pub read_buf_bytes: Gauge,
+    pub response_obj_count: Gauge,
+    pub response_obj_bytes: Gauge,
+}
+
+impl BufferGauges {
+    /// Count the worker's scratch buffer (once, when the worker starts).
+    pub fn set_scratch(&self, bytes: usize) {
+        self.read_buf_count.adjust(0, 1);
+        self.read_buf_bytes.adjust(0, bytes);
+    }
+
+    /// A connection's buffers are now `input` and `output` bytes (0, 0 when it closes).
+    #[inline]
+    pub fn update(&self, was: &mut Gauged, input: usize, output: usize) {
+        let now = Gauged { input, output };
+        if now == *was {
+            return;
+        }
+        self.read_buf_count
+            .adjust(usize::from(was.input > 0), usize::from(input > 0));
+        self.read_buf_bytes.adjust(was.input, input);
+        self.response_obj_count
+            .adjust(usize::from(was.output > 0), usize::from(output > 0));
+        self.response_obj_bytes.adjust(was.output, output);
+        *was = now;
+    }
+}
 
 impl WorkerStats {
     /// Count one key of a get (`cmd_get`, `get_hits`/`get_misses`) or of a get-and-touch
@@ -111,7 +174,29 @@ pub struct ServerStats {
     baseline: Mutex<Totals>,
 }
 
+/// The buffer gauges summed over workers.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct BufferTotals {
+    pub read_buf_count: u64,
+    pub read_buf_bytes: u64,
+    pub response_obj_count: u64,
+    pub response_obj_bytes: u64,
+}
+
 impl ServerStats {
+    /// The workers' connection buffers now (gauges: `stats reset` leaves them).
+    pub fn buffers(&self) -> BufferTotals {
+        let mut t = BufferTotals::default();
+        for w in &self.workers {
+            let b = &w.buffers;
+            t.read_buf_count += b.read_buf_count.get();
+            t.read_buf_bytes += b.read_buf_bytes.get();
+            t.response_obj_count += b.response_obj_count.get();
+            t.response_obj_bytes += b.response_obj_bytes.get();
+        }
+        t
+    }
+
     pub fn new(workers: Vec<std::sync::Arc<WorkerStats>>) -> ServerStats {
         ServerStats {
             workers,

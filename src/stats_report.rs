@@ -142,16 +142,27 @@ fn general(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
         "total_connections",
         shared.total_conns.load(Ordering::Relaxed),
     );
-    emit(
-        sink,
-        "rejected_connections",
-        shared.rejected_conns.load(Ordering::Relaxed),
-    );
+    if c.maxconns_fast {
+        emit(
+            sink,
+            "rejected_connections",
+            shared.rejected_conns.load(Ordering::Relaxed),
+        );
+    }
     emit(
         sink,
         "connection_structures",
         shared.curr_conns.load(Ordering::Relaxed),
     );
+    let b = shared.stats.buffers();
+    emit(sink, "response_obj_oom", t.response_obj_oom);
+    emit(sink, "response_obj_count", b.response_obj_count);
+    emit(sink, "response_obj_bytes", b.response_obj_bytes);
+    emit(sink, "read_buf_count", b.read_buf_count);
+    emit(sink, "read_buf_bytes", b.read_buf_bytes);
+    // Buffers are returned to the allocator when empty: none is kept free.
+    emit(sink, "read_buf_bytes_free", 0);
+    emit(sink, "read_buf_oom", t.read_buf_oom);
     emit(sink, "cmd_get", t.cmd_get);
     emit(sink, "cmd_set", t.cmd_set);
     emit(sink, "cmd_flush", t.cmd_flush);
@@ -176,10 +187,16 @@ fn general(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
     emit(sink, "store_no_memory", t.store_no_memory);
     emit(sink, "auth_cmds", t.auth_cmds);
     emit(sink, "auth_errors", t.auth_errors);
+    if c.idle_timeout.is_some() {
+        emit(sink, "idle_kicks", t.idle_kicks);
+    }
     emit(sink, "bytes_read", t.bytes_read);
     emit(sink, "bytes_written", t.bytes_written);
     emit(sink, "limit_maxbytes", e.limit_maxbytes);
-    emit(sink, "accepting_conns", 1);
+    emit(sink, "accepting_conns", u8::from(shared.accepting()));
+    let (disabled_num, disabled_us) = shared.listen_disabled();
+    emit(sink, "listen_disabled_num", disabled_num);
+    emit(sink, "time_in_listen_disabled_us", disabled_us);
     emit(sink, "threads", c.threads);
     emit(sink, "conn_yields", t.conn_yields);
     emit(sink, "hash_power_level", e.hash_power_level);
@@ -237,6 +254,7 @@ fn settings(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
         "idle_timeout",
         c.idle_timeout.map(|d| d.as_secs()).unwrap_or(0),
     );
+    emit(sink, "read_buf_mem_limit", c.read_buf_mem_limit);
     match &c.memory_file {
         Some(p) => emit(sink, "memory_file", p.display()),
         None => emit(sink, "memory_file", "(null)"),
@@ -263,9 +281,9 @@ fn conns(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
             crate::server::ConnKind::Client => {
                 emit(sink, &key("addr"), &info.addr);
                 emit(sink, &key("listen_addr"), &info.listen_addr);
-                emit(sink, &key("state"), info.state_name());
-                emit(sink, &key("secs_since_last_cmd"), now.saturating_sub(last));
+                emit(sink, &key("state"), info.state().name());
             }
         }
+        emit(sink, &key("secs_since_last_cmd"), now.saturating_sub(last));
     }
 }

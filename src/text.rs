@@ -300,8 +300,21 @@ fn get(
     let st = ctx.stats;
     let now = shared.clock.now();
     let opts = ReadOptions { touch };
+    // Where this get's replies start, unless an earlier turn already sent some of them.
+    let start = (s.get_progress == 0).then_some(s.out.len());
     let mut keys = keys.skip(s.get_progress).peekable();
     while let Some(key) = keys.next() {
+        if !ctx.buffers.allows(s.out.len()) {
+            // memcached drops the replies it built for this get and sends only the error.
+            st.response_obj_oom.incr();
+            if let Some(start) = start {
+                s.out.truncate(start);
+            }
+            s.get_progress = 0;
+            s.out
+                .extend_from_slice(b"SERVER_ERROR out of memory writing get response\r\n");
+            return Step::Next;
+        }
         let out = &mut s.out;
         let hit = shared.engine.get(key, now, opts, &mut |item| {
             if !rejected {

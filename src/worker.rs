@@ -3,6 +3,11 @@
 //! The loop accepts from every listener, drives connections whose sockets are ready, runs
 //! connections that yielded (they used their `-R` share while more input was waiting), and
 //! once a second closes connections idle longer than `-o idle_timeout`.
+//!
+//! Accepting stops (memcached's `listen_disabled_num`) when the process runs out of file
+//! descriptors (retried every 10 ms) or, with `-o no_maxconns_fast`, while `-c` connections
+//! are open (resumed by the worker that closes one). With `maxconns_fast` (the default) a
+//! connection over `-c` is accepted, told `ERROR Too many open connections` and closed.
 
 use std::collections::VecDeque;
 use std::io::{self, Write};
@@ -13,12 +18,15 @@ use std::time::{Duration, Instant};
 
 use mio::{Events, Interest, Poll, Token, Waker};
 
-use crate::conn::{Conn, ConnInfo, Ctx, Drive, Stream};
+use crate::conn::{BufferLimit, Conn, ConnInfo, Ctx, Drive, Stream};
 use crate::server::{ConnKind, Listener, Shared};
 use crate::stats::WorkerStats;
 
 /// Size of the read buffer each worker shares among its connections.
-const SCRATCH: usize = 64 * 1024;
+pub const SCRATCH: usize = 64 * 1024;
+
+/// How long accepting pauses after the process ran out of file descriptors.
+const ACCEPT_RETRY: Duration = Duration::from_millis(10);
 
 const WAKER: Token = Token(usize::MAX);
 
@@ -42,6 +50,14 @@ pub struct Worker {
     conns: Vec<Option<Conn>>,
     free: Vec<usize>,
     ready: VecDeque<usize>,
+    /// Accepting failed for want of descriptors: try again at this time.
+    accept_retry: Option<Instant>,
+    /// This worker's share of `-o read_buf_mem_limit` (0: none) and what its connections'
+    /// buffers hold (the sum of their `accounted`).
+    buffer_limit: usize,
+    buffers_held: usize,
+    /// Server time for this turn of the loop.
+    now: u32,
 }
 
 impl Worker {
@@ -75,6 +91,10 @@ impl Worker {
                 .register(&mut sock, Token(mine.len() + i), Interest::READABLE)?;
             udp.push(sock);
         }
+        let threads = shared.config.threads.max(1);
+        let buffer_limit = shared.config.read_buf_mem_limit / threads;
+        // The scratch buffer is this worker's one fixed read buffer.
+        stats.buffers.set_scratch(SCRATCH);
         Ok(Worker {
             index,
             shared,
@@ -87,6 +107,10 @@ impl Worker {
             conns: Vec::new(),
             free: Vec::new(),
             ready: VecDeque::new(),
+            accept_retry: None,
+            buffer_limit,
+            buffers_held: 0,
+            now: 0,
         })
     }
 
@@ -107,13 +131,17 @@ impl Worker {
         let mut last_sweep = Instant::now();
         let idle = self.shared.config.idle_timeout;
         while !self.shared.shutting_down() {
-            let timeout = if !self.ready.is_empty() || !self.udp_ready.is_empty() {
+            let mut timeout = if !self.ready.is_empty() || !self.udp_ready.is_empty() {
                 Some(Duration::ZERO)
             } else if idle.is_some() {
                 Some(Duration::from_secs(1))
             } else {
                 None
             };
+            if let Some(at) = self.accept_retry {
+                let wait = at.saturating_duration_since(Instant::now());
+                timeout = Some(timeout.map_or(wait, |t| t.min(wait)));
+            }
             if let Err(e) = self.poll.poll(&mut events, timeout) {
                 if e.kind() == io::ErrorKind::Interrupted {
                     continue;
@@ -122,6 +150,7 @@ impl Worker {
                     .log(0, || format!("worker {}: poll failed: {e}", self.index));
                 break;
             }
+            self.now = self.shared.clock.now();
             for event in events.iter() {
                 let token = event.token();
                 if token == WAKER {
@@ -132,7 +161,13 @@ impl Worker {
                 } else if token.0 < self.conn_base() {
                     self.serve_udp(token.0 - self.listeners.len(), &mut udp);
                 } else {
-                    self.drive(token.0 - self.conn_base(), &mut scratch);
+                    let slot = token.0 - self.conn_base();
+                    if event.is_read_closed() || event.is_error() {
+                        if let Some(Some(conn)) = self.conns.get_mut(slot) {
+                            conn.hangup = true;
+                        }
+                    }
+                    self.drive(slot, &mut scratch);
                 }
             }
             // UDP sockets left with datagrams waiting get another turn (edge-triggered
@@ -145,6 +180,10 @@ impl Worker {
                 if let Some(slot) = self.ready.pop_front() {
                     self.drive(slot, &mut scratch);
                 }
+            }
+            if self.accept_retry.is_some_and(|at| Instant::now() >= at) {
+                self.accept_retry = None;
+                self.accept_all();
             }
             if let Some(limit) = idle {
                 if last_sweep.elapsed() >= Duration::from_secs(1) {
@@ -167,6 +206,8 @@ impl Worker {
             shared: &self.shared,
             stats: &self.stats,
             scratch: &mut Vec::new(),
+            now: self.now,
+            buffers: BufferLimit::default(),
         };
         if crate::udp::serve(sock, &mut ctx, buffers) && !self.udp_ready.contains(&index) {
             self.udp_ready.push(index);
@@ -181,8 +222,17 @@ impl Worker {
             shared: &self.shared,
             stats: &self.stats,
             scratch,
+            now: self.now,
+            buffers: BufferLimit {
+                limit: self.buffer_limit,
+                others: self.buffers_held - conn.accounted,
+            },
         };
         let drive = conn.drive(&mut ctx);
+        self.account(slot);
+        let Some(conn) = self.conns.get_mut(slot).and_then(|c| c.as_mut()) else {
+            return;
+        };
         if drive != Drive::Close {
             let want = conn.session.pending() > 0;
             if want != conn.write_interest {
@@ -211,8 +261,38 @@ impl Worker {
         }
     }
 
+    /// Bring the worker's buffer accounting up to date with a connection's buffers.
+    fn account(&mut self, slot: usize) {
+        let Some(conn) = self.conns.get_mut(slot).and_then(|c| c.as_mut()) else {
+            return;
+        };
+        let (input, output) = conn.buffer_split();
+        let now = input + output;
+        if now != conn.accounted {
+            self.buffers_held = self.buffers_held - conn.accounted + now;
+            conn.accounted = now;
+        }
+        self.stats.buffers.update(&mut conn.gauged, input, output);
+    }
+
+    /// Accept on every listener (after a pause).
+    fn accept_all(&mut self) {
+        for i in 0..self.listeners.len() {
+            self.accept(i);
+        }
+    }
+
     fn accept(&mut self, index: usize) {
+        let shared = self.shared.clone();
+        let config = &shared.config;
         loop {
+            if !config.maxconns_fast
+                && shared.curr_conns.load(Ordering::Acquire) >= config.max_connections
+            {
+                // Leave connections in the backlog until one closes (`close` resumes).
+                shared.set_accepting(false);
+                return;
+            }
             let accepted = match &self.listeners[index] {
                 MioListener::Tcp(l) => l.accept().map(|(s, addr)| {
                     let _ = s.set_nodelay(true);
@@ -236,13 +316,29 @@ impl Worker {
                 }),
             };
             match accepted {
-                Ok((stream, addr, listen)) => self.admit(stream, addr, listen),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    // EMFILE and friends: leave the connection in the backlog and try later.
-                    self.shared.log(1, || format!("accept failed: {e}"));
+                Ok((stream, addr, listen)) => {
+                    shared.set_accepting(true);
+                    self.admit(stream, addr, listen);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if self.accept_retry.is_none() {
+                        shared.set_accepting(true);
+                    }
                     return;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if out_of_descriptors(&e) => {
+                    // Like memcached: stop accepting, leave the connection in the backlog
+                    // and try again shortly (edge-triggered readiness will not remind us).
+                    shared.log(1, || format!("accept failed: {e}; pausing"));
+                    shared.set_accepting(false);
+                    self.accept_retry = Some(Instant::now() + ACCEPT_RETRY);
+                    return;
+                }
+                Err(e) => {
+                    // A connection that went away in the backlog (ECONNABORTED) and the like.
+                    shared.log(1, || format!("accept failed: {e}"));
+                    continue;
                 }
             }
         }
@@ -281,7 +377,7 @@ impl Worker {
             return;
         }
         let info = Arc::new(ConnInfo::new(addr, listen));
-        info.last_cmd.store(shared.clock.now(), Ordering::Relaxed);
+        info.last_cmd.store(self.now, Ordering::Relaxed);
         let fd = stream_fd(&stream);
         shared.register(fd, ConnKind::Client, info.clone());
         shared.log(2, || format!("<{fd} new client connection"));
@@ -294,26 +390,50 @@ impl Worker {
         };
         let fd = stream_fd(&conn.stream);
         let _ = self.poll.registry().deregister(conn.stream.source());
+        self.buffers_held -= conn.accounted;
+        self.stats.buffers.update(&mut conn.gauged, 0, 0);
         self.shared.unregister(fd);
         self.shared.curr_conns.fetch_sub(1, Ordering::AcqRel);
         self.shared.log(2, || format!("<{fd} connection closed."));
         self.free.push(slot);
+        // The socket closes here, when `conn` drops.
+        drop(conn);
+        if !self.shared.accepting() && self.accept_retry.is_none() {
+            // A slot is free again: take what waits in the backlog.
+            self.accept_all();
+        }
     }
 
+    /// Close connections that have waited for a command longer than `limit` (memcached's
+    /// idle kick: only connections waiting for a command line, never one mid-request or
+    /// blocked writing).
     fn close_idle(&mut self, limit: Duration) {
+        let limit = limit.as_secs();
+        let now = u64::from(self.now);
         let idle: Vec<usize> = self
             .conns
             .iter()
             .enumerate()
-            .filter_map(|(i, c)| match c {
-                Some(c) if c.last_active.elapsed() > limit => Some(i),
-                _ => None,
+            .filter_map(|(i, c)| {
+                let c = c.as_ref()?;
+                let last = u64::from(c.info.last_cmd.load(Ordering::Relaxed));
+                (c.info.state().kickable() && now.saturating_sub(last) > limit).then_some(i)
             })
             .collect();
         for slot in idle {
+            self.stats.idle_kicks.incr();
+            self.shared.log(2, || "closing idle connection".into());
             self.close(slot);
         }
     }
+}
+
+/// Whether an accept failed for want of descriptors (or of the memory for one).
+fn out_of_descriptors(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+    )
 }
 
 fn stream_fd(s: &Stream) -> i32 {

@@ -40,6 +40,9 @@ both!(
     partial_data_block_then_close,
     many_simultaneous_connections,
     client_closes_mid_reply,
+    stats_conns_states,
+    idle_kicks_counted,
+    fd_limit_that_cannot_be_raised,
 );
 
 const TOO_MANY: &str = "ERROR Too many open connections\r\n";
@@ -496,4 +499,355 @@ fn client_closes_mid_reply(kind: Kind) {
     assert!(c.exact(size + 2)[..size].iter().all(|&b| b == b'q'));
     assert_eq!(c.line(), "END\r\n");
     assert!(server_alive(&server));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Limits, kicks and what `stats conns` shows.
+
+/// `stats conns` of `c` as (fd, field, value) rows.
+fn stats_conns(c: &mut Client) -> Vec<(String, String, String)> {
+    c.stats("conns")
+        .into_iter()
+        .filter_map(|(k, v)| {
+            let (fd, field) = k.split_once(':')?;
+            Some((fd.to_string(), field.to_string(), v))
+        })
+        .collect()
+}
+
+/// The state of the client connection whose `addr` is `addr`.
+fn state_of(rows: &[(String, String, String)], addr: &str) -> Option<String> {
+    let fd = rows
+        .iter()
+        .find(|(_, f, v)| f == "addr" && v == addr)
+        .map(|(fd, _, _)| fd.clone())?;
+    rows.iter()
+        .find(|(d, f, _)| *d == fd && f == "state")
+        .map(|(_, _, v)| v.clone())
+}
+
+fn addr_of(c: &Client) -> String {
+    format!("tcp:{}", c.stream().local_addr().expect("local addr"))
+}
+
+fn stats_conns_states(kind: Kind) {
+    let server = Server::start_verified(kind, &["-t", "2"]);
+    let mut probe = server.connect();
+    let idle = server.connect();
+    let mut partial = server.connect();
+    partial.send(b"get fo");
+    let mut nread = server.connect();
+    nread.send(b"set k 0 0 100\r\nabc");
+    let mut swallow = server.connect();
+    swallow.send(b"set k 0 0 2000000\r\nabc");
+    // A client whose replies fill the socket buffers and that never reads.
+    let mut writer = server.connect();
+    socket2::SockRef::from(writer.stream())
+        .set_recv_buffer_size(4096)
+        .unwrap();
+    let size = 500_000;
+    let mut req = format!("set big 0 0 {size}\r\n").into_bytes();
+    req.extend(std::iter::repeat_n(b'x', size));
+    req.extend_from_slice(b"\r\n");
+    writer.send(&req);
+    assert_eq!(writer.line(), "STORED\r\n");
+    writer.send("get big\r\n".repeat(50).as_bytes());
+    let want = [
+        (&idle, "conn_new_cmd"),
+        (&partial, "conn_read"),
+        (&nread, "conn_nread"),
+        (&swallow, "conn_swallow"),
+        (&writer, "conn_mwrite"),
+        (&probe, "conn_parse_cmd"),
+    ]
+    .map(|(c, s)| (addr_of(c), s));
+    let mut last = Vec::new();
+    poll_until(
+        "every connection in its state",
+        Duration::from_secs(10),
+        || {
+            last = stats_conns(&mut probe);
+            want.iter()
+                .all(|(a, s)| state_of(&last, a).as_deref() == Some(*s))
+        },
+    );
+    // Every client row has memcached 1.6's four fields; listeners have three.
+    let port = server.port;
+    for (fd, _, _) in last.iter().filter(|(_, f, _)| f == "addr") {
+        let fields: Vec<&str> = last
+            .iter()
+            .filter(|(d, _, _)| d == fd)
+            .map(|(_, f, _)| f.as_str())
+            .collect();
+        let state = last
+            .iter()
+            .find(|(d, f, _)| d == fd && f == "state")
+            .map(|(_, _, v)| v.as_str());
+        if state == Some("conn_listening") {
+            assert_eq!(fields, ["addr", "state", "secs_since_last_cmd"], "{kind:?}");
+        } else {
+            assert_eq!(
+                fields,
+                ["addr", "listen_addr", "state", "secs_since_last_cmd"],
+                "{kind:?}"
+            );
+            let listen = last
+                .iter()
+                .find(|(d, f, _)| d == fd && f == "listen_addr")
+                .map(|(_, _, v)| v.clone())
+                .unwrap();
+            assert_eq!(listen, format!("tcp:127.0.0.1:{port}"), "{kind:?}");
+        }
+    }
+    drop((idle, partial, nread, swallow, writer));
+}
+
+fn idle_kicks_counted(kind: Kind) {
+    let server = Server::start_verified(kind, &["-o", "idle_timeout=1", "-t", "1"]);
+    let mut probe = server.connect();
+    assert_eq!(probe.stat("idle_kicks").as_deref(), Some("0"));
+    let mut idle = server.connect();
+    let mut partial = server.connect();
+    partial.send(b"get fo");
+    let mut nread = server.connect();
+    nread.send(b"set k 0 0 100\r\nabc");
+    // The probe keeps itself busy; the idle and partial connections are kicked.
+    let mut kicked = 0;
+    poll_until("two idle kicks", Duration::from_secs(10), || {
+        assert!(probe.call("version\r\n").starts_with("VERSION "));
+        kicked = probe
+            .stat("idle_kicks")
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+        kicked >= 2
+    });
+    assert!(idle.closed(), "{kind:?}: idle connection still open");
+    assert!(
+        partial.closed(),
+        "{kind:?}: partial-line connection still open"
+    );
+    // memcached kicks only connections waiting for a command line: the one in the middle
+    // of a value, idle as long, is still there (and finishes its request).
+    nread.send(&[b'v'; 97]);
+    nread.send(b"\r\n");
+    assert_eq!(nread.line(), "STORED\r\n", "{kind:?}");
+    assert_eq!(kicked, 2, "{kind:?}: idle_kicks");
+}
+
+/// Run `server` under a soft descriptor limit of `limit`, set from outside with prlimit.
+fn prlimit_nofile(server: &Server, limit: u32) {
+    let status = std::process::Command::new("prlimit")
+        .args([
+            "--pid",
+            &server.child.id().to_string(),
+            &format!("--nofile={limit}:"),
+        ])
+        .status()
+        .expect("run prlimit (util-linux)");
+    assert!(status.success(), "prlimit failed");
+}
+
+#[test]
+fn out_of_descriptors_pauses_accepting() {
+    // kvcached only: memcached also stops accepting (listen_disabled_num), but it does so
+    // by shrinking its listen backlog to 0, so further connects time out instead of
+    // queueing.
+    let kind = Kind::Kvcached;
+    let server = Server::start_verified(kind, &["-t", "2"]);
+    let mut probe = server.connect();
+    // Leave room for a few connections only.
+    let open = std::fs::read_dir(format!("/proc/{}/fd", server.child.id()))
+        .unwrap()
+        .count() as u32;
+    prlimit_nofile(&server, open + 4);
+    let mut conns: Vec<TcpStream> = Vec::new();
+    for _ in 0..12 {
+        let s = TcpStream::connect(server.addr()).expect("connect (the backlog takes it)");
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        conns.push(s);
+    }
+    // The server stops accepting once it runs out of descriptors, and says so.
+    poll_until("accepting to stop", Duration::from_secs(10), || {
+        probe.stat("accepting_conns").as_deref() == Some("0")
+    });
+    let disabled: u64 = probe.stat("listen_disabled_num").unwrap().parse().unwrap();
+    assert!(disabled >= 1, "{kind:?}: listen_disabled_num {disabled}");
+    // Room again: every queued connection is taken and served.
+    prlimit_nofile(&server, open + 64);
+    for (i, s) in conns.iter_mut().enumerate() {
+        s.write_all(b"version\r\n").unwrap();
+        let mut b = [0u8; 8];
+        s.read_exact(&mut b)
+            .unwrap_or_else(|e| panic!("{kind:?}: connection {i}: {e}"));
+        assert_eq!(&b, b"VERSION ", "{kind:?}: connection {i}");
+    }
+    assert_eq!(probe.stat("accepting_conns").as_deref(), Some("1"));
+    let us: u64 = probe
+        .stat("time_in_listen_disabled_us")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(us > 0, "{kind:?}: time_in_listen_disabled_us {us}");
+}
+
+fn fd_limit_that_cannot_be_raised(kind: Kind) {
+    // As an unprivileged user with a hard limit of 256, -c 10000 cannot be honoured:
+    // the server refuses to start (EX_OSERR) and says why.
+    use std::os::unix::process::CommandExt;
+    let program = match kind {
+        Kind::Kvcached => PathBuf::from(env!("CARGO_BIN_EXE_kvcached")),
+        Kind::Memcached => common::memcached_path(),
+    };
+    let mut cmd = std::process::Command::new(program);
+    cmd.args(["-l", "127.0.0.1", "-p", "0", "-c", "10000"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    // SAFETY: only async-signal-safe calls (setrlimit, setgid, setuid) run in the child
+    // between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            let lim = libc::rlimit {
+                rlim_cur: 256,
+                rlim_max: 256,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::geteuid() == 0 && (libc::setgid(65534) != 0 || libc::setuid(65534) != 0) {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = cmd.output().expect("run the server");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(71), "{kind:?}: {err}");
+    let what = match kind {
+        Kind::Kvcached => "RLIMIT_NOFILE",
+        Kind::Memcached => "failed to set rlimit for open files",
+    };
+    assert!(err.contains(what), "{kind:?}: {err}");
+}
+
+#[test]
+fn no_maxconns_fast_queues_over_the_limit() {
+    // kvcached only: memcached's no_maxconns_fast stops at the descriptor limit, which
+    // depends on its own descriptors; kvcached stops at -c exactly.
+    let limit = 8;
+    let server = Server::start_verified(
+        Kind::Kvcached,
+        &[
+            "-c",
+            &limit.to_string(),
+            "-o",
+            "no_maxconns_fast",
+            "-t",
+            "2",
+        ],
+    );
+    let mut probe = server.connect();
+    poll_until("the start-up probe to go", Duration::from_secs(10), || {
+        probe.stat("curr_connections").as_deref() == Some("1")
+    });
+    let mut full: Vec<Client> = (1..limit).map(|_| server.connect()).collect();
+    for c in &mut full {
+        assert!(c.call("version\r\n").starts_with("VERSION "));
+    }
+    // One more waits in the backlog, unanswered, while accepting is off.
+    let mut queued = server.connect();
+    queued.send(b"version\r\n");
+    poll_until("accepting to stop", Duration::from_secs(10), || {
+        probe.stat("accepting_conns").as_deref() == Some("0")
+    });
+    assert_eq!(probe.stat("listen_disabled_num").as_deref(), Some("1"));
+    assert_eq!(probe.stat("rejected_connections"), None, "no_maxconns_fast");
+    // A slot frees: the queued connection is taken and answered.
+    drop(full.pop());
+    assert!(queued.line().starts_with("VERSION "));
+    assert_eq!(probe.stat("accepting_conns").as_deref(), Some("0"));
+    drop(full.pop());
+    poll_until("accepting to resume", Duration::from_secs(10), || {
+        probe.stat("accepting_conns").as_deref() == Some("1")
+    });
+}
+
+/// Requests refused for want of buffer memory: a connection that could not keep its
+/// unfinished input (`read_buf_oom`) or start a reply (`response_obj_oom`).
+fn refusals(c: &mut Client) -> u64 {
+    let get = |c: &mut Client, name: &str| -> u64 { c.stat(name).unwrap().parse().unwrap() };
+    get(c, "read_buf_oom") + get(c, "response_obj_oom")
+}
+
+#[test]
+fn read_buf_mem_limit_bounds_connection_buffers() {
+    // One worker, 1 MiB for all its connections' buffers. Clients that never read hold
+    // their replies; once they hold the limit, a new request is refused as memcached
+    // refuses one it cannot give a response object: the connection is closed (or a get
+    // answers SERVER_ERROR out of memory writing get response).
+    let server = Server::start_verified(
+        Kind::Kvcached,
+        &["-t", "1", "-o", "read_buf_mem_limit=1", "-m", "64"],
+    );
+    let mut c = server.connect();
+    let size = 200_000;
+    let mut req = format!("set big 0 0 {size}\r\n").into_bytes();
+    req.extend(std::iter::repeat_n(b'b', size));
+    req.extend_from_slice(b"\r\n");
+    c.send(&req);
+    assert_eq!(c.line(), "STORED\r\n");
+    assert_eq!(
+        c.stats("settings")
+            .into_iter()
+            .find(|(k, _)| k == "read_buf_mem_limit")
+            .map(|(_, v)| v),
+        Some((1u64 << 20).to_string())
+    );
+    let mut hogs = Vec::new();
+    let mut refused = None;
+    for _ in 0..16 {
+        let mut hog = server.connect();
+        socket2::SockRef::from(hog.stream())
+            .set_recv_buffer_size(4096)
+            .unwrap();
+        hog.send("get big\r\n".repeat(40).as_bytes());
+        hogs.push(hog);
+        // Wait until the hog is blocked writing before the next one.
+        poll_until("a hog blocked writing", Duration::from_secs(10), || {
+            let rows = stats_conns(&mut c);
+            rows.iter()
+                .any(|(_, f, v)| f == "state" && v == "conn_mwrite")
+                && c.stat("response_obj_bytes")
+                    .unwrap()
+                    .parse::<u64>()
+                    .unwrap()
+                    > 0
+        });
+        let oom = refusals(&mut c);
+        if oom > 0 {
+            refused = Some(oom);
+            break;
+        }
+    }
+    let oom = refused.expect("no request was refused with 16 non-reading clients");
+    assert!(hogs.len() > 1, "the first client was refused");
+    let _ = oom;
+    // What the connections hold stays within the limit, give or take the one reply that
+    // was being written when it was reached.
+    let held: u64 = c.stat("response_obj_bytes").unwrap().parse().unwrap();
+    assert!(
+        held <= (1 << 20) + 2 * size as u64,
+        "response buffers hold {held} bytes with a 1 MiB limit"
+    );
+    // The hogs go; memory is available again and the server is fine.
+    drop(hogs);
+    poll_until("buffers to be given back", Duration::from_secs(10), || {
+        c.stat("response_obj_bytes").as_deref() == Some("0")
+            || c.stat("curr_connections").as_deref() == Some("1")
+    });
+    let mut fresh = server.connect();
+    fresh.send(b"get big\r\n");
+    assert_eq!(fresh.line(), format!("VALUE big 0 {size}\r\n"));
+    assert!(fresh.exact(size + 2)[..size].iter().all(|&b| b == b'b'));
+    assert_eq!(fresh.line(), "END\r\n");
 }

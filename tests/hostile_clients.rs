@@ -1,0 +1,439 @@
+//! Careless and hostile clients, each while a well-behaved client keeps working: a byte a
+//! second (slowloris), 100,000 pipelined gets that are never read, a 10 MB multiget line,
+//! and connect/close storms. Each test asserts that the well-behaved client's every request
+//! is answered correctly meanwhile, that the server's resident memory stays within a bound
+//! stated below (and in docs/CONFIGURATION.md), and that the connections cost nothing once
+//! they are gone.
+//!
+//! Loops are bounded in count and time; waits are polls with deadlines; nothing asserts a
+//! duration.
+
+mod common;
+
+use common::{Client, Kind, Server};
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1024 * KIB;
+
+/// Slack on every RSS bound: the well-behaved client's items and replies, allocator arenas
+/// and rounding.
+const SLACK: u64 = 16 * MIB;
+
+/// What one connection costs the server while it holds no buffer: `Conn`, its `ConnInfo`,
+/// the registry entry and allocator rounding (docs/CONFIGURATION.md).
+const PER_IDLE_CONN: u64 = 4 * KIB;
+
+/// A well-behaved client that sets and gets its own keys in a loop on a thread until told
+/// to stop; it fails the test on any wrong or missing reply.
+struct Wellbehaved {
+    stop: Arc<AtomicBool>,
+    rounds: Arc<AtomicU64>,
+    handle: std::thread::JoinHandle<()>,
+}
+
+impl Wellbehaved {
+    fn start(server: &Server) -> Wellbehaved {
+        let mut c = server.connect();
+        let stop = Arc::new(AtomicBool::new(false));
+        let rounds = Arc::new(AtomicU64::new(0));
+        let handle = {
+            let stop = stop.clone();
+            let rounds = rounds.clone();
+            std::thread::spawn(move || {
+                let mut i = 0u64;
+                // Bounded: at most 200,000 round trips even if never stopped.
+                while !stop.load(Ordering::Relaxed) && i < 200_000 {
+                    let key = format!("good{}", i % 100);
+                    let value = format!("value-{i}");
+                    assert_eq!(
+                        c.call(&format!("set {key} 0 0 {}\r\n{value}\r\n", value.len())),
+                        "STORED\r\n",
+                        "set #{i}"
+                    );
+                    assert_eq!(
+                        c.call(&format!("get {key}\r\n")),
+                        format!("VALUE {key} 0 {}\r\n", value.len()),
+                        "get #{i}"
+                    );
+                    assert_eq!(c.until("END\r\n"), format!("{value}\r\nEND\r\n"));
+                    i += 1;
+                    rounds.store(i, Ordering::Relaxed);
+                }
+            })
+        };
+        Wellbehaved {
+            stop,
+            rounds,
+            handle,
+        }
+    }
+
+    /// Wait until the client has made `n` more round trips (it is being served now).
+    fn progresses(&self, n: u64) {
+        let from = self.rounds.load(Ordering::Relaxed);
+        let deadline = Instant::now() + common::TIMEOUT;
+        while self.rounds.load(Ordering::Relaxed) < from + n {
+            assert!(
+                !self.handle.is_finished(),
+                "the well-behaved client failed (see its panic above)"
+            );
+            assert!(
+                Instant::now() < deadline,
+                "the well-behaved client is not being served"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    fn finish(self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        self.handle
+            .join()
+            .expect("the well-behaved client failed (see its panic above)");
+        self.rounds.load(Ordering::Relaxed)
+    }
+}
+
+fn stat(c: &mut Client, name: &str) -> u64 {
+    c.stat(name)
+        .unwrap_or_else(|| panic!("stats lacks {name}"))
+        .parse()
+        .unwrap_or_else(|_| panic!("{name} is not a number"))
+}
+
+/// Poll until `curr_connections` is `n`.
+fn wait_conns(mon: &mut Client, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let curr = stat(mon, "curr_connections");
+        if curr == n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "curr_connections {curr}, expected {n}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Sockets of the server's port in CLOSE-WAIT.
+fn close_wait(port: u16) -> usize {
+    let filter = format!("( sport = :{port} )");
+    let out = std::process::Command::new("ss")
+        .args(["-tanH", "state", "close-wait", &filter])
+        .output()
+        .expect("run ss");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .count()
+}
+
+/// A server, its monitor connection, the baseline connection count (the monitor and the
+/// well-behaved client) and RSS.
+fn setup(kind: Kind, args: &[&str]) -> (Server, Client, Wellbehaved, u64) {
+    let server = Server::start_verified(kind, args);
+    let mut mon = server.connect();
+    let good = Wellbehaved::start(&server);
+    good.progresses(100);
+    wait_conns(&mut mon, 2);
+    let rss = server.rss_kib() * KIB;
+    (server, mon, good, rss)
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// 300 connections each dribbling a `get` line one byte a second. The well-behaved client is
+/// served throughout; the dribblers cost no more than their bookkeeping and a small buffer
+/// each; with `-o idle_timeout` they are kicked, since no command ever completes.
+fn slowloris(kind: Kind) {
+    let (server, mut mon, good, rss0) = setup(kind, &["-o", "idle_timeout=3", "-t", "2"]);
+    let n = 300;
+    let mut conns: Vec<TcpStream> = (0..n)
+        .map(|_| {
+            let s = TcpStream::connect(server.addr()).expect("connect");
+            s.set_nodelay(true).unwrap();
+            s
+        })
+        .collect();
+    wait_conns(&mut mon, 2 + n as u64);
+    let line = b"get slowloris-key-that-never-ends";
+    let mut peak = 0;
+    let mut kicked_at = None;
+    // One byte per connection per second, for at most 10 seconds (the kick comes after
+    // idle_timeout, 3 s, plus up to a second of the server's sweep).
+    for (second, &byte) in line.iter().enumerate().take(10) {
+        let started = Instant::now();
+        let mut open = 0;
+        for s in &mut conns {
+            if s.write_all(&[byte]).is_ok() {
+                open += 1;
+            }
+        }
+        good.progresses(10);
+        peak = peak.max(server.rss_kib() * KIB);
+        if open == 0 || stat(&mut mon, "curr_connections") == 2 {
+            kicked_at = Some(second);
+            break;
+        }
+        let left = Duration::from_secs(1).saturating_sub(started.elapsed());
+        std::thread::sleep(left);
+    }
+    let bound = rss0 + n as u64 * (PER_IDLE_CONN + 16 * KIB) + SLACK;
+    eprintln!(
+        "{kind:?}: slowloris x{n}: RSS {} KiB -> peak {} KiB (bound {} KiB); kicked after {kicked_at:?} s",
+        rss0 / KIB,
+        peak / KIB,
+        bound / KIB
+    );
+    assert!(peak <= bound, "{kind:?}: RSS peak {peak} over {bound}");
+    // Every dribbler is closed by the idle kick (its command line never completes).
+    wait_conns(&mut mon, 2);
+    assert!(
+        stat(&mut mon, "idle_kicks") >= n as u64,
+        "{kind:?}: idle_kicks"
+    );
+    for s in &mut conns {
+        s.set_read_timeout(Some(common::TIMEOUT)).unwrap();
+        let mut b = [0u8; 16];
+        match s.read(&mut b) {
+            Ok(0) => {}
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => {}
+            other => panic!("{kind:?}: a dribbler was not closed: {other:?}"),
+        }
+    }
+    assert!(good.finish() > 0);
+}
+
+/// One client pipelines 100,000 gets of a 100 KB value and never reads. The server executes
+/// what fits its output high-water mark and then stops reading it (TCP holds the rest back);
+/// the well-behaved client is served throughout.
+fn pipeline_never_read(kind: Kind) {
+    let (server, mut mon, good, _) = setup(kind, &["-t", "2"]);
+    let size = 100_000;
+    let mut c = server.connect();
+    let mut set = format!("set big 0 0 {size}\r\n").into_bytes();
+    set.extend(std::iter::repeat_n(b'b', size));
+    set.extend_from_slice(b"\r\n");
+    assert_eq!(c.call(std::str::from_utf8(&set).unwrap()), "STORED\r\n");
+    drop(c);
+    wait_conns(&mut mon, 2);
+    let rss0 = server.rss_kib() * KIB;
+    let gets = "get big\r\n".repeat(100_000);
+    let mut hog = TcpStream::connect(server.addr()).expect("connect");
+    hog.set_write_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let mut sent = 0;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut peak = 0;
+    // Send until TCP pushes back (the server has stopped reading) or all is sent.
+    while sent < gets.len() && Instant::now() < deadline {
+        match hog.write(&gets.as_bytes()[sent..]) {
+            Ok(k) => sent += k,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => break,
+            Err(e) => panic!("{kind:?}: writing the pipeline failed: {e}"),
+        }
+        good.progresses(1);
+        peak = peak.max(server.rss_kib() * KIB);
+    }
+    // Steady state: the server executes no more of the hog's gets.
+    let mut last = stat(&mut mon, "cmd_get");
+    loop {
+        good.progresses(50);
+        let now = stat(&mut mon, "cmd_get");
+        // The well-behaved client does 50 gets per 50 round trips; the hog none.
+        if now - last <= 60 {
+            break;
+        }
+        last = now;
+        assert!(
+            Instant::now() < deadline,
+            "{kind:?}: the hog's gets never stop"
+        );
+    }
+    peak = peak.max(server.rss_kib() * KIB);
+    // One connection's output stops at the high-water mark plus one reply, and its input at
+    // what one read leaves unexecuted (kvcached: 256 KiB + 100 KB + 64 KiB).
+    let bound = rss0 + 256 * KIB + 2 * size as u64 + 64 * KIB + SLACK;
+    eprintln!(
+        "{kind:?}: 100,000 gets never read ({sent} bytes sent): RSS {} KiB -> peak {} KiB (bound {} KiB)",
+        rss0 / KIB,
+        peak / KIB,
+        bound / KIB
+    );
+    assert!(peak <= bound, "{kind:?}: RSS peak {peak} over {bound}");
+    // The hog goes away with everything unread: it costs nothing afterwards.
+    socket2::SockRef::from(&hog)
+        .set_linger(Some(Duration::ZERO))
+        .unwrap();
+    drop(hog);
+    wait_conns(&mut mon, 2);
+    good.progresses(100);
+    assert_eq!(close_wait(server.port), 0);
+    assert!(good.finish() > 0);
+}
+
+/// A multiget line of 10 MB with no end: kvcached closes the connection once the line passes
+/// its 1 MiB cap (memcached would buffer all of it), and the well-behaved client is served
+/// throughout.
+#[test]
+fn ten_megabyte_multiget_line() {
+    let kind = Kind::Kvcached;
+    let (server, mut mon, good, rss0) = setup(kind, &["-t", "2"]);
+    let mut c = TcpStream::connect(server.addr()).expect("connect");
+    c.set_write_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let keys = b"a-key-of-about-thirty-bytes-xx ".repeat(10 * 1024 * 1024 / 31);
+    c.write_all(b"get ").unwrap();
+    let mut sent = 4;
+    let mut peak = 0;
+    let closed = loop {
+        if sent >= keys.len() {
+            break false;
+        }
+        let end = (sent + 64 * 1024).min(keys.len());
+        match c.write(&keys[sent..end]) {
+            Ok(k) => sent += k,
+            Err(e) if matches!(e.kind(), ErrorKind::BrokenPipe | ErrorKind::ConnectionReset) => {
+                break true
+            }
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                // The server stopped reading: it must have closed.
+                let mut b = [0u8; 16];
+                c.set_read_timeout(Some(common::TIMEOUT)).unwrap();
+                match c.read(&mut b) {
+                    Ok(0) => break true,
+                    Err(e) if e.kind() == ErrorKind::ConnectionReset => break true,
+                    other => panic!("the server neither reads nor closes: {other:?}"),
+                }
+            }
+            Err(e) => panic!("write failed: {e}"),
+        }
+        if sent % (MIB as usize) < 64 * 1024 {
+            good.progresses(1);
+            peak = peak.max(server.rss_kib() * KIB);
+        }
+    };
+    assert!(closed, "10 MB of get line were taken without a close");
+    assert!(
+        sent as u64 > MIB,
+        "closed after {sent} bytes, before the 1 MiB cap"
+    );
+    peak = peak.max(server.rss_kib() * KIB);
+    // At most one line at the cap, page-rounded, plus a read.
+    let bound = rss0 + MIB + 64 * KIB + SLACK;
+    eprintln!(
+        "10 MB get line: closed after {sent} bytes; RSS {} KiB -> peak {} KiB (bound {} KiB)",
+        rss0 / KIB,
+        peak / KIB,
+        bound / KIB
+    );
+    assert!(peak <= bound);
+    drop(c);
+    wait_conns(&mut mon, 2);
+    good.progresses(100);
+    assert!(good.finish() > 0);
+}
+
+/// Thousands of connections a second that connect, maybe send a request, and close (half
+/// with a FIN, half with a reset), for at most 5 seconds or 20,000 connections.
+fn connect_close_storm(kind: Kind) {
+    let (server, mut mon, good, rss0) = setup(kind, &["-t", "2", "-c", "4096"]);
+    let total0 = stat(&mut mon, "total_connections");
+    let made = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let addr = server.addr();
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let made = made.clone();
+            s.spawn(move || {
+                let mut i = 0u64;
+                while i < 5000 && started.elapsed() < Duration::from_secs(5) {
+                    let Ok(mut c) = TcpStream::connect(addr) else {
+                        continue;
+                    };
+                    made.fetch_add(1, Ordering::Relaxed);
+                    match (t + i) % 4 {
+                        // Connect and close at once.
+                        0 => {}
+                        // A request, then FIN without reading.
+                        1 => {
+                            let _ = c.write_all(b"version\r\n");
+                        }
+                        // A request and its reply, then FIN.
+                        2 => {
+                            let _ = c.write_all(b"version\r\n");
+                            let mut b = [0u8; 8];
+                            let _ = c.read_exact(&mut b);
+                        }
+                        // A request, then a reset.
+                        _ => {
+                            let _ = c.write_all(b"get storm\r\n");
+                            let _ = socket2::SockRef::from(&c).set_linger(Some(Duration::ZERO));
+                        }
+                    }
+                    drop(c);
+                    i += 1;
+                }
+            });
+        }
+        // Meanwhile the well-behaved client is served.
+        while started.elapsed() < Duration::from_secs(5) && made.load(Ordering::Relaxed) < 20_000 {
+            good.progresses(10);
+        }
+    });
+    let made = made.load(Ordering::Relaxed);
+    let secs = started.elapsed().as_secs_f64();
+    eprintln!(
+        "{kind:?}: storm of {made} connections in {secs:.1} s ({:.0}/s)",
+        made as f64 / secs
+    );
+    let peak = server.rss_kib() * KIB;
+    wait_conns(&mut mon, 2);
+    assert_eq!(
+        stat(&mut mon, "total_connections"),
+        total0 + made,
+        "{kind:?}: total_connections"
+    );
+    let deadline = Instant::now() + common::TIMEOUT;
+    while close_wait(server.port) > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "{kind:?}: sockets left in CLOSE-WAIT"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Nothing retained in proportion to the connections that came and went.
+    let bound = rss0 + SLACK;
+    assert!(
+        peak <= bound,
+        "{kind:?}: RSS {} KiB after the storm (before {} KiB)",
+        peak / KIB,
+        rss0 / KIB
+    );
+    good.progresses(100);
+    assert!(good.finish() > 0);
+}
+
+macro_rules! both {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[test]
+            fn memcached() {
+                super::$name(super::Kind::Memcached);
+            }
+            #[test]
+            fn kvcached() {
+                super::$name(super::Kind::Kvcached);
+            }
+        }
+    )*};
+}
+
+both!(slowloris, pipeline_never_read, connect_close_storm);
