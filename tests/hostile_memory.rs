@@ -9,8 +9,8 @@
 //!
 //! One kvcached (`-m 64 -c 2000`) is loaded with a small data set, then each hostile pattern
 //! runs against it, bounded in count and time. While a pattern's connections are open the
-//! test asserts (1) RSS under a bound derived below from the constants of `src/conn.rs`,
-//! `src/server.rs` and `kvproto::text`, (2) a fresh client still gets a correct set/get round
+//! test asserts (1) RSS under a bound derived below from the constants of `crates/kvcached/runtime/conn.rs`,
+//! `crates/kvcached/state/shared.rs` and `kvproto::text`, (2) a fresh client still gets a correct set/get round
 //! trip, (3) the stored data is intact. After the hostile connections close it asserts that
 //! RSS comes back near what it was before the pattern (memory released).
 //!
@@ -40,7 +40,7 @@ const ITEM_SIZE_MAX: u64 = MIB;
 const MAX_LINE_LEN: u64 = 2048;
 /// `kvproto::text::MAX_GET_LINE_LEN`: the longest multiget line.
 const MAX_GET_LINE_LEN: u64 = MIB;
-/// `Shared::max_request_len` (src/server.rs): the most a connection may buffer of one
+/// `Shared::max_request_len` (crates/kvcached/state/shared.rs): the most a connection may buffer of one
 /// unfinished request, `(-I + MAX_LINE_LEN + 2).max(MAX_GET_LINE_LEN)` = 1 MiB + 2050 B.
 const MAX_REQUEST: u64 = if ITEM_SIZE_MAX + MAX_LINE_LEN + 2 > MAX_GET_LINE_LEN {
     ITEM_SIZE_MAX + MAX_LINE_LEN + 2

@@ -652,7 +652,7 @@ fn link_cut_resumes_without_full_sync() {
     }
     let after = dump(&mut m, &keys);
 
-    // The replica reads with a 10 s timeout (src/replication.rs, IO_TIMEOUT), then drops the
+    // The replica reads with a 10 s timeout (crates/kvcached/features/replication.rs, IO_TIMEOUT), then drops the
     // connection and reports the link down.
     wait_stat(&mut r, "replica", "master_link_status", "down");
     let detected = cut.elapsed();

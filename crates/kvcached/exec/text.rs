@@ -7,8 +7,8 @@ use std::sync::atomic::Ordering;
 use kvproto::text::{self as proto, ErrorReply, Keys, Request, StoreMode};
 use kvstore::{ArithResult, ReadOptions, StoreRequest, StoreResult};
 
-use crate::conn::{Ctx, Session, Step, OUTPUT_HIGH_WATER};
-use crate::stats_report;
+use crate::exec::session::{Ctx, Session, Step, OUTPUT_HIGH_WATER};
+use crate::exec::stats_report;
 
 /// Whether a replica refuses `req` (it changes items).
 fn is_write(req: &Request<'_>) -> bool {
@@ -43,10 +43,10 @@ pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
             replid,
             name,
             cursor,
-        } => crate::replication::serve(ctx, s, replid, name, cursor),
+        } => crate::exec::replication::serve(ctx, s, replid, name, cursor),
         Request::ReplicaOf { master } => {
             match master {
-                None => crate::replication::promote(shared),
+                None => crate::features::replication::promote(shared),
                 Some((host, port)) => {
                     let host = String::from_utf8_lossy(host);
                     let master = if host.contains(':') {
@@ -54,7 +54,7 @@ pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
                     } else {
                         format!("{host}:{port}")
                     };
-                    crate::replication::follow(shared, master);
+                    crate::features::replication::follow(shared, master);
                 }
             }
             s.out.extend_from_slice(proto::OK);
@@ -194,7 +194,7 @@ pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
             Step::Next
         }
         Request::Version => {
-            proto::write_version(&mut s.out, crate::VERSION);
+            proto::write_version(&mut s.out, crate::setup::VERSION);
             Step::Next
         }
         Request::Verbosity { level, noreply } => {
@@ -245,7 +245,7 @@ pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
             }
             Step::Next
         }
-        Request::Meta(req) => crate::meta::execute(req, ctx, s),
+        Request::Meta(req) => crate::exec::meta::execute(req, ctx, s),
         Request::Admin { name, args: _ } => {
             admin(s, name);
             Step::Next

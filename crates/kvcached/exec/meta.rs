@@ -36,7 +36,7 @@ use kvstore::{
     MetaRead, MetaStoreRequest, StoreMode, StoreResult, Time, Win,
 };
 
-use crate::conn::{Ctx, Session, Step};
+use crate::exec::session::{Ctx, Session, Step};
 
 /// Execute one meta request, appending its reply to `s.out`.
 pub fn execute(req: MetaRequest<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {

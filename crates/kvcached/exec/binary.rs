@@ -12,8 +12,8 @@ use kvstore::{
     StoreResult,
 };
 
-use crate::conn::{Ctx, Session, Step};
-use crate::stats_report;
+use crate::exec::session::{Ctx, Session, Step};
+use crate::exec::stats_report;
 
 /// Execute one binary request, appending its reply (if any) to `s.out`.
 pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
@@ -145,7 +145,7 @@ pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
             }
         }
         Command::Noop => bin::write_ok(out, op, opaque, 0),
-        Command::Version => bin::write_version(out, opaque, crate::VERSION),
+        Command::Version => bin::write_version(out, opaque, crate::setup::VERSION),
         Command::Stat => {
             let group = stats_report::classify(Some(req.key));
             match group {
@@ -165,7 +165,7 @@ pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
                 }
             }
         }
-        Command::ReplPull => crate::replication::serve_binary(ctx, out, &req),
+        Command::ReplPull => crate::exec::replication::serve_binary(ctx, out, &req),
         // Without -S, memcached answers the SASL opcodes as unknown commands.
         Command::SaslListMechs | Command::SaslAuth | Command::SaslStep => {
             bin::write_error(out, op, opaque, Status::UnknownCommand);

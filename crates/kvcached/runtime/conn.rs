@@ -23,26 +23,21 @@
 //!   back by TCP flow control, not by server memory. A multiget pauses between keys.
 
 use std::io::{self, Read, Write};
-use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use kvproto::binary as bin;
 use kvproto::text::{self as proto, Parse};
 
-use crate::binary;
-use crate::config::ProtocolChoice;
-use crate::server::Shared;
-use crate::stats::WorkerStats;
-use crate::text;
-
-/// Output beyond which a connection stops executing requests until the client reads.
-pub const OUTPUT_HIGH_WATER: usize = 256 * 1024;
+use crate::exec::binary;
+use crate::exec::session::{Ctx, Protocol, Session, Step, OUTPUT_HIGH_WATER};
+use crate::exec::text;
+use crate::setup::config::ProtocolChoice;
+use crate::state::registry::{ConnInfo, ConnState};
+use crate::state::stats::WorkerStats;
 
 /// Buffers larger than this are given back once empty.
 const KEEP_CAPACITY: usize = 64 * 1024;
-
-/// An idle connection keeps an output buffer up to this size (small replies), no more.
-const IDLE_KEEP: usize = 4 * 1024;
 
 /// The first growth step of a connection's own input buffer (an unfinished request).
 const INPUT_STEP: usize = 2 * 1024;
@@ -83,156 +78,6 @@ impl Write for Stream {
     }
 }
 
-/// What `stats conns` shows of a connection; shared with the registry in [`Shared`].
-pub struct ConnInfo {
-    pub addr: String,
-    /// The listening socket it came in on.
-    pub listen_addr: String,
-    /// Server time (unix seconds) of the last command, or of the accept.
-    pub last_cmd: AtomicU32,
-    /// A [`ConnState`], written by the owning worker.
-    state: AtomicU8,
-}
-
-/// The states `stats conns` shows, with memcached 1.6's names for the same situations.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[repr(u8)]
-pub enum ConnState {
-    /// Waiting for a new command, nothing buffered (`conn_new_cmd`).
-    NewCmd = 0,
-    /// Part of a command line has arrived (`conn_read`).
-    Read = 1,
-    /// A command line has arrived and its data block is still coming (`conn_nread`).
-    NRead = 2,
-    /// Discarding the data block of a refused store (`conn_swallow`).
-    Swallow = 3,
-    /// Executing requests (`conn_parse_cmd`): the connection that asks `stats conns` sees
-    /// itself in this state.
-    ParseCmd = 4,
-    /// Replies are waiting for the client to read (`conn_mwrite`).
-    MWrite = 5,
-    /// Closing once its last replies are written (`conn_closing`).
-    Closing = 6,
-}
-
-impl ConnState {
-    fn from_u8(v: u8) -> ConnState {
-        match v {
-            1 => ConnState::Read,
-            2 => ConnState::NRead,
-            3 => ConnState::Swallow,
-            4 => ConnState::ParseCmd,
-            5 => ConnState::MWrite,
-            6 => ConnState::Closing,
-            _ => ConnState::NewCmd,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            ConnState::NewCmd => "conn_new_cmd",
-            ConnState::Read => "conn_read",
-            ConnState::NRead => "conn_nread",
-            ConnState::Swallow => "conn_swallow",
-            ConnState::ParseCmd => "conn_parse_cmd",
-            ConnState::MWrite => "conn_mwrite",
-            ConnState::Closing => "conn_closing",
-        }
-    }
-
-    /// Whether `-o idle_timeout` may close a connection in this state: memcached kicks only
-    /// connections waiting for (the rest of) a command line.
-    pub fn kickable(self) -> bool {
-        matches!(self, ConnState::NewCmd | ConnState::Read)
-    }
-}
-
-impl ConnInfo {
-    pub fn new(addr: String, listen_addr: String) -> ConnInfo {
-        ConnInfo {
-            addr,
-            listen_addr,
-            last_cmd: AtomicU32::new(0),
-            state: AtomicU8::new(ConnState::NewCmd as u8),
-        }
-    }
-
-    pub fn state(&self) -> ConnState {
-        ConnState::from_u8(self.state.load(Ordering::Relaxed))
-    }
-
-    fn set_state(&self, state: ConnState) {
-        self.state.store(state as u8, Ordering::Relaxed);
-    }
-}
-
-/// Per-connection protocol state that request execution reads and writes.
-pub struct Session {
-    /// Replies not yet written; `out[out_pos..]` is pending.
-    pub out: Vec<u8>,
-    out_pos: usize,
-    /// Bytes of an oversize data block still to discard.
-    swallow: usize,
-    /// Keys of the multiget at the front of the input that were already answered.
-    pub get_progress: usize,
-    /// Close once the pending output is written (`quit`, fatal errors).
-    pub close_after_write: bool,
-    /// The protocol this connection speaks, decided by its first byte.
-    protocol: Option<Protocol>,
-    /// Authentication state (`-Y`, `-S`).
-    pub auth: crate::auth::ConnAuth,
-}
-
-/// The protocols a TCP or unix connection can speak.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Protocol {
-    /// Classic text and meta commands.
-    Text,
-    Binary,
-}
-
-impl Session {
-    pub fn new() -> Session {
-        Session {
-            out: Vec::new(),
-            out_pos: 0,
-            swallow: 0,
-            get_progress: 0,
-            close_after_write: false,
-            protocol: None,
-            auth: crate::auth::ConnAuth::default(),
-        }
-    }
-
-    /// Bytes of output waiting to be written.
-    pub fn pending(&self) -> usize {
-        self.out.len() - self.out_pos
-    }
-
-    /// Give the output buffer back when nothing is pending and it is larger than
-    /// [`IDLE_KEEP`]: thousands of idle connections that once fetched a large item must not
-    /// keep that much memory each, while a connection of small replies keeps its small
-    /// buffer instead of allocating one per request.
-    fn release_idle(&mut self) {
-        if self.pending() == 0 && self.out.capacity() > IDLE_KEEP {
-            self.out = Vec::new();
-            self.out_pos = 0;
-        }
-    }
-}
-
-/// What executing one request asks of the connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Step {
-    /// Carry on with the next request.
-    Next,
-    /// The request is not finished (a multiget paused for output to drain): keep its bytes,
-    /// flush, and run it again later.
-    Pause,
-    /// Close the connection now, without writing what is pending.
-    Close,
-}
-
 /// What the worker should do with a connection after driving it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Drive {
@@ -262,38 +107,7 @@ pub struct Conn {
     /// Bytes of buffer memory this connection held when the worker last accounted for it.
     pub accounted: usize,
     /// What the worker's buffer gauges (`stats`) last counted for this connection.
-    pub gauged: crate::stats::Gauged,
-}
-
-/// The share of `-o read_buf_mem_limit` a worker's connections may hold, and what the
-/// worker's other connections hold now: the limit a connection checks before it grows a
-/// buffer or starts a reply.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct BufferLimit {
-    /// Bytes for all of the worker's connection buffers; 0: no limit.
-    pub limit: usize,
-    /// Bytes held by the worker's other connections.
-    pub others: usize,
-}
-
-impl BufferLimit {
-    /// Whether a connection may hold `mine` bytes of buffers.
-    #[inline]
-    pub fn allows(&self, mine: usize) -> bool {
-        self.limit == 0 || self.others.saturating_add(mine) <= self.limit
-    }
-}
-
-/// Worker-owned context for driving connections.
-pub struct Ctx<'a> {
-    pub shared: &'a Shared,
-    pub stats: &'a WorkerStats,
-    /// The worker's read buffer, shared by all its connections.
-    pub scratch: &'a mut Vec<u8>,
-    /// Server time (unix seconds), read once per turn of the worker's loop.
-    pub now: u32,
-    /// Buffer memory the connection being driven may hold.
-    pub buffers: BufferLimit,
+    pub gauged: crate::state::stats::Gauged,
 }
 
 /// Where the bytes being parsed live.
@@ -610,10 +424,10 @@ impl Conn {
             }
             // -Y: until authenticated, every line is an authentication attempt or refused.
             if shared.config.auth_file.is_some() && !self.session.auth.authenticated {
-                match crate::auth::ascii_gate(ctx, &mut self.session, rest) {
-                    crate::auth::Gate::Incomplete => return (pos, Step::Next),
-                    crate::auth::Gate::Close => return (pos, Step::Close),
-                    crate::auth::Gate::Done(used) => {
+                match crate::exec::auth::ascii_gate(ctx, &mut self.session, rest) {
+                    crate::exec::auth::Gate::Incomplete => return (pos, Step::Next),
+                    crate::exec::auth::Gate::Close => return (pos, Step::Close),
+                    crate::exec::auth::Gate::Done(used) => {
                         *budget -= 1;
                         pos += used;
                         continue;
@@ -675,7 +489,7 @@ impl Conn {
         let limits = ctx.shared.limits;
         // -S: SASL commands, and refusal of the rest until authenticated.
         if ctx.shared.config.sasl {
-            if let Some(h) = crate::auth::sasl_gate(ctx, &mut self.session, data) {
+            if let Some(h) = crate::exec::auth::sasl_gate(ctx, &mut self.session, data) {
                 if h.consumed > 0 {
                     *budget -= 1;
                 }

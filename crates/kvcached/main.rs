@@ -4,30 +4,16 @@
 //! privileges, daemon mode, pid file), binds the listening sockets and hands them to
 //! [`server::run`].
 
-mod auth;
-mod binary;
-mod cli;
-mod clock;
-mod config;
-mod conn;
-mod daemon;
-mod memory;
-mod meta;
-mod replication;
+mod exec;
+mod features;
+mod runtime;
 mod server;
-mod stats;
-mod stats_report;
-mod text;
-mod udp;
-mod warm;
-mod worker;
+mod setup;
+mod state;
 
 use std::process::ExitCode;
 
-/// The version kvcached reports (`version`, `stats`): the memcached protocol level it
-/// implements, then its own version, so that clients that parse memcached's version keep
-/// working.
-pub const VERSION: &str = concat!("1.6.40-kvcached-", env!("CARGO_PKG_VERSION"));
+use setup::{cli, config, daemon, VERSION};
 
 fn main() -> ExitCode {
     let (config, notes) = match cli::parse(std::env::args_os().skip(1)) {
@@ -68,7 +54,7 @@ fn main() -> ExitCode {
 
 fn start(config: config::Config) -> Result<(), String> {
     daemon::drop_privileges(config.user.as_deref())?;
-    let listeners = server::bind_listeners(&config)?;
+    let listeners = runtime::listener::bind_listeners(&config)?;
     if config.max_core_file {
         if let Err(e) = daemon::set_core_limit() {
             eprintln!("kvcached: {e}");

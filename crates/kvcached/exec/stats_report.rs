@@ -7,10 +7,11 @@ use std::sync::atomic::Ordering;
 
 use kvproto::text::{self as proto, Tokens};
 
-use crate::config::{MemoryLimit, ProtocolChoice};
-use crate::conn::{Ctx, Session};
-use crate::server::Shared;
-use crate::stats;
+use crate::exec::session::{Ctx, Session};
+use crate::setup::config::{MemoryLimit, ProtocolChoice};
+use crate::state::registry::ConnKind;
+use crate::state::shared::Shared;
+use crate::state::stats;
 
 /// Where stats go: called once per (name, value).
 pub type Sink<'a> = dyn FnMut(&str, &dyn Display) + 'a;
@@ -81,7 +82,12 @@ pub fn emit_group(ctx: &Ctx<'_>, group: Group, sink: &mut Sink<'_>) -> bool {
         }
         Group::Sizes => emit(sink, "sizes_status", "disabled"),
         Group::Replication => {
-            for (k, v) in ctx.shared.repl.stats(ctx.shared) {
+            let offset = ctx
+                .shared
+                .engine
+                .log_engine()
+                .map_or(0, kvstore::LogEngine::log_offset);
+            for (k, v) in ctx.shared.repl.stats(offset) {
                 emit(sink, &k, v);
             }
         }
@@ -127,7 +133,7 @@ fn general(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
     emit(sink, "pid", std::process::id());
     emit(sink, "uptime", shared.clock.uptime());
     emit(sink, "time", shared.clock.now());
-    emit(sink, "version", crate::VERSION);
+    emit(sink, "version", crate::setup::VERSION);
     emit(sink, "pointer_size", usize::BITS);
     emit(sink, "rusage_user", format_args!("{us}.{uus:06}"));
     emit(sink, "rusage_system", format_args!("{ss}.{sus:06}"));
@@ -274,11 +280,11 @@ fn conns(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
         let last = info.last_cmd.load(Ordering::Relaxed);
         let key = |k: &str| format!("{fd}:{k}");
         match kind {
-            crate::server::ConnKind::Listener => {
+            ConnKind::Listener => {
                 emit(sink, &key("addr"), &info.addr);
                 emit(sink, &key("state"), "conn_listening");
             }
-            crate::server::ConnKind::Client => {
+            ConnKind::Client => {
                 emit(sink, &key("addr"), &info.addr);
                 emit(sink, &key("listen_addr"), &info.listen_addr);
                 emit(sink, &key("state"), info.state().name());

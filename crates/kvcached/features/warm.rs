@@ -17,8 +17,8 @@ use std::time::Instant;
 
 use kvstore::Engine;
 
-use crate::clock::Clock;
-use crate::server::Shared;
+use crate::state::clock::Clock;
+use crate::state::shared::Shared;
 
 /// Load the snapshot at `path` into `engine` if there is one, then remove it.
 pub fn load(engine: &dyn Engine, path: &Path, clock: &Clock) {

@@ -32,10 +32,10 @@ use kvproto::udp::{self as frame, Datagrams, HEADER_LEN};
 use kvstore::ReadOptions;
 use socket2::{Domain, Socket, Type};
 
-use crate::binary;
-use crate::config::Config;
-use crate::conn::{Ctx, Session, Step};
-use crate::text;
+use crate::exec::binary;
+use crate::exec::session::{Ctx, Session, Step};
+use crate::exec::text;
+use crate::setup::config::Config;
 
 /// Datagrams per `recvmmsg` or `sendmmsg` call.
 const BATCH: usize = 32;

@@ -18,9 +18,12 @@ use std::time::{Duration, Instant};
 
 use mio::{Events, Interest, Poll, Token, Waker};
 
-use crate::conn::{BufferLimit, Conn, ConnInfo, Ctx, Drive, Stream};
-use crate::server::{ConnKind, Listener, Shared};
-use crate::stats::WorkerStats;
+use crate::exec::session::{BufferLimit, Ctx};
+use crate::runtime::conn::{Conn, Drive, Stream};
+use crate::runtime::listener::Listener;
+use crate::state::registry::{ConnInfo, ConnKind};
+use crate::state::shared::Shared;
+use crate::state::stats::WorkerStats;
 
 /// Size of the read buffer each worker shares among its connections.
 pub const SCRATCH: usize = 64 * 1024;
@@ -86,7 +89,7 @@ impl Worker {
         }
         let mut udp = Vec::with_capacity(udp_addrs.len());
         for (i, addr) in udp_addrs.iter().enumerate() {
-            let mut sock = crate::udp::bind(*addr)?;
+            let mut sock = crate::runtime::udp::bind(*addr)?;
             poll.registry()
                 .register(&mut sock, Token(mine.len() + i), Interest::READABLE)?;
             udp.push(sock);
@@ -127,7 +130,7 @@ impl Worker {
         let mut events = Events::with_capacity(1024);
         let mut scratch = vec![0u8; SCRATCH];
         // Receive slots and replies of the UDP sockets (allocated on first use).
-        let mut udp = crate::udp::Buffers::new();
+        let mut udp = crate::runtime::udp::Buffers::new();
         let mut last_sweep = Instant::now();
         let idle = self.shared.config.idle_timeout;
         while !self.shared.shutting_down() {
@@ -198,7 +201,7 @@ impl Worker {
         }
     }
 
-    fn serve_udp(&mut self, index: usize, buffers: &mut crate::udp::Buffers) {
+    fn serve_udp(&mut self, index: usize, buffers: &mut crate::runtime::udp::Buffers) {
         let Some(sock) = self.udp.get(index) else {
             return;
         };
@@ -209,7 +212,7 @@ impl Worker {
             now: self.now,
             buffers: BufferLimit::default(),
         };
-        if crate::udp::serve(sock, &mut ctx, buffers) && !self.udp_ready.contains(&index) {
+        if crate::runtime::udp::serve(sock, &mut ctx, buffers) && !self.udp_ready.contains(&index) {
             self.udp_ready.push(index);
         }
     }

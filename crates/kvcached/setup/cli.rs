@@ -15,7 +15,7 @@
 //! Options are handled in order, so `-h`, `-i` and `-V` win over anything after them and
 //! an error before them wins over them, as with memcached.
 
-use crate::config::{Config, EngineChoice, ListenAddr, MemoryLimit, ProtocolChoice};
+use crate::setup::config::{Config, EngineChoice, ListenAddr, MemoryLimit, ProtocolChoice};
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;

@@ -1,7 +1,7 @@
 //! Authentication, as memcached 1.6 does it: ASCII authentication with `-Y FILE` and SASL PLAIN
 //! over the binary protocol with `-S`. Wire formats are `kvproto::auth`'s; this module holds the
-//! credentials, each connection's authentication state, and the gates `conn.rs` calls before
-//! executing a request on a connection that has not authenticated.
+//! credentials and each connection's authentication state; the gates that run before a request
+//! on a connection that has not authenticated are `exec::auth`.
 //!
 //! # `-Y`: the auth file (memcached's `authfile.c`)
 //!
@@ -34,11 +34,9 @@ use std::io::{self, BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
-use kvproto::auth::{self as proto, AuthData, AuthLine};
-use kvproto::binary::{self as bin, opcode, Status};
+use kvproto::auth as proto;
 
-use crate::config::Config;
-use crate::conn::{Ctx, Session, Step};
+use crate::setup::config::Config;
 
 /// The environment variable naming the SASL password file.
 pub const PWDB_ENV: &str = "MEMCACHED_SASL_PWDB";
@@ -48,9 +46,6 @@ const MAX_ENTRIES: usize = 8;
 
 /// memcached reads both files with `fgets` into buffers of this size.
 const MAX_ENTRY_LEN: usize = 256;
-
-/// The mechanisms `sasl list mechs` answers.
-const MECHANISMS: &[u8] = b"PLAIN";
 
 /// Compare two byte strings in time that depends only on their lengths.
 pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
@@ -230,7 +225,7 @@ impl Auth {
     }
 
     /// Whether a SASL PLAIN message carries valid credentials.
-    fn check_plain(&self, msg: &[u8]) -> bool {
+    pub fn check_plain(&self, msg: &[u8]) -> bool {
         let Some(plain) = proto::parse_sasl_plain(msg) else {
             return false;
         };
@@ -320,7 +315,7 @@ fn check_pwdb(path: &Path, names: &[&[u8]], password: &[u8]) -> io::Result<bool>
 
 /// SASL progress of one connection.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-enum SaslState {
+pub enum SaslState {
     /// No exchange started, or the last one failed to start.
     #[default]
     Idle,
@@ -336,238 +331,8 @@ pub struct ConnAuth {
     /// Authenticated (checked only under `-Y` or `-S`).
     pub authenticated: bool,
     /// `-Y`: the length of the data block of an authentication request whose line was read.
-    pending_data: Option<usize>,
-    sasl: SaslState,
-}
-
-/// What the `-Y` gate did with the front of the input.
-pub enum Gate {
-    /// Nothing yet: wait for more bytes.
-    Incomplete,
-    /// Consumed this many bytes (a reply may have been written).
-    Done(usize),
-    /// Close the connection without a reply.
-    Close,
-}
-
-/// `-Y`: handle the front of an unauthenticated connection's input: the authentication
-/// request, or the refusal of anything else.
-pub fn ascii_gate(ctx: &Ctx<'_>, s: &mut Session, data: &[u8]) -> Gate {
-    let len = match s.auth.pending_data {
-        Some(len) => len,
-        None => match proto::parse_auth_line(data) {
-            AuthLine::Incomplete => return Gate::Incomplete,
-            AuthLine::Close => return Gate::Close,
-            AuthLine::Unauthenticated { consumed } => {
-                s.out.extend_from_slice(proto::REPLY_UNAUTHENTICATED);
-                return Gate::Done(consumed);
-            }
-            AuthLine::TooLong { consumed } => {
-                s.out.extend_from_slice(proto::REPLY_TOKEN_TOO_LONG);
-                return Gate::Done(consumed);
-            }
-            AuthLine::Data { consumed, len } => {
-                // Like memcached, the line is consumed now and the data block awaited.
-                s.auth.pending_data = Some(len as usize + 2);
-                return Gate::Done(consumed);
-            }
-        },
-    };
-    let Some(block) = data.get(..len) else {
-        return Gate::Incomplete;
-    };
-    s.auth.pending_data = None;
-    let reply = match proto::parse_auth_data(block) {
-        AuthData::BadTermination => proto::REPLY_BAD_TERMINATION,
-        AuthData::BadFormat => proto::REPLY_BAD_FORMAT,
-        AuthData::Credentials { user, password } => {
-            ctx.stats.auth_cmds.incr();
-            if ctx.shared.auth.check_ascii(user, password) {
-                s.auth.authenticated = true;
-                ctx.shared
-                    .log(2, || "ASCII authentication succeeded".into());
-                proto::REPLY_STORED
-            } else {
-                ctx.stats.auth_errors.incr();
-                ctx.shared.log(1, || {
-                    format!(
-                        "ASCII authentication failed for user <{}>",
-                        user.escape_ascii()
-                    )
-                });
-                proto::REPLY_FAILURE
-            }
-        }
-    };
-    s.out.extend_from_slice(reply);
-    Gate::Done(len)
-}
-
-/// What the `-S` gate did with a binary request.
-pub struct Handled {
-    /// Bytes consumed (0: wait for more).
-    pub consumed: usize,
-    /// Bytes to discard after them as they arrive.
-    pub swallow: usize,
-    pub step: Step,
-}
-
-/// `-S`: look at the binary request at the front of `data` before it is parsed. Answers the
-/// SASL commands, and refuses anything but them and `version` until the connection has
-/// authenticated (`0x20` Auth failure, then close), as memcached does. `None`: parse and
-/// execute the request as usual.
-pub fn sasl_gate(ctx: &Ctx<'_>, s: &mut Session, data: &[u8]) -> Option<Handled> {
-    let h = proto::binary_head(data)?;
-    let done = |consumed| Handled {
-        consumed,
-        swallow: 0,
-        step: Step::Next,
-    };
-    match h.opcode {
-        opcode::SASL_LIST_MECHS => {
-            if h.extlen != 0 || h.keylen != 0 || h.bodylen != 0 {
-                return None;
-            }
-            // memcached starts a new SASL session here, which forgets any authentication.
-            s.auth.authenticated = false;
-            bin::write_response(
-                &mut s.out,
-                h.opcode,
-                Status::Success,
-                h.opaque,
-                0,
-                &[],
-                &[],
-                MECHANISMS,
-            );
-            Some(done(h.head_len()))
-        }
-        opcode::SASL_AUTH | opcode::SASL_STEP => {
-            if h.extlen != 0 || h.keylen == 0 || h.keylen > kvproto::MAX_KEY_LEN {
-                return None;
-            }
-            Some(sasl_auth(ctx, s, data, &h))
-        }
-        opcode::VERSION => None,
-        _ if s.auth.authenticated => None,
-        _ => {
-            bin::write_error(&mut s.out, h.opcode, h.opaque, Status::AuthError);
-            s.close_after_write = true;
-            Some(done(h.head_len()))
-        }
-    }
-}
-
-/// `sasl auth` / `sasl step`.
-fn sasl_auth(ctx: &Ctx<'_>, s: &mut Session, data: &[u8], h: &proto::BinaryHead) -> Handled {
-    let vlen = h.value_len();
-    let fail = |s: &mut Session, status| {
-        bin::write_error(&mut s.out, h.opcode, h.opaque, status);
-        Handled {
-            consumed: h.head_len(),
-            swallow: vlen,
-            step: Step::Next,
-        }
-    };
-    if h.keylen > proto::MAX_SASL_MECH_LEN {
-        return fail(s, Status::InvalidArguments);
-    }
-    // memcached reads the data into an item, which cannot be chunked: about half of -I.
-    if vlen > ctx.shared.limits.max_value / 2 {
-        return fail(s, Status::OutOfMemory);
-    }
-    let Some(value) = data.get(h.head_len()..h.head_len() + vlen) else {
-        return Handled {
-            consumed: 0,
-            swallow: 0,
-            step: Step::Next,
-        };
-    };
-    let key = data
-        .get(bin::HEADER_LEN + h.extlen..h.head_len())
-        .unwrap_or(&[]);
-    // A new SASL exchange forgets any earlier authentication.
-    s.auth.authenticated = false;
-    #[derive(PartialEq)]
-    enum Outcome {
-        Ok,
-        Continue,
-        Fail,
-    }
-    let outcome = if h.opcode == opcode::SASL_AUTH {
-        // The mechanism name ends at a NUL, as a C string would.
-        let mech = key.split(|&b| b == 0).next().unwrap_or(&[]);
-        let done = s.auth.sasl == SaslState::Done;
-        let outcome = if !mech.eq_ignore_ascii_case(b"PLAIN") {
-            Outcome::Fail
-        } else if value.is_empty() {
-            Outcome::Continue
-        } else if !done && ctx.shared.auth.check_plain(value) {
-            Outcome::Ok
-        } else {
-            Outcome::Fail
-        };
-        // Cyrus SASL keeps one exchange per connection: once one completed, nothing more can
-        // (memcached answers a new `PLAIN` without data "continue", and fails the rest).
-        if !done {
-            s.auth.sasl = match outcome {
-                Outcome::Ok => SaslState::Done,
-                Outcome::Continue => SaslState::AwaitingPlain,
-                Outcome::Fail => SaslState::Idle,
-            };
-        }
-        outcome
-    } else if s.auth.sasl == SaslState::AwaitingPlain {
-        // A failed step leaves the exchange open for another.
-        if ctx.shared.auth.check_plain(value) {
-            s.auth.sasl = SaslState::Done;
-            Outcome::Ok
-        } else {
-            Outcome::Fail
-        }
-    } else {
-        Outcome::Fail
-    };
-    match outcome {
-        Outcome::Ok => {
-            s.auth.authenticated = true;
-            ctx.stats.auth_cmds.incr();
-            ctx.shared.log(2, || "SASL authentication succeeded".into());
-            bin::write_response(
-                &mut s.out,
-                h.opcode,
-                Status::Success,
-                h.opaque,
-                0,
-                &[],
-                &[],
-                b"Authenticated",
-            );
-        }
-        Outcome::Continue => {
-            bin::write_header(
-                &mut s.out,
-                h.opcode,
-                Status::AuthContinue,
-                h.opaque,
-                0,
-                0,
-                0,
-                0,
-            );
-        }
-        Outcome::Fail => {
-            ctx.stats.auth_cmds.incr();
-            ctx.stats.auth_errors.incr();
-            ctx.shared.log(1, || "SASL authentication failed".into());
-            bin::write_error(&mut s.out, h.opcode, h.opaque, Status::AuthError);
-        }
-    }
-    Handled {
-        consumed: h.head_len() + vlen,
-        swallow: 0,
-        step: Step::Next,
-    }
+    pub pending_data: Option<usize>,
+    pub sasl: SaslState,
 }
 
 #[cfg(test)]

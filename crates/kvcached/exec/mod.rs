@@ -1,0 +1,12 @@
+//! Request execution: the session contract ([`session`]) and the executors built on it, one
+//! per protocol (text, meta, binary), the authentication gates, the `stats` replies and the
+//! master side of replication. Executors write replies into a session's output and know
+//! nothing of sockets; the runtime drives them.
+
+pub mod auth;
+pub mod binary;
+pub mod meta;
+pub mod replication;
+pub mod session;
+pub mod stats_report;
+pub mod text;

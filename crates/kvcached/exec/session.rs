@@ -1,0 +1,112 @@
+//! The contract between the runtime and the request executors: a connection's protocol state
+//! ([`Session`]), the worker's context ([`Ctx`]) and what executing a request asks of the
+//! connection ([`Step`]). The executors (text, meta, binary, stats, auth gates) and the
+//! runtime (TCP, unix and UDP connections) both build on it; it imports neither.
+
+use crate::state::credentials::ConnAuth;
+use crate::state::shared::Shared;
+use crate::state::stats::WorkerStats;
+
+/// Output beyond which a connection stops executing requests until the client reads.
+pub const OUTPUT_HIGH_WATER: usize = 256 * 1024;
+
+/// An idle connection keeps an output buffer up to this size (small replies), no more.
+const IDLE_KEEP: usize = 4 * 1024;
+
+/// Per-connection protocol state that request execution reads and writes.
+pub struct Session {
+    /// Replies not yet written; `out[out_pos..]` is pending.
+    pub out: Vec<u8>,
+    pub out_pos: usize,
+    /// Bytes of an oversize data block still to discard.
+    pub swallow: usize,
+    /// Keys of the multiget at the front of the input that were already answered.
+    pub get_progress: usize,
+    /// Close once the pending output is written (`quit`, fatal errors).
+    pub close_after_write: bool,
+    /// The protocol this connection speaks, decided by its first byte.
+    pub protocol: Option<Protocol>,
+    /// Authentication state (`-Y`, `-S`).
+    pub auth: ConnAuth,
+}
+
+/// The protocols a TCP or unix connection can speak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// Classic text and meta commands.
+    Text,
+    Binary,
+}
+
+impl Session {
+    pub fn new() -> Session {
+        Session {
+            out: Vec::new(),
+            out_pos: 0,
+            swallow: 0,
+            get_progress: 0,
+            close_after_write: false,
+            protocol: None,
+            auth: ConnAuth::default(),
+        }
+    }
+
+    /// Bytes of output waiting to be written.
+    pub fn pending(&self) -> usize {
+        self.out.len() - self.out_pos
+    }
+
+    /// Give the output buffer back when nothing is pending and it is larger than
+    /// [`IDLE_KEEP`]: thousands of idle connections that once fetched a large item must not
+    /// keep that much memory each, while a connection of small replies keeps its small
+    /// buffer instead of allocating one per request.
+    pub fn release_idle(&mut self) {
+        if self.pending() == 0 && self.out.capacity() > IDLE_KEEP {
+            self.out = Vec::new();
+            self.out_pos = 0;
+        }
+    }
+}
+
+/// What executing one request asks of the connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Carry on with the next request.
+    Next,
+    /// The request is not finished (a multiget paused for output to drain): keep its bytes,
+    /// flush, and run it again later.
+    Pause,
+    /// Close the connection now, without writing what is pending.
+    Close,
+}
+
+/// The share of `-o read_buf_mem_limit` a worker's connections may hold, and what the
+/// worker's other connections hold now: the limit a connection checks before it grows a
+/// buffer or starts a reply.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BufferLimit {
+    /// Bytes for all of the worker's connection buffers; 0: no limit.
+    pub limit: usize,
+    /// Bytes held by the worker's other connections.
+    pub others: usize,
+}
+
+impl BufferLimit {
+    /// Whether a connection may hold `mine` bytes of buffers.
+    #[inline]
+    pub fn allows(&self, mine: usize) -> bool {
+        self.limit == 0 || self.others.saturating_add(mine) <= self.limit
+    }
+}
+
+/// Worker-owned context for driving connections.
+pub struct Ctx<'a> {
+    pub shared: &'a Shared,
+    pub stats: &'a WorkerStats,
+    /// The worker's read buffer, shared by all its connections.
+    pub scratch: &'a mut Vec<u8>,
+    /// Server time (unix seconds), read once per turn of the worker's loop.
+    pub now: u32,
+    /// Buffer memory the connection being driven may hold.
+    pub buffers: BufferLimit,
+}

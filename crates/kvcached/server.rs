@@ -1,0 +1,235 @@
+//! Wiring: the state all workers share, the listening sockets, the worker threads and the
+//! signals that stop them.
+//!
+//! ```text
+//!            signals (main thread) ──shutdown──┐
+//!                                              ▼
+//!  listeners ─┬─ worker 0: mio poll ─ conns ─┐
+//!  (shared)   ├─ worker 1: mio poll ─ conns ─┼─▶ engine (kvstore, shared, internally sharded)
+//!             └─ worker N: mio poll ─ conns ─┘
+//! ```
+//! Every worker polls every listener (a duplicate of the same socket), accepts what it can and
+//! keeps the connections it accepted for their whole life: a request is parsed, executed and
+//! answered on one thread (a column), and workers share nothing but the engine and counters.
+
+use std::io;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use kvstore::{Engine, EngineConfig, HashMapEngine, LogEngine};
+
+use crate::features::{replication, warm};
+use crate::runtime::listener::Listener;
+use crate::runtime::worker::Worker;
+use crate::setup::config::{Config, EngineChoice, MemoryLimit};
+use crate::state::clock::Clock;
+use crate::state::credentials::Auth;
+use crate::state::registry::{ConnInfo, ConnKind};
+use crate::state::shared::Shared;
+use crate::state::stats::WorkerStats;
+
+/// The memory limit in bytes for a configuration.
+pub fn memory_bytes(limit: MemoryLimit) -> usize {
+    match limit {
+        MemoryLimit::Fixed(b) => b,
+        MemoryLimit::Auto => crate::setup::memory::auto_limit(),
+    }
+}
+
+/// Build the engine the configuration asks for.
+pub fn build_engine(config: &Config) -> (Box<dyn Engine>, &'static str) {
+    let ec = EngineConfig {
+        max_bytes: memory_bytes(config.memory_limit),
+        max_item_size: config.item_size_max,
+        no_evict: config.no_evict,
+        use_cas: config.use_cas,
+    };
+    match config.engine {
+        EngineChoice::Log => (Box::new(LogEngine::new(ec)), "log"),
+        EngineChoice::HashMap => (Box::new(HashMapEngine::new(ec)), "hashmap"),
+    }
+}
+
+/// Run the server until a signal or `shutdown` stops it.
+pub fn run(config: Config, listeners: Vec<Listener>) -> Result<(), String> {
+    let threads = config.threads.max(1);
+    // Like memcached, the auth file is read after dropping privileges and daemonizing.
+    let auth = Auth::new(&config)?;
+    let (engine, engine_name) = build_engine(&config);
+    if let Some(path) = &config.memory_file {
+        warm::load(&*engine, path, &Clock::new());
+    }
+    let worker_stats: Vec<Arc<WorkerStats>> = (0..threads)
+        .map(|_| Arc::new(WorkerStats::default()))
+        .collect();
+    let shared = Arc::new(Shared::new(
+        config,
+        engine,
+        engine_name,
+        auth,
+        worker_stats.clone(),
+    ));
+    for l in &listeners {
+        let info = Arc::new(ConnInfo::new(l.describe(), String::new()));
+        info.last_cmd.store(shared.clock.now(), Ordering::Relaxed);
+        shared.register(l.fd(), ConnKind::Listener, info);
+        shared.log(1, || format!("listening on {}", l.describe()));
+    }
+
+    let udp_addrs = crate::runtime::udp::addresses(&shared.config)?;
+    let mut workers = Vec::with_capacity(threads);
+    let mut wakers = Vec::with_capacity(threads);
+    for (i, stats) in worker_stats.into_iter().enumerate() {
+        let mine = listeners
+            .iter()
+            .map(|l| l.try_clone())
+            .collect::<io::Result<Vec<_>>>()
+            .map_err(|e| format!("failed to share a listening socket: {e}"))?;
+        let worker = Worker::new(i, shared.clone(), stats, mine, &udp_addrs)
+            .map_err(|e| format!("failed to start worker {i}: {e}"))?;
+        wakers.push(worker.waker());
+        workers.push(worker);
+    }
+    shared.set_wakers(wakers);
+    shared.set_arc();
+    // --min-replicas: no replica yet, so writes start refused.
+    shared.repl.check_min_replicas(&shared.config);
+    if let Some(master) = shared.config.replica_of.clone() {
+        replication::follow(&shared, master);
+    }
+
+    let signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+        signal_hook::consts::SIGUSR1,
+    ])
+    .map_err(|e| format!("failed to install signal handlers: {e}"))?;
+    let handle = signals.handle();
+    let watcher = {
+        let shared = shared.clone();
+        let mut signals = signals;
+        std::thread::Builder::new()
+            .name("signals".into())
+            .spawn(move || {
+                for sig in signals.forever() {
+                    // Like memcached, SIGHUP reloads the -Y auth file and nothing else.
+                    if sig == signal_hook::consts::SIGHUP {
+                        match shared.auth.reload() {
+                            Ok(()) => shared.log(1, || "SIGHUP: auth file reloaded".into()),
+                            Err(e) => eprintln!("kvcached: SIGHUP: {e}; keeping the old entries"),
+                        }
+                        continue;
+                    }
+                    // Like memcached, SIGUSR1 is a graceful stop that saves the cache for a
+                    // warm restart when -e names a file. So is SIGTERM (unlike memcached),
+                    // so that a service manager's stop keeps the cache warm; SIGINT (^C)
+                    // saves nothing.
+                    if sig == signal_hook::consts::SIGUSR1 || sig == signal_hook::consts::SIGTERM {
+                        shared.request_save_on_exit();
+                    }
+                    shared.log(1, || format!("signal {sig}: shutting down"));
+                    shared.request_shutdown();
+                    break;
+                }
+            })
+            .map_err(|e| format!("failed to start the signal thread: {e}"))?
+    };
+
+    let mut handles = Vec::with_capacity(workers.len());
+    for (i, w) in workers.into_iter().enumerate() {
+        let h = std::thread::Builder::new()
+            .name(format!("worker-{i}"))
+            .spawn(move || w.run())
+            .map_err(|e| format!("failed to spawn worker {i}: {e}"))?;
+        handles.push(h);
+    }
+    let maintenance = {
+        let shared = shared.clone();
+        std::thread::Builder::new()
+            .name("maintenance".into())
+            .spawn(move || maintenance_loop(&shared))
+            .map_err(|e| format!("failed to spawn maintenance thread: {e}"))?
+    };
+
+    let mut failed = false;
+    for h in handles {
+        if h.join().is_err() {
+            failed = true;
+            shared.request_shutdown();
+        }
+    }
+    handle.close();
+    let _ = watcher.join();
+    let _ = maintenance.join();
+    if let Some(path) = &shared.config.unix_socket {
+        let _ = std::fs::remove_file(path);
+    }
+    if !failed && shared.save_on_exit() {
+        if let Some(path) = &shared.config.memory_file {
+            warm::save(&shared, path)?;
+        }
+    }
+    if failed {
+        return Err("a worker thread failed".into());
+    }
+    Ok(())
+}
+
+/// Return free heap memory to the system (glibc's `malloc_trim`).
+fn trim_heap() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only releases free memory of the allocator's own heaps; it has no
+    // preconditions.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// Reclaim expired items in the background, a bounded amount each tick, until shutdown;
+/// with `-m auto`, follow the memory available once a second (`memory::adjust`).
+fn maintenance_loop(shared: &Shared) {
+    // Sleep in short slices so that shutdown is noticed promptly.
+    let slice = std::time::Duration::from_millis(50);
+    let mut n = 0u32;
+    let auto = shared.config.memory_limit == MemoryLimit::Auto;
+    let mut trimmed_at = 0u64;
+    let ceiling = shared.engine.stats().limit_maxbytes as usize;
+    while !shared.shutting_down() {
+        if n % 4 == 0 {
+            shared.engine.maintain(shared.clock.now());
+        }
+        shared.repl.check_min_replicas(&shared.config);
+        if n % 20 == 0 {
+            // Connections closed since the last look: give the memory their buffers held
+            // back to the system (glibc keeps freed memory below the top of its heaps).
+            let closed = shared
+                .total_conns
+                .load(Ordering::Relaxed)
+                .saturating_sub(shared.curr_conns.load(Ordering::Relaxed) as u64);
+            if closed != trimmed_at {
+                trimmed_at = closed;
+                trim_heap();
+            }
+        }
+        if auto && n % 20 == 0 {
+            if let Some(available) = crate::setup::memory::available_now() {
+                let limit = shared.engine.stats().limit_maxbytes as usize;
+                let next = crate::setup::memory::adjust(limit, available, ceiling);
+                if next != limit {
+                    shared.log(1, || {
+                        format!(
+                            "-m auto: {} MiB available; memory limit {} -> {} MiB",
+                            available >> 20,
+                            limit >> 20,
+                            next >> 20
+                        )
+                    });
+                    shared.engine.set_max_bytes(next, shared.clock.now());
+                }
+            }
+        }
+        n = n.wrapping_add(1);
+        std::thread::sleep(slice);
+    }
+}

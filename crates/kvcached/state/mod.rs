@@ -1,0 +1,10 @@
+//! The state the server's threads share: the clock, counters, the connection registry,
+//! credentials, replication state, and [`shared::Shared`], which holds them with the
+//! configuration and the engine. Imports only `setup`.
+
+pub mod clock;
+pub mod credentials;
+pub mod registry;
+pub mod replication;
+pub mod shared;
+pub mod stats;
