@@ -197,7 +197,9 @@ fn maintenance_loop(shared: &Shared) {
     let ceiling = shared.engine.stats().limit_maxbytes as usize;
     while !shared.shutting_down() {
         if n % 4 == 0 {
-            shared.engine.maintain(shared.clock.now());
+            shared
+                .engine
+                .maintain(shared.clock.now(), shared.config.lru_crawler);
         }
         shared.repl.check_min_replicas(&shared.config);
         if n % 20 == 0 {

@@ -254,6 +254,7 @@ fn settings(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
         None => emit(sink, "auth_enabled_ascii", "no"),
     }
     emit(sink, "item_size_max", c.item_size_max);
+    emit(sink, "lru_crawler", yes_no(c.lru_crawler));
     emit(sink, "flush_enabled", yes_no(c.flush_enabled));
     emit(
         sink,

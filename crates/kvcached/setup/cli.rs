@@ -919,6 +919,8 @@ impl Builder {
                 int::<u32>(sp, &need(val)?, "a whole number")?;
                 self.ignored(sp);
             }
+            "lru_crawler" => self.cfg.lru_crawler = true,
+            "no_lru_crawler" => self.cfg.lru_crawler = false,
             "lru_maintainer" => {
                 self.lru_maintainer = true;
                 self.ignored(sp);
@@ -973,8 +975,6 @@ impl Builder {
             | "slab_reassign"
             | "no_slab_reassign"
             | "no_slab_automove"
-            | "lru_crawler"
-            | "no_lru_crawler"
             | "track_sizes"
             | "inline_ascii_resp"
             | "no_inline_ascii_resp"
@@ -1276,6 +1276,8 @@ Extended options: -o, --extended=OPT[,OPT=VALUE...]
                               together; 0 no limit (default 0). Over it a connection that
                               needs more is closed (read_buf_oom, response_obj_oom) and a
                               get answers SERVER_ERROR out of memory writing get response
+  lru_crawler                 reclaim expired items in the background (default);
+                              no_lru_crawler leaves them until a request finds them
   engine=log|hashmap          the item store: the segmented log (default) or the
                               interim sharded hash map
   debug_clock                 TESTS ONLY: enable the debugtime command, which moves the
@@ -1286,7 +1288,7 @@ Accepted for compatibility and ignored (logged at startup):
   -D (stats prefix delimiter), -N, --napi-ids, and the -o options hashpower,
   no_hashexpand, tail_repair_time, hash_algorithm, slab_reassign, slab_automove,
   slab_automove_ratio, slab_automove_window, slab_automove_freeratio, slab_chunk_max,
-  slab_sizes, no_chunked_items, lru_crawler, lru_crawler_sleep, lru_crawler_tocrawl,
+  slab_sizes, no_chunked_items, lru_crawler_sleep, lru_crawler_tocrawl,
   lru_maintainer, hot_lru_pct, warm_lru_pct, hot_max_factor, warm_max_factor,
   temporary_ttl, watcher_logbuf_size, worker_logbuf_size, resp_obj_mem_limit, track_sizes, inline_ascii_resp, modern, no_modern,
   drop_privileges, relaxed_privileges, sock_cookie_id, proxy_arg, proxy_uring,
@@ -1798,7 +1800,6 @@ mod tests {
             (&["--napi-ids=1", "-t", "2"], "--napi-ids"),
             (&["-o", "hashpower=20"], "-o hashpower"),
             (&["-o", "slab_reassign,slab_automove=1"], "-o slab_automove"),
-            (&["-o", "lru_crawler"], "-o lru_crawler"),
             (&["-o", "modern"], "-o modern"),
             (&["-o", "relaxed_privileges"], "-o relaxed_privileges"),
             (&["-o", "resp_obj_mem_limit=5"], "deprecated"),

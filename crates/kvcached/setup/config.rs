@@ -131,6 +131,9 @@ pub struct Config {
     /// Bytes all connections' buffers may hold together (memcached's
     /// `-o read_buf_mem_limit`, given in megabytes); 0: no limit.
     pub read_buf_mem_limit: usize,
+    /// Reclaim expired items in the background (`-o lru_crawler`, the default;
+    /// `-o no_lru_crawler` leaves them until a request finds them or eviction takes them).
+    pub lru_crawler: bool,
     /// Run in the background (`-d`).
     pub daemonize: bool,
     /// Write the process id here (`-P`).
@@ -198,6 +201,7 @@ impl Default for Config {
             maxconns_fast: true,
             idle_timeout: None,
             read_buf_mem_limit: 0,
+            lru_crawler: true,
             daemonize: false,
             pid_file: None,
             user: None,

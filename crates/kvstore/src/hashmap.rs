@@ -1479,7 +1479,10 @@ impl Engine for HashMapEngine {
         }
     }
 
-    fn maintain(&self, now: Time) -> u64 {
+    fn maintain(&self, now: Time, sweep: bool) -> u64 {
+        if !sweep {
+            return 0;
+        }
         // One scanner at a time; a concurrent call just returns.
         let mut cur = match self.maint.try_lock() {
             Ok(c) => c,

@@ -613,9 +613,10 @@ pub trait Engine: Send + Sync + 'static {
         out
     }
 
-    /// Reclaim expired items in the background; called periodically by the server.
-    /// Returns how many items were reclaimed.
-    fn maintain(&self, now: Time) -> u64;
+    /// Background upkeep, called periodically by the server. With `sweep`, also reclaim
+    /// expired items (a bounded slice per call; memcached's LRU crawler, which
+    /// `-o no_lru_crawler` turns off). Returns how many items were reclaimed.
+    fn maintain(&self, now: Time, sweep: bool) -> u64;
 
     /// The log engine behind this engine, for replication (None: not supported).
     fn log_engine(&self) -> Option<&LogEngine> {

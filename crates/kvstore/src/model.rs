@@ -651,7 +651,10 @@ impl Engine for Model {
         self.lock().stats = EngineStats::default();
     }
 
-    fn maintain(&self, now: Time) -> u64 {
+    fn maintain(&self, now: Time, sweep: bool) -> u64 {
+        if !sweep {
+            return 0;
+        }
         let mut st = self.lock();
         let dead: Vec<Vec<u8>> = st
             .items

@@ -218,7 +218,7 @@ fn hammer_under_eviction_stays_within_memory() {
                         }
                         _ => {
                             if i % 500 == 0 {
-                                e.maintain(NOW);
+                                e.maintain(NOW, true);
                             } else {
                                 e.delete(&key, NOW);
                             }
@@ -267,7 +267,7 @@ fn concurrent_flush_shrink_and_maintenance_keep_accounting() {
                             e.set_max_bytes((200 + rng.below(1000) as usize) * (OH + 16), now)
                         }
                         3..=5 => {
-                            e.maintain(now);
+                            e.maintain(now, true);
                         }
                         6..=60 => {
                             let r = StoreRequest {

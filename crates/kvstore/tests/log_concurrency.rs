@@ -315,7 +315,7 @@ fn log_concurrent_resize_and_maintain() {
                 let mb = [16usize, 4, 8, 2, 12][(i % 5) as usize];
                 e2.set_max_bytes(mb << 20, 100);
                 if i % 10 == 0 {
-                    e2.maintain(100);
+                    e2.maintain(100, true);
                 }
                 i += 1;
             }

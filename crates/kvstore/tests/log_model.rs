@@ -215,7 +215,7 @@ fn apply(e: &dyn Engine, op: &Op, now: Time, cas_right: u64) -> Reply {
             Reply::None
         }
         Op::Advance(_) => Reply::None,
-        Op::Maintain => Reply::Count(e.maintain(now)),
+        Op::Maintain => Reply::Count(e.maintain(now, true)),
     }
 }
 

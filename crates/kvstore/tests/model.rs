@@ -276,8 +276,8 @@ impl Engine for DefaultsOnly {
     fn reset_stats(&self) {
         self.0.reset_stats()
     }
-    fn maintain(&self, now: Time) -> u64 {
-        self.0.maintain(now)
+    fn maintain(&self, now: Time, sweep: bool) -> u64 {
+        self.0.maintain(now, sweep)
     }
 }
 

@@ -654,12 +654,12 @@ fn maintain_reclaims_expired_in_bounded_steps() {
         };
         e.store(r, NOW);
     }
-    assert_eq!(e.maintain(NOW), 0);
-    let first = e.maintain(NOW + 1);
+    assert_eq!(e.maintain(NOW, true), 0);
+    let first = e.maintain(NOW + 1, true);
     assert!(first > 0 && first < 20_000, "{first}");
     let mut total = first;
     for _ in 0..100 {
-        total += e.maintain(NOW + 1);
+        total += e.maintain(NOW + 1, true);
     }
     assert_eq!(total, 20_000);
     let s = e.stats();
@@ -670,7 +670,7 @@ fn maintain_reclaims_expired_in_bounded_steps() {
     // Flushed items too; sparse tables shrink.
     e.flush_all(0, NOW + 1);
     for _ in 0..100 {
-        e.maintain(NOW + 1);
+        e.maintain(NOW + 1, true);
     }
     let s = e.stats();
     assert_eq!((s.curr_items, s.bytes), (0, 0));
@@ -716,7 +716,7 @@ fn zero_memory_never_panics() {
     );
     assert_eq!(e.arith(b"k", true, 1, NOW), ArithResult::NotFound);
     e.set_max_bytes(0, NOW);
-    e.maintain(NOW);
+    e.maintain(NOW, true);
     e.flush_all(u32::MAX, 0);
     e.flush_all(0, u32::MAX);
     assert_eq!(get(&e, b"k"), None);

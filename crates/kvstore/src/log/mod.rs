@@ -2765,13 +2765,17 @@ impl Engine for LogEngine {
         Some(self)
     }
 
-    fn maintain(&self, now: Time) -> u64 {
+    fn maintain(&self, now: Time, sweep: bool) -> u64 {
         self.tick(now);
         self.repl_log_evictions();
         let mut n = 0;
         // A bounded slice of the index per call, continuing where the last call stopped.
         let nmain = self.index.nmain();
-        let chunk = nmain.min(MAINTAIN_BUCKETS);
+        let chunk = if sweep {
+            nmain.min(MAINTAIN_BUCKETS)
+        } else {
+            0
+        };
         let start = self.maint_cursor.fetch_add(chunk, Ordering::Relaxed) % nmain;
         for i in 0..chunk {
             let b = (start + i) % nmain;

@@ -286,7 +286,7 @@ fn large_items() {
     assert!(e.delete(b"big", 1));
     assert!(get(&e, b"big", 1).is_none());
     // Dead large segments are freed by maintenance.
-    e.maintain(1);
+    e.maintain(1, true);
     let slabs: std::collections::HashMap<_, _> = e.stats_detail("slabs").into_iter().collect();
     assert_eq!(slabs["large_items_segments"], "0");
     // Larger than all memory: too large.
@@ -337,8 +337,11 @@ fn maintain_reclaims_expired() {
     }
     // Enough calls to cover the index (65536 buckets per call).
     let calls = e.index.nmain().div_ceil(MAINTAIN_BUCKETS);
-    assert_eq!((0..calls).map(|_| e.maintain(5)).sum::<u64>(), 0);
-    assert_eq!((0..calls).map(|_| e.maintain(10)).sum::<u64>(), 50);
+    assert_eq!((0..calls).map(|_| e.maintain(5, true)).sum::<u64>(), 0);
+    // Without the sweep (-o no_lru_crawler) expired items stay until found.
+    assert_eq!((0..calls).map(|_| e.maintain(10, false)).sum::<u64>(), 0);
+    assert_eq!(e.stats().curr_items, 100);
+    assert_eq!((0..calls).map(|_| e.maintain(10, true)).sum::<u64>(), 50);
     assert_eq!(e.stats().curr_items, 50);
     assert_eq!(e.stats().expired_unfetched, 50);
 }
@@ -730,7 +733,7 @@ fn the_index_grows_with_the_items_and_reports_it() {
             "key:{i}"
         );
     }
-    e.maintain(1);
+    e.maintain(1, true);
     assert!(
         !e.stats().hash_is_expanding,
         "maintain finishes a pending batch"
