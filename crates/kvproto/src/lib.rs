@@ -12,6 +12,7 @@ pub mod auth;
 pub mod binary;
 pub mod client;
 pub mod meta;
+mod syntax;
 pub mod text;
 pub mod udp;
 

@@ -68,11 +68,14 @@
 //! `invalid flag`, parses numbers more loosely, and its `md`/`ma` report most errors as
 //! `invalid or duplicate flag`.
 
-use crate::text::{
-    fail, put_u64, tok_i32, tok_u32, tok_u64, ErrorReply, Limits, Parse, Request, StoreMode,
-    Tokens, Toks, BAD_DATA_CHUNK, BAD_FORMAT, TOO_LARGE,
+use crate::syntax::{
+    fail, put_u64, tok_i32, tok_u32, tok_u64, ErrorReply, Limits, StoreMode, Tokens, Toks,
+    BAD_DATA_CHUNK, BAD_FORMAT, TOO_LARGE,
 };
 use crate::MAX_KEY_LEN;
+
+/// A meta command's parse result.
+type Parse<'a> = crate::syntax::Parse<'a, MetaRequest<'a>>;
 
 /// At most this many tokens on a meta command line (command, key, `ms`'s data length and
 /// flags together).
@@ -532,7 +535,7 @@ impl<'a> Iterator for ReturnFlags<'a> {
 /// the terminator); `buf` is the whole buffer, from the start of `line`, for `ms`'s data.
 pub(crate) fn parse<'a>(buf: &'a [u8], line: &'a [u8], limits: &Limits) -> Parse<'a> {
     let len = line.len();
-    let meta = |request| Parse::Request(Request::Meta(request), len);
+    let meta = |request| Parse::Request(request, len);
     let command = line.get(1).copied().unwrap_or_default();
     if command == b'n' {
         return meta(MetaRequest::Noop);
@@ -627,7 +630,7 @@ fn parse_set<'a>(buf: &'a [u8], line: &'a [u8], toks: &Toks, limits: &Limits) ->
             if terminator != b"\r\n" {
                 return fail(BAD_DATA_CHUNK, false, total, 0);
             }
-            Parse::Request(Request::Meta(MetaRequest::Set { args, mode, data }), total)
+            Parse::Request(MetaRequest::Set { args, mode, data }, total)
         },
         line_len,
         swallow,
@@ -648,7 +651,7 @@ fn parse_debug<'a>(line: &'a [u8], toks: &Toks) -> Parse<'a> {
     } else {
         MetaKey::plain(raw)
     };
-    Parse::Request(Request::Meta(MetaRequest::Debug { key }), len)
+    Parse::Request(MetaRequest::Debug { key }, len)
 }
 
 /// The key and flags from token `first` on, as memcached's `_meta_flag_preparse` reads them,

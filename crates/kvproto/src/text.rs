@@ -36,7 +36,18 @@
 //!   replies still queued from earlier requests of the same read. Here it is a plain
 //!   [`BAD_FORMAT`] error that is always sent; earlier replies are the server's business.
 
+use crate::syntax::{
+    c_strncmp_eq, c_strtol_i32, c_strtoul_u32, fail, put_u64, tok_i32, tok_i64, tok_u32, tok_u64,
+    Toks,
+};
+pub use crate::syntax::{
+    ErrorReply, Limits, StoreMode, Tokens, BAD_DATA_CHUNK, BAD_FORMAT, FLUSH_NOT_ALLOWED,
+    INVALID_DELTA, INVALID_EXPTIME, INVALID_SHUTDOWN_MODE, SHUTDOWN_NOT_ENABLED, TOO_LARGE,
+};
 use crate::MAX_KEY_LEN;
+
+/// The result of parsing the front of a read buffer: one of [`Request`], or what to do instead.
+pub type Parse<'a> = crate::syntax::Parse<'a, Request<'a>>;
 
 /// A command line longer than this with no newline closes the connection, unless it is a
 /// `get`/`gets` line (memcached's rule).
@@ -46,60 +57,8 @@ pub const MAX_LINE_LEN: usize = 2048;
 /// cannot make the server buffer without limit. A longer line closes the connection.
 pub const MAX_GET_LINE_LEN: usize = 1 << 20;
 
-/// memcached's tokenizer only looks at this many bytes of a line (its token offsets are `u16`).
-const TOKENIZER_MAX_LEN: usize = 65534;
-
-/// memcached's tokenizer keeps this many tokens of a line and ignores the rest.
-const MAX_TOKENS: usize = 23;
-
 /// An over-long `get` line may start with at most this many spaces.
 const MAX_LEADING_SPACES: usize = 100;
-
-/// What the parser needs to know about the server's configuration.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
-    /// Largest data block a storage command may carry (memcached's `-I`, item size max).
-    /// A storage command that declares more is answered with
-    /// `SERVER_ERROR object too large for cache` (unless `noreply`) and its data block is
-    /// swallowed.
-    pub max_value: usize,
-    /// `flush_all` is allowed (memcached's default; its `-F` forbids it, and then every
-    /// `flush_all` is answered `CLIENT_ERROR flush_all not allowed`).
-    pub flush_enabled: bool,
-    /// `shutdown` is allowed (memcached's `-A`; off by default, and then every `shutdown` is
-    /// answered `SERVER_ERROR: shutdown not enabled`).
-    pub shutdown_enabled: bool,
-}
-
-impl Limits {
-    /// memcached's defaults with the given largest data block.
-    pub const fn new(max_value: usize) -> Self {
-        Limits {
-            max_value,
-            flush_enabled: true,
-            shutdown_enabled: false,
-        }
-    }
-}
-
-impl Default for Limits {
-    /// memcached's defaults: 1 MiB items, `flush_all` allowed, `shutdown` not.
-    fn default() -> Self {
-        Limits::new(1 << 20)
-    }
-}
-
-/// The storage commands, which carry a data block.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StoreMode {
-    Set,
-    Add,
-    Replace,
-    Append,
-    Prepend,
-    /// `cas`: store only if the item's CAS unique still equals the one given.
-    Cas,
-}
 
 /// One parsed request. Byte slices borrow from the buffer given to [`parse`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -220,104 +179,6 @@ impl<'a> Iterator for Keys<'a> {
     }
 }
 
-/// Space-separated tokens of the rest of a command line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Tokens<'a> {
-    rest: &'a [u8],
-}
-
-impl<'a> Tokens<'a> {
-    pub fn new(rest: &'a [u8]) -> Self {
-        Tokens { rest }
-    }
-
-    /// The unsplit remaining bytes.
-    pub fn as_bytes(&self) -> &'a [u8] {
-        self.rest
-    }
-
-    /// Whether the last token is exactly `noreply` (memcached's test for the admin commands).
-    pub fn ends_with_noreply(&self) -> bool {
-        self.last() == Some(b"noreply".as_slice())
-    }
-}
-
-impl<'a> Iterator for Tokens<'a> {
-    type Item = &'a [u8];
-    fn next(&mut self) -> Option<&'a [u8]> {
-        let start = self.rest.iter().position(|&b| b != b' ')?;
-        let rest = &self.rest[start..];
-        let end = rest.iter().position(|&b| b == b' ').unwrap_or(rest.len());
-        let (token, after) = rest.split_at(end);
-        self.rest = after;
-        Some(token)
-    }
-}
-
-/// An error reply: the line memcached sends for a bad request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorReply {
-    /// `ERROR` (unknown command).
-    Error,
-    /// `CLIENT_ERROR <message>`.
-    Client(&'static str),
-    /// `SERVER_ERROR <message>`.
-    Server(&'static str),
-    /// A whole line in another shape (without its `\r\n`), e.g.
-    /// `SERVER_ERROR: shutdown not enabled`.
-    Raw(&'static str),
-}
-
-/// `CLIENT_ERROR bad command line format`.
-pub const BAD_FORMAT: ErrorReply = ErrorReply::Client("bad command line format");
-/// `CLIENT_ERROR bad data chunk`: a data block not followed by `\r\n`.
-pub const BAD_DATA_CHUNK: ErrorReply = ErrorReply::Client("bad data chunk");
-/// `CLIENT_ERROR invalid exptime argument` (`touch`, `gat`, `flush_all`).
-pub const INVALID_EXPTIME: ErrorReply = ErrorReply::Client("invalid exptime argument");
-/// `CLIENT_ERROR invalid numeric delta argument` (`incr`, `decr`).
-pub const INVALID_DELTA: ErrorReply = ErrorReply::Client("invalid numeric delta argument");
-/// `CLIENT_ERROR invalid shutdown mode`.
-pub const INVALID_SHUTDOWN_MODE: ErrorReply = ErrorReply::Client("invalid shutdown mode");
-/// `CLIENT_ERROR flush_all not allowed` (flush disabled).
-pub const FLUSH_NOT_ALLOWED: ErrorReply = ErrorReply::Client("flush_all not allowed");
-/// `SERVER_ERROR: shutdown not enabled` (shutdown disabled; note the colon).
-pub const SHUTDOWN_NOT_ENABLED: ErrorReply = ErrorReply::Raw("SERVER_ERROR: shutdown not enabled");
-/// `SERVER_ERROR object too large for cache`: the reply to [`Parse::TooLarge`].
-pub const TOO_LARGE: ErrorReply = ErrorReply::Server("object too large for cache");
-
-/// The result of looking at the front of a read buffer.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Parse<'a> {
-    /// A whole request, which occupied the first `usize` bytes.
-    Request(Request<'a>, usize),
-    /// More bytes are needed; nothing was consumed.
-    Incomplete,
-    /// A malformed request: send `reply` unless `noreply` (memcached silences most errors of
-    /// a `noreply` request), drop the first `consumed` bytes, then discard `swallow` further
-    /// bytes as they arrive (a rejected storage command's data block and its `\r\n`; usually
-    /// 0), and carry on.
-    Error {
-        reply: ErrorReply,
-        noreply: bool,
-        consumed: usize,
-        swallow: usize,
-    },
-    /// A storage command whose declared data block is larger than [`Limits::max_value`]:
-    /// reply `SERVER_ERROR object too large for cache` ([`TOO_LARGE`]) unless `noreply`
-    /// (memcached 1.6.18 and the newest both stay silent then), drop the first `consumed`
-    /// bytes (the command line) and then discard `swallow` further bytes (the data block and
-    /// its `\r\n`) as they arrive. For `set`, memcached also removes the old item under `key`.
-    TooLarge {
-        mode: StoreMode,
-        key: &'a [u8],
-        noreply: bool,
-        consumed: usize,
-        swallow: usize,
-    },
-    /// The connection must be closed without a reply (an over-long line, an HTTP request).
-    Close,
-}
-
 /// Parse one request from the front of `buf`.
 pub fn parse<'a>(buf: &'a [u8], limits: &Limits) -> Parse<'a> {
     let line_len = match line_length(buf) {
@@ -352,21 +213,6 @@ fn may_grow(buf: &[u8]) -> bool {
         .count();
     let rest = buf.get(spaces..).unwrap_or_default();
     spaces <= MAX_LEADING_SPACES && (rest.starts_with(b"get ") || rest.starts_with(b"gets "))
-}
-
-/// Builds a [`Parse::Error`].
-pub(crate) fn fail<'a>(
-    reply: ErrorReply,
-    noreply: bool,
-    consumed: usize,
-    swallow: usize,
-) -> Parse<'a> {
-    Parse::Error {
-        reply,
-        noreply,
-        consumed,
-        swallow,
-    }
 }
 
 /// Parse one whole line (`line` ends in `\n` and is the front of `buf`).
@@ -409,7 +255,9 @@ fn parse_line<'a>(buf: &'a [u8], line: &'a [u8], limits: &Limits) -> Parse<'a> {
             name: cmd,
             args: Tokens::new(content.get(cmd_len..).unwrap_or_default()),
         }),
-        [b'm', b'g' | b's' | b'd' | b'n' | b'a' | b'e'] => crate::meta::parse(buf, line, limits),
+        [b'm', b'g' | b's' | b'd' | b'n' | b'a' | b'e'] => {
+            crate::meta::parse(buf, line, limits).map(Request::Meta)
+        }
         _ => parse_other(buf, line, content, limits),
     }
 }
@@ -729,234 +577,6 @@ fn parse_other<'a>(buf: &'a [u8], line: &'a [u8], content: &'a [u8], limits: &Li
     fail(ErrorReply::Error, noreply, len, 0)
 }
 
-/// memcached's view of a command line: the first [`MAX_TOKENS`] space-separated tokens within
-/// its first [`TOKENIZER_MAX_LEN`] bytes (minus the terminator), as `(start, end)` offsets.
-#[derive(Clone, Copy)]
-pub(crate) struct Toks {
-    pub(crate) count: usize,
-    spans: [(u16, u16); MAX_TOKENS],
-}
-
-impl Toks {
-    /// Tokenize a whole line, terminator included.
-    pub(crate) fn new(line: &[u8]) -> Toks {
-        let mut toks = Toks {
-            count: 0,
-            spans: [(0, 0); MAX_TOKENS],
-        };
-        let len = line.len().min(TOKENIZER_MAX_LEN);
-        if len < 2 {
-            return toks;
-        }
-        // As memcached: the last byte of what it looks at is the terminator, with a '\r'
-        // before it dropped (for a line cut at 65,534 bytes this drops a real byte).
-        let end = if line.get(len - 2) == Some(&b'\r') {
-            len - 2
-        } else {
-            len - 1
-        };
-        let body = line.get(..end).unwrap_or_default();
-        let mut i = 0;
-        while toks.count < MAX_TOKENS {
-            while body.get(i) == Some(&b' ') {
-                i += 1;
-            }
-            if i >= body.len() {
-                break;
-            }
-            let start = i;
-            while body.get(i).is_some_and(|&b| b != b' ') {
-                i += 1;
-            }
-            // Offsets are below TOKENIZER_MAX_LEN, so they fit in u16.
-            if let Some(span) = toks.spans.get_mut(toks.count) {
-                *span = (start as u16, i as u16);
-            }
-            toks.count += 1;
-        }
-        toks
-    }
-
-    fn span(&self, i: usize) -> Option<(usize, usize)> {
-        if i >= self.count {
-            return None;
-        }
-        self.spans
-            .get(i)
-            .map(|&(s, e)| (usize::from(s), usize::from(e)))
-    }
-
-    pub(crate) fn start(&self, i: usize) -> Option<usize> {
-        self.span(i).map(|(s, _)| s)
-    }
-
-    pub(crate) fn end(&self, i: usize) -> Option<usize> {
-        self.span(i).map(|(_, e)| e)
-    }
-
-    pub(crate) fn get<'a>(&self, line: &'a [u8], i: usize) -> Option<&'a [u8]> {
-        let (s, e) = self.span(i)?;
-        line.get(s..e)
-    }
-
-    /// memcached's `noreply` test: the last token (of the first 23) is exactly `noreply`.
-    fn ends_with_noreply(&self, line: &[u8]) -> bool {
-        let last = self.count.checked_sub(1).and_then(|i| self.get(line, i));
-        last == Some(b"noreply".as_slice())
-    }
-}
-
-/// C's `strncmp(token, lit, token_len) == 0`, which memcached uses to match a subcommand:
-/// true when the token is a prefix of `lit` (or equals it up to a NUL byte).
-fn c_strncmp_eq(token: &[u8], lit: &[u8]) -> bool {
-    for (i, &a) in token.iter().enumerate() {
-        let b = lit.get(i).copied().unwrap_or(0);
-        if a != b {
-            return false;
-        }
-        if a == 0 {
-            return true;
-        }
-    }
-    true
-}
-
-/// memcached's strict unsigned token parser (mcmc `toktou32`/`toktou64`): at most `max_len`
-/// bytes, digits only, no sign.
-fn tok_unsigned(tok: &[u8], max_len: usize) -> Option<u64> {
-    if tok.len() > max_len {
-        return None;
-    }
-    tok.iter().try_fold(0u64, |acc, &b| {
-        if !b.is_ascii_digit() {
-            return None;
-        }
-        acc.checked_mul(10)?.checked_add(u64::from(b - b'0'))
-    })
-}
-
-/// memcached's strict signed token parser (mcmc `tokto32`/`tokto64`): at most `max_len`
-/// bytes, an optional leading `-`, then digits (none at all reads as 0, so `-` is 0).
-fn tok_signed(tok: &[u8], max_len: usize) -> Option<i64> {
-    if tok.len() > max_len {
-        return None;
-    }
-    let (negative, digits) = match tok.split_first() {
-        Some((b'-', rest)) => (true, rest),
-        _ => (false, tok),
-    };
-    digits.iter().try_fold(0i64, |acc, &b| {
-        if !b.is_ascii_digit() {
-            return None;
-        }
-        let d = i64::from(b - b'0');
-        let acc = acc.checked_mul(10)?;
-        if negative {
-            acc.checked_sub(d)
-        } else {
-            acc.checked_add(d)
-        }
-    })
-}
-
-pub(crate) fn tok_u32(tok: &[u8]) -> Option<u32> {
-    tok_unsigned(tok, 11).and_then(|v| u32::try_from(v).ok())
-}
-
-pub(crate) fn tok_u64(tok: &[u8]) -> Option<u64> {
-    tok_unsigned(tok, 22)
-}
-
-pub(crate) fn tok_i32(tok: &[u8]) -> Option<i32> {
-    tok_signed(tok, 11).and_then(|v| i32::try_from(v).ok())
-}
-
-fn tok_i64(tok: &[u8]) -> Option<i64> {
-    tok_signed(tok, 22)
-}
-
-/// C's `isspace` in the C locale.
-fn is_c_space(b: u8) -> bool {
-    matches!(b, b' ' | b'\t' | b'\n' | 0x0b | 0x0c | b'\r')
-}
-
-/// A number read the way glibc's `strtoul`/`strtol` read base 10, plus memcached's `safe_`
-/// wrappers' check that it ends at whitespace or the end of the string.
-struct CNumber {
-    negative: bool,
-    /// The magnitude, `None` when it overflowed `u64` (`ERANGE`).
-    magnitude: Option<u64>,
-}
-
-/// Reads a C number from `s` (which stands for a NUL-terminated string: the end of `s` or a NUL
-/// byte ends it). `None` when there are no digits or they are not followed by whitespace/NUL.
-fn c_number(s: &[u8]) -> Option<CNumber> {
-    let mut i = s.iter().take_while(|&&b| is_c_space(b)).count();
-    let mut negative = false;
-    if let Some(&sign @ (b'+' | b'-')) = s.get(i) {
-        negative = sign == b'-';
-        i += 1;
-    }
-    let digits = s
-        .get(i..)
-        .unwrap_or_default()
-        .iter()
-        .take_while(|b| b.is_ascii_digit());
-    let mut count = 0;
-    let mut magnitude = Some(0u64);
-    for &b in digits {
-        count += 1;
-        magnitude = magnitude
-            .and_then(|m| m.checked_mul(10))
-            .and_then(|m| m.checked_add(u64::from(b - b'0')));
-    }
-    if count == 0 {
-        return None;
-    }
-    match s.get(i + count) {
-        None | Some(0) => {}
-        Some(&b) if is_c_space(b) => {}
-        Some(_) => return None,
-    }
-    Some(CNumber {
-        negative,
-        magnitude,
-    })
-}
-
-/// memcached's `safe_strtoul` into 32-bit client flags: `strtoul` with a 64-bit `long`, a
-/// negative result refused only when it looks negative as a signed number, then truncated to
-/// 32 bits (so `4294967297` is 1 and `-18446744073709551615` is 1).
-fn c_strtoul_u32(s: &[u8]) -> Option<u32> {
-    let n = c_number(s)?;
-    let magnitude = n.magnitude?;
-    let value = if n.negative {
-        magnitude.wrapping_neg()
-    } else {
-        magnitude
-    };
-    if n.negative && (value as i64) < 0 {
-        return None;
-    }
-    Some(value as u32)
-}
-
-/// memcached's `safe_strtol` into an `int32_t`: `strtol` with a 64-bit `long` (out of range is
-/// an error), then truncated to 32 bits.
-fn c_strtol_i32(s: &[u8]) -> Option<i32> {
-    let n = c_number(s)?;
-    let magnitude = n.magnitude?;
-    let value = if n.negative {
-        if magnitude > 1 << 63 {
-            return None;
-        }
-        (magnitude as i64).wrapping_neg()
-    } else {
-        i64::try_from(magnitude).ok()?
-    };
-    Some(value as i32)
-}
-
 // ---------------------------------------------------------------------------------------------
 // Replies.
 
@@ -980,23 +600,6 @@ pub const OK: &[u8] = b"OK\r\n";
 pub const ERROR: &[u8] = b"ERROR\r\n";
 /// `RESET\r\n`: the reply to `stats reset`.
 pub const RESET: &[u8] = b"RESET\r\n";
-
-/// Appends the decimal digits of `n`.
-pub(crate) fn put_u64(out: &mut Vec<u8>, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        if let Some(d) = digits.get_mut(i) {
-            *d = b'0' + (n % 10) as u8;
-        }
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(digits.get(i..).unwrap_or_default());
-}
 
 /// `VALUE <key> <flags> <bytes>[ <cas>]\r\n<data>\r\n`: one item of a `get`-family reply.
 pub fn write_value(out: &mut Vec<u8>, key: &[u8], flags: u32, data: &[u8], cas: Option<u64>) {
