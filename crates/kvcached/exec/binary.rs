@@ -14,6 +14,7 @@ use kvstore::{
 
 use crate::exec::session::{Ctx, Session, Step};
 use crate::exec::stats_report;
+use crate::state::replication::Access;
 
 /// Execute one binary request, appending its reply (if any) to `s.out`.
 pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
@@ -22,24 +23,17 @@ pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
     let engine = &*shared.engine;
     let out = &mut s.out;
     let (op, opaque) = (req.opcode, req.opaque);
-    let writes = matches!(
-        req.command,
+    let access = match req.command {
         Command::GetAndTouch { .. }
-            | Command::Touch { .. }
-            | Command::Store { .. }
-            | Command::Delete
-            | Command::Arith { .. }
-            | Command::Flush { .. }
-    );
-    let reads = matches!(req.command, Command::Get { .. });
-    let refusal = if writes {
-        shared.repl.write_refusal()
-    } else if reads {
-        shared.repl.read_refusal(&shared.config)
-    } else {
-        None
+        | Command::Touch { .. }
+        | Command::Store { .. }
+        | Command::Delete
+        | Command::Arith { .. }
+        | Command::Flush { .. } => Access::Write,
+        Command::Get { .. } => Access::Read,
+        _ => Access::Other,
     };
-    if let Some(refusal) = refusal {
+    if let Some(refusal) = shared.repl.refusal(access, &shared.config) {
         // A replica refuses writes, a master short of --min-replicas too, and a replica out
         // of sync with --replica-serve-stale no refuses reads: "Not stored." with the text
         // protocol's message, without its SERVER_ERROR prefix.

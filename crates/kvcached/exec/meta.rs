@@ -37,22 +37,20 @@ use kvstore::{
 };
 
 use crate::exec::session::{Ctx, Session, Step};
+use crate::state::replication::Access;
 
 /// Execute one meta request, appending its reply to `s.out`.
 pub fn execute(req: MetaRequest<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
-    let writes = matches!(
-        req,
-        MetaRequest::Set { .. } | MetaRequest::Delete(_) | MetaRequest::Arith { .. }
-    );
-    if let Some(refusal) = ctx.shared.repl.write_refusal().filter(|_| writes) {
+    let access = match req {
+        MetaRequest::Set { .. } | MetaRequest::Delete(_) | MetaRequest::Arith { .. } => {
+            Access::Write
+        }
+        MetaRequest::Get(_) => Access::Read,
+        _ => Access::Other,
+    };
+    if let Some(refusal) = ctx.shared.repl.refusal(access, &ctx.shared.config) {
         s.out.extend_from_slice(refusal);
         return Step::Next;
-    }
-    if let MetaRequest::Get(_) = req {
-        if let Some(refusal) = ctx.shared.repl.read_refusal(&ctx.shared.config) {
-            s.out.extend_from_slice(refusal);
-            return Step::Next;
-        }
     }
     match req {
         MetaRequest::Get(args) => get(ctx, s, &args),

@@ -9,18 +9,20 @@ use kvstore::{ArithResult, ReadOptions, StoreRequest, StoreResult};
 
 use crate::exec::session::{Ctx, Session, Step, OUTPUT_HIGH_WATER};
 use crate::exec::stats_report;
+use crate::state::replication::Access;
 
-/// Whether a replica refuses `req` (it changes items).
-fn is_write(req: &Request<'_>) -> bool {
-    matches!(
-        req,
+/// What `req` does to items, for replication's refusals.
+fn access(req: &Request<'_>) -> Access {
+    match req {
         Request::Gat { .. }
-            | Request::Store { .. }
-            | Request::Delete { .. }
-            | Request::Arith { .. }
-            | Request::Touch { .. }
-            | Request::FlushAll { .. }
-    )
+        | Request::Store { .. }
+        | Request::Delete { .. }
+        | Request::Arith { .. }
+        | Request::Touch { .. }
+        | Request::FlushAll { .. } => Access::Write,
+        Request::Get { .. } => Access::Read,
+        _ => Access::Other,
+    }
 }
 
 /// Execute one request, appending its reply to `s.out`.
@@ -28,15 +30,9 @@ pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
     let shared = ctx.shared;
     let st = ctx.stats;
     let engine = &*shared.engine;
-    if let Some(refusal) = shared.repl.write_refusal().filter(|_| is_write(&req)) {
+    if let Some(refusal) = shared.repl.refusal(access(&req), &shared.config) {
         s.out.extend_from_slice(refusal);
         return Step::Next;
-    }
-    if matches!(req, Request::Get { .. }) {
-        if let Some(refusal) = shared.repl.read_refusal(&shared.config) {
-            s.out.extend_from_slice(refusal);
-            return Step::Next;
-        }
     }
     match req {
         Request::ReplPull {

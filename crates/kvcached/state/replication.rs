@@ -22,6 +22,17 @@ pub const NOT_IN_SYNC: &[u8] = b"SERVER_ERROR replica is not in sync with its ma
 /// The error line for writes while fewer replicas than `--min-replicas` are in sync.
 pub const NOT_ENOUGH_REPLICAS: &[u8] = b"SERVER_ERROR not enough good replicas\r\n";
 
+/// What a request does to items, as far as replication's refusals are concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Reads items (refused by a replica out of sync with `--replica-serve-stale no`).
+    Read,
+    /// Changes items (refused by a replica, and by a master short of `--min-replicas`).
+    Write,
+    /// Neither (stats, version, ...): never refused.
+    Other,
+}
+
 /// What a master knows of one replica (from its pulls).
 #[derive(Debug, Clone)]
 pub struct Follower {
@@ -146,6 +157,20 @@ impl Replication {
 
     /// Why a write must be refused now, as memcached-style error line, if it must: this
     /// server is a replica, or `--min-replicas` is not met.
+    /// Whether replication refuses a request that does `access` now, and with which error
+    /// line: the one place the protocols ask (each only classifies its requests).
+    pub fn refusal(
+        &self,
+        access: Access,
+        config: &crate::setup::config::Config,
+    ) -> Option<&'static [u8]> {
+        match access {
+            Access::Write => self.write_refusal(),
+            Access::Read => self.read_refusal(config),
+            Access::Other => None,
+        }
+    }
+
     pub fn write_refusal(&self) -> Option<&'static [u8]> {
         if self.replica.load(Ordering::Acquire) {
             Some(READ_ONLY)
@@ -257,4 +282,30 @@ fn new_replid() -> String {
         }
     }
     b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::setup::config::Config;
+
+    #[test]
+    fn one_decision_for_every_protocol() {
+        let r = Replication::new();
+        let mut config = Config::default();
+        for access in [Access::Read, Access::Write, Access::Other] {
+            assert_eq!(r.refusal(access, &config), None, "a master refuses nothing");
+        }
+        r.replica.store(true, Ordering::Release);
+        assert_eq!(r.refusal(Access::Write, &config), Some(READ_ONLY));
+        assert_eq!(r.refusal(Access::Read, &config), None, "stale reads served");
+        config.replica_serve_stale = false;
+        assert_eq!(r.refusal(Access::Read, &config), Some(NOT_IN_SYNC));
+        r.in_sync.store(true, Ordering::Release);
+        assert_eq!(r.refusal(Access::Read, &config), None);
+        assert_eq!(r.refusal(Access::Other, &config), None);
+        r.replica.store(false, Ordering::Release);
+        r.too_few_replicas.store(true, Ordering::Relaxed);
+        assert_eq!(r.refusal(Access::Write, &config), Some(NOT_ENOUGH_REPLICAS));
+    }
 }
