@@ -14,22 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-macro_rules! both {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            #[test]
-            fn memcached() {
-                super::$name(super::Kind::Memcached);
-            }
-            #[test]
-            fn kvcached() {
-                super::$name(super::Kind::Kvcached);
-            }
-        }
-    )*};
-}
-
-both!(
+common::both!(
     connection_limit,
     random_bytes_do_not_disturb_others,
     huge_declared_length,

@@ -421,19 +421,4 @@ fn connect_close_storm(kind: Kind) {
     assert!(good.finish() > 0);
 }
 
-macro_rules! both {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            #[test]
-            fn memcached() {
-                super::$name(super::Kind::Memcached);
-            }
-            #[test]
-            fn kvcached() {
-                super::$name(super::Kind::Kvcached);
-            }
-        }
-    )*};
-}
-
-both!(slowloris, pipeline_never_read, connect_close_storm);
+common::both!(slowloris, pipeline_never_read, connect_close_storm);

@@ -27,23 +27,7 @@ use std::time::{Duration, Instant};
 /// How long a table row waits for its reply before it is recorded as `<TIMEOUT>`.
 const ROW_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// One test function per server kind: `name::memcached` and `name::kvcached`.
-macro_rules! both {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            #[test]
-            fn memcached() {
-                super::$name(super::Kind::Memcached);
-            }
-            #[test]
-            fn kvcached() {
-                super::$name(super::Kind::Kvcached);
-            }
-        }
-    )*};
-}
-
-both!(
+common::both!(
     storage_commands,
     retrieval_commands,
     delete_incr_decr_touch,

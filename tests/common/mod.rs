@@ -15,6 +15,26 @@ use std::time::{Duration, Instant};
 /// How long a test waits for a server to accept connections, or for a reply, before failing.
 pub const TIMEOUT: Duration = Duration::from_secs(10);
 
+/// `both!(a, b)`: for each test body `fn a(kind: Kind)`, a module `a` with two tests that run
+/// it against memcached and against kvcached (`cargo test a::kvcached`).
+#[allow(unused_macros)] // not every test file runs a test against both servers
+macro_rules! both {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[test]
+            fn memcached() {
+                super::$name(super::Kind::Memcached);
+            }
+            #[test]
+            fn kvcached() {
+                super::$name(super::Kind::Kvcached);
+            }
+        }
+    )*};
+}
+#[allow(unused_imports)]
+pub(crate) use both;
+
 /// Which server a test talks to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
