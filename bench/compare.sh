@@ -54,8 +54,6 @@ mc_version=$("$memcached" -V | awk '{print $2}')
 
 
 
-# cpu_ticks PID: user + system clock ticks of a process.
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
 
 # cpu_of COMMAND...: run it quietly; print the CPU seconds (user + system) it used.

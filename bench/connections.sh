@@ -53,7 +53,6 @@ mc_version=$("$memcached" -V | awk '{print $2}')
 hz=$(getconf CLK_TCK)
 page_kib=$(($(getconf PAGESIZE) / 1024))
 
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 rss_kib() { awk -v p="$page_kib" '{print $2 * p}' "/proc/$1/statm"; }
 
 # busy_run PORT PID: 100 busy connections for $duration s; prints "req/s cpu_us_per_req".

@@ -22,6 +22,9 @@ for line in buf.decode().splitlines():
 PY
 }
 
+# cpu_ticks PID: user + system clock ticks of a process.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
 # wait_port PORT: poll until something accepts on it (10 s at most).
 wait_port() {
     for _ in $(seq 1 200); do
