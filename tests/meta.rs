@@ -16,9 +16,7 @@
 //! of the newest memcached (`MEMCACHED=/tmp/mc-head/memcached`) to check every row as written.
 //! Scenarios that move the clock (`debugtime`) run against kvcached only.
 //!
-//! Every table runs against kvcached on both engines (`-o engine=log`, the default, and
-//! `-o engine=hashmap`), which implement the meta semantics in full, and against memcached.
-//! The single-server tests use the log engine, or `KVCACHED_META_ENGINE`.
+//! Every table runs against kvcached and against memcached.
 
 mod common;
 
@@ -139,16 +137,8 @@ fn is_old(c: &mut Client) -> bool {
 }
 
 fn start(kind: Kind) -> Server {
-    let engine = std::env::var("KVCACHED_META_ENGINE").unwrap_or("log".into());
-    start_with(kind, &engine)
-}
-
-fn start_with(kind: Kind, engine: &str) -> Server {
     match kind {
-        Kind::Kvcached => {
-            let opts = format!("debug_clock,engine={engine}");
-            Server::start_verified(kind, &["-o", &opts])
-        }
+        Kind::Kvcached => Server::start_verified(kind, &["-o", "debug_clock"]),
         // Without its background threads memcached's incr/decr rewrites in place
         // deterministically (see tests/differential.rs).
         Kind::Memcached => {
@@ -159,15 +149,9 @@ fn start_with(kind: Kind, engine: &str) -> Server {
 
 /// Run every scenario against `kind` on a fresh server each; returns rows checked.
 fn run(kind: Kind, scenarios: &[(&str, &[Row])]) -> usize {
-    let engine = std::env::var("KVCACHED_META_ENGINE").unwrap_or("log".into());
-    run_with(kind, &engine, scenarios)
-}
-
-/// [`run`] with kvcached on a given engine.
-fn run_with(kind: Kind, engine: &str, scenarios: &[(&str, &[Row])]) -> usize {
     let mut checked = 0;
     for (name, rows) in scenarios {
-        let server = start_with(kind, engine);
+        let server = start(kind);
         let mut c = server.connect();
         let old_server = kind == Kind::Memcached && is_old(&mut c);
         let mut vars: [Option<String>; 10] = Default::default();
@@ -181,7 +165,7 @@ fn run_with(kind: Kind, engine: &str, scenarios: &[(&str, &[Row])]) -> usize {
             };
             assert!(
                 matches(want, &got, &mut vars),
-                "{kind:?} ({engine}) scenario {name:?} row {n}: sent {send:?}\n  want {want:?}\n  got  {got:?}"
+                "{kind:?} scenario {name:?} row {n}: sent {send:?}\n  want {want:?}\n  got  {got:?}"
             );
             checked += 1;
         }
@@ -190,10 +174,9 @@ fn run_with(kind: Kind, engine: &str, scenarios: &[(&str, &[Row])]) -> usize {
 }
 
 fn both(scenarios: &[(&str, &[Row])]) {
-    let log = run_with(Kind::Kvcached, "log", scenarios);
-    let hashmap = run_with(Kind::Kvcached, "hashmap", scenarios);
+    let k = run(Kind::Kvcached, scenarios);
     let m = run(Kind::Memcached, scenarios);
-    println!("rows checked: kvcached log {log}, kvcached hashmap {hashmap}, memcached {m}");
+    println!("rows checked: kvcached {k}, memcached {m}");
 }
 
 #[test]

@@ -65,8 +65,7 @@ use std::fmt::Write as _;
 use std::io::{BufRead, ErrorKind, Read, Write};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// Both servers run with these flags (as in tests/differential.rs; kvcached on its default
-/// engine, `-o engine=log`).
+/// Both servers run with these flags (as in tests/differential.rs).
 const SERVER_ARGS: &[&str] = &["-m", "64", "-I", "1m", "-t", "1"];
 /// memcached also with these: its background threads make in-place `incr` nondeterministic
 /// (see tests/differential.rs).

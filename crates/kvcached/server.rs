@@ -16,12 +16,12 @@ use std::io;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use kvstore::{Engine, EngineConfig, HashMapEngine, LogEngine};
+use kvstore::{Engine, EngineConfig, LogEngine};
 
 use crate::features::{replication, warm};
 use crate::runtime::listener::Listener;
 use crate::runtime::worker::Worker;
-use crate::setup::config::{Config, EngineChoice, MemoryLimit};
+use crate::setup::config::{Config, MemoryLimit};
 use crate::state::clock::Clock;
 use crate::state::credentials::Auth;
 use crate::state::registry::{ConnInfo, ConnKind};
@@ -37,17 +37,14 @@ pub fn memory_bytes(limit: MemoryLimit) -> usize {
 }
 
 /// Build the engine the configuration asks for.
-pub fn build_engine(config: &Config) -> (Box<dyn Engine>, &'static str) {
+pub fn build_engine(config: &Config) -> LogEngine {
     let ec = EngineConfig {
         max_bytes: memory_bytes(config.memory_limit),
         max_item_size: config.item_size_max,
         no_evict: config.no_evict,
         use_cas: config.use_cas,
     };
-    match config.engine {
-        EngineChoice::Log => (Box::new(LogEngine::new(ec)), "log"),
-        EngineChoice::HashMap => (Box::new(HashMapEngine::new(ec)), "hashmap"),
-    }
+    LogEngine::new(ec)
 }
 
 /// Run the server until a signal or `shutdown` stops it.
@@ -55,20 +52,14 @@ pub fn run(config: Config, listeners: Vec<Listener>) -> Result<(), String> {
     let threads = config.threads.max(1);
     // Like memcached, the auth file is read after dropping privileges and daemonizing.
     let auth = Auth::new(&config)?;
-    let (engine, engine_name) = build_engine(&config);
+    let engine = build_engine(&config);
     if let Some(path) = &config.memory_file {
-        warm::load(&*engine, path, &Clock::new());
+        warm::load(&engine, path, &Clock::new());
     }
     let worker_stats: Vec<Arc<WorkerStats>> = (0..threads)
         .map(|_| Arc::new(WorkerStats::default()))
         .collect();
-    let shared = Arc::new(Shared::new(
-        config,
-        engine,
-        engine_name,
-        auth,
-        worker_stats.clone(),
-    ));
+    let shared = Arc::new(Shared::new(config, engine, auth, worker_stats.clone()));
     for l in &listeners {
         let info = Arc::new(ConnInfo::new(l.describe(), String::new()));
         info.last_cmd.store(shared.clock.now(), Ordering::Relaxed);

@@ -8,8 +8,8 @@
 use kvproto::binary::{self as bin, opcode, Command, Request, Status};
 use kvproto::text::StoreMode;
 use kvstore::{
-    MetaArith, MetaArithResult, MetaDelete, MetaDeleteResult, MetaStoreRequest, ReadOptions,
-    StoreResult,
+    Engine, MetaArith, MetaArithResult, MetaDelete, MetaDeleteResult, MetaStoreRequest,
+    ReadOptions, StoreResult,
 };
 
 use crate::exec::session::{Ctx, Session, Step};
@@ -20,7 +20,7 @@ use crate::state::replication::Access;
 pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
     let shared = ctx.shared;
     let st = ctx.stats;
-    let engine = &*shared.engine;
+    let engine = &shared.engine;
     let out = &mut s.out;
     let (op, opaque) = (req.opcode, req.opaque);
     let access = match req.command {

@@ -32,8 +32,8 @@ use kvproto::meta::{
 use kvproto::text::{self as proto, ErrorReply};
 use kvproto::MAX_KEY_LEN;
 use kvstore::{
-    EngineConfig, MetaArith, MetaArithResult, MetaDelete, MetaDeleteResult, MetaGet, MetaItem,
-    MetaRead, MetaStoreRequest, StoreMode, StoreResult, Time, Win,
+    Engine, EngineConfig, MetaArith, MetaArithResult, MetaDelete, MetaDeleteResult, MetaGet,
+    MetaItem, MetaRead, MetaStoreRequest, StoreMode, StoreResult, Time, Win,
 };
 
 use crate::exec::session::{Ctx, Session, Step};

@@ -29,11 +29,6 @@ pub fn serve(
     cursor: &[u8],
 ) -> Step {
     let shared = ctx.shared;
-    if shared.engine.log_engine().is_none() {
-        s.out
-            .extend_from_slice(b"SERVER_ERROR replication needs the log engine\r\n");
-        return Step::Next;
-    }
     // The batch goes straight into the output after a header whose length field is
     // patched once the batch is written (fixed width: the replica parses leading zeros).
     s.out.extend_from_slice(b"REPL ");
@@ -57,16 +52,6 @@ pub fn serve(
 pub fn serve_binary(ctx: &mut Ctx<'_>, out: &mut Vec<u8>, req: &kvproto::binary::Request<'_>) {
     use kvproto::binary as bin;
     let shared = ctx.shared;
-    if shared.engine.log_engine().is_none() {
-        bin::write_error_message(
-            out,
-            req.opcode,
-            req.opaque,
-            bin::Status::UnknownCommand,
-            "replication needs the log engine",
-        );
-        return;
-    }
     let mut parts = req.key.splitn(2, |&b| b == b' ');
     let replid = parts.next().unwrap_or_default();
     let name = parts.next().unwrap_or(b"-");
@@ -94,9 +79,7 @@ pub fn serve_binary(ctx: &mut Ctx<'_>, out: &mut Vec<u8>, req: &kvproto::binary:
 
 /// Append the batch for one pull to `out` and record the replica's progress.
 fn serve_batch(shared: &Shared, replid: &[u8], name: &[u8], cursor: &[u8], out: &mut Vec<u8>) {
-    let Some(log) = shared.engine.log_engine() else {
-        return;
-    };
+    let log = &shared.engine;
     let peer = String::from_utf8_lossy(name);
     let repl = &shared.repl;
     let fresh = replid != repl.replid.as_bytes();

@@ -6,6 +6,7 @@ use std::fmt::Display;
 use std::sync::atomic::Ordering;
 
 use kvproto::text::{self as proto, Tokens};
+use kvstore::Engine;
 
 use crate::exec::session::{Ctx, Session};
 use crate::setup::config::{MemoryLimit, ProtocolChoice};
@@ -82,11 +83,7 @@ pub fn emit_group(ctx: &Ctx<'_>, group: Group, sink: &mut Sink<'_>) -> bool {
         }
         Group::Sizes => emit(sink, "sizes_status", "disabled"),
         Group::Replication => {
-            let offset = ctx
-                .shared
-                .engine
-                .log_engine()
-                .map_or(0, kvstore::LogEngine::log_offset);
+            let offset = ctx.shared.engine.log_offset();
             for (k, v) in ctx.shared.repl.stats(offset) {
                 emit(sink, &k, v);
             }
@@ -271,7 +268,7 @@ fn settings(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
         "memory_auto",
         yes_no(matches!(c.memory_limit, MemoryLimit::Auto)),
     );
-    emit(sink, "engine", shared.engine_name);
+    emit(sink, "engine", "log");
 }
 
 fn conns(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {

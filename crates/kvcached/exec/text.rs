@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 
 use kvproto::text::{self as proto, ErrorReply, Keys, Request, StoreMode};
-use kvstore::{ArithResult, ReadOptions, StoreRequest, StoreResult};
+use kvstore::{ArithResult, Engine, ReadOptions, StoreRequest, StoreResult};
 
 use crate::exec::session::{Ctx, Session, Step, OUTPUT_HIGH_WATER};
 use crate::exec::stats_report;
@@ -29,7 +29,7 @@ fn access(req: &Request<'_>) -> Access {
 pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
     let shared = ctx.shared;
     let st = ctx.stats;
-    let engine = &*shared.engine;
+    let engine = &shared.engine;
     if let Some(refusal) = shared.repl.refusal(access(&req), &shared.config) {
         s.out.extend_from_slice(refusal);
         return Step::Next;

@@ -34,9 +34,7 @@ pub fn follow(shared: &Shared, master: String) {
     let Some(shared) = shared.arc() else {
         return;
     };
-    if let Some(log) = shared.engine.log_engine() {
-        log.set_replica(true);
-    }
+    shared.engine.set_replica(true);
     repl.replica.store(true, Ordering::Release);
     *lock(&repl.master) = Some(master.clone());
     let generation = {
@@ -63,19 +61,14 @@ pub fn promote(shared: &Shared) {
     *lock(&repl.master) = None;
     repl.link_up.store(false, Ordering::Relaxed);
     repl.in_sync.store(false, Ordering::Release);
-    if let Some(log) = shared.engine.log_engine() {
-        log.set_replica(false);
-    }
+    shared.engine.set_replica(false);
     repl.replica.store(false, Ordering::Release);
 }
 
 /// The puller: connect, pull, apply, until the generation changes or the server stops.
 fn puller(shared: &Shared, master: &str, generation: u64) {
     let repl = &shared.repl;
-    let Some(log) = shared.engine.log_engine() else {
-        eprintln!("kvcached: replication needs the log engine (-o engine=log)");
-        return;
-    };
+    let log = &shared.engine;
     let current =
         || repl.generation.load(Ordering::Acquire) == generation && !shared.shutting_down();
     let mut backoff = Duration::from_millis(20);

@@ -15,13 +15,13 @@ use std::io::{BufReader, BufWriter};
 use std::path::Path;
 use std::time::Instant;
 
-use kvstore::Engine;
+use kvstore::{Engine, LogEngine};
 
 use crate::state::clock::Clock;
 use crate::state::shared::Shared;
 
 /// Load the snapshot at `path` into `engine` if there is one, then remove it.
-pub fn load(engine: &dyn Engine, path: &Path, clock: &Clock) {
+pub fn load(engine: &LogEngine, path: &Path, clock: &Clock) {
     let file = match File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -39,10 +39,7 @@ pub fn load(engine: &dyn Engine, path: &Path, clock: &Clock) {
             return;
         }
     };
-    let Some(log) = engine.log_engine() else {
-        eprintln!("kvcached: warm restart needs the log engine; starting with an empty cache");
-        return;
-    };
+    let log = engine;
     let started = Instant::now();
     let result = log.restore(&mut BufReader::with_capacity(1 << 20, file), clock.now());
     // Valid once, as memcached's metadata file: remove it whatever happened.
@@ -68,9 +65,7 @@ pub fn load(engine: &dyn Engine, path: &Path, clock: &Clock) {
 
 /// Save a snapshot of the cache to `path` (after the workers stopped).
 pub fn save(shared: &Shared, path: &Path) -> Result<(), String> {
-    let Some(log) = shared.engine.log_engine() else {
-        return Err("warm restart needs the log engine; nothing saved".into());
-    };
+    let log = &shared.engine;
     let started = Instant::now();
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");

@@ -29,7 +29,7 @@ use kvproto::binary as bin;
 use kvproto::meta::MetaRequest;
 use kvproto::text::{self as proto, Keys, Parse, Request};
 use kvproto::udp::{self as frame, Datagrams, HEADER_LEN};
-use kvstore::ReadOptions;
+use kvstore::{Engine, ReadOptions};
 use socket2::{Domain, Socket, Type};
 
 use crate::exec::binary;

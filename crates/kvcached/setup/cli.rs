@@ -15,7 +15,7 @@
 //! Options are handled in order, so `-h`, `-i` and `-V` win over anything after them and
 //! an error before them wins over them, as with memcached.
 
-use crate::setup::config::{Config, EngineChoice, ListenAddr, MemoryLimit, ProtocolChoice};
+use crate::setup::config::{Config, ListenAddr, MemoryLimit, ProtocolChoice};
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
@@ -845,17 +845,16 @@ impl Builder {
             "maxconns_fast" => self.cfg.maxconns_fast = true,
             "no_maxconns_fast" => self.cfg.maxconns_fast = false,
             "debug_clock" => self.cfg.debug_clock = true,
-            "engine" => {
-                self.cfg.engine = match need(val)?.as_str() {
-                    "log" => EngineChoice::Log,
-                    "hashmap" => EngineChoice::HashMap,
-                    other => {
-                        return Err(format!(
-                            "-o engine: unknown engine {other:?} (log or hashmap)"
-                        ))
-                    }
+            // One engine is left; `engine=log` stays accepted so old command lines work.
+            "engine" => match need(val)?.as_str() {
+                "log" => {}
+                "hashmap" => {
+                    return Err("-o engine=hashmap: that engine was retired; \
+                         the log engine is the only one (drop the option)"
+                        .to_string())
                 }
-            }
+                other => return Err(format!("-o engine: unknown engine {other:?} (log)")),
+            },
 
             // Accepted and ignored, values checked as memcached checks them.
             "hashpower" => {
@@ -1278,8 +1277,8 @@ Extended options: -o, --extended=OPT[,OPT=VALUE...]
                               get answers SERVER_ERROR out of memory writing get response
   lru_crawler                 reclaim expired items in the background (default);
                               no_lru_crawler leaves them until a request finds them
-  engine=log|hashmap          the item store: the segmented log (default) or the
-                              interim sharded hash map
+  engine=log                  the item store: the segmented log (the only one;
+                              accepted so older command lines still work)
   debug_clock                 TESTS ONLY: enable the debugtime command, which moves the
                               server clock. Never use in production.
 
@@ -1358,6 +1357,7 @@ mod tests {
         let rows: &[(&[&str], Check)] = &[
             // -p: separate, attached, long with = and with a separate value, prefix.
             (&["-p", "11212"], |c| c.tcp_port == 11212),
+            (&["-o", "engine=log"], |c| *c == Config::default()),
             (&["-p11212"], |c| c.tcp_port == 11212),
             (&["--port=11212"], |c| c.tcp_port == 11212),
             (&["--port", "11212"], |c| c.tcp_port == 11212),
@@ -1639,6 +1639,9 @@ mod tests {
             (&["--ver"], "ambiguous"),
             (&["--daemon=1"], "does not take a value"),
             (&["--port"], "--port needs a value"),
+            // The retired engine is named as such; an unknown one as unknown.
+            (&["-o", "engine=hashmap"], "that engine was retired"),
+            (&["-o", "engine=btree"], "unknown engine"),
             (&["-p"], "-p needs a value"),
             (&["-vp"], "-p needs a value"),
             // Numbers.

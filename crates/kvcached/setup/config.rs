@@ -16,15 +16,6 @@ pub enum MemoryLimit {
     Auto,
 }
 
-/// Which storage engine holds the items (`-o engine=`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EngineChoice {
-    /// The segmented append-only log with a compact index (`kvstore::LogEngine`).
-    Log,
-    /// The interim sharded hash map (`kvstore::HashMapEngine`).
-    HashMap,
-}
-
 /// Which protocols a connection may speak (`-B`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ProtocolChoice {
@@ -155,8 +146,6 @@ pub struct Config {
     /// Enable the `debugtime` command, which shifts the server clock (`-o debug_clock`;
     /// for tests, never for production).
     pub debug_clock: bool,
-    /// The item store (`-o engine=log|hashmap`; kvcached's own option).
-    pub engine: EngineChoice,
     /// Follow this master ("host:port") as a read-only replica (`--replica-of`;
     /// kvcached's own option).
     pub replica_of: Option<String>,
@@ -212,7 +201,6 @@ impl Default for Config {
             auth_file: None,
             memory_file: None,
             debug_clock: false,
-            engine: EngineChoice::Log,
             replica_of: None,
             replica_auth: None,
             replica_auth_sasl: false,

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use kvproto::text::{Limits, MAX_GET_LINE_LEN, MAX_LINE_LEN};
-use kvstore::Engine;
+use kvstore::LogEngine;
 
 use crate::setup::config::Config;
 use crate::state::clock::Clock;
@@ -19,8 +19,7 @@ use crate::state::stats::{ServerStats, WorkerStats};
 /// State shared by all workers.
 pub struct Shared {
     pub config: Config,
-    pub engine: Box<dyn Engine>,
-    pub engine_name: &'static str,
+    pub engine: LogEngine,
     pub clock: Clock,
     pub stats: ServerStats,
     pub limits: Limits,
@@ -53,8 +52,7 @@ impl Shared {
     /// The state for a server about to start: no connection yet, accepting, not stopping.
     pub fn new(
         config: Config,
-        engine: Box<dyn Engine>,
-        engine_name: &'static str,
+        engine: LogEngine,
         auth: Auth,
         worker_stats: Vec<Arc<WorkerStats>>,
     ) -> Shared {
@@ -69,7 +67,6 @@ impl Shared {
             save_on_exit: AtomicBool::new(false),
             verbosity: AtomicU8::new(config.verbose),
             engine,
-            engine_name,
             clock: Clock::new(),
             stats: ServerStats::new(worker_stats),
             curr_conns: AtomicUsize::new(0),

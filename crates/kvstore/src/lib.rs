@@ -9,13 +9,11 @@
 //! the clock. An item's `exptime` is absolute: 0 means "never expires", and an item with
 //! `0 < exptime <= now` is expired and never returned.
 
-mod hashmap;
 mod log;
 #[doc(hidden)]
 pub mod model;
 mod number;
 
-pub use hashmap::HashMapEngine;
 pub use log::repl::{Applied, ReplError, ReplicaState, Served};
 pub use log::LogEngine;
 
@@ -162,9 +160,9 @@ pub struct EngineStats {
 // memcached's meta commands need more than the classic methods give: the state of an item
 // before the request touched it (`h`, `l`, `t` in request order), a per-item "stale" mark and
 // "win token sent" mark (stale-while-revalidate), creating items on a miss (vivify), explicit
-// CAS values (`E`), and checks and changes made atomically with the lookup. The methods below
-// have default implementations built on the classic ones, so every engine supports the meta
-// protocol; the defaults approximate (each says how). Engines override them to be exact.
+// CAS values (`E`), and checks and changes made atomically with the lookup. The classic
+// store and arith are the meta ones with no options ([`Engine::store`], [`Engine::arith`]), so
+// an engine has one write path and one arithmetic path.
 
 /// Whether a meta read handed out the item's "win" token (the right to recache it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -341,13 +339,15 @@ pub struct DebugItem {
     pub binary_key: bool,
 }
 
-/// The interface every storage engine implements: one method per kind of command.
+/// The interface of the storage engine ([`LogEngine`]; the reference model
+/// [`model::Model`] implements it too, for the property tests).
 ///
 /// Implementations must be safe to call from many threads at once, must never panic on
 /// any key or value they are given, and must never return an expired or flushed item.
 pub trait Engine: Send + Sync + 'static {
     /// Look up `key`; on a hit call `found` with the item (after applying `opts`) and
-    /// return true. A hit counts as an access for eviction.
+    /// return true. A hit counts as an access for eviction. (The classic read has its own
+    /// method because it is the hot path: it needs none of [`Engine::meta_get`]'s state.)
     fn get(
         &self,
         key: &[u8],
@@ -356,16 +356,43 @@ pub trait Engine: Send + Sync + 'static {
         found: &mut dyn FnMut(ItemView<'_>),
     ) -> bool;
 
-    /// Store an item.
-    fn store(&self, req: StoreRequest<'_>, now: Time) -> StoreResult;
+    /// Store an item: [`Engine::meta_store`] with no meta options.
+    fn store(&self, req: StoreRequest<'_>, now: Time) -> StoreResult {
+        let req = MetaStoreRequest {
+            mode: req.mode,
+            key: req.key,
+            value: req.value,
+            flags: req.flags,
+            exptime: req.exptime,
+            compare_cas: None,
+            new_cas: None,
+            invalidate: false,
+            vivify: false,
+            binary_key: false,
+        };
+        self.meta_store(req, now).result
+    }
 
     /// Remove `key`; true if a live item was removed.
     fn delete(&self, key: &[u8], now: Time) -> bool;
 
     /// Add (`incr`) or subtract (`decr`) `delta` to the decimal number stored under `key`.
     /// Incr wraps at 2^64; decr stops at 0. The result is stored as decimal text; the item
-    /// gets a new CAS unique and keeps its flags and expiry.
-    fn arith(&self, key: &[u8], incr: bool, delta: u64, now: Time) -> ArithResult;
+    /// gets a new CAS unique and keeps its flags and expiry. [`Engine::meta_arith`] with no
+    /// meta options.
+    fn arith(&self, key: &[u8], incr: bool, delta: u64, now: Time) -> ArithResult {
+        let req = MetaArith {
+            incr,
+            delta,
+            ..MetaArith::default()
+        };
+        match self.meta_arith(key, now, req) {
+            MetaArithResult::Value { value, .. } => ArithResult::Value(value),
+            MetaArithResult::NotFound | MetaArithResult::Exists => ArithResult::NotFound,
+            MetaArithResult::NonNumeric => ArithResult::NonNumeric,
+            MetaArithResult::NoMemory => ArithResult::NoMemory,
+        }
+    }
 
     /// Set the expiry of `key`; true if the item exists.
     fn touch(&self, key: &[u8], exptime: Time, now: Time) -> bool;
@@ -389,237 +416,28 @@ pub trait Engine: Send + Sync + 'static {
 
     /// `mg`: look `key` up with the meta options; on a hit (or a creation by `vivify`) call
     /// `found`. A hit counts as an access unless `no_bump`.
-    ///
-    /// Default (approximate): built on [`Engine::get`] and [`Engine::store`]. No stale or
-    /// token state: `recache` wins whenever it matches (every time, not once), `stale` is
-    /// never set and [`Win::AlreadySent`] never reported; `no_bump` is ignored (the read
-    /// bumps); `exptime_before` is the expiry after `touch`, `last_access` is `now` and
-    /// `fetched` is false; a vivified item gets the next CAS, not `new_cas`, and is read back
-    /// with a second lookup.
     fn meta_get(
         &self,
         key: &[u8],
         now: Time,
         opts: MetaRead,
         found: &mut dyn FnMut(MetaItem<'_>),
-    ) -> MetaGet {
-        let mut show = |item: ItemView<'_>, win: Win| {
-            found(MetaItem {
-                item,
-                exptime_before: item.exptime,
-                last_access: now,
-                fetched: false,
-                stale: false,
-                win,
-                binary_key: opts.binary_key,
-            })
-        };
-        let read = ReadOptions { touch: opts.touch };
-        let hit = self.get(key, now, read, &mut |item| {
-            let win = match opts.recache {
-                Some(r) if item.exptime != 0 && item.exptime < r => Win::Won,
-                _ => Win::None,
-            };
-            show(item, win);
-        });
-        if hit {
-            return MetaGet::Hit;
-        }
-        let Some(exptime) = opts.vivify else {
-            return MetaGet::Miss;
-        };
-        let req = StoreRequest {
-            mode: StoreMode::Add,
-            key,
-            value: b"",
-            flags: 0,
-            exptime,
-        };
-        if !matches!(self.store(req, now), StoreResult::Stored(_)) {
-            return MetaGet::Miss;
-        }
-        let read = ReadOptions::default();
-        if self.get(key, now, read, &mut |item| show(item, Win::Won)) {
-            MetaGet::Vivified
-        } else {
-            MetaGet::Miss
-        }
-    }
+    ) -> MetaGet;
 
     /// `ms`: store with the meta options.
-    ///
-    /// Default (approximate): [`Engine::store`]; `new_cas` and `binary_key` are ignored,
-    /// `invalidate` never stores a stale item (a lower CAS is `Exists`), `compare_cas` of
-    /// append/prepend is checked by a separate read (not atomically), vivify is a second
-    /// store in add mode, and `len` is the request's value length.
-    fn meta_store(&self, req: MetaStoreRequest<'_>, now: Time) -> MetaStored {
-        let len = req.value.len();
-        let concat = matches!(req.mode, StoreMode::Append | StoreMode::Prepend);
-        if let (true, Some(c)) = (concat, req.compare_cas.filter(|&c| c != 0)) {
-            let mut cas = None;
-            self.get(req.key, now, ReadOptions::default(), &mut |it| {
-                cas = Some(it.cas)
-            });
-            if cas.is_some_and(|have| have != c) {
-                let result = StoreResult::Exists;
-                return MetaStored { result, len };
-            }
-        }
-        let classic = StoreRequest {
-            mode: req.mode,
-            key: req.key,
-            value: req.value,
-            flags: req.flags,
-            exptime: req.exptime,
-        };
-        let mut result = self.store(classic, now);
-        if concat && req.vivify && result == StoreResult::NotStored {
-            let add = StoreRequest {
-                mode: StoreMode::Add,
-                ..classic
-            };
-            result = self.store(add, now);
-        }
-        MetaStored { result, len }
-    }
+    fn meta_store(&self, req: MetaStoreRequest<'_>, now: Time) -> MetaStored;
 
     /// `md`: delete, invalidate or empty `key`.
-    ///
-    /// Default (approximate): no stale state, so `invalidate` removes the item like a plain
-    /// delete; `compare_cas` is checked by a separate read (which counts as an access, and is
-    /// not atomic with the delete); `remove_value` stores the empty item with the next CAS.
-    fn meta_delete(&self, key: &[u8], now: Time, req: MetaDelete) -> MetaDeleteResult {
-        if let Some(c) = req.compare_cas {
-            let mut cas = None;
-            self.get(key, now, ReadOptions::default(), &mut |it| {
-                cas = Some(it.cas)
-            });
-            match cas {
-                None => return MetaDeleteResult::NotFound,
-                Some(have) if have != c => return MetaDeleteResult::Exists,
-                Some(_) => {}
-            }
-        }
-        if req.remove_value && !req.invalidate {
-            let empty = StoreRequest {
-                mode: StoreMode::Replace,
-                key,
-                value: b"",
-                flags: req.flags,
-                exptime: req.ttl.unwrap_or(0),
-            };
-            return match self.store(empty, now) {
-                StoreResult::Stored(_) => MetaDeleteResult::Deleted,
-                StoreResult::NotStored => MetaDeleteResult::NotFound,
-                _ => MetaDeleteResult::NotStored,
-            };
-        }
-        if self.delete(key, now) {
-            MetaDeleteResult::Deleted
-        } else {
-            MetaDeleteResult::NotFound
-        }
-    }
+    fn meta_delete(&self, key: &[u8], now: Time, req: MetaDelete) -> MetaDeleteResult;
 
     /// `ma`: incr/decr with the meta options.
-    ///
-    /// Default (approximate): [`Engine::arith`], with `compare_cas` checked and the CAS and
-    /// expiry read by separate reads (not atomic, counted as accesses), `touch` as a separate
-    /// [`Engine::touch`], vivify as a store in add mode; `new_cas` is ignored.
-    fn meta_arith(&self, key: &[u8], now: Time, req: MetaArith) -> MetaArithResult {
-        let mut before = None;
-        self.get(key, now, ReadOptions::default(), &mut |it| {
-            before = Some((it.cas, it.exptime, it.value.is_empty()))
-        });
-        let Some((cas, exptime_before, empty)) = before else {
-            let Some((exptime, initial)) = req.vivify else {
-                return MetaArithResult::NotFound;
-            };
-            let mut digits = [0u8; 20];
-            let mut n = initial;
-            let mut i = digits.len();
-            loop {
-                i -= 1;
-                digits[i] = b'0' + (n % 10) as u8;
-                n /= 10;
-                if n == 0 {
-                    break;
-                }
-            }
-            let add = StoreRequest {
-                mode: StoreMode::Add,
-                key,
-                value: digits.get(i..).unwrap_or_default(),
-                flags: 0,
-                exptime,
-            };
-            return match self.store(add, now) {
-                StoreResult::Stored(cas) => MetaArithResult::Value {
-                    value: initial,
-                    cas,
-                    exptime_before: 0,
-                    exptime,
-                    created: true,
-                },
-                StoreResult::NotStored => MetaArithResult::NotFound,
-                _ => MetaArithResult::NoMemory,
-            };
-        };
-        if empty {
-            return MetaArithResult::NonNumeric;
-        }
-        if req.compare_cas.is_some_and(|c| c != 0 && c != cas) {
-            return MetaArithResult::Exists;
-        }
-        let value = match self.arith(key, req.incr, req.delta, now) {
-            ArithResult::Value(v) => v,
-            ArithResult::NotFound => return MetaArithResult::NotFound,
-            ArithResult::NonNumeric => return MetaArithResult::NonNumeric,
-            ArithResult::NoMemory => return MetaArithResult::NoMemory,
-        };
-        if let Some(t) = req.touch {
-            self.touch(key, t, now);
-        }
-        let mut after = (0, exptime_before);
-        self.get(key, now, ReadOptions::default(), &mut |it| {
-            after = (it.cas, it.exptime)
-        });
-        MetaArithResult::Value {
-            value,
-            cas: after.0,
-            exptime_before,
-            exptime: after.1,
-            created: false,
-        }
-    }
+    fn meta_arith(&self, key: &[u8], now: Time, req: MetaArith) -> MetaArithResult;
 
     /// `me`: what is known of `key`'s item, without counting an access.
-    ///
-    /// Default (approximate): a [`Engine::get`], which does count as an access; the access
-    /// time shown is `now` and `fetched` is true.
-    fn debug_item(&self, key: &[u8], now: Time) -> Option<DebugItem> {
-        let mut out = None;
-        self.get(key, now, ReadOptions::default(), &mut |it| {
-            out = Some(DebugItem {
-                exptime: it.exptime,
-                last_access: now,
-                cas: it.cas,
-                fetched: true,
-                value_len: it.value.len(),
-                flags: it.flags,
-                binary_key: false,
-            })
-        });
-        out
-    }
+    fn debug_item(&self, key: &[u8], now: Time) -> Option<DebugItem>;
 
     /// Background upkeep, called periodically by the server. With `sweep`, also reclaim
     /// expired items (a bounded slice per call; memcached's LRU crawler, which
     /// `-o no_lru_crawler` turns off). Returns how many items were reclaimed.
     fn maintain(&self, now: Time, sweep: bool) -> u64;
-
-    /// The log engine behind this engine, for replication (None: not supported).
-    fn log_engine(&self) -> Option<&LogEngine> {
-        None
-    }
 }

@@ -36,9 +36,9 @@ use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 
 use crate::{
-    ArithResult, DebugItem, Engine, EngineConfig, EngineStats, ItemView, MetaArith,
-    MetaArithResult, MetaDelete, MetaDeleteResult, MetaGet, MetaItem, MetaRead, MetaStoreRequest,
-    MetaStored, ReadOptions, StoreMode, StoreRequest, StoreResult, Time, Win,
+    DebugItem, Engine, EngineConfig, EngineStats, ItemView, MetaArith, MetaArithResult, MetaDelete,
+    MetaDeleteResult, MetaGet, MetaItem, MetaRead, MetaStoreRequest, MetaStored, ReadOptions,
+    StoreMode, StoreResult, Time, Win,
 };
 
 /// One item of the model.
@@ -257,39 +257,9 @@ impl Engine for Model {
         true
     }
 
-    fn store(&self, req: StoreRequest<'_>, now: Time) -> StoreResult {
-        let req = MetaStoreRequest {
-            mode: req.mode,
-            key: req.key,
-            value: req.value,
-            flags: req.flags,
-            exptime: req.exptime,
-            compare_cas: None,
-            new_cas: None,
-            invalidate: false,
-            vivify: false,
-            binary_key: false,
-        };
-        self.meta_store(req, now).result
-    }
-
     fn delete(&self, key: &[u8], now: Time) -> bool {
         let mut st = self.lock();
         st.live(key, now).is_some() && st.items.remove(key).is_some()
-    }
-
-    fn arith(&self, key: &[u8], incr: bool, delta: u64, now: Time) -> ArithResult {
-        let req = MetaArith {
-            incr,
-            delta,
-            ..MetaArith::default()
-        };
-        match self.meta_arith(key, now, req) {
-            MetaArithResult::Value { value, .. } => ArithResult::Value(value),
-            MetaArithResult::NotFound | MetaArithResult::Exists => ArithResult::NotFound,
-            MetaArithResult::NonNumeric => ArithResult::NonNumeric,
-            MetaArithResult::NoMemory => ArithResult::NoMemory,
-        }
     }
 
     fn meta_get(

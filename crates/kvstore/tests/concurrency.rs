@@ -6,13 +6,14 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 
 use kvstore::{
-    ArithResult, Engine, EngineConfig, HashMapEngine, ReadOptions, StoreMode, StoreRequest,
+    ArithResult, Engine, EngineConfig, LogEngine, ReadOptions, StoreMode, StoreRequest,
     StoreResult, Time,
 };
 
 const NOW: Time = 1_000_000;
 const THREADS: usize = 8;
-const OH: usize = HashMapEngine::ITEM_OVERHEAD;
+/// Roughly what an item costs beyond its key and value (memcached's item header).
+const OH: usize = 48;
 
 struct Rng(u64);
 
@@ -29,7 +30,7 @@ impl Rng {
     }
 }
 
-fn store(e: &HashMapEngine, mode: StoreMode, key: &[u8], value: &[u8], flags: u32) -> StoreResult {
+fn store(e: &LogEngine, mode: StoreMode, key: &[u8], value: &[u8], flags: u32) -> StoreResult {
     e.store(
         StoreRequest {
             mode,
@@ -49,15 +50,12 @@ fn checked_value(c: u8) -> Vec<u8> {
 
 #[test]
 fn hammer_overlapping_keys() {
-    let e = Arc::new(HashMapEngine::with_shards(
-        EngineConfig {
-            max_bytes: 64 << 20,
-            max_item_size: 1 << 20,
-            no_evict: false,
-            use_cas: true,
-        },
-        16,
-    ));
+    let e = Arc::new(LogEngine::new(EngineConfig {
+        max_bytes: 64 << 20,
+        max_item_size: 1 << 20,
+        no_evict: false,
+        use_cas: true,
+    }));
     assert!(matches!(
         store(&e, StoreMode::Set, b"ctr", b"0", 0),
         StoreResult::Stored(_)
@@ -162,15 +160,12 @@ fn hammer_overlapping_keys() {
 #[test]
 fn hammer_under_eviction_stays_within_memory() {
     let max = 300 * (OH + 64);
-    let e = Arc::new(HashMapEngine::with_shards(
-        EngineConfig {
-            max_bytes: max,
-            max_item_size: 300,
-            no_evict: false,
-            use_cas: true,
-        },
-        16,
-    ));
+    let e = Arc::new(LogEngine::new(EngineConfig {
+        max_bytes: max,
+        max_item_size: 300,
+        no_evict: false,
+        use_cas: true,
+    }));
     let stop = Arc::new(AtomicBool::new(false));
     let monitor = {
         let (e, stop) = (e.clone(), stop.clone());
@@ -241,15 +236,12 @@ fn hammer_under_eviction_stays_within_memory() {
 
 #[test]
 fn concurrent_flush_shrink_and_maintenance_keep_accounting() {
-    let e = Arc::new(HashMapEngine::with_shards(
-        EngineConfig {
-            max_bytes: 1000 * (OH + 16),
-            max_item_size: 128,
-            no_evict: false,
-            use_cas: true,
-        },
-        8,
-    ));
+    let e = Arc::new(LogEngine::new(EngineConfig {
+        max_bytes: 1000 * (OH + 16),
+        max_item_size: 128,
+        no_evict: false,
+        use_cas: true,
+    }));
     let barrier = Arc::new(Barrier::new(THREADS));
     let handles: Vec<_> = (0..THREADS)
         .map(|t| {

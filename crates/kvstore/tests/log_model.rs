@@ -10,9 +10,6 @@ use kvstore::{
 };
 use proptest::prelude::*;
 
-#[path = "support/ops.rs"]
-mod ops;
-
 const START: Time = 1_000_000;
 
 #[derive(Debug, Clone, Copy)]
@@ -431,71 +428,4 @@ fn log_small_engine_evicts() {
     assert!(e.stats().evictions > 0);
     let items: std::collections::HashMap<_, _> = e.stats_detail("items").into_iter().collect();
     assert_ne!(items["items:1:copied_forward"], "0");
-}
-
-/// The meta operations (`mg`/`ms`/`md`/`ma`/`me`) mixed with the classic ones, against the
-/// model: the operations of `support/ops.rs` (which `tests/model.rs` runs on `HashMapEngine`),
-/// run on `LogEngine` with plenty of memory.
-mod meta {
-    use kvstore::model::Model;
-    use kvstore::{Engine, EngineConfig, LogEngine};
-    use proptest::prelude::*;
-
-    use super::ops::*;
-
-    /// Every reply must agree, and the counters both keep (`bytes` aside: the engine
-    /// charges its records, the model key and value).
-    fn run_exact(ops: &[Op], use_cas: bool) -> Result<(), TestCaseError> {
-        let cfg = EngineConfig {
-            max_bytes: 4 << 20,
-            ..config(0, false, use_cas)
-        };
-        let e = LogEngine::new(cfg.clone());
-        let m = Model::new(cfg);
-        let mut now = START;
-        for (n, op) in ops.iter().enumerate() {
-            if let Op::Advance(d) = op {
-                now += d;
-            }
-            let right = op.key().map_or(0, |k| m.cas_of(&key_name(k)));
-            let want = apply(&m, op, now, right);
-            let got = apply(&e, op, now, right);
-            prop_assert_eq!(got, want, "op #{} {:?} at {}", n, op, now);
-        }
-        let (es, ms) = (e.stats(), m.stats());
-        prop_assert_eq!(
-            (
-                es.curr_items,
-                es.total_items,
-                es.get_expired,
-                es.get_flushed
-            ),
-            (
-                ms.curr_items,
-                ms.total_items,
-                ms.get_expired,
-                ms.get_flushed
-            )
-        );
-        prop_assert_eq!(es.evictions, 0);
-        e.check_accounting().map_err(TestCaseError::fail)?;
-        Ok(())
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig {
-            cases: std::env::var("LOG_PROPTEST_CASES").ok().and_then(|s| s.parse().ok()).unwrap_or(256),
-            ..ProptestConfig::default()
-        })]
-
-        /// The meta operations (stale marks, win tokens, vivify, explicit CAS, ...) mixed
-        /// with the classic ones.
-        #[test]
-        fn log_meta_agrees_with_model(
-            ops in prop::collection::vec(meta_op(4), 1..120),
-            use_cas in any::<bool>(),
-        ) {
-            run_exact(&ops, use_cas)?;
-        }
-    }
 }

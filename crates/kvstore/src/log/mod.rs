@@ -130,9 +130,9 @@ use std::sync::atomic::{
 use std::sync::{Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard};
 
 use crate::{
-    ArithResult, DebugItem, Engine, EngineConfig, EngineStats, ItemView, MetaArith,
-    MetaArithResult, MetaDelete, MetaDeleteResult, MetaGet, MetaItem, MetaRead, MetaStoreRequest,
-    MetaStored, ReadOptions, StoreMode, StoreRequest, StoreResult, Time, Win,
+    DebugItem, Engine, EngineConfig, EngineStats, ItemView, MetaArith, MetaArithResult, MetaDelete,
+    MetaDeleteResult, MetaGet, MetaItem, MetaRead, MetaStoreRequest, MetaStored, ReadOptions,
+    StoreMode, StoreResult, Time, Win,
 };
 use format::{Rec, Spec, HDR_MAX, KIND_ITEM, KIND_TOMBSTONE, META_BINARY_KEY, META_STALE, SEG_HDR};
 use index::{Index, Insert, IDENT_MASK};
@@ -1916,7 +1916,8 @@ impl LogEngine {
                 let Some((exptime, initial)) = req.vivify else {
                     return MetaArithResult::NotFound;
                 };
-                let text = initial.to_string().into_bytes();
+                let mut digits = [0u8; 20];
+                let text = number::format(initial, &mut digits);
                 if self.too_large(key.len(), text.len(), 0) {
                     return MetaArithResult::NoMemory;
                 }
@@ -1924,7 +1925,7 @@ impl LogEngine {
                     key,
                     h,
                     cond: Cond::Absent,
-                    src: Src::Bytes(&text),
+                    src: Src::Bytes(text),
                     old_len: 0,
                     flags: Some(0),
                     exptime: Some(exptime),
@@ -2379,39 +2380,9 @@ impl Engine for LogEngine {
         false
     }
 
-    fn store(&self, req: StoreRequest<'_>, now: Time) -> StoreResult {
-        let req = MetaStoreRequest {
-            mode: req.mode,
-            key: req.key,
-            value: req.value,
-            flags: req.flags,
-            exptime: req.exptime,
-            compare_cas: None,
-            new_cas: None,
-            invalidate: false,
-            vivify: false,
-            binary_key: false,
-        };
-        self.meta_store(req, now).result
-    }
-
     fn delete(&self, key: &[u8], now: Time) -> bool {
         self.tick(now);
         self.delete_inner(key, self.hash(key), now)
-    }
-
-    fn arith(&self, key: &[u8], incr: bool, delta: u64, now: Time) -> ArithResult {
-        let req = MetaArith {
-            incr,
-            delta,
-            ..MetaArith::default()
-        };
-        match self.meta_arith(key, now, req) {
-            MetaArithResult::Value { value, .. } => ArithResult::Value(value),
-            MetaArithResult::NotFound | MetaArithResult::Exists => ArithResult::NotFound,
-            MetaArithResult::NonNumeric => ArithResult::NonNumeric,
-            MetaArithResult::NoMemory => ArithResult::NoMemory,
-        }
     }
 
     fn touch(&self, key: &[u8], exptime: Time, now: Time) -> bool {
@@ -2759,10 +2730,6 @@ impl Engine for LogEngine {
         self.count_dead(dead.1);
         self.unlink_dead(h, dead.0);
         None
-    }
-
-    fn log_engine(&self) -> Option<&LogEngine> {
-        Some(self)
     }
 
     fn maintain(&self, now: Time, sweep: bool) -> u64 {
