@@ -1,0 +1,434 @@
+//! The `Engine` trait implemented on the log: each command's entry point.
+
+use super::*;
+
+impl Engine for LogEngine {
+    fn get(
+        &self,
+        key: &[u8],
+        now: Time,
+        opts: ReadOptions,
+        found: &mut dyn FnMut(ItemView<'_>),
+    ) -> bool {
+        self.tick(now);
+        let h = self.hash(key);
+        if let Some(exptime) = opts.touch {
+            return self.touch_inner(key, h, exptime, now, Some(found));
+        }
+        let dead = {
+            let _pin = self.pin();
+            // SAFETY: pinned for as long as `r` is used (the callback included).
+            let Some((slot, v, r)) = (unsafe { self.lookup(h, key) }) else {
+                return false;
+            };
+            match self.vis(&r, now) {
+                Vis::Live => {
+                    if index::freq(v) < index::FREQ_MAX || !index::fetched(v) {
+                        // Losing this race to a writer only loses one access mark.
+                        let _ = slot.compare_exchange(
+                            v,
+                            index::bumped(v),
+                            Ordering::Relaxed,
+                            Ordering::Relaxed,
+                        );
+                    }
+                    self.index.set_atime(slot, now);
+                    found(self.view(key, &r));
+                    return true;
+                }
+                vis => (v, vis),
+            }
+        };
+        self.count_dead(dead.1);
+        self.unlink_dead(h, dead.0);
+        false
+    }
+
+    fn delete(&self, key: &[u8], now: Time) -> bool {
+        self.tick(now);
+        self.delete_inner(key, self.hash(key), now)
+    }
+
+    fn touch(&self, key: &[u8], exptime: Time, now: Time) -> bool {
+        self.tick(now);
+        self.touch_inner(key, self.hash(key), exptime, now, None)
+    }
+
+    fn flush_all(&self, at: Time, now: Time) {
+        self.tick(now);
+        let _f = lock(&self.flush_lock);
+        self.delayed_mark.store(0, Ordering::SeqCst);
+        if at <= now || at == 1 {
+            self.flush_deadline.store(0, Ordering::Release);
+            self.flush_mark
+                .fetch_max(self.next_cas.load(Ordering::SeqCst), Ordering::SeqCst);
+        } else {
+            self.flush_deadline.store(at - 1, Ordering::Release);
+        }
+    }
+
+    fn set_max_bytes(&self, max_bytes: usize, now: Time) {
+        self.tick(now);
+        self.max_bytes.store(max_bytes, Ordering::Relaxed);
+        self.shrink();
+    }
+
+    fn stats(&self) -> EngineStats {
+        let mut items = 0;
+        let mut bytes = 0;
+        for id in 0..self.seg_ids() {
+            if let Some(s) = self.segs.get(id) {
+                items += s.acct.0.live_items.load(Ordering::Relaxed);
+                bytes += s.acct.0.live_bytes.load(Ordering::Relaxed);
+            }
+        }
+        let st = &self.st.0;
+        EngineStats {
+            bytes,
+            curr_items: items,
+            total_items: self
+                .shard_items
+                .iter()
+                .map(|c| c.0.load(Ordering::Relaxed))
+                .sum(),
+            evictions: st.evictions.load(Ordering::Relaxed),
+            reclaimed: st.reclaimed.load(Ordering::Relaxed),
+            expired_unfetched: st.expired_unfetched.load(Ordering::Relaxed),
+            evicted_unfetched: st.evicted_unfetched.load(Ordering::Relaxed),
+            evicted_nonzero: st.evicted_nonzero.load(Ordering::Relaxed),
+            get_expired: st.get_expired.load(Ordering::Relaxed),
+            get_flushed: st.get_flushed.load(Ordering::Relaxed),
+            limit_maxbytes: self.max_bytes.load(Ordering::Relaxed) as u64,
+            total_malloced: self.allocated.load(Ordering::Relaxed) as u64,
+            hash_power_level: u64::from(self.index.level()),
+            hash_bytes: self.index.bytes() as u64,
+            // A batch is under way while its steps are pending (or running right now).
+            hash_is_expanding: self.grow_lock.try_lock().is_ok_and(|g| g.expanding),
+        }
+    }
+
+    fn stats_detail(&self, group: &str) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        let mut put = |k: &str, v: u64| out.push((k.to_string(), v.to_string()));
+        let st = &self.st.0;
+        match group {
+            "slabs" => {
+                let (mut regular, mut large, mut large_bytes, mut used, mut live) = (0, 0, 0, 0, 0);
+                for id in 0..self.seg_ids() {
+                    let Some(s) = self.segs.get(id) else { continue };
+                    if s.mem.0.ptr.load(Ordering::Relaxed).is_null() {
+                        continue;
+                    }
+                    if s.mem.0.large.load(Ordering::Relaxed) {
+                        large += 1;
+                        large_bytes += s.mem.0.cap.load(Ordering::Relaxed) as u64;
+                    } else {
+                        regular += 1;
+                    }
+                    used += s.mem.0.used.load(Ordering::Relaxed).saturating_sub(SEG_HDR) as u64;
+                    live += s.acct.0.live_bytes.load(Ordering::Relaxed);
+                }
+                let free = lock(&self.pool).free.len() as u64;
+                let sealed = lock(&self.fifo).len() as u64;
+                // memcached's summary names first: the log is one "slab class".
+                put("active_slabs", 1);
+                put("segment_size", self.seg_size as u64);
+                put("segments_total", regular);
+                put("segments_free", free);
+                put("segments_sealed", sealed);
+                put("large_items_segments", large);
+                put("large_items_bytes", large_bytes);
+                put("live_bytes", live);
+                put("dead_bytes", used.saturating_sub(live));
+                put("index_bytes", self.index.bytes() as u64);
+                put("index_buckets", self.index.nmain() as u64);
+                put("index_max_buckets", self.index.max_main() as u64);
+                put("index_level", u64::from(self.index.level()));
+                put("index_splits", st.index_splits.load(Ordering::Relaxed));
+                put(
+                    "index_overflow_buckets_used",
+                    self.index.overflow_used() as u64,
+                );
+                put(
+                    "total_malloced",
+                    self.allocated.load(Ordering::Relaxed) as u64,
+                );
+            }
+            "items" => {
+                // memcached's names, per slab class; the log has one "class" (1).
+                let ld = |c: &AtomicU64| c.load(Ordering::Relaxed);
+                let evictions = ld(&st.evictions);
+                let rows: [(&str, u64); 12] = [
+                    ("number", self.stats().curr_items),
+                    ("evicted", evictions),
+                    ("evicted_nonzero", ld(&st.evicted_nonzero)),
+                    ("evicted_unfetched", ld(&st.evicted_unfetched)),
+                    ("reclaimed", ld(&st.reclaimed)),
+                    ("expired_unfetched", ld(&st.expired_unfetched)),
+                    ("outofmemory", 0),
+                    ("evicted_clock", evictions - ld(&st.evicted_index)),
+                    ("evicted_index_full", ld(&st.evicted_index)),
+                    ("copied_forward", ld(&st.copied_forward)),
+                    ("segments_evicted", ld(&st.segments_evicted)),
+                    ("tombstones", ld(&st.tombstones)),
+                ];
+                for (name, value) in rows {
+                    put(&format!("items:1:{name}"), value);
+                }
+            }
+            _ => {}
+        }
+        out
+    }
+
+    fn reset_stats(&self) {
+        let st = &self.st.0;
+        for c in [
+            &st.evictions,
+            &st.evicted_index,
+            &st.reclaimed,
+            &st.expired_unfetched,
+            &st.evicted_unfetched,
+            &st.evicted_nonzero,
+            &st.get_expired,
+            &st.get_flushed,
+            &st.copied_forward,
+            &st.segments_evicted,
+            &st.tombstones,
+        ] {
+            c.store(0, Ordering::Relaxed);
+        }
+        for c in self.shard_items.iter() {
+            c.0.store(0, Ordering::Relaxed);
+        }
+    }
+
+    fn meta_get(
+        &self,
+        key: &[u8],
+        now: Time,
+        opts: MetaRead,
+        found: &mut dyn FnMut(MetaItem<'_>),
+    ) -> MetaGet {
+        self.tick(now);
+        if key.len() > MAX_KEY {
+            return MetaGet::Miss;
+        }
+        let h = self.hash(key);
+        for _ in 0..RETRIES {
+            let step = match opts.touch {
+                Some(t) => self.meta_touch(key, h, t, now, &opts, found),
+                None => self.meta_read(key, h, now, &opts, found),
+            };
+            match step {
+                Step::Done(r) => return r,
+                Step::Retry => continue,
+                Step::Missing => {}
+            }
+            let Some(exptime) = opts.vivify else {
+                return MetaGet::Miss;
+            };
+            if self.too_large(key.len(), 0, 0) {
+                return MetaGet::Miss;
+            }
+            // Create an empty item; this request holds its win token.
+            let c = Commit {
+                key,
+                h,
+                cond: Cond::Absent,
+                src: Src::Bytes(&[]),
+                old_len: 0,
+                flags: Some(0),
+                exptime: Some(exptime),
+                keep_cas: false,
+                keep_access: false,
+                access: !opts.no_bump,
+                meta: MetaW {
+                    explicit_cas: opts.new_cas,
+                    binary_key: Some(opts.binary_key),
+                    win: Some(true),
+                    ..MetaW::default()
+                },
+            };
+            let mut show = |_: Option<(&AtomicU64, u64)>, r: &Rec<'_>| {
+                found(MetaItem {
+                    item: self.view(key, r),
+                    exptime_before: 0,
+                    last_access: now,
+                    fetched: false,
+                    stale: false,
+                    win: Win::Won,
+                    binary_key: opts.binary_key,
+                })
+            };
+            match self.commit(&c, now, Some(&mut show)) {
+                Outcome::Stored(_) => return MetaGet::Vivified,
+                // Created meanwhile: read that one.
+                Outcome::Failed(_) => continue,
+                Outcome::NoMemory | Outcome::TooLarge => return MetaGet::Miss,
+            }
+        }
+        MetaGet::Miss
+    }
+
+    fn meta_store(&self, req: MetaStoreRequest<'_>, now: Time) -> MetaStored {
+        self.tick(now);
+        let h = self.hash(req.key);
+        let (result, len) = if req.key.len() > MAX_KEY
+            || self.too_large(req.key.len(), req.value.len(), req.flags)
+        {
+            (StoreResult::TooLarge, req.value.len())
+        } else {
+            self.store_inner(&req, h, now)
+        };
+        if matches!(result, StoreResult::TooLarge | StoreResult::NoMemory)
+            && req.mode == StoreMode::Set
+            && req.key.len() <= MAX_KEY
+        {
+            // memcached drops the old item when a set is refused (no stale data).
+            self.delete_inner(req.key, h, now);
+        }
+        MetaStored { result, len }
+    }
+
+    fn meta_delete(&self, key: &[u8], now: Time, req: MetaDelete) -> MetaDeleteResult {
+        self.tick(now);
+        if key.len() > MAX_KEY {
+            return MetaDeleteResult::NotFound;
+        }
+        let h = self.hash(key);
+        for _ in 0..RETRIES {
+            let Some(p) = self.peek(h, key, now) else {
+                self.tombstone_for_replicas(key, h);
+                return MetaDeleteResult::NotFound;
+            };
+            if req.compare_cas.is_some_and(|c| c != p.cas) {
+                return MetaDeleteResult::Exists;
+            }
+            if !req.remove_value && !req.invalidate {
+                match self.delete_at(key, h, now, Some(p.ident)) {
+                    Some(true) => return MetaDeleteResult::Deleted,
+                    Some(false) => return MetaDeleteResult::NotFound,
+                    None => continue,
+                }
+            }
+            // `x` replaces the item by an empty one (a new item, keeping its CAS unless
+            // `E` gives one); `I` rewrites it stale with a new CAS, keeping its value,
+            // access bits and time. Both draw a new version and clear the win mark.
+            let explicit_cas = if req.invalidate {
+                req.new_cas
+            } else {
+                Some(req.new_cas.unwrap_or(p.cas))
+            };
+            let exptime = match (req.ttl, req.remove_value) {
+                (Some(t), _) => Some(t),
+                (None, true) => Some(0),
+                (None, false) => None,
+            };
+            let c = Commit {
+                key,
+                h,
+                cond: Cond::Loc(p.ident),
+                src: if req.remove_value {
+                    Src::Bytes(&[])
+                } else {
+                    Src::Old
+                },
+                old_len: p.value_len,
+                flags: req.remove_value.then_some(req.flags),
+                exptime,
+                keep_cas: false,
+                keep_access: !req.remove_value,
+                access: false,
+                meta: MetaW {
+                    explicit_cas,
+                    stale: Some(req.invalidate),
+                    binary_key: None,
+                    win: Some(false),
+                    keep_atime: !req.remove_value,
+                },
+            };
+            match self.commit(&c, now, None) {
+                Outcome::Stored(_) => return MetaDeleteResult::Deleted,
+                Outcome::Failed(Fail::Moved) => continue,
+                Outcome::Failed(_) => return MetaDeleteResult::NotFound,
+                Outcome::NoMemory | Outcome::TooLarge => return MetaDeleteResult::NotStored,
+            }
+        }
+        MetaDeleteResult::NotFound
+    }
+
+    fn meta_arith(&self, key: &[u8], now: Time, req: MetaArith) -> MetaArithResult {
+        self.tick(now);
+        if key.len() > MAX_KEY {
+            return MetaArithResult::NotFound;
+        }
+        self.arith_inner(key, self.hash(key), now, &req)
+    }
+
+    fn debug_item(&self, key: &[u8], now: Time) -> Option<DebugItem> {
+        self.tick(now);
+        if key.len() > MAX_KEY {
+            return None;
+        }
+        let h = self.hash(key);
+        let dead = {
+            let _pin = self.pin();
+            // SAFETY: pinned while `r` is used.
+            let (slot, v, r) = unsafe { self.lookup(h, key) }?;
+            match self.vis(&r, now) {
+                Vis::Live => {
+                    return Some(DebugItem {
+                        exptime: r.exptime,
+                        last_access: self.index.atime(slot, now),
+                        cas: self.rec_cas(&r),
+                        fetched: index::fetched(v),
+                        value_len: r.value.len(),
+                        flags: r.flags,
+                        binary_key: r.meta & META_BINARY_KEY != 0,
+                    })
+                }
+                vis => (v, vis),
+            }
+        };
+        self.count_dead(dead.1);
+        self.unlink_dead(h, dead.0);
+        None
+    }
+
+    fn maintain(&self, now: Time, sweep: bool) -> u64 {
+        self.tick(now);
+        self.repl_log_evictions();
+        let mut n = 0;
+        // A bounded slice of the index per call, continuing where the last call stopped.
+        let nmain = self.index.nmain();
+        let chunk = if sweep {
+            nmain.min(MAINTAIN_BUCKETS)
+        } else {
+            0
+        };
+        let start = self.maint_cursor.fetch_add(chunk, Ordering::Relaxed) % nmain;
+        for i in 0..chunk {
+            let b = (start + i) % nmain;
+            let _g = self.index.lock_bucket(b);
+            self.index.for_each_in_chain(b, |slot, v| {
+                // SAFETY: we hold the stripe lock of this chain and `v` is in its slot.
+                let Some(r) = (unsafe { self.rec(v) }) else {
+                    return;
+                };
+                if self.vis(&r, now) != Vis::Live {
+                    slot.store(0, Ordering::Release);
+                    self.account_remove(v, r.len);
+                    self.st.0.reclaimed.fetch_add(1, Ordering::Relaxed);
+                    if !index::fetched(v) {
+                        self.st.0.expired_unfetched.fetch_add(1, Ordering::Relaxed);
+                    }
+                    n += 1;
+                }
+            });
+        }
+        self.free_dead_segments();
+        self.grow(true);
+        n
+    }
+}

@@ -1,0 +1,257 @@
+//! Eviction: whole segments, oldest first, from the two FIFOs; items read since they were
+//! written are copied forward (CLOCK second chance), the rest dropped.
+
+use super::*;
+
+#[derive(Default)]
+pub(super) struct Evictor {
+    /// Where second-chance items are copied.
+    pub(super) dest: Option<Open>,
+    /// A free segment kept for the next `dest`: when eviction runs the free list is empty,
+    /// and the segment being cleaned is not free until it is done.
+    pub(super) spare: Option<u32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Evicted {
+    Nothing,
+    Kept,
+    Freed,
+}
+
+impl LogEngine {
+    /// Evict the oldest sealed segment. With `release`, or when over budget, its memory
+    /// goes back to the OS, else to the free list.
+    pub(super) fn evict_one(&self, release: bool) -> Evicted {
+        // Popping the segment makes it ours: several threads may clean different
+        // segments at once (they share only the evictor's copy destination).
+        let Some(id) = lock(&self.fifo).pop() else {
+            return Evicted::Nothing;
+        };
+        let Some(seg) = self.segs.get(id) else {
+            return Evicted::Nothing;
+        };
+        let large = seg.mem.0.large.load(Ordering::Relaxed);
+        let empty = seg.acct.0.live_items.load(Ordering::Acquire) == 0;
+        if empty {
+            // Nothing in it is referenced (everything was overwritten, deleted or
+            // unlinked already): no need to look at its records.
+        } else if large {
+            if self.clean_large(id) {
+                lock(&self.fifo).push(id, Queue::Main);
+                return Evicted::Kept;
+            }
+        } else {
+            self.clean(id);
+        }
+        self.st.0.segments_evicted.fetch_add(1, Ordering::Relaxed);
+        self.retire(id);
+        self.barrier();
+        let over = self.allocated.load(Ordering::Relaxed) > self.budget();
+        if !(release || large || over) {
+            let mut ev = lock(&self.evictor);
+            if ev.spare.is_none() {
+                ev.spare = Some(id);
+                return Evicted::Kept;
+            }
+        }
+        let mut p = lock(&self.pool);
+        if release || large || over {
+            self.release(&mut p, id);
+        } else {
+            p.free.push(id);
+        }
+        Evicted::Freed
+    }
+
+    /// Decide the fate of one live slot `v` of a segment being evicted: count it and
+    /// return whether to give it a second chance.
+    pub(super) fn evict_item(
+        &self,
+        r: &Rec<'_>,
+        v: u64,
+        now: Time,
+        notes: &mut EvictionNotes,
+    ) -> bool {
+        match self.vis(r, now) {
+            Vis::Live => {
+                if index::freq(v) > 0 {
+                    return true;
+                }
+                self.note_eviction_in(notes, r.key, r.cas);
+                self.st.0.evictions.fetch_add(1, Ordering::Relaxed);
+                if !index::fetched(v) {
+                    self.st.0.evicted_unfetched.fetch_add(1, Ordering::Relaxed);
+                }
+                if r.exptime != 0 {
+                    self.st.0.evicted_nonzero.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Vis::Expired | Vis::Flushed => {
+                self.st.0.reclaimed.fetch_add(1, Ordering::Relaxed);
+                if !index::fetched(v) {
+                    self.st.0.expired_unfetched.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        false
+    }
+
+    /// Process every record of sealed segment `id` (popped from the FIFO, so ours). The
+    /// evictor lock is taken per second-chance copy, inside the record's stripe lock.
+    pub(super) fn clean(&self, id: u32) {
+        let now = self.clock.load(Ordering::Relaxed);
+        let Some(seg) = self.segs.get(id) else { return };
+        let Some(ptr) = NonNull::new(seg.mem.0.ptr.load(Ordering::Acquire)) else {
+            return;
+        };
+        let used = seg.mem.0.used.load(Ordering::Acquire);
+        // SAFETY: the segment is sealed and owned by the evictor until it is freed below
+        // our caller: nobody appends to it and it stays mapped.
+        let base = unsafe { format::seg_cas_base(ptr.as_ptr()) };
+        // Evictions are noted for replicas once per segment, not under each stripe lock.
+        let mut notes = EvictionNotes::default();
+        let mut off = SEG_HDR;
+        while off < used {
+            // SAFETY: as above; `used` is the published length.
+            let Some(r) = (unsafe { format::read(ptr.as_ptr(), used, off, base) }) else {
+                break;
+            };
+            let here = off;
+            off += r.len;
+            if r.kind != KIND_ITEM {
+                continue;
+            }
+            let h = self.hash(r.key);
+            let _g = self.index.lock(h);
+            let Some((slot, v)) = self.index.find(h, |v| {
+                index::slot_seg(v) == id && index::slot_off(v) == here
+            }) else {
+                continue;
+            };
+            if self.evict_item(&r, v, now, &mut notes) {
+                let copied = self.copy_forward(&mut lock(&self.evictor), &r, v);
+                if let Some(new_v) = copied {
+                    self.relocate(slot, new_v);
+                    self.account_remove(v, r.len);
+                    self.st.0.copied_forward.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                self.note_eviction_in(&mut notes, r.key, r.cas);
+                self.st.0.evictions.fetch_add(1, Ordering::Relaxed);
+            }
+            slot.store(0, Ordering::Release);
+            self.account_remove(v, r.len);
+        }
+        self.note_evictions(notes);
+    }
+
+    /// Copy a second-chance item into the evictor's segment; its new slot value (access
+    /// counter decremented), or None when there is no room without evicting.
+    pub(super) fn copy_forward(&self, ev: &mut Evictor, r: &Rec<'_>, v: u64) -> Option<u64> {
+        let need = HDR_MAX + r.key.len() + r.value.len();
+        let fits = ev.dest.is_some_and(|o| o.used + need <= o.cap);
+        if !fits {
+            if let Some(o) = ev.dest.take() {
+                self.seal(o, Queue::Main);
+            }
+            let id = match ev.spare.take() {
+                Some(id) => id,
+                None => self.take_segment_no_evict()?,
+            };
+            ev.dest = Some(self.open_segment(id)?);
+        }
+        let o = ev.dest?;
+        let d = self.dest(&o)?;
+        if need > d.room {
+            return None;
+        }
+        let spec = Spec {
+            kind: KIND_ITEM,
+            key: r.key,
+            parts: [r.value, &[]],
+            flags: r.flags,
+            exptime: r.exptime,
+            cas: r.cas,
+            // A replica keeps the master's stamp: its copies must not outrank a later
+            // rewrite of the same item on the master.
+            stamp: if self.repl.replica.load(Ordering::Relaxed) {
+                r.stamp
+            } else {
+                self.rewrite_stamp()
+            },
+            meta: r.meta,
+            explicit_cas: r.explicit_cas,
+        };
+        // SAFETY: `need` bytes are free at `d.off` in the evictor's own open segment (we
+        // hold the evictor lock); the source record lives in the segment being evicted.
+        let len = unsafe { format::write(d.ptr.as_ptr().add(d.off), &spec, d.base) };
+        ev.dest = Some(Open {
+            used: o.used + len,
+            ..o
+        });
+        if let Some(seg) = self.segs.get(o.id) {
+            seg.mem.0.used.store(o.used + len, Ordering::Release);
+        }
+        self.account_add(o.id, len);
+        let new_v = index::pack(
+            index::slot_tag(v),
+            o.id,
+            d.off as u32,
+            index::freq(v) - 1,
+            index::fetched(v),
+        ) | (v & index::WIN);
+        Some(new_v)
+    }
+
+    /// A large segment reached the FIFO head: true if its item gets a second chance (it
+    /// stays where it is and goes to the back of the FIFO).
+    pub(super) fn clean_large(&self, id: u32) -> bool {
+        let now = self.clock.load(Ordering::Relaxed);
+        let Some(seg) = self.segs.get(id) else {
+            return false;
+        };
+        let Some(ptr) = NonNull::new(seg.mem.0.ptr.load(Ordering::Acquire)) else {
+            return false;
+        };
+        let used = seg.mem.0.used.load(Ordering::Acquire);
+        // SAFETY: sealed large segment popped from the FIFO under the evictor lock: ours.
+        let base = unsafe { format::seg_cas_base(ptr.as_ptr()) };
+        // SAFETY: as above.
+        let Some(r) = (unsafe { format::read(ptr.as_ptr(), used, SEG_HDR, base) }) else {
+            return false;
+        };
+        let h = self.hash(r.key);
+        let _g = self.index.lock(h);
+        let Some((slot, v)) = self.index.find(h, |v| {
+            index::slot_seg(v) == id && index::slot_off(v) == SEG_HDR
+        }) else {
+            return false;
+        };
+        let mut notes = EvictionNotes::default();
+        let again = self.evict_item(&r, v, now, &mut notes);
+        self.note_evictions(notes);
+        if again {
+            let f = index::freq(v) - 1;
+            let nv = index::pack(index::slot_tag(v), id, SEG_HDR as u32, f, index::fetched(v))
+                | (v & index::WIN);
+            self.relocate(slot, nv);
+            self.st.0.copied_forward.fetch_add(1, Ordering::Relaxed);
+            return true;
+        }
+        slot.store(0, Ordering::Release);
+        self.account_remove(v, r.len);
+        false
+    }
+
+    /// Point `slot` at the second-chance copy `new_v` of its item (under the key's stripe
+    /// lock). `new_v` was computed from a value loaded earlier; readers may since have set
+    /// the fetched or win bit by compare-exchange, and those must survive (a lost win mark
+    /// would let a second reader win the same token).
+    pub(super) fn relocate(&self, slot: &AtomicU64, new_v: u64) {
+        let keep = index::FETCHED | index::WIN;
+        let _ = slot.fetch_update(Ordering::Release, Ordering::Relaxed, |x| {
+            Some(new_v | (x & keep))
+        });
+    }
+}

@@ -1,0 +1,196 @@
+//! Index growth: linear hashing, a batch of bucket splits between pin barriers, then a sweep
+//! that compacts chains and releases overflow buckets.
+
+use super::*;
+
+/// Where index growth stands (see [`LogEngine::grow`]).
+#[derive(Default)]
+pub(super) struct Grow {
+    pub(super) step: GrowStep,
+    /// Buckets split in the current batch.
+    pub(super) buckets: Vec<usize>,
+    /// Overflow buckets unlinked, waiting for a barrier before reuse.
+    pub(super) spare: Vec<u32>,
+    /// Where the next sweep for chains to compact starts.
+    pub(super) cursor: usize,
+    /// The pending steps finish a batch of splits (not a compaction sweep).
+    pub(super) expanding: bool,
+}
+
+#[derive(Default, Clone, Copy, PartialEq, Eq)]
+pub(super) enum GrowStep {
+    /// No batch under way.
+    #[default]
+    Idle,
+    /// Split; a barrier is due before compaction.
+    Split,
+    /// Compacted (items moved); a barrier is due before unlinking.
+    Compacted,
+    /// Unlinked (`spare`); a barrier is due before reuse.
+    Released,
+}
+
+impl LogEngine {
+    /// Grow the index while its items exceed `LOAD_NUM / LOAD_DEN` of its main slots: up
+    /// to `GROW_BATCH` splits, then, each after a pin barrier, the compaction of the split
+    /// chains, the unlinking of their empty overflow buckets and the reuse of those (see
+    /// `index`). One thread at a time; others skip. With `block` false a barrier that
+    /// readers still hold up is left for a later call instead of waited for; no new split
+    /// starts until the pending steps are done. (Giving segment memory back when the index
+    /// grew into it evicts, and eviction waits for readers as it always does.) Called with
+    /// no lock and no pin held.
+    pub(super) fn grow(&self, block: bool) {
+        let Ok(mut g) = self.grow_lock.try_lock() else {
+            return;
+        };
+        loop {
+            match g.step {
+                GrowStep::Idle => {
+                    let live: i64 = self.live.iter().map(|c| c.0.load(Ordering::Relaxed)).sum();
+                    let live = usize::try_from(live).unwrap_or(0);
+                    let mut split = Vec::new();
+                    // The index takes at most half the limit (the segments the rest).
+                    // With no_evict it grows only into memory no segment uses.
+                    let max = self.max_bytes.load(Ordering::Relaxed);
+                    let room = |extra: usize| {
+                        let index = self.index_bytes() + extra;
+                        index <= max / 2
+                            && (!self.no_evict
+                                || self.allocated.load(Ordering::Relaxed) + index <= max)
+                    };
+                    while split.len() < GROW_BATCH
+                        && live * LOAD_DEN > self.index.nmain() * index::SLOTS * LOAD_NUM
+                        && room(index::BUCKET_BYTES)
+                    {
+                        let Some((b, l)) = self.index.next_split() else {
+                            break;
+                        };
+                        let _s = self.index.lock_bucket(b);
+                        self.index.split(
+                            b,
+                            l,
+                            // SAFETY: we hold the chain's stripe lock and `v` is in its slot.
+                            |v| unsafe { self.rec(v) }.map(|r| self.hash(r.key)),
+                            |slot, x| self.evict_index_slot(slot, x, 0),
+                        );
+                        split.push(b);
+                    }
+                    if split.is_empty() {
+                        // Nothing to split: compact a slice of chains instead, so that
+                        // overflow buckets linked while a bucket was briefly full go
+                        // back to the pool (a full cache churns every bucket).
+                        self.sweep(&mut g);
+                        if g.step == GrowStep::Idle {
+                            return;
+                        }
+                        continue;
+                    }
+                    self.st
+                        .0
+                        .index_splits
+                        .fetch_add(split.len() as u64, Ordering::Relaxed);
+                    g.buckets = split;
+                    g.step = GrowStep::Split;
+                    g.expanding = true;
+                    // The index is counted against the limit: give back what it took.
+                    if !self.no_evict && self.allocated.load(Ordering::Relaxed) > self.budget() {
+                        self.shrink();
+                    }
+                }
+                GrowStep::Split => {
+                    if !self.try_barrier(block) {
+                        return;
+                    }
+                    let mut moved = false;
+                    for &b in &g.buckets {
+                        let _s = self.index.lock_bucket(b);
+                        moved |= self.index.compact(b);
+                    }
+                    g.step = GrowStep::Compacted;
+                    if moved {
+                        continue;
+                    }
+                    // Nothing marked: no barrier needed before unlinking.
+                    g.step = GrowStep::Released;
+                    g.spare = self.release_chains(&g.buckets);
+                }
+                GrowStep::Compacted => {
+                    if !self.try_barrier(block) {
+                        return;
+                    }
+                    g.spare = self.release_chains(&g.buckets);
+                    g.step = GrowStep::Released;
+                }
+                GrowStep::Released => {
+                    if !g.spare.is_empty() && !self.try_barrier(block) {
+                        return;
+                    }
+                    let spare = std::mem::take(&mut g.spare);
+                    self.index.recycle(spare);
+                    g.buckets.clear();
+                    g.step = GrowStep::Idle;
+                    g.expanding = false;
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Start compacting the next chains that have overflow buckets (up to `GROW_BATCH`
+    /// of them, looking at no more than `SWEEP_SCAN` buckets).
+    pub(super) fn sweep(&self, g: &mut Grow) {
+        let nmain = self.index.nmain();
+        let mut picked = Vec::new();
+        for _ in 0..SWEEP_SCAN.min(nmain) {
+            let b = g.cursor % nmain;
+            g.cursor = g.cursor.wrapping_add(1);
+            if self.index.has_overflow(b) {
+                picked.push(b);
+                if picked.len() == GROW_BATCH {
+                    break;
+                }
+            }
+        }
+        if picked.is_empty() {
+            return;
+        }
+        // No marker is left from an earlier batch (Idle), so no barrier is due first.
+        let mut moved = false;
+        for &b in &picked {
+            let _s = self.index.lock_bucket(b);
+            moved |= self.index.compact(b);
+        }
+        if moved {
+            g.step = GrowStep::Compacted;
+        } else {
+            g.spare = self.release_chains(&picked);
+            g.step = GrowStep::Released;
+        }
+        g.buckets = picked;
+    }
+
+    pub(super) fn release_chains(&self, buckets: &[usize]) -> Vec<u32> {
+        let mut spare = Vec::new();
+        for &b in buckets {
+            let _s = self.index.lock_bucket(b);
+            spare.extend(self.index.release_chain(b));
+        }
+        spare
+    }
+
+    /// Evict the item `v` of `slot` because the index has no room for it (a full chain,
+    /// or a split's new bucket), putting `replacement` (a new item, or 0) in the slot.
+    /// The caller holds the slot's stripe lock and `slot` still holds `v` (as an item or
+    /// as a marker), so its record is live.
+    pub(super) fn evict_index_slot(&self, slot: &AtomicU64, v: u64, replacement: u64) {
+        // SAFETY: per the contract; the length is read before the slot is overwritten.
+        let len = unsafe { self.rec(v) }.map_or(0, |r| {
+            self.note_eviction(r.key, r.cas);
+            r.len
+        });
+        slot.store(replacement, Ordering::Release);
+        self.account_remove(v, len);
+        self.st.0.evictions.fetch_add(1, Ordering::Relaxed);
+        self.st.0.evicted_index.fetch_add(1, Ordering::Relaxed);
+    }
+}

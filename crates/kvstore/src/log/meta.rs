@@ -1,0 +1,169 @@
+//! Meta reads (`mg`): win tokens, stale items, touch and vivify in one lookup.
+
+use super::*;
+
+/// One attempt of a meta read.
+pub(super) enum Step {
+    Done(MetaGet),
+    /// Lost a race with a writer or another reader: look again.
+    Retry,
+    /// No live item.
+    Missing,
+}
+
+/// Meta reads (`mg`).
+impl LogEngine {
+    /// The win a meta read gets from an item with slot value `x`, and `x` after the read
+    /// (win mark set if it won, access recorded unless `no_bump`).
+    pub(super) fn meta_win(x: u64, stale: bool, recache: bool, no_bump: bool) -> (Win, u64) {
+        let win = if x & index::WIN != 0 {
+            Win::AlreadySent
+        } else if stale || recache {
+            Win::Won
+        } else {
+            Win::None
+        };
+        let mut n = x;
+        if win == Win::Won {
+            n |= index::WIN;
+        }
+        if !no_bump {
+            n = index::bumped(n);
+        }
+        (win, n)
+    }
+
+    /// `mg` without `T`: a pinned read; the win mark and the access bits change by one
+    /// compare-exchange on the slot, so exactly one reader wins a token.
+    pub(super) fn meta_read(
+        &self,
+        key: &[u8],
+        h: u64,
+        now: Time,
+        opts: &MetaRead,
+        found: &mut dyn FnMut(MetaItem<'_>),
+    ) -> Step {
+        let dead = {
+            let _pin = self.pin();
+            // SAFETY: pinned for as long as `r` is used (the callback included).
+            let Some((slot, v, r)) = (unsafe { self.lookup(h, key) }) else {
+                return Step::Missing;
+            };
+            match self.vis(&r, now) {
+                Vis::Live => {
+                    let stale = r.meta & META_STALE != 0;
+                    let recache = opts
+                        .recache
+                        .is_some_and(|t| r.exptime != 0 && r.exptime < t);
+                    let (win, nv) = Self::meta_win(v, stale, recache, opts.no_bump);
+                    if nv != v {
+                        let swapped = slot
+                            .compare_exchange(v, nv, Ordering::Relaxed, Ordering::Relaxed)
+                            .is_ok();
+                        // Losing the race only loses an access mark, unless the win mark
+                        // was at stake: then decide again on the current value.
+                        if !swapped && win == Win::Won {
+                            return Step::Retry;
+                        }
+                    }
+                    let last_access = self.index.atime(slot, now);
+                    if !opts.no_bump {
+                        self.index.set_atime(slot, now);
+                    }
+                    found(MetaItem {
+                        item: self.view(key, &r),
+                        exptime_before: r.exptime,
+                        last_access,
+                        fetched: index::fetched(v),
+                        stale,
+                        win,
+                        binary_key: r.meta & META_BINARY_KEY != 0,
+                    });
+                    return Step::Done(MetaGet::Hit);
+                }
+                vis => (v, vis),
+            }
+        };
+        self.count_dead(dead.1);
+        self.unlink_dead(h, dead.0);
+        Step::Missing
+    }
+
+    /// `mg` with `T`: the touch rewrites the item (same CAS, marks and access state), and
+    /// the same compare-exchange that installs the rewritten item sets the win mark when
+    /// this request may win (see `apply`), so no reader sees the touched item without the
+    /// mark of the win that came with it. Whether it won shows in the replaced slot value.
+    pub(super) fn meta_touch(
+        &self,
+        key: &[u8],
+        h: u64,
+        exptime: Time,
+        now: Time,
+        opts: &MetaRead,
+        found: &mut dyn FnMut(MetaItem<'_>),
+    ) -> Step {
+        let Some(p) = self.peek(h, key, now) else {
+            return Step::Missing;
+        };
+        let compared = if opts.recache_after_touch {
+            exptime
+        } else {
+            p.exptime
+        };
+        let recache = opts.recache.is_some_and(|t| compared != 0 && compared < t);
+        // `Loc` makes sure the rewritten item is the one peeked (stale mark included).
+        let may_win = p.stale || recache;
+        let c = Commit {
+            key,
+            h,
+            cond: Cond::Loc(p.ident),
+            src: Src::Old,
+            old_len: p.value_len,
+            flags: None,
+            exptime: Some(exptime),
+            keep_cas: true,
+            keep_access: true,
+            access: !opts.no_bump,
+            meta: MetaW {
+                stale: None,
+                binary_key: None,
+                win: may_win.then_some(true),
+                keep_atime: true,
+                ..MetaW::default()
+            },
+        };
+        let mut show = |prev: Option<(&AtomicU64, u64)>, r: &Rec<'_>| {
+            let (mut win, mut fetched, mut last_access) = (Win::None, false, now);
+            if let Some((slot, x)) = prev {
+                win = if x & index::WIN != 0 {
+                    Win::AlreadySent
+                } else if may_win {
+                    Win::Won
+                } else {
+                    Win::None
+                };
+                fetched = index::fetched(x);
+                last_access = self.index.atime(slot, now);
+                if !opts.no_bump {
+                    self.index.set_atime(slot, now);
+                }
+            }
+            found(MetaItem {
+                item: self.view(key, r),
+                exptime_before: p.exptime,
+                last_access,
+                fetched,
+                stale: r.meta & META_STALE != 0,
+                win,
+                binary_key: r.meta & META_BINARY_KEY != 0,
+            });
+        };
+        match self.commit(&c, now, Some(&mut show)) {
+            Outcome::Stored(_) => Step::Done(MetaGet::Hit),
+            Outcome::Failed(Fail::Moved) => Step::Retry,
+            Outcome::Failed(_) => Step::Missing,
+            // No room to rewrite it (no_evict, full): as a touch, a miss.
+            Outcome::NoMemory | Outcome::TooLarge => Step::Done(MetaGet::Miss),
+        }
+    }
+}

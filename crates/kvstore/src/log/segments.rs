@@ -1,0 +1,438 @@
+//! Segments: their headers (`SegTable`), the free pool, the two FIFOs sealed segments wait
+//! in, and taking, opening, sealing, releasing and retiring a segment.
+
+use super::*;
+
+#[derive(Default)]
+pub(super) struct SegMem {
+    /// The mapping, or null when the segment id has no memory.
+    pub(super) ptr: AtomicPtr<u8>,
+    pub(super) cap: AtomicUsize,
+    /// Bytes appended so far (published length, release-stored after each append).
+    pub(super) used: AtomicUsize,
+    pub(super) large: AtomicBool,
+    /// The segment's sequence number while it is live (open or sealed, holding records a
+    /// log reader may ship), 0 otherwise. Set after the header is written; cleared when
+    /// the segment leaves the FIFO to be freed, before the pin barrier that precedes its
+    /// reuse (so a pinned reader that still sees the number may read the segment).
+    pub(super) seq: AtomicU64,
+    /// Sealed: `used` is final (release-stored before this flag).
+    pub(super) sealed: AtomicBool,
+}
+
+#[derive(Default)]
+pub(super) struct SegAcct {
+    pub(super) live_items: AtomicU64,
+    pub(super) live_bytes: AtomicU64,
+}
+
+#[derive(Default)]
+pub(super) struct Seg {
+    pub(super) mem: Padded<SegMem>,
+    pub(super) acct: Padded<SegAcct>,
+}
+
+/// Segment headers by id, allocated a chunk at a time and never moved or freed while the
+/// engine lives.
+pub(super) struct SegTable {
+    pub(super) chunks: Box<[OnceLock<Box<[Seg]>>]>,
+}
+
+impl SegTable {
+    pub(super) fn new() -> SegTable {
+        SegTable {
+            chunks: (0..index::MAX_SEGMENTS / CHUNK)
+                .map(|_| OnceLock::new())
+                .collect(),
+        }
+    }
+
+    pub(super) fn get(&self, id: u32) -> Option<&Seg> {
+        let id = id as usize;
+        self.chunks.get(id / CHUNK)?.get()?.get(id % CHUNK)
+    }
+
+    pub(super) fn get_or_create(&self, id: u32) -> Option<&Seg> {
+        let id = id as usize;
+        self.chunks
+            .get(id / CHUNK)?
+            .get_or_init(|| (0..CHUNK).map(|_| Seg::default()).collect())
+            .get(id % CHUNK)
+    }
+}
+
+/// A segment being appended to, owned by a shard or by the evictor.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Open {
+    pub(super) id: u32,
+    pub(super) cap: usize,
+    pub(super) used: usize,
+    pub(super) base: u64,
+}
+
+#[derive(Default)]
+pub(super) struct Pool {
+    /// Regular segments with memory, empty, ready to open.
+    pub(super) free: Vec<u32>,
+    /// Ids without memory.
+    pub(super) ids: Vec<u32>,
+    pub(super) next_id: u32,
+}
+
+/// Which FIFO a sealed segment joins.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Queue {
+    /// Segments of new writes: a probation queue (S3-FIFO's small queue).
+    Small,
+    /// Segments of second-chance copies: items read while on probation or since.
+    Main,
+}
+
+/// The sealed segments in two FIFOs, oldest first (S3-FIFO, by segment): new items wait
+/// in `small`, which is evicted first while it holds more than `SMALL_PERCENT` of the
+/// sealed segments, so an item nobody reads leaves after a short probation instead of a
+/// trip through the whole cache; items read meanwhile are copied into `main`, evicted
+/// with CLOCK second chances.
+#[derive(Default)]
+pub(super) struct Fifo {
+    pub(super) small: VecDeque<u32>,
+    pub(super) main: VecDeque<u32>,
+}
+
+impl Fifo {
+    pub(super) fn push(&mut self, id: u32, queue: Queue) {
+        match queue {
+            Queue::Small => self.small.push_back(id),
+            Queue::Main => self.main.push_back(id),
+        }
+    }
+
+    /// The next segment to evict.
+    pub(super) fn pop(&mut self) -> Option<u32> {
+        let total = self.small.len() + self.main.len();
+        if self.small.len() * 100 > total * SMALL_PERCENT || self.main.is_empty() {
+            self.small.pop_front().or_else(|| self.main.pop_front())
+        } else {
+            self.main.pop_front()
+        }
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.small.len() + self.main.len()
+    }
+
+    pub(super) fn remove_first(&mut self, mut f: impl FnMut(u32) -> bool) -> Option<u32> {
+        for q in [&mut self.small, &mut self.main] {
+            if let Some(i) = q.iter().position(|&id| f(id)) {
+                return q.remove(i);
+            }
+        }
+        None
+    }
+
+    pub(super) fn retain(&mut self, mut f: impl FnMut(u32) -> bool) {
+        self.small.retain(|&id| f(id));
+        self.main.retain(|&id| f(id));
+    }
+}
+
+impl LogEngine {
+    pub(super) fn new_segment(
+        &self,
+        p: &mut Pool,
+        len: usize,
+        large: bool,
+    ) -> Option<(u32, NonNull<u8>)> {
+        let id = match p.ids.pop() {
+            Some(id) => id,
+            None => {
+                if p.next_id as usize >= index::MAX_SEGMENTS {
+                    return None;
+                }
+                p.next_id += 1;
+                p.next_id - 1
+            }
+        };
+        let (Some(seg), Some(ptr)) = (self.segs.get_or_create(id), mem::map(len)) else {
+            p.ids.push(id);
+            return None;
+        };
+        seg.mem.0.cap.store(len, Ordering::Relaxed);
+        seg.mem.0.large.store(large, Ordering::Relaxed);
+        seg.mem.0.used.store(0, Ordering::Relaxed);
+        seg.mem.0.ptr.store(ptr.as_ptr(), Ordering::Release);
+        self.allocated.fetch_add(len, Ordering::Relaxed);
+        Some((id, ptr))
+    }
+
+    /// Give a segment's memory back to the OS. No slot may point into it and no reader
+    /// may hold a pin from before its last slot was unlinked (or it was never visible).
+    pub(super) fn release(&self, p: &mut Pool, id: u32) {
+        if let Some(seg) = self.segs.get(id) {
+            let ptr = seg.mem.0.ptr.swap(std::ptr::null_mut(), Ordering::AcqRel);
+            let cap = seg.mem.0.cap.swap(0, Ordering::Relaxed);
+            if let Some(ptr) = NonNull::new(ptr) {
+                // SAFETY: the mapping came from `mem::map(cap)`; per this function's
+                // contract nothing can reach it any more.
+                unsafe { mem::unmap(ptr, cap) };
+                self.allocated.fetch_sub(cap, Ordering::Relaxed);
+            }
+            seg.acct.0.live_items.store(0, Ordering::Relaxed);
+            seg.acct.0.live_bytes.store(0, Ordering::Relaxed);
+        }
+        p.ids.push(id);
+    }
+
+    /// A free regular segment, evicting if needed (and allowed).
+    pub(super) fn take_segment(&self) -> Option<u32> {
+        if !self.no_evict {
+            // Give the evictor a segment to copy second-chance items into before memory
+            // runs out (when it runs out, nothing is free until an eviction finishes).
+            let mut ev = lock(&self.evictor);
+            if ev.spare.is_none() && ev.dest.is_none() {
+                ev.spare = self.take_segment_no_evict();
+            }
+        }
+        let attempts = 4 * (self.allocated.load(Ordering::Relaxed) / self.seg_size) + 16;
+        for _ in 0..attempts {
+            {
+                let mut p = lock(&self.pool);
+                if let Some(id) = p.free.pop() {
+                    return Some(id);
+                }
+                if self.allocated.load(Ordering::Relaxed) + self.seg_size <= self.budget() {
+                    if let Some((id, _)) = self.new_segment(&mut p, self.seg_size, false) {
+                        return Some(id);
+                    }
+                }
+            }
+            if self.no_evict {
+                if self.reclaim_dead() || self.unstick() && self.reclaim_dead() {
+                    continue;
+                }
+                return None;
+            }
+            if self.evict_one(false) == Evicted::Nothing && !self.unstick() {
+                return None;
+            }
+        }
+        None
+    }
+
+    /// Free one sealed segment that holds no live item (everything in it was deleted,
+    /// overwritten or expired and unlinked). This is not eviction, so it also runs with
+    /// `no_evict` (memcached's `-M`), where deleting items must make room again.
+    pub(super) fn reclaim_dead(&self) -> bool {
+        let id = {
+            let dead = lock(&self.fifo).remove_first(|id| {
+                self.segs
+                    .get(id)
+                    .is_some_and(|s| s.acct.0.live_items.load(Ordering::Acquire) == 0)
+            });
+            match dead {
+                Some(id) => id,
+                None => return false,
+            }
+        };
+        let large = self
+            .segs
+            .get(id)
+            .is_some_and(|s| s.mem.0.large.load(Ordering::Relaxed));
+        self.retire(id);
+        // Readers that found a slot into it before it emptied must be done before reuse.
+        self.barrier();
+        let mut p = lock(&self.pool);
+        if large || self.allocated.load(Ordering::Relaxed) > self.budget() {
+            self.release(&mut p, id);
+        } else {
+            p.free.push(id);
+        }
+        true
+    }
+
+    /// Nothing is sealed, so nothing can be evicted: all memory sits in open segments
+    /// (small limits, or a shrunk one). Hand the evictor's spare back, and seal open
+    /// segments of the evictor and of shards whose lock is free (try_lock: the caller
+    /// holds its own shard lock, and shards never wait for each other). True if anything
+    /// became free or evictable.
+    pub(super) fn unstick(&self) -> bool {
+        let mut changed = false;
+        {
+            let mut ev = lock(&self.evictor);
+            if let Some(id) = ev.spare.take() {
+                lock(&self.pool).free.push(id);
+                changed = true;
+            }
+            if let Some(o) = ev.dest.take() {
+                self.seal(o, Queue::Main);
+                changed = true;
+            }
+        }
+        for shard in self.shards.iter() {
+            if let Ok(mut sh) = shard.0.try_lock() {
+                if let Some(o) = sh.take() {
+                    self.seal(o, Queue::Small);
+                    changed = true;
+                }
+            }
+        }
+        changed
+    }
+
+    /// Take a free segment without evicting (for the evictor's copies).
+    pub(super) fn take_segment_no_evict(&self) -> Option<u32> {
+        let mut p = lock(&self.pool);
+        if let Some(id) = p.free.pop() {
+            return Some(id);
+        }
+        if self.allocated.load(Ordering::Relaxed) + self.seg_size <= self.budget() {
+            return self
+                .new_segment(&mut p, self.seg_size, false)
+                .map(|(id, _)| id);
+        }
+        None
+    }
+
+    /// Prepare a free segment for appending.
+    pub(super) fn open_segment(&self, id: u32) -> Option<Open> {
+        let seg = self.segs.get(id)?;
+        let ptr = NonNull::new(seg.mem.0.ptr.load(Ordering::Acquire))?;
+        let cap = seg.mem.0.cap.load(Ordering::Relaxed);
+        // SAFETY: a free segment is unreachable (no slot points into it, readers from
+        // before it was freed are gone, see `release`/`evict_one`) and owned by us now,
+        // so we may write all `cap` bytes of its mapping.
+        unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, cap) };
+        seg.acct.0.live_items.store(0, Ordering::Relaxed);
+        seg.acct.0.live_bytes.store(0, Ordering::Relaxed);
+        // The number is drawn and published under `seq_lock`, so that a log reader that
+        // holds it sees every number below `seg_seq` either live or retired.
+        let _s = lock(&self.seq_lock);
+        let base = self.next_cas.load(Ordering::SeqCst);
+        let seq = self.seg_seq.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: as above.
+        unsafe { format::write_seg_header(ptr.as_ptr(), format::SEG_KIND_REGULAR, seq, base) };
+        seg.mem.0.used.store(SEG_HDR, Ordering::Release);
+        seg.mem.0.sealed.store(false, Ordering::Relaxed);
+        seg.mem.0.seq.store(seq, Ordering::Release);
+        Some(Open {
+            id,
+            cap,
+            used: SEG_HDR,
+            base,
+        })
+    }
+
+    pub(super) fn seal(&self, open: Open, queue: Queue) {
+        if let Some(seg) = self.segs.get(open.id) {
+            seg.mem.0.used.store(open.used, Ordering::Release);
+            seg.mem.0.sealed.store(true, Ordering::Release);
+        }
+        lock(&self.fifo).push(open.id, queue);
+    }
+
+    /// Make sure `slot` holds an open segment with `need` free bytes.
+    pub(super) fn room(&self, slot: &mut Option<Open>, need: usize) -> Option<Open> {
+        if let Some(o) = *slot {
+            if o.used + need <= o.cap {
+                return Some(o);
+            }
+            *slot = None;
+            self.seal(o, Queue::Small);
+        }
+        let id = self.take_segment()?;
+        let o = self.open_segment(id)?;
+        *slot = Some(o);
+        Some(o)
+    }
+
+    pub(super) fn dest(&self, o: &Open) -> Option<Dest> {
+        let seg = self.segs.get(o.id)?;
+        let ptr = NonNull::new(seg.mem.0.ptr.load(Ordering::Acquire))?;
+        Some(Dest {
+            id: o.id,
+            ptr,
+            off: o.used,
+            base: o.base,
+            room: o.cap.saturating_sub(o.used),
+        })
+    }
+
+    /// Evict and release until the segment memory fits the budget.
+    pub(super) fn shrink(&self) {
+        if self.allocated.load(Ordering::Relaxed) > self.budget() {
+            let mut ev = lock(&self.evictor);
+            if let Some(id) = ev.spare.take() {
+                self.release(&mut lock(&self.pool), id);
+            }
+        }
+        loop {
+            if self.allocated.load(Ordering::Relaxed) <= self.budget() {
+                return;
+            }
+            {
+                let mut p = lock(&self.pool);
+                if let Some(id) = p.free.pop() {
+                    self.release(&mut p, id);
+                    continue;
+                }
+            }
+            if self.evict_one(true) == Evicted::Nothing && !self.unstick() {
+                return;
+            }
+        }
+    }
+
+    /// Free sealed segments that hold no live item any more.
+    pub(super) fn free_dead_segments(&self) -> usize {
+        let dead: Vec<u32> = {
+            let mut fifo = lock(&self.fifo);
+            let mut dead = Vec::new();
+            fifo.retain(|id| {
+                let empty = self
+                    .segs
+                    .get(id)
+                    .is_some_and(|s| s.acct.0.live_items.load(Ordering::Acquire) == 0);
+                if empty {
+                    dead.push(id);
+                }
+                !empty
+            });
+            dead
+        };
+        if dead.is_empty() {
+            return 0;
+        }
+        for &id in &dead {
+            self.retire(id);
+        }
+        self.barrier();
+        let mut p = lock(&self.pool);
+        for &id in &dead {
+            let large = self
+                .segs
+                .get(id)
+                .is_some_and(|s| s.mem.0.large.load(Ordering::Relaxed));
+            if large || self.allocated.load(Ordering::Relaxed) > self.budget() {
+                self.release(&mut p, id);
+            } else {
+                p.free.push(id);
+            }
+        }
+        dead.len()
+    }
+
+    /// A segment leaves the set a log reader may ship (before the barrier that precedes
+    /// its reuse); its bytes count towards the log offset already shipped or lost.
+    pub(super) fn retire(&self, id: u32) {
+        if let Some(seg) = self.segs.get(id) {
+            if seg.mem.0.seq.swap(0, Ordering::AcqRel) != 0 {
+                let used = seg.mem.0.used.load(Ordering::Acquire);
+                self.retired_bytes.fetch_add(used as u64, Ordering::Relaxed);
+            }
+        }
+    }
+
+    pub(super) fn seg_ids(&self) -> u32 {
+        lock(&self.pool).next_id
+    }
+}

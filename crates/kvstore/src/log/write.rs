@@ -1,0 +1,810 @@
+//! The write path: a `Commit` (what to check, what to append) applied under the key's stripe
+//! lock, large items in their own segments, and store, touch, delete and incr/decr built on it.
+
+use super::*;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Cond {
+    Any,
+    Absent,
+    Present,
+    Cas(u64),
+    /// `ms ... I`: like `Cas`, but a non-zero CAS lower than the item's also stores, and
+    /// then the new item is stale and keeps the old expiry and win mark.
+    CasStale(u64),
+    /// The live item must still be at this location (slot identity bits).
+    Loc(u64),
+    /// A replicated record (replica): stores with this version (CAS, rewrite stamp) if
+    /// the key's current record, live or not, has a lower one.
+    Newer(u64, u64),
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Src<'a> {
+    Bytes(&'a [u8]),
+    OldThen(&'a [u8]),
+    ThenOld(&'a [u8]),
+    Old,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Fail {
+    Present,
+    Absent,
+    CasMismatch,
+    Moved,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Outcome {
+    Stored(u64),
+    Failed(Fail),
+    NoMemory,
+    TooLarge,
+}
+
+/// One write: what to check and what to append.
+#[derive(Clone, Copy)]
+pub(super) struct Commit<'a> {
+    pub(super) key: &'a [u8],
+    pub(super) h: u64,
+    pub(super) cond: Cond,
+    pub(super) src: Src<'a>,
+    /// Length of the old value where `src` uses it (as read before locking; `Loc`
+    /// guarantees it is unchanged).
+    pub(super) old_len: usize,
+    /// None: keep the old item's.
+    pub(super) flags: Option<u32>,
+    pub(super) exptime: Option<Time>,
+    /// Keep the old item's CAS (touch) instead of drawing a new one.
+    pub(super) keep_cas: bool,
+    /// Keep the old slot's access bits (the same item rewritten), and with `access` count
+    /// this write as an access too.
+    pub(super) keep_access: bool,
+    pub(super) access: bool,
+    pub(super) meta: MetaW,
+}
+
+/// The meta-protocol state a write gives the new item.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct MetaW {
+    /// The CAS clients see (`E`), when not the drawn version; ignored with `keep_cas`
+    /// (the old item's is kept) and when CAS is off.
+    pub(super) explicit_cas: Option<u64>,
+    /// The stale mark; None keeps the old item's.
+    pub(super) stale: Option<bool>,
+    /// The binary-key mark; None keeps the old item's.
+    pub(super) binary_key: Option<bool>,
+    /// Set or clear the win mark; None keeps the old slot's with `keep_access`, else
+    /// clears it.
+    pub(super) win: Option<bool>,
+    /// Keep the old item's last access time (the write is not an access).
+    pub(super) keep_atime: bool,
+}
+
+/// The callback of a write that shows its result (gat, mg with T, mg with N): the slot and
+/// the value it held before (when the write replaced a live item in place) and the new
+/// record, all under the key's stripe lock.
+pub(super) type ShowFn<'s> = &'s mut dyn FnMut(Option<(&AtomicU64, u64)>, &Rec<'_>);
+
+/// A stripe lock still held after a write, with the slot value written.
+pub(super) struct Held<'a> {
+    pub(super) _g: MutexGuard<'a, ()>,
+    /// The slot and its value before the write, when a live item was replaced.
+    pub(super) prev: Option<(&'a AtomicU64, u64)>,
+    pub(super) v: u64,
+}
+
+/// Where a record goes: an open segment at `off`.
+pub(super) struct Dest {
+    pub(super) id: u32,
+    pub(super) ptr: NonNull<u8>,
+    pub(super) off: usize,
+    pub(super) base: u64,
+    /// Bytes writable from `off`.
+    pub(super) room: usize,
+}
+
+impl LogEngine {
+    /// Check `c.cond` under the bucket lock and, if it holds, append the record at `dest`
+    /// and point the index at it. Returns the outcome and the bytes appended.
+    ///
+    /// On success the stripe lock is handed back with the new slot value, so that the
+    /// caller can finish its bookkeeping (advance its append offset, queue a large
+    /// segment) before a `gat` callback runs under the same lock: a panicking callback
+    /// then cannot leave a published record inside the free part of a segment.
+    pub(super) fn apply(
+        &self,
+        c: &Commit<'_>,
+        dest: &Dest,
+        now: Time,
+    ) -> (Outcome, usize, Option<Held<'_>>) {
+        let g = self.index.lock(c.h);
+        // SAFETY: we hold `c.h`'s stripe lock.
+        let cur = unsafe { self.lookup(c.h, c.key) };
+        let mut live = None;
+        if let Some((_, v, r)) = &cur {
+            match self.vis(r, now) {
+                Vis::Live => live = Some((*v, *r)),
+                vis => self.count_dead(vis),
+            }
+        }
+        let mut stale_store = false;
+        let failed = match (c.cond, &live) {
+            (Cond::Any, _) => None,
+            (Cond::Absent, Some(_)) => Some(Fail::Present),
+            (Cond::Absent, None) => None,
+            (Cond::Present, None) => Some(Fail::Absent),
+            (Cond::Present, Some(_)) => None,
+            (Cond::Cas(_) | Cond::CasStale(_), None) => Some(Fail::Absent),
+            (Cond::Cas(want), Some((_, r))) => {
+                (want == 0 || want != self.rec_cas(r)).then_some(Fail::CasMismatch)
+            }
+            (Cond::CasStale(want), Some((_, r))) => {
+                let have = self.rec_cas(r);
+                if want != 0 && want == have {
+                    None
+                } else if want != 0 && want < have {
+                    stale_store = true;
+                    None
+                } else {
+                    Some(Fail::CasMismatch)
+                }
+            }
+            (Cond::Loc(ident), Some((v, _))) => (v & IDENT_MASK != ident).then_some(Fail::Moved),
+            (Cond::Loc(_), None) => Some(Fail::Moved),
+            (Cond::Newer(cas, stamp), _) => cur
+                .as_ref()
+                .is_some_and(|(_, _, r)| (r.cas, r.stamp) >= (cas, stamp))
+                .then_some(Fail::Present),
+        };
+        if let Some(f) = failed {
+            return (Outcome::Failed(f), 0, None);
+        }
+        let old = live.map(|(_, r)| r);
+        let old_value: &[u8] = old.map_or(&[], |r| r.value);
+        let parts: [&[u8]; 2] = match c.src {
+            Src::Bytes(b) => [b, &[]],
+            Src::OldThen(b) => [old_value, b],
+            Src::ThenOld(b) => [b, old_value],
+            Src::Old => [old_value, &[]],
+        };
+        if HDR_MAX + c.key.len() + parts[0].len() + parts[1].len() > dest.room {
+            // The old value is not the length the reservation was made for: the slot
+            // went away and came back at the same place with another record (ABA).
+            // Never write past the reservation; the caller retries.
+            return (Outcome::Failed(Fail::Moved), 0, None);
+        }
+        let (cas, stamp, explicit_cas) = match (c.cond, c.keep_cas, old) {
+            (Cond::Newer(cas, stamp), _, _) => (cas, stamp, c.meta.explicit_cas),
+            (_, true, Some(r)) => (r.cas, self.rewrite_stamp(), r.explicit_cas),
+            _ => (
+                self.next_cas.fetch_add(1, Ordering::SeqCst),
+                0,
+                c.meta.explicit_cas.filter(|_| self.use_cas),
+            ),
+        };
+        let old_meta = old.map_or(0, |r| r.meta);
+        let stale = stale_store || c.meta.stale.unwrap_or(old_meta & META_STALE != 0);
+        let binary = c.meta.binary_key.unwrap_or(old_meta & META_BINARY_KEY != 0);
+        let exptime = match (stale_store, old) {
+            (true, Some(r)) => r.exptime,
+            _ => c.exptime.or(old.map(|r| r.exptime)).unwrap_or(0),
+        };
+        let spec = Spec {
+            kind: KIND_ITEM,
+            key: c.key,
+            parts,
+            flags: c.flags.or(old.map(|r| r.flags)).unwrap_or(0),
+            exptime,
+            cas,
+            stamp,
+            meta: if stale { META_STALE } else { 0 } | if binary { META_BINARY_KEY } else { 0 },
+            explicit_cas,
+        };
+        // SAFETY: `dest` is in a segment the caller owns for appending (its shard's open
+        // segment under the shard lock, or a fresh large segment) and `dest.room` bytes
+        // from `dest.off` are unwritten and inside the mapping; the record takes at most
+        // `HDR_MAX + key + value <= dest.room` bytes (checked above). The parts borrow
+        // the old record, which the stripe lock keeps in place, and cannot overlap the
+        // unpublished destination.
+        let len = unsafe { format::write(dest.ptr.as_ptr().add(dest.off), &spec, dest.base) };
+        let fresh = index::pack(index::tag_of(c.h), dest.id, dest.off as u32, 0, false);
+        // The new slot value, from the value the slot holds when it is replaced: readers
+        // may set access or win bits until then (by compare-exchange), and a write that
+        // keeps them must not lose one.
+        let next = |cur: Option<u64>| {
+            let mut n = fresh;
+            if let Some(x) = cur {
+                if c.keep_access {
+                    n |= x & !IDENT_MASK;
+                } else if stale_store {
+                    n |= x & index::WIN;
+                }
+            }
+            match c.meta.win {
+                Some(true) => n |= index::WIN,
+                Some(false) => n &= !index::WIN,
+                None => {}
+            }
+            if c.access {
+                n = index::bumped(n);
+            }
+            n
+        };
+        let mut new_v = next(None);
+        let mut held_prev = None;
+        let mut indexed = true;
+        match &cur {
+            Some((slot, v, r)) => {
+                // A dead item's time and bits are not kept (`Loc` writes, the only ones
+                // that keep them, need a live item).
+                let keep = live.is_some();
+                if !(keep && c.meta.keep_atime) {
+                    self.index.set_atime(slot, now);
+                }
+                let prev = slot
+                    .fetch_update(Ordering::Release, Ordering::Relaxed, |x| {
+                        Some(next(keep.then_some(x)))
+                    })
+                    .unwrap_or(*v);
+                new_v = next(keep.then_some(prev));
+                held_prev = keep.then_some((*slot, prev));
+                self.account_remove(*v, r.len);
+            }
+            None => {
+                let ins = self.index.insert(c.h, new_v, now);
+                if let Insert::Full = ins {
+                    // No slot to take (only markers of a split in the chain): the new
+                    // record stays unreferenced, as if evicted at once.
+                    self.st.0.evictions.fetch_add(1, Ordering::Relaxed);
+                    self.st.0.evicted_index.fetch_add(1, Ordering::Relaxed);
+                    indexed = false;
+                }
+                if let Insert::Victim(slot) = ins {
+                    // The chain is full: this slot's item is evicted to make room.
+                    self.index.set_atime(slot, now);
+                    self.evict_index_slot(slot, slot.load(Ordering::Acquire), new_v);
+                }
+            }
+        }
+        let shown = if self.use_cas {
+            explicit_cas.unwrap_or(cas)
+        } else {
+            0
+        };
+        if !indexed {
+            return (Outcome::Stored(shown), len, None);
+        }
+        self.account_add(dest.id, len);
+        (
+            Outcome::Stored(shown),
+            len,
+            Some(Held {
+                _g: g,
+                prev: held_prev,
+                v: new_v,
+            }),
+        )
+    }
+
+    /// Show the item just written to a callback, still under its stripe lock.
+    pub(super) fn show(&self, held: Option<Held<'_>>, view: Option<ShowFn<'_>>) {
+        if let (Some(held), Some(cb)) = (held, view) {
+            // SAFETY: `held.v` is in its slot and we hold the stripe lock (`held._g`).
+            if let Some(r) = unsafe { self.rec(held.v) } {
+                cb(held.prev, &r);
+            }
+        }
+    }
+
+    pub(super) fn commit(&self, c: &Commit<'_>, now: Time, view: Option<ShowFn<'_>>) -> Outcome {
+        let extra = match c.src {
+            Src::Bytes(b) | Src::OldThen(b) | Src::ThenOld(b) => b.len(),
+            Src::Old => 0,
+        };
+        let vlen = match c.src {
+            Src::Bytes(_) => extra,
+            _ => extra + c.old_len,
+        };
+        if c.key.len() > MAX_KEY || vlen > self.max_item_size {
+            return Outcome::TooLarge;
+        }
+        let need = HDR_MAX + c.key.len() + vlen;
+        if SEG_HDR + need > self.seg_size {
+            return self.commit_large(c, need, now, view);
+        }
+        let shard = &self.shards[tid() % self.shards.len()];
+        let mut sh = lock(&shard.0);
+        let Some(open) = self.room(&mut sh, need) else {
+            return Outcome::NoMemory;
+        };
+        let Some(dest) = self.dest(&open) else {
+            return Outcome::NoMemory;
+        };
+        let (out, len, held) = self.apply(c, &dest, now);
+        let mut grow = false;
+        if len > 0 {
+            let used = open.used + len;
+            *sh = Some(Open { used, ..open });
+            if let Some(seg) = self.segs.get(open.id) {
+                seg.mem.0.used.store(used, Ordering::Release);
+            }
+            if !c.keep_cas && !c.keep_access {
+                let n = self.shard_items[tid() % self.shard_items.len()]
+                    .0
+                    .fetch_add(1, Ordering::Relaxed);
+                grow = n % GROW_EVERY == GROW_EVERY - 1;
+            }
+        }
+        self.show(held, view);
+        drop(sh);
+        if grow {
+            self.grow(false);
+        }
+        out
+    }
+
+    pub(super) fn commit_large(
+        &self,
+        c: &Commit<'_>,
+        need: usize,
+        now: Time,
+        view: Option<ShowFn<'_>>,
+    ) -> Outcome {
+        let total = (SEG_HDR + need).div_ceil(PAGE) * PAGE;
+        if total > self.budget() {
+            return Outcome::TooLarge;
+        }
+        let Some((id, ptr)) = self.reserve_large(total) else {
+            return Outcome::NoMemory;
+        };
+        let base = self.next_cas.load(Ordering::SeqCst);
+        // The sequence number is drawn once the record is in (a failed write never
+        // becomes visible, and log readers expect every number to name a segment).
+        // SAFETY: the mapping is fresh, `total >= SEG_HDR`, and nothing else knows it.
+        unsafe { format::write_seg_header(ptr.as_ptr(), format::SEG_KIND_LARGE, 0, base) };
+        let dest = Dest {
+            id,
+            ptr,
+            off: SEG_HDR,
+            base,
+            room: total - SEG_HDR,
+        };
+        let (out, len, held) = self.apply(c, &dest, now);
+        if len == 0 {
+            // Never visible: free it at once.
+            let mut p = lock(&self.pool);
+            self.release(&mut p, id);
+            return out;
+        }
+        if let Some(seg) = self.segs.get(id) {
+            let _s = lock(&self.seq_lock);
+            let seq = self.seg_seq.fetch_add(1, Ordering::Relaxed);
+            // SAFETY: bytes 8..16 of the header (the sequence number) are read by no one
+            // (readers of the record read the CAS base, bytes 16..24).
+            unsafe {
+                std::ptr::copy_nonoverlapping(seq.to_le_bytes().as_ptr(), ptr.as_ptr().add(8), 8)
+            };
+            seg.mem.0.used.store(SEG_HDR + len, Ordering::Release);
+            seg.mem.0.sealed.store(true, Ordering::Release);
+            seg.mem.0.seq.store(seq, Ordering::Release);
+        }
+        if !c.keep_cas && !c.keep_access {
+            self.shard_items[tid() % self.shard_items.len()]
+                .0
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        // Queued only now that its slot is installed (the evictor frees large segments
+        // that no slot points at).
+        lock(&self.fifo).push(id, Queue::Small);
+        self.show(held, view);
+        out
+    }
+
+    /// Map a large segment of `total` bytes within the budget, evicting if allowed.
+    pub(super) fn reserve_large(&self, total: usize) -> Option<(u32, NonNull<u8>)> {
+        let attempts = 4 * (self.allocated.load(Ordering::Relaxed) / self.seg_size) + 16;
+        for _ in 0..attempts {
+            {
+                let mut p = lock(&self.pool);
+                if self.allocated.load(Ordering::Relaxed) + total <= self.budget() {
+                    return self.new_segment(&mut p, total, true);
+                }
+                if let Some(id) = p.free.pop() {
+                    self.release(&mut p, id);
+                    continue;
+                }
+            }
+            if self.no_evict {
+                if self.reclaim_dead() || self.unstick() && self.reclaim_dead() {
+                    continue;
+                }
+                return None;
+            }
+            if self.evict_one(true) == Evicted::Nothing && !self.unstick() {
+                return None;
+            }
+        }
+        None
+    }
+
+    /// A store with the meta options (the classic store is one without them); returns the
+    /// result and the stored value's length (the request's when nothing was stored).
+    pub(super) fn store_inner(
+        &self,
+        req: &MetaStoreRequest<'_>,
+        h: u64,
+        now: Time,
+    ) -> (StoreResult, usize) {
+        let len = req.value.len();
+        let base = Commit {
+            key: req.key,
+            h,
+            cond: Cond::Any,
+            src: Src::Bytes(req.value),
+            old_len: 0,
+            flags: Some(req.flags),
+            exptime: Some(req.exptime),
+            keep_cas: false,
+            keep_access: false,
+            access: false,
+            meta: MetaW {
+                explicit_cas: req.new_cas,
+                binary_key: Some(req.binary_key),
+                ..MetaW::default()
+            },
+        };
+        let c = match req.mode {
+            StoreMode::Set => base,
+            StoreMode::Add => {
+                if let Some(p) = self.peek(h, req.key, now) {
+                    // memcached's add bumps the access time of the item it finds.
+                    if p.slot.load(Ordering::Relaxed) & IDENT_MASK == p.ident {
+                        self.index.set_atime(p.slot, now);
+                    }
+                    return (StoreResult::NotStored, len);
+                }
+                Commit {
+                    cond: Cond::Absent,
+                    ..base
+                }
+            }
+            StoreMode::Replace => {
+                if self.peek(h, req.key, now).is_none() {
+                    return (StoreResult::NotStored, len);
+                }
+                Commit {
+                    cond: Cond::Present,
+                    ..base
+                }
+            }
+            StoreMode::Cas(want) => {
+                if self.peek(h, req.key, now).is_none() {
+                    return (StoreResult::NotFound, len);
+                }
+                let cond = if req.invalidate {
+                    Cond::CasStale(want)
+                } else {
+                    Cond::Cas(want)
+                };
+                Commit { cond, ..base }
+            }
+            StoreMode::Append | StoreMode::Prepend => {
+                for _ in 0..RETRIES {
+                    let Some(p) = self.peek(h, req.key, now) else {
+                        if !req.vivify {
+                            return (StoreResult::NotStored, len);
+                        }
+                        let c = Commit {
+                            cond: Cond::Absent,
+                            ..base
+                        };
+                        match self.commit(&c, now, None) {
+                            // Created meanwhile: append to it.
+                            Outcome::Failed(Fail::Present) => continue,
+                            o => return (self.result(o, false), len),
+                        }
+                    };
+                    if req.compare_cas.is_some_and(|c| c != 0 && c != p.cas) {
+                        return (StoreResult::Exists, len);
+                    }
+                    if self.too_large(req.key.len(), p.value_len + req.value.len(), p.flags) {
+                        return (StoreResult::NotStored, len);
+                    }
+                    let src = if req.mode == StoreMode::Append {
+                        Src::OldThen(req.value)
+                    } else {
+                        Src::ThenOld(req.value)
+                    };
+                    let c = Commit {
+                        cond: Cond::Loc(p.ident),
+                        src,
+                        old_len: p.value_len,
+                        flags: None,
+                        exptime: None,
+                        ..base
+                    };
+                    match self.commit(&c, now, None) {
+                        Outcome::Failed(Fail::Moved) => continue,
+                        Outcome::TooLarge => return (StoreResult::NotStored, len),
+                        o @ Outcome::Stored(_) => {
+                            return (self.result(o, false), p.value_len + req.value.len())
+                        }
+                        o => return (self.result(o, false), len),
+                    }
+                }
+                return (StoreResult::NotStored, len);
+            }
+        };
+        let out = self.commit(&c, now, None);
+        (self.result(out, matches!(req.mode, StoreMode::Cas(_))), len)
+    }
+
+    pub(super) fn result(&self, o: Outcome, cas_mode: bool) -> StoreResult {
+        match o {
+            Outcome::Stored(c) => StoreResult::Stored(c),
+            Outcome::Failed(Fail::CasMismatch) => StoreResult::Exists,
+            Outcome::Failed(Fail::Absent | Fail::Moved) if cas_mode => StoreResult::NotFound,
+            Outcome::Failed(_) => StoreResult::NotStored,
+            Outcome::NoMemory => StoreResult::NoMemory,
+            Outcome::TooLarge => StoreResult::TooLarge,
+        }
+    }
+
+    /// Rewrite the live item with a new expiry (same CAS); `found` sees the result.
+    pub(super) fn touch_inner(
+        &self,
+        key: &[u8],
+        h: u64,
+        exptime: Time,
+        now: Time,
+        mut found: Option<&mut dyn FnMut(ItemView<'_>)>,
+    ) -> bool {
+        for _ in 0..RETRIES {
+            let Some(p) = self.peek(h, key, now) else {
+                return false;
+            };
+            let c = Commit {
+                key,
+                h,
+                cond: Cond::Loc(p.ident),
+                src: Src::Old,
+                old_len: p.value_len,
+                flags: None,
+                exptime: Some(exptime),
+                keep_cas: true,
+                keep_access: true,
+                access: true,
+                meta: MetaW {
+                    stale: None,
+                    binary_key: None,
+                    ..MetaW::default()
+                },
+            };
+            let mut show = |_: Option<(&AtomicU64, u64)>, r: &Rec<'_>| {
+                if let Some(f) = found.as_mut() {
+                    f(self.view(key, r));
+                }
+            };
+            match self.commit(&c, now, Some(&mut show)) {
+                Outcome::Stored(_) => return true,
+                Outcome::Failed(Fail::Moved) => continue,
+                _ => return false,
+            }
+        }
+        false
+    }
+
+    pub(super) fn delete_inner(&self, key: &[u8], h: u64, now: Time) -> bool {
+        if key.len() > MAX_KEY {
+            return false;
+        }
+        if self.peek(h, key, now).is_none() {
+            self.tombstone_for_replicas(key, h);
+            return false;
+        }
+        self.delete_at(key, h, now, None).unwrap_or(false)
+    }
+
+    /// Delete the live item of `key` (only if it still has identity `want`, when given);
+    /// None if it moved.
+    pub(super) fn delete_at(
+        &self,
+        key: &[u8],
+        h: u64,
+        now: Time,
+        want: Option<u64>,
+    ) -> Option<bool> {
+        let need = HDR_MAX + key.len();
+        let shard = &self.shards[tid() % self.shards.len()];
+        let mut sh = lock(&shard.0);
+        // Without room for a tombstone (no_evict and full) the delete still happens; only
+        // a log reader would miss it.
+        let open = self.room(&mut sh, need);
+        let dest = open.as_ref().and_then(|o| self.dest(o));
+        let _g = self.index.lock(h);
+        // SAFETY: we hold `h`'s stripe lock.
+        let Some((slot, v, r)) = (unsafe { self.lookup(h, key) }) else {
+            return want.map_or(Some(false), |_| None);
+        };
+        let vis = self.vis(&r, now);
+        if vis != Vis::Live {
+            self.count_dead(vis);
+            slot.store(0, Ordering::Release);
+            self.account_remove(v, r.len);
+            return Some(false);
+        }
+        if want.is_some_and(|w| w != v & IDENT_MASK) {
+            return None;
+        }
+        if let (Some(o), Some(d)) = (open, dest) {
+            // Not a new version: a tombstone removes versions below this one (the next set
+            // of the key draws this value or a later one).
+            let cas = self.next_cas.load(Ordering::SeqCst);
+            self.append_tombstone(&mut sh, o, &d, key, cas);
+        }
+        slot.store(0, Ordering::Release);
+        self.account_remove(v, r.len);
+        Some(true)
+    }
+
+    /// Append a tombstone for `key` with version `cas` at `d`, the shard's open segment
+    /// `o`, whose room for `HDR_MAX + key` bytes the caller reserved under the shard lock
+    /// it holds (`sh`).
+    pub(super) fn append_tombstone(
+        &self,
+        sh: &mut Option<Open>,
+        o: Open,
+        d: &Dest,
+        key: &[u8],
+        cas: u64,
+    ) {
+        let spec = Spec {
+            kind: KIND_TOMBSTONE,
+            key,
+            parts: [&[], &[]],
+            flags: 0,
+            exptime: 0,
+            stamp: 0,
+            cas,
+            meta: 0,
+            explicit_cas: None,
+        };
+        // SAFETY: per this function's contract `HDR_MAX + key` bytes at `d.off` are
+        // reserved in the open segment only the caller appends to.
+        let len = unsafe { format::write(d.ptr.as_ptr().add(d.off), &spec, d.base) };
+        let used = o.used + len;
+        *sh = Some(Open { used, ..o });
+        if let Some(seg) = self.segs.get(o.id) {
+            seg.mem.0.used.store(used, Ordering::Release);
+        }
+        self.st.0.tombstones.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// incr/decr with the meta options (the classic arith is one without them).
+    pub(super) fn arith_inner(
+        &self,
+        key: &[u8],
+        h: u64,
+        now: Time,
+        req: &MetaArith,
+    ) -> MetaArithResult {
+        for _ in 0..RETRIES {
+            let read = {
+                let _pin = self.pin();
+                // SAFETY: pinned.
+                match unsafe { self.lookup(h, key) } {
+                    Some((_, v, r)) if self.vis(&r, now) == Vis::Live => Some((
+                        v & IDENT_MASK,
+                        r.value.len(),
+                        number::parse_item(key, r.value),
+                        self.rec_cas(&r),
+                        r.exptime,
+                    )),
+                    _ => None,
+                }
+            };
+            let Some((ident, old_len, n, cas, exptime_before)) = read else {
+                // Count and unlink a dead item as a lookup would.
+                if self.peek(h, key, now).is_some() {
+                    continue;
+                }
+                let Some((exptime, initial)) = req.vivify else {
+                    return MetaArithResult::NotFound;
+                };
+                let mut digits = [0u8; 20];
+                let text = number::format(initial, &mut digits);
+                if self.too_large(key.len(), text.len(), 0) {
+                    return MetaArithResult::NoMemory;
+                }
+                let c = Commit {
+                    key,
+                    h,
+                    cond: Cond::Absent,
+                    src: Src::Bytes(text),
+                    old_len: 0,
+                    flags: Some(0),
+                    exptime: Some(exptime),
+                    keep_cas: false,
+                    keep_access: false,
+                    access: false,
+                    meta: MetaW {
+                        explicit_cas: req.new_cas,
+                        binary_key: Some(req.binary_key),
+                        ..MetaW::default()
+                    },
+                };
+                match self.commit(&c, now, None) {
+                    Outcome::Stored(cas) => {
+                        return MetaArithResult::Value {
+                            value: initial,
+                            cas,
+                            exptime_before: 0,
+                            exptime,
+                            created: true,
+                        }
+                    }
+                    // Created meanwhile: change that one.
+                    Outcome::Failed(_) => continue,
+                    Outcome::NoMemory | Outcome::TooLarge => return MetaArithResult::NoMemory,
+                }
+            };
+            if old_len == 0 {
+                return MetaArithResult::NonNumeric;
+            }
+            if req.compare_cas.is_some_and(|c| c != 0 && c != cas) {
+                return MetaArithResult::Exists;
+            }
+            let Some(cur) = n else {
+                return MetaArithResult::NonNumeric;
+            };
+            let new = if req.incr {
+                cur.wrapping_add(req.delta)
+            } else {
+                cur.saturating_sub(req.delta)
+            };
+            let mut text = new.to_string().into_bytes();
+            let in_place = text.len() <= old_len;
+            if in_place {
+                text.resize(old_len, b' ');
+            }
+            let c = Commit {
+                key,
+                h,
+                cond: Cond::Loc(ident),
+                src: Src::Bytes(&text),
+                old_len,
+                flags: None,
+                exptime: req.touch,
+                keep_cas: false,
+                // In memcached an in-place update keeps the item (its fetched bit, stale
+                // and win marks); a longer number is a new item, counted in total_items,
+                // with none of them.
+                keep_access: in_place,
+                access: false,
+                meta: MetaW {
+                    explicit_cas: req.new_cas,
+                    stale: if in_place { None } else { Some(false) },
+                    binary_key: None,
+                    ..MetaW::default()
+                },
+            };
+            match self.commit(&c, now, None) {
+                Outcome::Stored(cas) => {
+                    return MetaArithResult::Value {
+                        value: new,
+                        cas,
+                        exptime_before,
+                        exptime: req.touch.unwrap_or(exptime_before),
+                        created: false,
+                    }
+                }
+                Outcome::Failed(Fail::Moved) => continue,
+                Outcome::Failed(_) => return MetaArithResult::NotFound,
+                Outcome::NoMemory | Outcome::TooLarge => return MetaArithResult::NoMemory,
+            }
+        }
+        MetaArithResult::NotFound
+    }
+}
