@@ -25,8 +25,19 @@ fn access(req: &Request<'_>) -> Access {
     }
 }
 
-/// Execute one request, appending its reply to `s.out`.
+/// Execute one request on a stream (TCP, unix socket), appending its reply to `s.out`.
 pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
+    execute_framed(req, ctx, s, &mut Stream)
+}
+
+/// Execute one request, with a get's replies framed by `framing` (a stream's, or UDP's one
+/// message per key).
+pub fn execute_framed<F: GetFraming>(
+    req: Request<'_>,
+    ctx: &mut Ctx<'_>,
+    s: &mut Session,
+    framing: &mut F,
+) -> Step {
     let shared = ctx.shared;
     let st = ctx.stats;
     let engine = &shared.engine;
@@ -60,7 +71,7 @@ pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
             with_cas,
             keys,
             rejected,
-        } => get(ctx, s, keys, with_cas, None, rejected),
+        } => get(ctx, s, keys, with_cas, None, rejected, framing),
         Request::Gat {
             with_cas,
             exptime,
@@ -68,7 +79,7 @@ pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
             rejected,
         } => {
             let at = shared.clock.expiry(exptime);
-            get(ctx, s, keys, with_cas, Some(at), rejected)
+            get(ctx, s, keys, with_cas, Some(at), rejected, framing)
         }
         Request::Store {
             mode,
@@ -279,38 +290,87 @@ fn store_mode(mode: StoreMode, cas: u64) -> kvstore::StoreMode {
     }
 }
 
-/// get/gets/gat/gats: answer key by key, pausing when the output is over the high-water
-/// mark so that a large multiget streams out instead of being built in memory.
+/// How a transport frames a get's replies: the parts of [`get`] that differ between a
+/// stream and UDP datagrams. The lookups, the replies' bytes and the counters are [`get`]'s
+/// alone.
+pub trait GetFraming {
+    /// Before each key; `start` is where this get's replies began (None if an earlier turn
+    /// already sent some). `Some(step)` ends the get.
+    fn before_key(&mut self, ctx: &Ctx<'_>, s: &mut Session, start: Option<usize>) -> Option<Step>;
+    /// After the reply to one key, written at `s.out[key_start..]`; `more` keys follow;
+    /// `rejected` as for [`GetFraming::finish`]. `Some(step)` ends the get (the key counts
+    /// as answered).
+    fn after_key(
+        &mut self,
+        s: &mut Session,
+        key_start: usize,
+        more: bool,
+        rejected: bool,
+    ) -> Option<Step>;
+    /// The get's end: `END`, or with `rejected` (an over-long key) only the error. `last` is
+    /// where the last key's reply starts.
+    fn finish(&mut self, s: &mut Session, rejected: bool, last: usize);
+}
+
+/// A stream's framing: replies back to back; a large multiget pauses at the high-water
+/// mark so that it streams out instead of being built in memory, and one that would take
+/// the connection over its buffer memory is answered with memcached's error instead.
+pub struct Stream;
+
+impl GetFraming for Stream {
+    fn before_key(&mut self, ctx: &Ctx<'_>, s: &mut Session, start: Option<usize>) -> Option<Step> {
+        if ctx.buffers.allows(s.out.len()) {
+            return None;
+        }
+        // memcached drops the replies it built for this get and sends only the error.
+        ctx.stats.response_obj_oom.incr();
+        if let Some(start) = start {
+            s.out.truncate(start);
+        }
+        s.get_progress = 0;
+        s.out
+            .extend_from_slice(b"SERVER_ERROR out of memory writing get response\r\n");
+        Some(Step::Next)
+    }
+
+    fn after_key(&mut self, s: &mut Session, _: usize, more: bool, _: bool) -> Option<Step> {
+        (more && s.pending() >= OUTPUT_HIGH_WATER).then_some(Step::Pause)
+    }
+
+    fn finish(&mut self, s: &mut Session, rejected: bool, _last: usize) {
+        if rejected {
+            proto::write_error(&mut s.out, proto::BAD_FORMAT);
+        } else {
+            s.out.extend_from_slice(proto::END);
+        }
+    }
+}
+
+/// get/gets/gat/gats: answer key by key, framed by `framing`.
 ///
 /// `rejected`: an over-long key followed `keys`. Like memcached, look the keys up (touching
 /// them for gat, counting hits and misses) but send only the error.
-fn get(
+fn get<F: GetFraming>(
     ctx: &mut Ctx<'_>,
     s: &mut Session,
     keys: Keys<'_>,
     with_cas: bool,
     touch: Option<kvstore::Time>,
     rejected: bool,
+    framing: &mut F,
 ) -> Step {
     let shared = ctx.shared;
-    let st = ctx.stats;
     let now = shared.clock.now();
     let opts = ReadOptions { touch };
     // Where this get's replies start, unless an earlier turn already sent some of them.
     let start = (s.get_progress == 0).then_some(s.out.len());
+    let mut last = s.out.len();
     let mut keys = keys.skip(s.get_progress).peekable();
     while let Some(key) = keys.next() {
-        if !ctx.buffers.allows(s.out.len()) {
-            // memcached drops the replies it built for this get and sends only the error.
-            st.response_obj_oom.incr();
-            if let Some(start) = start {
-                s.out.truncate(start);
-            }
-            s.get_progress = 0;
-            s.out
-                .extend_from_slice(b"SERVER_ERROR out of memory writing get response\r\n");
-            return Step::Next;
+        if let Some(step) = framing.before_key(ctx, s, start) {
+            return step;
         }
+        last = s.out.len();
         let out = &mut s.out;
         let hit = shared.engine.get(key, now, opts, &mut |item| {
             if !rejected {
@@ -318,18 +378,14 @@ fn get(
                 proto::write_value(out, item.key, item.flags, item.value, cas);
             }
         });
-        st.count_read(touch.is_some(), hit);
+        ctx.stats.count_read(touch.is_some(), hit);
         s.get_progress += 1;
-        if s.pending() >= OUTPUT_HIGH_WATER && keys.peek().is_some() {
-            return Step::Pause;
+        if let Some(step) = framing.after_key(s, last, keys.peek().is_some(), rejected) {
+            return step;
         }
     }
     s.get_progress = 0;
-    if rejected {
-        proto::write_error(&mut s.out, proto::BAD_FORMAT);
-    } else {
-        s.out.extend_from_slice(proto::END);
-    }
+    framing.finish(s, rejected, last);
     Step::Next
 }
 

@@ -27,14 +27,13 @@ use std::ptr;
 
 use kvproto::binary as bin;
 use kvproto::meta::MetaRequest;
-use kvproto::text::{self as proto, Keys, Parse, Request};
+use kvproto::text::{self as proto, Parse, Request};
 use kvproto::udp::{self as frame, Datagrams, HEADER_LEN};
-use kvstore::{Engine, ReadOptions};
 use socket2::{Domain, Socket, Type};
 
 use crate::exec::binary;
 use crate::exec::session::{Ctx, Session, Step};
-use crate::exec::text;
+use crate::exec::text::{self, GetFraming};
 use crate::setup::config::Config;
 
 /// Datagrams per `recvmmsg` or `sendmmsg` call.
@@ -445,50 +444,20 @@ fn execute(ctx: &mut Ctx<'_>, payload: &[u8], out: &mut Vec<u8>, mut reply: Repl
         } else {
             match proto::parse(rest, &limits) {
                 Parse::Request(req, used) => {
-                    // Replication's refusals (a replica's writes, an out-of-sync replica's
-                    // reads) are `text::execute`'s: a refused get goes there.
-                    let repl = &ctx.shared.repl;
-                    let step = match req {
-                        Request::Get {
-                            with_cas,
-                            keys,
-                            rejected,
-                        } if repl.read_refusal(&ctx.shared.config).is_none() => get(
-                            ctx,
-                            &mut s,
-                            (&mut reply, &mut q),
-                            keys,
-                            with_cas,
-                            None,
-                            rejected,
-                        ),
-                        Request::Gat {
-                            with_cas,
-                            exptime,
-                            keys,
-                            rejected,
-                        } if repl.write_refusal().is_none() => {
-                            let at = Some(ctx.shared.clock.expiry(exptime));
-                            get(
-                                ctx,
-                                &mut s,
-                                (&mut reply, &mut q),
-                                keys,
-                                with_cas,
-                                at,
-                                rejected,
-                            )
-                        }
-                        req => {
-                            let noop = matches!(req, Request::Meta(MetaRequest::Noop));
-                            let step = text::execute(req, ctx, &mut s);
-                            reply.message(&mut q, start, s.out.len(), false);
-                            if noop {
-                                reply.flush(&mut q); // `mn` flushes memcached's queue
-                            }
-                            step
-                        }
+                    let noop = matches!(req, Request::Meta(MetaRequest::Noop));
+                    let mut framing = Datagram {
+                        reply: &mut reply,
+                        q: &mut q,
+                        base,
+                        framed: false,
                     };
+                    let step = text::execute_framed(req, ctx, &mut s, &mut framing);
+                    if !framing.framed {
+                        reply.message(&mut q, start, s.out.len(), false);
+                    }
+                    if noop {
+                        reply.flush(&mut q); // `mn` flushes memcached's queue
+                    }
                     match step {
                         Step::Close => break,
                         // Over MAX_REPLY (the error replaces the reply below).
@@ -548,59 +517,60 @@ fn binary_flushes(reply: &[u8]) -> bool {
 }
 
 /// get/gets/gat/gats over UDP: one message per key, `END` with the last, as memcached does.
-/// Lookups, counters and replies are those of `text::execute`. Returns `Step::Pause` when
-/// the reply outgrew [`MAX_REPLY`].
-fn get(
-    ctx: &mut Ctx<'_>,
-    s: &mut Session,
-    (reply, q): (&mut Reply<'_>, &mut Queue),
-    keys: Keys<'_>,
-    with_cas: bool,
-    touch: Option<kvstore::Time>,
-    rejected: bool,
-) -> Step {
-    let shared = ctx.shared;
-    let now = shared.clock.now();
-    let opts = ReadOptions { touch };
-    let base = s.out.len();
-    // Where the last key's message starts (`END` joins it).
-    let mut last = s.out.len();
-    let mut keys = keys.peekable();
-    while let Some(key) = keys.next() {
-        let start = s.out.len();
-        last = start;
-        let out = &mut s.out;
-        let hit = shared.engine.get(key, now, opts, &mut |item| {
-            if !rejected {
-                let cas = if with_cas { Some(item.cas) } else { None };
-                proto::write_value(out, item.key, item.flags, item.value, cas);
+/// A get whose reply outgrows [`MAX_REPLY`] stops with `Step::Pause` (the datagram's reply
+/// becomes memcached's error).
+struct Datagram<'r, 'a> {
+    reply: &'r mut Reply<'a>,
+    q: &'r mut Queue,
+    /// Where this datagram's replies start in the output.
+    base: usize,
+    /// A get framed its own messages.
+    framed: bool,
+}
+
+impl GetFraming for Datagram<'_, '_> {
+    fn before_key(&mut self, _: &Ctx<'_>, _: &mut Session, _: Option<usize>) -> Option<Step> {
+        self.framed = true;
+        None
+    }
+
+    fn after_key(
+        &mut self,
+        s: &mut Session,
+        key_start: usize,
+        more: bool,
+        rejected: bool,
+    ) -> Option<Step> {
+        if s.out.len() - self.base > MAX_REPLY {
+            return Some(Step::Pause);
+        }
+        if more && !rejected {
+            self.reply.message(self.q, key_start, s.out.len(), true);
+        }
+        None
+    }
+
+    fn finish(&mut self, s: &mut Session, rejected: bool, last: usize) {
+        self.framed = true;
+        let (reply, q) = (&mut *self.reply, &mut *self.q);
+        if rejected {
+            // memcached drops the replies of this flush not sent yet and answers only the
+            // error.
+            let (cut, first) = reply
+                .messages
+                .get(q.flush_start)
+                .map_or((s.out.len(), false), |m| (m.start, true));
+            if first {
+                reply.messages.truncate(q.flush_start);
             }
-        });
-        ctx.stats.count_read(touch.is_some(), hit);
-        if s.out.len() - base > MAX_REPLY {
-            return Step::Pause;
-        }
-        if keys.peek().is_some() && !rejected {
-            reply.message(q, start, s.out.len(), true);
+            s.out.truncate(cut.min(s.out.len()));
+            let start = s.out.len();
+            proto::write_error(&mut s.out, proto::BAD_FORMAT);
+            q.nothing_sent = true;
+            reply.message(q, start, s.out.len(), false);
+        } else {
+            s.out.extend_from_slice(proto::END);
+            reply.message(q, last, s.out.len(), false);
         }
     }
-    if rejected {
-        // memcached drops the replies of this flush not sent yet and answers only the error.
-        let (cut, first) = reply
-            .messages
-            .get(q.flush_start)
-            .map_or((s.out.len(), false), |m| (m.start, true));
-        if first {
-            reply.messages.truncate(q.flush_start);
-        }
-        s.out.truncate(cut.min(s.out.len()));
-        let start = s.out.len();
-        proto::write_error(&mut s.out, proto::BAD_FORMAT);
-        q.nothing_sent = true;
-        reply.message(q, start, s.out.len(), false);
-    } else {
-        s.out.extend_from_slice(proto::END);
-        reply.message(q, last, s.out.len(), false);
-    }
-    Step::Next
 }
