@@ -1308,6 +1308,8 @@ fn object_too_large(kind: Kind) {
     assert_eq!(c.call("get a\r\n"), "VALUE a 0 1\r\n");
     c.until("END\r\n");
     assert_eq!(c.stat("store_too_large").as_deref(), Some("5"));
+    // memcached counts a set when its item is allocated: the too-large ones are not.
+    assert_eq!(c.stat("cmd_set").as_deref(), Some("2"), "{kind:?}");
     // Just under the limit is fine.
     let ok = 1_000_000;
     let mut req = format!("set ok 0 0 {ok}\r\n").into_bytes();

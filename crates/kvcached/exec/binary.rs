@@ -8,10 +8,10 @@
 use kvproto::binary::{self as bin, opcode, Command, Request, Status};
 use kvproto::text::StoreMode;
 use kvstore::{
-    Engine, MetaArith, MetaArithResult, MetaDelete, MetaDeleteResult, MetaStoreRequest,
-    ReadOptions, StoreResult,
+    MetaArith, MetaArithResult, MetaDelete, MetaDeleteResult, MetaStoreRequest, StoreResult,
 };
 
+use crate::exec::ops::{self, Proto};
 use crate::exec::session::{Ctx, Session, Step};
 use crate::exec::stats_report;
 use crate::state::replication::Access;
@@ -19,8 +19,6 @@ use crate::state::replication::Access;
 /// Execute one binary request, appending its reply (if any) to `s.out`.
 pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
     let shared = ctx.shared;
-    let st = ctx.stats;
-    let engine = &shared.engine;
     let out = &mut s.out;
     let (op, opaque) = (req.opcode, req.opaque);
     let access = match req.command {
@@ -51,18 +49,13 @@ pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
             get(ctx, out, &req, with_key, Some(at));
         }
         Command::Touch { exptime } => {
-            st.cmd_touch.incr();
-            let now = shared.clock.now();
-            let opts = ReadOptions {
-                touch: Some(shared.clock.expiry(exptime)),
-            };
+            let at = Some(shared.clock.expiry(exptime));
             let mut found = None;
-            engine.get(req.key, now, opts, &mut |item| {
+            ops::read(ctx, req.key, at, &mut |item| {
                 found = Some((item.flags, item.cas))
             });
             match found {
                 Some((flags, cas)) => {
-                    st.touch_hits.incr();
                     if !req.quiet {
                         bin::write_response(
                             out,
@@ -77,7 +70,6 @@ pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
                     }
                 }
                 None => {
-                    st.touch_misses.incr();
                     bin::write_error(out, op, opaque, Status::KeyNotFound);
                 }
             }
@@ -93,16 +85,14 @@ pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
                 compare_cas: (req.cas != 0).then_some(req.cas),
                 ..MetaDelete::default()
             };
-            match engine.meta_delete(req.key, shared.clock.now(), req_del) {
+            match ops::delete(ctx, req.key, req_del, Proto::Binary) {
                 MetaDeleteResult::Deleted => {
-                    st.delete_hits.incr();
                     if !req.quiet {
                         bin::write_ok(out, op, opaque, 0);
                     }
                 }
                 MetaDeleteResult::Exists => bin::write_error(out, op, opaque, Status::KeyExists),
                 MetaDeleteResult::NotFound | MetaDeleteResult::NotStored => {
-                    st.delete_misses.incr();
                     bin::write_error(out, op, opaque, Status::KeyNotFound);
                 }
             }
@@ -122,18 +112,17 @@ pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
             s.close_after_write = true;
         }
         Command::Flush { exptime } => {
-            st.cmd_flush.incr();
             if !shared.config.flush_enabled {
+                ops::flush_refused(ctx);
                 bin::write_error(out, op, opaque, Status::AuthError);
                 return Step::Next;
             }
-            let now = shared.clock.now();
             let at = if exptime > 0 {
                 shared.clock.expiry(exptime)
             } else {
-                now
+                shared.clock.now()
             };
-            engine.flush_all(at, now);
+            ops::flush_all(ctx, at);
             if !req.quiet {
                 bin::write_ok(out, op, opaque, 0);
             }
@@ -169,18 +158,12 @@ pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
 }
 
 fn get(ctx: &Ctx<'_>, out: &mut Vec<u8>, req: &Request<'_>, with_key: bool, touch: Option<u32>) {
-    let shared = ctx.shared;
-    let st = ctx.stats;
-    let now = shared.clock.now();
     let key = if with_key { Some(req.key) } else { None };
-    let hit = shared
-        .engine
-        .get(req.key, now, ReadOptions { touch }, &mut |item| {
-            bin::write_get_hit(
-                out, req.opcode, req.opaque, item.cas, item.flags, key, item.value,
-            );
-        });
-    st.count_read(touch.is_some(), hit);
+    let hit = ops::read(ctx, req.key, touch, &mut |item| {
+        bin::write_get_hit(
+            out, req.opcode, req.opaque, item.cas, item.flags, key, item.value,
+        );
+    });
     if !hit && !req.quiet {
         bin::write_get_miss(out, req.opcode, req.opaque, key);
     }
@@ -195,9 +178,7 @@ fn store(
     exptime: i64,
 ) {
     let shared = ctx.shared;
-    let st = ctx.stats;
     let (op, opaque) = (req.opcode, req.opaque);
-    st.cmd_set.incr();
     let engine_mode = match mode {
         StoreMode::Set => kvstore::StoreMode::Set,
         StoreMode::Add => kvstore::StoreMode::Add,
@@ -206,34 +187,23 @@ fn store(
         StoreMode::Prepend => kvstore::StoreMode::Prepend,
         StoreMode::Cas => kvstore::StoreMode::Cas(req.cas),
     };
-    let now = shared.clock.now();
     // append/prepend with a non-zero CAS must match it; the engine checks it atomically.
-    let result = shared
-        .engine
-        .meta_store(
-            MetaStoreRequest {
-                mode: engine_mode,
-                key: req.key,
-                value: req.value,
-                flags,
-                exptime: shared.clock.expiry(exptime),
-                compare_cas: (req.cas != 0).then_some(req.cas),
-                new_cas: None,
-                invalidate: false,
-                vivify: false,
-                binary_key: false,
-            },
-            now,
-        )
-        .result;
-    if mode == StoreMode::Cas {
-        match result {
-            StoreResult::Stored(_) => st.cas_hits.incr(),
-            StoreResult::Exists => st.cas_badval.incr(),
-            StoreResult::NotFound => st.cas_misses.incr(),
-            _ => {}
-        }
-    }
+    let result = ops::store(
+        ctx,
+        MetaStoreRequest {
+            mode: engine_mode,
+            key: req.key,
+            value: req.value,
+            flags,
+            exptime: shared.clock.expiry(exptime),
+            compare_cas: (req.cas != 0).then_some(req.cas),
+            new_cas: None,
+            invalidate: false,
+            vivify: false,
+            binary_key: false,
+        },
+    )
+    .result;
     let status = match result {
         StoreResult::Stored(cas) => {
             if !req.quiet {
@@ -249,14 +219,8 @@ fn store(
         },
         StoreResult::Exists => Status::KeyExists,
         StoreResult::NotFound => Status::KeyNotFound,
-        StoreResult::TooLarge => {
-            st.store_too_large.incr();
-            Status::TooLarge
-        }
-        StoreResult::NoMemory => {
-            st.store_no_memory.incr();
-            Status::OutOfMemory
-        }
+        StoreResult::TooLarge => Status::TooLarge,
+        StoreResult::NoMemory => Status::OutOfMemory,
     };
     bin::write_error(out, op, opaque, status);
 }
@@ -273,13 +237,7 @@ fn arith(
     create: bool,
 ) {
     let shared = ctx.shared;
-    let st = ctx.stats;
     let (op, opaque) = (req.opcode, req.opaque);
-    let (hits, misses) = if incr {
-        (&st.incr_hits, &st.incr_misses)
-    } else {
-        (&st.decr_hits, &st.decr_misses)
-    };
     // A miss creates the item with `initial` (no delta applied) unless `create` is off; the
     // engine does it atomically and returns the new CAS.
     let arith = MetaArith {
@@ -288,26 +246,13 @@ fn arith(
         vivify: create.then(|| (shared.clock.expiry(exptime), initial)),
         ..MetaArith::default()
     };
-    match shared.engine.meta_arith(req.key, shared.clock.now(), arith) {
-        MetaArithResult::Value {
-            value,
-            cas,
-            created,
-            ..
-        } => {
-            if created {
-                misses.incr();
-            } else {
-                hits.incr();
-            }
+    match ops::arith(ctx, req.key, arith, Proto::Binary) {
+        MetaArithResult::Value { value, cas, .. } => {
             if !req.quiet {
                 bin::write_arith(out, op, opaque, cas, value);
             }
         }
-        MetaArithResult::NotFound => {
-            misses.incr();
-            bin::write_error(out, op, opaque, Status::KeyNotFound);
-        }
+        MetaArithResult::NotFound => bin::write_error(out, op, opaque, Status::KeyNotFound),
         MetaArithResult::Exists => bin::write_error(out, op, opaque, Status::KeyExists),
         MetaArithResult::NonNumeric => bin::write_error(out, op, opaque, Status::DeltaBadValue),
         MetaArithResult::NoMemory => bin::write_error(out, op, opaque, Status::OutOfMemory),
@@ -318,9 +263,7 @@ fn arith(
 /// `set`, removes the old item so that readers cannot see stale data.
 pub fn too_large(ctx: &Ctx<'_>, s: &mut Session, op: u8, opaque: u32, status: Status, key: &[u8]) {
     if matches!(op, opcode::SET | opcode::SETQ) {
-        ctx.stats.cmd_set.incr();
-        ctx.stats.store_too_large.incr();
-        ctx.shared.engine.delete(key, ctx.shared.clock.now());
+        ops::store_too_large(ctx, key, true);
     }
     bin::write_error(&mut s.out, op, opaque, status);
 }

@@ -3,7 +3,8 @@
 //! (`kvproto::meta`); the item semantics are the engine's meta methods (`Engine::meta_get`,
 //! ...). This module turns flags into engine options and results into reply lines.
 //!
-//! Counters, as the newest memcached (`proto_parser.c`) bumps them:
+//! Counters, as the newest memcached (`proto_parser.c`) bumps them (in `exec/ops.rs`, where
+//! every protocol's counting is):
 //! - `mg`: a hit (or an item created by `N`) counts `cmd_get`/`get_hits`, or with `T`
 //!   `cmd_touch`/`touch_hits`; a miss counts `cmd_get`/`get_misses` (`T` or not).
 //! - `ms`: `cmd_set` once the item could be built; in CAS mode (`C` with set/replace)
@@ -36,6 +37,7 @@ use kvstore::{
     MetaItem, MetaRead, MetaStoreRequest, StoreMode, StoreResult, Time, Win,
 };
 
+use crate::exec::ops::{self, Proto};
 use crate::exec::session::{Ctx, Session, Step};
 use crate::state::replication::Access;
 
@@ -63,11 +65,10 @@ pub fn execute(req: MetaRequest<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step
         }
         MetaRequest::Debug { key } => {
             let shared = ctx.shared;
-            ctx.stats.cmd_meta.incr();
             let mut buf: KeyBuf = [0; MAX_KEY_LEN];
             let k = key.bytes(&mut buf);
             let now = shared.clock.now();
-            match shared.engine.debug_item(k, now) {
+            match ops::debug_item(ctx, k) {
                 Some(d) => {
                     let config = EngineConfig {
                         max_bytes: 0,
@@ -168,7 +169,6 @@ fn echo<'o>(mut r: MetaReply<'o>, args: &MetaArgs<'_>, key: &[u8]) -> MetaReply<
 
 fn get(ctx: &mut Ctx<'_>, s: &mut Session, args: &MetaArgs<'_>) -> Step {
     let shared = ctx.shared;
-    let st = ctx.stats;
     let now = shared.clock.now();
     let mut buf: KeyBuf = [0; MAX_KEY_LEN];
     let key = args.key();
@@ -185,28 +185,11 @@ fn get(ctx: &mut Ctx<'_>, s: &mut Session, args: &MetaArgs<'_>) -> Step {
         binary_key: key.is_base64(),
     };
     let out = &mut s.out;
-    let result = shared
-        .engine
-        .meta_get(k, now, opts, &mut |mi: MetaItem<'_>| {
-            write_hit(out, args, &mi, now);
-        });
-    match result {
-        MetaGet::Hit | MetaGet::Vivified => {
-            if touch.is_some() {
-                st.cmd_touch.incr();
-                st.touch_hits.incr();
-            } else {
-                st.cmd_get.incr();
-                st.get_hits.incr();
-            }
-        }
-        MetaGet::Miss => {
-            st.cmd_get.incr();
-            st.get_misses.incr();
-            if !args.quiet() {
-                echo(MetaReply::en(&mut s.out), args, k).finish();
-            }
-        }
+    let result = ops::meta_read(ctx, k, opts, &mut |mi: MetaItem<'_>| {
+        write_hit(out, args, &mi, now);
+    });
+    if result == MetaGet::Miss && !args.quiet() {
+        echo(MetaReply::en(&mut s.out), args, k).finish();
     }
     Step::Next
 }
@@ -256,19 +239,18 @@ fn set(
     data: &[u8],
 ) -> Step {
     let shared = ctx.shared;
-    let st = ctx.stats;
     let now = shared.clock.now();
     let mut buf: KeyBuf = [0; MAX_KEY_LEN];
     let key = args.key();
     let k = key.bytes(&mut buf);
     let compare = args.compare_cas();
-    let (store_mode, cas_mode) = match (mode, compare) {
-        (SetMode::Set | SetMode::Replace, Some(c)) => (StoreMode::Cas(c), true),
-        (SetMode::Set, None) => (StoreMode::Set, false),
-        (SetMode::Replace, None) => (StoreMode::Replace, false),
-        (SetMode::Add, _) => (StoreMode::Add, false),
-        (SetMode::Append, _) => (StoreMode::Append, false),
-        (SetMode::Prepend, _) => (StoreMode::Prepend, false),
+    let store_mode = match (mode, compare) {
+        (SetMode::Set | SetMode::Replace, Some(c)) => StoreMode::Cas(c),
+        (SetMode::Set, None) => StoreMode::Set,
+        (SetMode::Replace, None) => StoreMode::Replace,
+        (SetMode::Add, _) => StoreMode::Add,
+        (SetMode::Append, _) => StoreMode::Append,
+        (SetMode::Prepend, _) => StoreMode::Prepend,
     };
     let concat = matches!(mode, SetMode::Append | SetMode::Prepend);
     let vivify = concat && args.vivify().is_some();
@@ -289,16 +271,14 @@ fn set(
         vivify,
         binary_key: key.is_base64(),
     };
-    let stored = shared.engine.meta_store(req, now);
+    let stored = ops::store(ctx, req);
     let code = match stored.result {
         StoreResult::TooLarge | StoreResult::NoMemory => {
             // memcached could not build the item: it removes the old one in every mode.
             shared.engine.delete(k, now);
             let msg = if stored.result == StoreResult::TooLarge {
-                st.store_too_large.incr();
                 "object too large for cache"
             } else {
-                st.store_no_memory.incr();
                 "out of memory storing object"
             };
             proto::write_error(&mut s.out, ErrorReply::Server(msg));
@@ -309,15 +289,6 @@ fn set(
         StoreResult::Exists => Code::Ex,
         StoreResult::NotFound => Code::Nf,
     };
-    st.cmd_set.incr();
-    if cas_mode {
-        match stored.result {
-            StoreResult::Stored(_) => st.cas_hits.incr(),
-            StoreResult::Exists => st.cas_badval.incr(),
-            StoreResult::NotFound => st.cas_misses.incr(),
-            _ => {}
-        }
-    }
     let stored_ok = matches!(stored.result, StoreResult::Stored(_));
     if stored_ok && args.quiet() {
         return Step::Next;
@@ -341,9 +312,6 @@ fn set(
 }
 
 fn delete(ctx: &mut Ctx<'_>, s: &mut Session, args: &MetaArgs<'_>) -> Step {
-    let shared = ctx.shared;
-    let st = ctx.stats;
-    let now = shared.clock.now();
     let mut buf: KeyBuf = [0; MAX_KEY_LEN];
     let key = args.key();
     let k = key.bytes(&mut buf);
@@ -355,24 +323,15 @@ fn delete(ctx: &mut Ctx<'_>, s: &mut Session, args: &MetaArgs<'_>) -> Step {
         ttl: expiry(ctx, args.ttl()),
         flags: args.client_flags().unwrap_or(0),
     };
-    let code = match shared.engine.meta_delete(k, now, req) {
+    let code = match ops::delete(ctx, k, req, Proto::Meta) {
         MetaDeleteResult::Deleted => {
-            if !req.invalidate {
-                st.delete_hits.incr();
-            }
             if args.quiet() {
                 return Step::Next;
             }
             Code::Hd
         }
-        MetaDeleteResult::NotFound => {
-            st.delete_misses.incr();
-            Code::Nf
-        }
-        MetaDeleteResult::Exists => {
-            st.delete_misses.incr();
-            Code::Ex
-        }
+        MetaDeleteResult::NotFound => Code::Nf,
+        MetaDeleteResult::Exists => Code::Ex,
         MetaDeleteResult::NotStored => Code::Ns,
     };
     echo(code.start(&mut s.out), args, k).finish();
@@ -381,7 +340,6 @@ fn delete(ctx: &mut Ctx<'_>, s: &mut Session, args: &MetaArgs<'_>) -> Step {
 
 fn arith(ctx: &mut Ctx<'_>, s: &mut Session, args: &MetaArgs<'_>, mode: ArithMode) -> Step {
     let shared = ctx.shared;
-    let st = ctx.stats;
     let now = shared.clock.now();
     let mut buf: KeyBuf = [0; MAX_KEY_LEN];
     let key = args.key();
@@ -399,22 +357,13 @@ fn arith(ctx: &mut Ctx<'_>, s: &mut Session, args: &MetaArgs<'_>, mode: ArithMod
         touch,
         binary_key: key.is_base64(),
     };
-    let (hits, misses) = if incr {
-        (&st.incr_hits, &st.incr_misses)
-    } else {
-        (&st.decr_hits, &st.decr_misses)
-    };
-    let code = match shared.engine.meta_arith(k, now, req) {
+    let code = match ops::arith(ctx, k, req, Proto::Meta) {
         MetaArithResult::Value {
             value,
             cas,
             exptime,
-            created,
             ..
         } => {
-            if !created {
-                hits.incr();
-            }
             if args.quiet() {
                 return Step::Next;
             }
@@ -441,10 +390,7 @@ fn arith(ctx: &mut Ctx<'_>, s: &mut Session, args: &MetaArgs<'_>, mode: ArithMod
             }
             return Step::Next;
         }
-        MetaArithResult::NotFound => {
-            misses.incr();
-            Code::Nf
-        }
+        MetaArithResult::NotFound => Code::Nf,
         MetaArithResult::Exists => Code::Ex,
         MetaArithResult::NonNumeric => {
             proto::write_error(&mut s.out, NON_NUMERIC);

@@ -5,8 +5,11 @@
 use std::sync::atomic::Ordering;
 
 use kvproto::text::{self as proto, ErrorReply, Keys, Request, StoreMode};
-use kvstore::{ArithResult, Engine, ReadOptions, StoreRequest, StoreResult};
+use kvstore::{
+    Engine, MetaArith, MetaArithResult, MetaDelete, MetaDeleteResult, MetaStoreRequest, StoreResult,
+};
 
+use crate::exec::ops::{self, Proto};
 use crate::exec::session::{Ctx, Session, Step, OUTPUT_HIGH_WATER};
 use crate::exec::stats_report;
 use crate::state::replication::Access;
@@ -39,7 +42,6 @@ pub fn execute_framed<F: GetFraming>(
     framing: &mut F,
 ) -> Step {
     let shared = ctx.shared;
-    let st = ctx.stats;
     let engine = &shared.engine;
     if let Some(refusal) = shared.repl.refusal(access(&req), &shared.config) {
         s.out.extend_from_slice(refusal);
@@ -90,50 +92,35 @@ pub fn execute_framed<F: GetFraming>(
             data,
             noreply,
         } => {
-            st.cmd_set.incr();
-            let now = shared.clock.now();
-            let req = StoreRequest {
+            let req = MetaStoreRequest {
                 mode: store_mode(mode, cas),
                 key,
                 value: data,
                 flags,
                 exptime: shared.clock.expiry(exptime),
+                compare_cas: None,
+                new_cas: None,
+                invalidate: false,
+                vivify: false,
+                binary_key: false,
             };
-            let result = engine.store(req, now);
-            if mode == StoreMode::Cas {
-                match result {
-                    StoreResult::Stored(_) => st.cas_hits.incr(),
-                    StoreResult::Exists => st.cas_badval.incr(),
-                    StoreResult::NotFound => st.cas_misses.incr(),
-                    _ => {}
-                }
-            }
-            let reply: &[u8] = match result {
+            let reply: &[u8] = match ops::store(ctx, req).result {
                 StoreResult::Stored(_) => proto::STORED,
                 StoreResult::NotStored => proto::NOT_STORED,
                 StoreResult::Exists => proto::EXISTS,
                 StoreResult::NotFound => proto::NOT_FOUND,
-                StoreResult::TooLarge => {
-                    st.store_too_large.incr();
-                    b"SERVER_ERROR object too large for cache\r\n"
-                }
-                StoreResult::NoMemory => {
-                    st.store_no_memory.incr();
-                    b"SERVER_ERROR out of memory storing object\r\n"
-                }
+                StoreResult::TooLarge => b"SERVER_ERROR object too large for cache\r\n",
+                StoreResult::NoMemory => b"SERVER_ERROR out of memory storing object\r\n",
             };
             reply_unless(s, noreply, reply);
             Step::Next
         }
         Request::Delete { key, noreply } => {
-            let now = shared.clock.now();
-            if engine.delete(key, now) {
-                st.delete_hits.incr();
-                reply_unless(s, noreply, proto::DELETED);
-            } else {
-                st.delete_misses.incr();
-                reply_unless(s, noreply, proto::NOT_FOUND);
-            }
+            let reply = match ops::delete(ctx, key, MetaDelete::default(), Proto::Text) {
+                MetaDeleteResult::Deleted => proto::DELETED,
+                _ => proto::NOT_FOUND,
+            };
+            reply_unless(s, noreply, reply);
             Step::Next
         }
         Request::Arith {
@@ -142,32 +129,29 @@ pub fn execute_framed<F: GetFraming>(
             delta,
             noreply,
         } => {
-            let now = shared.clock.now();
-            let (hits, misses) = if incr {
-                (&st.incr_hits, &st.incr_misses)
-            } else {
-                (&st.decr_hits, &st.decr_misses)
+            let req = MetaArith {
+                incr,
+                delta,
+                ..MetaArith::default()
             };
-            match engine.arith(key, incr, delta, now) {
-                ArithResult::Value(v) => {
-                    hits.incr();
+            match ops::arith(ctx, key, req, Proto::Text) {
+                MetaArithResult::Value { value, .. } => {
                     if !noreply {
-                        proto::write_number(&mut s.out, v);
+                        proto::write_number(&mut s.out, value);
                     }
                 }
-                ArithResult::NotFound => {
-                    misses.incr();
+                MetaArithResult::NotFound | MetaArithResult::Exists => {
                     reply_unless(s, noreply, proto::NOT_FOUND);
                 }
                 // memcached counts neither a hit nor a miss here, and honours noreply.
-                ArithResult::NonNumeric if !noreply => proto::write_error(
+                MetaArithResult::NonNumeric if !noreply => proto::write_error(
                     &mut s.out,
                     ErrorReply::Client("cannot increment or decrement non-numeric value"),
                 ),
-                ArithResult::NoMemory if !noreply => {
+                MetaArithResult::NoMemory if !noreply => {
                     proto::write_error(&mut s.out, ErrorReply::Server("out of memory"));
                 }
-                ArithResult::NonNumeric | ArithResult::NoMemory => {}
+                MetaArithResult::NonNumeric | MetaArithResult::NoMemory => {}
             }
             Step::Next
         }
@@ -176,27 +160,23 @@ pub fn execute_framed<F: GetFraming>(
             exptime,
             noreply,
         } => {
-            st.cmd_touch.incr();
-            let now = shared.clock.now();
-            if engine.touch(key, shared.clock.expiry(exptime), now) {
-                st.touch_hits.incr();
-                reply_unless(s, noreply, proto::TOUCHED);
+            let at = Some(shared.clock.expiry(exptime));
+            let reply = if ops::read(ctx, key, at, &mut |_| {}) {
+                proto::TOUCHED
             } else {
-                st.touch_misses.incr();
-                reply_unless(s, noreply, proto::NOT_FOUND);
-            }
+                proto::NOT_FOUND
+            };
+            reply_unless(s, noreply, reply);
             Step::Next
         }
         Request::FlushAll { delay, noreply } => {
             // The parser already refused flush_all when -F disabled it.
-            st.cmd_flush.incr();
-            let now = shared.clock.now();
             let at = if delay > 0 {
                 shared.clock.expiry(delay)
             } else {
-                now
+                shared.clock.now()
             };
-            engine.flush_all(at, now);
+            ops::flush_all(ctx, at);
             reply_unless(s, noreply, proto::OK);
             Step::Next
         }
@@ -359,9 +339,6 @@ fn get<F: GetFraming>(
     rejected: bool,
     framing: &mut F,
 ) -> Step {
-    let shared = ctx.shared;
-    let now = shared.clock.now();
-    let opts = ReadOptions { touch };
     // Where this get's replies start, unless an earlier turn already sent some of them.
     let start = (s.get_progress == 0).then_some(s.out.len());
     let mut last = s.out.len();
@@ -372,13 +349,12 @@ fn get<F: GetFraming>(
         }
         last = s.out.len();
         let out = &mut s.out;
-        let hit = shared.engine.get(key, now, opts, &mut |item| {
+        ops::read(ctx, key, touch, &mut |item| {
             if !rejected {
                 let cas = if with_cas { Some(item.cas) } else { None };
                 proto::write_value(out, item.key, item.flags, item.value, cas);
             }
         });
-        ctx.stats.count_read(touch.is_some(), hit);
         s.get_progress += 1;
         if let Some(step) = framing.after_key(s, last, keys.peek().is_some(), rejected) {
             return step;
@@ -392,12 +368,7 @@ fn get<F: GetFraming>(
 /// A storage command whose data block exceeds `-I`: memcached answers an error (unless
 /// `noreply`), and a `set` also removes the old item so that a reader cannot see stale data.
 pub fn too_large(ctx: &mut Ctx<'_>, s: &mut Session, mode: StoreMode, key: &[u8], noreply: bool) {
-    let shared = ctx.shared;
-    ctx.stats.cmd_set.incr();
-    ctx.stats.store_too_large.incr();
-    if mode == StoreMode::Set {
-        shared.engine.delete(key, shared.clock.now());
-    }
+    ops::store_too_large(ctx, key, mode == StoreMode::Set);
     if !noreply {
         proto::write_error(&mut s.out, proto::TOO_LARGE);
     }
