@@ -47,16 +47,10 @@ const MAX_ENTRIES: usize = 8;
 /// memcached reads both files with `fgets` into buffers of this size.
 const MAX_ENTRY_LEN: usize = 256;
 
-/// Compare two byte strings in time that depends only on their lengths.
+/// Compare two byte strings in time that depends only on their lengths (`subtle`).
 pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    let mut diff = 0u8;
-    for (x, y) in a.iter().zip(b) {
-        diff |= x ^ y;
-    }
-    std::hint::black_box(diff) == 0
+    use subtle::ConstantTimeEq;
+    a.ct_eq(b).into()
 }
 
 /// A user name and password from the `-Y` file. Its Debug output hides the password, and its

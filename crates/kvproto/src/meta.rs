@@ -757,10 +757,8 @@ fn flag_arg<T>(arg: &[u8], parse: fn(&[u8]) -> Option<T>) -> Option<T> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Base64, as memcached's `base64.c` reads and writes it.
-
-const BASE64_ALPHABET: &[u8; 64] =
-    b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+// Base64, as memcached's `base64.c` reads and writes it. Writing is standard base64 with
+// padding (the `base64` crate); reading is memcached's own lenient decoder, below.
 
 /// The 6-bit value of a base64 byte (`=` is 0), or `None` for a byte the decoder skips.
 fn base64_value(b: u8) -> Option<u8> {
@@ -824,26 +822,19 @@ pub fn decode_base64(src: &[u8], out: &mut [u8]) -> Option<usize> {
 
 /// Appends the padded base64 encoding of `src`.
 pub fn encode_base64(out: &mut Vec<u8>, src: &[u8]) {
-    let digit = |v: u8| {
-        BASE64_ALPHABET
-            .get(usize::from(v & 63))
-            .copied()
-            .unwrap_or(b'=')
-    };
-    out.reserve(src.len().div_ceil(3) * 4);
-    for chunk in src.chunks(3) {
-        let a = chunk.first().copied().unwrap_or(0);
-        let b = chunk.get(1).copied().unwrap_or(0);
-        let c = chunk.get(2).copied().unwrap_or(0);
-        out.push(digit(a >> 2));
-        out.push(digit(a << 4 | b >> 4));
-        out.push(if chunk.len() > 1 {
-            digit(b << 2 | c >> 6)
-        } else {
-            b'='
-        });
-        out.push(if chunk.len() > 2 { digit(c) } else { b'=' });
-    }
+    use base64::Engine as _;
+    let at = out.len();
+    let len = src.len().div_ceil(3) * 4;
+    out.resize(at + len, 0);
+    let written = out
+        .get_mut(at..)
+        .and_then(|tail| {
+            base64::engine::general_purpose::STANDARD
+                .encode_slice(src, tail)
+                .ok()
+        })
+        .unwrap_or(0);
+    out.truncate(at + written);
 }
 
 // ---------------------------------------------------------------------------------------------

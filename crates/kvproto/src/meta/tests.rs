@@ -517,6 +517,10 @@ fn base64_codec() {
     assert_eq!(encode(b"foo"), b"Zm9v");
     assert_eq!(encode(b"foob"), b"Zm9vYg==");
     assert_eq!(encode(&[0xfb, 0xff, 0xbf]), b"+/+/");
+    // It appends to what the reply already holds.
+    let mut out = b"VA 3 k".to_vec();
+    encode_base64(&mut out, b"fo");
+    assert_eq!(out, b"VA 3 kZm8=");
     // Round trips, including the longest key that decodes from 250 bytes.
     for len in 0..=187usize {
         let key: Vec<u8> = (0..len).map(|i| (i * 37 + 11) as u8).collect();
