@@ -259,3 +259,8 @@ fn kvproto_has_no_import_circle() {
 fn kvstore_has_no_import_circle() {
     assert_acyclic(&workspace().join("crates/kvstore/src"));
 }
+
+#[test]
+fn kvblast_has_no_import_circle() {
+    assert_acyclic(&workspace().join("crates/kvblast/src"));
+}

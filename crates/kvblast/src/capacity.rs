@@ -76,7 +76,7 @@ impl Target {
         };
         Ok(Target {
             metric,
-            limit: crate::cli::parse_duration(t)?,
+            limit: crate::units::parse_duration(t)?,
         })
     }
 

@@ -7,6 +7,7 @@ use crate::capacity::{Metric, Target};
 use crate::dist::{Arrival, Dist, Popularity, SizeDist};
 use crate::engine::{LoadModel, Protocol, RunConfig, MAX_VALUE};
 use crate::route::Routing;
+use crate::units::parse_duration;
 use crate::workload::{Mix, Workload, PRESETS};
 
 pub const USAGE: &str = "\
@@ -62,9 +63,9 @@ LOAD:
                            binary (multigets as GetQ + Noop)
       --seed N             random seed (default 1)
 
-      --config FILE        read flags from a TOML file (key = value per line, keys named
-                           like the long flags, servers = [\"host:port\", ...]); the
-                           command line overrides it
+      --config FILE        read flags from a TOML file (keys named like the long flags,
+                           servers = [\"host:port\", ...]); the command line
+                           overrides it
 
 OUTPUT:
       --json FILE          write the JSON report
@@ -178,96 +179,45 @@ fn parse_participant(v: &str) -> Result<(u64, u64), String> {
     Ok((i, n))
 }
 
-/// Parse "30s", "500ms", "250us", "2m", "1.5s", or a bare number of seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (num, unit) = match s.find(|c: char| c.is_ascii_alphabetic() || c == 'µ') {
-        Some(i) => (&s[..i], &s[i..]),
-        None => (s, "s"),
-    };
-    let v: f64 = num
-        .parse()
-        .map_err(|_| format!("bad time {s:?} (e.g. 30s, 500ms, 250us, 2m)"))?;
-    let secs = match unit {
-        "s" => v,
-        "ms" => v / 1e3,
-        "us" | "µs" => v / 1e6,
-        "ns" => v / 1e9,
-        "m" | "min" => v * 60.0,
-        "h" => v * 3600.0,
-        _ => return Err(format!("bad time unit in {s:?}")),
-    };
-    if !(0.0..1e9).contains(&secs) {
-        return Err(format!("bad time {s:?}"));
-    }
-    Ok(Duration::from_secs_f64(secs))
-}
-
-/// Turn a config file into flags. The file is a small TOML subset: `key = value` lines, with
-/// `#` comments, values that are "strings", numbers, booleans or arrays of strings, and keys
-/// named like the long flags (`rate = 50000`, `duration = "30s"`, `look-aside = true`;
-/// `_` may stand for `-`). `servers = ["host:port", ...]` gives servers. `[section]` headers
-/// are accepted and ignored. Flags on the command line come after, so they win.
+/// Turn a config file into flags. The file is TOML (the `toml` crate reads it): keys named
+/// like the long flags (`rate = 50000`, `duration = "30s"`, `look-aside = true`; `_` may
+/// stand for `-`), with strings, numbers or booleans (`true` gives the flag, `false` leaves
+/// it out); `servers = ["host:port", ...]` gives servers. Keys inside `[section]` tables
+/// count as if at the top. Flags come in the file's order; the command line's come after,
+/// so they win.
 pub fn config_flags(text: &str) -> Result<Vec<String>, String> {
+    let table: toml::Table = text.parse().map_err(|e| format!("config: {e}"))?;
     let mut out = Vec::new();
-    for (n, raw) in text.lines().enumerate() {
-        let line = strip_comment(raw).trim();
-        if line.is_empty() || (line.starts_with('[') && line.ends_with(']')) {
-            continue;
-        }
-        let (k, v) = line
-            .split_once('=')
-            .ok_or_else(|| format!("config line {}: expected key = value", n + 1))?;
-        let key = k.trim().trim_matches('"').replace('_', "-");
-        let v = v.trim();
-        let bad = || format!("config line {}: bad value for {key}", n + 1);
-        if key == "servers" {
-            let inner = v
-                .strip_prefix('[')
-                .and_then(|v| v.strip_suffix(']'))
-                .ok_or_else(bad)?;
-            for item in inner.split(',').map(str::trim).filter(|i| !i.is_empty()) {
-                out.push(unquote(item).ok_or_else(bad)?);
+    let mut add = |key: &str, v: &toml::Value| -> Result<(), String> {
+        let key = key.replace('_', "-");
+        let bad = || format!("config: bad value for {key}: {v}");
+        match (key.as_str(), v) {
+            ("servers", toml::Value::Array(items)) => {
+                for item in items {
+                    out.push(item.as_str().ok_or_else(bad)?.to_string());
+                }
             }
-            continue;
+            ("servers", _) => return Err(bad()),
+            (_, toml::Value::Boolean(true)) => out.push(format!("--{key}")),
+            (_, toml::Value::Boolean(false)) => {}
+            (_, toml::Value::String(s)) => out.extend([format!("--{key}"), s.clone()]),
+            (_, toml::Value::Integer(n)) => out.extend([format!("--{key}"), n.to_string()]),
+            (_, toml::Value::Float(x)) => out.extend([format!("--{key}"), x.to_string()]),
+            _ => return Err(bad()),
         }
+        Ok(())
+    };
+    for (key, v) in &table {
         match v {
-            "true" => out.push(format!("--{key}")),
-            "false" => {}
-            _ => {
-                let value = if v.starts_with('"') {
-                    unquote(v).ok_or_else(bad)?
-                } else if v.parse::<f64>().is_ok() || v.contains('_') {
-                    v.to_string()
-                } else {
-                    return Err(bad());
-                };
-                out.push(format!("--{key}"));
-                out.push(value);
+            toml::Value::Table(section) => {
+                for (key, v) in section {
+                    add(key, v)?;
+                }
             }
+            v => add(key, v)?,
         }
     }
     Ok(out)
-}
-
-fn strip_comment(line: &str) -> &str {
-    let mut in_str = false;
-    for (i, c) in line.char_indices() {
-        match c {
-            '"' => in_str = !in_str,
-            '#' if !in_str => return &line[..i],
-            _ => {}
-        }
-    }
-    line
-}
-
-fn unquote(v: &str) -> Option<String> {
-    let inner = v.strip_prefix('"')?.strip_suffix('"')?;
-    if inner.contains('"') || inner.contains('\\') {
-        return None;
-    }
-    Some(inner.to_string())
 }
 
 fn num<T: std::str::FromStr>(flag: &str, v: &str) -> Result<T, String> {
@@ -586,18 +536,6 @@ mod tests {
     }
 
     #[test]
-    fn durations() {
-        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("250us"), Ok(Duration::from_micros(250)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
-        assert!(parse_duration("fast").is_err());
-        assert!(parse_duration("-1s").is_err());
-        assert!(parse_duration("3parsecs").is_err());
-    }
-
-    #[test]
     fn run_flags_build_a_config() {
         let a = args(
             "run --workload usr --keys 1000 --rate 50000 --arrival fixed -t 2 -c 3 \
@@ -647,7 +585,7 @@ mod tests {
                 "--workload",
                 "usr",
                 "--rate",
-                "50_000",
+                "50000",
                 "--duration",
                 "3s",
                 "--look-aside",
@@ -658,6 +596,9 @@ mod tests {
         assert!(config_flags("rate = fast").is_err());
         assert!(config_flags("just words").is_err());
         assert!(config_flags("servers = 1").is_err());
+        assert!(config_flags("servers = [1]").is_err());
+        assert!(config_flags("rate = [1, 2]").is_err());
+        assert!(config_flags("rate = 1\nrate = 2").is_err(), "a key twice");
         // The command line wins over the file.
         let dir = std::env::temp_dir().join(format!("kvblast-cli-{}", std::process::id()));
         let _ = std::fs::create_dir_all(&dir);

@@ -1,6 +1,7 @@
 //! kvblast: a workload generator for memcache-protocol servers.
 //!
 //! Layers, each using only the ones above it:
+//! - [`units`]: times as users write them (`30s`, `1.5ms`);
 //! - [`dist`]: random distributions (sizes, gaps, popularity), seeded, no I/O;
 //! - [`workload`]: built-in workloads and the key space;
 //! - [`route`]: key-to-server maps (ketama, modulo);
@@ -24,4 +25,5 @@ pub mod plot;
 pub mod route;
 pub mod stats;
 pub mod transport;
+pub mod units;
 pub mod workload;

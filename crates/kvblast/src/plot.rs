@@ -995,7 +995,7 @@ pub fn add_capacity_json(curve: &mut Curve, text: &str) -> Result<(), String> {
         // "p99<=1ms" and the like: the limit after "<=".
         curve.slo_us = slo
             .split_once("<=")
-            .and_then(|(_, t)| crate::cli::parse_duration(t).ok())
+            .and_then(|(_, t)| crate::units::parse_duration(t).ok())
             .map(|d| d.as_secs_f64() * 1e6);
     }
     Ok(())
