@@ -13,7 +13,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use crate::engine::{self, LoadModel, RunConfig};
-use crate::stats::{json_str, OpStats, Report, Summary};
+use crate::stats::{num, rounded, OpStats, Report, Summary};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Metric {
@@ -286,36 +286,32 @@ impl Capacity {
     }
 
     pub fn json(&self) -> String {
-        let mut s = format!(
-            "{{\n  \"slo\": {},\n  \"capacity\": {},\n  \"steps\": [",
-            json_str(&self.target.describe()),
-            self.capacity
-        );
-        for (i, st) in self.steps.iter().enumerate() {
-            let _ = write!(
-                s,
-                "{}\n    {{\"rate\": {:.1}, \"achieved\": {:.1}, \"metric_us\": {:.3}, \"pass\": {}, \"why\": {}, \
-\"mean_us\": {:.3}, \"p50_us\": {:.3}, \"p99_us\": {:.3}, \"p999_us\": {:.3}, \"max_us\": {:.3}}}",
-                if i == 0 { "" } else { "," },
-                st.rate,
-                st.achieved,
-                st.metric_us,
-                st.pass,
-                json_str(&st.why),
-                st.latency.mean_us,
-                st.latency.p50_us,
-                st.latency.p99_us,
-                st.latency.p999_us,
-                st.latency.max_us
-            );
+        use serde_json::{json, Value};
+        let steps: Vec<Value> = self
+            .steps
+            .iter()
+            .map(|st| {
+                json!({
+                    "rate": rounded(st.rate, 10.0), "achieved": rounded(st.achieved, 10.0),
+                    "metric_us": num(st.metric_us), "pass": st.pass, "why": st.why,
+                    "mean_us": num(st.latency.mean_us), "p50_us": num(st.latency.p50_us),
+                    "p99_us": num(st.latency.p99_us), "p999_us": num(st.latency.p999_us),
+                    "max_us": num(st.latency.max_us),
+                })
+            })
+            .collect();
+        let mut report = json!({
+            "slo": self.target.describe(),
+            "capacity": rounded(self.capacity, 10.0),
+            "steps": steps,
+        });
+        if let (Some(b), Value::Object(m)) = (&self.best, &mut report) {
+            let best: Value = serde_json::from_str(&b.json()).unwrap_or(Value::Null);
+            m.insert("best".into(), best);
         }
-        s.push_str("\n  ]");
-        if let Some(b) = &self.best {
-            s.push_str(",\n  \"best\": ");
-            s.push_str(b.json().trim_end());
-        }
-        s.push_str("\n}\n");
-        s
+        let mut out = serde_json::to_string_pretty(&report).unwrap_or_default();
+        out.push('\n');
+        out
     }
 }
 

@@ -550,180 +550,123 @@ impl Report {
         ]
     }
 
-    /// The JSON report.
+    /// The JSON report (serde_json; fields in this order).
     pub fn json(&self) -> String {
-        let mut s = String::from("{\n  \"settings\": {");
-        for (i, (k, v)) in self.settings.iter().enumerate() {
-            let _ = write!(
-                s,
-                "{}\n    {}: {}",
-                if i == 0 { "" } else { "," },
-                json_str(k),
-                json_str(v)
-            );
-        }
-        let _ = write!(
-            s,
-            "\n  }},\n  \"seconds\": {},\n  \"target_rate\": {},\n  \"offered_rate\": {},\n  \"slo_us\": {},\n  \"fell_behind\": {},\n",
-            num(self.seconds),
-            self.target_rate.map(num).unwrap_or_else(|| "null".into()),
-            num(self.offered_rate()),
-            num(self.slo_us),
-            self.fell_behind()
-        );
-        s.push_str("  \"ops\": {");
-        for (i, r) in self.rows().iter().enumerate() {
-            let _ = write!(
-                s,
-                "{}\n    {}: {{\"count\": {}, \"rate\": {}, \"hits\": {}, \"misses\": {}, \"errors\": {}, \"late\": {}, \
-\"min_us\": {}, \"mean_us\": {}, \"stddev_us\": {}, \"p50_us\": {}, \"p90_us\": {}, \"p95_us\": {}, \"p99_us\": {}, \"p999_us\": {}, \"max_us\": {}}}",
-                if i == 0 { "" } else { "," },
-                json_str(&r.name),
-                r.count,
-                num(r.rate),
-                r.hits,
-                r.misses,
-                r.errors,
-                r.late,
-                num(r.min_us),
-                num(r.mean_us),
-                num(r.stddev_us),
-                num(r.p50_us),
-                num(r.p90_us),
-                num(r.p95_us),
-                num(r.p99_us),
-                num(r.p999_us),
-                num(r.max_us)
-            );
-        }
+        use serde_json::{json, Map, Value};
+        let settings: Map<String, Value> = self
+            .settings
+            .iter()
+            .map(|(k, v)| (k.clone(), Value::from(v.as_str())))
+            .collect();
+        let ops: Map<String, Value> = self
+            .rows()
+            .iter()
+            .map(|r| {
+                let row = json!({
+                    "count": r.count, "rate": num(r.rate), "hits": r.hits,
+                    "misses": r.misses, "errors": r.errors, "late": r.late,
+                    "min_us": num(r.min_us), "mean_us": num(r.mean_us),
+                    "stddev_us": num(r.stddev_us), "p50_us": num(r.p50_us),
+                    "p90_us": num(r.p90_us), "p95_us": num(r.p95_us),
+                    "p99_us": num(r.p99_us), "p999_us": num(r.p999_us),
+                    "max_us": num(r.max_us),
+                });
+                (r.name.clone(), row)
+            })
+            .collect();
         let st = &self.stats;
-        let _ = write!(
-            s,
-            "\n  }},\n  \"totals\": {{\"issued\": {}, \"loaded\": {}, \"load_retries\": {}, \"late_sends\": {}, \"skipped\": {}, \"timeouts\": {}, \"lost\": {}, \"conn_failures\": {}, \"reconnects\": {}, \"unsent\": {}, \"dropped\": {}, \"misrouted\": {}, \"send_lag_p99_us\": {}, \"send_lag_max_us\": {}}}",
-            st.issued,
-            st.loaded,
-            st.load_retries,
-            st.late_sends,
-            st.skipped,
-            st.timeouts,
-            st.lost,
-            st.conn_failures,
-            st.reconnects,
-            st.unsent,
-            st.dropped,
-            st.misrouted,
-            num(st.send_lag.value_at_quantile(0.99) as f64 / 1000.0),
-            num(st.send_lag.max() as f64 / 1000.0)
-        );
-        s.push_str(",\n  \"timeline\": [");
-        for (i, p) in self.timeline.iter().enumerate() {
-            let _ = write!(
-                s,
-                "{}{{\"t\": {}, \"completed\": {}, \"errors\": {}}}",
-                if i == 0 { "" } else { ", " },
-                num(p.t),
-                p.completed,
-                p.errors
-            );
-        }
-        s.push(']');
-        s.push_str(",\n  \"latency_timeline\": [");
-        for (i, p) in self.latency_timeline().iter().enumerate() {
-            let _ = write!(
-                s,
-                "{}{{\"t\": {}, \"count\": {}, \"p50_us\": {}, \"p99_us\": {}, \"max_us\": {}}}",
-                if i == 0 { "" } else { ", " },
-                num(p.t),
-                p.count,
-                num(p.p50_us),
-                num(p.p99_us),
-                num(p.max_us)
-            );
-        }
-        s.push(']');
-        s.push_str(",\n  \"ours\": {");
-        for (i, (k, v)) in self.reconcile().iter().enumerate() {
-            let _ = write!(s, "{}{}: {v}", if i == 0 { "" } else { ", " }, json_str(k));
-        }
-        s.push('}');
-        let _ = write!(
-            s,
-            ",\n  \"distinct_keys\": {}",
-            self.distinct_keys
-                .map(|k| k.to_string())
-                .unwrap_or_else(|| "null".into())
-        );
-        if !self.participants.is_empty() {
-            s.push_str(",\n  \"participants\": [");
-            for (i, p) in self.participants.iter().enumerate() {
-                let _ = write!(
-                    s,
-                    "{}\n    {{\"name\": {}, \"share\": {}, \"target_rate\": {}, \"issued\": {}, \"requests\": {}, \"errors\": {}, \"rate\": {}, \"distinct_keys\": {}, \"start_ms\": {}, \"clock_offset_ms\": {}, \"rtt_ms\": {}}}",
-                    if i == 0 { "" } else { "," },
-                    json_str(&p.name),
-                    num6(p.share),
-                    p.target_rate.map(num).unwrap_or_else(|| "null".into()),
-                    p.issued,
-                    p.requests,
-                    p.errors,
-                    num(p.rate),
-                    p.distinct_keys
-                        .map(|k| k.to_string())
-                        .unwrap_or_else(|| "null".into()),
-                    num6(p.start_ms),
-                    num6(p.clock_offset_ms),
-                    num6(p.rtt_ms)
-                );
+        let totals = json!({
+            "issued": st.issued, "loaded": st.loaded, "load_retries": st.load_retries,
+            "late_sends": st.late_sends, "skipped": st.skipped, "timeouts": st.timeouts,
+            "lost": st.lost, "conn_failures": st.conn_failures, "reconnects": st.reconnects,
+            "unsent": st.unsent, "dropped": st.dropped, "misrouted": st.misrouted,
+            "send_lag_p99_us": num(st.send_lag.value_at_quantile(0.99) as f64 / 1000.0),
+            "send_lag_max_us": num(st.send_lag.max() as f64 / 1000.0),
+        });
+        let timeline: Vec<Value> = self
+            .timeline
+            .iter()
+            .map(|p| json!({"t": num(p.t), "completed": p.completed, "errors": p.errors}))
+            .collect();
+        let latency_timeline: Vec<Value> = self
+            .latency_timeline()
+            .iter()
+            .map(|p| {
+                json!({"t": num(p.t), "count": p.count, "p50_us": num(p.p50_us),
+                       "p99_us": num(p.p99_us), "max_us": num(p.max_us)})
+            })
+            .collect();
+        let ours: Map<String, Value> = self
+            .reconcile()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), Value::from(v)))
+            .collect();
+        let mut report = json!({
+            "settings": settings,
+            "seconds": num(self.seconds),
+            "target_rate": self.target_rate.map(num),
+            "offered_rate": num(self.offered_rate()),
+            "slo_us": num(self.slo_us),
+            "fell_behind": self.fell_behind(),
+            "ops": ops,
+            "totals": totals,
+            "timeline": timeline,
+            "latency_timeline": latency_timeline,
+            "ours": ours,
+            "distinct_keys": self.distinct_keys,
+        });
+        if let Value::Object(m) = &mut report {
+            if !self.participants.is_empty() {
+                let parts: Vec<Value> = self
+                    .participants
+                    .iter()
+                    .map(|p| {
+                        json!({
+                            "name": p.name, "share": num6(p.share),
+                            "target_rate": p.target_rate.map(num), "issued": p.issued,
+                            "requests": p.requests, "errors": p.errors, "rate": num(p.rate),
+                            "distinct_keys": p.distinct_keys, "start_ms": num6(p.start_ms),
+                            "clock_offset_ms": num6(p.clock_offset_ms), "rtt_ms": num6(p.rtt_ms),
+                        })
+                    })
+                    .collect();
+                m.insert("participants".into(), Value::from(parts));
             }
-            s.push_str("\n  ]");
-        }
-        if let Some(server) = &self.server {
-            s.push_str(",\n  \"server\": {");
-            for (i, (k, v)) in server.iter().enumerate() {
-                let _ = write!(s, "{}{}: {v}", if i == 0 { "" } else { ", " }, json_str(k));
+            if let Some(server) = &self.server {
+                let server: Map<String, Value> = server
+                    .iter()
+                    .map(|(k, v)| (k.clone(), Value::from(*v)))
+                    .collect();
+                m.insert("server".into(), Value::from(server));
             }
-            s.push('}');
         }
-        s.push_str("\n}\n");
-        s
+        let mut out = serde_json::to_string_pretty(&report).unwrap_or_default();
+        out.push('\n');
+        out
     }
 }
 
-/// A number to six decimals (shares, milliseconds), `null` if not finite.
-fn num6(x: f64) -> String {
-    if x.is_finite() {
-        let r = (x * 1e6).round() / 1e6;
-        format!("{r}")
+/// A number rounded to six decimals (shares, milliseconds); `null` if not finite.
+pub fn num6(x: f64) -> serde_json::Value {
+    rounded(x, 1e6)
+}
+
+/// A number rounded to three decimals; `null` if not finite.
+pub fn num(x: f64) -> serde_json::Value {
+    rounded(x, 1e3)
+}
+
+/// `x` rounded to `1/scale`, as an integer when it is one; `null` if not finite.
+pub fn rounded(x: f64, scale: f64) -> serde_json::Value {
+    if !x.is_finite() {
+        return serde_json::Value::Null;
+    }
+    let r = (x * scale).round() / scale;
+    if r.fract() == 0.0 && r.abs() < 9e15 {
+        serde_json::Value::from(r as i64)
     } else {
-        "null".into()
+        serde_json::Value::from(r)
     }
-}
-
-fn num(x: f64) -> String {
-    if x.is_finite() {
-        let r = (x * 1000.0).round() / 1000.0;
-        format!("{r}")
-    } else {
-        "null".into()
-    }
-}
-
-pub fn json_str(s: &str) -> String {
-    let mut o = String::with_capacity(s.len() + 2);
-    o.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => o.push_str("\\\""),
-            '\\' => o.push_str("\\\\"),
-            '\n' => o.push_str("\\n"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(o, "\\u{:04x}", c as u32);
-            }
-            c => o.push(c),
-        }
-    }
-    o.push('"');
-    o
 }
 
 /// One interval of the latency timeline: `t` is the interval's end in seconds from the start.
