@@ -28,13 +28,45 @@ use crate::stats::{new_histogram, OpStats, Participant, Report, Stats};
 /// The longest job line or reply an agent or master accepts.
 const MAX_MESSAGE: u64 = 64 << 20;
 
+/// `hist NAME DATA`: the histogram in HdrHistogram's V2 format (the one its Java, C and Go
+/// implementations read), base64-encoded. V2 without deflate, so that a receiver can check
+/// the header's bounds before it allocates anything.
 fn encode_hist(out: &mut String, name: &str, h: &hdrhistogram::Histogram<u64>) {
-    use std::fmt::Write as _;
-    let _ = write!(out, "hist {name}");
-    for v in h.iter_recorded() {
-        let _ = write!(out, " {}:{}", v.value_iterated_to(), v.count_at_value());
+    use base64::Engine as _;
+    use hdrhistogram::serialization::{Serializer as _, V2Serializer};
+    let mut bytes = Vec::new();
+    if V2Serializer::new().serialize(h, &mut bytes).is_err() {
+        return; // only fails on a histogram it cannot represent; none here
     }
+    out.push_str("hist ");
+    out.push_str(name);
+    out.push(' ');
+    base64::engine::general_purpose::STANDARD.encode_string(&bytes, out);
     out.push('\n');
+}
+
+/// The inverse of [`encode_hist`]'s DATA, from a peer that may send anything: the V2 header
+/// must describe a histogram no larger than kvblast's own (at most 3 significant figures,
+/// values from 1 to [`crate::stats::HIST_MAX_NS`]) before it is decoded.
+fn decode_hist(data: &str) -> Result<hdrhistogram::Histogram<u64>, String> {
+    use base64::Engine as _;
+    let bad = |why: &str| format!("bad histogram data: {why}");
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(data)
+        .map_err(|_| bad("not base64"))?;
+    let field = |at: usize, len: usize| -> Result<u64, String> {
+        let b = bytes.get(at..at + len).ok_or_else(|| bad("short header"))?;
+        Ok(b.iter().fold(0u64, |acc, &x| acc << 8 | u64::from(x)))
+    };
+    // V2 header: cookie, payload length, normalizing offset, significant figures, lowest
+    // and highest trackable values, conversion ratio; all big-endian.
+    let (digits, lowest, highest) = (field(12, 4)?, field(16, 8)?, field(24, 8)?);
+    if digits > 3 || lowest < 1 || highest > crate::stats::HIST_MAX_NS {
+        return Err(bad("bounds larger than kvblast's"));
+    }
+    hdrhistogram::serialization::Deserializer::new()
+        .deserialize(&mut bytes.as_slice())
+        .map_err(|e| bad(&format!("{e:?}")))
 }
 
 /// A worker's counters as text: `stat NAME VALUE`, `op I count hits misses errors late total
@@ -152,12 +184,11 @@ pub fn decode_stats(text: &str) -> Result<Stats, String> {
                         None => return Err(format!("bad histogram {name:?}")),
                     }
                 };
-                for pair in f {
-                    let (v, c) = pair
-                        .split_once(':')
-                        .ok_or_else(|| format!("bad pair {pair:?}"))?;
-                    h.saturating_record_n(num(v)?, num(c)?);
-                }
+                let data = f
+                    .next()
+                    .ok_or_else(|| format!("histogram {name:?} without data"))?;
+                h.add(decode_hist(data)?)
+                    .map_err(|e| format!("histogram {name:?}: {e:?}"))?;
             }
             Some("") | None => {}
             Some(other) => return Err(format!("unknown line kind {other:?}")),
@@ -618,5 +649,36 @@ mod tests {
             assert!(decode_stats(bad).is_err(), "{bad}");
         }
         assert!(decode_stats("stat future_counter 5\n").is_ok());
+    }
+
+    /// Histograms travel in HdrHistogram's V2 format; a header asking for a histogram larger
+    /// than kvblast's own is refused before anything is allocated.
+    #[test]
+    fn histograms_travel_as_v2_and_hostile_headers_are_refused() {
+        use base64::Engine as _;
+        use hdrhistogram::serialization::{Serializer as _, V2Serializer};
+        let mut h = new_histogram();
+        for v in [1, 1000, 123_456, 99_000_000_000] {
+            h.saturating_record(v);
+        }
+        let mut line = String::new();
+        encode_hist(&mut line, "op0", &h);
+        let data = line.trim_end().rsplit(' ').next().unwrap_or("");
+        let back = decode_hist(data).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(back, h);
+        // A histogram of 5 significant figures up to u64::MAX: refused.
+        let big = hdrhistogram::Histogram::<u64>::new_with_bounds(1, u64::MAX, 5)
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        let mut bytes = Vec::new();
+        V2Serializer::new()
+            .serialize(&big, &mut bytes)
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        let b64 = base64::engine::general_purpose::STANDARD.encode(&bytes);
+        assert!(decode_hist(&b64).is_err());
+        // Truncated, empty, not base64.
+        let short = base64::engine::general_purpose::STANDARD.encode(&bytes[..10]);
+        for bad in [short.as_str(), "", "!!!!"] {
+            assert!(decode_hist(bad).is_err(), "{bad:?}");
+        }
     }
 }

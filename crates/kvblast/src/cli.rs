@@ -69,6 +69,9 @@ LOAD:
 
 OUTPUT:
       --json FILE          write the JSON report
+      --hdr-log FILE       write each request kind's latency histogram (nanoseconds,
+                           whole run) as an HdrHistogram interval log, which
+                           HdrHistogram's HistogramLogProcessor and plotters read
       --plot PREFIX        write plots, each as PREFIX-NAME.svg and PREFIX-NAME.png: latency
                            (by percentile), cdf, timeline (throughput), latency-timeline
                            (p50/p99 over time); capacity adds capacity (metric against
@@ -121,6 +124,8 @@ pub struct Args {
     pub protocol: Option<String>,
     pub seed: Option<u64>,
     pub json: Option<String>,
+    /// `--hdr-log FILE`: the latency histograms as an HdrHistogram interval log.
+    pub hdr_log: Option<String>,
     pub quiet: bool,
     pub no_server_stats: bool,
     pub low: Option<f64>,
@@ -296,6 +301,7 @@ impl Args {
                 "--protocol" => a.protocol = Some(value(&flag)?),
                 "--seed" => a.seed = Some(num(&flag, &value(&flag)?)?),
                 "--json" => a.json = Some(value(&flag)?),
+                "--hdr-log" => a.hdr_log = Some(value(&flag)?),
                 "-o" | "--output" => a.output = Some(value(&flag)?),
                 "--plot" => a.plot = Some(value(&flag)?),
                 "--agent" => a.agents.push(value(&flag)?),
@@ -352,6 +358,7 @@ impl Args {
         opt("--protocol", self.protocol.clone());
         opt("--seed", self.seed.map(|x| x.to_string()));
         opt("--json", self.json.clone());
+        opt("--hdr-log", self.hdr_log.clone());
         opt("--plot", self.plot.clone());
         opt("--probe-rate", self.probe_rate.map(|x| x.to_string()));
         opt("--agent-keys", self.agent_keys.clone());

@@ -81,6 +81,10 @@ fn main_result() -> Result<(), String> {
             if let Some(prefix) = &args.plot {
                 write_run_plots(prefix, &report)?;
             }
+            if let Some(path) = &args.hdr_log {
+                let log = report.hdr_log()?;
+                std::fs::write(path, log).map_err(|e| format!("{path}: {e}"))?;
+            }
             write_json(&args.json, &report.json())
         }
         "capacity" => {

@@ -12,7 +12,7 @@ use hdrhistogram::Histogram;
 use crate::workload::Op;
 
 /// Latencies are recorded in nanoseconds, from 1 ns to 100 s, to 3 significant digits.
-const HIST_MAX_NS: u64 = 100_000_000_000;
+pub const HIST_MAX_NS: u64 = 100_000_000_000;
 
 pub fn new_histogram() -> Histogram<u64> {
     // Bounds are constants that new_with_bounds accepts (low >= 1, high >= 2 * low,
@@ -681,6 +681,34 @@ pub struct LatencyPoint {
 
 impl Report {
     /// The latency of each interval that completed requests.
+    /// The latency histogram of each request kind over the whole run (nanoseconds, tagged
+    /// with the kind's name), as an HdrHistogram interval log (`hdrhistogram`'s writer, V2
+    /// deflate encoding; maxima shown in microseconds).
+    pub fn hdr_log(&self) -> Result<Vec<u8>, String> {
+        use hdrhistogram::serialization::interval_log::{IntervalLogWriterBuilder, Tag};
+        use hdrhistogram::serialization::V2DeflateSerializer;
+        let mut out = Vec::new();
+        let mut serializer = V2DeflateSerializer::new();
+        let mut builder = IntervalLogWriterBuilder::new();
+        builder
+            .add_comment("kvblast latency histograms, values in nanoseconds")
+            .with_max_value_divisor(1000.0);
+        let mut log = builder
+            .begin_log_with(&mut out, &mut serializer)
+            .map_err(|e| e.to_string())?;
+        let run = Duration::from_secs_f64(self.seconds.max(0.0));
+        for op in Op::ALL {
+            let h = &self.stats.op(op).hist;
+            if h.is_empty() {
+                continue;
+            }
+            log.write_histogram(h, Duration::ZERO, run, Tag::new(op.name()))
+                .map_err(|e| format!("{e:?}"))?;
+        }
+        drop(log);
+        Ok(out)
+    }
+
     pub fn latency_timeline(&self) -> Vec<LatencyPoint> {
         let step = self.stats.interval_ns as f64 / 1e9;
         self.stats
@@ -839,6 +867,33 @@ mod tests {
         assert!((g.p99_us - 990.0).abs() <= 1.0, "{}", g.p99_us);
         assert!((g.max_us - 1000.0).abs() <= 1.0);
         assert_eq!(g.late, 0);
+    }
+
+    /// The interval log reads back with hdrhistogram's own reader: one histogram per request
+    /// kind that ran, tagged with its name, holding its latencies.
+    #[test]
+    fn hdr_log_reads_back() {
+        use hdrhistogram::serialization::interval_log::{IntervalLogIterator, LogEntry};
+        use hdrhistogram::serialization::Deserializer;
+        let r = report_with(&[10, 20, 2000]);
+        let log = r.hdr_log().unwrap_or_else(|e| panic!("{e}"));
+        let mut hists = Vec::new();
+        for entry in IntervalLogIterator::new(&log) {
+            if let Ok(LogEntry::Interval(ilh)) = entry {
+                use base64::Engine as _;
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(ilh.encoded_histogram())
+                    .unwrap_or_default();
+                let h: Histogram<u64> = Deserializer::new()
+                    .deserialize(&mut bytes.as_slice())
+                    .unwrap_or_else(|e| panic!("{e:?}"));
+                hists.push((ilh.tag().map(|t| t.as_str().to_string()), h));
+            }
+        }
+        assert_eq!(hists.len(), 1, "{hists:?}");
+        assert_eq!(hists[0].0.as_deref(), Some("get"));
+        assert_eq!(hists[0].1.len(), 3);
+        assert_eq!(hists[0].1, r.stats.op(Op::Get).hist);
     }
 
     #[test]
