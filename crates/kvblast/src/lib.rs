@@ -6,9 +6,10 @@
 //! - [`workload`]: built-in workloads and the key space;
 //! - [`route`]: key-to-server maps (ketama, modulo);
 //! - [`transport`]: server addresses (TCP, unix sockets) and non-blocking streams;
-//! - [`stats`]: per-request-kind latency histograms, the table and the JSON report, and the
-//!   server's `stats` counters;
-//! - [`engine`]: threads, connections, the closed and open loops;
+//! - [`stats`]: per-request-kind latency histograms, the table, the JSON report and the
+//!   HdrHistogram interval log, and the server's `stats` counters;
+//! - [`engine`]: threads, connections, the closed and open loops (`engine/`: config,
+//!   orchestration, a worker's loops, per-connection I/O, reply matching);
 //! - [`plot`]: SVG plots of a run's latency distribution and of a capacity search;
 //! - [`capacity`]: bisection over open-loop runs for the highest rate meeting an SLO;
 //! - [`agent`]: distributed load, a master and its agents over TCP;
