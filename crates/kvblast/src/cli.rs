@@ -10,95 +10,233 @@ use crate::route::Routing;
 use crate::units::parse_duration;
 use crate::workload::{Mix, Workload, PRESETS};
 
-pub const USAGE: &str = "\
-kvblast: a workload generator for memcache-protocol servers
-
-USAGE:
-  kvblast run [OPTIONS] SERVER...        one run; prints a table (and --json FILE)
-  kvblast capacity [OPTIONS] SERVER...   bisect open-loop rates for the highest that meets --slo
-  kvblast workloads                      list the built-in workloads
-  kvblast plot -o OUT.png|OUT.svg [LABEL=]CAPACITY.json...
-                                         capacity searches' p99 and mean latency against
-                                         throughput, several servers on one plot (files
-                                         with the same LABEL make one curve)
-  kvblast agent --listen ADDR [--jobs N] serve load jobs for a master (run --agent ADDR)
-
+/// What `kvblast` and `kvblast --help` print about servers, after the commands.
+const SERVERS_HELP: &str = "\
 SERVER is host[:port] (port 11211 when left out), unix:/path (or /path) for a unix socket,
-or udp:host[:port] (text protocol; stats are read over TCP at the same address).
+or udp:host[:port] (text protocol; stats are read over TCP at the same address).";
 
-WORKLOAD (a preset, then overrides):
-  -w, --workload NAME      etc (default), usr, kvcache-a, kvcache-b, kvcache-c, memaslap,
-                           fixedsize, microblog, wiki, imgpreview, friendfeed
-      --keys N             number of distinct keys
-      --key-size DIST      e.g. 19, uniform:10,40, gev:30.8,8.2,0.079, etc-key, hist:FILE
-      --value-size DIST    e.g. 64, normal:1024,266, gpareto:15,214.476,0.348238, etc-value,
-                           hist:FILE (lines `SIZE WEIGHT`, # comments; key sizes 1..=250),
-                           hist-inline:SIZE:WEIGHT,SIZE:WEIGHT,...
-      --value-max N        clamp value sizes to at most N bytes
-      --popularity P       uniform | zipf:ALPHA | buckets[:SIZE,ALPHA,XMIN] | sequential
-      --mix SPEC           e.g. get=0.9,set=0.1 (kinds: get set delete touch incr)
-      --multiget N         keys per get
-      --look-aside         a get that misses is followed by a set of the key
-      --load               set every key once before the run (not measured)
+/// kvblast: a workload generator for memcache-protocol servers.
+#[derive(Debug, clap::Parser)]
+#[command(name = "kvblast", version, after_help = SERVERS_HELP, max_term_width = 100)]
+struct Cli {
+    #[command(subcommand)]
+    command: CliCommand,
+}
 
-LOAD:
-      --rate R             open loop at R requests/s (default: closed loop)
-      --arrival A          poisson (default) | fixed | etc
-  -t, --threads N          worker threads, each with its own event loop (default 1)
-  -c, --conns N            connections per server per thread (default 1)
-  -d, --depth N            closed loop: requests outstanding per connection (default 1);
-                           open loop: cap per connection before a request is skipped
-                           (default 1000)
-  -D, --duration TIME      measured time (default 10s), e.g. 30s, 500ms, 2m
-      --warmup TIME        not measured, before the window (default 0)
-  -n, --requests N         stop after N measured requests
-      --drain TIME         wait this long for outstanding replies at the end (default 1s)
-      --slo [M=]TIME       latency objective; run: counts replies over TIME as late
-                           (default 1ms); capacity: M is avg, max, p50, p90, p95, p99, p99.9
-                           (default avg, KV-Cache's Cap_avg; max gives Cap_max)
-      --probe-rate R       also measure with a separate latency probe: one more connection
-                           per server, one request at a time, R requests/s (rows probe-*)
-      --routing R          ketama (default) | modulo, for several servers
-      --protocol P         text (default) | meta (mg/ms/md; multigets as quiet mg + mn) |
-                           binary (multigets as GetQ + Noop)
-      --seed N             random seed (default 1)
+#[derive(Debug, clap::Subcommand)]
+enum CliCommand {
+    /// One run; prints a table (and --json FILE, --plot PREFIX, --hdr-log FILE)
+    #[command(after_help = SERVERS_HELP, args_override_self = true)]
+    Run(Flags),
+    /// Bisect open-loop rates for the highest that meets --slo
+    #[command(after_help = SERVERS_HELP, args_override_self = true)]
+    Capacity(Flags),
+    /// List the built-in workloads
+    #[command(args_override_self = true)]
+    Workloads(Flags),
+    /// Capacity searches' p99 and mean latency against throughput, several servers on one
+    /// plot: kvblast plot -o OUT.png|OUT.svg [LABEL=]CAPACITY.json... (files with the same
+    /// LABEL make one curve)
+    #[command(args_override_self = true)]
+    Plot(Flags),
+    /// Serve load jobs for a controller (run --agent ADDR): kvblast agent --listen ADDR
+    #[command(args_override_self = true)]
+    Agent(Flags),
+}
 
-      --config FILE        read flags from a TOML file (keys named like the long flags,
-                           servers = [\"host:port\", ...]); the command line
-                           overrides it
+/// Parse a number, allowing `_` between digits (`50_000`).
+fn number<T: std::str::FromStr>(v: &str) -> Result<T, String> {
+    v.trim()
+        .replace('_', "")
+        .parse::<T>()
+        .map_err(|_| format!("bad number {v:?}"))
+}
 
-OUTPUT:
-      --json FILE          write the JSON report
-      --hdr-log FILE       write each request kind's latency histogram (nanoseconds,
-                           whole run) as an HdrHistogram interval log, which
-                           HdrHistogram's HistogramLogProcessor and plotters read
-      --plot PREFIX        write plots, each as PREFIX-NAME.svg and PREFIX-NAME.png: latency
-                           (by percentile), cdf, timeline (throughput), latency-timeline
-                           (p50/p99 over time); capacity adds capacity (metric against
-                           offered load) and curve (percentiles against throughput)
-  -q, --quiet              no progress line
-      --no-server-stats    do not read the servers' stats before and after
+fn agent_keys(v: &str) -> Result<String, String> {
+    AgentKeys::parse(v).map(|_| v.to_string())
+}
 
-DISTRIBUTED:
-      --agent HOST:PORT    (run; repeatable) split the load with an agent. All participants
-                           (this controller and its agents) start together; the controller
-                           alone runs --probe-rate and reads the servers' stats
-      --agent-keys M       split (default): participant i of N draws only keys k with
-                           k mod N = i (popularity conditioned on them) at the share of the
-                           rate and requests that those keys' popularity carries, and its
-                           --load sets only them; shared: every participant draws from the
-                           whole key space at 1/N of the rate, the controller alone loads
-      --participant I/N    (set by the controller in an agent's job) this participant's number
+/// Every command's flags (each command uses the ones that concern it).
+#[derive(Debug, Clone, Default, clap::Args)]
+struct Flags {
+    /// Servers (see below); for plot, [LABEL=]CAPACITY.json files
+    #[arg(value_name = "SERVER")]
+    servers: Vec<String>,
 
-CAPACITY:
-      --low R --high R     initial bracket (default: 0 and 1.2 x a closed-loop probe)
-      --steps N            bisection steps (default 8)
-";
+    /// Workload preset: etc (default), usr, kvcache-a, kvcache-b, kvcache-c, memaslap,
+    /// fixedsize, microblog, wiki, imgpreview, friendfeed
+    #[arg(
+        short = 'w',
+        long,
+        value_name = "NAME",
+        help_heading = "Workload (a preset, then overrides)"
+    )]
+    workload: Option<String>,
+    /// Number of distinct keys
+    #[arg(long, value_name = "N", value_parser = number::<u64>, help_heading = "Workload (a preset, then overrides)")]
+    keys: Option<u64>,
+    /// Key sizes, e.g. 19, uniform:10,40, gev:30.8,8.2,0.079, etc-key, hist:FILE
+    #[arg(
+        long,
+        value_name = "DIST",
+        help_heading = "Workload (a preset, then overrides)"
+    )]
+    key_size: Option<String>,
+    /// Value sizes, e.g. 64, normal:1024,266, gpareto:15,214.476,0.348238, etc-value,
+    /// hist:FILE (lines `SIZE WEIGHT`, # comments; key sizes 1..=250),
+    /// hist-inline:SIZE:WEIGHT,SIZE:WEIGHT,...
+    #[arg(
+        long,
+        value_name = "DIST",
+        help_heading = "Workload (a preset, then overrides)"
+    )]
+    value_size: Option<String>,
+    /// Clamp value sizes to at most N bytes
+    #[arg(long, value_name = "N", value_parser = number::<usize>, help_heading = "Workload (a preset, then overrides)")]
+    value_max: Option<usize>,
+    /// Key popularity: uniform | zipf:ALPHA | buckets[:SIZE,ALPHA,XMIN] | sequential
+    #[arg(
+        long,
+        value_name = "P",
+        help_heading = "Workload (a preset, then overrides)"
+    )]
+    popularity: Option<String>,
+    /// Request mix, e.g. get=0.9,set=0.1 (kinds: get set delete touch incr)
+    #[arg(
+        long,
+        value_name = "SPEC",
+        help_heading = "Workload (a preset, then overrides)"
+    )]
+    mix: Option<String>,
+    /// Keys per get
+    #[arg(long, value_name = "N", value_parser = number::<usize>, help_heading = "Workload (a preset, then overrides)")]
+    multiget: Option<usize>,
+    /// A get that misses is followed by a set of the key
+    #[arg(long, help_heading = "Workload (a preset, then overrides)")]
+    look_aside: bool,
+    /// Set every key once before the run (not measured)
+    #[arg(long, help_heading = "Workload (a preset, then overrides)")]
+    load: bool,
+
+    /// Open loop at R requests/s (default: closed loop)
+    #[arg(long, value_name = "R", value_parser = number::<f64>, help_heading = "Load")]
+    rate: Option<f64>,
+    /// Arrivals: poisson (default) | fixed | etc
+    #[arg(long, value_name = "A", help_heading = "Load")]
+    arrival: Option<String>,
+    /// Worker threads, each with its own event loop (default 1)
+    #[arg(short = 't', long, value_name = "N", value_parser = number::<usize>, help_heading = "Load")]
+    threads: Option<usize>,
+    /// Connections per server per thread (default 1)
+    #[arg(short = 'c', long, alias = "connections", value_name = "N", value_parser = number::<usize>, help_heading = "Load")]
+    conns: Option<usize>,
+    /// Closed loop: requests outstanding per connection (default 1); open loop: cap per
+    /// connection before a request is skipped (default 1000)
+    #[arg(short = 'd', long, value_name = "N", value_parser = number::<usize>, help_heading = "Load")]
+    depth: Option<usize>,
+    /// Measured time (default 10s), e.g. 30s, 500ms, 1.5s, 2m, 1m30s
+    #[arg(short = 'D', long, value_name = "TIME", value_parser = parse_duration, help_heading = "Load")]
+    duration: Option<Duration>,
+    /// Not measured, before the window (default 0)
+    #[arg(long, value_name = "TIME", value_parser = parse_duration, help_heading = "Load")]
+    warmup: Option<Duration>,
+    /// Stop after N measured requests
+    #[arg(short = 'n', long, value_name = "N", value_parser = number::<u64>, help_heading = "Load")]
+    requests: Option<u64>,
+    /// Wait this long for outstanding replies at the end (default 1s)
+    #[arg(long, value_name = "TIME", value_parser = parse_duration, help_heading = "Load")]
+    drain: Option<Duration>,
+    /// Latency objective; run: counts replies over TIME as late (default 1ms); capacity: M is
+    /// avg, max, p50, p90, p95, p99, p99.9 (default avg, KV-Cache's Cap_avg; max gives
+    /// Cap_max)
+    #[arg(long, value_name = "[M=]TIME", help_heading = "Load")]
+    slo: Option<String>,
+    /// Also measure with a separate latency probe: one more connection per server, one
+    /// request at a time, R requests/s (rows probe-*)
+    #[arg(long, value_name = "R", value_parser = number::<f64>, help_heading = "Load")]
+    probe_rate: Option<f64>,
+    /// Key-to-server map for several servers: ketama (default) | modulo
+    #[arg(long, value_name = "R", help_heading = "Load")]
+    routing: Option<String>,
+    /// text (default) | meta (mg/ms/md; multigets as quiet mg + mn) | binary (multigets as
+    /// GetQ + Noop)
+    #[arg(long, value_name = "P", help_heading = "Load")]
+    protocol: Option<String>,
+    /// Random seed (default 1)
+    #[arg(long, value_name = "N", value_parser = number::<u64>, help_heading = "Load")]
+    seed: Option<u64>,
+    /// Read flags from a TOML file (keys named like the long flags, servers = ["host:port",
+    /// ...]); the command line overrides it
+    #[arg(long, value_name = "FILE", help_heading = "Load")]
+    config: Option<String>,
+
+    /// Write the JSON report
+    #[arg(long, value_name = "FILE", help_heading = "Output")]
+    json: Option<String>,
+    /// Write each request kind's latency histogram (nanoseconds, whole run) as an
+    /// HdrHistogram interval log, which HdrHistogram's HistogramLogProcessor and plotters
+    /// read
+    #[arg(long, value_name = "FILE", help_heading = "Output")]
+    hdr_log: Option<String>,
+    /// Write plots, each as PREFIX-NAME.svg and PREFIX-NAME.png: latency (by percentile),
+    /// cdf, timeline (throughput), latency-timeline (p50/p99 over time); capacity adds
+    /// capacity (metric against offered load) and curve (percentiles against throughput)
+    #[arg(long, value_name = "PREFIX", help_heading = "Output")]
+    plot: Option<String>,
+    /// plot: the output file (.png or .svg)
+    #[arg(short = 'o', long, value_name = "FILE", help_heading = "Output")]
+    output: Option<String>,
+    /// No progress line
+    #[arg(short = 'q', long, help_heading = "Output")]
+    quiet: bool,
+    /// Do not read the servers' stats before and after
+    #[arg(long, help_heading = "Output")]
+    no_server_stats: bool,
+
+    /// (run; repeatable) split the load with an agent. All participants (this controller and
+    /// its agents) start together; the controller alone runs --probe-rate and reads the
+    /// servers' stats
+    #[arg(long = "agent", value_name = "HOST:PORT", help_heading = "Distributed")]
+    agents: Vec<String>,
+    /// split (default): participant i of N draws only keys k with k mod N = i (popularity
+    /// conditioned on them) at the share of the rate and requests that those keys'
+    /// popularity carries, and its --load sets only them; shared: every participant draws
+    /// from the whole key space at 1/N of the rate, the controller alone loads
+    #[arg(long, value_name = "M", value_parser = agent_keys, help_heading = "Distributed")]
+    agent_keys: Option<String>,
+    /// (set by the controller in an agent's job) this participant's number
+    #[arg(long, value_name = "I/N", value_parser = parse_participant, help_heading = "Distributed")]
+    participant: Option<(u64, u64)>,
+    /// agent: the address to listen on
+    #[arg(long, value_name = "ADDR", help_heading = "Distributed")]
+    listen: Option<String>,
+    /// agent: exit after N jobs
+    #[arg(long, value_name = "N", value_parser = number::<u64>, help_heading = "Distributed")]
+    jobs: Option<u64>,
+
+    /// capacity: initial bracket, low end (default 0)
+    #[arg(long, value_name = "R", value_parser = number::<f64>, help_heading = "Capacity")]
+    low: Option<f64>,
+    /// capacity: initial bracket, high end (default 1.2 x a closed-loop probe)
+    #[arg(long, value_name = "R", value_parser = number::<f64>, help_heading = "Capacity")]
+    high: Option<f64>,
+    /// capacity: bisection steps (default 8)
+    #[arg(long, value_name = "N", value_parser = number::<u32>, help_heading = "Capacity")]
+    steps: Option<u32>,
+}
+
+/// kvblast's help (`kvblast --help`), as clap renders it.
+pub fn usage() -> String {
+    use clap::CommandFactory;
+    Cli::command().render_help().to_string()
+}
 
 /// Raw command-line flags.
 #[derive(Debug, Clone, Default)]
 pub struct Args {
     pub command: String,
+    /// The help text asked for (`--help`, `run --help`): print it and stop.
+    pub help: Option<String>,
     pub servers: Vec<String>,
     pub workload: Option<String>,
     pub keys: Option<u64>,
@@ -225,13 +363,6 @@ pub fn config_flags(text: &str) -> Result<Vec<String>, String> {
     Ok(out)
 }
 
-fn num<T: std::str::FromStr>(flag: &str, v: &str) -> Result<T, String> {
-    v.trim()
-        .replace('_', "")
-        .parse::<T>()
-        .map_err(|_| format!("{flag}: bad number {v:?}"))
-}
-
 impl Args {
     pub fn parse<I: IntoIterator<Item = String>>(argv: I) -> Result<Args, String> {
         let mut argv: Vec<String> = argv.into_iter().collect();
@@ -254,75 +385,75 @@ impl Args {
             let at = 1.min(argv.len());
             argv.splice(at..at, flags);
         }
-        let mut it = argv.into_iter().peekable();
-        let mut a = Args::default();
-        let Some(cmd) = it.next() else {
-            return Err("no command".into());
+        use clap::Parser as _;
+        let cli = match Cli::try_parse_from(std::iter::once("kvblast".to_string()).chain(argv)) {
+            Ok(cli) => cli,
+            Err(e) => {
+                use clap::error::ErrorKind;
+                return match e.kind() {
+                    ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => Ok(Args {
+                        command: "help".into(),
+                        help: Some(e.render().to_string()),
+                        ..Args::default()
+                    }),
+                    _ => {
+                        let msg = e.render().to_string();
+                        let msg = msg.strip_prefix("error: ").unwrap_or(&msg);
+                        Err(msg.trim_end().to_string())
+                    }
+                };
+            }
         };
-        a.command = cmd;
-        while let Some(arg) = it.next() {
-            if !arg.starts_with('-') || arg == "-" {
-                a.servers.push(arg);
-                continue;
-            }
-            let (flag, inline) = match arg.split_once('=') {
-                Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
-                _ => (arg.clone(), None),
-            };
-            let mut value = |name: &str| -> Result<String, String> {
-                match &inline {
-                    Some(v) => Ok(v.clone()),
-                    None => it.next().ok_or_else(|| format!("{name} needs a value")),
-                }
-            };
-            match flag.as_str() {
-                "-h" | "--help" => a.command = "help".into(),
-                "-w" | "--workload" => a.workload = Some(value(&flag)?),
-                "--keys" => a.keys = Some(num(&flag, &value(&flag)?)?),
-                "--key-size" => a.key_size = Some(value(&flag)?),
-                "--value-size" => a.value_size = Some(value(&flag)?),
-                "--value-max" => a.value_max = Some(num(&flag, &value(&flag)?)?),
-                "--popularity" => a.popularity = Some(value(&flag)?),
-                "--mix" => a.mix = Some(value(&flag)?),
-                "--multiget" => a.multiget = Some(num(&flag, &value(&flag)?)?),
-                "--look-aside" => a.look_aside = true,
-                "--load" => a.load = true,
-                "--rate" => a.rate = Some(num(&flag, &value(&flag)?)?),
-                "--arrival" => a.arrival = Some(value(&flag)?),
-                "-t" | "--threads" => a.threads = Some(num(&flag, &value(&flag)?)?),
-                "-c" | "--conns" | "--connections" => a.conns = Some(num(&flag, &value(&flag)?)?),
-                "-d" | "--depth" => a.depth = Some(num(&flag, &value(&flag)?)?),
-                "-D" | "--duration" => a.duration = Some(parse_duration(&value(&flag)?)?),
-                "--warmup" => a.warmup = Some(parse_duration(&value(&flag)?)?),
-                "-n" | "--requests" => a.requests = Some(num(&flag, &value(&flag)?)?),
-                "--drain" => a.drain = Some(parse_duration(&value(&flag)?)?),
-                "--slo" => a.slo = Some(value(&flag)?),
-                "--routing" => a.routing = Some(value(&flag)?),
-                "--protocol" => a.protocol = Some(value(&flag)?),
-                "--seed" => a.seed = Some(num(&flag, &value(&flag)?)?),
-                "--json" => a.json = Some(value(&flag)?),
-                "--hdr-log" => a.hdr_log = Some(value(&flag)?),
-                "-o" | "--output" => a.output = Some(value(&flag)?),
-                "--plot" => a.plot = Some(value(&flag)?),
-                "--agent" => a.agents.push(value(&flag)?),
-                "--listen" => a.listen = Some(value(&flag)?),
-                "--jobs" => a.jobs = Some(num(&flag, &value(&flag)?)?),
-                "--agent-keys" => {
-                    let v = value(&flag)?;
-                    AgentKeys::parse(&v)?;
-                    a.agent_keys = Some(v);
-                }
-                "--participant" => a.participant = Some(parse_participant(&value(&flag)?)?),
-                "-q" | "--quiet" => a.quiet = true,
-                "--no-server-stats" => a.no_server_stats = true,
-                "--low" => a.low = Some(num(&flag, &value(&flag)?)?),
-                "--high" => a.high = Some(num(&flag, &value(&flag)?)?),
-                "--steps" => a.steps = Some(num(&flag, &value(&flag)?)?),
-                "--probe-rate" => a.probe_rate = Some(num(&flag, &value(&flag)?)?),
-                _ => return Err(format!("unknown option {flag}; see kvblast --help")),
-            }
-        }
-        Ok(a)
+        let (command, f) = match cli.command {
+            CliCommand::Run(f) => ("run", f),
+            CliCommand::Capacity(f) => ("capacity", f),
+            CliCommand::Workloads(f) => ("workloads", f),
+            CliCommand::Plot(f) => ("plot", f),
+            CliCommand::Agent(f) => ("agent", f),
+        };
+        Ok(Args {
+            command: command.to_string(),
+            help: None,
+            servers: f.servers,
+            workload: f.workload,
+            keys: f.keys,
+            key_size: f.key_size,
+            value_size: f.value_size,
+            value_max: f.value_max,
+            popularity: f.popularity,
+            mix: f.mix,
+            multiget: f.multiget,
+            look_aside: f.look_aside,
+            load: f.load,
+            rate: f.rate,
+            arrival: f.arrival,
+            threads: f.threads,
+            conns: f.conns,
+            depth: f.depth,
+            duration: f.duration,
+            warmup: f.warmup,
+            requests: f.requests,
+            drain: f.drain,
+            slo: f.slo,
+            routing: f.routing,
+            protocol: f.protocol,
+            seed: f.seed,
+            json: f.json,
+            hdr_log: f.hdr_log,
+            quiet: f.quiet,
+            no_server_stats: f.no_server_stats,
+            low: f.low,
+            high: f.high,
+            steps: f.steps,
+            probe_rate: f.probe_rate,
+            plot: f.plot,
+            output: f.output,
+            agents: f.agents,
+            listen: f.listen,
+            jobs: f.jobs,
+            agent_keys: f.agent_keys,
+            participant: f.participant,
+        })
     }
 
     /// The flags that give these arguments back (command, config file and agent-only flags
@@ -571,6 +702,13 @@ mod tests {
     #[test]
     fn bad_flags_are_errors() {
         assert!(args("run --bogus x").is_err());
+        // A repeated flag: the last wins; --agent adds up.
+        let a = args("run --rate 1 --rate 2 --agent a:1 --agent b:2 h").unwrap_or_default();
+        assert_eq!((a.rate, a.agents.len()), (Some(2.0), 2));
+        // Help is an answer, not an error.
+        let h = args("run --help").unwrap_or_default();
+        assert_eq!(h.command, "help");
+        assert!(h.help.unwrap_or_default().contains("--look-aside"));
         assert!(args("run --keys").is_err());
         assert!(args("run --keys ten").is_err());
         let no_server = args("run").unwrap_or_default();

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use kvblast::cli::{list_workloads, Args, USAGE};
+use kvblast::cli::{list_workloads, usage, Args};
 use kvblast::engine;
 use kvblast::stats::{server_delta, server_stats};
 use kvblast::{agent, capacity, plot};
@@ -45,8 +45,8 @@ fn write_run_plots(prefix: &str, r: &kvblast::stats::Report) -> Result<(), Strin
 fn main_result() -> Result<(), String> {
     let args = Args::parse(std::env::args().skip(1))?;
     match args.command.as_str() {
-        "help" | "-h" | "--help" => {
-            print!("{USAGE}");
+        "help" => {
+            print!("{}", args.help.unwrap_or_else(usage));
             Ok(())
         }
         "agent" => {
@@ -158,13 +158,13 @@ fn main_result() -> Result<(), String> {
             }
             plot::write_one(out, &plot::compare(&curves))
         }
-        other => Err(format!("unknown command {other:?}\n\n{USAGE}")),
+        other => Err(format!("unknown command {other:?}\n\n{}", usage())),
     }
 }
 
 fn main() -> ExitCode {
     if std::env::args().len() < 2 {
-        eprint!("{USAGE}");
+        eprint!("{}", usage());
         return ExitCode::from(2);
     }
     match main_result() {
