@@ -67,6 +67,12 @@ pub fn run(config: Config, listeners: Vec<Listener>) -> Result<(), String> {
         shared.log(1, || format!("listening on {}", l.describe()));
     }
 
+    if let Some(addr) = shared.config.metrics {
+        let bound = crate::runtime::metrics::start(shared.clone(), addr)
+            .map_err(|e| format!("-o metrics={addr}: {e}"))?;
+        shared.log(1, || format!("metrics on http://{bound}/metrics"));
+    }
+
     let udp_addrs = crate::runtime::udp::addresses(&shared.config)?;
     let mut workers = Vec::with_capacity(threads);
     let mut wakers = Vec::with_capacity(threads);

@@ -838,6 +838,14 @@ impl Builder {
         };
         match key {
             // Implemented.
+            "metrics" => {
+                let v = need(val)?;
+                let addr = std::net::ToSocketAddrs::to_socket_addrs(v.as_str())
+                    .ok()
+                    .and_then(|mut a| a.next())
+                    .ok_or_else(|| format!("-o metrics: {v:?} is not HOST:PORT"))?;
+                self.cfg.metrics = Some(addr);
+            }
             "idle_timeout" => {
                 let secs: u64 = int(sp, &need(val)?, "a number of seconds (0 turns it off)")?;
                 self.cfg.idle_timeout = (secs > 0).then(|| Duration::from_secs(secs));
@@ -1277,6 +1285,8 @@ Extended options: -o, --extended=OPT[,OPT=VALUE...]
                               get answers SERVER_ERROR out of memory writing get response
   lru_crawler                 reclaim expired items in the background (default);
                               no_lru_crawler leaves them until a request finds them
+  metrics=HOST:PORT           serve Prometheus metrics at http://HOST:PORT/metrics, in
+                              memcached_exporter's names plus kvcached_* (off by default)
   engine=log                  the item store: the segmented log (the only one;
                               accepted so older command lines still work)
   debug_clock                 TESTS ONLY: enable the debugtime command, which moves the

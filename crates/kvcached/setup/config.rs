@@ -119,6 +119,8 @@ pub struct Config {
     pub maxconns_fast: bool,
     /// Close connections idle for this long (`-o idle_timeout=SECONDS`; 0 or absent: never).
     pub idle_timeout: Option<Duration>,
+    /// Serve Prometheus metrics here (`-o metrics=HOST:PORT`; kvcached's own option).
+    pub metrics: Option<std::net::SocketAddr>,
     /// Bytes all connections' buffers may hold together (memcached's
     /// `-o read_buf_mem_limit`, given in megabytes); 0: no limit.
     pub read_buf_mem_limit: usize,
@@ -189,6 +191,7 @@ impl Default for Config {
             watch_enabled: true,
             maxconns_fast: true,
             idle_timeout: None,
+            metrics: None,
             read_buf_mem_limit: 0,
             lru_crawler: true,
             daemonize: false,
