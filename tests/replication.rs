@@ -279,6 +279,19 @@ fn replica_converges() {
     wait_stat(&mut m, "master", "connected_replicas", "1");
     // Nothing is written any more: the replica's acknowledged position reaches the end.
     wait_stat(&mut m, "master", "replica0_lag_bytes", "0");
+    // Their digests of the live data agree (`stats digest`, kvcached's own); polled, since an
+    // item may expire between the two reads.
+    poll_until("the digests to agree", SYNC, || {
+        let (dm, dr) = (m.stats("digest"), r.stats("digest"));
+        let items = dm
+            .iter()
+            .find(|(k, _)| k == "digest_items")
+            .map(|(_, v)| v.clone());
+        match items {
+            Some(n) if n != "0" && dm == dr => Ok(()),
+            _ => Err(format!("master {dm:?}, replica {dr:?}")),
+        }
+    });
 }
 
 /// Every write command is refused on a replica (data blocks swallowed, noreply or not); reads

@@ -31,6 +31,8 @@ pub enum Group {
     Slabs,
     Sizes,
     Replication,
+    /// `stats digest`: kvcached's own, a digest of the live items.
+    Digest,
     Reset,
     Detail,
     CacheDump,
@@ -60,6 +62,7 @@ pub fn classify(group: Option<&[u8]>) -> Group {
             b"slabs" => Group::Slabs,
             b"sizes" => Group::Sizes,
             b"replication" => Group::Replication,
+            b"digest" => Group::Digest,
             _ => Group::Unknown,
         }
     }
@@ -87,6 +90,11 @@ pub fn emit_group(ctx: &Ctx<'_>, group: Group, sink: &mut Sink<'_>) -> bool {
             for (k, v) in ctx.shared.repl.stats(offset) {
                 emit(sink, &k, v);
             }
+        }
+        Group::Digest => {
+            let d = ctx.shared.engine.digest(ctx.shared.clock.now());
+            emit(sink, "digest_items", d.items);
+            emit(sink, "digest", d.hex());
         }
         Group::Reset | Group::Detail | Group::CacheDump | Group::Unknown => return false,
     }

@@ -14,7 +14,7 @@ mod log;
 pub mod model;
 mod number;
 
-pub use log::repl::{Applied, ReplError, ReplicaState, Served};
+pub use log::repl::{Applied, Digest, ReplError, ReplicaState, Served};
 pub use log::LogEngine;
 
 /// Unix time in whole seconds.

@@ -740,3 +740,58 @@ fn the_index_grows_with_the_items_and_reports_it() {
     );
     e.check_accounting().unwrap();
 }
+
+/// The digest depends on the live items only: the same items stored in another order (with
+/// the same CAS uniques) into an engine of another size give the same digest; a changed
+/// value, flag, expiry or CAS changes it; expired and deleted items do not count.
+#[test]
+fn digest_depends_on_the_items_only() {
+    let now: Time = 1_000_000;
+    let store = |e: &LogEngine, k: usize, flags: u32, exptime: Time, value: &[u8]| {
+        let key = format!("key:{k}");
+        let r = e.meta_store(
+            crate::MetaStoreRequest {
+                mode: StoreMode::Set,
+                key: key.as_bytes(),
+                value,
+                flags,
+                exptime,
+                compare_cas: None,
+                new_cas: Some(1000 + k as u64),
+                invalidate: false,
+                vivify: false,
+                binary_key: false,
+            },
+            now,
+        );
+        assert!(matches!(r.result, StoreResult::Stored(_)), "{r:?}");
+    };
+    let (a, b) = (LogEngine::new(cfg(64 << 20)), LogEngine::new(cfg(8 << 20)));
+    let n = 5000;
+    for k in 0..n {
+        store(&a, k, k as u32 % 3, 0, format!("v{k}").as_bytes());
+    }
+    for k in (0..n).rev() {
+        store(&b, k, k as u32 % 3, 0, format!("v{k}").as_bytes());
+    }
+    let da = a.digest(now);
+    assert_eq!(da.items, n as u64);
+    assert_eq!(da, b.digest(now), "same items, other order and engine size");
+    assert_eq!(da.hex().len(), 32);
+    // Any field of one item changes it.
+    store(&b, 7, 0, 0, b"other");
+    let changed = b.digest(now);
+    assert_ne!(changed, da);
+    store(&b, 7, 7 % 3, 0, b"v7");
+    assert_eq!(b.digest(now), da, "put back");
+    store(&b, 7, 9, 0, b"v7");
+    assert_ne!(b.digest(now), da, "flags");
+    store(&b, 7, 7 % 3, now + 100, b"v7");
+    assert_ne!(b.digest(now), da, "expiry");
+    // Expired and deleted items do not count.
+    store(&b, 7, 7 % 3, now + 1, b"v7");
+    let later = b.digest(now + 5);
+    assert_eq!(later.items, n as u64 - 1);
+    b.delete(b"key:8", now + 5);
+    assert_eq!(b.digest(now + 5).items, n as u64 - 2);
+}
