@@ -49,13 +49,19 @@ fn value(scrape: &prometheus_parse::Scrape, name: &str, labels: &[(&str, &str)])
         })
 }
 
-#[test]
-fn scrape_matches_stats_under_the_exporters_names() {
+/// A kvcached serving metrics on a free port; returns it and that port.
+fn start_with_metrics() -> (Server, u16) {
     let mport = free_port();
     let server = Server::start_verified(
         Kind::Kvcached,
         &["-o", &format!("metrics=127.0.0.1:{mport}")],
     );
+    (server, mport)
+}
+
+#[test]
+fn scrape_matches_stats_under_the_exporters_names() {
+    let (server, mport) = start_with_metrics();
     let mut c = server.connect();
     assert_eq!(c.call("set a 0 0 1\r\nx\r\n"), "STORED\r\n");
     assert_eq!(c.call("set b 0 0 1\r\ny\r\n"), "STORED\r\n");
@@ -112,11 +118,7 @@ fn scrape_matches_stats_under_the_exporters_names() {
 
 #[test]
 fn bad_requests_get_http_errors_and_a_stalled_client_does_not_stop_scrapes() {
-    let mport = free_port();
-    let _server = Server::start_verified(
-        Kind::Kvcached,
-        &["-o", &format!("metrics=127.0.0.1:{mport}")],
-    );
+    let (_server, mport) = start_with_metrics();
     let status = |req: &[u8]| http(mport, req).0;
     assert_eq!(status(b"GET / HTTP/1.1\r\n\r\n"), "HTTP/1.1 404 Not Found");
     assert_eq!(

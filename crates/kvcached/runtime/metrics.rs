@@ -156,6 +156,11 @@ fn num(stats: &BTreeMap<String, String>, key: &str) -> Option<f64> {
     stats.get(key)?.parse().ok()
 }
 
+/// 1 when `key` is `yes` (or whatever means yes for it), 0 otherwise; None when absent.
+fn flag(stats: &BTreeMap<String, String>, key: &str, yes: &str) -> Option<f64> {
+    stats.get(key).map(|v| if v == yes { 1.0 } else { 0.0 })
+}
+
 fn int(stats: &BTreeMap<String, String>, key: &str) -> Option<u64> {
     stats.get(key)?.parse().ok()
 }
@@ -233,9 +238,7 @@ fn registry(
         "The server is currently accepting connections",
         num(s, "accepting_conns"),
     );
-    let crawler = settings
-        .get("lru_crawler")
-        .map(|v| if v == "yes" { 1.0 } else { 0.0 });
+    let crawler = flag(settings, "lru_crawler", "yes");
     gauge(
         &mut r,
         "memcached_lru_crawler_enabled",
@@ -413,9 +416,7 @@ fn registry(
         "Replicas pulling from this server (kvcached's own)",
         num(repl, "connected_replicas"),
     );
-    let link = repl
-        .get("master_link_status")
-        .map(|v| if v == "up" { 1.0 } else { 0.0 });
+    let link = flag(repl, "master_link_status", "up");
     gauge(
         &mut r,
         "kvcached_replication_link_up",
