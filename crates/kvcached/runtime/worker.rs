@@ -288,13 +288,19 @@ impl Worker {
     fn accept(&mut self, index: usize) {
         let shared = self.shared.clone();
         let config = &shared.config;
+        // With `no_maxconns_fast`, a connection's place under `-c` is reserved before the
+        // accept, so workers racing for the last place cannot take more than `-c` between
+        // them (the one that loses leaves the connection in the backlog).
+        let reserve = !config.maxconns_fast;
         loop {
-            if !config.maxconns_fast
-                && shared.curr_conns.load(Ordering::Acquire) >= config.max_connections
-            {
-                // Leave connections in the backlog until one closes (`close` resumes).
-                shared.set_accepting(false);
-                return;
+            if reserve {
+                let count = shared.curr_conns.fetch_add(1, Ordering::AcqRel) + 1;
+                if count > config.max_connections {
+                    shared.curr_conns.fetch_sub(1, Ordering::AcqRel);
+                    // Leave connections in the backlog until one closes (`close` resumes).
+                    shared.set_accepting(false);
+                    return;
+                }
             }
             let accepted = match &self.listeners[index] {
                 MioListener::Tcp(l) => l.accept().map(|(s, addr)| {
@@ -318,13 +324,23 @@ impl Worker {
                     )
                 }),
             };
+            if reserve && accepted.is_err() {
+                shared.curr_conns.fetch_sub(1, Ordering::AcqRel);
+            }
             match accepted {
                 Ok((stream, addr, listen)) => {
-                    shared.set_accepting(true);
-                    self.admit(stream, addr, listen);
+                    self.admit(stream, addr, listen, reserve);
+                    // Accepting resumes once there is room (always, with maxconns_fast, where
+                    // a connection over -c is told so and closed). It stops only when a
+                    // connection finds no room (above), as memcached stops when one arrives
+                    // at the limit: another worker's place reserved for a moment must not
+                    // count as a stop.
+                    if !reserve || self.room() {
+                        shared.set_accepting(true);
+                    }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if self.accept_retry.is_none() {
+                    if self.accept_retry.is_none() && (!reserve || self.room()) {
                         shared.set_accepting(true);
                     }
                     return;
@@ -347,10 +363,21 @@ impl Worker {
         }
     }
 
-    fn admit(&mut self, mut stream: Stream, addr: String, listen: String) {
+    /// Whether a connection fits under `-c` now.
+    fn room(&self) -> bool {
+        self.shared.curr_conns.load(Ordering::Acquire) < self.shared.config.max_connections
+    }
+
+    /// Take an accepted connection; `reserved`: its place in `curr_connections` was taken
+    /// before the accept.
+    fn admit(&mut self, mut stream: Stream, addr: String, listen: String, reserved: bool) {
         let shared = &self.shared;
-        let count = shared.curr_conns.fetch_add(1, Ordering::AcqRel) + 1;
-        if count > shared.config.max_connections {
+        let count = if reserved {
+            shared.curr_conns.load(Ordering::Acquire)
+        } else {
+            shared.curr_conns.fetch_add(1, Ordering::AcqRel) + 1
+        };
+        if !reserved && count > shared.config.max_connections {
             shared.curr_conns.fetch_sub(1, Ordering::AcqRel);
             shared.rejected_conns.fetch_add(1, Ordering::Relaxed);
             // Best effort: a fresh socket's send buffer takes this short line.
