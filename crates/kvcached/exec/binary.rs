@@ -51,7 +51,7 @@ pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
         Command::Touch { exptime } => {
             let at = Some(shared.clock.expiry(exptime));
             let mut found = None;
-            ops::read(ctx, req.key, at, &mut |item| {
+            ops::read(ctx, req.key, shared.clock.now(), at, &mut |item| {
                 found = Some((item.flags, item.cas))
             });
             match found {
@@ -85,7 +85,7 @@ pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
                 compare_cas: (req.cas != 0).then_some(req.cas),
                 ..MetaDelete::default()
             };
-            match ops::delete(ctx, req.key, req_del, Proto::Binary) {
+            match ops::delete(ctx, req.key, shared.clock.now(), req_del, Proto::Binary) {
                 MetaDeleteResult::Deleted => {
                     if !req.quiet {
                         bin::write_ok(out, op, opaque, 0);
@@ -159,7 +159,8 @@ pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
 
 fn get(ctx: &Ctx<'_>, out: &mut Vec<u8>, req: &Request<'_>, with_key: bool, touch: Option<u32>) {
     let key = if with_key { Some(req.key) } else { None };
-    let hit = ops::read(ctx, req.key, touch, &mut |item| {
+    let now = ctx.shared.clock.now();
+    let hit = ops::read(ctx, req.key, now, touch, &mut |item| {
         bin::write_get_hit(
             out, req.opcode, req.opaque, item.cas, item.flags, key, item.value,
         );
@@ -202,6 +203,7 @@ fn store(
             vivify: false,
             binary_key: false,
         },
+        shared.clock.now(),
     )
     .result;
     let status = match result {
@@ -246,7 +248,7 @@ fn arith(
         vivify: create.then(|| (shared.clock.expiry(exptime), initial)),
         ..MetaArith::default()
     };
-    match ops::arith(ctx, req.key, arith, Proto::Binary) {
+    match ops::arith(ctx, req.key, shared.clock.now(), arith, Proto::Binary) {
         MetaArithResult::Value { value, cas, .. } => {
             if !req.quiet {
                 bin::write_arith(out, op, opaque, cas, value);

@@ -68,7 +68,7 @@ pub fn execute(req: MetaRequest<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step
             let mut buf: KeyBuf = [0; MAX_KEY_LEN];
             let k = key.bytes(&mut buf);
             let now = shared.clock.now();
-            match ops::debug_item(ctx, k) {
+            match ops::debug_item(ctx, k, now) {
                 Some(d) => {
                     let config = EngineConfig {
                         max_bytes: 0,
@@ -185,7 +185,7 @@ fn get(ctx: &mut Ctx<'_>, s: &mut Session, args: &MetaArgs<'_>) -> Step {
         binary_key: key.is_base64(),
     };
     let out = &mut s.out;
-    let result = ops::meta_read(ctx, k, opts, &mut |mi: MetaItem<'_>| {
+    let result = ops::meta_read(ctx, k, now, opts, &mut |mi: MetaItem<'_>| {
         write_hit(out, args, &mi, now);
     });
     if result == MetaGet::Miss && !args.quiet() {
@@ -271,7 +271,7 @@ fn set(
         vivify,
         binary_key: key.is_base64(),
     };
-    let stored = ops::store(ctx, req);
+    let stored = ops::store(ctx, req, now);
     let code = match stored.result {
         StoreResult::TooLarge | StoreResult::NoMemory => {
             // memcached could not build the item: it removes the old one in every mode.
@@ -323,7 +323,7 @@ fn delete(ctx: &mut Ctx<'_>, s: &mut Session, args: &MetaArgs<'_>) -> Step {
         ttl: expiry(ctx, args.ttl()),
         flags: args.client_flags().unwrap_or(0),
     };
-    let code = match ops::delete(ctx, k, req, Proto::Meta) {
+    let code = match ops::delete(ctx, k, ctx.shared.clock.now(), req, Proto::Meta) {
         MetaDeleteResult::Deleted => {
             if args.quiet() {
                 return Step::Next;
@@ -357,7 +357,7 @@ fn arith(ctx: &mut Ctx<'_>, s: &mut Session, args: &MetaArgs<'_>, mode: ArithMod
         touch,
         binary_key: key.is_base64(),
     };
-    let code = match ops::arith(ctx, k, req, Proto::Meta) {
+    let code = match ops::arith(ctx, k, now, req, Proto::Meta) {
         MetaArithResult::Value {
             value,
             cas,

@@ -5,6 +5,9 @@
 //!
 //! memcached counts a few outcomes differently per protocol; those differences are spelled
 //! out here, next to each other, as [`Proto`] cases.
+//!
+//! Callers pass the server time (`now`), read once per request (once per multiget), so a
+//! command costs no more clock reads here than it did in its executor.
 
 use kvstore::{
     DebugItem, Engine, ItemView, MetaArith, MetaArithResult, MetaDelete, MetaDeleteResult, MetaGet,
@@ -28,13 +31,14 @@ pub enum Proto {
 pub fn read(
     ctx: &Ctx<'_>,
     key: &[u8],
+    now: Time,
     touch: Option<Time>,
     found: &mut dyn FnMut(ItemView<'_>),
 ) -> bool {
-    let shared = ctx.shared;
-    let hit = shared
+    let hit = ctx
+        .shared
         .engine
-        .get(key, shared.clock.now(), ReadOptions { touch }, found);
+        .get(key, now, ReadOptions { touch }, found);
     ctx.stats.count_read(touch.is_some(), hit);
     hit
 }
@@ -44,12 +48,12 @@ pub fn read(
 pub fn meta_read(
     ctx: &Ctx<'_>,
     key: &[u8],
+    now: Time,
     opts: MetaRead,
     found: &mut dyn FnMut(MetaItem<'_>),
 ) -> MetaGet {
-    let shared = ctx.shared;
     let st = ctx.stats;
-    let result = shared.engine.meta_get(key, shared.clock.now(), opts, found);
+    let result = ctx.shared.engine.meta_get(key, now, opts, found);
     match result {
         MetaGet::Hit | MetaGet::Vivified if opts.touch.is_some() => {
             st.cmd_touch.incr();
@@ -70,10 +74,9 @@ pub fn meta_read(
 /// A store in any mode. `cmd_set` counts a store whose item could be built (memcached counts
 /// it when the item is allocated: not for an item too large or out of memory); a `cas`
 /// counts `cas_hits`, `cas_badval` or `cas_misses`.
-pub fn store(ctx: &Ctx<'_>, req: MetaStoreRequest<'_>) -> MetaStored {
-    let shared = ctx.shared;
+pub fn store(ctx: &Ctx<'_>, req: MetaStoreRequest<'_>, now: Time) -> MetaStored {
     let st = ctx.stats;
-    let stored = shared.engine.meta_store(req, shared.clock.now());
+    let stored = ctx.shared.engine.meta_store(req, now);
     match stored.result {
         StoreResult::TooLarge => st.store_too_large.incr(),
         StoreResult::NoMemory => st.store_no_memory.incr(),
@@ -103,10 +106,15 @@ pub fn store_too_large(ctx: &Ctx<'_>, key: &[u8], set: bool) {
 /// A delete (`md`'s options in `req`). A removal counts `delete_hits` (an `md ... I`, which
 /// only marks the item stale, counts nothing); a miss `delete_misses`; a CAS mismatch
 /// counts a miss for meta, nothing for binary.
-pub fn delete(ctx: &Ctx<'_>, key: &[u8], req: MetaDelete, proto: Proto) -> MetaDeleteResult {
-    let shared = ctx.shared;
+pub fn delete(
+    ctx: &Ctx<'_>,
+    key: &[u8],
+    now: Time,
+    req: MetaDelete,
+    proto: Proto,
+) -> MetaDeleteResult {
     let st = ctx.stats;
-    let result = shared.engine.meta_delete(key, shared.clock.now(), req);
+    let result = ctx.shared.engine.meta_delete(key, now, req);
     match result {
         MetaDeleteResult::Deleted if !req.invalidate => st.delete_hits.incr(),
         MetaDeleteResult::NotFound => st.delete_misses.incr(),
@@ -119,15 +127,20 @@ pub fn delete(ctx: &Ctx<'_>, key: &[u8], req: MetaDelete, proto: Proto) -> MetaD
 /// incr/decr. A change counts `incr_hits`/`decr_hits`, a miss `incr_misses`/`decr_misses`;
 /// an item the binary protocol creates on a miss counts as a miss (meta's `N` counts
 /// nothing).
-pub fn arith(ctx: &Ctx<'_>, key: &[u8], req: MetaArith, proto: Proto) -> MetaArithResult {
-    let shared = ctx.shared;
+pub fn arith(
+    ctx: &Ctx<'_>,
+    key: &[u8],
+    now: Time,
+    req: MetaArith,
+    proto: Proto,
+) -> MetaArithResult {
     let st = ctx.stats;
     let (hits, misses) = if req.incr {
         (&st.incr_hits, &st.incr_misses)
     } else {
         (&st.decr_hits, &st.decr_misses)
     };
-    let result = shared.engine.meta_arith(key, shared.clock.now(), req);
+    let result = ctx.shared.engine.meta_arith(key, now, req);
     match result {
         MetaArithResult::Value { created: false, .. } => hits.incr(),
         MetaArithResult::Value { created: true, .. } if proto == Proto::Binary => misses.incr(),
@@ -139,9 +152,9 @@ pub fn arith(ctx: &Ctx<'_>, key: &[u8], req: MetaArith, proto: Proto) -> MetaAri
 
 /// `me`: what is known of `key`'s item, counted in `cmd_meta` (memcached bumps it for `me`
 /// only).
-pub fn debug_item(ctx: &Ctx<'_>, key: &[u8]) -> Option<DebugItem> {
+pub fn debug_item(ctx: &Ctx<'_>, key: &[u8], now: Time) -> Option<DebugItem> {
     ctx.stats.cmd_meta.incr();
-    ctx.shared.engine.debug_item(key, ctx.shared.clock.now())
+    ctx.shared.engine.debug_item(key, now)
 }
 
 /// `flush_all` (at `at`, absolute), counted in `cmd_flush`.

@@ -104,7 +104,7 @@ pub fn execute_framed<F: GetFraming>(
                 vivify: false,
                 binary_key: false,
             };
-            let reply: &[u8] = match ops::store(ctx, req).result {
+            let reply: &[u8] = match ops::store(ctx, req, shared.clock.now()).result {
                 StoreResult::Stored(_) => proto::STORED,
                 StoreResult::NotStored => proto::NOT_STORED,
                 StoreResult::Exists => proto::EXISTS,
@@ -116,7 +116,8 @@ pub fn execute_framed<F: GetFraming>(
             Step::Next
         }
         Request::Delete { key, noreply } => {
-            let reply = match ops::delete(ctx, key, MetaDelete::default(), Proto::Text) {
+            let now = shared.clock.now();
+            let reply = match ops::delete(ctx, key, now, MetaDelete::default(), Proto::Text) {
                 MetaDeleteResult::Deleted => proto::DELETED,
                 _ => proto::NOT_FOUND,
             };
@@ -134,7 +135,7 @@ pub fn execute_framed<F: GetFraming>(
                 delta,
                 ..MetaArith::default()
             };
-            match ops::arith(ctx, key, req, Proto::Text) {
+            match ops::arith(ctx, key, shared.clock.now(), req, Proto::Text) {
                 MetaArithResult::Value { value, .. } => {
                     if !noreply {
                         proto::write_number(&mut s.out, value);
@@ -161,7 +162,7 @@ pub fn execute_framed<F: GetFraming>(
             noreply,
         } => {
             let at = Some(shared.clock.expiry(exptime));
-            let reply = if ops::read(ctx, key, at, &mut |_| {}) {
+            let reply = if ops::read(ctx, key, shared.clock.now(), at, &mut |_| {}) {
                 proto::TOUCHED
             } else {
                 proto::NOT_FOUND
@@ -339,6 +340,7 @@ fn get<F: GetFraming>(
     rejected: bool,
     framing: &mut F,
 ) -> Step {
+    let now = ctx.shared.clock.now();
     // Where this get's replies start, unless an earlier turn already sent some of them.
     let start = (s.get_progress == 0).then_some(s.out.len());
     let mut last = s.out.len();
@@ -349,7 +351,7 @@ fn get<F: GetFraming>(
         }
         last = s.out.len();
         let out = &mut s.out;
-        ops::read(ctx, key, touch, &mut |item| {
+        ops::read(ctx, key, now, touch, &mut |item| {
             if !rejected {
                 let cas = if with_cas { Some(item.cas) } else { None };
                 proto::write_value(out, item.key, item.flags, item.value, cas);
