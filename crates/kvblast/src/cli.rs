@@ -27,21 +27,21 @@ struct Cli {
 enum CliCommand {
     /// One run; prints a table (and --json FILE, --plot PREFIX, --hdr-log FILE)
     #[command(after_help = SERVERS_HELP, args_override_self = true)]
-    Run(Flags),
+    Run(Args),
     /// Bisect open-loop rates for the highest that meets --slo
     #[command(after_help = SERVERS_HELP, args_override_self = true)]
-    Capacity(Flags),
+    Capacity(Args),
     /// List the built-in workloads
     #[command(args_override_self = true)]
-    Workloads(Flags),
+    Workloads(Args),
     /// Capacity searches' p99 and mean latency against throughput, several servers on one
     /// plot: kvblast plot -o OUT.png|OUT.svg [LABEL=]CAPACITY.json... (files with the same
     /// LABEL make one curve)
     #[command(args_override_self = true)]
-    Plot(Flags),
+    Plot(Args),
     /// Serve load jobs for a controller (run --agent ADDR): kvblast agent --listen ADDR
     #[command(args_override_self = true)]
-    Agent(Flags),
+    Agent(Args),
 }
 
 /// Parse a number, allowing `_` between digits (`50_000`).
@@ -56,12 +56,26 @@ fn agent_keys(v: &str) -> Result<String, String> {
     AgentKeys::parse(v).map(|_| v.to_string())
 }
 
-/// Every command's flags (each command uses the ones that concern it).
+/// kvblast's help (`kvblast --help`), as clap renders it.
+pub fn usage() -> String {
+    use clap::CommandFactory;
+    Cli::command().render_help().to_string()
+}
+
+/// The command line: every command's flags (each command uses the ones that concern it),
+/// parsed by clap; `command` and `help` come from the subcommand. (`config` is read and
+/// removed before parsing; it is here for `--help`.)
 #[derive(Debug, Clone, Default, clap::Args)]
-struct Flags {
+pub struct Args {
+    /// The command (`run`, `capacity`, ...), or `help` when help was asked for.
+    #[arg(skip)]
+    pub command: String,
+    /// The help text asked for (`--help`, `run --help`): print it and stop.
+    #[arg(skip)]
+    pub help: Option<String>,
     /// Servers (see below); for plot, [LABEL=]CAPACITY.json files
     #[arg(value_name = "SERVER")]
-    servers: Vec<String>,
+    pub servers: Vec<String>,
 
     /// Workload preset: etc (default), usr, kvcache-a, kvcache-b, kvcache-c, memaslap,
     /// fixedsize, microblog, wiki, imgpreview, friendfeed
@@ -71,17 +85,17 @@ struct Flags {
         value_name = "NAME",
         help_heading = "Workload (a preset, then overrides)"
     )]
-    workload: Option<String>,
+    pub workload: Option<String>,
     /// Number of distinct keys
     #[arg(long, value_name = "N", value_parser = number::<u64>, help_heading = "Workload (a preset, then overrides)")]
-    keys: Option<u64>,
+    pub keys: Option<u64>,
     /// Key sizes, e.g. 19, uniform:10,40, gev:30.8,8.2,0.079, etc-key, hist:FILE
     #[arg(
         long,
         value_name = "DIST",
         help_heading = "Workload (a preset, then overrides)"
     )]
-    key_size: Option<String>,
+    pub key_size: Option<String>,
     /// Value sizes, e.g. 64, normal:1024,266, gpareto:15,214.476,0.348238, etc-value,
     /// hist:FILE (lines `SIZE WEIGHT`, # comments; key sizes 1..=250),
     /// hist-inline:SIZE:WEIGHT,SIZE:WEIGHT,...
@@ -90,199 +104,139 @@ struct Flags {
         value_name = "DIST",
         help_heading = "Workload (a preset, then overrides)"
     )]
-    value_size: Option<String>,
+    pub value_size: Option<String>,
     /// Clamp value sizes to at most N bytes
     #[arg(long, value_name = "N", value_parser = number::<usize>, help_heading = "Workload (a preset, then overrides)")]
-    value_max: Option<usize>,
+    pub value_max: Option<usize>,
     /// Key popularity: uniform | zipf:ALPHA | buckets[:SIZE,ALPHA,XMIN] | sequential
     #[arg(
         long,
         value_name = "P",
         help_heading = "Workload (a preset, then overrides)"
     )]
-    popularity: Option<String>,
+    pub popularity: Option<String>,
     /// Request mix, e.g. get=0.9,set=0.1 (kinds: get set delete touch incr)
     #[arg(
         long,
         value_name = "SPEC",
         help_heading = "Workload (a preset, then overrides)"
     )]
-    mix: Option<String>,
+    pub mix: Option<String>,
     /// Keys per get
     #[arg(long, value_name = "N", value_parser = number::<usize>, help_heading = "Workload (a preset, then overrides)")]
-    multiget: Option<usize>,
+    pub multiget: Option<usize>,
     /// A get that misses is followed by a set of the key
     #[arg(long, help_heading = "Workload (a preset, then overrides)")]
-    look_aside: bool,
+    pub look_aside: bool,
     /// Set every key once before the run (not measured)
     #[arg(long, help_heading = "Workload (a preset, then overrides)")]
-    load: bool,
+    pub load: bool,
 
     /// Open loop at R requests/s (default: closed loop)
     #[arg(long, value_name = "R", value_parser = number::<f64>, help_heading = "Load")]
-    rate: Option<f64>,
+    pub rate: Option<f64>,
     /// Arrivals: poisson (default) | fixed | etc
     #[arg(long, value_name = "A", help_heading = "Load")]
-    arrival: Option<String>,
+    pub arrival: Option<String>,
     /// Worker threads, each with its own event loop (default 1)
     #[arg(short = 't', long, value_name = "N", value_parser = number::<usize>, help_heading = "Load")]
-    threads: Option<usize>,
+    pub threads: Option<usize>,
     /// Connections per server per thread (default 1)
     #[arg(short = 'c', long, alias = "connections", value_name = "N", value_parser = number::<usize>, help_heading = "Load")]
-    conns: Option<usize>,
+    pub conns: Option<usize>,
     /// Closed loop: requests outstanding per connection (default 1); open loop: cap per
     /// connection before a request is skipped (default 1000)
     #[arg(short = 'd', long, value_name = "N", value_parser = number::<usize>, help_heading = "Load")]
-    depth: Option<usize>,
+    pub depth: Option<usize>,
     /// Measured time (default 10s), e.g. 30s, 500ms, 1.5s, 2m, 1m30s
     #[arg(short = 'D', long, value_name = "TIME", value_parser = parse_duration, help_heading = "Load")]
-    duration: Option<Duration>,
+    pub duration: Option<Duration>,
     /// Not measured, before the window (default 0)
     #[arg(long, value_name = "TIME", value_parser = parse_duration, help_heading = "Load")]
-    warmup: Option<Duration>,
+    pub warmup: Option<Duration>,
     /// Stop after N measured requests
     #[arg(short = 'n', long, value_name = "N", value_parser = number::<u64>, help_heading = "Load")]
-    requests: Option<u64>,
+    pub requests: Option<u64>,
     /// Wait this long for outstanding replies at the end (default 1s)
     #[arg(long, value_name = "TIME", value_parser = parse_duration, help_heading = "Load")]
-    drain: Option<Duration>,
+    pub drain: Option<Duration>,
     /// Latency objective; run: counts replies over TIME as late (default 1ms); capacity: M is
     /// avg, max, p50, p90, p95, p99, p99.9 (default avg, KV-Cache's Cap_avg; max gives
     /// Cap_max)
     #[arg(long, value_name = "[M=]TIME", help_heading = "Load")]
-    slo: Option<String>,
+    pub slo: Option<String>,
     /// Also measure with a separate latency probe: one more connection per server, one
     /// request at a time, R requests/s (rows probe-*)
     #[arg(long, value_name = "R", value_parser = number::<f64>, help_heading = "Load")]
-    probe_rate: Option<f64>,
+    pub probe_rate: Option<f64>,
     /// Key-to-server map for several servers: ketama (default) | modulo
     #[arg(long, value_name = "R", help_heading = "Load")]
-    routing: Option<String>,
+    pub routing: Option<String>,
     /// text (default) | meta (mg/ms/md; multigets as quiet mg + mn) | binary (multigets as
     /// GetQ + Noop)
     #[arg(long, value_name = "P", help_heading = "Load")]
-    protocol: Option<String>,
+    pub protocol: Option<String>,
     /// Random seed (default 1)
     #[arg(long, value_name = "N", value_parser = number::<u64>, help_heading = "Load")]
-    seed: Option<u64>,
+    pub seed: Option<u64>,
     /// Read flags from a TOML file (keys named like the long flags, servers = ["host:port",
     /// ...]); the command line overrides it
     #[arg(long, value_name = "FILE", help_heading = "Load")]
-    config: Option<String>,
+    pub config: Option<String>,
 
     /// Write the JSON report
     #[arg(long, value_name = "FILE", help_heading = "Output")]
-    json: Option<String>,
+    pub json: Option<String>,
     /// Write each request kind's latency histogram (nanoseconds, whole run) as an
     /// HdrHistogram interval log, which HdrHistogram's HistogramLogProcessor and plotters
     /// read
     #[arg(long, value_name = "FILE", help_heading = "Output")]
-    hdr_log: Option<String>,
+    pub hdr_log: Option<String>,
     /// Write plots, each as PREFIX-NAME.svg and PREFIX-NAME.png: latency (by percentile),
     /// cdf, timeline (throughput), latency-timeline (p50/p99 over time); capacity adds
     /// capacity (metric against offered load) and curve (percentiles against throughput)
     #[arg(long, value_name = "PREFIX", help_heading = "Output")]
-    plot: Option<String>,
+    pub plot: Option<String>,
     /// plot: the output file (.png or .svg)
     #[arg(short = 'o', long, value_name = "FILE", help_heading = "Output")]
-    output: Option<String>,
+    pub output: Option<String>,
     /// No progress line
     #[arg(short = 'q', long, help_heading = "Output")]
-    quiet: bool,
+    pub quiet: bool,
     /// Do not read the servers' stats before and after
     #[arg(long, help_heading = "Output")]
-    no_server_stats: bool,
+    pub no_server_stats: bool,
 
     /// (run; repeatable) split the load with an agent. All participants (this controller and
     /// its agents) start together; the controller alone runs --probe-rate and reads the
     /// servers' stats
     #[arg(long = "agent", value_name = "HOST:PORT", help_heading = "Distributed")]
-    agents: Vec<String>,
+    pub agents: Vec<String>,
     /// split (default): participant i of N draws only keys k with k mod N = i (popularity
     /// conditioned on them) at the share of the rate and requests that those keys'
     /// popularity carries, and its --load sets only them; shared: every participant draws
     /// from the whole key space at 1/N of the rate, the controller alone loads
     #[arg(long, value_name = "M", value_parser = agent_keys, help_heading = "Distributed")]
-    agent_keys: Option<String>,
+    pub agent_keys: Option<String>,
     /// (set by the controller in an agent's job) this participant's number
     #[arg(long, value_name = "I/N", value_parser = parse_participant, help_heading = "Distributed")]
-    participant: Option<(u64, u64)>,
+    pub participant: Option<(u64, u64)>,
     /// agent: the address to listen on
     #[arg(long, value_name = "ADDR", help_heading = "Distributed")]
-    listen: Option<String>,
+    pub listen: Option<String>,
     /// agent: exit after N jobs
     #[arg(long, value_name = "N", value_parser = number::<u64>, help_heading = "Distributed")]
-    jobs: Option<u64>,
+    pub jobs: Option<u64>,
 
     /// capacity: initial bracket, low end (default 0)
     #[arg(long, value_name = "R", value_parser = number::<f64>, help_heading = "Capacity")]
-    low: Option<f64>,
+    pub low: Option<f64>,
     /// capacity: initial bracket, high end (default 1.2 x a closed-loop probe)
     #[arg(long, value_name = "R", value_parser = number::<f64>, help_heading = "Capacity")]
-    high: Option<f64>,
+    pub high: Option<f64>,
     /// capacity: bisection steps (default 8)
     #[arg(long, value_name = "N", value_parser = number::<u32>, help_heading = "Capacity")]
-    steps: Option<u32>,
-}
-
-/// kvblast's help (`kvblast --help`), as clap renders it.
-pub fn usage() -> String {
-    use clap::CommandFactory;
-    Cli::command().render_help().to_string()
-}
-
-/// Raw command-line flags.
-#[derive(Debug, Clone, Default)]
-pub struct Args {
-    pub command: String,
-    /// The help text asked for (`--help`, `run --help`): print it and stop.
-    pub help: Option<String>,
-    pub servers: Vec<String>,
-    pub workload: Option<String>,
-    pub keys: Option<u64>,
-    pub key_size: Option<String>,
-    pub value_size: Option<String>,
-    pub value_max: Option<usize>,
-    pub popularity: Option<String>,
-    pub mix: Option<String>,
-    pub multiget: Option<usize>,
-    pub look_aside: bool,
-    pub load: bool,
-    pub rate: Option<f64>,
-    pub arrival: Option<String>,
-    pub threads: Option<usize>,
-    pub conns: Option<usize>,
-    pub depth: Option<usize>,
-    pub duration: Option<Duration>,
-    pub warmup: Option<Duration>,
-    pub requests: Option<u64>,
-    pub drain: Option<Duration>,
-    pub slo: Option<String>,
-    pub routing: Option<String>,
-    pub protocol: Option<String>,
-    pub seed: Option<u64>,
-    pub json: Option<String>,
-    /// `--hdr-log FILE`: the latency histograms as an HdrHistogram interval log.
-    pub hdr_log: Option<String>,
-    pub quiet: bool,
-    pub no_server_stats: bool,
-    pub low: Option<f64>,
-    pub high: Option<f64>,
     pub steps: Option<u32>,
-    pub probe_rate: Option<f64>,
-    pub plot: Option<String>,
-    /// `plot -o FILE`.
-    pub output: Option<String>,
-    /// `run --agent HOST:PORT` (repeatable): agents that take a share of the load.
-    pub agents: Vec<String>,
-    /// `agent --listen ADDR`.
-    pub listen: Option<String>,
-    /// `agent --jobs N`: exit after N jobs.
-    pub jobs: Option<u64>,
-    /// `run --agent-keys split|shared`.
-    pub agent_keys: Option<String>,
-    /// `--participant I/N` (in an agent's job): this participant's number and the count.
-    pub participant: Option<(u64, u64)>,
 }
 
 /// How distributed load divides the key space (`--agent-keys`).
@@ -404,56 +358,15 @@ impl Args {
                 };
             }
         };
-        let (command, f) = match cli.command {
-            CliCommand::Run(f) => ("run", f),
-            CliCommand::Capacity(f) => ("capacity", f),
-            CliCommand::Workloads(f) => ("workloads", f),
-            CliCommand::Plot(f) => ("plot", f),
-            CliCommand::Agent(f) => ("agent", f),
+        let (command, mut a) = match cli.command {
+            CliCommand::Run(a) => ("run", a),
+            CliCommand::Capacity(a) => ("capacity", a),
+            CliCommand::Workloads(a) => ("workloads", a),
+            CliCommand::Plot(a) => ("plot", a),
+            CliCommand::Agent(a) => ("agent", a),
         };
-        Ok(Args {
-            command: command.to_string(),
-            help: None,
-            servers: f.servers,
-            workload: f.workload,
-            keys: f.keys,
-            key_size: f.key_size,
-            value_size: f.value_size,
-            value_max: f.value_max,
-            popularity: f.popularity,
-            mix: f.mix,
-            multiget: f.multiget,
-            look_aside: f.look_aside,
-            load: f.load,
-            rate: f.rate,
-            arrival: f.arrival,
-            threads: f.threads,
-            conns: f.conns,
-            depth: f.depth,
-            duration: f.duration,
-            warmup: f.warmup,
-            requests: f.requests,
-            drain: f.drain,
-            slo: f.slo,
-            routing: f.routing,
-            protocol: f.protocol,
-            seed: f.seed,
-            json: f.json,
-            hdr_log: f.hdr_log,
-            quiet: f.quiet,
-            no_server_stats: f.no_server_stats,
-            low: f.low,
-            high: f.high,
-            steps: f.steps,
-            probe_rate: f.probe_rate,
-            plot: f.plot,
-            output: f.output,
-            agents: f.agents,
-            listen: f.listen,
-            jobs: f.jobs,
-            agent_keys: f.agent_keys,
-            participant: f.participant,
-        })
+        a.command = command.to_string();
+        Ok(a)
     }
 
     /// The flags that give these arguments back (command, config file and agent-only flags
