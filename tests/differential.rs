@@ -753,6 +753,10 @@ impl Gen {
 
     fn version(&mut self) -> Cmd {
         let line = self.pick(&["version\r\n", "version\n", "version extra\r\n"]);
+        // Without -Z both answer `Error TLS not enabled` (memcached built with TLS).
+        if self.pick(&[false, false, true]) {
+            return Cmd::lit("refresh_certs", "refresh_certs\r\n");
+        }
         Cmd::lit("version", line)
     }
 

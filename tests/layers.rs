@@ -264,3 +264,21 @@ fn kvstore_has_no_import_circle() {
 fn kvblast_has_no_import_circle() {
     assert_acyclic(&workspace().join("crates/kvblast/src"));
 }
+
+#[test]
+fn kvtls_has_no_import_circle() {
+    assert_acyclic(&workspace().join("crates/kvtls/src"));
+}
+
+/// kvtls knows nothing of memcached's protocols, the store or the server.
+#[test]
+fn kvtls_depends_on_no_other_crate_of_the_workspace() {
+    let manifest = std::fs::read_to_string(workspace().join("crates/kvtls/Cargo.toml"))
+        .expect("read kvtls's manifest");
+    for other in ["kvproto", "kvstore", "kvblast", "kvcached"] {
+        assert!(
+            !manifest.contains(other),
+            "kvtls must not depend on {other}"
+        );
+    }
+}

@@ -38,12 +38,21 @@ fn main() -> ExitCode {
     for note in &notes {
         eprintln!("kvcached: {note}");
     }
+    // Like memcached, read the TLS files before anything else (and before dropping
+    // privileges); a file that cannot be used stops the start (EX_USAGE).
+    let tls = match tls_setup(&config) {
+        Ok(tls) => tls,
+        Err(msg) => {
+            eprintln!("kvcached: {msg}");
+            return ExitCode::from(64);
+        }
+    };
     // Like memcached, refuse to start when -c cannot be honoured (EX_OSERR).
     if let Err(e) = daemon::raise_fd_limit(config.max_connections) {
         eprintln!("kvcached: {e}");
         return ExitCode::from(71);
     }
-    match start(config) {
+    match start(config, tls) {
         Ok(()) => ExitCode::SUCCESS,
         Err(msg) => {
             eprintln!("kvcached: {msg}");
@@ -52,7 +61,21 @@ fn main() -> ExitCode {
     }
 }
 
-fn start(config: config::Config) -> Result<(), String> {
+/// The server's TLS (`-Z`), built from `-o ssl_*`; every listener's policy is checked.
+fn tls_setup(config: &config::Config) -> Result<Option<kvtls::server::ServerTls>, String> {
+    if !config.ssl.enabled {
+        return Ok(None);
+    }
+    let tls = kvtls::server::ServerTls::new(config.ssl.settings.clone())?;
+    for l in &config.listeners {
+        if l.tls == config::ListenTls::Peer {
+            tls.supports(kvtls::server::Peer::Require)?;
+        }
+    }
+    Ok(Some(tls))
+}
+
+fn start(config: config::Config, tls: Option<kvtls::server::ServerTls>) -> Result<(), String> {
     daemon::drop_privileges(config.user.as_deref())?;
     let listeners = runtime::listener::bind_listeners(&config)?;
     if config.max_core_file {
@@ -81,7 +104,7 @@ fn start(config: config::Config) -> Result<(), String> {
         }
     }
     let pid_file = config.pid_file.clone();
-    let result = server::run(config, listeners);
+    let result = server::run(config, listeners, tls);
     if let Some(path) = pid_file {
         let _ = daemon::remove_pid_file(&path);
     }

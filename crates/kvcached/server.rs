@@ -48,7 +48,11 @@ pub fn build_engine(config: &Config) -> LogEngine {
 }
 
 /// Run the server until a signal or `shutdown` stops it.
-pub fn run(config: Config, listeners: Vec<Listener>) -> Result<(), String> {
+pub fn run(
+    config: Config,
+    listeners: Vec<Listener>,
+    tls: Option<kvtls::server::ServerTls>,
+) -> Result<(), String> {
     let threads = config.threads.max(1);
     // Like memcached, the auth file is read after dropping privileges and daemonizing.
     let auth = Auth::new(&config)?;
@@ -59,7 +63,10 @@ pub fn run(config: Config, listeners: Vec<Listener>) -> Result<(), String> {
     let worker_stats: Vec<Arc<WorkerStats>> = (0..threads)
         .map(|_| Arc::new(WorkerStats::default()))
         .collect();
-    let shared = Arc::new(Shared::new(config, engine, auth, worker_stats.clone()));
+    let shared = Arc::new(Shared::new(config, engine, auth, worker_stats.clone(), tls));
+    shared
+        .cert_loaded_at
+        .store(shared.clock.now(), Ordering::Relaxed);
     for l in &listeners {
         let info = Arc::new(ConnInfo::new(l.describe(), String::new()));
         info.last_cmd.store(shared.clock.now(), Ordering::Relaxed);

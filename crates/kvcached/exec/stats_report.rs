@@ -221,6 +221,23 @@ fn general(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
     emit(sink, "evictions", e.evictions);
     emit(sink, "reclaimed", e.reclaimed);
     emit(sink, "total_malloced", e.total_malloced);
+    if let Some(tls) = &shared.tls {
+        let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        let k = &tls.counters;
+        if tls.settings().session_cache {
+            emit(sink, "ssl_new_sessions", n(&k.new_sessions));
+        }
+        emit(sink, "ssl_handshake_errors", n(&k.handshake_errors));
+        emit(sink, "ssl_proto_errors", n(&k.proto_errors));
+        let loaded = shared.cert_loaded_at.load(Ordering::Relaxed);
+        emit(
+            sink,
+            "time_since_server_cert_refresh",
+            shared.clock.now().saturating_sub(loaded),
+        );
+        // kvcached's own: handshakes closed by -o ssl_handshake_timeout.
+        emit(sink, "ssl_handshake_timeouts", n(&k.handshake_timeouts));
+    }
 }
 
 fn settings(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
@@ -271,6 +288,42 @@ fn settings(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
         Some(p) => emit(sink, "memory_file", p.display()),
         None => emit(sink, "memory_file", "(null)"),
     }
+    let ssl = &c.ssl;
+    let path = |p: &Option<std::path::PathBuf>, none: &'static str| match p {
+        Some(p) => p.display().to_string(),
+        None => none.to_string(),
+    };
+    emit(sink, "ssl_enabled", yes_no(ssl.enabled));
+    emit(
+        sink,
+        "ssl_chain_cert",
+        path(&ssl.settings.chain_cert, "(null)"),
+    );
+    emit(sink, "ssl_key", path(&ssl.settings.key, "(null)"));
+    emit(
+        sink,
+        "ssl_verify_mode",
+        ssl.settings.verify_mode.openssl_flags(),
+    );
+    let keyformat = match ssl.settings.key_format {
+        kvtls::server::KeyFormat::Pem => 1,
+        kvtls::server::KeyFormat::Der => 2,
+    };
+    emit(sink, "ssl_keyformat", keyformat);
+    emit(
+        sink,
+        "ssl_ciphers",
+        ssl.settings.ciphers.as_deref().unwrap_or("NULL"),
+    );
+    emit(sink, "ssl_ca_cert", path(&ssl.settings.ca_cert, "NULL"));
+    emit(sink, "ssl_wbuf_size", ssl.wbuf_size);
+    emit(
+        sink,
+        "ssl_session_cache",
+        yes_no(ssl.settings.session_cache),
+    );
+    emit(sink, "ssl_kernel_tls", "no");
+    emit(sink, "ssl_min_version", ssl.settings.min_version.name());
     emit(
         sink,
         "memory_auto",

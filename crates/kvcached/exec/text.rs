@@ -234,9 +234,40 @@ pub fn execute_framed<F: GetFraming>(
             Step::Next
         }
         Request::Meta(req) => crate::exec::meta::execute(req, ctx, s),
+        Request::Admin {
+            name: b"refresh_certs",
+            args: _,
+        } => {
+            refresh_certs(shared, s, ctx.now);
+            Step::Next
+        }
         Request::Admin { name, args: _ } => {
             admin(s, name);
             Step::Next
+        }
+    }
+}
+
+/// `refresh_certs` (any arguments are ignored, as memcached ignores them): re-read the TLS
+/// certificate, key and CA files. `OK`, or memcached's error line; on an error the
+/// certificates in use stay.
+fn refresh_certs(shared: &crate::state::shared::Shared, s: &mut Session, now: u32) {
+    let Some(tls) = &shared.tls else {
+        s.out.extend_from_slice(b"Error TLS not enabled\r\n");
+        return;
+    };
+    match tls.refresh() {
+        Ok(()) => {
+            shared.cert_loaded_at.store(now, Ordering::Relaxed);
+            shared.log(1, || "refresh_certs: certificates reloaded".into());
+            s.out.extend_from_slice(proto::OK);
+        }
+        Err(msg) => {
+            shared.log(0, || format!("refresh_certs: {msg}"));
+            // One line: the message never holds a line break of its own.
+            let line: String = msg.chars().filter(|c| *c != '\r' && *c != '\n').collect();
+            s.out.extend_from_slice(line.as_bytes());
+            s.out.extend_from_slice(b"\r\n");
         }
     }
 }

@@ -73,7 +73,7 @@ fn puller(shared: &Shared, master: &str, generation: u64) {
         || repl.generation.load(Ordering::Acquire) == generation && !shared.shutting_down();
     let mut backoff = Duration::from_millis(20);
     while current() {
-        match connect(master) {
+        match connect(shared, master) {
             Ok(stream) => {
                 backoff = Duration::from_millis(20);
                 let r = follow_link(shared, log, stream, &current);
@@ -85,7 +85,10 @@ fn puller(shared: &Shared, master: &str, generation: u64) {
                     }
                 }
             }
-            Err(_) => {
+            Err(e) => {
+                if current() && shared.config.verbose > 0 {
+                    eprintln!("kvcached: replication: cannot connect to {master}: {e}");
+                }
                 backoff = (backoff * 2).min(Duration::from_secs(1));
             }
         }
@@ -97,7 +100,41 @@ fn puller(shared: &Shared, master: &str, generation: u64) {
     }
 }
 
-fn connect(master: &str) -> std::io::Result<TcpStream> {
+/// The connection to the master: plain TCP, or TLS over it (`--replica-tls`).
+enum LinkStream {
+    Plain(TcpStream),
+    Tls(Box<kvtls::TlsStream<TcpStream>>),
+}
+
+impl Read for LinkStream {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            LinkStream::Plain(s) => s.read(buf),
+            LinkStream::Tls(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for LinkStream {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            LinkStream::Plain(s) => s.write(buf),
+            LinkStream::Tls(s) => s.write(buf),
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            LinkStream::Plain(s) => s.flush(),
+            LinkStream::Tls(s) => s.flush(),
+        }
+    }
+}
+
+/// Replies are read through a buffer; requests are written to the stream underneath
+/// (`get_mut`), which the buffer does not hold back.
+type Link = BufReader<LinkStream>;
+
+fn connect(shared: &Shared, master: &str) -> std::io::Result<LinkStream> {
     let mut last = std::io::Error::other("no address");
     for addr in master.to_socket_addrs()? {
         match TcpStream::connect_timeout(&addr, IO_TIMEOUT) {
@@ -105,12 +142,32 @@ fn connect(master: &str) -> std::io::Result<TcpStream> {
                 s.set_nodelay(true)?;
                 s.set_read_timeout(Some(IO_TIMEOUT))?;
                 s.set_write_timeout(Some(IO_TIMEOUT))?;
-                return Ok(s);
+                let Some(settings) = &shared.config.replica_tls else {
+                    return Ok(LinkStream::Plain(s));
+                };
+                // The files are read at each connect, so renewed certificates are used
+                // from the next reconnect on.
+                let config = settings.config().map_err(std::io::Error::other)?;
+                let session = settings
+                    .connect(&config, master_host(master))
+                    .map_err(std::io::Error::other)?;
+                let mut tls = kvtls::TlsStream::new(session, s);
+                tls.handshake_blocking()?;
+                return Ok(LinkStream::Tls(Box::new(tls)));
             }
             Err(e) => last = e,
         }
     }
     Err(last)
+}
+
+/// The host of "host:port" ("[::1]:11211" gives "::1"), the name the master's certificate
+/// is checked against unless `--replica-tls-name` says otherwise.
+fn master_host(master: &str) -> &str {
+    let host = master.rsplit_once(':').map_or(master, |(h, _)| h);
+    host.strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host)
 }
 
 /// The credentials of `--replica-auth` (first line, `user:password`), read at each connect
@@ -129,19 +186,14 @@ fn credentials(shared: &Shared) -> std::io::Result<Option<(String, String)>> {
 
 /// memcached's ASCII authentication (`-Y` on the master): a `set` whose data is
 /// `user password`.
-fn authenticate(
-    reader: &mut BufReader<TcpStream>,
-    writer: &mut TcpStream,
-    user: &str,
-    pass: &str,
-) -> std::io::Result<()> {
+fn authenticate(link: &mut Link, user: &str, pass: &str) -> std::io::Result<()> {
     let token = format!("{user} {pass}");
     let mut req = format!("set replica 0 0 {}\r\n", token.len()).into_bytes();
     req.extend_from_slice(token.as_bytes());
     req.extend_from_slice(b"\r\n");
-    writer.write_all(&req)?;
+    link.get_mut().write_all(&req)?;
     let mut line = String::new();
-    (&mut *reader).take(512).read_line(&mut line)?;
+    (&mut *link).take(512).read_line(&mut line)?;
     if line != "STORED\r\n" {
         // Never echo the token; the master's reply says why.
         return Err(std::io::Error::other(format!(
@@ -155,8 +207,7 @@ fn authenticate(
 /// One text-protocol pull: send `replpull`, read `REPL <replid> <n>` and the batch into
 /// `batch`; returns the master's replid.
 fn pull_text(
-    reader: &mut BufReader<TcpStream>,
-    writer: &mut TcpStream,
+    link: &mut Link,
     replid: &str,
     name: &str,
     cursor: &[u8],
@@ -166,10 +217,10 @@ fn pull_text(
     let mut req = format!("replpull {replid} {} {name}\r\n", cursor.len()).into_bytes();
     req.extend_from_slice(cursor);
     req.extend_from_slice(b"\r\n");
-    writer.write_all(&req)?;
+    link.get_mut().write_all(&req)?;
     line.clear();
     // Bounded: a reply line longer than this is not a REPL header.
-    (&mut *reader).take(512).read_line(line)?;
+    (&mut *link).take(512).read_line(line)?;
     let mut parts = line.trim_end().split(' ');
     let (Some("REPL"), Some(their), Some(n), None) =
         (parts.next(), parts.next(), parts.next(), parts.next())
@@ -186,7 +237,7 @@ fn pull_text(
         .ok_or_else(|| std::io::Error::other("bad batch length"))?;
     batch.clear();
     batch.resize(n + 2, 0);
-    reader.read_exact(batch)?;
+    link.read_exact(batch)?;
     if batch.get(n..) != Some(b"\r\n".as_slice()) {
         return Err(std::io::Error::other("bad batch terminator"));
     }
@@ -197,13 +248,13 @@ fn pull_text(
 /// Read one binary response into `buf` and parse it with the protocol crate: (status,
 /// key, where the value lies in `buf`).
 fn read_binary(
-    reader: &mut BufReader<TcpStream>,
+    link: &mut Link,
     buf: &mut Vec<u8>,
 ) -> std::io::Result<(u16, Vec<u8>, std::ops::Range<usize>)> {
     use kvproto::binary::{parse_response, ResponseParse, HEADER_LEN};
     buf.clear();
     buf.resize(HEADER_LEN, 0);
-    reader.read_exact(buf)?;
+    link.read_exact(buf)?;
     let body = buf
         .get(8..12)
         .and_then(|b| <[u8; 4]>::try_from(b).ok())
@@ -212,7 +263,7 @@ fn read_binary(
         return Err(std::io::Error::other("binary response too long"));
     }
     buf.resize(HEADER_LEN + body, 0);
-    reader.read_exact(&mut buf[HEADER_LEN..])?;
+    link.read_exact(&mut buf[HEADER_LEN..])?;
     match parse_response(buf) {
         // The value ends the packet.
         ResponseParse::Response(r, _) => Ok((
@@ -227,8 +278,7 @@ fn read_binary(
 /// One binary-protocol pull ([`kvproto::binary::opcode::REPL_PULL`]); returns the master's
 /// replid, with the batch in `batch`.
 fn pull_binary(
-    reader: &mut BufReader<TcpStream>,
-    writer: &mut TcpStream,
+    link: &mut Link,
     replid: &str,
     name: &str,
     cursor: &[u8],
@@ -245,8 +295,8 @@ fn pull_binary(
         key.as_bytes(),
         cursor,
     );
-    writer.write_all(&req)?;
-    let (status, their, value) = read_binary(reader, batch)?;
+    link.get_mut().write_all(&req)?;
+    let (status, their, value) = read_binary(link, batch)?;
     if status != 0 {
         return Err(std::io::Error::other(format!(
             "pull refused: status {status:#x} {}",
@@ -259,12 +309,7 @@ fn pull_binary(
 }
 
 /// SASL PLAIN over the binary protocol (a master with `-S`).
-fn authenticate_sasl(
-    reader: &mut BufReader<TcpStream>,
-    writer: &mut TcpStream,
-    user: &str,
-    pass: &str,
-) -> std::io::Result<()> {
+fn authenticate_sasl(link: &mut Link, user: &str, pass: &str) -> std::io::Result<()> {
     let mut data = Vec::with_capacity(user.len() + pass.len() + 2);
     data.push(0);
     data.extend_from_slice(user.as_bytes());
@@ -280,9 +325,9 @@ fn authenticate_sasl(
         b"PLAIN",
         &data,
     );
-    writer.write_all(&req)?;
+    link.get_mut().write_all(&req)?;
     let mut body = Vec::new();
-    let (status, _, _) = read_binary(reader, &mut body)?;
+    let (status, _, _) = read_binary(link, &mut body)?;
     if status != 0 {
         // Never echo the credentials; the master's status says why.
         return Err(std::io::Error::other(format!(
@@ -296,18 +341,17 @@ fn authenticate_sasl(
 fn follow_link(
     shared: &Shared,
     log: &LogEngine,
-    stream: TcpStream,
+    stream: LinkStream,
     current: &dyn Fn() -> bool,
 ) -> std::io::Result<()> {
     let repl = &shared.repl;
-    let mut reader = BufReader::new(stream.try_clone()?);
-    let mut writer = stream;
+    let mut link = BufReader::new(stream);
     let binary = shared.config.replica_auth_sasl;
     if let Some((user, pass)) = credentials(shared)? {
         if binary {
-            authenticate_sasl(&mut reader, &mut writer, &user, &pass)?;
+            authenticate_sasl(&mut link, &user, &pass)?;
         } else {
-            authenticate(&mut reader, &mut writer, &user, &pass)?;
+            authenticate(&mut link, &user, &pass)?;
         }
     }
     let mut first = true;
@@ -320,18 +364,10 @@ fn follow_link(
         lock(&repl.state).cursor(&mut cursor);
         let replid = lock(&repl.master_replid).clone();
         let their = if binary {
-            pull_binary(
-                &mut reader,
-                &mut writer,
-                &replid,
-                &repl.replid,
-                &cursor,
-                &mut batch,
-            )?
+            pull_binary(&mut link, &replid, &repl.replid, &cursor, &mut batch)?
         } else {
             pull_text(
-                &mut reader,
-                &mut writer,
+                &mut link,
                 &replid,
                 &repl.replid,
                 &cursor,

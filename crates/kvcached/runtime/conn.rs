@@ -46,6 +46,8 @@ const INPUT_STEP: usize = 2 * 1024;
 pub enum Stream {
     Tcp(mio::net::TcpStream),
     Unix(mio::net::UnixStream),
+    /// TLS over TCP (`-Z`): reads give plaintext, writes take plaintext.
+    Tls(Box<kvtls::TlsStream<mio::net::TcpStream>>),
 }
 
 impl Stream {
@@ -53,7 +55,19 @@ impl Stream {
         match self {
             Stream::Tcp(s) => s,
             Stream::Unix(s) => s,
+            Stream::Tls(s) => s.socket_mut(),
         }
+    }
+
+    /// Bytes the connection owes the socket beyond its own output buffer: TLS records
+    /// (handshake flights, the tail of a reply) waiting for writability.
+    pub fn owes(&self) -> bool {
+        matches!(self, Stream::Tls(s) if s.wants_write())
+    }
+
+    /// A TLS session whose handshake has not completed.
+    pub fn handshaking(&self) -> bool {
+        matches!(self, Stream::Tls(s) if s.is_handshaking())
     }
 }
 
@@ -62,6 +76,7 @@ impl Read for Stream {
         match self {
             Stream::Tcp(s) => s.read(buf),
             Stream::Unix(s) => s.read(buf),
+            Stream::Tls(s) => s.read(buf),
         }
     }
 }
@@ -71,10 +86,16 @@ impl Write for Stream {
         match self {
             Stream::Tcp(s) => s.write(buf),
             Stream::Unix(s) => s.write(buf),
+            Stream::Tls(s) => s.write(buf),
         }
     }
+    /// Send what TLS still holds (a no-op for plain sockets); what the socket does not take
+    /// waits for writability ([`Stream::owes`]).
     fn flush(&mut self) -> io::Result<()> {
-        Ok(())
+        match self {
+            Stream::Tls(s) => s.flush(),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -108,6 +129,9 @@ pub struct Conn {
     pub accounted: usize,
     /// What the worker's buffer gauges (`stats`) last counted for this connection.
     pub gauged: crate::state::stats::Gauged,
+    /// When it was accepted (a TLS handshake must complete within
+    /// `-o ssl_handshake_timeout`).
+    pub accepted_at: std::time::Instant,
 }
 
 /// Where the bytes being parsed live.
@@ -139,6 +163,7 @@ impl Conn {
             eof: false,
             accounted: 0,
             gauged: Default::default(),
+            accepted_at: std::time::Instant::now(),
         }
     }
 
@@ -178,7 +203,7 @@ impl Conn {
                 return Drive::Close;
             }
             if self.session.close_after_write {
-                return if self.session.pending() == 0 {
+                return if self.session.pending() == 0 && !self.stream.owes() {
                     Drive::Close
                 } else {
                     Drive::Wait
@@ -231,7 +256,9 @@ impl Conn {
             }
             let source = match self.read(ctx) {
                 Ok(Received::Data(source, full)) => {
-                    drained = !full && !self.hangup;
+                    // A short read from TLS says nothing of the socket (rustls hands out
+                    // one record's plaintext at a time): read until it would block.
+                    drained = !full && !self.hangup && !matches!(self.stream, Stream::Tls(_));
                     source
                 }
                 Ok(Received::Eof) => {
@@ -242,7 +269,10 @@ impl Conn {
                     self.idle();
                     return Drive::Wait;
                 }
-                Err(_) => return Drive::Close,
+                Err(e) => {
+                    self.count_tls_failure(ctx, &e);
+                    return Drive::Close;
+                }
             };
             if let Source::Scratch(n) = source {
                 // Execute straight from the worker's buffer; keep only what is unfinished.
@@ -286,7 +316,7 @@ impl Conn {
     fn resting_state(&self) -> ConnState {
         if self.session.close_after_write || self.eof {
             ConnState::Closing
-        } else if self.session.pending() > 0 {
+        } else if self.session.pending() > 0 || self.stream.owes() {
             ConnState::MWrite
         } else if self.session.swallow > 0 {
             ConnState::Swallow
@@ -555,6 +585,28 @@ impl Conn {
         if s.out.capacity() > KEEP_CAPACITY.max(OUTPUT_HIGH_WATER) {
             s.out = Vec::new();
         }
-        Ok(())
+        // TLS records of the last write that the socket did not take yet.
+        self.stream.flush()
+    }
+
+    /// Count and log a TLS session that failed (memcached's `ssl_handshake_errors` and
+    /// `ssl_proto_errors`).
+    fn count_tls_failure(&self, ctx: &Ctx<'_>, e: &io::Error) {
+        let Stream::Tls(tls) = &self.stream else {
+            return;
+        };
+        let Some(failure) = tls.failure() else {
+            return;
+        };
+        let Some(server) = &ctx.shared.tls else {
+            return;
+        };
+        let (counter, what) = match failure {
+            kvtls::Failure::Handshake => (&server.counters.handshake_errors, "handshake"),
+            kvtls::Failure::Protocol => (&server.counters.proto_errors, "protocol"),
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        ctx.shared
+            .log(1, || format!("{}: TLS {what} error: {e}", self.info.addr));
     }
 }

@@ -8,25 +8,27 @@ use std::path::Path;
 
 use socket2::{Domain, Socket, Type};
 
-use crate::setup::config::Config;
+use kvtls::server::Peer;
 
-/// A listening socket.
+use crate::setup::config::{Config, ListenTls};
+
+/// A listening socket. A TCP listener carries its TLS policy (`None`: plaintext).
 pub enum Listener {
-    Tcp(std::net::TcpListener),
+    Tcp(std::net::TcpListener, Option<Peer>),
     Unix(std::os::unix::net::UnixListener),
 }
 
 impl Listener {
     pub fn try_clone(&self) -> io::Result<Listener> {
         Ok(match self {
-            Listener::Tcp(l) => Listener::Tcp(l.try_clone()?),
+            Listener::Tcp(l, tls) => Listener::Tcp(l.try_clone()?, *tls),
             Listener::Unix(l) => Listener::Unix(l.try_clone()?),
         })
     }
 
     pub fn describe(&self) -> String {
         match self {
-            Listener::Tcp(l) => match l.local_addr() {
+            Listener::Tcp(l, _) => match l.local_addr() {
                 Ok(a) => format!("tcp:{a}"),
                 Err(_) => "tcp:?".into(),
             },
@@ -43,7 +45,7 @@ impl Listener {
 
     pub fn fd(&self) -> i32 {
         match self {
-            Listener::Tcp(l) => l.as_raw_fd(),
+            Listener::Tcp(l, _) => l.as_raw_fd(),
             Listener::Unix(l) => l.as_raw_fd(),
         }
     }
@@ -66,8 +68,14 @@ pub fn bind_listeners(config: &Config) -> Result<Vec<Listener>, String> {
         if addrs.is_empty() {
             return Err(format!("{:?} resolves to no address", entry.host));
         }
+        let tls = match (config.ssl.enabled, entry.tls) {
+            (false, _) | (true, ListenTls::Plain) => None,
+            (true, ListenTls::Default) => Some(Peer::Default),
+            (true, ListenTls::NoPeer) => Some(Peer::Never),
+            (true, ListenTls::Peer) => Some(Peer::Require),
+        };
         for addr in addrs {
-            out.push(bind_tcp(addr, config.backlog)?);
+            out.push(bind_tcp(addr, config.backlog, tls)?);
         }
     }
     if out.is_empty() {
@@ -76,7 +84,7 @@ pub fn bind_listeners(config: &Config) -> Result<Vec<Listener>, String> {
     Ok(out)
 }
 
-fn bind_tcp(addr: SocketAddr, backlog: i32) -> Result<Listener, String> {
+fn bind_tcp(addr: SocketAddr, backlog: i32, tls: Option<Peer>) -> Result<Listener, String> {
     let fail = |e: io::Error| format!("failed to listen on TCP {addr}: {e}");
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None).map_err(fail)?;
     socket.set_reuse_address(true).map_err(fail)?;
@@ -86,7 +94,7 @@ fn bind_tcp(addr: SocketAddr, backlog: i32) -> Result<Listener, String> {
     socket.bind(&addr.into()).map_err(fail)?;
     socket.listen(backlog).map_err(fail)?;
     socket.set_nonblocking(true).map_err(fail)?;
-    Ok(Listener::Tcp(socket.into()))
+    Ok(Listener::Tcp(socket.into(), tls))
 }
 
 fn bind_unix(path: &Path, mask: u32, backlog: i32) -> Result<Listener, String> {

@@ -34,7 +34,8 @@ const ACCEPT_RETRY: Duration = Duration::from_millis(10);
 const WAKER: Token = Token(usize::MAX);
 
 enum MioListener {
-    Tcp(mio::net::TcpListener),
+    /// A TCP listener and its TLS policy (`None`: plaintext).
+    Tcp(mio::net::TcpListener, Option<kvtls::server::Peer>),
     Unix(mio::net::UnixListener),
 }
 
@@ -76,11 +77,11 @@ impl Worker {
         let mut mine = Vec::with_capacity(listeners.len());
         for (i, l) in listeners.into_iter().enumerate() {
             let mut ml = match l {
-                Listener::Tcp(l) => MioListener::Tcp(mio::net::TcpListener::from_std(l)),
+                Listener::Tcp(l, tls) => MioListener::Tcp(mio::net::TcpListener::from_std(l), tls),
                 Listener::Unix(l) => MioListener::Unix(mio::net::UnixListener::from_std(l)),
             };
             let source: &mut dyn mio::event::Source = match &mut ml {
-                MioListener::Tcp(l) => l,
+                MioListener::Tcp(l, _) => l,
                 MioListener::Unix(l) => l,
             };
             poll.registry()
@@ -133,10 +134,16 @@ impl Worker {
         let mut udp = crate::runtime::udp::Buffers::new();
         let mut last_sweep = Instant::now();
         let idle = self.shared.config.idle_timeout;
+        // TLS handshakes that never finish are closed by the same once-a-second sweep.
+        let handshake = if self.shared.tls.is_some() {
+            self.shared.config.ssl.handshake_timeout
+        } else {
+            None
+        };
         while !self.shared.shutting_down() {
             let mut timeout = if !self.ready.is_empty() || !self.udp_ready.is_empty() {
                 Some(Duration::ZERO)
-            } else if idle.is_some() {
+            } else if idle.is_some() || handshake.is_some() {
                 Some(Duration::from_secs(1))
             } else {
                 None
@@ -188,10 +195,15 @@ impl Worker {
                 self.accept_retry = None;
                 self.accept_all();
             }
-            if let Some(limit) = idle {
-                if last_sweep.elapsed() >= Duration::from_secs(1) {
-                    last_sweep = Instant::now();
+            if (idle.is_some() || handshake.is_some())
+                && last_sweep.elapsed() >= Duration::from_secs(1)
+            {
+                last_sweep = Instant::now();
+                if let Some(limit) = idle {
                     self.close_idle(limit);
+                }
+                if let Some(limit) = handshake {
+                    self.close_stalled_handshakes(limit);
                 }
             }
         }
@@ -237,7 +249,7 @@ impl Worker {
             return;
         };
         if drive != Drive::Close {
-            let want = conn.session.pending() > 0;
+            let want = conn.session.pending() > 0 || conn.stream.owes();
             if want != conn.write_interest {
                 let interest = if want {
                     Interest::READABLE | Interest::WRITABLE
@@ -303,13 +315,17 @@ impl Worker {
                 }
             }
             let accepted = match &self.listeners[index] {
-                MioListener::Tcp(l) => l.accept().map(|(s, addr)| {
+                MioListener::Tcp(l, tls) => l.accept().and_then(|(s, addr)| {
                     let _ = s.set_nodelay(true);
                     let listen = s
                         .local_addr()
                         .map(|a| format!("tcp:{a}"))
                         .unwrap_or_default();
-                    (Stream::Tcp(s), format!("tcp:{addr}"), listen)
+                    let stream = match tls {
+                        None => Stream::Tcp(s),
+                        Some(peer) => self.tls_stream(s, *peer)?,
+                    };
+                    Ok((stream, format!("tcp:{addr}"), listen))
                 }),
                 MioListener::Unix(l) => l.accept().map(|(s, _)| {
                     let path = s
@@ -380,10 +396,12 @@ impl Worker {
         if !reserved && count > shared.config.max_connections {
             shared.curr_conns.fetch_sub(1, Ordering::AcqRel);
             shared.rejected_conns.fetch_add(1, Ordering::Relaxed);
-            // Best effort: a fresh socket's send buffer takes this short line.
+            // Best effort: a fresh socket's send buffer takes this short line. A TLS client
+            // could not read it before a handshake: it is just closed.
             let _ = match &mut stream {
                 Stream::Tcp(s) => s.write(b"ERROR Too many open connections\r\n"),
                 Stream::Unix(s) => s.write(b"ERROR Too many open connections\r\n"),
+                Stream::Tls(_) => Ok(0),
             };
             return;
         }
@@ -412,6 +430,24 @@ impl Worker {
         shared.register(fd, ConnKind::Client, info.clone());
         shared.log(2, || format!("<{fd} new client connection"));
         self.conns[slot] = Some(Conn::new(stream, info));
+    }
+
+    /// A TLS session for a connection accepted on a TLS listener. (An error here is the
+    /// server's, not the peer's: the connection is dropped and the error logged.)
+    fn tls_stream(
+        &self,
+        sock: mio::net::TcpStream,
+        peer: kvtls::server::Peer,
+    ) -> io::Result<Stream> {
+        let tls = self
+            .shared
+            .tls
+            .as_ref()
+            .ok_or_else(|| io::Error::other("a TLS listener without TLS settings"))?;
+        let session = tls.accept(peer).map_err(io::Error::other)?;
+        let mut stream = kvtls::TlsStream::new(session, sock);
+        stream.set_write_chunk(self.shared.config.ssl.wbuf_size);
+        Ok(Stream::Tls(Box::new(stream)))
     }
 
     fn close(&mut self, slot: usize) {
@@ -458,6 +494,33 @@ impl Worker {
     }
 }
 
+impl Worker {
+    /// Close connections whose TLS handshake has not completed within `limit` (a client
+    /// that connects to a TLS port and never finishes, or never starts, its handshake).
+    fn close_stalled_handshakes(&mut self, limit: Duration) {
+        let stalled: Vec<usize> = self
+            .conns
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| {
+                let c = c.as_ref()?;
+                (c.stream.handshaking() && c.accepted_at.elapsed() >= limit).then_some(i)
+            })
+            .collect();
+        for slot in stalled {
+            if let Some(tls) = &self.shared.tls {
+                tls.counters
+                    .handshake_timeouts
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            self.shared.log(1, || {
+                "closing a connection whose TLS handshake stalled".into()
+            });
+            self.close(slot);
+        }
+    }
+}
+
 /// Whether an accept failed for want of descriptors (or of the memory for one).
 fn out_of_descriptors(e: &io::Error) -> bool {
     matches!(
@@ -470,5 +533,6 @@ fn stream_fd(s: &Stream) -> i32 {
     match s {
         Stream::Tcp(s) => s.as_raw_fd(),
         Stream::Unix(s) => s.as_raw_fd(),
+        Stream::Tls(s) => s.socket().as_raw_fd(),
     }
 }

@@ -15,7 +15,7 @@
 //! Options are handled in order, so `-h`, `-i` and `-V` win over anything after them and
 //! an error before them wins over them, as with memcached.
 
-use crate::setup::config::{Config, ListenAddr, MemoryLimit, ProtocolChoice};
+use crate::setup::config::{Config, ListenAddr, ListenTls, MemoryLimit, ProtocolChoice};
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
@@ -137,7 +137,19 @@ const OPTIONS: &[OptSpec] = &[
     ),
     spec(REPLICA_SERVE_STALE, "replica-serve-stale", HasArg::Required),
     spec(REPLICA_AUTH_MECH, "replica-auth-mech", HasArg::Required),
+    spec(REPLICA_TLS, "replica-tls", HasArg::No),
+    spec(REPLICA_TLS_CA, "replica-tls-ca", HasArg::Required),
+    spec(REPLICA_TLS_CERT, "replica-tls-cert", HasArg::Required),
+    spec(REPLICA_TLS_KEY, "replica-tls-key", HasArg::Required),
+    spec(REPLICA_TLS_NAME, "replica-tls-name", HasArg::Required),
 ];
+
+/// The option codes of `--replica-tls` and its settings (long form only).
+const REPLICA_TLS: u8 = 7;
+const REPLICA_TLS_CA: u8 = 8;
+const REPLICA_TLS_CERT: u8 = 9;
+const REPLICA_TLS_KEY: u8 = 10;
+const REPLICA_TLS_NAME: u8 = 11;
 
 /// The option code of `--replica-auth-mech` (long form only).
 const REPLICA_AUTH_MECH: u8 = 6;
@@ -438,14 +450,21 @@ fn memory_limit(spelling: &str, value: &str) -> Result<MemoryLimit, String> {
 }
 
 /// One `-l` entry: `[notls:|btls:|mtls:][proto[NAME]:][tag[NAME]:|tag_NAME_:]HOST[:PORT]`.
+/// (Whether a TLS prefix comes with `-Z` is checked once every option is read.)
 fn listen_entry(entry: &str, auth_file: bool) -> Result<ListenAddr, String> {
     let err = |why: &str| format!("invalid -l entry '{entry}': {why}");
     let mut p = entry;
-    for tls in ["notls", "btls", "mtls"] {
-        if p.starts_with(tls) {
-            return Err(err(&format!(
-                "the '{tls}' prefix needs TLS, which kvcached does not support"
-            )));
+    let mut tls = ListenTls::Default;
+    for (prefix, kind) in [
+        ("notls", ListenTls::Plain),
+        ("btls", ListenTls::NoPeer),
+        ("mtls", ListenTls::Peer),
+    ] {
+        if let Some(rest) = p.strip_prefix(prefix) {
+            // memcached skips the prefix and one separator after it.
+            p = rest.get(1..).unwrap_or("");
+            tls = kind;
+            break;
         }
     }
     let mut protocol = None;
@@ -538,6 +557,7 @@ fn listen_entry(entry: &str, auth_file: bool) -> Result<ListenAddr, String> {
         port,
         protocol,
         tag,
+        tls,
     })
 }
 
@@ -624,12 +644,7 @@ impl Builder {
                 }
             }
             b'A' => self.cfg.enable_shutdown = true,
-            b'Z' => {
-                return Err(format!(
-                    "{sp}: TLS is not supported by kvcached; terminate TLS in front of it \
-                     (for example with stunnel or a TLS proxy)"
-                ))
-            }
+            b'Z' => self.cfg.ssl.enabled = true,
             b'p' => {
                 self.cfg.tcp_port = int(sp, value, "a port number 0-65535 (0 turns TCP off)")?;
                 self.tcp_specified = true;
@@ -766,6 +781,33 @@ impl Builder {
                 self.cfg.replica_of = Some(value.to_string());
             }
             REPLICA_AUTH => self.cfg.replica_auth = Some(path()?),
+            REPLICA_TLS => {
+                self.cfg.replica_tls.get_or_insert_with(Default::default);
+            }
+            REPLICA_TLS_CA => {
+                self.cfg.replica_tls.get_or_insert_with(Default::default).ca = Some(path()?)
+            }
+            REPLICA_TLS_CERT => {
+                self.cfg
+                    .replica_tls
+                    .get_or_insert_with(Default::default)
+                    .cert = Some(path()?)
+            }
+            REPLICA_TLS_KEY => {
+                self.cfg
+                    .replica_tls
+                    .get_or_insert_with(Default::default)
+                    .key = Some(path()?)
+            }
+            REPLICA_TLS_NAME => {
+                if value.is_empty() {
+                    return Err(bad(sp, value, "the name in the master's certificate"));
+                }
+                self.cfg
+                    .replica_tls
+                    .get_or_insert_with(Default::default)
+                    .server_name = Some(value.to_string())
+            }
             MIN_REPLICAS => {
                 self.cfg.min_replicas = int_in(sp, value, 0, 1000, "a number of replicas 0-1000")?
             }
@@ -998,20 +1040,62 @@ impl Builder {
                 "ignoring memcached option {sp}: deprecated in memcached, no meaning in kvcached"
             )),
 
-            // TLS settings: accepted (they do nothing without -Z, which is refused).
-            "ssl_chain_cert" | "ssl_key" | "ssl_ciphers" | "ssl_ca_cert" => {
-                need(val)?;
-                self.tls_ignored(sp);
+            // TLS settings (they take effect with -Z).
+            "ssl_chain_cert" => self.cfg.ssl.settings.chain_cert = Some(need(val)?.into()),
+            "ssl_key" => self.cfg.ssl.settings.key = Some(need(val)?.into()),
+            "ssl_ca_cert" => self.cfg.ssl.settings.ca_cert = Some(need(val)?.into()),
+            "ssl_ciphers" => {
+                let list = need(val)?;
+                let all = kvtls::rustls::crypto::ring::default_provider().cipher_suites;
+                kvtls::server::tls12_suites(&list, &all)?;
+                self.cfg.ssl.settings.ciphers = Some(list);
             }
-            "ssl_verify_mode" | "ssl_min_version" => {
-                int_in::<u32>(sp, &need(val)?, 0, 3, "0, 1, 2 or 3")?;
-                self.tls_ignored(sp);
+            "ssl_verify_mode" => {
+                let n = int_in::<u32>(sp, &need(val)?, 0, 3, "0, 1, 2 or 3")?;
+                self.cfg.ssl.settings.verify_mode =
+                    kvtls::server::VerifyMode::from_number(n).unwrap_or_default();
             }
-            "ssl_keyformat" | "ssl_wbuf_size" => {
-                int::<u32>(sp, &need(val)?, "a whole number")?;
-                self.tls_ignored(sp);
+            "ssl_min_version" => {
+                let n = int_in::<u32>(sp, &need(val)?, 0, 3, "0, 1, 2 or 3")?;
+                self.cfg.ssl.settings.min_version = match n {
+                    3 => kvtls::server::MinVersion::Tls13,
+                    2 => kvtls::server::MinVersion::Tls12,
+                    _ => {
+                        return Err(format!(
+                            "{sp}={n}: kvcached speaks TLS 1.2 and 1.3 only (2 or 3); TLS 1.0 \
+                             and 1.1 are obsolete (RFC 8996)"
+                        ))
+                    }
+                };
             }
-            "ssl_session_cache" | "ssl_kernel_tls" => self.tls_ignored(sp),
+            "ssl_keyformat" => {
+                self.cfg.ssl.settings.key_format = match int::<u32>(sp, &need(val)?, "1 or 2")? {
+                    1 => kvtls::server::KeyFormat::Pem,
+                    2 => kvtls::server::KeyFormat::Der,
+                    _ => {
+                        return Err(format!(
+                            "{sp}: kvcached reads PEM (1) or DER (2) keys; OpenSSL engines \
+                             (3) are not supported"
+                        ))
+                    }
+                };
+            }
+            "ssl_wbuf_size" => {
+                let kib = int_in::<u32>(sp, &need(val)?, 1, 1 << 20, "a size in KiB, 1 or more")?;
+                self.cfg.ssl.wbuf_size = kib as usize * 1024;
+            }
+            "ssl_session_cache" => self.cfg.ssl.settings.session_cache = true,
+            "ssl_kernel_tls" => {
+                // What memcached says when its OpenSSL cannot offload to the kernel.
+                return Err(format!(
+                    "{sp}: Kernel TLS offload is not available (kvcached's TLS is rustls, \
+                     in user space)"
+                ));
+            }
+            "ssl_handshake_timeout" => {
+                let secs: u64 = int(sp, &need(val)?, "a number of seconds (0: never)")?;
+                self.cfg.ssl.handshake_timeout = (secs > 0).then(|| Duration::from_secs(secs));
+            }
 
             "proxy_config" => {
                 return Err(format!(
@@ -1045,12 +1129,6 @@ impl Builder {
             }
         }
         Ok(())
-    }
-
-    fn tls_ignored(&mut self, sp: &str) {
-        self.note(format!(
-            "ignoring memcached option {sp}: kvcached does not support TLS"
-        ));
     }
 
     fn ext_ignored(&mut self, sp: &str) {
@@ -1148,6 +1226,36 @@ impl Builder {
                 cfg.item_size_max, self.ext_wbuf_size
             ));
         }
+        for l in &cfg.listeners {
+            let prefix = match l.tls {
+                ListenTls::Default => continue,
+                ListenTls::Plain => "notls",
+                ListenTls::NoPeer => "btls",
+                ListenTls::Peer => "mtls",
+            };
+            if !cfg.ssl.enabled {
+                return Err(format!(
+                    "-l: the '{prefix}' prefix is valid only when TLS is enabled (-Z)"
+                ));
+            }
+        }
+        if cfg.ssl.enabled {
+            if cfg.tcp_port == 0 && cfg.listeners.iter().all(|l| l.port.is_none()) {
+                return Err("-Z: You cannot enable SSL without a TCP port.".into());
+            }
+            if cfg.unix_socket.is_some() {
+                return Err(
+                    "-Z: TLS is for TCP listeners; -s (a unix socket) turns TCP off".into(),
+                );
+            }
+            if cfg.ssl.settings.chain_cert.is_none() {
+                return Err(
+                    "-Z: TLS needs the server's certificate: -o ssl_chain_cert=FILE \
+                            (and ssl_key=FILE unless the key is in the same file)"
+                        .into(),
+                );
+            }
+        }
         if cfg.sasl && cfg.auth_file.is_some() {
             return Err("-S (SASL, binary protocol) and -Y (ASCII authentication) \
                         cannot be used together"
@@ -1222,6 +1330,22 @@ Network
   -c, --conn-limit=N          most simultaneous connections (default {conns})
   -B, --protocol=NAME         auto, ascii or binary (default auto)
 
+TLS (as memcached's; rustls, no OpenSSL)
+  -Z, --enable-ssl            serve TLS on every TCP listener; an -l entry prefixed
+                              notls: stays plaintext, btls: never asks for a client
+                              certificate, mtls: requires one
+  -o ssl_chain_cert=FILE      the server's certificate chain (PEM)
+  -o ssl_key=FILE             its private key (default: in the chain file)
+  -o ssl_keyformat=N          1 PEM (default), 2 DER
+  -o ssl_ca_cert=FILE         CAs (PEM) client certificates must chain to
+  -o ssl_verify_mode=N        client certificates: 0 none (default), 1 request,
+                              2 require, 3 once (as 2)
+  -o ssl_min_version=N        2 TLS 1.2 (default), 3 TLS 1.3
+  -o ssl_ciphers=LIST         OpenSSL cipher list restricting the TLS 1.2 suites
+  -o ssl_session_cache        allow session resumption (server-side cache)
+  -o ssl_wbuf_size=KB         most reply bytes encrypted per write (default 16)
+  The refresh_certs command re-reads the files without a restart.
+
 Memory and items
   -m, --memory-limit=MB       item memory in megabytes, or auto to size to the memory
                               the machine or container has (default {mb})
@@ -1274,6 +1398,13 @@ Replication (kvcached's own)
       --replica-serve-stale=yes|no
                               a replica whose link is down or that is in a full sync
                               answers reads (yes, default) or refuses them (no)
+      --replica-tls           connect to the master over TLS, checking its certificate
+      --replica-tls-ca=FILE   the CA (PEM) the master's certificate chains to
+      --replica-tls-cert=FILE, --replica-tls-key=FILE
+                              a client certificate and key, for a master that requires
+                              one (ssl_verify_mode 2 or 3, an mtls: listener)
+      --replica-tls-name=NAME the name the master's certificate must carry (default:
+                              the host in --replica-of)
 
 Extended options: -o, --extended=OPT[,OPT=VALUE...]
   idle_timeout=SECONDS        close connections idle this long; 0 never (default 0)
@@ -1289,6 +1420,9 @@ Extended options: -o, --extended=OPT[,OPT=VALUE...]
                               memcached_exporter's names plus kvcached_* (off by default)
   engine=log                  the item store: the segmented log (the only one;
                               accepted so older command lines still work)
+  ssl_handshake_timeout=SECONDS
+                              with -Z: close a connection whose TLS handshake has not
+                              completed after SECONDS (kvcached's own; default 10; 0 never)
   debug_clock                 TESTS ONLY: enable the debugtime command, which moves the
                               server clock. Never use in production.
 
@@ -1301,10 +1435,11 @@ Accepted for compatibility and ignored (logged at startup):
   lru_maintainer, hot_lru_pct, warm_lru_pct, hot_max_factor, warm_max_factor,
   temporary_ttl, watcher_logbuf_size, worker_logbuf_size, resp_obj_mem_limit, track_sizes, inline_ascii_resp, modern, no_modern,
   drop_privileges, relaxed_privileges, sock_cookie_id, proxy_arg, proxy_uring,
-  proxy_memprofile, ssl_* (TLS settings) and ext_* (extstore settings); most have a
-  no_ form. Their values are still checked as memcached checks them.
+  proxy_memprofile and ext_* (extstore settings); most have a no_ form. Their values
+  are still checked as memcached checks them.
 
-Refused: -Z, --enable-ssl (kvcached has no TLS) and -o proxy_config (no proxy mode).
+Refused: -o proxy_config (no proxy mode), -o ssl_kernel_tls (TLS is in user space),
+  ssl_min_version 0 and 1 (TLS 1.0 and 1.1), ssl_keyformat 3 (OpenSSL engines).
 ",
         tcp_port = d.tcp_port,
         udp_port = d.udp_port,
@@ -1332,6 +1467,7 @@ pub fn license_text() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     fn parse_strs(args: &[&str]) -> Result<Action, String> {
         parse(args.iter().map(OsString::from))
@@ -1711,8 +1847,8 @@ mod tests {
             (&["-l", "[::1"], "closing ]"),
             (&["-l", "[::1]x"], "after the ]"),
             (&["-l", ":11211"], "no host"),
-            (&["-l", "notls:127.0.0.1"], "TLS"),
-            (&["-l", "mtls:127.0.0.1"], "TLS"),
+            (&["-l", "notls:127.0.0.1"], "only when TLS is enabled"),
+            (&["-l", "mtls:127.0.0.1"], "only when TLS is enabled"),
             (&["-l", "proto[foo]:127.0.0.1"], "unknown protocol"),
             (&["-l", "proto[proxy]:127.0.0.1"], "proxy"),
             (&["-l", "proto[ascii:127.0.0.1"], "closing ]"),
@@ -1720,9 +1856,28 @@ mod tests {
             (&["-l", "tag[]:127.0.0.1"], "1 to 8"),
             (&["-Y", "/a", "-l", "proto[binary]:127.0.0.1"], "-Y"),
             // TLS, proxy.
-            (&["-Z"], "TLS is not supported"),
-            (&["--enable-ssl"], "TLS is not supported"),
-            (&["-dZ"], "TLS is not supported"),
+            (&["-Z"], "ssl_chain_cert"),
+            (&["--enable-ssl"], "ssl_chain_cert"),
+            (
+                &["-Z", "-o", "ssl_chain_cert=/c", "-s", "/tmp/s"],
+                "unix socket",
+            ),
+            (
+                &["-Z", "-o", "ssl_chain_cert=/c", "-p", "0"],
+                "without a TCP port",
+            ),
+            (&["-o", "ssl_min_version=1"], "TLS 1.2 and 1.3 only"),
+            (&["-o", "ssl_min_version=4"], "0, 1, 2 or 3"),
+            (&["-o", "ssl_keyformat=3"], "engines"),
+            (
+                &["-o", "ssl_kernel_tls"],
+                "Kernel TLS offload is not available",
+            ),
+            (
+                &["-o", "ssl_ciphers=RC4-MD5"],
+                "Error setting the provided cipher(s)",
+            ),
+            (&["-o", "ssl_wbuf_size=0"], "KiB"),
             (&["-o", "proxy_config=/etc/proxy.lua"], "proxy"),
             // SASL and ASCII auth interplay.
             (&["-S", "-B", "ascii"], "SASL"),
@@ -1816,7 +1971,6 @@ mod tests {
             (&["-o", "modern"], "-o modern"),
             (&["-o", "relaxed_privileges"], "-o relaxed_privileges"),
             (&["-o", "resp_obj_mem_limit=5"], "deprecated"),
-            (&["-o", "ssl_chain_cert=/a.pem"], "TLS"),
             (&["-o", "ext_path=/mnt/ext:64g"], "extstore"),
             (&["-t", "65"], "not recommended"),
             (&["stray"], "ignoring extra argument 'stray'"),
@@ -1890,8 +2044,9 @@ mod tests {
             "ssl_ca_cert=/ca",
             "ssl_wbuf_size=16",
             "ssl_session_cache",
-            "ssl_kernel_tls",
             "ssl_min_version=2",
+            "ssl_min_version=3",
+            "ssl_handshake_timeout=5",
             "proxy_arg=/x",
             "proxy_uring",
             "proxy_memprofile",
@@ -1919,6 +2074,50 @@ mod tests {
         run(&["-o", "no_modern"]).unwrap();
     }
 
+    #[test]
+    fn tls_options_and_listener_prefixes() {
+        let c = cfg(&[
+            "-Z",
+            "-o",
+            "ssl_chain_cert=/c.pem,ssl_key=/k.pem,ssl_ca_cert=/ca.pem,ssl_verify_mode=3",
+            "-o",
+            "ssl_min_version=3,ssl_session_cache,ssl_wbuf_size=8,ssl_keyformat=2",
+            "-o",
+            "ssl_ciphers=ECDHE-RSA-AES128-GCM-SHA256,ssl_handshake_timeout=0",
+            "-l",
+            "notls:127.0.0.1:1,btls:127.0.0.1:2,mtls:127.0.0.1:3,127.0.0.1",
+            "--replica-tls-ca",
+            "/ca.pem",
+            "--replica-tls-name",
+            "master.example",
+        ]);
+        let s = &c.ssl;
+        assert!(s.enabled);
+        assert_eq!(s.settings.chain_cert.as_deref(), Some(Path::new("/c.pem")));
+        assert_eq!(s.settings.key.as_deref(), Some(Path::new("/k.pem")));
+        assert_eq!(s.settings.ca_cert.as_deref(), Some(Path::new("/ca.pem")));
+        assert_eq!(s.settings.verify_mode, kvtls::server::VerifyMode::Once);
+        assert_eq!(s.settings.min_version, kvtls::server::MinVersion::Tls13);
+        assert_eq!(s.settings.key_format, kvtls::server::KeyFormat::Der);
+        assert!(s.settings.session_cache);
+        assert_eq!(s.wbuf_size, 8 * 1024);
+        assert_eq!(s.handshake_timeout, None);
+        let tls: Vec<_> = c.listeners.iter().map(|l| (l.port, l.tls)).collect();
+        assert_eq!(
+            tls,
+            [
+                (Some(1), ListenTls::Plain),
+                (Some(2), ListenTls::NoPeer),
+                (Some(3), ListenTls::Peer),
+                (None, ListenTls::Default)
+            ]
+        );
+        let r = c.replica_tls.expect("replica TLS");
+        assert_eq!(r.ca.as_deref(), Some(Path::new("/ca.pem")));
+        assert_eq!(r.server_name.as_deref(), Some("master.example"));
+        assert!(cfg(&[]).replica_tls.is_none());
+    }
+
     /// Every long option of memcached's table is spelled the same way.
     #[test]
     fn every_long_option_is_known() {
@@ -1940,6 +2139,7 @@ mod tests {
                 MIN_REPLICAS | MIN_REPLICAS_MAX_LAG => "1",
                 REPLICA_SERVE_STALE => "no",
                 REPLICA_AUTH_MECH => "sasl",
+                REPLICA_TLS_CA | REPLICA_TLS_CERT | REPLICA_TLS_KEY => "/etc/kvcached/x.pem",
                 _ => "x",
             };
             let mut args = vec![flag.clone()];
@@ -1948,7 +2148,8 @@ mod tests {
             }
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
             match (o.short, parse_strs(&args)) {
-                (b'Z', Err(e)) => assert!(e.contains("TLS"), "{e}"),
+                // -Z alone: no certificate to serve.
+                (b'Z', Err(e)) => assert!(e.contains("ssl_chain_cert"), "{e}"),
                 (b'h' | b'i', Ok(Action::Help(_))) | (b'V', Ok(Action::Version)) => {}
                 (_, Ok(Action::Run { .. })) => {}
                 (_, other) => panic!("{flag}: {other:?}"),

@@ -38,6 +38,48 @@ pub struct ListenAddr {
     pub protocol: Option<ProtocolChoice>,
     /// A `tag[NAME]:` (or `tag_NAME_:`) prefix: 1 to 8 bytes naming the listener.
     pub tag: Option<String>,
+    /// A `notls:`, `btls:` or `mtls:` prefix (with `-Z`).
+    pub tls: ListenTls,
+}
+
+/// What a TCP listener does about TLS when `-Z` is given (memcached's `-l` prefixes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ListenTls {
+    /// TLS with `ssl_verify_mode`'s client-certificate policy (no prefix).
+    #[default]
+    Default,
+    /// `notls:`: plaintext on this listener.
+    Plain,
+    /// `btls:`: TLS, never asking for a client certificate.
+    NoPeer,
+    /// `mtls:`: TLS, requiring a client certificate.
+    Peer,
+}
+
+/// TLS settings (`-Z` and `-o ssl_*`), kept whether or not `-Z` is given, as memcached
+/// keeps them (and prints them in `stats settings`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SslConfig {
+    /// `-Z`/`--enable-ssl`.
+    pub enabled: bool,
+    /// Files, verification, versions, ciphers, session cache.
+    pub settings: kvtls::server::Settings,
+    /// `ssl_wbuf_size` (given in KiB): the most plaintext handed to TLS per write.
+    pub wbuf_size: usize,
+    /// Close a connection whose TLS handshake has not completed after this long
+    /// (`-o ssl_handshake_timeout=SECONDS`, kvcached's own; 0: never).
+    pub handshake_timeout: Option<Duration>,
+}
+
+impl Default for SslConfig {
+    fn default() -> Self {
+        SslConfig {
+            enabled: false,
+            settings: kvtls::server::Settings::default(),
+            wbuf_size: 16 * 1024,
+            handshake_timeout: Some(Duration::from_secs(10)),
+        }
+    }
 }
 
 impl ListenAddr {
@@ -48,6 +90,7 @@ impl ListenAddr {
             port: None,
             protocol: None,
             tag: None,
+            tls: ListenTls::Default,
         }
     }
 
@@ -163,6 +206,10 @@ pub struct Config {
     /// A replica answers reads while its link is down or it is in a full sync
     /// (`--replica-serve-stale yes|no`, default yes).
     pub replica_serve_stale: bool,
+    /// TLS (`-Z`, `-o ssl_*`).
+    pub ssl: SslConfig,
+    /// Connect to the master over TLS (`--replica-tls`, `--replica-tls-ca`, ...).
+    pub replica_tls: Option<kvtls::client::Settings>,
 }
 
 impl Default for Config {
@@ -210,6 +257,8 @@ impl Default for Config {
             min_replicas: 0,
             min_replicas_max_lag: Duration::from_secs(10),
             replica_serve_stale: true,
+            ssl: SslConfig::default(),
+            replica_tls: None,
         }
     }
 }

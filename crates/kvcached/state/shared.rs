@@ -27,6 +27,10 @@ pub struct Shared {
     pub auth: Auth,
     /// Replication (role, the puller, the replicas pulling from here).
     pub repl: Replication,
+    /// TLS (`-Z`): the configurations connections are accepted with, and the counters.
+    pub tls: Option<kvtls::server::ServerTls>,
+    /// Server time of the last successful certificate load (`time_since_server_cert_refresh`).
+    pub cert_loaded_at: std::sync::atomic::AtomicU32,
     /// SIGUSR1 asked for a graceful stop: with `-e`, save a snapshot for a warm restart.
     save_on_exit: AtomicBool,
     pub verbosity: AtomicU8,
@@ -55,6 +59,7 @@ impl Shared {
         engine: LogEngine,
         auth: Auth,
         worker_stats: Vec<Arc<WorkerStats>>,
+        tls: Option<kvtls::server::ServerTls>,
     ) -> Shared {
         Shared {
             limits: Limits {
@@ -64,6 +69,8 @@ impl Shared {
             },
             auth,
             repl: Replication::new(),
+            tls,
+            cert_loaded_at: std::sync::atomic::AtomicU32::new(0),
             save_on_exit: AtomicBool::new(false),
             verbosity: AtomicU8::new(config.verbose),
             engine,

@@ -546,7 +546,7 @@ fn parse_other<'a>(buf: &'a [u8], line: &'a [u8], content: &'a [u8], limits: &Li
                     _ => fail(INVALID_SHUTDOWN_MODE, noreply, len, 0),
                 };
             }
-            b"slabs" | b"lru" | b"lru_crawler" | b"extstore" | b"misbehave" => {
+            b"slabs" | b"lru" | b"lru_crawler" | b"extstore" | b"misbehave" | b"refresh_certs" => {
                 return ok(Request::Admin { name, args });
             }
             b"debugtime" => {

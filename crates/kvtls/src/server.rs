@@ -1,0 +1,539 @@
+//! The server's TLS settings as memcached spells them (`-o ssl_*`), the rustls configurations
+//! built from them, and their reload (`refresh_certs`).
+//!
+//! memcached keeps one OpenSSL context for the process and lets a listener override peer
+//! verification (`btls:` never asks for a client certificate, `mtls:` requires one). Here
+//! each of those three policies is its own rustls `ServerConfig`, built from the same files;
+//! [`ServerTls::refresh`] rebuilds all three and swaps them in, so connections accepted
+//! afterwards use the new certificates and established ones keep theirs.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::{NoServerSessionStorage, ServerSessionMemoryCache, StoresServerSessions};
+use rustls::server::{ServerConfig, ServerConnection, WebPkiClientVerifier};
+use rustls::RootCertStore;
+
+/// memcached's `ssl_verify_mode`: whether and how client certificates are checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum VerifyMode {
+    /// 0: no client certificate is asked for.
+    #[default]
+    None,
+    /// 1: one is asked for and checked if given; clients without one are served.
+    Request,
+    /// 2: one is required.
+    Require,
+    /// 3: one is required (OpenSSL's "once" only matters on renegotiation, which neither
+    /// memcached nor rustls allows).
+    Once,
+}
+
+impl VerifyMode {
+    /// From memcached's number (0-3).
+    pub fn from_number(n: u32) -> Option<VerifyMode> {
+        Some(match n {
+            0 => VerifyMode::None,
+            1 => VerifyMode::Request,
+            2 => VerifyMode::Require,
+            3 => VerifyMode::Once,
+            _ => return None,
+        })
+    }
+
+    /// memcached's number, as `stats settings` prints it.
+    pub fn number(self) -> u32 {
+        match self {
+            VerifyMode::None => 0,
+            VerifyMode::Request => 1,
+            VerifyMode::Require => 2,
+            VerifyMode::Once => 3,
+        }
+    }
+
+    /// The value of OpenSSL's flags memcached prints in `stats settings` (`ssl_verify_mode`):
+    /// SSL_VERIFY_PEER 1, FAIL_IF_NO_PEER_CERT 2, CLIENT_ONCE 4.
+    pub fn openssl_flags(self) -> u32 {
+        match self {
+            VerifyMode::None => 0,
+            VerifyMode::Request => 1,
+            VerifyMode::Require => 3,
+            VerifyMode::Once => 7,
+        }
+    }
+}
+
+/// The oldest protocol version accepted (`ssl_min_version`). rustls speaks TLS 1.2 and 1.3
+/// only; memcached's 0 (TLS 1.0) and 1 (TLS 1.1) are refused by the option parser.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MinVersion {
+    #[default]
+    Tls12,
+    Tls13,
+}
+
+impl MinVersion {
+    /// As memcached names it in `stats settings`.
+    pub fn name(self) -> &'static str {
+        match self {
+            MinVersion::Tls12 => "tlsv1.2",
+            MinVersion::Tls13 => "tlsv1.3",
+        }
+    }
+}
+
+/// How the private key file is encoded (`ssl_keyformat`: OpenSSL's SSL_FILETYPE_PEM 1 or
+/// SSL_FILETYPE_ASN1 2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KeyFormat {
+    #[default]
+    Pem,
+    Der,
+}
+
+/// The TLS settings (`-o ssl_*`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Settings {
+    /// `ssl_chain_cert`: the server's certificate chain, PEM.
+    pub chain_cert: Option<PathBuf>,
+    /// `ssl_key`: its private key (the chain file when not given, as in memcached).
+    pub key: Option<PathBuf>,
+    pub key_format: KeyFormat,
+    /// `ssl_ca_cert`: the CAs client certificates must chain to, PEM.
+    pub ca_cert: Option<PathBuf>,
+    pub verify_mode: VerifyMode,
+    pub min_version: MinVersion,
+    /// `ssl_ciphers`: an OpenSSL cipher list; restricts TLS 1.2 suites (as OpenSSL's
+    /// cipher list does; TLS 1.3 suites are always offered).
+    pub ciphers: Option<String>,
+    /// `ssl_session_cache`: resumption with a server-side session cache.
+    pub session_cache: bool,
+}
+
+/// A listener's peer-verification policy (`-l` prefixes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Peer {
+    /// As `ssl_verify_mode` says.
+    Default,
+    /// `btls:`: never ask for a client certificate.
+    Never,
+    /// `mtls:`: require one.
+    Require,
+}
+
+/// The certificates and key read from the files.
+pub struct Material {
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    roots: Option<Arc<RootCertStore>>,
+}
+
+/// The crypto provider: ring (no C toolchain beyond `cc`, no OpenSSL).
+pub fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Read a PEM certificate list (at least one certificate).
+pub fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs: Result<Vec<_>, _> = CertificateDer::pem_file_iter(path)
+        .map_err(|e| pem_error(path, e))?
+        .collect();
+    let certs = certs.map_err(|e| pem_error(path, e))?;
+    if certs.is_empty() {
+        return Err(format!(
+            "{}: no PEM certificate in the file",
+            path.display()
+        ));
+    }
+    Ok(certs)
+}
+
+fn pem_error(path: &Path, e: rustls::pki_types::pem::Error) -> String {
+    match e {
+        rustls::pki_types::pem::Error::Io(e) => format!("{}: {e}", path.display()),
+        other => format!("{}: {other:?}", path.display()),
+    }
+}
+
+fn read_key(path: &Path, format: KeyFormat) -> Result<PrivateKeyDer<'static>, String> {
+    match format {
+        KeyFormat::Pem => PrivateKeyDer::from_pem_file(path).map_err(|e| pem_error(path, e)),
+        KeyFormat::Der => {
+            let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            PrivateKeyDer::try_from(bytes)
+                .map_err(|e| format!("{}: not a DER private key: {e}", path.display()))
+        }
+    }
+}
+
+/// Read the files the settings name, with memcached's messages for what fails.
+pub fn load(settings: &Settings) -> Result<Material, String> {
+    let chain_path = settings
+        .chain_cert
+        .as_deref()
+        .ok_or("Error loading the certificate chain: ssl_chain_cert is not set")?;
+    let chain = read_certs(chain_path).map_err(|e| {
+        format!(
+            "Error loading the certificate chain: {} : {e}",
+            chain_path.display()
+        )
+    })?;
+    let key_path = settings.key.as_deref().unwrap_or(chain_path);
+    let key = read_key(key_path, settings.key_format)
+        .map_err(|e| format!("Error loading the key: {} : {e}", key_path.display()))?;
+    let roots = match &settings.ca_cert {
+        None => None,
+        Some(path) => {
+            let fail =
+                |e: String| format!("Error loading the CA certificate: {} : {e}", path.display());
+            let mut store = RootCertStore::empty();
+            for cert in read_certs(path).map_err(fail)? {
+                store
+                    .add(cert)
+                    .map_err(|e| fail(format!("not a usable CA certificate: {e}")))?;
+            }
+            Some(Arc::new(store))
+        }
+    };
+    Ok(Material { chain, key, roots })
+}
+
+/// The TLS 1.2 suites an OpenSSL cipher list keeps. Names are OpenSSL's
+/// (`ECDHE-RSA-AES128-GCM-SHA256`) or IANA's (`TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256`);
+/// `ALL`, `HIGH`, `DEFAULT`, `ECDHE`, `AESGCM`, `CHACHA20` keep every suite rustls has;
+/// exclusions (`!x`, `-x`) and strength keywords are ignored. An error when nothing is kept,
+/// as OpenSSL fails when no cipher matches.
+pub fn tls12_suites(
+    list: &str,
+    all: &[rustls::SupportedCipherSuite],
+) -> Result<Vec<rustls::SupportedCipherSuite>, String> {
+    let mut keep: Vec<rustls::SupportedCipherSuite> = Vec::new();
+    let mut add = |s: rustls::SupportedCipherSuite| {
+        if !keep.iter().any(|k| k.suite() == s.suite()) {
+            keep.push(s);
+        }
+    };
+    for token in list.split([':', ',', ' ']).filter(|t| !t.is_empty()) {
+        if token.starts_with(['!', '-', '+', '@']) {
+            continue;
+        }
+        let upper = token.to_ascii_uppercase();
+        let everything = matches!(
+            upper.as_str(),
+            "ALL" | "HIGH" | "DEFAULT" | "ECDHE" | "EECDH" | "AESGCM" | "CHACHA20" | "TLSV1.2"
+        );
+        for s in all
+            .iter()
+            .filter(|s| s.version() == &rustls::version::TLS12)
+        {
+            let iana = format!("{:?}", s.suite());
+            if everything || iana == upper || openssl_name(&iana).as_deref() == Some(&upper) {
+                add(*s);
+            }
+        }
+    }
+    if keep.is_empty() {
+        return Err(format!("Error setting the provided cipher(s): {list}"));
+    }
+    Ok(keep)
+}
+
+/// OpenSSL's name of a TLS 1.2 ECDHE suite from its IANA name:
+/// `TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256` → `ECDHE-RSA-AES128-GCM-SHA256`.
+fn openssl_name(iana: &str) -> Option<String> {
+    let rest = iana.strip_prefix("TLS_ECDHE_")?;
+    let (auth, cipher) = rest.split_once("_WITH_")?;
+    let cipher = cipher
+        .replace("AES_128_", "AES128-")
+        .replace("AES_256_", "AES256-")
+        .replace("CHACHA20_POLY1305_SHA256", "CHACHA20-POLY1305")
+        .replace('_', "-");
+    Some(format!("ECDHE-{auth}-{cipher}"))
+}
+
+/// Build the configuration for one peer policy from what was read.
+pub fn build(
+    material: &Material,
+    settings: &Settings,
+    peer: Peer,
+    sessions: Arc<dyn StoresServerSessions>,
+) -> Result<Arc<ServerConfig>, String> {
+    let mut provider = rustls::crypto::ring::default_provider();
+    if let Some(list) = &settings.ciphers {
+        let tls12 = tls12_suites(list, &provider.cipher_suites)?;
+        provider
+            .cipher_suites
+            .retain(|s| s.version() == &rustls::version::TLS13 || tls12.contains(s));
+    }
+    let versions: &[&rustls::SupportedProtocolVersion] = match settings.min_version {
+        MinVersion::Tls12 => &[&rustls::version::TLS13, &rustls::version::TLS12],
+        MinVersion::Tls13 => &[&rustls::version::TLS13],
+    };
+    let provider = Arc::new(provider);
+    let builder = ServerConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(versions)
+        .map_err(|e| format!("TLS settings: {e}"))?;
+    let verify = match peer {
+        Peer::Never => VerifyMode::None,
+        Peer::Require => VerifyMode::Require,
+        Peer::Default => settings.verify_mode,
+    };
+    let builder = match verify {
+        VerifyMode::None => builder.with_no_client_auth(),
+        mode => {
+            let roots = material.roots.clone().ok_or_else(|| {
+                "verifying client certificates (ssl_verify_mode 1-3 or an mtls: listener) \
+                 needs ssl_ca_cert"
+                    .to_string()
+            })?;
+            let mut v = WebPkiClientVerifier::builder_with_provider(roots, provider);
+            if mode == VerifyMode::Request {
+                v = v.allow_unauthenticated();
+            }
+            let verifier = v
+                .build()
+                .map_err(|e| format!("Error loading the CA certificate: {e}"))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut config = builder
+        .with_single_cert(material.chain.clone(), material.key.clone_key())
+        .map_err(|e| format!("Error validating the certificate: {e}"))?;
+    config.session_storage = sessions;
+    if !settings.session_cache {
+        // No resumption at all, as memcached with its session cache off.
+        config.send_tls13_tickets = 0;
+    }
+    // memcached refuses renegotiation; rustls never does it. Nothing to set.
+    Ok(Arc::new(config))
+}
+
+/// Build one configuration straight from DER (tests and fuzzing).
+pub fn config_from_der(
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    settings: &Settings,
+    peer: Peer,
+) -> Result<Arc<ServerConfig>, String> {
+    let material = Material {
+        chain,
+        key,
+        roots: None,
+    };
+    build(
+        &material,
+        settings,
+        peer,
+        Arc::new(NoServerSessionStorage {}),
+    )
+}
+
+/// memcached's TLS counters (`stats`: `ssl_handshake_errors`, `ssl_proto_errors`,
+/// `ssl_new_sessions`) and kvcached's own (`ssl_handshake_timeouts`).
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub handshake_errors: AtomicU64,
+    pub proto_errors: AtomicU64,
+    pub new_sessions: AtomicU64,
+    pub handshake_timeouts: AtomicU64,
+}
+
+/// The server-side session cache, counting the sessions it stores (`ssl_new_sessions`).
+struct CountingCache {
+    inner: Arc<ServerSessionMemoryCache>,
+    counters: Arc<Counters>,
+}
+
+impl fmt::Debug for CountingCache {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("CountingCache")
+    }
+}
+
+impl StoresServerSessions for CountingCache {
+    fn put(&self, key: Vec<u8>, value: Vec<u8>) -> bool {
+        let stored = self.inner.put(key, value);
+        if stored {
+            self.counters.new_sessions.fetch_add(1, Ordering::Relaxed);
+        }
+        stored
+    }
+    fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
+        self.inner.get(key)
+    }
+    fn take(&self, key: &[u8]) -> Option<Vec<u8>> {
+        self.inner.take(key)
+    }
+    fn can_cache(&self) -> bool {
+        self.inner.can_cache()
+    }
+}
+
+/// Sessions OpenSSL's server cache holds by default (SSL_SESSION_CACHE_MAX_SIZE_DEFAULT).
+const SESSION_CACHE_SIZE: usize = 20 * 1024;
+
+/// The configurations in use, one per peer policy (`None`: that policy cannot be built, such
+/// as `Require` without a CA; no listener uses it, the server checked at startup).
+struct Configs {
+    default: Arc<ServerConfig>,
+    never: Option<Arc<ServerConfig>>,
+    require: Option<Arc<ServerConfig>>,
+}
+
+/// The server's TLS: its settings, the configurations built from them, the counters.
+pub struct ServerTls {
+    settings: Settings,
+    configs: RwLock<Configs>,
+    sessions: Arc<dyn StoresServerSessions>,
+    pub counters: Arc<Counters>,
+}
+
+impl ServerTls {
+    /// Read the files and build every configuration; the error is memcached's message.
+    pub fn new(settings: Settings) -> Result<ServerTls, String> {
+        let counters = Arc::new(Counters::default());
+        let sessions: Arc<dyn StoresServerSessions> = if settings.session_cache {
+            Arc::new(CountingCache {
+                inner: ServerSessionMemoryCache::new(SESSION_CACHE_SIZE),
+                counters: counters.clone(),
+            })
+        } else {
+            Arc::new(NoServerSessionStorage {})
+        };
+        let configs = Self::configs(&settings, &sessions)?;
+        Ok(ServerTls {
+            settings,
+            configs: RwLock::new(configs),
+            sessions,
+            counters,
+        })
+    }
+
+    fn configs(
+        settings: &Settings,
+        sessions: &Arc<dyn StoresServerSessions>,
+    ) -> Result<Configs, String> {
+        let material = load(settings)?;
+        let default = build(&material, settings, Peer::Default, sessions.clone())?;
+        let never = build(&material, settings, Peer::Never, sessions.clone()).ok();
+        let require = build(&material, settings, Peer::Require, sessions.clone()).ok();
+        Ok(Configs {
+            default,
+            never,
+            require,
+        })
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// Whether a listener with this policy can be served (checked at startup).
+    pub fn supports(&self, peer: Peer) -> Result<(), String> {
+        let configs = self.configs.read().map_err(|_| "TLS state poisoned")?;
+        let ok = match peer {
+            Peer::Default => true,
+            Peer::Never => configs.never.is_some(),
+            Peer::Require => configs.require.is_some(),
+        };
+        if ok {
+            Ok(())
+        } else {
+            Err("an mtls: listener needs ssl_ca_cert (the CAs client certificates chain to)".into())
+        }
+    }
+
+    /// Re-read the certificate, key and CA files (`refresh_certs`). On failure the
+    /// configurations in use stay, and the error is memcached's message.
+    pub fn refresh(&self) -> Result<(), String> {
+        let fresh = Self::configs(&self.settings, &self.sessions)?;
+        let mut configs = self
+            .configs
+            .write()
+            .map_err(|_| "TLS state poisoned".to_string())?;
+        *configs = fresh;
+        Ok(())
+    }
+
+    /// A new server-side session for a connection accepted on a listener with `peer`.
+    pub fn accept(&self, peer: Peer) -> Result<ServerConnection, String> {
+        let config = {
+            let configs = self.configs.read().map_err(|_| "TLS state poisoned")?;
+            match peer {
+                Peer::Default => Some(configs.default.clone()),
+                Peer::Never => configs.never.clone(),
+                Peer::Require => configs.require.clone(),
+            }
+        };
+        let config = config.ok_or("no TLS configuration for this listener")?;
+        ServerConnection::new(config).map_err(|e| e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn openssl_names_map_to_suites() {
+        assert_eq!(
+            openssl_name("TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256").as_deref(),
+            Some("ECDHE-RSA-AES128-GCM-SHA256")
+        );
+        assert_eq!(
+            openssl_name("TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256").as_deref(),
+            Some("ECDHE-ECDSA-CHACHA20-POLY1305")
+        );
+        let all = rustls::crypto::ring::default_provider().cipher_suites;
+        let one = tls12_suites("ECDHE-RSA-AES256-GCM-SHA384", &all).expect("known");
+        assert_eq!(one.len(), 1);
+        let many = tls12_suites("HIGH:!aNULL:!MD5", &all).expect("keyword");
+        assert!(many.len() > 1);
+        assert!(tls12_suites("RC4-MD5", &all).is_err());
+    }
+
+    #[test]
+    fn missing_and_bad_files_give_memcacheds_messages() {
+        let dir = std::env::temp_dir().join(format!("kvtls-files-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let mut s = Settings {
+            chain_cert: Some(dir.join("missing.pem")),
+            ..Settings::default()
+        };
+        let e = load(&s).err().expect("missing");
+        assert!(
+            e.starts_with("Error loading the certificate chain: "),
+            "{e}"
+        );
+        let ck = crate::testcert::self_signed("localhost");
+        let cert = dir.join("cert.pem");
+        std::fs::write(&cert, ck.cert_pem()).expect("write");
+        s.chain_cert = Some(cert.clone());
+        let e = load(&s).err().expect("no key in the chain file");
+        assert!(e.starts_with("Error loading the key: "), "{e}");
+        let key = dir.join("key.pem");
+        std::fs::write(&key, ck.key_pem()).expect("write");
+        s.key = Some(key.clone());
+        assert!(ServerTls::new(s.clone()).is_ok());
+        // A key that is not the certificate's.
+        let other = crate::testcert::self_signed("other");
+        std::fs::write(&key, other.key_pem()).expect("write");
+        let e = ServerTls::new(s.clone()).err().expect("mismatch");
+        assert!(e.starts_with("Error validating the certificate"), "{e}");
+        // Verification without a CA.
+        std::fs::write(&key, ck.key_pem()).expect("write");
+        s.verify_mode = VerifyMode::Require;
+        let e = ServerTls::new(s.clone()).err().expect("no CA");
+        assert!(e.contains("ssl_ca_cert"), "{e}");
+        s.verify_mode = VerifyMode::None;
+        let tls = ServerTls::new(s).expect("ok");
+        assert!(tls.supports(Peer::Require).is_err());
+        assert!(tls.supports(Peer::Never).is_ok());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,540 @@
+//! TLS (`-Z`, `-o ssl_*`): every protocol over TLS, client certificates under each
+//! `ssl_verify_mode`, listener prefixes, `refresh_certs`, peers that misbehave (plaintext on a
+//! TLS port, a handshake that never finishes), session resumption, replication over TLS.
+//! Certificates are generated for each test (kvtls's `testcert`).
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use common::{Server, TIMEOUT};
+use kvtls::testcert::{Ca, CertKey};
+
+/// A directory of PEM files for one test, removed when dropped.
+struct Pki {
+    dir: PathBuf,
+    ca: Ca,
+}
+
+impl Pki {
+    fn new(test: &str) -> Pki {
+        let dir = std::env::temp_dir().join(format!("kvcache-tls-{}-{test}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let pki = Pki {
+            dir,
+            ca: Ca::new("kvcache test CA"),
+        };
+        pki.write("ca.pem", &pki.ca.cert_pem());
+        let server = pki.ca.issue("localhost", false, false);
+        pki.save("server", &server);
+        pki
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    fn write(&self, name: &str, text: &str) -> PathBuf {
+        let p = self.path(name);
+        std::fs::write(&p, text).expect("write a PEM file");
+        p
+    }
+
+    /// `NAME.pem` and `NAME.key`.
+    fn save(&self, name: &str, ck: &CertKey) {
+        self.write(&format!("{name}.pem"), &ck.cert_pem());
+        self.write(&format!("{name}.key"), &ck.key_pem());
+    }
+
+    /// The server's TLS options.
+    fn server_opts(&self, extra: &str) -> String {
+        let mut o = format!(
+            "ssl_chain_cert={},ssl_key={}",
+            self.path("server.pem").display(),
+            self.path("server.key").display()
+        );
+        if !extra.is_empty() {
+            o.push(',');
+            o.push_str(extra);
+        }
+        o
+    }
+
+    /// A client trusting this CA, with the client certificate `NAME.pem` when given.
+    fn client(&self, cert: Option<&str>) -> kvtls::client::Settings {
+        kvtls::client::Settings {
+            ca: Some(self.path("ca.pem")),
+            cert: cert.map(|n| self.path(&format!("{n}.pem"))),
+            key: cert.map(|n| self.path(&format!("{n}.key"))),
+            server_name: Some("localhost".into()),
+            insecure: false,
+        }
+    }
+}
+
+impl Drop for Pki {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A blocking TLS client speaking the text protocol.
+struct TlsClient {
+    r: BufReader<kvtls::TlsStream<TcpStream>>,
+}
+
+fn tcp(port: u16) -> TcpStream {
+    let s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(TIMEOUT)).expect("timeout");
+    s.set_write_timeout(Some(TIMEOUT)).expect("timeout");
+    s
+}
+
+fn connect_with(port: u16, config: &Arc<kvtls::rustls::ClientConfig>) -> Result<TlsClient, String> {
+    let name =
+        kvtls::rustls::pki_types::ServerName::try_from("localhost").map_err(|e| e.to_string())?;
+    let session =
+        kvtls::rustls::ClientConnection::new(config.clone(), name).map_err(|e| e.to_string())?;
+    let mut s = kvtls::TlsStream::new(session, tcp(port));
+    s.handshake_blocking().map_err(|e| e.to_string())?;
+    Ok(TlsClient {
+        r: BufReader::new(s),
+    })
+}
+
+fn connect(port: u16, settings: &kvtls::client::Settings) -> Result<TlsClient, String> {
+    connect_with(port, &settings.config()?)
+}
+
+impl TlsClient {
+    fn send(&mut self, bytes: &[u8]) {
+        self.r.get_mut().write_all(bytes).expect("send");
+    }
+
+    fn try_line(&mut self) -> Result<String, String> {
+        let mut buf = Vec::new();
+        self.r
+            .read_until(b'\n', &mut buf)
+            .map_err(|e| e.to_string())?;
+        Ok(String::from_utf8_lossy(&buf).into_owned())
+    }
+
+    fn line(&mut self) -> String {
+        self.try_line().expect("read a line")
+    }
+
+    fn call(&mut self, req: &str) -> String {
+        self.send(req.as_bytes());
+        self.line()
+    }
+
+    fn until(&mut self, last: &str) -> String {
+        let mut out = String::new();
+        loop {
+            let l = self.line();
+            assert!(!l.is_empty(), "closed before {last:?}; got {out:?}");
+            out.push_str(&l);
+            if l == last {
+                return out;
+            }
+        }
+    }
+
+    fn exact(&mut self, n: usize) -> Vec<u8> {
+        let mut buf = vec![0; n];
+        self.r.read_exact(&mut buf).expect("read exact");
+        buf
+    }
+
+    fn stat(&mut self, name: &str) -> Option<String> {
+        self.send(b"stats\r\n");
+        let text = self.until("END\r\n");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("STAT {name} ")).map(str::to_string))
+    }
+
+    /// The server answers a request on this session (a rejected client certificate shows as
+    /// an alert on the first read after a TLS 1.3 handshake, which completes on the client's
+    /// side first).
+    fn works(&mut self) -> bool {
+        self.r.get_mut().write_all(b"version\r\n").is_ok()
+            && self.try_line().is_ok_and(|l| l.starts_with("VERSION "))
+    }
+}
+
+fn start(pki: &Pki, extra_opts: &str, args: &[&str]) -> Server {
+    let opts = pki.server_opts(extra_opts);
+    let mut all = vec!["-Z", "-o", opts.as_str()];
+    all.extend_from_slice(args);
+    Server::kvcached(&all)
+}
+
+#[test]
+fn text_meta_and_binary_over_tls() {
+    let pki = Pki::new("protocols");
+    let server = start(&pki, "", &[]);
+    let mut c = connect(server.port, &pki.client(None)).expect("handshake");
+    assert_eq!(c.call("set a 5 0 3\r\nabc\r\n"), "STORED\r\n");
+    assert_eq!(c.call("get a\r\n"), "VALUE a 5 3\r\n");
+    assert_eq!(c.until("END\r\n"), "abc\r\nEND\r\n");
+    // Meta.
+    assert_eq!(c.call("ms m 2 T0\r\nhi\r\n"), "HD\r\n");
+    assert_eq!(c.call("mg m v f\r\n"), "VA 2 f0\r\n");
+    assert_eq!(c.line(), "hi\r\n");
+    // A value of several TLS records each way, pipelined with a get.
+    let big = vec![b'x'; 300_000];
+    let mut req = format!("set big 0 0 {}\r\n", big.len()).into_bytes();
+    req.extend_from_slice(&big);
+    req.extend_from_slice(b"\r\nget big\r\n");
+    c.send(&req);
+    assert_eq!(c.line(), "STORED\r\n");
+    assert_eq!(c.line(), format!("VALUE big 0 {}\r\n", big.len()));
+    assert_eq!(c.exact(big.len()), big);
+    assert_eq!(c.until("END\r\n"), "\r\nEND\r\n");
+    assert_eq!(c.stat("ssl_handshake_errors").as_deref(), Some("0"));
+    assert_eq!(c.stat("ssl_proto_errors").as_deref(), Some("0"));
+    assert!(c.stat("time_since_server_cert_refresh").is_some());
+    assert_eq!(
+        c.stat("ssl_new_sessions"),
+        None,
+        "only with ssl_session_cache"
+    );
+
+    // Binary, on a fresh session: a get of `a`.
+    let mut b = connect(server.port, &pki.client(None)).expect("handshake");
+    let mut get = vec![0x80, 0x00, 0x00, 0x01, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 7];
+    get.extend_from_slice(&[0; 8]);
+    get.push(b'a');
+    b.send(&get);
+    let head = b.exact(24);
+    assert_eq!(head[0], 0x81);
+    assert_eq!(&head[6..8], &[0, 0], "status: success");
+    let body = u32::from_be_bytes([head[8], head[9], head[10], head[11]]) as usize;
+    let rest = b.exact(body);
+    assert_eq!(&rest[4..], b"abc", "flags (4 bytes) then the value");
+}
+
+#[test]
+fn plaintext_and_stalled_handshakes_are_closed_and_counted() {
+    let pki = Pki::new("misbehave");
+    let server = start(&pki, "ssl_handshake_timeout=1", &[]);
+    let mut good = connect(server.port, &pki.client(None)).expect("handshake");
+    assert_eq!(good.call("set k 0 0 1\r\nv\r\n"), "STORED\r\n");
+
+    // Plaintext: the server answers with an alert, never with memcached's text, and closes.
+    let mut plain = tcp(server.port);
+    plain.write_all(b"get k\r\n").expect("send");
+    let mut got = Vec::new();
+    let _ = plain.read_to_end(&mut got);
+    assert!(!got.windows(5).any(|w| w == b"VALUE"), "{got:?}");
+    assert_eq!(good.stat("ssl_handshake_errors").as_deref(), Some("1"));
+
+    // Silent, and half a ClientHello: both closed by ssl_handshake_timeout.
+    let mut silent = tcp(server.port);
+    let mut half = tcp(server.port);
+    half.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01])
+        .expect("send");
+    for s in [&mut silent, &mut half] {
+        let mut buf = [0u8; 64];
+        // Blocks until the server closes it (a timeout here fails the test).
+        let n = s.read(&mut buf).expect("closed, not timed out");
+        assert_eq!(n, 0);
+    }
+    assert_eq!(good.stat("ssl_handshake_timeouts").as_deref(), Some("2"));
+    // Nothing else was disturbed.
+    assert_eq!(good.call("get k\r\n"), "VALUE k 0 1\r\n");
+    assert_eq!(good.until("END\r\n"), "v\r\nEND\r\n");
+}
+
+/// Each `ssl_verify_mode` against a client with no certificate, a good one, one from
+/// another CA and an expired one.
+#[test]
+fn client_certificates_under_each_verify_mode() {
+    let pki = Pki::new("verify");
+    pki.save("good", &pki.ca.issue("client", true, false));
+    pki.save("expired", &pki.ca.issue("client", true, true));
+    pki.save(
+        "stranger",
+        &Ca::new("another CA").issue("client", true, false),
+    );
+    let ca = format!("ssl_ca_cert={}", pki.path("ca.pem").display());
+    let cases: [(&str, [bool; 4]); 4] = [
+        // none, good, stranger, expired
+        ("0", [true, true, true, true]),
+        ("1", [true, true, false, false]),
+        ("2", [false, true, false, false]),
+        ("3", [false, true, false, false]),
+    ];
+    for (mode, want) in cases {
+        let server = start(&pki, &format!("{ca},ssl_verify_mode={mode}"), &[]);
+        let mut refused = 0;
+        for (cert, ok) in [None, Some("good"), Some("stranger"), Some("expired")]
+            .into_iter()
+            .zip(want)
+        {
+            let works = connect(server.port, &pki.client(cert)).is_ok_and(|mut c| c.works());
+            assert_eq!(
+                works, ok,
+                "ssl_verify_mode={mode} client certificate {cert:?}"
+            );
+            refused += usize::from(!ok);
+        }
+        let mut c = connect(server.port, &pki.client(Some("good"))).expect("handshake");
+        assert_eq!(
+            c.stat("ssl_handshake_errors"),
+            Some(refused.to_string()),
+            "ssl_verify_mode={mode}"
+        );
+    }
+}
+
+#[test]
+fn listener_prefixes_notls_btls_mtls() {
+    let pki = Pki::new("prefixes");
+    pki.save("good", &pki.ca.issue("client", true, false));
+    let (p1, p2, p3) = (
+        common::free_port(),
+        common::free_port(),
+        common::free_port(),
+    );
+    let ls = format!("notls:127.0.0.1:{p1},btls:127.0.0.1:{p2},mtls:127.0.0.1:{p3}");
+    let ca = format!(
+        "ssl_ca_cert={},ssl_verify_mode=2",
+        pki.path("ca.pem").display()
+    );
+    let server = start(&pki, &ca, &["-l", &ls]);
+    // The main listener follows ssl_verify_mode (2): a certificate is required.
+    assert!(!connect(server.port, &pki.client(None)).is_ok_and(|mut c| c.works()));
+    assert!(connect(server.port, &pki.client(Some("good"))).is_ok_and(|mut c| c.works()));
+    // notls: plaintext.
+    let mut plain = common::Client::new(tcp(p1));
+    assert!(plain.call("version\r\n").starts_with("VERSION "));
+    // btls: TLS without a client certificate.
+    assert!(connect(p2, &pki.client(None)).is_ok_and(|mut c| c.works()));
+    // mtls: a certificate is required.
+    assert!(!connect(p3, &pki.client(None)).is_ok_and(|mut c| c.works()));
+    assert!(connect(p3, &pki.client(Some("good"))).is_ok_and(|mut c| c.works()));
+}
+
+#[test]
+fn refresh_certs_swaps_certificates_and_keeps_them_on_error() {
+    let pki = Pki::new("refresh");
+    let server = start(&pki, "", &[]);
+    let mut old = connect(server.port, &pki.client(None)).expect("handshake");
+    // A new CA and certificate replace the files.
+    let other = Pki::new("refresh-next");
+    std::fs::copy(other.path("server.pem"), pki.path("server.pem")).expect("copy");
+    std::fs::copy(other.path("server.key"), pki.path("server.key")).expect("copy");
+    assert!(
+        connect(server.port, &other.client(None)).is_err(),
+        "the files changed, the server's certificate not yet"
+    );
+    assert_eq!(old.call("refresh_certs\r\n"), "OK\r\n");
+    assert!(connect(server.port, &other.client(None)).is_ok_and(|mut c| c.works()));
+    assert!(connect(server.port, &pki.client(None)).is_err());
+    assert!(old.works(), "an established session keeps its certificate");
+    // A broken file: memcached's error line, and the certificate in use stays.
+    pki.write("server.pem", "not a certificate\n");
+    let reply = old.call("refresh_certs\r\n");
+    assert!(
+        reply.starts_with("Error loading the certificate chain: ") && reply.ends_with("\r\n"),
+        "{reply:?}"
+    );
+    assert!(connect(server.port, &other.client(None)).is_ok_and(|mut c| c.works()));
+    // Without -Z.
+    let plain = Server::kvcached(&[]);
+    let mut c = plain.connect();
+    assert_eq!(c.call("refresh_certs\r\n"), "Error TLS not enabled\r\n");
+}
+
+#[test]
+fn session_resumption_with_ssl_session_cache() {
+    let pki = Pki::new("sessions");
+    let server = start(&pki, "ssl_session_cache,ssl_min_version=2", &[]);
+    let config = pki.client(None).config().expect("client config");
+    let mut first = connect_with(server.port, &config).expect("handshake");
+    assert!(first.works());
+    let mut second = connect_with(server.port, &config).expect("handshake");
+    assert!(second.works());
+    assert_eq!(
+        second.r.get_ref().connection().handshake_kind(),
+        Some(kvtls::rustls::HandshakeKind::Resumed)
+    );
+    let n: u64 = second
+        .stat("ssl_new_sessions")
+        .expect("ssl_new_sessions")
+        .parse()
+        .expect("number");
+    assert!(n >= 1, "ssl_new_sessions {n}");
+
+    // Without the cache: never resumed.
+    let plain = start(&pki, "", &[]);
+    let config = pki.client(None).config().expect("client config");
+    for _ in 0..2 {
+        let mut c = connect_with(plain.port, &config).expect("handshake");
+        assert!(c.works());
+        assert_eq!(
+            c.r.get_ref().connection().handshake_kind(),
+            Some(kvtls::rustls::HandshakeKind::Full)
+        );
+    }
+}
+
+#[test]
+fn tls13_minimum_refuses_a_tls12_client() {
+    let pki = Pki::new("versions");
+    let server = start(&pki, "ssl_min_version=3", &[]);
+    let roots = {
+        let mut store = kvtls::rustls::RootCertStore::empty();
+        let ca = kvtls::server::read_certs(&pki.path("ca.pem")).expect("CA");
+        for c in ca {
+            store.add(c).expect("add");
+        }
+        store
+    };
+    let tls12 = Arc::new(
+        kvtls::rustls::ClientConfig::builder_with_provider(kvtls::server::provider())
+            .with_protocol_versions(&[&kvtls::rustls::version::TLS12])
+            .expect("versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth(),
+    );
+    assert!(connect_with(server.port, &tls12).is_err());
+    assert!(connect(server.port, &pki.client(None)).is_ok_and(|mut c| c.works()));
+}
+
+/// Files that cannot be used stop the start with memcached's message and EX_USAGE (64).
+#[test]
+fn unusable_files_refuse_to_start() {
+    let pki = Pki::new("refusals");
+    let other = pki.ca.issue("localhost", false, false);
+    pki.write("other.key", &other.key_pem());
+    let bin = env!("CARGO_BIN_EXE_kvcached");
+    let missing = pki.path("missing.pem");
+    let cases: Vec<(String, &str)> = vec![
+        (
+            format!("ssl_chain_cert={}", missing.display()),
+            "Error loading the certificate chain",
+        ),
+        (
+            format!("ssl_chain_cert={}", pki.path("server.pem").display()),
+            "Error loading the key",
+        ),
+        (
+            format!(
+                "ssl_chain_cert={},ssl_key={}",
+                pki.path("server.pem").display(),
+                pki.path("other.key").display()
+            ),
+            "Error validating the certificate",
+        ),
+        (pki.server_opts("ssl_verify_mode=2"), "needs ssl_ca_cert"),
+        (
+            pki.server_opts(&format!("ssl_ca_cert={}", missing.display())),
+            "Error loading the CA certificate",
+        ),
+    ];
+    for (opts, want) in cases {
+        let out = std::process::Command::new(bin)
+            .args([
+                "-Z",
+                "-p",
+                "0",
+                "-l",
+                "127.0.0.1:1",
+                "-u",
+                "root",
+                "-o",
+                &opts,
+            ])
+            .output()
+            .expect("run kvcached");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(64), "{opts}: {err}");
+        assert!(err.contains(want), "{opts}: {err}");
+    }
+}
+
+/// A replica pulls from its master over TLS, checking the master's certificate (and
+/// presenting its own to a master that requires one); a replica that does not trust the
+/// master's CA never links up.
+#[test]
+fn replication_over_tls() {
+    let pki = Pki::new("replication");
+    pki.save("replica", &pki.ca.issue("replica", true, false));
+    let ca = pki.path("ca.pem");
+    let master = start(
+        &pki,
+        &format!("ssl_ca_cert={},ssl_verify_mode=2", ca.display()),
+        &[],
+    );
+    let mut m = connect(master.port, &pki.client(Some("replica"))).expect("handshake");
+    for i in 0..50 {
+        assert_eq!(
+            m.call(&format!("set k{i} {i} 0 2\r\nv{}\r\n", i % 10)),
+            "STORED\r\n"
+        );
+    }
+    let target = format!("127.0.0.1:{}", master.port);
+    let replica = Server::kvcached(&[
+        "--replica-of",
+        &target,
+        "--replica-tls-ca",
+        ca.to_str().expect("utf-8 path"),
+        "--replica-tls-cert",
+        pki.path("replica.pem").to_str().expect("utf-8 path"),
+        "--replica-tls-key",
+        pki.path("replica.key").to_str().expect("utf-8 path"),
+        "--replica-tls-name",
+        "localhost",
+    ]);
+    let mut r = replica.connect();
+    common::repl::wait_stat(&mut r, "replica", "master_link_status", "up");
+    assert_eq!(m.call("set late 0 0 1\r\nz\r\n"), "STORED\r\n");
+    common::repl::poll_until("the late write", common::repl::SYNC, || {
+        match r.call("get late\r\n").as_str() {
+            "VALUE late 0 1\r\n" => {
+                r.until("END\r\n");
+                Ok(())
+            }
+            other => Err(other.to_string()),
+        }
+    });
+    let keys: Vec<String> = (0..50).map(|i| format!("k{i}")).collect();
+    let mut want = Vec::new();
+    for k in &keys {
+        m.send(format!("get {k}\r\n").as_bytes());
+        want.push(m.until("END\r\n"));
+    }
+    for (k, w) in keys.iter().zip(&want) {
+        r.send(format!("get {k}\r\n").as_bytes());
+        assert_eq!(&r.until("END\r\n"), w, "{k}");
+    }
+
+    // A replica that trusts another CA never links up, and the master counts the refusals.
+    let stranger = Pki::new("replication-stranger");
+    let lost = Server::kvcached(&[
+        "--replica-of",
+        &target,
+        "--replica-tls-ca",
+        stranger.path("ca.pem").to_str().expect("utf-8 path"),
+        "--replica-tls-name",
+        "localhost",
+    ]);
+    let mut l = lost.connect();
+    common::repl::poll_until("a refused handshake", common::repl::SYNC, || {
+        match m.stat("ssl_handshake_errors").as_deref() {
+            Some("0") | None => Err("no handshake error yet".into()),
+            Some(_) => Ok(()),
+        }
+    });
+    assert_eq!(
+        common::repl::repl_stat(&mut l, "master_link_status").as_deref(),
+        Some("down")
+    );
+    assert_eq!(l.call("get k1\r\n"), "END\r\n");
+}
