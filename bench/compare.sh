@@ -8,7 +8,10 @@
 # time per request (user + system, from /proc) and how busy its core was, and the load
 # generator's CPU time per request; then the kvcached/memcached ratios of the medians.
 #
-# usage: bench/compare.sh [-d SECONDS] [-r ROUNDS] [-c CONNS] [-l memcaslap|kvblast] [-u] [-- LOAD ARGS]
+# usage: bench/compare.sh [-d SECONDS] [-r ROUNDS] [-c CONNS] [-l memcaslap|kvblast] [-u] [-s] [-- LOAD ARGS]
+#   -s: TLS cost (kvblast only): each round runs both servers in plaintext and over TLS (-Z,
+#       a throwaway certificate made with openssl; kvblast --tls-insecure; stats are read on a
+#       notls: listener), and the report adds each server's TLS/plaintext ratio.
 #   -u: UDP (both servers get -U; kvblast sends to udp:HOST:PORT; default load: the USR
 #       workload's GETs over 100,000 keys, which are set over TCP before the measurement).
 #   memcaslap (libmemcached-tools): its default mix, 90% get / 10% set, the OSv benchmark's.
@@ -23,14 +26,16 @@ rounds=3
 conns=50
 load=memcaslap
 udp=0
-while getopts "d:r:c:l:u" opt; do
+tls=0
+while getopts "d:r:c:l:us" opt; do
     case $opt in
         d) duration=$OPTARG ;;
         r) rounds=$OPTARG ;;
         c) conns=$OPTARG ;;
         l) load=$OPTARG ;;
         u) udp=1 ;;
-        *) echo "usage: $0 [-d SECONDS] [-r ROUNDS] [-c CONNS] [-l memcaslap|kvblast] [-- LOAD ARGS]" >&2; exit 2 ;;
+        s) tls=1 ;;
+        *) echo "usage: $0 [-d SECONDS] [-r ROUNDS] [-c CONNS] [-l memcaslap|kvblast] [-u] [-s] [-- LOAD ARGS]" >&2; exit 2 ;;
     esac
 done
 shift $((OPTIND - 1))
@@ -64,8 +69,10 @@ r = resource.getrusage(resource.RUSAGE_CHILDREN)
 print(r.ru_utime + r.ru_stime)' "$@"
 }
 
-run_load() { # PORT; prints the load generator's CPU seconds
-    local port=$1
+run_load() { # PORT MODE; prints the load generator's CPU seconds
+    local port=$1 mode=$2
+    local tls_args=()
+    [ "$mode" = tls ] && tls_args=(--tls-insecure)
     case $load in
         memcaslap)
             cpu_of timeout $((duration + 30)) taskset -c $load_core memcaslap -s "127.0.0.1:$port" -T 1 \
@@ -79,39 +86,61 @@ run_load() { # PORT; prints the load generator's CPU seconds
             # Default workload: Facebook ETC sizes, 100k keys, look-aside (get; set on a miss).
             [ ${#extra[@]} -gt 0 ] || extra=(--workload etc --keys 100000 --look-aside)
             cpu_of timeout $((duration + 30)) taskset -c $load_core "$kvblast" run -q \
-                --no-server-stats -c "$conns" -D "${duration}s" "${extra[@]}" "$target" ;;
+                --no-server-stats "${tls_args[@]}" -c "$conns" -D "${duration}s" "${extra[@]}" "$target" ;;
         *) echo "unknown load generator $load" >&2; exit 2 ;;
     esac
 }
 
 hz=$(getconf CLK_TCK)
 results=$(mktemp)
-trap 'rm -f "$results"; [ -n "${pid:-}" ] && kill "$pid" 2>/dev/null || true' EXIT
+certdir=$(mktemp -d)
+trap 'rm -f "$results"; rm -rf "$certdir"; [ -n "${pid:-}" ] && kill "$pid" 2>/dev/null || true' EXIT
+modes=plain
+if [ $tls = 1 ]; then
+    [ "$load" = kvblast ] && [ $udp = 0 ] || { echo "-s needs -l kvblast over TCP" >&2; exit 2; }
+    modes="plain tls"
+    # A throwaway P-256 certificate (not a CA: rustls refuses a CA as a server certificate).
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
+        -keyout "$certdir/key.pem" -out "$certdir/cert.pem" -subj /CN=localhost \
+        -addext subjectAltName=DNS:localhost,IP:127.0.0.1 -addext basicConstraints=critical,CA:FALSE \
+        2>/dev/null
+fi
 
 for round in $(seq 1 "$rounds"); do
+  for mode in $modes; do
     for server in memcached kvcached; do
         port=$(free_port)
+        sport=$port
         bin=$memcached
         [ $server = kvcached ] && bin=$kvcached
         udp_args=()
         [ $udp = 1 ] && udp_args=(-U "$port")
+        tls_args=()
+        if [ "$mode" = tls ]; then
+            sport=$(free_port)
+            tls_args=(-Z -o "ssl_chain_cert=$certdir/cert.pem,ssl_key=$certdir/key.pem"
+                -l "notls:127.0.0.1:$sport")
+        fi
         taskset -c $server_core "$bin" "${user_args[@]}" -l 127.0.0.1 -p "$port" "${udp_args[@]}" \
-            -t 1 -m 1024 -c 4096 &
+            "${tls_args[@]}" -t 1 -m 1024 -c 4096 &
         pid=$!
         wait_port "$port"
+        wait_port "$sport"
         if [ $udp = 1 ] && [ "$load" = kvblast ]; then
             "$kvblast" run -q --no-server-stats --workload usr --keys 100000 \
                 --mix set=1 --popularity sequential -c 8 -d 8 -n 100000 "127.0.0.1:$port" >/dev/null
         fi
         t0=$(cpu_ticks $pid)
-        g0=$(stat "$port" cmd_get); s0=$(stat "$port" cmd_set)
+        g0=$(stat "$sport" cmd_get); s0=$(stat "$sport" cmd_set)
         start=$(date +%s.%N)
-        load_cpu=$(run_load "$port")
+        load_cpu=$(run_load "$port" "$mode")
         end=$(date +%s.%N)
-        g1=$(stat "$port" cmd_get); s1=$(stat "$port" cmd_set)
+        g1=$(stat "$sport" cmd_get); s1=$(stat "$sport" cmd_set)
         t1=$(cpu_ticks $pid)
         kill "$pid"; wait "$pid" 2>/dev/null || true; pid=
-        python3 - "$server" "$round" "$start" "$end" "$g0" "$g1" "$s0" "$s1" "$t0" "$t1" "$hz" "$load_cpu" >>"$results" <<'EOF'
+        label=$server
+        [ "$mode" = tls ] && label=$server-tls
+        python3 - "$label" "$round" "$start" "$end" "$g0" "$g1" "$s0" "$s1" "$t0" "$t1" "$hz" "$load_cpu" >>"$results" <<'EOF'
 import sys
 server, rnd, start, end, g0, g1, s0, s1, t0, t1, hz, load_cpu = sys.argv[1:]
 reqs = (int(g1) - int(g0)) + (int(s1) - int(s0))
@@ -121,22 +150,29 @@ print(server, rnd, reqs, f"{reqs / secs:.0f}", f"{cpu / max(reqs, 1) * 1e6:.3f}"
       f"{float(load_cpu) / max(reqs, 1) * 1e6:.3f}")
 EOF
     done
+  done
 done
 
 proto=TCP
 [ $udp = 1 ] && proto=UDP
 echo "load: $load over $proto, $conns connections, ${duration}s per run, $rounds rounds; $(nproc) cores; server on core $server_core, load on core $load_core"
 echo "memcached: $memcached $mc_version (1 worker thread); kvcached: $($kvcached -V) (1 worker thread)"
-printf '%-10s %5s %12s %12s %14s %9s %16s\n' server round requests "req/s" "cpu_us/req" "cpu_%" "load_cpu_us/req"
+printf '%-14s %5s %12s %12s %14s %9s %16s\n' server round requests "req/s" "cpu_us/req" "cpu_%" "load_cpu_us/req"
 while read -r s r n rps us pct lus; do
-    printf '%-10s %5s %12s %12s %14s %9s %16s\n' "$s" "$r" "$n" "$rps" "$us" "$pct" "$lus"
+    printf '%-14s %5s %12s %12s %14s %9s %16s\n' "$s" "$r" "$n" "$rps" "$us" "$pct" "$lus"
 done <"$results"
 python3 - "$results" <<'EOF'
 import sys, statistics
 rows = [l.split() for l in open(sys.argv[1])]
 def med(server, col):
     return statistics.median(float(r[col]) for r in rows if r[0] == server)
-for name, col in (("req/s", 3), ("cpu_us/req", 4)):
-    m, k = med("memcached", col), med("kvcached", col)
-    print(f"median {name}: memcached {m:.3f}  kvcached {k:.3f}  kvcached/memcached {k / m:.2f}")
+tls = any(r[0].endswith("-tls") for r in rows)
+for suffix in (["", "-tls"] if tls else [""]):
+    for name, col in (("req/s", 3), ("cpu_us/req", 4)):
+        m, k = med("memcached" + suffix, col), med("kvcached" + suffix, col)
+        print(f"median {name}{' over TLS' if suffix else ''}: memcached {m:.3f}  kvcached {k:.3f}  kvcached/memcached {k / m:.2f}")
+if tls:
+    for s in ("memcached", "kvcached"):
+        p, t = med(s, 4), med(s + "-tls", 4)
+        print(f"TLS cost, {s}: cpu_us/req {p:.3f} plaintext, {t:.3f} TLS: +{t - p:.3f} us/req ({t / p:.2f}x)")
 EOF

@@ -176,6 +176,25 @@ pub struct Args {
     /// GetQ + Noop)
     #[arg(long, value_name = "P", help_heading = "Load")]
     pub protocol: Option<String>,
+
+    /// Connect to every TCP server over TLS, checking its certificate against --tls-ca
+    #[arg(long, help_heading = "TLS")]
+    pub tls: bool,
+    /// The CA (PEM) the servers' certificates chain to (implies --tls)
+    #[arg(long, value_name = "FILE", help_heading = "TLS")]
+    pub tls_ca: Option<std::path::PathBuf>,
+    /// A client certificate (PEM), for servers that require one (implies --tls)
+    #[arg(long, value_name = "FILE", help_heading = "TLS")]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// The client certificate's key (default: in the --tls-cert file)
+    #[arg(long, value_name = "FILE", help_heading = "TLS")]
+    pub tls_key: Option<std::path::PathBuf>,
+    /// The name the servers' certificates must carry (default: the address connected to)
+    #[arg(long, value_name = "NAME", help_heading = "TLS")]
+    pub tls_name: Option<String>,
+    /// Accept any server certificate (benchmarks against a test server only; implies --tls)
+    #[arg(long, help_heading = "TLS")]
+    pub tls_insecure: bool,
     /// Random seed (default 1)
     #[arg(long, value_name = "N", value_parser = number::<u64>, help_heading = "Load")]
     pub seed: Option<u64>,
@@ -400,6 +419,11 @@ impl Args {
         opt("--slo", self.slo.clone());
         opt("--routing", self.routing.clone());
         opt("--protocol", self.protocol.clone());
+        let path = |p: &Option<std::path::PathBuf>| p.as_ref().map(|p| p.display().to_string());
+        opt("--tls-ca", path(&self.tls_ca));
+        opt("--tls-cert", path(&self.tls_cert));
+        opt("--tls-key", path(&self.tls_key));
+        opt("--tls-name", self.tls_name.clone());
         opt("--seed", self.seed.map(|x| x.to_string()));
         opt("--json", self.json.clone());
         opt("--hdr-log", self.hdr_log.clone());
@@ -415,6 +439,8 @@ impl Args {
             ("--load", self.load),
             ("--quiet", self.quiet),
             ("--no-server-stats", self.no_server_stats),
+            ("--tls", self.tls),
+            ("--tls-insecure", self.tls_insecure),
         ] {
             if on {
                 v.push(flag.to_string());
@@ -502,6 +528,23 @@ impl Args {
         }
     }
 
+    /// The TLS settings, when any `--tls*` option is given.
+    pub fn tls_settings(&self) -> Option<kvtls::client::Settings> {
+        let any = self.tls
+            || self.tls_insecure
+            || self.tls_ca.is_some()
+            || self.tls_cert.is_some()
+            || self.tls_key.is_some()
+            || self.tls_name.is_some();
+        any.then(|| kvtls::client::Settings {
+            ca: self.tls_ca.clone(),
+            cert: self.tls_cert.clone(),
+            key: self.tls_key.clone(),
+            server_name: self.tls_name.clone(),
+            insecure: self.tls_insecure,
+        })
+    }
+
     /// `--agent-keys`, split by default.
     pub fn agent_keys(&self) -> Result<AgentKeys, String> {
         AgentKeys::parse(self.agent_keys.as_deref().unwrap_or("split"))
@@ -546,6 +589,10 @@ impl Args {
         c.progress = !self.quiet;
         c.probe_rate = self.probe_rate;
         c.split_keys = self.agent_keys()? == AgentKeys::Split;
+        c.tls = self
+            .tls_settings()
+            .map(crate::transport::Tls::new)
+            .transpose()?;
         if let Some((i, n)) = self.participant {
             c.participant = i;
             c.participants = n;

@@ -8,10 +8,13 @@ use kvblast::engine;
 use kvblast::stats::{server_delta, server_stats};
 use kvblast::{agent, capacity, plot};
 
-fn read_server_stats(servers: &[String]) -> Option<Vec<std::collections::BTreeMap<String, i64>>> {
+fn read_server_stats(
+    servers: &[String],
+    tls: Option<&kvblast::transport::Tls>,
+) -> Option<Vec<std::collections::BTreeMap<String, i64>>> {
     let mut out = Vec::new();
     for s in servers {
-        match server_stats(s, Duration::from_secs(2)) {
+        match server_stats(s, Duration::from_secs(2), tls) {
             Ok(m) => out.push(m),
             Err(e) => {
                 eprintln!("kvblast: could not read stats from {s}: {e}");
@@ -65,7 +68,7 @@ fn main_result() -> Result<(), String> {
         "run" => {
             let cfg = args.run_config()?;
             let before = (!args.no_server_stats)
-                .then(|| read_server_stats(&cfg.servers))
+                .then(|| read_server_stats(&cfg.servers, cfg.tls.as_ref()))
                 .flatten();
             let mut report = if args.agents.is_empty() {
                 engine::run(&cfg)?
@@ -73,7 +76,7 @@ fn main_result() -> Result<(), String> {
                 agent::run_with_agents(&args)?
             };
             if let Some(before) = before {
-                if let Some(after) = read_server_stats(&cfg.servers) {
+                if let Some(after) = read_server_stats(&cfg.servers, cfg.tls.as_ref()) {
                     report.server = Some(server_delta(&before, &after));
                 }
             }

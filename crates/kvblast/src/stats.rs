@@ -746,10 +746,14 @@ pub const SERVER_COUNTERS: [&str; 12] = [
 /// Read a server's `stats` ("host[:port]" or "unix:/path") over a fresh connection
 /// (blocking, with timeouts). Only numeric
 /// counters are kept. A server that answers garbage gives an error, not a panic.
-pub fn server_stats(addr: &str, timeout: Duration) -> Result<BTreeMap<String, i64>, String> {
+pub fn server_stats(
+    addr: &str,
+    timeout: Duration,
+    tls: Option<&crate::transport::Tls>,
+) -> Result<BTreeMap<String, i64>, String> {
     let ep = crate::transport::Endpoint::parse(addr)?;
     let mut s = ep
-        .connect_blocking(timeout)
+        .connect_blocking(timeout, tls)
         .map_err(|e| format!("{addr}: {e}"))?;
     let mut req = Vec::new();
     kvproto::client::stats(&mut req, b"");

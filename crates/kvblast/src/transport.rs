@@ -74,13 +74,28 @@ impl Endpoint {
 
     /// A blocking connection with read and write timeouts (for `stats`; a UDP server's stats
     /// are read over TCP at the same address, where memcached also listens).
-    pub fn connect_blocking(&self, timeout: Duration) -> io::Result<Box<dyn ReadWrite>> {
+    pub fn connect_blocking(
+        &self,
+        timeout: Duration,
+        tls: Option<&Tls>,
+    ) -> io::Result<Box<dyn ReadWrite>> {
         match self {
             Endpoint::Tcp(a) | Endpoint::Udp(a) => {
                 let s = std::net::TcpStream::connect_timeout(a, timeout)?;
                 s.set_read_timeout(Some(timeout))?;
                 s.set_write_timeout(Some(timeout))?;
-                Ok(Box::new(s))
+                match (tls, self) {
+                    (Some(tls), Endpoint::Tcp(_)) => {
+                        let session = tls
+                            .settings
+                            .connect(&tls.config, &a.ip().to_string())
+                            .map_err(io::Error::other)?;
+                        let mut t = kvtls::TlsStream::new(session, s);
+                        t.handshake_blocking()?;
+                        Ok(Box::new(t))
+                    }
+                    _ => Ok(Box::new(s)),
+                }
             }
             Endpoint::Unix(p) => {
                 let s = std::os::unix::net::UnixStream::connect(p)?;
@@ -173,6 +188,31 @@ impl std::fmt::Display for Endpoint {
 pub trait ReadWrite: Read + Write {}
 impl<T: Read + Write> ReadWrite for T {}
 
+/// TLS to the servers (`--tls`): the client configuration, built once, and its settings.
+#[derive(Clone)]
+pub struct Tls {
+    pub config: std::sync::Arc<kvtls::rustls::ClientConfig>,
+    pub settings: kvtls::client::Settings,
+}
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tls")
+            .field("settings", &self.settings)
+            .finish()
+    }
+}
+
+impl Tls {
+    /// Read the files the settings name.
+    pub fn new(settings: kvtls::client::Settings) -> Result<Tls, String> {
+        Ok(Tls {
+            config: settings.config()?,
+            settings,
+        })
+    }
+}
+
 /// A non-blocking stream registered with an event loop. For UDP, one `write` sends one
 /// datagram and one `read` receives one.
 #[derive(Debug)]
@@ -180,6 +220,8 @@ pub enum Stream {
     Tcp(mio::net::TcpStream),
     Unix(mio::net::UnixStream),
     Udp(mio::net::UdpSocket),
+    /// TLS over TCP; the handshake runs with the first reads and writes.
+    Tls(Box<kvtls::TlsStream<mio::net::TcpStream>>),
 }
 
 impl Stream {
@@ -187,12 +229,40 @@ impl Stream {
         matches!(self, Stream::Udp(_))
     }
 
+    /// A short read from TLS says nothing of the socket: read until it would block.
+    pub fn is_tls(&self) -> bool {
+        matches!(self, Stream::Tls(_))
+    }
+
+    /// Wrap a TCP stream in a TLS session to `server` (its address, the name checked unless
+    /// the settings name another).
+    pub fn into_tls(self, tls: &Tls, server: &SocketAddr) -> io::Result<Stream> {
+        let Stream::Tcp(s) = self else {
+            return Err(io::Error::other("TLS runs over TCP only"));
+        };
+        let session = tls
+            .settings
+            .connect(&tls.config, &server.ip().to_string())
+            .map_err(io::Error::other)?;
+        Ok(Stream::Tls(Box::new(kvtls::TlsStream::new(session, s))))
+    }
+
     pub fn shutdown(&self) {
         let _ = match self {
             Stream::Tcp(s) => s.shutdown(std::net::Shutdown::Both),
             Stream::Unix(s) => s.shutdown(std::net::Shutdown::Both),
             Stream::Udp(_) => Ok(()),
+            Stream::Tls(s) => s.socket().shutdown(std::net::Shutdown::Both),
         };
+    }
+
+    fn source(&mut self) -> &mut dyn Source {
+        match self {
+            Stream::Tcp(s) => s,
+            Stream::Unix(s) => s,
+            Stream::Udp(s) => s,
+            Stream::Tls(s) => s.socket_mut(),
+        }
     }
 }
 
@@ -202,6 +272,7 @@ impl Read for Stream {
             Stream::Tcp(s) => s.read(buf),
             Stream::Unix(s) => s.read(buf),
             Stream::Udp(s) => s.recv(buf),
+            Stream::Tls(s) => s.read(buf),
         }
     }
 }
@@ -212,37 +283,31 @@ impl Write for Stream {
             Stream::Tcp(s) => s.write(buf),
             Stream::Unix(s) => s.write(buf),
             Stream::Udp(s) => s.send(buf),
+            Stream::Tls(s) => s.write(buf),
         }
     }
 
+    /// TLS: send the records still waiting (what the socket does not take goes with the
+    /// next writability event).
     fn flush(&mut self) -> io::Result<()> {
-        Ok(())
+        match self {
+            Stream::Tls(s) => s.flush(),
+            _ => Ok(()),
+        }
     }
 }
 
 impl Source for Stream {
     fn register(&mut self, r: &Registry, t: Token, i: Interest) -> io::Result<()> {
-        match self {
-            Stream::Tcp(s) => s.register(r, t, i),
-            Stream::Unix(s) => s.register(r, t, i),
-            Stream::Udp(s) => s.register(r, t, i),
-        }
+        self.source().register(r, t, i)
     }
 
     fn reregister(&mut self, r: &Registry, t: Token, i: Interest) -> io::Result<()> {
-        match self {
-            Stream::Tcp(s) => s.reregister(r, t, i),
-            Stream::Unix(s) => s.reregister(r, t, i),
-            Stream::Udp(s) => s.reregister(r, t, i),
-        }
+        self.source().reregister(r, t, i)
     }
 
     fn deregister(&mut self, r: &Registry) -> io::Result<()> {
-        match self {
-            Stream::Tcp(s) => s.deregister(r),
-            Stream::Unix(s) => s.deregister(r),
-            Stream::Udp(s) => s.deregister(r),
-        }
+        self.source().deregister(r)
     }
 }
 

@@ -83,7 +83,7 @@ fn start_memcached_udp(udp: bool) -> Memcached {
             if TcpStream::connect(&mc.addr).is_ok() {
                 // Parallel tests can pick the same free port: then ours failed to bind and
                 // exited, and what answered is another test's server. Keep it only if it is ours.
-                let pid = server_stats(&mc.addr, Duration::from_secs(5))
+                let pid = server_stats(&mc.addr, Duration::from_secs(5), None)
                     .ok()
                     .and_then(|s| s.get("pid").copied());
                 if pid == Some(i64::from(mc.child.id())) {
@@ -104,7 +104,7 @@ fn start_memcached_udp(udp: bool) -> Memcached {
 fn stats_of(servers: &[&Memcached]) -> Vec<std::collections::BTreeMap<String, i64>> {
     servers
         .iter()
-        .map(|m| server_stats(&m.addr, Duration::from_secs(5)).expect("stats"))
+        .map(|m| server_stats(&m.addr, Duration::from_secs(5), None).expect("stats"))
         .collect()
 }
 
@@ -792,7 +792,8 @@ fn agents_split_the_key_space() {
         }
         let table = r.table();
         eprintln!("{mode}:\n{table}");
-        let items = server_stats(&mc.addr, Duration::from_secs(5)).expect("stats")["curr_items"];
+        let items =
+            server_stats(&mc.addr, Duration::from_secs(5), None).expect("stats")["curr_items"];
         let keys: Vec<u64> = r
             .participants
             .iter()
@@ -850,7 +851,7 @@ fn udp_load_phase_finishes_and_loads_every_key() {
         r.table()
     );
     assert_eq!(r.stats.loaded, 20_000, "{}", r.table());
-    let items = server_stats(&mc.addr, Duration::from_secs(5)).expect("stats");
+    let items = server_stats(&mc.addr, Duration::from_secs(5), None).expect("stats");
     assert_eq!(items.get("curr_items").copied(), Some(20_000));
     assert!(
         r.stats.op(kvblast::workload::Op::Get).hits > 0,
@@ -1234,4 +1235,80 @@ fn agents_get_histograms_inline() {
     );
     assert!(job.contains("--key-size\thist-inline:20:1.0\t"), "{job}");
     assert!(!job.contains("hist:"), "a path was sent: {job}");
+}
+
+/// kvblast over TLS against memcached with `-Z` (Debian's is built with TLS): every request
+/// answered, server stats read over TLS too; with an untrusted CA nothing gets through.
+#[test]
+fn tls_runs_against_memcached_with_tls() {
+    let dir = std::env::temp_dir().join(format!("kvblast-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let ca = kvtls::testcert::Ca::new("kvblast test CA");
+    let server = ca.issue("localhost", false, false);
+    let (cert, key, ca_file) = (dir.join("s.pem"), dir.join("s.key"), dir.join("ca.pem"));
+    std::fs::write(&cert, server.cert_pem()).expect("write");
+    std::fs::write(&key, server.key_pem()).expect("write");
+    std::fs::write(&ca_file, ca.cert_pem()).expect("write");
+    let port = free_port();
+    let child = Command::new(memcached_path())
+        .args(["-u", "root", "-l", "127.0.0.1", "-t", "1", "-Z", "-o"])
+        .arg(format!(
+            "ssl_chain_cert={},ssl_key={}",
+            cert.display(),
+            key.display()
+        ))
+        .arg("-p")
+        .arg(port.to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn memcached");
+    let mc = Memcached {
+        child,
+        addr: format!("127.0.0.1:{port}"),
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(&mc.addr).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "memcached -Z did not start"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let settings = kvtls::client::Settings {
+        ca: Some(ca_file.clone()),
+        server_name: Some("localhost".into()),
+        ..Default::default()
+    };
+    let tls = kvblast::transport::Tls::new(settings).expect("client config");
+    let mut w = Workload::preset("etc").expect("etc");
+    w.keys = 500;
+    w.value_size.max = 40_000;
+    let mut cfg = RunConfig::new(w, vec![mc.addr.clone()]);
+    cfg.conns = 4;
+    cfg.depth = 4;
+    cfg.requests = Some(3000);
+    cfg.duration = Duration::ZERO;
+    cfg.look_aside = true;
+    cfg.tls = Some(tls.clone());
+    let r = kvblast::engine::run(&cfg).expect("run");
+    let st = &r.stats;
+    assert_eq!(st.timeouts + st.lost + st.conn_failures, 0);
+    assert!(st.all().count >= 3000);
+    assert_eq!(st.all().errors, 0);
+    let stats = server_stats(&mc.addr, Duration::from_secs(5), Some(&tls)).expect("stats");
+    assert!(stats["cmd_get"] >= st.op(kvblast::workload::Op::Get).count as i64);
+
+    // A client that trusts another CA never gets a request through.
+    let stranger = kvtls::testcert::Ca::new("another CA");
+    std::fs::write(&ca_file, stranger.cert_pem()).expect("write");
+    let bad = kvblast::transport::Tls::new(kvtls::client::Settings {
+        ca: Some(ca_file),
+        server_name: Some("localhost".into()),
+        ..Default::default()
+    })
+    .expect("client config");
+    assert!(server_stats(&mc.addr, Duration::from_secs(5), Some(&bad)).is_err());
+    let _ = std::fs::remove_dir_all(&dir);
 }

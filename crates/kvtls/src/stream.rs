@@ -43,6 +43,16 @@ pub struct TlsStream<S> {
     established: bool,
 }
 
+impl<S: std::fmt::Debug> std::fmt::Debug for TlsStream<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsStream")
+            .field("sock", &self.sock)
+            .field("handshaking", &self.conn.is_handshaking())
+            .field("failure", &self.failure)
+            .finish()
+    }
+}
+
 impl<S: Read + Write> TlsStream<S> {
     /// Wrap a fresh rustls connection around a connected socket.
     pub fn new(conn: impl Into<Connection>, sock: S) -> TlsStream<S> {

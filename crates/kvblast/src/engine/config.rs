@@ -93,6 +93,8 @@ pub struct RunConfig {
     /// Distributed load: this participant draws (and its load phase sets) only the keys
     /// `k % participants == participant`.
     pub split_keys: bool,
+    /// TLS to every TCP server (`--tls`).
+    pub tls: Option<crate::transport::Tls>,
 }
 
 impl RunConfig {
@@ -124,6 +126,7 @@ impl RunConfig {
             participant: 0,
             participants: 1,
             split_keys: false,
+            tls: None,
         }
     }
 

@@ -279,6 +279,10 @@ impl Worker {
         }
         conn.wbuf.clear();
         conn.wpos = 0;
+        // TLS records the socket has not taken yet go with the next writability event.
+        if conn.sock.flush().is_err() {
+            self.fail(c);
+        }
     }
 
     /// Close a connection that failed or misbehaved; its outstanding requests are lost. It is
@@ -332,8 +336,13 @@ impl Worker {
                 continue;
             }
             let server = conn.server;
-            let opened = self.addrs[server]
+            let addr = &self.addrs[server];
+            let opened = addr
                 .connect_nonblocking()
+                .and_then(|s| match (&self.cfg.tls, addr) {
+                    (Some(tls), crate::transport::Endpoint::Tcp(a)) => s.into_tls(tls, a),
+                    _ => Ok(s),
+                })
                 .and_then(|mut sock| {
                     self.poll
                         .registry()

@@ -141,7 +141,7 @@ impl Worker {
                     // A short read emptied the socket; with edge-triggered readiness, bytes
                     // that arrive later raise a new event. Skipping the read that would
                     // return WouldBlock saves a system call per reply.
-                    if n < space {
+                    if n < space && !self.conns[c].sock.is_tls() {
                         return;
                     }
                 }

@@ -141,6 +141,10 @@ impl Worker {
             for _ in 0..cfg.conns {
                 let mut sock = addr
                     .connect(cfg.connect_timeout)
+                    .and_then(|s| match (&cfg.tls, addr) {
+                        (Some(tls), Endpoint::Tcp(a)) => s.into_tls(tls, a),
+                        _ => Ok(s),
+                    })
                     .map_err(|e| format!("connect {addr}: {e}"))?;
                 let idx = conns.len();
                 poll.registry()
