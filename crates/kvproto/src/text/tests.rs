@@ -654,7 +654,9 @@ fn admin_commands() {
             e(b"debugtime\r\n", ErrorReply::Error, false),
             e(b"debugtime p\r\n", ErrorReply::Error, false),
             e(b"debugtime x noreply\r\n", ErrorReply::Error, true),
-            e(b"refresh_certs\r\n", ErrorReply::Error, false),
+            // memcached runs refresh_certs whatever follows it.
+            r(b"refresh_certs\r\n", admin(b"refresh_certs", b"")),
+            r(b"refresh_certs now\r\n", admin(b"refresh_certs", b" now")),
             // Meta commands are parsed by kvproto::meta; an unknown m-command is unknown.
             e(b"mz k\r\n", ErrorReply::Error, false),
         ],
