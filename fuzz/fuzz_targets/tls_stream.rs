@@ -57,19 +57,7 @@ impl Write for Sock {
 
 fn configs() -> &'static (Arc<ServerConfig>, Arc<ClientConfig>) {
     static CONFIGS: OnceLock<(Arc<ServerConfig>, Arc<ClientConfig>)> = OnceLock::new();
-    CONFIGS.get_or_init(|| {
-        let ck = kvtls::testcert::self_signed("localhost");
-        let server = kvtls::server::config_from_der(
-            vec![ck.cert.clone()],
-            ck.key_der(),
-            &kvtls::server::Settings::default(),
-            kvtls::server::Peer::Default,
-        )
-        .unwrap_or_else(|e| panic!("server config: {e}"));
-        let client = kvtls::client::config_from_roots(std::slice::from_ref(&ck.ca), None)
-            .unwrap_or_else(|e| panic!("client config: {e}"));
-        (server, client)
-    })
+    CONFIGS.get_or_init(|| kvtls::testcert::configs("localhost"))
 }
 
 /// Read everything the server can now; `None` once it failed or ended.

@@ -86,11 +86,7 @@ impl Endpoint {
                 s.set_write_timeout(Some(timeout))?;
                 match (tls, self) {
                     (Some(tls), Endpoint::Tcp(_)) => {
-                        let session = tls
-                            .settings
-                            .connect(&tls.config, &a.ip().to_string())
-                            .map_err(io::Error::other)?;
-                        let mut t = kvtls::TlsStream::new(session, s);
+                        let mut t = tls.wrap(s, a)?;
                         t.handshake_blocking()?;
                         Ok(Box::new(t))
                     }
@@ -106,14 +102,15 @@ impl Endpoint {
         }
     }
 
-    /// A non-blocking connection for an event loop (TCP_NODELAY on).
-    pub fn connect(&self, timeout: Duration) -> io::Result<Stream> {
+    /// A non-blocking connection for an event loop (TCP_NODELAY on); over TLS to a TCP
+    /// server when `tls` is given (the handshake runs with the first reads and writes).
+    pub fn connect(&self, timeout: Duration, tls: Option<&Tls>) -> io::Result<Stream> {
         match self {
             Endpoint::Tcp(a) => {
                 let s = std::net::TcpStream::connect_timeout(a, timeout)?;
                 s.set_nodelay(true)?;
                 s.set_nonblocking(true)?;
-                Ok(Stream::Tcp(mio::net::TcpStream::from_std(s)))
+                Stream::tcp(mio::net::TcpStream::from_std(s), tls, a)
             }
             Endpoint::Unix(p) => {
                 let s = std::os::unix::net::UnixStream::connect(p)?;
@@ -160,16 +157,16 @@ impl Endpoint {
 
     /// A connection opened without waiting, to reconnect from inside an event loop: a TCP
     /// connect completes (or fails) later, reported as writability (or an error event).
-    pub fn connect_nonblocking(&self) -> io::Result<Stream> {
+    pub fn connect_nonblocking(&self, tls: Option<&Tls>) -> io::Result<Stream> {
         match self {
             Endpoint::Tcp(a) => {
                 let s = mio::net::TcpStream::connect(*a)?;
                 s.set_nodelay(true)?;
-                Ok(Stream::Tcp(s))
+                Stream::tcp(s, tls, a)
             }
             Endpoint::Unix(p) => Ok(Stream::Unix(mio::net::UnixStream::connect(p)?)),
             // Nothing to wait for.
-            Endpoint::Udp(_) => self.connect(Duration::ZERO),
+            Endpoint::Udp(_) => self.connect(Duration::ZERO, None),
         }
     }
 }
@@ -211,6 +208,20 @@ impl Tls {
             settings,
         })
     }
+
+    /// A TLS session over `sock`, connected to `server` (its address is the name checked
+    /// unless the settings name another).
+    fn wrap<S: Read + Write>(
+        &self,
+        sock: S,
+        server: &SocketAddr,
+    ) -> io::Result<kvtls::TlsStream<S>> {
+        let session = self
+            .settings
+            .connect(&self.config, &server.ip().to_string())
+            .map_err(io::Error::other)?;
+        Ok(kvtls::TlsStream::new(session, sock))
+    }
 }
 
 /// A non-blocking stream registered with an event loop. For UDP, one `write` sends one
@@ -234,17 +245,12 @@ impl Stream {
         matches!(self, Stream::Tls(_))
     }
 
-    /// Wrap a TCP stream in a TLS session to `server` (its address, the name checked unless
-    /// the settings name another).
-    pub fn into_tls(self, tls: &Tls, server: &SocketAddr) -> io::Result<Stream> {
-        let Stream::Tcp(s) = self else {
-            return Err(io::Error::other("TLS runs over TCP only"));
-        };
-        let session = tls
-            .settings
-            .connect(&tls.config, &server.ip().to_string())
-            .map_err(io::Error::other)?;
-        Ok(Stream::Tls(Box::new(kvtls::TlsStream::new(session, s))))
+    /// A TCP connection to `server`, in a TLS session when `tls` is given.
+    fn tcp(s: mio::net::TcpStream, tls: Option<&Tls>, server: &SocketAddr) -> io::Result<Stream> {
+        match tls {
+            None => Ok(Stream::Tcp(s)),
+            Some(tls) => Ok(Stream::Tls(Box::new(tls.wrap(s, server)?))),
+        }
     }
 
     pub fn shutdown(&self) {

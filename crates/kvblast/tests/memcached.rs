@@ -43,6 +43,16 @@ fn start_memcached() -> Memcached {
 /// memcached on a free port; with `udp`, also on the same UDP port (memcached keeps UDP off
 /// by default).
 fn start_memcached_udp(udp: bool) -> Memcached {
+    start_memcached_with(udp, &[], None)
+}
+
+/// memcached on a free port with `extra` arguments; `tls`: how to read its stats (a `-Z`
+/// server).
+fn start_memcached_with(
+    udp: bool,
+    extra: &[String],
+    tls: Option<&kvblast::transport::Tls>,
+) -> Memcached {
     let program = memcached_path();
     assert!(
         program.exists(),
@@ -69,6 +79,7 @@ fn start_memcached_udp(udp: bool) -> Memcached {
             } else {
                 vec![]
             })
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -83,7 +94,7 @@ fn start_memcached_udp(udp: bool) -> Memcached {
             if TcpStream::connect(&mc.addr).is_ok() {
                 // Parallel tests can pick the same free port: then ours failed to bind and
                 // exited, and what answered is another test's server. Keep it only if it is ours.
-                let pid = server_stats(&mc.addr, Duration::from_secs(5), None)
+                let pid = server_stats(&mc.addr, Duration::from_secs(5), tls)
                     .ok()
                     .and_then(|s| s.get("pid").copied());
                 if pid == Some(i64::from(mc.child.id())) {
@@ -1249,39 +1260,18 @@ fn tls_runs_against_memcached_with_tls() {
     std::fs::write(&cert, server.cert_pem()).expect("write");
     std::fs::write(&key, server.key_pem()).expect("write");
     std::fs::write(&ca_file, ca.cert_pem()).expect("write");
-    let port = free_port();
-    let child = Command::new(memcached_path())
-        .args(["-u", "root", "-l", "127.0.0.1", "-t", "1", "-Z", "-o"])
-        .arg(format!(
-            "ssl_chain_cert={},ssl_key={}",
-            cert.display(),
-            key.display()
-        ))
-        .arg("-p")
-        .arg(port.to_string())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn memcached");
-    let mc = Memcached {
-        child,
-        addr: format!("127.0.0.1:{port}"),
-    };
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while std::net::TcpStream::connect(&mc.addr).is_err() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "memcached -Z did not start"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
     let settings = kvtls::client::Settings {
         ca: Some(ca_file.clone()),
         server_name: Some("localhost".into()),
         ..Default::default()
     };
     let tls = kvblast::transport::Tls::new(settings).expect("client config");
+    let opts = format!(
+        "ssl_chain_cert={},ssl_key={}",
+        cert.display(),
+        key.display()
+    );
+    let mc = start_memcached_with(false, &["-Z".into(), "-o".into(), opts], Some(&tls));
     let mut w = Workload::preset("etc").expect("etc");
     w.keys = 500;
     w.value_size.max = 40_000;

@@ -470,43 +470,37 @@ impl Worker {
         }
     }
 
+    /// The slots of the connections for which `f` holds (for the once-a-second sweeps).
+    fn slots_where(&self, f: impl Fn(&Conn) -> bool) -> Vec<usize> {
+        self.conns
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| c.as_ref().is_some_and(&f).then_some(i))
+            .collect()
+    }
+
     /// Close connections that have waited for a command longer than `limit` (memcached's
     /// idle kick: only connections waiting for a command line, never one mid-request or
     /// blocked writing).
     fn close_idle(&mut self, limit: Duration) {
         let limit = limit.as_secs();
         let now = u64::from(self.now);
-        let idle: Vec<usize> = self
-            .conns
-            .iter()
-            .enumerate()
-            .filter_map(|(i, c)| {
-                let c = c.as_ref()?;
-                let last = u64::from(c.info.last_cmd.load(Ordering::Relaxed));
-                (c.info.state().kickable() && now.saturating_sub(last) > limit).then_some(i)
-            })
-            .collect();
+        let idle = self.slots_where(|c| {
+            let last = u64::from(c.info.last_cmd.load(Ordering::Relaxed));
+            c.info.state().kickable() && now.saturating_sub(last) > limit
+        });
         for slot in idle {
             self.stats.idle_kicks.incr();
             self.shared.log(2, || "closing idle connection".into());
             self.close(slot);
         }
     }
-}
 
-impl Worker {
     /// Close connections whose TLS handshake has not completed within `limit` (a client
     /// that connects to a TLS port and never finishes, or never starts, its handshake).
     fn close_stalled_handshakes(&mut self, limit: Duration) {
-        let stalled: Vec<usize> = self
-            .conns
-            .iter()
-            .enumerate()
-            .filter_map(|(i, c)| {
-                let c = c.as_ref()?;
-                (c.stream.handshaking() && c.accepted_at.elapsed() >= limit).then_some(i)
-            })
-            .collect();
+        let stalled =
+            self.slots_where(|c| c.stream.handshaking() && c.accepted_at.elapsed() >= limit);
         for slot in stalled {
             if let Some(tls) = &self.shared.tls {
                 tls.counters

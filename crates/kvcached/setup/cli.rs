@@ -1046,8 +1046,7 @@ impl Builder {
             "ssl_ca_cert" => self.cfg.ssl.settings.ca_cert = Some(need(val)?.into()),
             "ssl_ciphers" => {
                 let list = need(val)?;
-                let all = kvtls::rustls::crypto::ring::default_provider().cipher_suites;
-                kvtls::server::tls12_suites(&list, &all)?;
+                kvtls::server::check_ciphers(&list)?;
                 self.cfg.ssl.settings.ciphers = Some(list);
             }
             "ssl_verify_mode" => {

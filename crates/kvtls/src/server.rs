@@ -243,6 +243,16 @@ pub fn tls12_suites(
     Ok(keep)
 }
 
+/// Check an `ssl_ciphers` list against the suites this build offers (at startup, before the
+/// files are read).
+pub fn check_ciphers(list: &str) -> Result<(), String> {
+    tls12_suites(
+        list,
+        &rustls::crypto::ring::default_provider().cipher_suites,
+    )
+    .map(|_| ())
+}
+
 /// OpenSSL's name of a TLS 1.2 ECDHE suite from its IANA name:
 /// `TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256` → `ECDHE-RSA-AES128-GCM-SHA256`.
 fn openssl_name(iana: &str) -> Option<String> {

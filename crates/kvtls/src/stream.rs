@@ -305,33 +305,20 @@ mod tests {
         }
     }
 
-    fn pair(room: usize) -> (Sock, Sock, Arc<Mutex<Pipe>>, Arc<Mutex<Pipe>>) {
+    /// A connected pair of in-memory sockets: (the server's end, the client's end).
+    fn pair() -> (Sock, Sock) {
         let a = Arc::new(Mutex::new(Pipe::default()));
         let b = Arc::new(Mutex::new(Pipe::default()));
         let server = Sock {
             rx: a.clone(),
             tx: b.clone(),
-            room,
+            room: usize::MAX,
         };
         let client = Sock {
-            rx: b.clone(),
-            tx: a.clone(),
-            room,
+            rx: b,
+            tx: a,
+            room: usize::MAX,
         };
-        (server, client, a, b)
-    }
-
-    fn configs() -> (Arc<rustls::ServerConfig>, Arc<rustls::ClientConfig>) {
-        let ck = crate::testcert::self_signed("localhost");
-        let server = crate::server::config_from_der(
-            vec![ck.cert.clone()],
-            ck.key_der(),
-            &crate::server::Settings::default(),
-            crate::server::Peer::Default,
-        )
-        .expect("server config");
-        let client = crate::client::config_from_roots(std::slice::from_ref(&ck.ca), None)
-            .expect("client config");
         (server, client)
     }
 
@@ -362,19 +349,25 @@ mod tests {
         }
     }
 
-    #[test]
-    fn handshake_then_data_both_ways() {
-        let (server_cfg, client_cfg) = configs();
-        let (ss, cs, _, _) = pair(usize::MAX);
-        let mut server = TlsStream::new(
+    /// A server and a client session over an in-memory socket pair.
+    fn sessions() -> (TlsStream<Sock>, TlsStream<Sock>) {
+        let (server_cfg, client_cfg) = crate::testcert::configs("localhost");
+        let (ss, cs) = pair();
+        let server = TlsStream::new(
             rustls::ServerConnection::new(server_cfg).expect("server conn"),
             ss,
         );
         let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
-        let mut client = TlsStream::new(
+        let client = TlsStream::new(
             rustls::ClientConnection::new(client_cfg, name).expect("client conn"),
             cs,
         );
+        (server, client)
+    }
+
+    #[test]
+    fn handshake_then_data_both_ways() {
+        let (mut server, mut client) = sessions();
         assert_eq!(
             client.write(b"get foo\r\n").map_err(|e| e.kind()),
             Ok(9),
@@ -397,17 +390,7 @@ mod tests {
 
     #[test]
     fn a_blocked_socket_holds_back_further_writes() {
-        let (server_cfg, client_cfg) = configs();
-        let (ss, cs, _, _) = pair(usize::MAX);
-        let mut server = TlsStream::new(
-            rustls::ServerConnection::new(server_cfg).expect("server conn"),
-            ss,
-        );
-        let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
-        let mut client = TlsStream::new(
-            rustls::ClientConnection::new(client_cfg, name).expect("client conn"),
-            cs,
-        );
+        let (mut server, mut client) = sessions();
         let (mut sgot, mut cgot) = (Vec::new(), Vec::new());
         let _ = client.flush_records();
         pump(&mut server, &mut client, &mut sgot, &mut cgot);
@@ -428,12 +411,8 @@ mod tests {
 
     #[test]
     fn plaintext_on_a_tls_port_is_a_handshake_failure() {
-        let (server_cfg, _) = configs();
-        let (ss, _cs, to_server, _) = pair(usize::MAX);
-        let mut server = TlsStream::new(
-            rustls::ServerConnection::new(server_cfg).expect("server conn"),
-            ss,
-        );
+        let (mut server, _client) = sessions();
+        let to_server = server.sock.rx.clone();
         to_server
             .lock()
             .expect("lock")
@@ -447,12 +426,8 @@ mod tests {
 
     #[test]
     fn the_end_of_the_socket_reads_as_the_end() {
-        let (server_cfg, _) = configs();
-        let (ss, _cs, to_server, _) = pair(usize::MAX);
-        let mut server = TlsStream::new(
-            rustls::ServerConnection::new(server_cfg).expect("server conn"),
-            ss,
-        );
+        let (mut server, _client) = sessions();
+        let to_server = server.sock.rx.clone();
         let mut buf = [0u8; 64];
         assert_eq!(
             server.read(&mut buf).map_err(|e| e.kind()),

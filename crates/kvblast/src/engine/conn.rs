@@ -336,13 +336,8 @@ impl Worker {
                 continue;
             }
             let server = conn.server;
-            let addr = &self.addrs[server];
-            let opened = addr
-                .connect_nonblocking()
-                .and_then(|s| match (&self.cfg.tls, addr) {
-                    (Some(tls), crate::transport::Endpoint::Tcp(a)) => s.into_tls(tls, a),
-                    _ => Ok(s),
-                })
+            let opened = self.addrs[server]
+                .connect_nonblocking(self.cfg.tls.as_ref())
                 .and_then(|mut sock| {
                     self.poll
                         .registry()

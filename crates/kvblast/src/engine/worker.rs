@@ -140,11 +140,7 @@ impl Worker {
         for (s, addr) in addrs.iter().enumerate() {
             for _ in 0..cfg.conns {
                 let mut sock = addr
-                    .connect(cfg.connect_timeout)
-                    .and_then(|s| match (&cfg.tls, addr) {
-                        (Some(tls), Endpoint::Tcp(a)) => s.into_tls(tls, a),
-                        _ => Ok(s),
-                    })
+                    .connect(cfg.connect_timeout, cfg.tls.as_ref())
                     .map_err(|e| format!("connect {addr}: {e}"))?;
                 let idx = conns.len();
                 poll.registry()
