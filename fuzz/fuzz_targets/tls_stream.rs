@@ -57,7 +57,7 @@ impl Write for Sock {
 
 fn configs() -> &'static (Arc<ServerConfig>, Arc<ClientConfig>) {
     static CONFIGS: OnceLock<(Arc<ServerConfig>, Arc<ClientConfig>)> = OnceLock::new();
-    CONFIGS.get_or_init(|| kvtls::testcert::configs("localhost"))
+    CONFIGS.get_or_init(|| kvtls::testpair::configs("localhost"))
 }
 
 /// Read everything the server can now; `None` once it failed or ended.

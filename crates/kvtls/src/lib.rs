@@ -14,6 +14,8 @@ pub mod server;
 pub mod stream;
 #[cfg(any(test, feature = "testcert"))]
 pub mod testcert;
+#[cfg(any(test, feature = "testcert"))]
+pub mod testpair;
 
 pub use stream::{Failure, TlsStream};
 

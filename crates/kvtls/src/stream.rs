@@ -351,7 +351,7 @@ mod tests {
 
     /// A server and a client session over an in-memory socket pair.
     fn sessions() -> (TlsStream<Sock>, TlsStream<Sock>) {
-        let (server_cfg, client_cfg) = crate::testcert::configs("localhost");
+        let (server_cfg, client_cfg) = crate::testpair::configs("localhost");
         let (ss, cs) = pair();
         let server = TlsStream::new(
             rustls::ServerConnection::new(server_cfg).expect("server conn"),

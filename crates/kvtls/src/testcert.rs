@@ -95,25 +95,3 @@ impl Ca {
 pub fn self_signed(name: &str) -> CertKey {
     Ca::new("kvcache test CA").issue(name, false, false)
 }
-
-/// A server configuration (default settings) with a certificate for `name`, and a client
-/// configuration that trusts it.
-pub fn configs(
-    name: &str,
-) -> (
-    std::sync::Arc<rustls::ServerConfig>,
-    std::sync::Arc<rustls::ClientConfig>,
-) {
-    let ck = self_signed(name);
-    let server = must(crate::server::config_from_der(
-        vec![ck.cert.clone()],
-        ck.key_der(),
-        &crate::server::Settings::default(),
-        crate::server::Peer::Default,
-    ));
-    let client = must(crate::client::config_from_roots(
-        std::slice::from_ref(&ck.ca),
-        None,
-    ));
-    (server, client)
-}
