@@ -1,27 +1,36 @@
 //! `-m auto` follows the memory available: the limit starts at what is available less a
 //! reserve, drops (and the server's resident memory with it) when the machine runs short,
-//! and grows back when memory is free again. The machine's memory is simulated with a
-//! meminfo file (`KVCACHED_MEMINFO`), so the test is exact and harmless.
+//! and grows back when memory is free again; a memory cgroup's limit changed at run time is
+//! followed too. The machine is simulated with a directory standing for `/`
+//! (`KVCACHED_SYSROOT`: its `proc/meminfo`, `proc/self/cgroup`, `proc/self/mountinfo` and
+//! cgroup files), so the test is exact and harmless. `tests/memory_cgroup.rs` runs a server
+//! in a real cgroup.
 
 mod common;
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::{Client, Kind, Server};
 
 const MIB: u64 = 1 << 20;
 
-fn set_available(path: &PathBuf, mib: u64) {
+fn set_available(root: &Path, mib: u64) {
     let text = format!(
         "MemTotal: {} kB\nMemAvailable: {} kB\n",
         8192 * 1024,
         mib * 1024
     );
-    // Write then rename, so the server never reads a half-written file.
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text).expect("write meminfo");
-    std::fs::rename(&tmp, path).expect("rename meminfo");
+    // Written beside and renamed, so the server never reads a half-written file.
+    write(root, "proc/meminfo", &text);
+}
+
+fn write(root: &Path, path: &str, text: &str) {
+    let p = root.join(path);
+    std::fs::create_dir_all(p.parent().expect("a parent")).expect("create dirs");
+    let tmp = p.with_extension("tmp");
+    std::fs::write(&tmp, text).expect("write");
+    std::fs::rename(&tmp, &p).expect("rename");
 }
 
 fn limit(c: &mut Client) -> u64 {
@@ -43,10 +52,20 @@ fn poll(what: &str, mut f: impl FnMut() -> Result<(), String>) {
 
 #[test]
 fn auto_limit_gives_memory_back_under_pressure_and_takes_it_again() {
-    let meminfo = std::env::temp_dir().join(format!("kvcached-meminfo-{}", std::process::id()));
-    set_available(&meminfo, 400);
+    let root = std::env::temp_dir().join(format!("kvcached-sysroot-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    set_available(&root, 400);
+    // A cgroup v2 hierarchy with no limit yet.
+    write(
+        &root,
+        "proc/self/mountinfo",
+        "41 31 0:38 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n",
+    );
+    write(&root, "proc/self/cgroup", "0::/cache\n");
+    write(&root, "sys/fs/cgroup/cache/memory.max", "max\n");
+    write(&root, "sys/fs/cgroup/cache/memory.current", "0\n");
     // The only test in this file (its own process): no other thread reads the environment.
-    std::env::set_var("KVCACHED_MEMINFO", &meminfo);
+    std::env::set_var("KVCACHED_SYSROOT", &root);
     let server = Server::start_verified(Kind::Kvcached, &["-m", "auto"]);
     let mut c = server.connect();
     // 400 MiB available less the 256 MiB reserve.
@@ -70,7 +89,7 @@ fn auto_limit_gives_memory_back_under_pressure_and_takes_it_again() {
     assert!(full > 100 * 1024, "RSS {full} KiB after storing 110 MB");
 
     // The machine runs short: the limit drops to the floor and the memory goes back.
-    set_available(&meminfo, 50);
+    set_available(&root, 50);
     poll("the limit to drop", || match limit(&mut c) {
         l if l == 64 * MIB => Ok(()),
         l => Err(format!("limit {} MiB", l / MIB)),
@@ -88,15 +107,27 @@ fn auto_limit_gives_memory_back_under_pressure_and_takes_it_again() {
     );
 
     // Between the reserve and twice it: no change.
-    set_available(&meminfo, 300);
+    set_available(&root, 300);
     for _ in 0..3 {
         assert_eq!(limit(&mut c), 64 * MIB);
     }
     // Memory is free again: back up to the starting limit, not beyond.
-    set_available(&meminfo, 4096);
+    set_available(&root, 4096);
     poll("the limit to grow back", || match limit(&mut c) {
         l if l == 144 * MIB => Ok(()),
         l => Err(format!("limit {} MiB", l / MIB)),
     });
-    let _ = std::fs::remove_file(&meminfo);
+
+    // The cgroup gets a 160 MiB limit while the server runs: the limit follows at once to
+    // 160 MiB less an eighth.
+    write(
+        &root,
+        "sys/fs/cgroup/cache/memory.max",
+        &format!("{}\n", 160 * MIB),
+    );
+    poll("the limit to follow the cgroup", || match limit(&mut c) {
+        l if l == 140 * MIB => Ok(()),
+        l => Err(format!("limit {} MiB", l / MIB)),
+    });
+    let _ = std::fs::remove_dir_all(&root);
 }

@@ -198,7 +198,17 @@ fn maintenance_loop(shared: &Shared) {
     let mut n = 0u32;
     let auto = shared.config.memory_limit == MemoryLimit::Auto;
     let mut trimmed_at = 0u64;
-    let ceiling = shared.engine.stats().limit_maxbytes as usize;
+    let sizer =
+        auto.then(|| crate::setup::memory::AutoSizer::new(crate::setup::memory::Sys::host()));
+    if let Some(sizer) = &sizer {
+        shared.log(1, || {
+            format!(
+                "-m auto: memory limit {} MiB ({})",
+                shared.engine.stats().limit_maxbytes >> 20,
+                sizer.describe()
+            )
+        });
+    }
     while !shared.shutting_down() {
         if n % 4 == 0 {
             shared
@@ -218,21 +228,19 @@ fn maintenance_loop(shared: &Shared) {
                 trim_heap();
             }
         }
-        if auto && n % 20 == 0 {
-            if let Some(available) = crate::setup::memory::available_now() {
-                let limit = shared.engine.stats().limit_maxbytes as usize;
-                let next = crate::setup::memory::adjust(limit, available, ceiling);
-                if next != limit {
-                    shared.log(1, || {
-                        format!(
-                            "-m auto: {} MiB available; memory limit {} -> {} MiB",
-                            available >> 20,
-                            limit >> 20,
-                            next >> 20
-                        )
-                    });
-                    shared.engine.set_max_bytes(next, shared.clock.now());
-                }
+        if let Some(sizer) = sizer.as_ref().filter(|_| n % 20 == 0) {
+            let limit = shared.engine.stats().limit_maxbytes as usize;
+            let next = sizer.next(limit);
+            if next != limit {
+                shared.log(1, || {
+                    format!(
+                        "-m auto: memory limit {} -> {} MiB ({})",
+                        limit >> 20,
+                        next >> 20,
+                        sizer.describe()
+                    )
+                });
+                shared.engine.set_max_bytes(next, shared.clock.now());
             }
         }
         n = n.wrapping_add(1);
