@@ -52,6 +52,7 @@ common::both!(
     object_too_large,
     item_size_limit_includes_overhead,
     out_of_memory_no_evict,
+    touch_with_full_memory_no_evict,
     pipelined_in_one_write,
     large_multiget,
     expiry_without_clock,
@@ -1383,6 +1384,68 @@ fn out_of_memory_no_evict(kind: Kind) {
     req.extend_from_slice(b"\r\n");
     c.send(&req);
     assert_eq!(c.line(), "STORED\r\n");
+}
+
+/// memcached changes a touched item's expiry in place, so touch and gat work in a full
+/// `-M` cache; kvcached rewrites the item, into memory compaction frees.
+fn touch_with_full_memory_no_evict(kind: Kind) {
+    let server = Server::start_verified(kind, &["-M", "-m", "2"]);
+    let mut c = server.connect();
+    let value = vec![b'v'; 100];
+    let mut stored = 0;
+    'fill: for batch in 0..200 {
+        let mut req = Vec::new();
+        for i in 0..500 {
+            req.extend_from_slice(format!("set k{batch}-{i} 0 1000 100\r\n").as_bytes());
+            req.extend_from_slice(&value);
+            req.extend_from_slice(b"\r\n");
+        }
+        c.send(&req);
+        let mut full = false;
+        for _ in 0..500 {
+            match c.line().as_str() {
+                "STORED\r\n" if !full => stored += 1,
+                "SERVER_ERROR out of memory storing object\r\n" => full = true,
+                "STORED\r\n" => {}
+                other => panic!("{kind:?}: {other:?}"),
+            }
+        }
+        if full {
+            break 'fill;
+        }
+    }
+    assert!(stored > 5_000, "{kind:?}: {stored} items in 2 MB");
+    // Full: every item touched twice, then read with gat, in pipelined batches.
+    let keys: Vec<String> = (0..stored)
+        .map(|n| format!("k{}-{}", n / 500, n % 500))
+        .collect();
+    for (round, verb) in ["touch", "touch", "gat"].iter().enumerate() {
+        for chunk in keys.chunks(500) {
+            let mut req = String::new();
+            for k in chunk {
+                match *verb {
+                    "gat" => req.push_str(&format!("gat {} {k}\r\n", 2000 + round)),
+                    _ => req.push_str(&format!("touch {k} {}\r\n", 2000 + round)),
+                }
+            }
+            c.send(req.as_bytes());
+            for k in chunk {
+                if *verb == "gat" {
+                    assert_eq!(
+                        c.line(),
+                        format!("VALUE {k} 0 100\r\n"),
+                        "{kind:?}: gat {k}"
+                    );
+                    c.exact(102);
+                    assert_eq!(c.line(), "END\r\n");
+                } else {
+                    assert_eq!(c.line(), "TOUCHED\r\n", "{kind:?}: touch {k} round {round}");
+                }
+            }
+        }
+    }
+    assert_eq!(c.stat("evictions").as_deref(), Some("0"), "{kind:?}");
+    assert_eq!(c.stat("curr_items"), Some(stored.to_string()), "{kind:?}");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -100,6 +100,11 @@ fn store(e: &LogEngine, mode: StoreMode, key: &[u8], value: &[u8], exptime: u32)
 }
 
 fn worker(e: &LogEngine, seed: u64, ops: usize, keys: u64, big: bool) -> u64 {
+    worker_with(e, seed, ops, keys, big, false)
+}
+
+/// [`worker`]; with `no_evict`, a store may also be refused for memory.
+fn worker_with(e: &LogEngine, seed: u64, ops: usize, keys: u64, big: bool, no_evict: bool) -> u64 {
     let mut rng = Rng(seed | 1);
     let mut hits = 0;
     for _ in 0..ops {
@@ -129,7 +134,11 @@ fn worker(e: &LogEngine, seed: u64, ops: usize, keys: u64, big: bool) -> u64 {
             }
             50..=69 => {
                 let r = store(e, StoreMode::Set, key, &chunk(key, size, seedb), 0);
-                assert!(matches!(r, StoreResult::Stored(_)), "set {k}: {r:?}");
+                let refused = no_evict && r == StoreResult::NoMemory;
+                assert!(
+                    matches!(r, StoreResult::Stored(_)) || refused,
+                    "set {k}: {r:?}"
+                );
             }
             70..=77 => {
                 let r = store(
@@ -139,8 +148,9 @@ fn worker(e: &LogEngine, seed: u64, ops: usize, keys: u64, big: bool) -> u64 {
                     &chunk(key, size.min(400), seedb),
                     0,
                 );
+                let refused = no_evict && r == StoreResult::NoMemory;
                 assert!(
-                    matches!(r, StoreResult::Stored(_) | StoreResult::NotStored),
+                    matches!(r, StoreResult::Stored(_) | StoreResult::NotStored) || refused,
                     "append {k}: {r:?}"
                 );
             }
@@ -152,8 +162,9 @@ fn worker(e: &LogEngine, seed: u64, ops: usize, keys: u64, big: bool) -> u64 {
                     &chunk(key, size.min(400), seedb),
                     0,
                 );
+                let refused = no_evict && r == StoreResult::NoMemory;
                 assert!(
-                    matches!(r, StoreResult::Stored(_) | StoreResult::NotStored),
+                    matches!(r, StoreResult::Stored(_) | StoreResult::NotStored) || refused,
                     "prepend {k}: {r:?}"
                 );
             }
@@ -181,8 +192,9 @@ fn worker(e: &LogEngine, seed: u64, ops: usize, keys: u64, big: bool) -> u64 {
                     StoreMode::Replace
                 };
                 let r = store(e, mode, key, &chunk(key, size, seedb), 0);
+                let refused = no_evict && r == StoreResult::NoMemory;
                 assert!(
-                    matches!(r, StoreResult::Stored(_) | StoreResult::NotStored),
+                    matches!(r, StoreResult::Stored(_) | StoreResult::NotStored) || refused,
                     "add/replace {k}: {r:?}"
                 );
             }
@@ -218,6 +230,39 @@ fn log_concurrent_mixed_ops_never_return_torn_values() {
     assert!(hits > 0);
     let s = e.stats();
     assert!(s.evictions > 0, "{s:?}");
+    e.check_accounting().unwrap();
+    assert!(e.memory_bytes() <= 2 << 20);
+}
+
+#[test]
+fn log_concurrent_no_evict_compacts_without_losing_items() {
+    // -M in 2 MiB: the log fills with overwritten and deleted items, and compaction moves
+    // live ones while readers, touches and writers run.
+    let e = LogEngine::new(EngineConfig {
+        max_bytes: 2 << 20,
+        max_item_size: 1 << 20,
+        no_evict: true,
+        use_cas: true,
+    });
+    let hits: u64 = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..4u64)
+            .map(|t| {
+                let e = &e;
+                s.spawn(move || {
+                    worker_with(e, 0x51_7cc1 * (t + 1), 40_000 * scale(), 6000, false, true)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).sum()
+    });
+    assert!(hits > 0);
+    assert_eq!(e.stats().evictions, 0);
+    let compacted = e
+        .stats_detail("items")
+        .into_iter()
+        .find(|(k, _)| k == "items:1:segments_compacted")
+        .map(|(_, v)| v);
+    assert_ne!(compacted.as_deref(), Some("0"));
     e.check_accounting().unwrap();
     assert!(e.memory_bytes() <= 2 << 20);
 }

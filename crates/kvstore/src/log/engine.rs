@@ -158,7 +158,7 @@ impl Engine for LogEngine {
                 // memcached's names, per slab class; the log has one "class" (1).
                 let ld = |c: &AtomicU64| c.load(Ordering::Relaxed);
                 let evictions = ld(&st.evictions);
-                let rows: [(&str, u64); 12] = [
+                let rows: [(&str, u64); 13] = [
                     ("number", self.stats().curr_items),
                     ("evicted", evictions),
                     ("evicted_nonzero", ld(&st.evicted_nonzero)),
@@ -170,6 +170,7 @@ impl Engine for LogEngine {
                     ("evicted_index_full", ld(&st.evicted_index)),
                     ("copied_forward", ld(&st.copied_forward)),
                     ("segments_evicted", ld(&st.segments_evicted)),
+                    ("segments_compacted", ld(&st.segments_compacted)),
                     ("tombstones", ld(&st.tombstones)),
                 ];
                 for (name, value) in rows {
@@ -194,6 +195,7 @@ impl Engine for LogEngine {
             &st.get_flushed,
             &st.copied_forward,
             &st.segments_evicted,
+            &st.segments_compacted,
             &st.tombstones,
         ] {
             c.store(0, Ordering::Relaxed);

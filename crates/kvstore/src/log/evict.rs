@@ -101,48 +101,24 @@ impl LogEngine {
     /// evictor lock is taken per second-chance copy, inside the record's stripe lock.
     pub(super) fn clean(&self, id: u32) {
         let now = self.clock.load(Ordering::Relaxed);
-        let Some(seg) = self.segs.get(id) else { return };
-        let Some(ptr) = NonNull::new(seg.mem.0.ptr.load(Ordering::Acquire)) else {
-            return;
-        };
-        let used = seg.mem.0.used.load(Ordering::Acquire);
-        // SAFETY: the segment is sealed and owned by the evictor until it is freed below
-        // our caller: nobody appends to it and it stays mapped.
-        let base = unsafe { format::seg_cas_base(ptr.as_ptr()) };
         // Evictions are noted for replicas once per segment, not under each stripe lock.
         let mut notes = EvictionNotes::default();
-        let mut off = SEG_HDR;
-        while off < used {
-            // SAFETY: as above; `used` is the published length.
-            let Some(r) = (unsafe { format::read(ptr.as_ptr(), used, off, base) }) else {
-                break;
-            };
-            let here = off;
-            off += r.len;
-            if r.kind != KIND_ITEM {
-                continue;
-            }
-            let h = self.hash(r.key);
-            let _g = self.index.lock(h);
-            let Some((slot, v)) = self.index.find(h, |v| {
-                index::slot_seg(v) == id && index::slot_off(v) == here
-            }) else {
-                continue;
-            };
-            if self.evict_item(&r, v, now, &mut notes) {
-                let copied = self.copy_forward(&mut lock(&self.evictor), &r, v);
+        self.for_live(id, |slot, r, v| {
+            if self.evict_item(r, v, now, &mut notes) {
+                let copied = self.copy_forward(&mut lock(&self.evictor), r, v);
                 if let Some(new_v) = copied {
                     self.relocate(slot, new_v);
                     self.account_remove(v, r.len);
                     self.st.0.copied_forward.fetch_add(1, Ordering::Relaxed);
-                    continue;
+                    return true;
                 }
                 self.note_eviction_in(&mut notes, r.key, r.cas);
                 self.st.0.evictions.fetch_add(1, Ordering::Relaxed);
             }
             slot.store(0, Ordering::Release);
             self.account_remove(v, r.len);
-        }
+            true
+        });
         self.note_evictions(notes);
     }
 

@@ -150,7 +150,6 @@ fn encode_header(spec: &Spec<'_>, base: u64, buf: &mut [u8; HDR_MAX]) -> usize {
 }
 
 /// Bytes the record for `spec` takes in a segment whose CAS base is `base`.
-#[cfg(test)]
 pub(crate) fn encoded_len(spec: &Spec<'_>, base: u64) -> usize {
     let mut buf = [0u8; HDR_MAX];
     encode_header(spec, base, &mut buf) + spec.key.len() + spec.parts[0].len() + spec.parts[1].len()

@@ -38,7 +38,7 @@
 //!
 //! # Concurrency
 //!
-//! Locks, in the only order they are ever taken: shard → bucket stripe → evictor →
+//! Locks, in the only order they are ever taken: shard → compactor → bucket stripe → evictor →
 //! pool / FIFO (shard locks of other threads are only ever `try_lock`ed). Readers take none of them: a reader holds a *pin* (the read side of one
 //! of `NPINS` reader-writer locks, picked by thread) while it loads slots and reads
 //! records. Memory is reused only after eviction has (1) unlinked every slot into the
@@ -108,7 +108,8 @@
 //! # Known gaps
 //!
 //! * `touch`/`gat` rewrite the item (same CAS, new expiry) at the log head; with
-//!   `no_evict` and full memory they cannot, and report a miss.
+//!   `no_evict` and full memory they go into the compactor's segment, refilled by
+//!   compaction (`compact.rs`), and miss only if no byte of the log is dead or free.
 //! * Delete appends a tombstone; with `no_evict` and full memory the delete happens
 //!   without one (a log reader would miss it). Flushes are not logged.
 //! * Flushes travel to replicas as watermarks in every batch, not as log records (see
@@ -123,6 +124,7 @@
 //!   65536 s beyond. A reader that races with a writer of the same slot may record its
 //!   access time on the new item (the same `now`, or one second off).
 
+mod compact;
 mod engine;
 mod evict;
 mod format;
@@ -209,6 +211,7 @@ struct Counters {
     get_flushed: AtomicU64,
     copied_forward: AtomicU64,
     segments_evicted: AtomicU64,
+    segments_compacted: AtomicU64,
     tombstones: AtomicU64,
     index_splits: AtomicU64,
 }
@@ -273,6 +276,8 @@ pub struct LogEngine {
     pool: Mutex<Pool>,
     fifo: Mutex<Fifo>,
     evictor: Mutex<Evictor>,
+    /// no_evict only: compaction's segment and spare (see `compact.rs`).
+    compactor: Mutex<compact::Compactor>,
     shards: Box<[Padded<Mutex<Option<Open>>>]>,
     shard_items: Box<[Padded<AtomicU64>]>,
     /// Items the index points at, summed over cells (a cell may go negative).
@@ -341,6 +346,7 @@ impl LogEngine {
             pool: Mutex::new(Pool::default()),
             fifo: Mutex::new(Fifo::default()),
             evictor: Mutex::new(Evictor::default()),
+            compactor: Mutex::new(compact::Compactor::default()),
             shards: (0..nshards).map(|_| Padded::default()).collect(),
             shard_items: (0..nshards).map(|_| Padded::default()).collect(),
             live: (0..nshards).map(|_| Padded::default()).collect(),
@@ -405,6 +411,7 @@ impl LogEngine {
     /// counts match the slots, and memory is within the limit.
     #[doc(hidden)]
     pub fn check_accounting(&self) -> Result<(), String> {
+        let _cp = lock(&self.compactor);
         let _ev = lock(&self.evictor);
         let _grow = lock(&self.grow_lock);
         let mut items = std::collections::HashMap::<u32, (u64, u64)>::new();

@@ -183,9 +183,13 @@ impl LogEngine {
         p.ids.push(id);
     }
 
-    /// A free regular segment, evicting if needed (and allowed).
-    pub(super) fn take_segment(&self) -> Option<u32> {
-        if !self.no_evict {
+    /// A free regular segment, evicting if needed (and allowed); with no_evict,
+    /// compacting if `compact`.
+    pub(super) fn take_segment(&self, compact: bool) -> Option<u32> {
+        if self.no_evict {
+            // Keep segments back for compaction and rewrites while memory is free.
+            self.keep_reserve(&mut lock(&self.compactor));
+        } else {
             // Give the evictor a segment to copy second-chance items into before memory
             // runs out (when it runs out, nothing is free until an eviction finishes).
             let mut ev = lock(&self.evictor);
@@ -200,14 +204,17 @@ impl LogEngine {
                 if let Some(id) = p.free.pop() {
                     return Some(id);
                 }
-                if self.allocated.load(Ordering::Relaxed) + self.seg_size <= self.budget() {
+                if self.allocated.load(Ordering::Relaxed) + self.seg_size <= self.write_budget() {
                     if let Some((id, _)) = self.new_segment(&mut p, self.seg_size, false) {
                         return Some(id);
                     }
                 }
             }
             if self.no_evict {
-                if self.reclaim_dead() || self.unstick() && self.reclaim_dead() {
+                if self.reclaim_dead()
+                    || self.unstick() && self.reclaim_dead()
+                    || compact && self.compact_for_segment()
+                {
                     continue;
                 }
                 return None;
@@ -295,6 +302,13 @@ impl LogEngine {
 
     /// Prepare a free segment for appending.
     pub(super) fn open_segment(&self, id: u32) -> Option<Open> {
+        self.open_segment_at(id, None)
+    }
+
+    /// Prepare a free segment for appending, with `base` as its CAS base instead of the
+    /// next CAS unique (compaction copies records verbatim into a segment with the base
+    /// of the one they come from, so they take exactly the bytes they took there).
+    pub(super) fn open_segment_at(&self, id: u32, base: Option<u64>) -> Option<Open> {
         let seg = self.segs.get(id)?;
         let ptr = NonNull::new(seg.mem.0.ptr.load(Ordering::Acquire))?;
         let cap = seg.mem.0.cap.load(Ordering::Relaxed);
@@ -307,7 +321,7 @@ impl LogEngine {
         // The number is drawn and published under `seq_lock`, so that a log reader that
         // holds it sees every number below `seg_seq` either live or retired.
         let _s = lock(&self.seq_lock);
-        let base = self.next_cas.load(Ordering::SeqCst);
+        let base = base.unwrap_or_else(|| self.next_cas.load(Ordering::SeqCst));
         let seq = self.seg_seq.fetch_add(1, Ordering::Relaxed);
         // SAFETY: as above.
         unsafe { format::write_seg_header(ptr.as_ptr(), format::SEG_KIND_REGULAR, seq, base) };
@@ -332,6 +346,17 @@ impl LogEngine {
 
     /// Make sure `slot` holds an open segment with `need` free bytes.
     pub(super) fn room(&self, slot: &mut Option<Open>, need: usize) -> Option<Open> {
+        self.room_with(slot, need, true)
+    }
+
+    /// [`LogEngine::room`]; with `compact` false, no_evict does not compact for a whole
+    /// segment (a rewrite that needs only its own bytes goes to the compactor instead).
+    pub(super) fn room_with(
+        &self,
+        slot: &mut Option<Open>,
+        need: usize,
+        compact: bool,
+    ) -> Option<Open> {
         if let Some(o) = *slot {
             if o.used + need <= o.cap {
                 return Some(o);
@@ -339,7 +364,7 @@ impl LogEngine {
             *slot = None;
             self.seal(o, Queue::Small);
         }
-        let id = self.take_segment()?;
+        let id = self.take_segment(compact)?;
         let o = self.open_segment(id)?;
         *slot = Some(o);
         Some(o)
@@ -359,6 +384,11 @@ impl LogEngine {
 
     /// Evict and release until the segment memory fits the budget.
     pub(super) fn shrink(&self) {
+        if self.allocated.load(Ordering::Relaxed) > self.budget() {
+            if let Some(id) = lock(&self.compactor).spare.take() {
+                self.release(&mut lock(&self.pool), id);
+            }
+        }
         if self.allocated.load(Ordering::Relaxed) > self.budget() {
             let mut ev = lock(&self.evictor);
             if let Some(id) = ev.spare.take() {

@@ -428,6 +428,128 @@ fn no_evict_refuses_writes() {
     assert!(e.delete(b"key:0", 1));
 }
 
+/// Fill a no_evict engine with `value_len`-byte items expiring at `exptime` until it
+/// refuses one; the keys stored.
+fn fill_no_evict(e: &LogEngine, value_len: usize, exptime: Time) -> Vec<Vec<u8>> {
+    let mut keys = Vec::new();
+    for i in 0..1_000_000 {
+        let key = format!("key:{i}").into_bytes();
+        let value = value_of(&key, value_len);
+        match e.store(
+            StoreRequest {
+                exptime,
+                ..req(StoreMode::Set, &key, &value)
+            },
+            1,
+        ) {
+            StoreResult::Stored(_) => keys.push(key),
+            StoreResult::NoMemory => return keys,
+            r => panic!("{r:?}"),
+        }
+    }
+    panic!("never full");
+}
+
+fn value_of(key: &[u8], value_len: usize) -> Vec<u8> {
+    let n: usize = key
+        .iter()
+        .filter(|c| c.is_ascii_digit())
+        .fold(0, |n, c| n * 10 + usize::from(c - b'0'));
+    vec![(n % 251) as u8; value_len]
+}
+
+#[test]
+fn no_evict_touch_succeeds_with_full_memory() {
+    // memcached's touch changes the expiry in place; here it rewrites the item, which
+    // with -M and a full log goes into the compactor's segment, refilled by compaction.
+    let e = LogEngine::new(EngineConfig {
+        no_evict: true,
+        ..cfg(4 << 20)
+    });
+    let keys = fill_no_evict(&e, 100, 500);
+    assert!(keys.len() > 10_000, "{} items", keys.len());
+    // Every item, three times over: far more than any reserve holds, so compaction must
+    // keep reclaiming the bytes the earlier touches left dead.
+    for round in 0..3u32 {
+        for k in &keys {
+            assert!(e.touch(k, 1000 + round, 2), "touch {k:?} round {round}");
+        }
+    }
+    assert_ne!(stat_item(&e, "segments_compacted"), "0");
+    for k in &keys {
+        let (v, _, exp, _) = get(&e, k, 2).expect("item kept");
+        assert_eq!(v, value_of(k, 100));
+        assert_eq!(exp, 1002);
+    }
+    assert_eq!(e.stats().evictions, 0);
+    assert_eq!(e.stats().curr_items, keys.len() as u64);
+    e.check_accounting().unwrap();
+    // A new item still finds no room: -M refuses it rather than evict.
+    assert_eq!(set(&e, b"new", &[0u8; 100], 2), StoreResult::NoMemory);
+}
+
+#[test]
+fn no_evict_touch_that_adds_an_expiry_fits_in_the_reserve() {
+    // An item without an expiry grows by its expiry field when touched: the memory kept
+    // for rewrites takes a share of such touches.
+    let e = LogEngine::new(EngineConfig {
+        no_evict: true,
+        ..cfg(4 << 20)
+    });
+    let keys = fill_no_evict(&e, 100, 0);
+    let some: Vec<_> = keys.iter().step_by(10).collect();
+    for k in &some {
+        assert!(e.touch(k, 1000, 2), "touch {k:?}");
+    }
+    for k in &some {
+        assert_eq!(get(&e, k, 2).map(|g| g.2), Some(1000));
+    }
+    assert_eq!(e.stats().curr_items, keys.len() as u64);
+    e.check_accounting().unwrap();
+}
+
+#[test]
+fn no_evict_reuses_the_bytes_of_deleted_items() {
+    let e = LogEngine::new(EngineConfig {
+        no_evict: true,
+        ..cfg(4 << 20)
+    });
+    let keys = fill_no_evict(&e, 200, 0);
+    // Every other item deleted: no segment is left without a live item.
+    for k in keys.iter().step_by(2) {
+        assert!(e.delete(k, 1));
+    }
+    // Most of the room they held takes new items.
+    let mut stored = 0;
+    for i in 0..keys.len() {
+        let key = format!("new:{i}");
+        match set(&e, key.as_bytes(), &[7u8; 200], 1) {
+            StoreResult::Stored(_) => stored += 1,
+            StoreResult::NoMemory => break,
+            r => panic!("{r:?}"),
+        }
+    }
+    assert!(
+        stored * 10 >= keys.len() / 2 * 7,
+        "{stored} new items in the room of {} deleted",
+        keys.len() / 2
+    );
+    for k in keys.iter().skip(1).step_by(2) {
+        assert_eq!(val(&e, k, 1), Some(value_of(k, 200)), "{:?}", k);
+    }
+    assert_eq!(e.stats().evictions, 0);
+    e.check_accounting().unwrap();
+}
+
+fn stat_item(e: &LogEngine, name: &str) -> String {
+    let want = format!("items:1:{name}");
+    e.stats_detail("items")
+        .into_iter()
+        .find(|(k, _)| *k == want)
+        .map(|(_, v)| v)
+        .unwrap_or_default()
+}
+
 #[test]
 fn shrink_and_grow() {
     let e = LogEngine::new(cfg(32 << 20));

@@ -315,8 +315,15 @@ impl LogEngine {
             return self.commit_large(c, need, now, view);
         }
         let shard = &self.shards[tid() % self.shards.len()];
+        // A rewrite of the item's own bytes (touch) frees as much as it takes: with -M and
+        // full memory it goes where compaction makes room.
+        let rewrite = self.no_evict && c.keep_cas && matches!(c.src, Src::Old);
         let mut sh = lock(&shard.0);
-        let Some(open) = self.room(&mut sh, need) else {
+        let Some(open) = self.room_with(&mut sh, need, !rewrite) else {
+            drop(sh);
+            if rewrite {
+                return self.commit_compacted(c, need, now, view);
+            }
             return Outcome::NoMemory;
         };
         let Some(dest) = self.dest(&open) else {
@@ -408,7 +415,7 @@ impl LogEngine {
         for _ in 0..attempts {
             {
                 let mut p = lock(&self.pool);
-                if self.allocated.load(Ordering::Relaxed) + total <= self.budget() {
+                if self.allocated.load(Ordering::Relaxed) + total <= self.write_budget() {
                     return self.new_segment(&mut p, total, true);
                 }
                 if let Some(id) = p.free.pop() {

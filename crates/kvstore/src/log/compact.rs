@@ -1,0 +1,383 @@
+//! Compaction, for `no_evict` (memcached's `-M`) only: where eviction would drop items,
+//! compaction keeps every live one. It moves the live items of the sealed segment with the
+//! fewest live bytes into a segment of its own (the compactor's) and frees the victim, so
+//! the dead bytes that overwrites, deletes, touches and expiry leave behind are used again.
+//! memcached's slabs reuse a freed chunk at once; without this, a full `-M` log refused
+//! writes while most of it was dead, and a touch (a rewrite at the log head) missed.
+//!
+//! The compactor keeps one free segment back (its *spare*) while memory is free, so that a
+//! compaction always has somewhere to copy to. A copy into a fresh segment opened with the
+//! victim's CAS base is byte for byte the same length (same CAS, stamp, flags, expiry and
+//! marks: a copy is the same item, so it keeps the rewrite stamp, as a replica's copies do),
+//! so a victim always fits in the spare; the victim then becomes the spare.
+//!
+//! Rewrites that keep the item's bytes (touch, gat, `mg ... T`) that find no room in their
+//! shard write into the compactor's segment, refilling it by compaction when it is full, so
+//! they succeed as long as any byte of the log is dead or free. Writes of new bytes take
+//! whole segments; compaction gives them one when two victims fit in one segment.
+//!
+//! Lock order: shard → compactor → bucket stripe → evictor → pool / FIFO.
+
+use super::write::ShowFn;
+use super::*;
+
+#[derive(Default)]
+pub(super) struct Compactor {
+    /// Where compaction copies and kept-bytes rewrites are appended.
+    pub(super) dest: Option<Open>,
+    /// A free segment kept back for the next compaction.
+    pub(super) spare: Option<u32>,
+}
+
+/// With no_evict, this part of the segment budget is kept for rewrites: a touch that adds
+/// a rewrite stamp (or an expiry) to an item makes it a few bytes longer, and a full log
+/// must still take the touches of all its items.
+const REWRITE_RESERVE_DIVISOR: usize = 32;
+
+impl LogEngine {
+    /// Segment memory that writes of new bytes may use: all of it, except with no_evict,
+    /// where [`REWRITE_RESERVE_DIVISOR`] keeps a part for rewrites.
+    pub(super) fn write_budget(&self) -> usize {
+        let b = self.budget();
+        if self.no_evict {
+            b - b / REWRITE_RESERVE_DIVISOR
+        } else {
+            b
+        }
+    }
+
+    /// Keep a spare back, and an open segment for rewrites, while memory is free (no_evict
+    /// only).
+    pub(super) fn keep_reserve(&self, c: &mut Compactor) {
+        if c.spare.is_none() {
+            c.spare = self.take_segment_no_evict();
+        }
+        if c.dest.is_none() {
+            c.dest = self
+                .take_segment_no_evict()
+                .and_then(|id| self.open_segment(id));
+        }
+    }
+
+    /// Make room for `need` bytes in the compactor's segment: compact a segment with an
+    /// eighth or more dead, else take memory kept for rewrites, else compact any segment
+    /// whose dead bytes make room for the record.
+    pub(super) fn compactor_room(&self, c: &mut Compactor, need: usize) -> Option<Open> {
+        let payload = self.seg_size - SEG_HDR;
+        for _ in 0..3 {
+            if let Some(o) = c.dest.filter(|o| o.used + need <= o.cap) {
+                return Some(o);
+            }
+            let worth = |live: usize| live + need.max(payload / 8) <= payload;
+            if let Some(victim) = self.take_victim(worth) {
+                if !self.compact_into_spare(c, victim) {
+                    return None;
+                }
+                continue;
+            }
+            if let Some(fresh) = self
+                .take_segment_no_evict()
+                .and_then(|id| self.open_segment(id))
+            {
+                if let Some(o) = c.dest.replace(fresh) {
+                    self.seal(o, Queue::Main);
+                }
+                continue;
+            }
+            let victim = self.take_victim(|live| live + need <= payload)?;
+            if !self.compact_into_spare(c, victim) {
+                return None;
+            }
+        }
+        None
+    }
+
+    /// Free a whole segment by compaction for writes of new bytes, if the log's dead bytes
+    /// net one: the victim with the fewest live bytes goes into the room left in the
+    /// compactor's segment if it fits (and is at least an eighth dead: the reserve is not
+    /// spent on moving full segments around); or the two with the fewest go, the first
+    /// verbatim into the spare (which it replaces), the second after it, if both fit in
+    /// one segment. True if a segment was freed.
+    pub(super) fn compact_for_segment(&self) -> bool {
+        let mut c = lock(&self.compactor);
+        let payload = self.seg_size - SEG_HDR;
+        let worth = |live: usize| live + payload / 8 <= payload;
+        let Some(first) = self.take_victim(worth) else {
+            return false;
+        };
+        let live = |id| self.live_bytes(id).unwrap_or(usize::MAX);
+        // A copy into another CAS base may be a few bytes longer or shorter: only segments
+        // that fit by their live bytes with some slack get the exact (costly) look.
+        let plausible = |bytes: usize, room: usize| bytes <= room + room / 64;
+        if let Some(o) = c.dest {
+            let room = o.cap - o.used;
+            if plausible(live(first), room) && self.copied_len(first, o.base) <= room {
+                return self.compact_into(&mut c, first);
+            }
+        }
+        let second = self.take_victim(worth);
+        let fits = match (second, self.cas_base(first)) {
+            (Some(s), Some(base)) => {
+                let room = payload.saturating_sub(live(first));
+                plausible(live(s), room) && self.copied_len(s, base) <= room
+            }
+            _ => false,
+        };
+        if !fits {
+            let mut fifo = lock(&self.fifo);
+            for id in std::iter::once(first).chain(second) {
+                fifo.push(id, Queue::Main);
+            }
+            return false;
+        }
+        let Some(second) = second else { return false };
+        if !self.compact_into_spare(&mut c, first) {
+            lock(&self.fifo).push(second, Queue::Main);
+            return false;
+        }
+        self.compact_into(&mut c, second)
+    }
+
+    /// Move `victim` (ours) into the compactor's segment and free it.
+    fn compact_into(&self, c: &mut Compactor, victim: u32) -> bool {
+        if !self.move_live(c, victim) {
+            return false;
+        }
+        self.free_victim(c, victim);
+        true
+    }
+
+    /// Seal the compactor's segment, open the spare with `victim`'s CAS base, move the
+    /// victim's live items into it and keep the victim as the new spare.
+    fn compact_into_spare(&self, c: &mut Compactor, victim: u32) -> bool {
+        let spare = c.spare.take().or_else(|| self.take_segment_no_evict());
+        let base = self.cas_base(victim);
+        let opened = spare.and_then(|s| self.open_segment_at(s, base));
+        let Some(fresh) = opened else {
+            if let Some(s) = spare {
+                c.spare = Some(s);
+            }
+            lock(&self.fifo).push(victim, Queue::Main);
+            return false;
+        };
+        if let Some(o) = c.dest.replace(fresh) {
+            self.seal(o, Queue::Main);
+        }
+        if !self.move_live(c, victim) {
+            return false;
+        }
+        self.free_victim(c, victim);
+        true
+    }
+
+    fn cas_base(&self, id: u32) -> Option<u64> {
+        let seg = self.segs.get(id)?;
+        let ptr = NonNull::new(seg.mem.0.ptr.load(Ordering::Acquire))?;
+        // SAFETY: a sealed segment we took out of the FIFO: ours, mapped, not reused.
+        Some(unsafe { format::seg_cas_base(ptr.as_ptr()) })
+    }
+
+    fn live_bytes(&self, id: u32) -> Option<usize> {
+        let s = self.segs.get(id)?;
+        Some(s.acct.0.live_bytes.load(Ordering::Acquire) as usize)
+    }
+
+    /// Up to `n` regular sealed segments that `ok(live_bytes)` accepts, fewest live bytes
+    /// first (they stay in the FIFO).
+    fn victims(&self, ok: impl Fn(usize) -> bool, n: usize) -> Vec<u32> {
+        let fifo = lock(&self.fifo);
+        let mut found: Vec<(usize, u32)> = Vec::new();
+        for &id in fifo.small.iter().chain(fifo.main.iter()) {
+            let Some(s) = self.segs.get(id) else { continue };
+            if s.mem.0.large.load(Ordering::Relaxed) {
+                continue;
+            }
+            let live = s.acct.0.live_bytes.load(Ordering::Acquire) as usize;
+            if ok(live) {
+                found.push((live, id));
+            }
+        }
+        found.sort_unstable();
+        found.into_iter().take(n).map(|(_, id)| id).collect()
+    }
+
+    /// Take the best victim `ok` accepts out of the FIFO (it is then ours, as in eviction).
+    fn take_victim(&self, ok: impl Fn(usize) -> bool) -> Option<u32> {
+        let id = *self.victims(ok, 1).first()?;
+        self.take_from_fifo(id).then_some(id)
+    }
+
+    fn take_from_fifo(&self, id: u32) -> bool {
+        lock(&self.fifo).remove_first(|x| x == id).is_some()
+    }
+
+    /// An upper bound of the bytes `victim`'s (ours) live items take when copied into a segment
+    /// with CAS base `base` (items only die meanwhile, never come back).
+    fn copied_len(&self, victim: u32, base: u64) -> usize {
+        let mut total = 0;
+        self.for_live(victim, |_, r, _| {
+            let spec = verbatim(r);
+            total += format::encoded_len(&spec, base);
+            true
+        });
+        total
+    }
+
+    /// Call `f` with each record of sealed segment `id` (ours: taken out of the FIFO, by
+    /// eviction or compaction) that the index points at (slot,
+    /// record, slot value), under the record's stripe lock, until it returns false; false
+    /// then.
+    pub(super) fn for_live(
+        &self,
+        id: u32,
+        mut f: impl FnMut(&AtomicU64, &Rec<'_>, u64) -> bool,
+    ) -> bool {
+        let Some(seg) = self.segs.get(id) else {
+            return true;
+        };
+        let Some(ptr) = NonNull::new(seg.mem.0.ptr.load(Ordering::Acquire)) else {
+            return true;
+        };
+        let used = seg.mem.0.used.load(Ordering::Acquire);
+        // SAFETY: a sealed segment we took out of the FIFO (callers' contract): ours,
+        // mapped, not reused; `used` is its published length.
+        let base = unsafe { format::seg_cas_base(ptr.as_ptr()) };
+        let mut off = SEG_HDR;
+        while off < used {
+            // SAFETY: as above.
+            let Some(r) = (unsafe { format::read(ptr.as_ptr(), used, off, base) }) else {
+                break;
+            };
+            let here = off;
+            off += r.len;
+            if r.kind != KIND_ITEM {
+                continue;
+            }
+            let h = self.hash(r.key);
+            let _g = self.index.lock(h);
+            let Some((slot, v)) = self.index.find(h, |v| {
+                index::slot_seg(v) == id && index::slot_off(v) == here
+            }) else {
+                continue;
+            };
+            if !f(slot, &r, v) {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Copy every live item of `victim` (ours, out of the FIFO) into the compactor's
+    /// segment, unlinking expired and flushed ones. False if a copy did not fit (the
+    /// victim goes back to the FIFO, what was moved stays moved).
+    fn move_live(&self, c: &mut Compactor, victim: u32) -> bool {
+        let now = self.clock.load(Ordering::Relaxed);
+        let moved = self.for_live(victim, |slot, r, v| {
+            if self.vis(r, now) != Vis::Live {
+                self.st.0.reclaimed.fetch_add(1, Ordering::Relaxed);
+                if !index::fetched(v) {
+                    self.st.0.expired_unfetched.fetch_add(1, Ordering::Relaxed);
+                }
+                slot.store(0, Ordering::Release);
+                self.account_remove(v, r.len);
+                return true;
+            }
+            let Some(new_v) = self.copy_verbatim(c, r, v) else {
+                return false;
+            };
+            self.relocate(slot, new_v);
+            self.account_remove(v, r.len);
+            true
+        });
+        if !moved {
+            lock(&self.fifo).push(victim, Queue::Main);
+        }
+        moved
+    }
+
+    /// Write a copy of live record `r` (slot value `v`) into the compactor's segment: the
+    /// same item (CAS, stamp, flags, expiry, marks); its new slot value, access bits kept.
+    fn copy_verbatim(&self, c: &mut Compactor, r: &Rec<'_>, v: u64) -> Option<u64> {
+        let o = c.dest?;
+        let d = self.dest(&o)?;
+        let spec = verbatim(r);
+        if format::encoded_len(&spec, d.base) > d.room {
+            return None;
+        }
+        // SAFETY: the compactor's open segment is ours (we hold its lock) and `d.room`
+        // bytes from `d.off` are unwritten; the record fits (checked above). The source
+        // lives in the victim, which nobody reuses while we copy.
+        let len = unsafe { format::write(d.ptr.as_ptr().add(d.off), &spec, d.base) };
+        c.dest = Some(Open {
+            used: o.used + len,
+            ..o
+        });
+        if let Some(seg) = self.segs.get(o.id) {
+            seg.mem.0.used.store(o.used + len, Ordering::Release);
+        }
+        self.account_add(o.id, len);
+        let fresh = index::pack(index::slot_tag(v), o.id, d.off as u32, 0, false);
+        Some(fresh | (v & !index::IDENT_MASK))
+    }
+
+    /// The victim's items have all moved: retire it, wait out its readers, and keep it as
+    /// the spare (or free it).
+    fn free_victim(&self, c: &mut Compactor, victim: u32) {
+        self.st.0.segments_compacted.fetch_add(1, Ordering::Relaxed);
+        self.retire(victim);
+        self.barrier();
+        if c.spare.is_none() && self.allocated.load(Ordering::Relaxed) <= self.budget() {
+            c.spare = Some(victim);
+            return;
+        }
+        let mut p = lock(&self.pool);
+        if self.allocated.load(Ordering::Relaxed) > self.budget() {
+            self.release(&mut p, victim);
+        } else {
+            p.free.push(victim);
+        }
+    }
+
+    /// A kept-bytes rewrite (touch) that found no room in its shard: write it into the
+    /// compactor's segment (no_evict only).
+    pub(super) fn commit_compacted(
+        &self,
+        c: &Commit<'_>,
+        need: usize,
+        now: Time,
+        view: Option<ShowFn<'_>>,
+    ) -> Outcome {
+        let mut cp = lock(&self.compactor);
+        let Some(open) = self.compactor_room(&mut cp, need) else {
+            return Outcome::NoMemory;
+        };
+        let Some(dest) = self.dest(&open) else {
+            return Outcome::NoMemory;
+        };
+        let (out, len, held) = self.apply(c, &dest, now);
+        if len > 0 {
+            let used = open.used + len;
+            cp.dest = Some(Open { used, ..open });
+            if let Some(seg) = self.segs.get(open.id) {
+                seg.mem.0.used.store(used, Ordering::Release);
+            }
+        }
+        self.show(held, view);
+        out
+    }
+}
+
+/// The record of a copy of `r`: the same item.
+fn verbatim<'a>(r: &Rec<'a>) -> Spec<'a> {
+    Spec {
+        kind: KIND_ITEM,
+        key: r.key,
+        parts: [r.value, &[]],
+        flags: r.flags,
+        exptime: r.exptime,
+        cas: r.cas,
+        stamp: r.stamp,
+        meta: r.meta,
+        explicit_cas: r.explicit_cas,
+    }
+}
