@@ -1,6 +1,7 @@
 //! Warm restart (`-e FILE`): SIGUSR1 (and SIGTERM) save the cache, the next start with the
-//! same file loads it (once), SIGINT saves nothing, and a damaged file means an empty start,
-//! never a crash.
+//! same file loads it (once), SIGINT saves nothing; a file that cannot be used stops the
+//! start and is kept (or, when asked, is moved aside for an empty start); a save killed
+//! midway leaves the previous file whole.
 
 mod common;
 
@@ -139,25 +140,192 @@ fn sigusr1_and_sigterm_save_and_the_next_start_loads_once() {
     assert_eq!(fourth.connect().call("get k1\r\n"), "END\r\n");
 }
 
-#[test]
-fn a_damaged_snapshot_means_an_empty_start() {
-    let file = snapshot_path("damaged");
+/// Run kvcached with `args` expecting it to refuse to start: its exit status and stderr.
+fn refused_start(args: &[&str]) -> (std::process::ExitStatus, String) {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_kvcached"));
+    let port = common::free_port().to_string();
+    cmd.args(["-l", "127.0.0.1", "-p", &port, "-U", "0"]);
+    if common::running_as_root() {
+        cmd.args(["-u", "root"]);
+    }
+    let mut child = cmd
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn kvcached");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("try_wait") {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("kvcached {args:?} did not exit");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut e, &mut err);
+    }
+    (status, err)
+}
+
+/// A saved snapshot of 1000 items: its bytes.
+fn saved_snapshot(file: &std::path::Path, extra: &[&str]) -> Vec<u8> {
     let f = file.to_str().expect("utf-8 temp path");
-    let mut first = Server::start_verified(Kind::Kvcached, &["-e", f]);
+    let mut args = vec!["-e", f];
+    args.extend_from_slice(extra);
+    let mut first = Server::start_verified(Kind::Kvcached, &args);
     load(&first, 1000);
     stop_with_usr1(&mut first);
-    let bytes = std::fs::read(&file).expect("snapshot written");
-    for cut in [0, 7, 100, bytes.len() / 2, bytes.len() - 1] {
-        std::fs::write(&file, &bytes[..cut]).expect("write damaged snapshot");
-        let mut s = Server::start_verified(Kind::Kvcached, &["-e", f]);
-        let mut c = s.connect();
-        assert_eq!(c.call("get k1\r\n"), "END\r\n", "cut at {cut}");
-        assert_eq!(c.call("set a 0 0 1\r\nb\r\n"), "STORED\r\n");
-        assert!(!file.exists());
-        assert!(s.terminate().is_some_and(|st| st.success()));
-        assert!(
-            s.stderr().contains("starting with an empty cache"),
-            "cut at {cut}"
+    std::fs::read(file).expect("snapshot written")
+}
+
+#[test]
+fn a_file_that_cannot_be_used_stops_the_start_and_is_kept() {
+    let file = snapshot_path("damaged");
+    let f = file.to_str().expect("utf-8 temp path");
+    let bytes = saved_snapshot(&file, &[]);
+    let mid = bytes.len() / 2;
+    let mut flipped = bytes.clone();
+    flipped[mid] ^= 0x10;
+    let mut other_version = bytes.clone();
+    other_version[7] = 1;
+    let mut longer = bytes.clone();
+    longer.extend_from_slice(b"\n");
+    let cases: [(&str, Vec<u8>, &str); 7] = [
+        ("empty", Vec::new(), "the file is empty"),
+        (
+            "cut in the magic",
+            bytes[..5].to_vec(),
+            "not a kvcached snapshot",
+        ),
+        ("cut in half", bytes[..mid].to_vec(), "truncated"),
+        (
+            "cut by one byte",
+            bytes[..bytes.len() - 1].to_vec(),
+            "truncated",
+        ),
+        ("one bit flipped in the middle", flipped, "checksum"),
+        ("another format", other_version, "snapshot format 1"),
+        ("data after the end", longer, "after the end frame"),
+    ];
+    for (what, content, says) in cases {
+        std::fs::write(&file, &content).expect("write the damaged snapshot");
+        let (status, err) = refused_start(&["-e", f]);
+        assert!(!status.success(), "{what}: started ({err})");
+        assert!(err.contains(f), "{what}: the message names the file: {err}");
+        assert!(err.contains(says), "{what}: says {says:?}: {err}");
+        assert_eq!(
+            std::fs::read(&file).ok(),
+            Some(content),
+            "{what}: the file is left as it was"
         );
+    }
+    let _ = std::fs::remove_file(&file);
+}
+
+#[test]
+fn other_item_settings_are_refused() {
+    let file = snapshot_path("settings");
+    let f = file.to_str().expect("utf-8 temp path");
+    let bytes = saved_snapshot(&file, &[]);
+    for (args, says) in [
+        (vec!["-C"], "CAS on (now off (-C))"),
+        (vec!["-I", "2m"], "item size max 1048576 (now 2097152)"),
+    ] {
+        std::fs::write(&file, &bytes).expect("write snapshot");
+        let mut all = vec!["-e", f];
+        all.extend(args.iter().copied());
+        let (status, err) = refused_start(&all);
+        assert!(!status.success(), "{args:?}: started ({err})");
+        assert!(err.contains(says), "{args:?}: says {says:?}: {err}");
+    }
+    // The same settings load it.
+    let s = Server::start_verified(Kind::Kvcached, &["-e", f]);
+    assert_ne!(s.connect().call("get k1\r\n"), "END\r\n");
+}
+
+#[test]
+fn ignore_bad_file_starts_empty_and_keeps_the_evidence() {
+    let file = snapshot_path("ignored");
+    let f = file.to_str().expect("utf-8 temp path");
+    let bad = std::path::PathBuf::from(format!("{f}.bad"));
+    let _ = std::fs::remove_file(&bad);
+    let bytes = saved_snapshot(&file, &[]);
+    let cut = bytes[..bytes.len() / 3].to_vec();
+    std::fs::write(&file, &cut).expect("write cut snapshot");
+    let mut s = Server::start_verified(
+        Kind::Kvcached,
+        &["-e", f, "-o", "warm_restart_ignore_bad_file"],
+    );
+    let mut c = s.connect();
+    assert_eq!(c.call("get k1\r\n"), "END\r\n");
+    assert_eq!(c.call("set a 0 0 1\r\nb\r\n"), "STORED\r\n");
+    assert!(!file.exists());
+    assert_eq!(std::fs::read(&bad).ok(), Some(cut), "moved aside as it was");
+    // The next save writes a good file and leaves the bad one alone.
+    assert!(s.terminate().is_some_and(|st| st.success()));
+    let err = s.stderr();
+    assert!(err.contains("truncated") && err.contains(".bad"), "{err}");
+    assert!(file.exists() && bad.exists());
+    let s = Server::start_verified(Kind::Kvcached, &["-e", f]);
+    let mut c = s.connect();
+    c.send(b"get a\r\n");
+    assert_eq!(c.until("END\r\n"), "VALUE a 0 1\r\nb\r\nEND\r\n");
+    let _ = std::fs::remove_file(&bad);
+}
+
+/// A save killed part way leaves the file that was there before whole: whatever moment
+/// the kill lands, the file at FILE is a complete snapshot (the old one or the new one).
+#[test]
+fn a_save_killed_midway_leaves_the_previous_file_whole() {
+    let file = snapshot_path("killed");
+    let f = file.to_str().expect("utf-8 temp path");
+    let tmp = std::path::PathBuf::from(format!("{f}.tmp"));
+    // The previous file: 1000 items.
+    let old = saved_snapshot(&file, &[]);
+    std::fs::remove_file(&file).expect("remove");
+    // A server with more to save (it starts empty: no file yet).
+    let mut big = Server::start_verified(Kind::Kvcached, &["-e", f, "-m", "256"]);
+    let mut c = big.connect();
+    let value = vec![b'x'; 2000];
+    for batch in 0..50 {
+        let mut req = Vec::new();
+        for i in 0..1000 {
+            req.extend_from_slice(format!("set big{batch}-{i} 0 0 2000\r\n").as_bytes());
+            req.extend_from_slice(&value);
+            req.extend_from_slice(b"\r\n");
+        }
+        c.send(&req);
+        for _ in 0..1000 {
+            assert_eq!(c.line(), "STORED\r\n");
+        }
+    }
+    // The previous snapshot is put back, then the server is told to save and killed as
+    // soon as its temporary file appears (or once it has exited, if the save was quicker).
+    std::fs::write(&file, &old).expect("restore the previous file");
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { kill(big.child.id() as i32, SIGUSR1) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !tmp.exists() && big.child.try_wait().ok().flatten().is_none() {
+        assert!(Instant::now() < deadline, "no save started");
+        std::thread::yield_now();
+    }
+    let _ = big.child.kill();
+    let _ = big.child.wait();
+    let now = std::fs::read(&file).expect("a file is there");
+    // Old or new, it loads (and a leftover temporary file is cleaned up).
+    let s = Server::start_verified(Kind::Kvcached, &["-e", f, "-m", "256"]);
+    assert!(!tmp.exists(), "the temporary file is removed at start");
+    let mut c = s.connect();
+    if now == old {
+        assert_ne!(c.call("get k1\r\n"), "END\r\n", "the previous items");
+    } else {
+        c.send(b"get big49-999\r\n");
+        assert!(c.until("END\r\n").starts_with("VALUE big49-999 0 2000\r\n"));
     }
 }

@@ -58,7 +58,7 @@ pub fn run(
     let auth = Auth::new(&config)?;
     let engine = build_engine(&config);
     if let Some(path) = &config.memory_file {
-        warm::load(&engine, path, &Clock::new());
+        warm::load(&engine, path, &Clock::new(), config.warm_ignore_bad_file)?;
     }
     let worker_stats: Vec<Arc<WorkerStats>> = (0..threads)
         .map(|_| Arc::new(WorkerStats::default()))

@@ -70,7 +70,7 @@ pub fn memcached_path() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/usr/bin/memcached"))
 }
 
-fn running_as_root() -> bool {
+pub fn running_as_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc_geteuid() == 0 }
 }

@@ -7,12 +7,17 @@
 //! Unlike memcached, item memory is not a mapping of the file: the file is a snapshot of
 //! the live items written at shutdown (the engine's replication snapshot, see
 //! `kvstore::LogEngine::dump`), so it needs disk space for the live data only and can sit
-//! on any file system. Written to `FILE.tmp`, synced, then renamed, so a file that exists
-//! is complete.
+//! on any file system. Every frame of it carries a CRC-32 and it ends with a trailer, so a
+//! file that is empty, cut short, extended, bit-flipped, of another format or saved with
+//! other `-C`/`-I` is refused: kvcached names the file and what is wrong and exits (as
+//! memcached 1.6.45 refuses an empty metadata file), leaving the file for inspection, unless
+//! `-o warm_restart_ignore_bad_file` asks it to move the file to `FILE.bad` and start empty.
+//! A save writes `FILE.tmp`, syncs it, renames it over `FILE` and syncs the directory, so a
+//! crash or SIGKILL during a save leaves the previous file whole.
 
 use std::fs::File;
 use std::io::{BufReader, BufWriter};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use kvstore::{Engine, LogEngine};
@@ -20,8 +25,29 @@ use kvstore::{Engine, LogEngine};
 use crate::state::clock::Clock;
 use crate::state::shared::Shared;
 
-/// Load the snapshot at `path` into `engine` if there is one, then remove it.
-pub fn load(engine: &LogEngine, path: &Path, clock: &Clock) {
+/// `path` with `suffix` appended to its file name.
+fn beside(path: &Path, suffix: &str) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(suffix);
+    PathBuf::from(p)
+}
+
+/// Load the snapshot at `path` into `engine` if there is one, then remove it. A file that
+/// cannot be used is an error (the server must not start), unless `ignore_bad`.
+pub fn load(
+    engine: &LogEngine,
+    path: &Path,
+    clock: &Clock,
+    ignore_bad: bool,
+) -> Result<(), String> {
+    // A save that was killed leaves its temporary file; the real one is untouched.
+    let tmp = beside(path, ".tmp");
+    if std::fs::remove_file(&tmp).is_ok() {
+        eprintln!(
+            "kvcached: warm restart: removed {} (left by a save that did not finish)",
+            tmp.display()
+        );
+    }
     let file = match File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -29,54 +55,80 @@ pub fn load(engine: &LogEngine, path: &Path, clock: &Clock) {
                 "kvcached: warm restart: no snapshot at {}, starting with an empty cache",
                 path.display()
             );
-            return;
+            return Ok(());
         }
-        Err(e) => {
-            eprintln!(
-                "kvcached: warm restart: cannot open {}: {e}; starting with an empty cache",
-                path.display()
-            );
-            return;
-        }
+        Err(e) => return refuse(path, &format!("cannot be opened: {e}"), ignore_bad),
     };
-    let log = engine;
     let started = Instant::now();
-    let result = log.restore(&mut BufReader::with_capacity(1 << 20, file), clock.now());
-    // Valid once, as memcached's metadata file: remove it whatever happened.
-    if let Err(e) = std::fs::remove_file(path) {
-        eprintln!(
-            "kvcached: warm restart: cannot remove {}: {e}",
-            path.display()
-        );
-    }
+    let result = engine.restore(&mut BufReader::with_capacity(1 << 20, file), clock.now());
     match result {
-        Ok(bytes) => eprintln!(
-            "kvcached: warm restart: loaded {} items ({bytes} bytes of records) from {} in {} ms",
-            log.stats().curr_items,
+        Ok(bytes) => {
+            // Valid once, as memcached's metadata file.
+            if let Err(e) = std::fs::remove_file(path) {
+                eprintln!(
+                    "kvcached: warm restart: cannot remove {}: {e}",
+                    path.display()
+                );
+            }
+            eprintln!(
+                "kvcached: warm restart: loaded {} items ({bytes} bytes of records) from {} in {} ms",
+                engine.stats().curr_items,
+                path.display(),
+                started.elapsed().as_millis()
+            );
+            Ok(())
+        }
+        Err(e) => refuse(path, &e.to_string(), ignore_bad),
+    }
+}
+
+/// The file at `path` cannot be used because of `why`: an error, or with `ignore_bad` a
+/// line on stderr, the file moved to `FILE.bad` and an empty start.
+fn refuse(path: &Path, why: &str, ignore_bad: bool) -> Result<(), String> {
+    if !ignore_bad {
+        return Err(format!(
+            "warm restart: {}: {why}. Not starting; the file is left as it is \
+             (-o warm_restart_ignore_bad_file starts with an empty cache instead)",
+            path.display()
+        ));
+    }
+    let bad = beside(path, ".bad");
+    match std::fs::rename(path, &bad) {
+        Ok(()) => eprintln!(
+            "kvcached: warm restart: {}: {why}; moved to {}, starting with an empty cache",
             path.display(),
-            started.elapsed().as_millis()
+            bad.display()
         ),
         Err(e) => eprintln!(
-            "kvcached: warm restart: {} is unusable ({e}); starting with an empty cache",
-            path.display()
+            "kvcached: warm restart: {}: {why}; cannot move it to {} ({e}), starting with an empty cache",
+            path.display(),
+            bad.display()
         ),
     }
+    Ok(())
 }
 
 /// Save a snapshot of the cache to `path` (after the workers stopped).
 pub fn save(shared: &Shared, path: &Path) -> Result<(), String> {
     let log = &shared.engine;
     let started = Instant::now();
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = std::path::PathBuf::from(tmp);
+    let tmp = beside(path, ".tmp");
+    let saved_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
     let write = || -> std::io::Result<u64> {
         let file = File::create(&tmp)?;
         let mut w = BufWriter::with_capacity(1 << 20, file);
-        let bytes = log.dump(&mut w)?;
+        let bytes = log.dump(&mut w, saved_at)?;
         let file = w.into_inner().map_err(|e| e.into_error())?;
         file.sync_all()?;
         std::fs::rename(&tmp, path)?;
+        // The rename itself must reach the disk before we report the save done.
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        File::open(dir)?.sync_all()?;
         Ok(bytes)
     };
     match write() {

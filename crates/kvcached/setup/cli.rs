@@ -968,6 +968,7 @@ impl Builder {
                 int::<u32>(sp, &need(val)?, "a whole number")?;
                 self.ignored(sp);
             }
+            "warm_restart_ignore_bad_file" => self.cfg.warm_ignore_bad_file = true,
             "lru_crawler" => self.cfg.lru_crawler = true,
             "no_lru_crawler" => self.cfg.lru_crawler = false,
             "lru_maintainer" => {
@@ -1419,6 +1420,10 @@ Extended options: -o, --extended=OPT[,OPT=VALUE...]
                               memcached_exporter's names plus kvcached_* (off by default)
   engine=log                  the item store: the segmented log (the only one;
                               accepted so older command lines still work)
+  warm_restart_ignore_bad_file
+                              with -e: when the file cannot be used (damaged, cut short,
+                              another format or other -C/-I), move it to FILE.bad and
+                              start with an empty cache instead of exiting (kvcached's own)
   ssl_handshake_timeout=SECONDS
                               with -Z: close a connection whose TLS handshake has not
                               completed after SECONDS (kvcached's own; default 10; 0 never)
@@ -1647,6 +1652,10 @@ mod tests {
                 c.memory_file.as_deref() == Some(std::path::Path::new("/dev/shm/kv"))
             }),
             (&["--memory-file=/dev/shm/kv"], |c| c.memory_file.is_some()),
+            (&["-e", "/x", "-o", "warm_restart_ignore_bad_file"], |c| {
+                c.warm_ignore_bad_file
+            }),
+            (&["-e", "/x"], |c| !c.warm_ignore_bad_file),
             // -o: implemented ones, lists, repeats, trailing comma, empty list.
             (&["-o", "idle_timeout=30"], |c| {
                 c.idle_timeout == Some(Duration::from_secs(30))

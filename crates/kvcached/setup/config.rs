@@ -188,6 +188,10 @@ pub struct Config {
     pub auth_file: Option<PathBuf>,
     /// Warm-restart memory file (`-e`).
     pub memory_file: Option<PathBuf>,
+    /// Start with an empty cache when the `-e` file cannot be used, moving it to
+    /// `FILE.bad`, instead of refusing to start (`-o warm_restart_ignore_bad_file`;
+    /// kvcached's own).
+    pub warm_ignore_bad_file: bool,
     /// Enable the `debugtime` command, which shifts the server clock (`-o debug_clock`;
     /// for tests, never for production).
     pub debug_clock: bool,
@@ -250,6 +254,7 @@ impl Default for Config {
             sasl: false,
             auth_file: None,
             memory_file: None,
+            warm_ignore_bad_file: false,
             debug_clock: false,
             replica_of: None,
             replica_auth: None,

@@ -14,7 +14,10 @@ mod log;
 pub mod model;
 mod number;
 
-pub use log::repl::{Applied, Digest, ReplError, ReplicaState, Served};
+pub use log::repl::{
+    Applied, Digest, ReplError, ReplicaState, Served, SnapshotError, SnapshotInfo,
+    SnapshotSettings, SNAPSHOT_VERSION,
+};
 pub use log::LogEngine;
 
 /// Unix time in whole seconds.

@@ -230,7 +230,7 @@ fn dump_and_restore() {
         }
     }
     let mut file = Vec::new();
-    master.dump(&mut file).expect("dump to memory");
+    master.dump(&mut file, 0).expect("dump to memory");
     let restored = LogEngine::new(cfg.clone());
     let bytes = restored
         .restore(&mut file.as_slice(), now)
@@ -295,19 +295,8 @@ fn restore_of_many_frames_and_stray_batches() {
     }
     assert_eq!(master.stats().curr_items, u64::from(n));
     let mut file = Vec::new();
-    master.dump(&mut file).expect("dump to memory");
-    // Split the file into its frames: magic, then u64 length + bytes, ending with 0.
-    let mut frames = Vec::new();
-    let mut at = 8;
-    loop {
-        let len = u64::from_le_bytes(file[at..at + 8].try_into().unwrap()) as usize;
-        at += 8;
-        if len == 0 {
-            break;
-        }
-        frames.push(file[at..at + len].to_vec());
-        at += len;
-    }
+    master.dump(&mut file, 0).expect("dump to memory");
+    let (header, frames) = split_frames(&file);
     assert!(
         frames.len() >= 4,
         "{:?} frame lengths",
@@ -326,14 +315,11 @@ fn restore_of_many_frames_and_stray_batches() {
             "{key}"
         );
     }
+    // Files of the same frames, rearranged, with valid checksums and trailer.
     let build = |order: &[usize]| {
-        let mut f = file[..8].to_vec();
-        for &i in order {
-            f.extend_from_slice(&(frames[i].len() as u64).to_le_bytes());
-            f.extend_from_slice(&frames[i]);
-        }
-        f.extend_from_slice(&0u64.to_le_bytes());
-        f
+        let mut payloads = vec![header.clone()];
+        payloads.extend(order.iter().map(|&i| frames[i].clone()));
+        join_frames(&file[..8], &payloads)
     };
     let last = frames.len() - 1;
     let all: Vec<usize> = (0..frames.len()).collect();
@@ -363,6 +349,170 @@ fn restore_of_many_frames_and_stray_batches() {
     e.restore(&mut build(&shuffled).as_slice(), now)
         .expect("restore in another order");
     assert_eq!(e.stats().curr_items, u64::from(n));
+}
+
+/// A snapshot file's magic and its frames' payloads: the header, then the batches.
+fn split_frames(file: &[u8]) -> (Vec<u8>, Vec<Vec<u8>>) {
+    let mut frames = Vec::new();
+    let mut at = 8;
+    loop {
+        let len = u64::from_le_bytes(file[at..at + 8].try_into().unwrap()) as usize;
+        at += 12;
+        if len == 0 {
+            break;
+        }
+        frames.push(file[at..at + len].to_vec());
+        at += len;
+    }
+    let header = frames.remove(0);
+    (header, frames)
+}
+
+/// A snapshot file of `magic` and frames with these payloads (checksums and trailer right).
+fn join_frames(magic: &[u8], payloads: &[Vec<u8>]) -> Vec<u8> {
+    let crc = |len: &[u8], p: &[u8]| {
+        let mut h = crc32fast::Hasher::new();
+        h.update(len);
+        h.update(p);
+        h.finalize().to_le_bytes()
+    };
+    let mut f = magic.to_vec();
+    let mut bytes = 0u64;
+    for p in payloads {
+        let len = (p.len() as u64).to_le_bytes();
+        f.extend_from_slice(&len);
+        f.extend_from_slice(&crc(&len, p));
+        f.extend_from_slice(p);
+        bytes += p.len() as u64;
+    }
+    let mut trailer = (payloads.len() as u64).to_le_bytes().to_vec();
+    trailer.extend_from_slice(&bytes.to_le_bytes());
+    let len = 0u64.to_le_bytes();
+    f.extend_from_slice(&len);
+    f.extend_from_slice(&crc(&len, &trailer));
+    f.extend_from_slice(&trailer);
+    f
+}
+
+/// A snapshot file that was cut, extended, has any bit flipped, or comes from another
+/// format or other settings is refused with what is wrong, and the engine stays empty.
+#[test]
+fn damaged_snapshots_are_refused() {
+    use kvstore::SnapshotError;
+    let cfg = kvstore::EngineConfig {
+        max_item_size: 1 << 20,
+        ..ops::config(16 << 20, false, true)
+    };
+    let master = LogEngine::new(cfg.clone());
+    let now = START;
+    for i in 0..3000u32 {
+        let key = format!("key:{i}");
+        let value = vec![(i % 251) as u8; 20 + (i % 200) as usize];
+        let req = kvstore::StoreRequest {
+            mode: kvstore::StoreMode::Set,
+            key: key.as_bytes(),
+            value: &value,
+            flags: i,
+            exptime: if i % 4 == 0 { now + 1000 } else { 0 },
+        };
+        master.store(req, now);
+    }
+    let mut file = Vec::new();
+    master
+        .dump(&mut file, 1_700_000_000)
+        .expect("dump to memory");
+    let info = LogEngine::snapshot_info(&mut file.as_slice()).expect("info");
+    assert_eq!(info.items, 3000);
+    assert_eq!(info.saved_at, 1_700_000_000);
+    assert_eq!(info.settings, master.snapshot_settings());
+    let refused = |bytes: &[u8], cfg: &kvstore::EngineConfig| -> SnapshotError {
+        let e = LogEngine::new(cfg.clone());
+        let err = e
+            .restore(&mut &bytes[..], now)
+            .expect_err("a damaged snapshot loaded");
+        assert_eq!(e.stats().curr_items, 0, "{err}: not left empty");
+        err
+    };
+    assert_eq!(refused(&[], &cfg), SnapshotError::Empty);
+    assert_eq!(refused(b"hello, world", &cfg), SnapshotError::NotSnapshot);
+    // Cut anywhere: truncated (or, inside the magic, not a snapshot).
+    let step = file.len() / 97;
+    for cut in (1..file.len()).step_by(step).chain([file.len() - 1]) {
+        match refused(&file[..cut], &cfg) {
+            SnapshotError::Truncated { offset } => assert_eq!(offset, cut as u64),
+            SnapshotError::NotSnapshot if cut < 8 => {}
+            other => panic!("cut at {cut}: {other}"),
+        }
+    }
+    // One bit flipped anywhere: refused, never loaded.
+    let step = file.len() / 211;
+    for at in (0..file.len())
+        .step_by(step)
+        .chain([8, 9, 20, file.len() - 1])
+    {
+        let mut bad = file.clone();
+        bad[at] ^= 1 << (at % 8);
+        let err = refused(&bad, &cfg);
+        assert!(
+            matches!(
+                err,
+                SnapshotError::Checksum { .. }
+                    | SnapshotError::NotSnapshot
+                    | SnapshotError::Version { .. }
+                    | SnapshotError::Truncated { .. }
+                    | SnapshotError::Invalid { .. }
+            ),
+            "bit flipped at {at}: {err}"
+        );
+    }
+    // Data after the end.
+    let mut longer = file.clone();
+    longer.push(0);
+    assert!(matches!(
+        refused(&longer, &cfg),
+        SnapshotError::Invalid { .. }
+    ));
+    // Another format version.
+    let mut v1 = file.clone();
+    v1[7] = 1;
+    assert_eq!(refused(&v1, &cfg), SnapshotError::Version { found: 1 });
+    // Other item-layout settings: -C, another -I.
+    for other in [
+        kvstore::EngineConfig {
+            use_cas: false,
+            ..cfg.clone()
+        },
+        kvstore::EngineConfig {
+            max_item_size: cfg.max_item_size * 2,
+            ..cfg.clone()
+        },
+    ] {
+        let err = refused(&file, &other);
+        assert!(matches!(err, SnapshotError::Settings { .. }), "{err}");
+        assert!(
+            err.to_string().contains("saved with other item settings"),
+            "{err}"
+        );
+    }
+    // A frame dropped from the middle, checksums intact: the trailer's count says so.
+    let (header, frames) = split_frames(&file);
+    let mut payloads = vec![header];
+    payloads.extend(frames.iter().cloned());
+    let mut dropped = join_frames(&file[..8], &payloads);
+    let whole = dropped.clone();
+    assert!(LogEngine::new(cfg.clone())
+        .restore(&mut whole.as_slice(), now)
+        .is_ok());
+    // Take one batch's frame out but keep the old trailer.
+    let cut_from = 8 + 12 + payloads[0].len() + 12 + payloads[1].len();
+    let cut_to = cut_from + 12 + payloads[2].len();
+    if payloads.len() > 3 {
+        dropped.drain(cut_from..cut_to);
+        assert!(matches!(
+            refused(&dropped, &cfg),
+            SnapshotError::Invalid { .. }
+        ));
+    }
 }
 
 /// Throughput of shipping and applying 4 KB items in process (no network); run with

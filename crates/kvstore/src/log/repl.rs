@@ -48,6 +48,9 @@ use super::format::{
 use super::{index, lock, tid, Commit, Cond, LogEngine, MetaW, Src, Vis};
 use crate::Time;
 
+mod snapshot;
+pub use snapshot::{SnapshotError, SnapshotInfo, SnapshotSettings, SNAPSHOT_VERSION};
+
 const CURSOR_MAGIC: [u8; 4] = *b"KVRC";
 const BATCH_MAGIC: [u8; 4] = *b"KVRB";
 const VERSION: u8 = 1;
@@ -859,155 +862,8 @@ impl LogEngine {
     }
 }
 
-/// Warm restart: the same snapshot a new replica gets, written to a file and read back.
-impl LogEngine {
-    /// Write a snapshot of every live item (a reset batch, then snapshot batches) as
-    /// length-prefixed frames ending in an empty one. Meant for a quiescent engine (at
-    /// shutdown): writes that race with it may or may not be in the snapshot. Returns the
-    /// record bytes written.
-    pub fn dump(&self, w: &mut dyn std::io::Write) -> std::io::Result<u64> {
-        let mut out = Vec::new();
-        let mut bytes = 0u64;
-        w.write_all(&DUMP_MAGIC)?;
-        let (_, mut c) = self.serve_reset_cursor(&mut out);
-        write_frame(w, &out)?;
-        loop {
-            out.clear();
-            let (served, next) = self.serve_snapshot(&c, 4 << 20, &mut out);
-            write_frame(w, &out)?;
-            bytes += served.shipped as u64;
-            match next {
-                Some((seq, off)) => c.phase = Phase::Snapshot { seq, off },
-                None => break,
-            }
-        }
-        write_frame(w, &[])?;
-        Ok(bytes)
-    }
-
-    /// Load a snapshot written by [`LogEngine::dump`] into this (empty) engine; returns
-    /// the record bytes loaded. On an error the engine is left empty.
-    pub fn restore(&self, r: &mut dyn std::io::Read, now: Time) -> Result<u64, ReplError> {
-        let result = self.restore_frames(r, now);
-        if result.is_err() {
-            self.wipe();
-        }
-        result
-    }
-
-    fn restore_frames(&self, r: &mut dyn std::io::Read, now: Time) -> Result<u64, ReplError> {
-        let mut magic = [0u8; 8];
-        r.read_exact(&mut magic)
-            .map_err(|_| ReplError("not a kvcached snapshot"))?;
-        if magic != DUMP_MAGIC {
-            return Err(ReplError("not a kvcached snapshot"));
-        }
-        // The reset batch first, alone: it sets up the cursor every snapshot batch is
-        // checked against.
-        let mut st = ReplicaState::new();
-        let first = read_frame(r)?.ok_or(ReplError("snapshot incomplete"))?;
-        self.repl_apply(&mut st, &first, now)?;
-        drop(first);
-        // Snapshot batches hold live items, each applied with its version (the highest
-        // wins), so they may be applied in any order: worker threads apply them while this
-        // one reads the file. At most two frames per worker wait in the queue.
-        let workers = std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .clamp(1, RESTORE_THREADS);
-        let (tx, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(2 * workers);
-        let rx = std::sync::Mutex::new(rx);
-        let (read, results) = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..workers)
-                .map(|_| {
-                    let mut mine = st.clone();
-                    let rx = &rx;
-                    s.spawn(move || -> Result<(u64, bool), ReplError> {
-                        let mut bytes = 0;
-                        loop {
-                            let frame = match rx.lock() {
-                                Ok(q) => q.recv(),
-                                Err(_) => return Err(ReplError("restore worker failed")),
-                            };
-                            let Ok(frame) = frame else {
-                                return Ok((bytes, mine.phase == Phase::Tail));
-                            };
-                            let before = mine.applied_bytes;
-                            self.repl_apply(&mut mine, &frame, now)?;
-                            bytes += mine.applied_bytes - before;
-                        }
-                    })
-                })
-                .collect();
-            let read = (|| -> Result<(), ReplError> {
-                let mut done = false;
-                while let Some(frame) = read_frame(r)? {
-                    // Header: magic (4), version, kind, flags (see FORMAT.md).
-                    if done || frame.get(5) != Some(&KIND_SNAPSHOT) {
-                        return Err(ReplError("not a snapshot batch where one belongs"));
-                    }
-                    done = frame.get(6).is_some_and(|f| f & FLAG_DONE != 0);
-                    if tx.send(frame).is_err() {
-                        // Every worker stopped: one of them has the error.
-                        return Ok(());
-                    }
-                }
-                Ok(())
-            })();
-            drop(tx);
-            let results: Vec<_> = handles
-                .into_iter()
-                .map(|h| h.join().unwrap_or(Err(ReplError("restore worker failed"))))
-                .collect();
-            (read, results)
-        });
-        let mut bytes = st.applied_bytes;
-        let mut done = false;
-        for res in results {
-            let (b, d) = res?;
-            bytes += b;
-            done |= d;
-        }
-        read?;
-        if !done {
-            return Err(ReplError("snapshot incomplete"));
-        }
-        Ok(bytes)
-    }
-}
-
-/// Threads that apply a snapshot's batches on a warm restart.
-const RESTORE_THREADS: usize = 8;
-
-/// The next length-prefixed frame of a snapshot file, or None at the empty end frame.
-fn read_frame(r: &mut dyn std::io::Read) -> Result<Option<Vec<u8>>, ReplError> {
-    let mut len = [0u8; 8];
-    r.read_exact(&mut len)
-        .map_err(|_| ReplError("snapshot truncated"))?;
-    let len = u64::from_le_bytes(len);
-    if len == 0 {
-        return Ok(None);
-    }
-    if len > MAX_FRAME {
-        return Err(ReplError("snapshot frame too large"));
-    }
-    let mut buf = vec![0; len as usize];
-    r.read_exact(&mut buf)
-        .map_err(|_| ReplError("snapshot truncated"))?;
-    Ok(Some(buf))
-}
-
 /// Evicted items (key, CAS) waiting to be logged as tombstones for replicas.
 pub(super) type EvictionNotes = Vec<(Box<[u8]>, u64)>;
-
-/// File magic and version of a snapshot (`dump`).
-const DUMP_MAGIC: [u8; 8] = *b"KVSNAP\x00\x01";
-/// Largest frame `restore` accepts (a batch holds at most one record over its budget).
-const MAX_FRAME: u64 = 1 << 31;
-
-fn write_frame(w: &mut dyn std::io::Write, frame: &[u8]) -> std::io::Result<()> {
-    w.write_all(&(frame.len() as u64).to_le_bytes())?;
-    w.write_all(frame)
-}
 
 /// Replica side.
 impl LogEngine {

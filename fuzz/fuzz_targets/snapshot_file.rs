@@ -1,0 +1,128 @@
+//! Feeds arbitrary warm-restart files to `LogEngine::restore`, which must refuse what is not
+//! a whole, intact snapshot with an error (never panic, read out of bounds, or allocate what
+//! a damaged length claims) and leave the engine empty when it refuses.
+//!
+//! Two kinds of input, chosen by the first byte: raw bytes as the file (the checksums catch
+//! nearly all of them, which is the point), and a real snapshot whose frames are damaged by
+//! the input and then framed again with valid checksums and trailer, so the batch decoding
+//! beneath the checksums is exercised too.
+#![no_main]
+
+use std::sync::OnceLock;
+
+use kvstore::{Engine, EngineConfig, LogEngine, StoreMode, StoreRequest};
+use libfuzzer_sys::fuzz_target;
+
+const NOW: u32 = 1_000_000;
+
+fn config() -> EngineConfig {
+    EngineConfig {
+        max_bytes: 1 << 20,
+        max_item_size: 4096,
+        no_evict: false,
+        use_cas: true,
+    }
+}
+
+/// A real snapshot's magic and frame payloads (header first).
+fn real() -> &'static (Vec<u8>, Vec<Vec<u8>>) {
+    static REAL: OnceLock<(Vec<u8>, Vec<Vec<u8>>)> = OnceLock::new();
+    REAL.get_or_init(|| {
+        let e = LogEngine::new(config());
+        for i in 0..300u32 {
+            let key = format!("key{i}");
+            let req = StoreRequest {
+                mode: StoreMode::Set,
+                key: key.as_bytes(),
+                value: &vec![b'v'; (i % 90) as usize],
+                flags: i,
+                exptime: if i % 3 == 0 { NOW + 100 } else { 0 },
+            };
+            e.store(req, NOW);
+        }
+        let mut file = Vec::new();
+        e.dump(&mut file, 0).expect("dump");
+        let mut frames = Vec::new();
+        let mut at = 8;
+        loop {
+            let len = u64::from_le_bytes(file[at..at + 8].try_into().expect("8 bytes")) as usize;
+            at += 12;
+            if len == 0 {
+                break;
+            }
+            frames.push(file[at..at + len].to_vec());
+            at += len;
+        }
+        (file[..8].to_vec(), frames)
+    })
+}
+
+fn join(magic: &[u8], payloads: &[Vec<u8>]) -> Vec<u8> {
+    let crc = |len: &[u8], p: &[u8]| {
+        let mut h = crc32fast::Hasher::new();
+        h.update(len);
+        h.update(p);
+        h.finalize().to_le_bytes()
+    };
+    let mut f = magic.to_vec();
+    let mut bytes = 0u64;
+    for p in payloads {
+        let len = (p.len() as u64).to_le_bytes();
+        f.extend_from_slice(&len);
+        f.extend_from_slice(&crc(&len, p));
+        f.extend_from_slice(p);
+        bytes += p.len() as u64;
+    }
+    let mut trailer = (payloads.len() as u64).to_le_bytes().to_vec();
+    trailer.extend_from_slice(&bytes.to_le_bytes());
+    let len = 0u64.to_le_bytes();
+    f.extend_from_slice(&len);
+    f.extend_from_slice(&crc(&len, &trailer));
+    f.extend_from_slice(&trailer);
+    f
+}
+
+fn check(file: &[u8]) {
+    let e = LogEngine::new(config());
+    if e.restore(&mut &file[..], NOW).is_err() {
+        assert_eq!(e.stats().curr_items, 0, "a refused snapshot left items");
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
+    if mode % 2 == 0 {
+        check(rest);
+        return;
+    }
+    // Damage: (frame index, offset, bytes to write there), repeated.
+    let (magic, frames) = real();
+    let mut frames = frames.clone();
+    let mut input = rest;
+    while let [idx, hi, lo, n, tail @ ..] = input {
+        let n = usize::from(*n % 16).min(tail.len());
+        let (patch, next) = tail.split_at(n);
+        let i = usize::from(*idx) % (frames.len() + 1);
+        if i == frames.len() {
+            // Drop or duplicate a frame.
+            if *hi % 2 == 0 && frames.len() > 1 {
+                frames.remove(usize::from(*lo) % frames.len());
+            } else {
+                let f = frames[usize::from(*lo) % frames.len()].clone();
+                frames.push(f);
+            }
+        } else {
+            let frame = &mut frames[i];
+            let at = usize::from(u16::from_be_bytes([*hi, *lo]));
+            if at <= frame.len() {
+                let end = (at + patch.len()).min(frame.len());
+                frame[at..end].copy_from_slice(&patch[..end - at]);
+                frame.extend_from_slice(&patch[end - at..]);
+            }
+        }
+        input = next;
+    }
+    check(&join(magic, &frames));
+});
