@@ -241,8 +241,8 @@ pub fn execute_framed<F: GetFraming>(
             refresh_certs(shared, s, ctx.now);
             Step::Next
         }
-        Request::Admin { name, args: _ } => {
-            admin(s, name);
+        Request::Admin { name, args } => {
+            admin(s, name, args);
             Step::Next
         }
     }
@@ -273,8 +273,14 @@ fn refresh_certs(shared: &crate::state::shared::Shared, s: &mut Session, now: u3
 }
 
 /// memcached commands about its slab allocator, LRU crawler and log watchers, which have no
-/// counterpart here.
-fn admin(s: &mut Session, name: &[u8]) {
+/// counterpart here. Arguments memcached would refuse get its reply first.
+fn admin(s: &mut Session, name: &[u8], args: proto::Tokens<'_>) {
+    // The line is bounded by the parser's line limit, so is the token list.
+    let toks: Vec<&[u8]> = args.collect();
+    if let Some(refused) = kvproto::admin::refusal(name, &toks) {
+        s.out.extend_from_slice(refused);
+        return;
+    }
     let reply: &[u8] = match name {
         b"slabs" => b"CLIENT_ERROR slab reassignment disabled\r\n",
         b"lru_crawler" => b"CLIENT_ERROR lru crawler disabled\r\n",

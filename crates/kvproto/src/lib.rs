@@ -8,6 +8,7 @@
 //!
 //! The server (`kvcached`) and the load generator (`kvblast`) both use it.
 
+pub mod admin;
 pub mod auth;
 pub mod binary;
 pub mod client;
