@@ -135,9 +135,14 @@ fn reply(out: &mut Vec<u8>, request: &Request<'_>, limits: &Limits) {
             out.extend_from_slice(text::END);
         }
         Request::Version => text::write_version(out, "1.6.41"),
-        Request::Admin { args, .. } => {
+        Request::Admin { name, args } => {
             let _ = args.ends_with_noreply();
-            out.extend_from_slice(text::OK);
+            // The argument checks of slabs/lru/lru_crawler (kvproto::admin).
+            let toks: Vec<&[u8]> = args.collect();
+            match kvproto::admin::refusal(name, &toks) {
+                Some(reply) => out.extend_from_slice(reply),
+                None => out.extend_from_slice(text::OK),
+            }
         }
         Request::FlushAll { .. }
         | Request::Verbosity { .. }
