@@ -42,44 +42,8 @@ fn real() -> &'static (Vec<u8>, Vec<Vec<u8>>) {
         }
         let mut file = Vec::new();
         e.dump(&mut file, 0).expect("dump");
-        let mut frames = Vec::new();
-        let mut at = 8;
-        loop {
-            let len = u64::from_le_bytes(file[at..at + 8].try_into().expect("8 bytes")) as usize;
-            at += 12;
-            if len == 0 {
-                break;
-            }
-            frames.push(file[at..at + len].to_vec());
-            at += len;
-        }
-        (file[..8].to_vec(), frames)
+        kvstore::split_snapshot_frames(&file).expect("a whole snapshot")
     })
-}
-
-fn join(magic: &[u8], payloads: &[Vec<u8>]) -> Vec<u8> {
-    let crc = |len: &[u8], p: &[u8]| {
-        let mut h = crc32fast::Hasher::new();
-        h.update(len);
-        h.update(p);
-        h.finalize().to_le_bytes()
-    };
-    let mut f = magic.to_vec();
-    let mut bytes = 0u64;
-    for p in payloads {
-        let len = (p.len() as u64).to_le_bytes();
-        f.extend_from_slice(&len);
-        f.extend_from_slice(&crc(&len, p));
-        f.extend_from_slice(p);
-        bytes += p.len() as u64;
-    }
-    let mut trailer = (payloads.len() as u64).to_le_bytes().to_vec();
-    trailer.extend_from_slice(&bytes.to_le_bytes());
-    let len = 0u64.to_le_bytes();
-    f.extend_from_slice(&len);
-    f.extend_from_slice(&crc(&len, &trailer));
-    f.extend_from_slice(&trailer);
-    f
 }
 
 fn check(file: &[u8]) {
@@ -124,5 +88,5 @@ fuzz_target!(|data: &[u8]| {
         }
         input = next;
     }
-    check(&join(magic, &frames));
+    check(&kvstore::join_snapshot_frames(magic, &frames));
 });

@@ -15,8 +15,8 @@ pub mod model;
 mod number;
 
 pub use log::repl::{
-    Applied, Digest, ReplError, ReplicaState, Served, SnapshotError, SnapshotInfo,
-    SnapshotSettings, SNAPSHOT_VERSION,
+    join_snapshot_frames, split_snapshot_frames, Applied, Digest, ReplError, ReplicaState, Served,
+    SnapshotError, SnapshotInfo, SnapshotSettings, SNAPSHOT_VERSION,
 };
 pub use log::LogEngine;
 

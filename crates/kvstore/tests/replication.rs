@@ -319,7 +319,7 @@ fn restore_of_many_frames_and_stray_batches() {
     let build = |order: &[usize]| {
         let mut payloads = vec![header.clone()];
         payloads.extend(order.iter().map(|&i| frames[i].clone()));
-        join_frames(&file[..8], &payloads)
+        kvstore::join_snapshot_frames(&file[..8], &payloads)
     };
     let last = frames.len() - 1;
     let all: Vec<usize> = (0..frames.len()).collect();
@@ -351,47 +351,11 @@ fn restore_of_many_frames_and_stray_batches() {
     assert_eq!(e.stats().curr_items, u64::from(n));
 }
 
-/// A snapshot file's magic and its frames' payloads: the header, then the batches.
+/// A snapshot file's frames' payloads: the header, then the batches.
 fn split_frames(file: &[u8]) -> (Vec<u8>, Vec<Vec<u8>>) {
-    let mut frames = Vec::new();
-    let mut at = 8;
-    loop {
-        let len = u64::from_le_bytes(file[at..at + 8].try_into().unwrap()) as usize;
-        at += 12;
-        if len == 0 {
-            break;
-        }
-        frames.push(file[at..at + len].to_vec());
-        at += len;
-    }
+    let (_, mut frames) = kvstore::split_snapshot_frames(file).expect("a whole snapshot");
     let header = frames.remove(0);
     (header, frames)
-}
-
-/// A snapshot file of `magic` and frames with these payloads (checksums and trailer right).
-fn join_frames(magic: &[u8], payloads: &[Vec<u8>]) -> Vec<u8> {
-    let crc = |len: &[u8], p: &[u8]| {
-        let mut h = crc32fast::Hasher::new();
-        h.update(len);
-        h.update(p);
-        h.finalize().to_le_bytes()
-    };
-    let mut f = magic.to_vec();
-    let mut bytes = 0u64;
-    for p in payloads {
-        let len = (p.len() as u64).to_le_bytes();
-        f.extend_from_slice(&len);
-        f.extend_from_slice(&crc(&len, p));
-        f.extend_from_slice(p);
-        bytes += p.len() as u64;
-    }
-    let mut trailer = (payloads.len() as u64).to_le_bytes().to_vec();
-    trailer.extend_from_slice(&bytes.to_le_bytes());
-    let len = 0u64.to_le_bytes();
-    f.extend_from_slice(&len);
-    f.extend_from_slice(&crc(&len, &trailer));
-    f.extend_from_slice(&trailer);
-    f
 }
 
 /// A snapshot file that was cut, extended, has any bit flipped, or comes from another
@@ -498,7 +462,7 @@ fn damaged_snapshots_are_refused() {
     let (header, frames) = split_frames(&file);
     let mut payloads = vec![header];
     payloads.extend(frames.iter().cloned());
-    let mut dropped = join_frames(&file[..8], &payloads);
+    let mut dropped = kvstore::join_snapshot_frames(&file[..8], &payloads);
     let whole = dropped.clone();
     assert!(LogEngine::new(cfg.clone())
         .restore(&mut whole.as_slice(), now)

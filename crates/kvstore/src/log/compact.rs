@@ -53,10 +53,14 @@ impl LogEngine {
             c.spare = self.take_segment_no_evict();
         }
         if c.dest.is_none() {
-            c.dest = self
-                .take_segment_no_evict()
-                .and_then(|id| self.open_segment(id));
+            c.dest = self.open_free_segment();
         }
+    }
+
+    /// A free segment opened for appending, without evicting or compacting.
+    fn open_free_segment(&self) -> Option<Open> {
+        self.take_segment_no_evict()
+            .and_then(|id| self.open_segment(id))
     }
 
     /// Make room for `need` bytes in the compactor's segment: compact a segment with an
@@ -75,10 +79,7 @@ impl LogEngine {
                 }
                 continue;
             }
-            if let Some(fresh) = self
-                .take_segment_no_evict()
-                .and_then(|id| self.open_segment(id))
-            {
+            if let Some(fresh) = self.open_free_segment() {
                 if let Some(o) = c.dest.replace(fresh) {
                     self.seal(o, Queue::Main);
                 }
@@ -182,33 +183,21 @@ impl LogEngine {
         Some(s.acct.0.live_bytes.load(Ordering::Acquire) as usize)
     }
 
-    /// Up to `n` regular sealed segments that `ok(live_bytes)` accepts, fewest live bytes
-    /// first (they stay in the FIFO).
-    fn victims(&self, ok: impl Fn(usize) -> bool, n: usize) -> Vec<u32> {
-        let fifo = lock(&self.fifo);
-        let mut found: Vec<(usize, u32)> = Vec::new();
-        for &id in fifo.small.iter().chain(fifo.main.iter()) {
-            let Some(s) = self.segs.get(id) else { continue };
-            if s.mem.0.large.load(Ordering::Relaxed) {
-                continue;
-            }
-            let live = s.acct.0.live_bytes.load(Ordering::Acquire) as usize;
-            if ok(live) {
-                found.push((live, id));
-            }
-        }
-        found.sort_unstable();
-        found.into_iter().take(n).map(|(_, id)| id).collect()
-    }
-
-    /// Take the best victim `ok` accepts out of the FIFO (it is then ours, as in eviction).
+    /// Take the regular sealed segment with the fewest live bytes among those
+    /// `ok(live_bytes)` accepts out of the FIFO (it is then ours, as in eviction).
     fn take_victim(&self, ok: impl Fn(usize) -> bool) -> Option<u32> {
-        let id = *self.victims(ok, 1).first()?;
-        self.take_from_fifo(id).then_some(id)
-    }
-
-    fn take_from_fifo(&self, id: u32) -> bool {
-        lock(&self.fifo).remove_first(|x| x == id).is_some()
+        let mut fifo = lock(&self.fifo);
+        let (_, id) = fifo
+            .small
+            .iter()
+            .chain(fifo.main.iter())
+            .filter_map(|&id| {
+                let s = self.segs.get(id)?;
+                let live = s.acct.0.live_bytes.load(Ordering::Acquire) as usize;
+                (!s.mem.0.large.load(Ordering::Relaxed) && ok(live)).then_some((live, id))
+            })
+            .min()?;
+        fifo.remove_first(|x| x == id)
     }
 
     /// An upper bound of the bytes `victim`'s (ours) live items take when copied into a segment
@@ -298,25 +287,10 @@ impl LogEngine {
     /// Write a copy of live record `r` (slot value `v`) into the compactor's segment: the
     /// same item (CAS, stamp, flags, expiry, marks); its new slot value, access bits kept.
     fn copy_verbatim(&self, c: &mut Compactor, r: &Rec<'_>, v: u64) -> Option<u64> {
-        let o = c.dest?;
-        let d = self.dest(&o)?;
         let spec = verbatim(r);
-        if format::encoded_len(&spec, d.base) > d.room {
-            return None;
-        }
-        // SAFETY: the compactor's open segment is ours (we hold its lock) and `d.room`
-        // bytes from `d.off` are unwritten; the record fits (checked above). The source
-        // lives in the victim, which nobody reuses while we copy.
-        let len = unsafe { format::write(d.ptr.as_ptr().add(d.off), &spec, d.base) };
-        c.dest = Some(Open {
-            used: o.used + len,
-            ..o
-        });
-        if let Some(seg) = self.segs.get(o.id) {
-            seg.mem.0.used.store(o.used + len, Ordering::Release);
-        }
-        self.account_add(o.id, len);
-        let fresh = index::pack(index::slot_tag(v), o.id, d.off as u32, 0, false);
+        let need = format::encoded_len(&spec, c.dest?.base);
+        let (seg, off) = self.append_copy(&mut c.dest, &spec, need)?;
+        let fresh = index::pack(index::slot_tag(v), seg, off, 0, false);
         Some(fresh | (v & !index::IDENT_MASK))
     }
 
@@ -356,11 +330,7 @@ impl LogEngine {
         };
         let (out, len, held) = self.apply(c, &dest, now);
         if len > 0 {
-            let used = open.used + len;
-            cp.dest = Some(Open { used, ..open });
-            if let Some(seg) = self.segs.get(open.id) {
-                seg.mem.0.used.store(used, Ordering::Release);
-            }
+            self.advance(&mut cp.dest, open, len);
         }
         self.show(held, view);
         out

@@ -137,11 +137,6 @@ impl LogEngine {
             };
             ev.dest = Some(self.open_segment(id)?);
         }
-        let o = ev.dest?;
-        let d = self.dest(&o)?;
-        if need > d.room {
-            return None;
-        }
         let spec = Spec {
             kind: KIND_ITEM,
             key: r.key,
@@ -159,21 +154,11 @@ impl LogEngine {
             meta: r.meta,
             explicit_cas: r.explicit_cas,
         };
-        // SAFETY: `need` bytes are free at `d.off` in the evictor's own open segment (we
-        // hold the evictor lock); the source record lives in the segment being evicted.
-        let len = unsafe { format::write(d.ptr.as_ptr().add(d.off), &spec, d.base) };
-        ev.dest = Some(Open {
-            used: o.used + len,
-            ..o
-        });
-        if let Some(seg) = self.segs.get(o.id) {
-            seg.mem.0.used.store(o.used + len, Ordering::Release);
-        }
-        self.account_add(o.id, len);
+        let (seg, off) = self.append_copy(&mut ev.dest, &spec, need)?;
         let new_v = index::pack(
             index::slot_tag(v),
-            o.id,
-            d.off as u32,
+            seg,
+            off,
             index::freq(v) - 1,
             index::fetched(v),
         ) | (v & index::WIN);

@@ -49,7 +49,10 @@ use super::{index, lock, tid, Commit, Cond, LogEngine, MetaW, Src, Vis};
 use crate::Time;
 
 mod snapshot;
-pub use snapshot::{SnapshotError, SnapshotInfo, SnapshotSettings, SNAPSHOT_VERSION};
+pub use snapshot::{
+    join_snapshot_frames, split_snapshot_frames, SnapshotError, SnapshotInfo, SnapshotSettings,
+    SNAPSHOT_VERSION,
+};
 
 const CURSOR_MAGIC: [u8; 4] = *b"KVRC";
 const BATCH_MAGIC: [u8; 4] = *b"KVRB";

@@ -344,6 +344,40 @@ impl LogEngine {
         lock(&self.fifo).push(open.id, queue);
     }
 
+    /// `len` bytes were appended at the end of open segment `o`, which `slot` holds: record
+    /// the new length there and publish it to log readers.
+    pub(super) fn advance(&self, slot: &mut Option<Open>, o: Open, len: usize) {
+        let used = o.used + len;
+        *slot = Some(Open { used, ..o });
+        if let Some(seg) = self.segs.get(o.id) {
+            seg.mem.0.used.store(used, Ordering::Release);
+        }
+    }
+
+    /// Append `spec`, a copy of a live item, to the open segment `slot` holds (the evictor's
+    /// or the compactor's, under its lock), if `need` bytes (at least the record's length)
+    /// are free there; count it live. Its segment and offset.
+    pub(super) fn append_copy(
+        &self,
+        slot: &mut Option<Open>,
+        spec: &Spec<'_>,
+        need: usize,
+    ) -> Option<(u32, u32)> {
+        let o = (*slot)?;
+        let d = self.dest(&o)?;
+        if need > d.room {
+            return None;
+        }
+        // SAFETY: the slot's open segment is only appended to by its owner, whose lock the
+        // caller holds; `need` bytes, at least the record's length (callers' contract), are
+        // free from `d.off`. The source record lives in a segment being evicted or
+        // compacted, not in this one.
+        let len = unsafe { format::write(d.ptr.as_ptr().add(d.off), spec, d.base) };
+        self.advance(slot, o, len);
+        self.account_add(o.id, len);
+        Some((o.id, d.off as u32))
+    }
+
     /// Make sure `slot` holds an open segment with `need` free bytes.
     pub(super) fn room(&self, slot: &mut Option<Open>, need: usize) -> Option<Open> {
         self.room_with(slot, need, true)

@@ -332,11 +332,7 @@ impl LogEngine {
         let (out, len, held) = self.apply(c, &dest, now);
         let mut grow = false;
         if len > 0 {
-            let used = open.used + len;
-            *sh = Some(Open { used, ..open });
-            if let Some(seg) = self.segs.get(open.id) {
-                seg.mem.0.used.store(used, Ordering::Release);
-            }
+            self.advance(&mut sh, open, len);
             if !c.keep_cas && !c.keep_access {
                 let n = self.shard_items[tid() % self.shard_items.len()]
                     .0
@@ -681,11 +677,7 @@ impl LogEngine {
         // SAFETY: per this function's contract `HDR_MAX + key` bytes at `d.off` are
         // reserved in the open segment only the caller appends to.
         let len = unsafe { format::write(d.ptr.as_ptr().add(d.off), &spec, d.base) };
-        let used = o.used + len;
-        *sh = Some(Open { used, ..o });
-        if let Some(seg) = self.segs.get(o.id) {
-            seg.mem.0.used.store(used, Ordering::Release);
-        }
+        self.advance(sh, o, len);
         self.st.0.tombstones.fetch_add(1, Ordering::Relaxed);
     }
 

@@ -440,6 +440,45 @@ impl LogEngine {
     }
 }
 
+/// A snapshot file's first 8 bytes (magic and version) and its frames' payloads (the header
+/// first), each frame's checksum checked. For tests and fuzzing, which damage a real file's
+/// frames and join them again.
+#[doc(hidden)]
+pub fn split_snapshot_frames(file: &[u8]) -> Result<(Vec<u8>, Vec<Vec<u8>>), SnapshotError> {
+    let magic = file.get(..8).ok_or(SnapshotError::NotSnapshot)?;
+    let mut r = &file[8..];
+    let mut fr = FrameReader {
+        r: &mut r,
+        offset: 8,
+        frames: 0,
+        bytes: 0,
+        max_frame: u64::MAX,
+    };
+    let mut frames = Vec::new();
+    while let Some(f) = fr.next()? {
+        frames.push(f);
+    }
+    Ok((magic.to_vec(), frames))
+}
+
+/// A snapshot file of `magic` (8 bytes) and frames with these payloads, checksums and
+/// trailer right (see [`split_snapshot_frames`]).
+#[doc(hidden)]
+pub fn join_snapshot_frames(magic: &[u8], payloads: &[Vec<u8>]) -> Vec<u8> {
+    let mut file = magic.to_vec();
+    let mut fw = FrameWriter {
+        w: &mut file,
+        frames: 0,
+        bytes: 0,
+    };
+    // Writing to a Vec cannot fail.
+    let _ = payloads
+        .iter()
+        .try_for_each(|p| fw.frame(p))
+        .and_then(|()| fw.end());
+    file
+}
+
 /// Threads that apply a snapshot's batches on a warm restart.
 const RESTORE_THREADS: usize = 8;
 
