@@ -176,3 +176,55 @@ fn log_throughput_scaling() {
         );
     }
 }
+
+/// Warm restart without the server: 1,000,000 items (15-byte keys, 100-byte values) saved
+/// with `dump`, then loaded into a fresh engine 5 times with `restore_bytes` (the file in
+/// memory, as kvcached maps it) and with `restore` (as a stream); prints every time and the
+/// medians. The engine side of `bench/warm_restart.sh`.
+#[test]
+#[ignore = "timing; run in release (see the module doc)"]
+fn log_restore_speed() {
+    let config = EngineConfig {
+        max_bytes: 1 << 30,
+        max_item_size: 1 << 20,
+        no_evict: false,
+        use_cas: true,
+    };
+    let e = LogEngine::new(config.clone());
+    let value = [b'v'; 100];
+    let n = 1_000_000;
+    for i in 0..n {
+        assert!(matches!(set(&e, &key(i), &value), StoreResult::Stored(_)));
+    }
+    let mut file = Vec::new();
+    e.dump(&mut file, 0).expect("dump");
+    drop(e);
+    let mut times = [Vec::new(), Vec::new()];
+    for round in 0..5 {
+        for (way, t) in times.iter_mut().enumerate() {
+            let fresh = LogEngine::new(config.clone());
+            let start = Instant::now();
+            if way == 0 {
+                fresh.restore_bytes(&file, 100).expect("restore");
+            } else {
+                fresh.restore(&mut file.as_slice(), 100).expect("restore");
+            }
+            let ms = start.elapsed().as_secs_f64() * 1e3;
+            assert_eq!(fresh.stats().curr_items, n);
+            println!(
+                "round {round}: {} {ms:.0} ms",
+                ["restore_bytes", "restore"][way]
+            );
+            t.push(ms);
+        }
+    }
+    for (way, t) in times.iter_mut().enumerate() {
+        t.sort_by(f64::total_cmp);
+        println!(
+            "median {}: {:.0} ms for {n} items ({} MiB file)",
+            ["restore_bytes", "restore"][way],
+            t[2],
+            file.len() >> 20
+        );
+    }
+}

@@ -307,6 +307,45 @@ fn restore_of_many_frames_and_stray_batches() {
         .restore(&mut file.as_slice(), now)
         .expect("restore");
     assert_eq!(restored.stats().curr_items, u64::from(n));
+    assert_eq!(restored.digest(now), master.digest(now));
+    restored.check_accounting().expect("accounting");
+    // The index was sized from the header's count at once (no split during the load),
+    // and no larger than the master's, which grew to the same items one split at a time.
+    let splits = |e: &LogEngine| {
+        e.stats_detail("slabs")
+            .into_iter()
+            .find(|(k, _)| k == "index_splits")
+            .map(|(_, v)| v)
+    };
+    assert_ne!(splits(&master).as_deref(), Some("0"));
+    assert_eq!(splits(&restored).as_deref(), Some("0"));
+    assert!(
+        restored.index_bytes() <= master.index_bytes() * 5 / 4,
+        "index {} bytes restored, {} on the master",
+        restored.index_bytes(),
+        master.index_bytes()
+    );
+    // From the file in memory (as kvcached maps it): the same.
+    let mapped = LogEngine::new(cfg.clone());
+    mapped.restore_bytes(&file, now).expect("restore_bytes");
+    assert_eq!(mapped.digest(now), master.digest(now));
+    mapped.check_accounting().expect("accounting");
+    // The header's count is a hint: a file that claims none or ten times too many
+    // items loads every item all the same.
+    for claim in [0u64, 10 * u64::from(n)] {
+        let (mut header, frames) = split_frames(&file);
+        header[10..18].copy_from_slice(&claim.to_le_bytes());
+        let mut payloads = vec![header];
+        payloads.extend(frames);
+        let lying = kvstore::join_snapshot_frames(&file[..8], &payloads);
+        let e = LogEngine::new(cfg.clone());
+        e.restore_bytes(&lying, now).expect("restore");
+        assert_eq!(e.digest(now), master.digest(now), "header claims {claim}");
+        e.check_accounting().expect("accounting");
+        // Growth carries on where the load left it.
+        e.maintain(now, true);
+        assert_eq!(e.digest(now), master.digest(now), "header claims {claim}");
+    }
     for i in (0..n).step_by(7) {
         let key = format!("key:{i}");
         assert_eq!(
@@ -389,12 +428,19 @@ fn damaged_snapshots_are_refused() {
     assert_eq!(info.items, 3000);
     assert_eq!(info.saved_at, 1_700_000_000);
     assert_eq!(info.settings, master.snapshot_settings());
+    // Read as a stream and from memory: the same error, and the engine left empty.
     let refused = |bytes: &[u8], cfg: &kvstore::EngineConfig| -> SnapshotError {
         let e = LogEngine::new(cfg.clone());
         let err = e
             .restore(&mut &bytes[..], now)
             .expect_err("a damaged snapshot loaded");
         assert_eq!(e.stats().curr_items, 0, "{err}: not left empty");
+        let m = LogEngine::new(cfg.clone());
+        let err_m = m
+            .restore_bytes(bytes, now)
+            .expect_err("a damaged snapshot loaded from memory");
+        assert_eq!(m.stats().curr_items, 0, "{err_m}: not left empty");
+        assert_eq!(err, err_m, "stream and memory disagree");
         err
     };
     assert_eq!(refused(&[], &cfg), SnapshotError::Empty);

@@ -15,6 +15,18 @@ pub(super) struct Grow {
     pub(super) cursor: usize,
     /// The pending steps finish a batch of splits (not a compaction sweep).
     pub(super) expanding: bool,
+    /// A bulk load (warm restart) is under way: chains are not compacted meanwhile (they
+    /// are only filling up); splits still happen if the load outgrows the presized index.
+    pub(super) loading: bool,
+}
+
+/// While it lives, the index is not compacted (see [`LogEngine::bulk_load`]).
+pub(super) struct BulkLoad<'a>(&'a LogEngine);
+
+impl Drop for BulkLoad<'_> {
+    fn drop(&mut self) {
+        lock(&self.0.grow_lock).loading = false;
+    }
 }
 
 #[derive(Default, Clone, Copy, PartialEq, Eq)]
@@ -76,6 +88,9 @@ impl LogEngine {
                         split.push(b);
                     }
                     if split.is_empty() {
+                        if g.loading {
+                            return;
+                        }
                         // Nothing to split: compact a slice of chains instead, so that
                         // overflow buckets linked while a bucket was briefly full go
                         // back to the pool (a full cache churns every bucket).
@@ -134,6 +149,35 @@ impl LogEngine {
                 }
             }
         }
+    }
+
+    /// Prepare for a bulk load of about `items` items (a warm restart) into an engine that
+    /// holds none: size the index for them at once instead of splitting buckets while they
+    /// arrive (up to the size growth would reach for them, within the same cap: half the
+    /// limit; with `no_evict`, memory no segment uses), and compact no chain until the
+    /// returned guard is dropped. `items` is only a hint: more or fewer may come, and the
+    /// index still grows if it must. The index is resized only while the engine holds no
+    /// item and no other thread uses it (the restore, before the server starts).
+    pub(super) fn bulk_load(&self, items: u64) -> BulkLoad<'_> {
+        let mut g = lock(&self.grow_lock);
+        g.loading = true;
+        let live: i64 = self.live.iter().map(|c| c.0.load(Ordering::Relaxed)).sum();
+        if g.step != GrowStep::Idle || live != 0 || self.index.overflow_used() != 0 {
+            return BulkLoad(self);
+        }
+        let max = self.max_bytes.load(Ordering::Relaxed);
+        let index = self.index_bytes();
+        let mut spare = (max / 2).saturating_sub(index);
+        if self.no_evict {
+            spare = spare.min(max.saturating_sub(self.allocated.load(Ordering::Relaxed) + index));
+        }
+        let cap = self.index.nmain() + spare / index::BUCKET_BYTES;
+        let slots = usize::try_from(items)
+            .unwrap_or(usize::MAX)
+            .saturating_mul(LOAD_DEN)
+            / LOAD_NUM;
+        self.index.presize(slots.div_ceil(index::SLOTS).min(cap));
+        BulkLoad(self)
     }
 
     /// Start compacting the next chains that have overflow buckets (up to `GROW_BATCH`

@@ -23,7 +23,8 @@
 //! pointer `p`: `nmain = 2^L + p` main buckets; a key's bucket is `h mod 2^L`, or
 //! `h mod 2^(L+1)` when that is below `p`. Splitting bucket `p` moves the items whose bit
 //! `L` is set to the new bucket `p + 2^L`; buckets never move, so a slot's address stays
-//! valid. The whole table (main and overflow buckets) is one mapping reserved up front for
+//! valid. An empty index that is about to be bulk loaded (a warm restart, which knows its
+//! item count) is set to its final size at once instead (`presize`). The whole table (main and overflow buckets) is one mapping reserved up front for
 //! the most buckets the memory limit could need and touched only as it grows. The tag is
 //! the top 16 bits of the hash, the bucket the low bits, the lock stripe the low bits too
 //! (`h mod nlocks`, with `nlocks <= 2^L`), so a key's stripe never changes as the table
@@ -613,6 +614,43 @@ impl Index {
         }
     }
 
+    /// Grow an index that holds no item to `nmain` main buckets at once (at most
+    /// [`Index::max_main`]; never shrinks): a warm restart knows how many items are coming
+    /// and skips the splits. Nothing moves, so no barrier is due; but a key's bucket
+    /// changes, so the caller must be the only thread using the index (the engine checks
+    /// that it is empty and holds the grow lock).
+    pub(crate) fn presize(&self, nmain: usize) {
+        let s = self.state.load(Ordering::Acquire);
+        let n = nmain.min(self.max_main);
+        if n <= main_count(s) {
+            return;
+        }
+        let l = usize::BITS - 1 - n.leading_zeros();
+        let p = n - (1usize << l);
+        self.state
+            .store((u64::from(l) << LEVEL_SHIFT) | p as u64, Ordering::Release);
+        // The whole table is about to be written: fault it in at once.
+        self.buckets.populate(n);
+        self.next.populate(n);
+        self.times.populate(n * SLOTS);
+    }
+
+    /// Start loading the cache lines `h`'s main bucket lives in (its slots, link and
+    /// access times), for a caller that will look it up a few keys from now.
+    #[inline]
+    pub(crate) fn prefetch(&self, h: u64) {
+        let b = addr(h, self.state.load(Ordering::Relaxed));
+        if let (Some(bucket), Some(next), Some(time)) = (
+            self.buckets.get(b),
+            self.next.get(b),
+            self.times.get(b * SLOTS),
+        ) {
+            prefetch(std::ptr::from_ref(bucket).cast());
+            prefetch(std::ptr::from_ref(next).cast());
+            prefetch(std::ptr::from_ref(time).cast());
+        }
+    }
+
     fn clear_markers(&self, b: usize) {
         self.walk(b, |_, slot| {
             if slot.load(Ordering::Relaxed) & MOVED != 0 {
@@ -620,6 +658,20 @@ impl Index {
             }
         });
     }
+}
+
+/// A hint to load the cache line at `p` (no effect on other architectures).
+#[inline(always)]
+fn prefetch(p: *const i8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is only a hint: it never faults and reads nothing observable,
+    // whatever the address; SSE is part of x86_64's baseline.
+    #[allow(unused_unsafe)]
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 #[cfg(test)]
@@ -700,6 +752,68 @@ mod tests {
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
         z ^ (z >> 31)
+    }
+
+    /// A presized index addresses every bucket it was sized to, keeps items where they
+    /// were inserted, splits on from there, never shrinks and stops at its largest size.
+    #[test]
+    fn presize_then_split() {
+        let idx = Index::new(1 << 18);
+        let start = idx.nmain();
+        idx.presize(start - 1);
+        assert_eq!(idx.nmain(), start, "never shrinks");
+        for n in [start + 1, 3 * start + 5, 4 * start] {
+            idx.presize(n);
+            assert_eq!(idx.nmain(), n);
+            assert!(idx.level() == usize::BITS - 1 - n.leading_zeros());
+        }
+        // Keys land in the buckets up to nmain (about 4 per bucket: nearly all of them
+        // used) and in no other.
+        let n = 4 * idx.nmain() as u64;
+        let mut used = vec![false; idx.max_main()];
+        for i in 0..n {
+            let h = test_hash(i);
+            let b = addr(h, idx.state.load(Ordering::Relaxed));
+            assert!(b < idx.nmain());
+            used[b] = true;
+            let _g = idx.lock(h);
+            let v = pack(tag_of(h), i as u32, 0, 0, false);
+            assert!(matches!(idx.insert(h, v, 7), Insert::Stored), "item {i}");
+        }
+        let hit = used.iter().filter(|&&u| u).count();
+        assert!(
+            hit > idx.nmain() * 9 / 10,
+            "{hit} of {} buckets used",
+            idx.nmain()
+        );
+        assert!(
+            used[idx.nmain() - 8..].iter().any(|&u| u),
+            "the last buckets are used"
+        );
+        // Growth continues from the presized state without losing an item.
+        for _ in 0..100 {
+            let Some((b, l)) = idx.next_split() else {
+                break;
+            };
+            let _g = idx.lock_bucket(b);
+            idx.split(
+                b,
+                l,
+                |v| Some(test_hash(u64::from(slot_seg(v)))),
+                |_, _| panic!("room for every moved item"),
+            );
+        }
+        assert_eq!(idx.nmain(), 4 * start + 100);
+        for i in 0..n {
+            let h = test_hash(i);
+            assert!(
+                idx.find(h, |v| slot_seg(v) == i as u32).is_some(),
+                "item {i}"
+            );
+        }
+        idx.presize(usize::MAX);
+        assert_eq!(idx.nmain(), idx.max_main(), "capped at the largest size");
+        assert!(idx.next_split().is_none());
     }
 
     #[test]

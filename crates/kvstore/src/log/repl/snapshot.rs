@@ -10,6 +10,7 @@
 //! with the byte offset where it goes wrong, instead of loading part of a cache or a wrong
 //! value; `FORMAT.md` ("Snapshot file") has the layout.
 
+use std::borrow::Cow;
 use std::io::{Read, Write};
 
 use super::*;
@@ -162,36 +163,107 @@ fn crc(len: &[u8; 8], payload: &[u8]) -> u32 {
     h.finalize()
 }
 
+/// Where a snapshot's bytes come from: a stream, or the whole file in memory (mapped).
+enum Source<'r> {
+    Read(&'r mut dyn Read),
+    /// The whole file; the reader's offset is the position in it.
+    Bytes(&'r [u8]),
+}
+
 /// Reads and checks frames, keeping the offset for error messages.
 struct FrameReader<'r> {
-    r: &'r mut dyn Read,
+    src: Source<'r>,
     offset: u64,
     frames: u64,
     bytes: u64,
     max_frame: u64,
 }
 
-impl FrameReader<'_> {
-    fn exact(&mut self, buf: &mut [u8]) -> Result<(), SnapshotError> {
+impl<'r> FrameReader<'r> {
+    fn new(src: Source<'r>, offset: u64, max_frame: u64) -> Self {
+        FrameReader {
+            src,
+            offset,
+            frames: 0,
+            bytes: 0,
+            max_frame,
+        }
+    }
+
+    /// The bytes of a file in memory from the current offset.
+    fn rest(file: &[u8], offset: u64) -> &[u8] {
+        usize::try_from(offset)
+            .ok()
+            .and_then(|o| file.get(o..))
+            .unwrap_or(&[])
+    }
+
+    /// Up to `buf.len()` bytes (fewer only at the end of the file); advances the offset.
+    fn some(&mut self, buf: &mut [u8]) -> Result<usize, SnapshotError> {
         let mut done = 0;
-        while done < buf.len() {
-            match self.r.read(&mut buf[done..]) {
-                Ok(0) => {
-                    return Err(SnapshotError::Truncated {
-                        offset: self.offset + done as u64,
-                    })
+        match &mut self.src {
+            Source::Bytes(file) => {
+                let rest = Self::rest(file, self.offset);
+                done = rest.len().min(buf.len());
+                buf[..done].copy_from_slice(&rest[..done]);
+            }
+            Source::Read(r) => {
+                while done < buf.len() {
+                    match r.read(&mut buf[done..]) {
+                        Ok(0) => break,
+                        Ok(n) => done += n,
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(SnapshotError::Io(e.to_string())),
+                    }
                 }
-                Ok(n) => done += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(SnapshotError::Io(e.to_string())),
             }
         }
-        self.offset += buf.len() as u64;
+        self.offset += done as u64;
+        Ok(done)
+    }
+
+    fn exact(&mut self, buf: &mut [u8]) -> Result<(), SnapshotError> {
+        let at = self.offset;
+        let n = self.some(buf)?;
+        if n < buf.len() {
+            return Err(SnapshotError::Truncated {
+                offset: at + n as u64,
+            });
+        }
         Ok(())
     }
 
+    /// `len` payload bytes: borrowed from a file in memory, or read (only as many as the
+    /// stream holds: a length that runs past the end of a short file costs only the bytes
+    /// that are there).
+    fn payload(&mut self, len: u64) -> Result<Cow<'r, [u8]>, SnapshotError> {
+        let at = self.offset;
+        let got: Cow<'r, [u8]> = match &mut self.src {
+            Source::Bytes(file) => {
+                let file: &'r [u8] = file;
+                let rest = Self::rest(file, at);
+                let n = usize::try_from(len).map_or(rest.len(), |l| l.min(rest.len()));
+                Cow::Borrowed(&rest[..n])
+            }
+            Source::Read(r) => {
+                let mut v = Vec::new();
+                if let Err(e) = (&mut **r).take(len).read_to_end(&mut v) {
+                    return Err(SnapshotError::Io(e.to_string()));
+                }
+                Cow::Owned(v)
+            }
+        };
+        if (got.len() as u64) < len {
+            return Err(SnapshotError::Truncated {
+                offset: at + got.len() as u64,
+            });
+        }
+        self.offset += len;
+        Ok(got)
+    }
+
     /// The next frame's payload, or None after a valid end frame (and nothing after it).
-    fn next(&mut self) -> Result<Option<Vec<u8>>, SnapshotError> {
+    fn next(&mut self) -> Result<Option<Cow<'r, [u8]>>, SnapshotError> {
         let at = self.offset;
         let mut head = [0u8; 12];
         self.exact(&mut head)?;
@@ -214,33 +286,21 @@ impl FrameReader<'_> {
                     why: "the end frame counts other frames than the file holds",
                 });
             }
+            let end = self.offset;
             let mut more = [0u8; 1];
-            return match self.r.read(&mut more) {
-                Ok(0) => Ok(None),
-                Ok(_) => Err(SnapshotError::Invalid {
-                    offset: self.offset,
+            return match self.some(&mut more)? {
+                0 => Ok(None),
+                _ => Err(SnapshotError::Invalid {
+                    offset: end,
                     why: "data after the end frame",
                 }),
-                Err(e) => Err(SnapshotError::Io(e.to_string())),
             };
         }
         if len > self.max_frame {
             // A damaged length: never allocate what it claims.
             return Err(SnapshotError::Checksum { frame, offset: at });
         }
-        // Read through `take`, so a length that runs past the end of a short file costs
-        // only the bytes that are there.
-        let mut payload = Vec::new();
-        match (&mut self.r).take(len).read_to_end(&mut payload) {
-            Ok(n) if n as u64 == len => {}
-            Ok(n) => {
-                return Err(SnapshotError::Truncated {
-                    offset: self.offset + n as u64,
-                })
-            }
-            Err(e) => return Err(SnapshotError::Io(e.to_string())),
-        }
-        self.offset += len;
+        let payload = self.payload(len)?;
         if crc(&len_bytes, &payload) != want {
             return Err(SnapshotError::Checksum { frame, offset: at });
         }
@@ -301,35 +361,31 @@ impl LogEngine {
 
     /// Read a snapshot's header: its format, settings and item count, without loading it.
     pub fn snapshot_info(r: &mut dyn Read) -> Result<SnapshotInfo, SnapshotError> {
-        let mut fr = FrameReader {
-            r,
-            offset: 0,
-            frames: 0,
-            bytes: 0,
-            max_frame: HEADER_LEN as u64,
-        };
-        read_header(&mut fr)
+        read_header(&mut FrameReader::new(Source::Read(r), 0, HEADER_LEN as u64))
     }
 
     /// Load a snapshot written by [`LogEngine::dump`] into this (empty) engine; returns
     /// the record bytes loaded. Every frame is checked before it is applied, and the file
     /// must end with its end frame; on any error the engine is left empty.
     pub fn restore(&self, r: &mut dyn Read, now: Time) -> Result<u64, SnapshotError> {
-        let result = self.restore_frames(r, now);
+        self.restore_from(Source::Read(r), now)
+    }
+
+    /// [`LogEngine::restore`] from the whole file in memory (a mapping of it, say): the
+    /// frames are checked and applied where they are, with no copy and no allocation.
+    pub fn restore_bytes(&self, file: &[u8], now: Time) -> Result<u64, SnapshotError> {
+        self.restore_from(Source::Bytes(file), now)
+    }
+
+    fn restore_from(&self, src: Source<'_>, now: Time) -> Result<u64, SnapshotError> {
+        let result = self.restore_frames(FrameReader::new(src, 0, HEADER_LEN as u64), now);
         if result.is_err() {
             self.wipe();
         }
         result
     }
 
-    fn restore_frames(&self, r: &mut dyn Read, now: Time) -> Result<u64, SnapshotError> {
-        let mut fr = FrameReader {
-            r,
-            offset: 0,
-            frames: 0,
-            bytes: 0,
-            max_frame: HEADER_LEN as u64,
-        };
+    fn restore_frames(&self, mut fr: FrameReader<'_>, now: Time) -> Result<u64, SnapshotError> {
         let info = read_header(&mut fr)?;
         let ours = self.snapshot_settings();
         if info.settings != ours {
@@ -338,6 +394,9 @@ impl LogEngine {
                 ours,
             });
         }
+        // The index is sized for the items at once, and no chain is compacted while they
+        // are loaded (splits still happen if the header's count was short).
+        let _bulk = self.bulk_load(info.items);
         // A batch holds its budget and at most one record more.
         fr.max_frame = (BATCH_BUDGET + self.max_item_size + (64 << 10)) as u64;
         let invalid = |offset, e: ReplError| SnapshotError::Invalid { offset, why: e.0 };
@@ -364,7 +423,7 @@ impl LogEngine {
         let workers = std::thread::available_parallelism()
             .map_or(1, |n| n.get())
             .clamp(1, RESTORE_THREADS);
-        let (tx, rx) = std::sync::mpsc::sync_channel::<(u64, Vec<u8>)>(2 * workers);
+        let (tx, rx) = std::sync::mpsc::sync_channel::<(u64, Cow<'_, [u8]>)>(2 * workers);
         let rx = std::sync::Mutex::new(rx);
         let (read, results) = std::thread::scope(|s| {
             let handles: Vec<_> = (0..workers)
@@ -446,17 +505,10 @@ impl LogEngine {
 #[doc(hidden)]
 pub fn split_snapshot_frames(file: &[u8]) -> Result<(Vec<u8>, Vec<Vec<u8>>), SnapshotError> {
     let magic = file.get(..8).ok_or(SnapshotError::NotSnapshot)?;
-    let mut r = &file[8..];
-    let mut fr = FrameReader {
-        r: &mut r,
-        offset: 8,
-        frames: 0,
-        bytes: 0,
-        max_frame: u64::MAX,
-    };
+    let mut fr = FrameReader::new(Source::Bytes(file), 8, u64::MAX);
     let mut frames = Vec::new();
     while let Some(f) = fr.next()? {
-        frames.push(f);
+        frames.push(f.into_owned());
     }
     Ok((magic.to_vec(), frames))
 }
@@ -484,10 +536,8 @@ const RESTORE_THREADS: usize = 8;
 
 fn read_header(fr: &mut FrameReader<'_>) -> Result<SnapshotInfo, SnapshotError> {
     let mut magic = [0u8; 8];
-    match fr.r.read(&mut magic[..1]) {
-        Ok(0) => return Err(SnapshotError::Empty),
-        Ok(_) => fr.offset = 1,
-        Err(e) => return Err(SnapshotError::Io(e.to_string())),
+    if fr.some(&mut magic[..1])? == 0 {
+        return Err(SnapshotError::Empty);
     }
     match fr.exact(&mut magic[1..]) {
         Err(SnapshotError::Truncated { .. }) => return Err(SnapshotError::NotSnapshot),
