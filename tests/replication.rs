@@ -671,6 +671,81 @@ fn replica_survives_lagging_past_the_log() {
     assert!(r.call("version\r\n").starts_with("VERSION "));
 }
 
+/// Send `sig` (`"STOP"`, `"CONT"`) to a server process.
+fn signal(server: &Server, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([format!("-{sig}"), server.child.id().to_string()])
+        .status()
+        .expect("run kill")
+        .success();
+    assert!(ok, "kill -{sig} failed");
+}
+
+/// Poll until the replica's `stats digest` (kvcached's own: the live items' count and
+/// digest) equals the master's, with the master holding items.
+fn wait_same_digest(m: &mut Client, r: &mut Client) {
+    poll_until("the digests to agree", SYNC, || {
+        let (dm, dr) = (m.stats("digest"), r.stats("digest"));
+        let items = dm
+            .iter()
+            .find(|(k, _)| k == "digest_items")
+            .map(|(_, v)| v.clone());
+        match items {
+            Some(n) if n != "0" && dm == dr => Ok(()),
+            _ => Err(format!("master {dm:?}, replica {dr:?}")),
+        }
+    });
+}
+
+/// Issue 11, item 3: a replica paused (SIGSTOP) while its master writes three times what
+/// its log holds finds, when it resumes, that its position is gone: it resynchronizes fully
+/// (one more full sync, counted) and ends with the master's digest. Nothing here depends on
+/// timing: the pause lasts exactly as long as the writes, and every wait is a bounded poll.
+#[test]
+fn replica_paused_past_the_backlog_resyncs_fully() {
+    let master = start_master(&["-m", "8"]);
+    let replica = start_replica(master.port, &["-m", "8"]);
+    let mut m = master.connect();
+    let mut r = replica.connect();
+    let first: Vec<(String, Vec<u8>)> = items("before", 2000, "b");
+    fill(&mut m, &first);
+    wait_same_digest(&mut m, &mut r);
+    assert_eq!(repl_num(&mut r, "full_syncs"), 1);
+    let evicted_before = m.stat("evictions").and_then(|v| v.parse::<u64>().ok());
+
+    signal(&replica, "STOP");
+    // 24 MiB of 1 KiB values into an 8 MiB log: every segment the replica had seen is
+    // evicted before it pulls again.
+    let big: Vec<(String, Vec<u8>)> = (0..24_000)
+        .map(|i| (format!("during{i}"), vec![b'a' + (i % 26) as u8; 1024]))
+        .collect();
+    fill(&mut m, &big);
+    let evicted = m.stat("evictions").and_then(|v| v.parse::<u64>().ok());
+    assert!(
+        evicted.unwrap_or(0) > evicted_before.unwrap_or(0) + 2000,
+        "the master's log did not wrap: evictions {evicted_before:?} -> {evicted:?}"
+    );
+    signal(&replica, "CONT");
+
+    wait_same_digest(&mut m, &mut r);
+    // At least one full resync; sometimes a second one (seen in 1 of 13 runs here): the master
+    // logs a tombstone for each of its 24,000 evictions for its replicas right after the
+    // wrap, and that can push the first resync's position out of the log again.
+    let resynced = repl_num(&mut r, "full_syncs");
+    assert!(resynced >= 2, "no full resync after the pause");
+    wait_stat(&mut r, "replica", "master_link_status", "up");
+    wait_stat(&mut m, "master", "replica0_lag_bytes", "0");
+    // It follows the tail again afterwards: new writes arrive without another full sync.
+    let after = items("after", 500, "c");
+    fill(&mut m, &after);
+    wait_same_digest(&mut m, &mut r);
+    assert_eq!(
+        repl_num(&mut r, "full_syncs"),
+        resynced,
+        "no further full sync"
+    );
+}
+
 /// A master with `-Y`: a replica with the right `--replica-auth` follows it; one with a
 /// wrong password is refused (the master counts the failure) and gets nothing.
 #[test]
