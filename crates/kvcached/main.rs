@@ -35,8 +35,9 @@ fn main() -> ExitCode {
             return ExitCode::from(64);
         }
     };
+    setup::logging::init(config.verbose, config.log_format);
     for note in &notes {
-        eprintln!("kvcached: {note}");
+        tracing::warn!("{note}");
     }
     // Like memcached, read the TLS files before anything else (and before dropping
     // privileges); a file that cannot be used stops the start (EX_USAGE).
@@ -80,7 +81,7 @@ fn start(config: config::Config, tls: Option<kvtls::server::ServerTls>) -> Resul
     let listeners = runtime::listener::bind_listeners(&config)?;
     if config.max_core_file {
         if let Err(e) = daemon::set_core_limit() {
-            eprintln!("kvcached: {e}");
+            tracing::warn!("{e}");
         }
     }
     if config.daemonize {
@@ -90,8 +91,8 @@ fn start(config: config::Config, tls: Option<kvtls::server::ServerTls>) -> Resul
     }
     if let Some(path) = &config.pid_file {
         if let Some(pid) = daemon::running_pid_in(path) {
-            eprintln!(
-                "kvcached: warning: pid file {} names a running process ({pid}); overwriting",
+            tracing::warn!(
+                "pid file {} names a running process ({pid}); overwriting",
                 path.display()
             );
         }
@@ -100,7 +101,7 @@ fn start(config: config::Config, tls: Option<kvtls::server::ServerTls>) -> Resul
     }
     if config.lock_memory {
         if let Err(e) = daemon::lock_memory() {
-            eprintln!("kvcached: warning: {e}");
+            tracing::warn!("{e}");
         }
     }
     let pid_file = config.pid_file.clone();

@@ -121,7 +121,7 @@ pub fn run(
                     if sig == signal_hook::consts::SIGHUP {
                         match shared.auth.reload() {
                             Ok(()) => shared.log(1, || "SIGHUP: auth file reloaded".into()),
-                            Err(e) => eprintln!("kvcached: SIGHUP: {e}; keeping the old entries"),
+                            Err(e) => tracing::error!("SIGHUP: {e}; keeping the old entries"),
                         }
                         continue;
                     }

@@ -250,7 +250,7 @@ fn settings(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
     emit(sink, "tcpport", c.tcp_port);
     emit(sink, "udpport", c.udp_port);
     emit(sink, "inter", c.listen.join(","));
-    emit(sink, "verbosity", shared.verbosity.load(Ordering::Relaxed));
+    emit(sink, "verbosity", crate::setup::logging::verbosity());
     emit(sink, "oldest", 0);
     emit(sink, "evictions", if c.no_evict { "off" } else { "on" });
     match &c.unix_socket {

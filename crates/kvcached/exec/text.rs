@@ -186,9 +186,7 @@ pub fn execute_framed<F: GetFraming>(
             Step::Next
         }
         Request::Verbosity { level, noreply } => {
-            shared
-                .verbosity
-                .store(level.min(u8::MAX as u32) as u8, Ordering::Relaxed);
+            crate::setup::logging::set_verbosity(level.min(u8::MAX as u32) as u8);
             reply_unless(s, noreply, proto::OK);
             Step::Next
         }

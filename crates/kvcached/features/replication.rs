@@ -47,7 +47,7 @@ pub fn follow(shared: &Shared, master: String) {
         .name("kvcached-replica".into())
         .spawn(move || puller(&shared, &master, generation));
     if let Err(e) = spawned {
-        eprintln!("kvcached: cannot start the replication thread: {e}");
+        tracing::error!("cannot start the replication thread: {e}");
     }
 }
 
@@ -80,14 +80,14 @@ fn puller(shared: &Shared, master: &str, generation: u64) {
                 repl.link_up.store(false, Ordering::Relaxed);
                 repl.in_sync.store(false, Ordering::Release);
                 if let Err(e) = r {
-                    if current() && shared.config.verbose > 0 {
-                        eprintln!("kvcached: replication link to {master}: {e}");
+                    if current() {
+                        tracing::info!(master, "replication link to {master}: {e}");
                     }
                 }
             }
             Err(e) => {
-                if current() && shared.config.verbose > 0 {
-                    eprintln!("kvcached: replication: cannot connect to {master}: {e}");
+                if current() {
+                    tracing::info!(master, "replication: cannot connect to {master}: {e}");
                 }
                 backoff = (backoff * 2).min(Duration::from_secs(1));
             }

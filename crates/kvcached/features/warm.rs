@@ -43,16 +43,18 @@ pub fn load(
     // A save that was killed leaves its temporary file; the real one is untouched.
     let tmp = beside(path, ".tmp");
     if std::fs::remove_file(&tmp).is_ok() {
-        eprintln!(
-            "kvcached: warm restart: removed {} (left by a save that did not finish)",
+        tracing::warn!(
+            file = %tmp.display(),
+            "warm restart: removed {} (left by a save that did not finish)",
             tmp.display()
         );
     }
     let file = match File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            eprintln!(
-                "kvcached: warm restart: no snapshot at {}, starting with an empty cache",
+            tracing::info!(
+                file = %path.display(),
+                "warm restart: no snapshot at {}, starting with an empty cache",
                 path.display()
             );
             return Ok(());
@@ -77,16 +79,23 @@ pub fn load(
         Ok(bytes) => {
             // Valid once, as memcached's metadata file.
             if let Err(e) = std::fs::remove_file(path) {
-                eprintln!(
-                    "kvcached: warm restart: cannot remove {}: {e}",
+                tracing::warn!(
+                    file = %path.display(),
+                    "warm restart: cannot remove {}: {e}",
                     path.display()
                 );
             }
-            eprintln!(
-                "kvcached: warm restart: loaded {} items ({bytes} bytes of records) from {} in {} ms",
+            let (items, ms) = (
                 engine.stats().curr_items,
+                started.elapsed().as_millis() as u64,
+            );
+            tracing::info!(
+                file = %path.display(),
+                items,
+                bytes,
+                ms,
+                "warm restart: loaded {items} items ({bytes} bytes of records) from {} in {ms} ms",
                 path.display(),
-                started.elapsed().as_millis()
             );
             Ok(())
         }
@@ -106,13 +115,15 @@ fn refuse(path: &Path, why: &str, ignore_bad: bool) -> Result<(), String> {
     }
     let bad = beside(path, ".bad");
     match std::fs::rename(path, &bad) {
-        Ok(()) => eprintln!(
-            "kvcached: warm restart: {}: {why}; moved to {}, starting with an empty cache",
+        Ok(()) => tracing::error!(
+            file = %path.display(),
+            "warm restart: {}: {why}; moved to {}, starting with an empty cache",
             path.display(),
             bad.display()
         ),
-        Err(e) => eprintln!(
-            "kvcached: warm restart: {}: {why}; cannot move it to {} ({e}), starting with an empty cache",
+        Err(e) => tracing::error!(
+            file = %path.display(),
+            "warm restart: {}: {why}; cannot move it to {} ({e}), starting with an empty cache",
             path.display(),
             bad.display()
         ),
@@ -145,11 +156,14 @@ pub fn save(shared: &Shared, path: &Path) -> Result<(), String> {
     };
     match write() {
         Ok(bytes) => {
-            eprintln!(
-                "kvcached: warm restart: saved {} items ({bytes} bytes of records) to {} in {} ms",
-                log.stats().curr_items,
+            let (items, ms) = (log.stats().curr_items, started.elapsed().as_millis() as u64);
+            tracing::info!(
+                file = %path.display(),
+                items,
+                bytes,
+                ms,
+                "warm restart: saved {items} items ({bytes} bytes of records) to {} in {ms} ms",
                 path.display(),
-                started.elapsed().as_millis()
             );
             Ok(())
         }

@@ -428,7 +428,7 @@ impl Worker {
         info.last_cmd.store(self.now, Ordering::Relaxed);
         let fd = stream_fd(&stream);
         shared.register(fd, ConnKind::Client, info.clone());
-        shared.log(2, || format!("<{fd} new client connection"));
+        tracing::debug!(fd, "<{fd} new client connection");
         self.conns[slot] = Some(Conn::new(stream, info));
     }
 
@@ -460,7 +460,7 @@ impl Worker {
         self.stats.buffers.update(&mut conn.gauged, 0, 0);
         self.shared.unregister(fd);
         self.shared.curr_conns.fetch_sub(1, Ordering::AcqRel);
-        self.shared.log(2, || format!("<{fd} connection closed."));
+        tracing::debug!(fd, "<{fd} connection closed.");
         self.free.push(slot);
         // The socket closes here, when `conn` drops.
         drop(conn);

@@ -969,6 +969,13 @@ impl Builder {
                 self.ignored(sp);
             }
             "warm_restart_ignore_bad_file" => self.cfg.warm_ignore_bad_file = true,
+            "log_format" => {
+                self.cfg.log_format = match need(val)?.as_str() {
+                    "text" => crate::setup::logging::Format::Text,
+                    "json" => crate::setup::logging::Format::Json,
+                    other => return Err(format!("-o log_format: {other:?} is not text or json")),
+                }
+            }
             "lru_crawler" => self.cfg.lru_crawler = true,
             "no_lru_crawler" => self.cfg.lru_crawler = false,
             "lru_maintainer" => {
@@ -1420,6 +1427,10 @@ Extended options: -o, --extended=OPT[,OPT=VALUE...]
                               memcached_exporter's names plus kvcached_* (off by default)
   engine=log                  the item store: the segmented log (the only one;
                               accepted so older command lines still work)
+  log_format=text|json        log lines on stderr as text (default; no timestamps under
+                              systemd, whose journal adds them) or as one JSON object per
+                              line (kvcached's own). -v, -vv, -vvv add info, debug and
+                              trace events, as memcached's -v levels
   warm_restart_ignore_bad_file
                               with -e: when the file cannot be used (damaged, cut short,
                               another format or other -C/-I), move it to FILE.bad and

@@ -192,6 +192,8 @@ pub struct Config {
     /// `FILE.bad`, instead of refusing to start (`-o warm_restart_ignore_bad_file`;
     /// kvcached's own).
     pub warm_ignore_bad_file: bool,
+    /// How log lines are written to stderr (`-o log_format=text|json`; kvcached's own).
+    pub log_format: crate::setup::logging::Format,
     /// Enable the `debugtime` command, which shifts the server clock (`-o debug_clock`;
     /// for tests, never for production).
     pub debug_clock: bool,
@@ -255,6 +257,7 @@ impl Default for Config {
             auth_file: None,
             memory_file: None,
             warm_ignore_bad_file: false,
+            log_format: crate::setup::logging::Format::Text,
             debug_clock: false,
             replica_of: None,
             replica_auth: None,

@@ -5,6 +5,7 @@
 pub mod cli;
 pub mod config;
 pub mod daemon;
+pub mod logging;
 pub mod memory;
 
 /// The version kvcached reports (`version`, `stats`): the memcached protocol level it

@@ -183,8 +183,8 @@ impl Auth {
                 .filter(|v| !v.is_empty())
                 .map(PathBuf::from);
             if auth.sasl_pwdb.is_none() {
-                eprintln!(
-                    "kvcached: warning: -S without {PWDB_ENV}: no SASL user can authenticate \
+                tracing::warn!(
+                    "-S without {PWDB_ENV}: no SASL user can authenticate \
                      (set it to a file of user:password lines)"
                 );
             }

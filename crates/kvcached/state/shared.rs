@@ -3,7 +3,7 @@
 //! above (execution, features, the runtime) reads it; it imports none of them.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use kvproto::text::{Limits, MAX_GET_LINE_LEN, MAX_LINE_LEN};
@@ -33,7 +33,6 @@ pub struct Shared {
     pub cert_loaded_at: std::sync::atomic::AtomicU32,
     /// SIGUSR1 asked for a graceful stop: with `-e`, save a snapshot for a warm restart.
     save_on_exit: AtomicBool,
-    pub verbosity: AtomicU8,
     pub curr_conns: AtomicUsize,
     pub total_conns: AtomicU64,
     pub rejected_conns: AtomicU64,
@@ -72,7 +71,6 @@ impl Shared {
             tls,
             cert_loaded_at: std::sync::atomic::AtomicU32::new(0),
             save_on_exit: AtomicBool::new(false),
-            verbosity: AtomicU8::new(config.verbose),
             engine,
             clock: Clock::new(),
             stats: ServerStats::new(worker_stats),
@@ -200,9 +198,15 @@ impl Shared {
         self.registry.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Log `msg` at memcached verbosity `level`: 0 a warning (always shown), 1 `info`
+    /// (`-v`), 2 `debug` (`-vv`), 3 and above `trace` (`-vvv`). `msg` runs only when the
+    /// event is shown (see `setup::logging`).
     pub fn log(&self, level: u8, msg: impl FnOnce() -> String) {
-        if self.verbosity.load(Ordering::Relaxed) >= level {
-            eprintln!("{}", msg());
+        match level {
+            0 => tracing::warn!(target: "kvcached", "{}", msg()),
+            1 => tracing::info!(target: "kvcached", "{}", msg()),
+            2 => tracing::debug!(target: "kvcached", "{}", msg()),
+            _ => tracing::trace!(target: "kvcached", "{}", msg()),
         }
     }
 }
