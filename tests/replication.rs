@@ -281,17 +281,7 @@ fn replica_converges() {
     wait_stat(&mut m, "master", "replica0_lag_bytes", "0");
     // Their digests of the live data agree (`stats digest`, kvcached's own); polled, since an
     // item may expire between the two reads.
-    poll_until("the digests to agree", SYNC, || {
-        let (dm, dr) = (m.stats("digest"), r.stats("digest"));
-        let items = dm
-            .iter()
-            .find(|(k, _)| k == "digest_items")
-            .map(|(_, v)| v.clone());
-        match items {
-            Some(n) if n != "0" && dm == dr => Ok(()),
-            _ => Err(format!("master {dm:?}, replica {dr:?}")),
-        }
-    });
+    wait_same_digest(&mut m, &mut r);
 }
 
 /// Every write command is refused on a replica (data blocks swallowed, noreply or not); reads
