@@ -754,6 +754,20 @@ mod tests {
         z ^ (z >> 31)
     }
 
+    /// Split the next bucket of an index of `test_hash` items (ids in the segment field);
+    /// the bucket split, or None at the largest size.
+    fn split_next(idx: &Index) -> Option<usize> {
+        let (b, l) = idx.next_split()?;
+        let _g = idx.lock_bucket(b);
+        idx.split(
+            b,
+            l,
+            |v| Some(test_hash(u64::from(slot_seg(v)))),
+            |_, _| panic!("room for every moved item"),
+        );
+        Some(b)
+    }
+
     /// A presized index addresses every bucket it was sized to, keeps items where they
     /// were inserted, splits on from there, never shrinks and stops at its largest size.
     #[test]
@@ -792,16 +806,9 @@ mod tests {
         );
         // Growth continues from the presized state without losing an item.
         for _ in 0..100 {
-            let Some((b, l)) = idx.next_split() else {
+            if split_next(&idx).is_none() {
                 break;
-            };
-            let _g = idx.lock_bucket(b);
-            idx.split(
-                b,
-                l,
-                |v| Some(test_hash(u64::from(slot_seg(v)))),
-                |_, _| panic!("room for every moved item"),
-            );
+            }
         }
         assert_eq!(idx.nmain(), 4 * start + 100);
         for i in 0..n {
@@ -844,16 +851,9 @@ mod tests {
             inserted += 1000;
             let mut split = Vec::new();
             while inserted as usize > idx.nmain() * SLOTS {
-                let Some((b, l)) = idx.next_split() else {
+                let Some(b) = split_next(&idx) else {
                     break;
                 };
-                let _g = idx.lock_bucket(b);
-                idx.split(
-                    b,
-                    l,
-                    |v| Some(test_hash(u64::from(slot_seg(v)))),
-                    |_, _| panic!("room for every moved item"),
-                );
                 split.push(b);
             }
             // Markers are skipped, items found (through the new addressing).

@@ -312,9 +312,11 @@ impl LogEngine {
         let seg = self.segs.get(id)?;
         let ptr = NonNull::new(seg.mem.0.ptr.load(Ordering::Acquire))?;
         let cap = seg.mem.0.cap.load(Ordering::Relaxed);
-        // A fresh segment's pages come in with one system call rather than a fault each
-        // (cheap when they are resident already).
-        mem::populate(ptr, cap);
+        // A fresh mapping (`used` is 0 only until its first opening) gets its pages with
+        // one system call rather than a fault each; a reused segment's are resident.
+        if seg.mem.0.used.load(Ordering::Relaxed) == 0 {
+            mem::populate(ptr, cap);
+        }
         // SAFETY: a free segment is unreachable (no slot points into it, readers from
         // before it was freed are gone, see `release`/`evict_one`) and owned by us now,
         // so we may write all `cap` bytes of its mapping.
