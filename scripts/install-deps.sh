@@ -58,6 +58,7 @@ if [[ $mode == all ]]; then
         iproute2              # ss
         procps                # kill, ps
         netcat-openbsd        # nc, as in the README
+        help2man              # man pages, for scripts/package.sh
     )
 fi
 
@@ -110,6 +111,13 @@ if [[ $mode == all ]]; then
         command -v rustup >/dev/null 2>&1 || die "cargo fmt/clippy missing and no rustup"
         echo "install-deps.sh: adding rustup components rustfmt clippy"
         quiet rustup component add rustfmt clippy
+    fi
+
+    # cargo-deb, for scripts/package.sh (built from crates.io; about two minutes). Pinned:
+    # the check builds from the dev profile, which later releases may refuse.
+    if ! cargo deb --version 2>/dev/null | grep -qx 'cargo-deb 3\.8\.0'; then
+        echo "install-deps.sh: installing cargo-deb 3.8.0"
+        quiet cargo install cargo-deb --version 3.8.0 --locked
     fi
 
     # cargo-fuzz, for scripts/fuzz.sh (built from crates.io; about a minute).

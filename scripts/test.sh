@@ -5,7 +5,9 @@
 #   2. cargo fmt --all -- --check
 #   3. cargo clippy --workspace --all-targets -- -D warnings
 #   4. cargo test --workspace    (unit, integration, differential, property tests, doc tests)
-#   5. scripts/fuzz.sh 30        (each fuzz target for 30 s)
+#   5. scripts/package.sh --profile dev --check
+#                                (the Debian package and the container's command line)
+#   6. scripts/fuzz.sh 30        (each fuzz target for 30 s)
 #
 # then prints one summary line. Environment: FUZZ_SECONDS (default 30; 0 skips fuzzing),
 # and anything cargo reads (CARGO_TARGET_DIR, ...).
@@ -55,6 +57,9 @@ if ((test_status != 0)); then
     exit "$test_status"
 fi
 
+step "scripts/package.sh --profile dev --check"
+scripts/package.sh --profile dev --check
+
 fuzz_note="fuzz skipped"
 if ((fuzz_seconds > 0)) && [[ -x scripts/fuzz.sh ]]; then
     step "scripts/fuzz.sh $fuzz_seconds"
@@ -63,5 +68,5 @@ if ((fuzz_seconds > 0)) && [[ -x scripts/fuzz.sh ]]; then
 fi
 
 echo
-echo "test.sh: fmt, clippy, tests and $fuzz_note all passed in $(elapsed)"
+echo "test.sh: fmt, clippy, tests, package check and $fuzz_note all passed in $(elapsed)"
 echo "test.sh: $passed passed, $failed failed, $ignored skipped"

@@ -291,3 +291,67 @@ fn daemonize_writes_the_pid_file() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A private scratch directory for one test.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("kvcached-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn config_file_is_read_like_debians_memcached_conf() {
+    let dir = scratch("conf");
+    let conf = dir.join("kvcached.conf");
+    // A memcached.conf as Debian ships it: -d and logfile are skipped (the server must stay
+    // in the foreground, as our child), the rest applies.
+    std::fs::write(
+        &conf,
+        "# comment\n-d\nlogfile /var/log/memcached.log\n\n-m 12   # megabytes\n-c 77\n-o modern\n",
+    )
+    .unwrap();
+    let conf_arg = conf.to_str().unwrap();
+    let s = Server::start_verified(Kind::Kvcached, &["--config-file", conf_arg, "-c", "88"]);
+    let mut c = s.connect();
+    assert_eq!(c.call("set a 0 0 1\r\nx\r\n"), "STORED\r\n");
+    let settings = c.stats("settings");
+    let get = |name: &str| {
+        settings
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        get("maxbytes"),
+        (12u64 << 20).to_string(),
+        "-m from the file"
+    );
+    assert_eq!(
+        get("maxconns"),
+        "88",
+        "the command line after the file wins"
+    );
+    drop(s);
+
+    // A line that is not an option is refused, naming the file and the line.
+    std::fs::write(&conf, "-m 12\nport 11211\n").unwrap();
+    let mut cmd = kvcached();
+    cmd.args(["-l", "127.0.0.1", "-p", &common::free_port().to_string()]);
+    cmd.args(["-u", "root", "--config-file", conf_arg]);
+    let r = run(cmd);
+    assert_eq!(r.status.code(), Some(64), "{}", r.stderr);
+    assert!(
+        r.stderr.contains(&format!("{conf_arg}: line 2: 'port'")),
+        "{}",
+        r.stderr
+    );
+    // So is a file that cannot be read.
+    let mut cmd = kvcached();
+    cmd.args(["--config-file", dir.join("missing").to_str().unwrap()]);
+    let r = run(cmd);
+    assert_eq!(r.status.code(), Some(64), "{}", r.stderr);
+    assert!(r.stderr.contains("cannot read"), "{}", r.stderr);
+    let _ = std::fs::remove_dir_all(&dir);
+}

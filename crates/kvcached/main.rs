@@ -13,10 +13,18 @@ mod state;
 
 use std::process::ExitCode;
 
-use setup::{cli, config, daemon, VERSION};
+use setup::{cli, conffile, config, daemon, VERSION};
 
 fn main() -> ExitCode {
-    let (config, notes) = match cli::parse(std::env::args_os().skip(1)) {
+    let args = std::env::args_os().skip(1).collect();
+    let (args, file_notes) = match conffile::expand(args, |p| std::fs::read_to_string(p)) {
+        Ok(expanded) => expanded,
+        Err(msg) => {
+            eprintln!("kvcached: {msg}");
+            return ExitCode::from(64);
+        }
+    };
+    let (config, notes) = match cli::parse(args) {
         Ok(cli::Action::Run { config, notes }) => (*config, notes),
         Ok(cli::Action::Help(text)) => {
             print!("{text}");
@@ -36,6 +44,9 @@ fn main() -> ExitCode {
         }
     };
     setup::logging::init(config.verbose, config.log_format);
+    for note in &file_notes {
+        tracing::info!("{note}");
+    }
     for note in &notes {
         tracing::warn!("{note}");
     }

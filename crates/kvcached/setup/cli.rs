@@ -1388,6 +1388,9 @@ Process
   -h, --help                  print this help and exit
   -i, --license               print the license and exit
   -V, --version               print the version and exit
+      --config-file=FILE      read options from FILE, one per line, as Debian's
+                              /etc/memcached.conf (# comments; -d and logfile lines
+                              skipped); options after it override it (kvcached's own)
 
 Replication (kvcached's own)
       --replica-of=HOST:PORT  follow that master as a read-only replica (at run time:

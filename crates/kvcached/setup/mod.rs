@@ -3,6 +3,7 @@
 //! the server.
 
 pub mod cli;
+pub mod conffile;
 pub mod config;
 pub mod daemon;
 pub mod logging;
