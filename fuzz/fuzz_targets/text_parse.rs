@@ -143,6 +143,15 @@ fn reply(out: &mut Vec<u8>, request: &Request<'_>, limits: &Limits) {
                 Some(reply) => out.extend_from_slice(reply),
                 None => out.extend_from_slice(text::OK),
             }
+            // lru_crawler metadump|mgdump CLASSES: the subcommand and the class list.
+            if let [sub, classes] = toks[..] {
+                let _ = kvproto::admin::dump_kind(sub);
+                if let kvproto::admin::CrawlerClasses::Some(mask) =
+                    kvproto::admin::crawler_classes(classes)
+                {
+                    assert!(mask != 0 && mask & 1 == 0, "class 0 or none in {mask:#x}");
+                }
+            }
         }
         Request::FlushAll { .. }
         | Request::Verbosity { .. }

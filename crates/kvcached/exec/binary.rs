@@ -51,9 +51,10 @@ pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
         Command::Touch { exptime } => {
             let at = Some(shared.clock.expiry(exptime));
             let mut found = None;
-            ops::read(ctx, req.key, shared.clock.now(), at, &mut |item| {
+            let hit = ops::read(ctx, req.key, shared.clock.now(), at, &mut |item| {
                 found = Some((item.flags, item.cas))
             });
+            shared.detail.record_get(req.key, hit);
             match found {
                 Some((flags, cas)) => {
                     if !req.quiet {
@@ -85,6 +86,7 @@ pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
                 compare_cas: (req.cas != 0).then_some(req.cas),
                 ..MetaDelete::default()
             };
+            shared.detail.record_delete(req.key);
             match ops::delete(ctx, req.key, shared.clock.now(), req_del, Proto::Binary) {
                 MetaDeleteResult::Deleted => {
                     if !req.quiet {
@@ -165,6 +167,7 @@ fn get(ctx: &Ctx<'_>, out: &mut Vec<u8>, req: &Request<'_>, with_key: bool, touc
             out, req.opcode, req.opaque, item.cas, item.flags, key, item.value,
         );
     });
+    ctx.shared.detail.record_get(req.key, hit);
     if !hit && !req.quiet {
         bin::write_get_miss(out, req.opcode, req.opaque, key);
     }
@@ -180,6 +183,7 @@ fn store(
 ) {
     let shared = ctx.shared;
     let (op, opaque) = (req.opcode, req.opaque);
+    shared.detail.record_set(req.key);
     let engine_mode = match mode {
         StoreMode::Set => kvstore::StoreMode::Set,
         StoreMode::Add => kvstore::StoreMode::Add,

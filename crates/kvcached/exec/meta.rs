@@ -33,10 +33,11 @@ use kvproto::meta::{
 use kvproto::text::{self as proto, ErrorReply};
 use kvproto::MAX_KEY_LEN;
 use kvstore::{
-    Engine, EngineConfig, MetaArith, MetaArithResult, MetaDelete, MetaDeleteResult, MetaGet,
-    MetaItem, MetaRead, MetaStoreRequest, StoreMode, StoreResult, Time, Win,
+    Engine, MetaArith, MetaArithResult, MetaDelete, MetaDeleteResult, MetaGet, MetaItem, MetaRead,
+    MetaStoreRequest, StoreMode, StoreResult, Time, Win,
 };
 
+use crate::exec::items::size_and_class;
 use crate::exec::ops::{self, Proto};
 use crate::exec::session::{Ctx, Session, Step};
 use crate::state::replication::Access;
@@ -70,19 +71,13 @@ pub fn execute(req: MetaRequest<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step
             let now = shared.clock.now();
             match ops::debug_item(ctx, k, now) {
                 Some(d) => {
-                    let config = EngineConfig {
-                        max_bytes: 0,
-                        max_item_size: shared.config.item_size_max,
-                        no_evict: false,
-                        use_cas: shared.config.use_cas,
-                    };
-                    let size = config.item_size(k.len(), d.value_len, d.flags);
+                    let (size, cls) = size_and_class(&shared.config, k.len(), d.value_len, d.flags);
                     let info = DebugInfo {
                         exp: ttl(d.exptime, now),
                         la: u64::from(now.wrapping_sub(d.last_access)),
                         cas: d.cas,
                         fetched: d.fetched,
-                        cls: slab_class(size),
+                        cls,
                         size: size as u64,
                     };
                     write_debug(&mut s.out, k, d.binary_key, &info);
@@ -405,27 +400,6 @@ fn arith(ctx: &mut Ctx<'_>, s: &mut Session, args: &MetaArgs<'_>, mode: ArithMod
     Step::Next
 }
 
-/// The slab class memcached would put an item of `size` bytes in, with its default slab
-/// sizes (`-n 48 -f 1.25`, 1 MiB pages): classes from 96 bytes growing by 1.25 (rounded up
-/// to 8) while below 512 KiB / 1.25, then one class of 512 KiB (larger items are chunked into
-/// it).
-fn slab_class(size: usize) -> u32 {
-    const MAX_CHUNK: usize = 512 * 1024;
-    let mut chunk = 96usize;
-    let mut class = 1u32;
-    loop {
-        if size <= chunk {
-            return class;
-        }
-        class += 1;
-        let next = chunk + chunk / 4;
-        if next as f64 >= MAX_CHUNK as f64 / 1.25 {
-            return class;
-        }
-        chunk = next.div_ceil(8) * 8;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     #[test]
@@ -434,22 +408,5 @@ mod tests {
         for n in [0u64, 7, 10, 12345, u64::MAX] {
             assert_eq!(super::digits(n, &mut buf), n.to_string().as_bytes());
         }
-    }
-
-    use super::*;
-
-    #[test]
-    fn slab_classes_match_memcached_defaults() {
-        // memcached -vv: class 1 is 96 bytes, 2 is 120, 3 is 152, ... 38 is 394,840,
-        // 39 (the last) is 524,288.
-        assert_eq!(slab_class(1), 1);
-        assert_eq!(slab_class(96), 1);
-        assert_eq!(slab_class(97), 2);
-        assert_eq!(slab_class(120), 2);
-        assert_eq!(slab_class(121), 3);
-        assert_eq!(slab_class(152), 3);
-        assert_eq!(slab_class(394_840), 38);
-        assert_eq!(slab_class(394_841), 39);
-        assert_eq!(slab_class(1 << 20), 39);
     }
 }

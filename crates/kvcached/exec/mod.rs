@@ -1,11 +1,12 @@
 //! Request execution: the session contract ([`session`]), the commands' effects on the engine
 //! and on memcached's counters ([`ops`]), and the executors built on them, one per protocol
-//! (text, meta, binary), the authentication gates, the `stats` replies and the
-//! master side of replication. Executors write replies into a session's output and know
-//! nothing of sockets; the runtime drives them.
+//! (text, meta, binary), the authentication gates, the `stats` replies, the item listings
+//! (`lru_crawler metadump`, [`items`]) and the master side of replication. Executors write
+//! replies into a session's output and know nothing of sockets; the runtime drives them.
 
 pub mod auth;
 pub mod binary;
+pub mod items;
 pub mod meta;
 pub mod ops;
 pub mod replication;

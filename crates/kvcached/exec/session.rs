@@ -22,12 +22,26 @@ pub struct Session {
     pub swallow: usize,
     /// Keys of the multiget at the front of the input that were already answered.
     pub get_progress: usize,
+    /// Where a dump at the front of the input that paused for output to drain goes on.
+    pub resume: Resume,
     /// Close once the pending output is written (`quit`, fatal errors).
     pub close_after_write: bool,
     /// The protocol this connection speaks, decided by its first byte.
     pub protocol: Option<Protocol>,
     /// Authentication state (`-Y`, `-S`).
     pub auth: ConnAuth,
+}
+
+/// Where a long listing (`stats detail dump`, `lru_crawler metadump`) resumes when the
+/// request runs again after a [`Step::Pause`]; `Start` when it is not under way.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Resume {
+    #[default]
+    Start,
+    /// At this bucket of the item index.
+    Bucket(usize),
+    /// After this prefix.
+    After(Vec<u8>),
 }
 
 /// The protocols a TCP or unix connection can speak.
@@ -45,6 +59,7 @@ impl Session {
             out_pos: 0,
             swallow: 0,
             get_progress: 0,
+            resume: Resume::Start,
             close_after_write: false,
             protocol: None,
             auth: ConnAuth::default(),

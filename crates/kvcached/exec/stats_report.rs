@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use kvproto::text::{self as proto, Tokens};
 use kvstore::Engine;
 
-use crate::exec::session::{Ctx, Session};
+use crate::exec::session::{Ctx, Resume, Session, Step, OUTPUT_HIGH_WATER};
 use crate::setup::config::{MemoryLimit, ProtocolChoice};
 use crate::state::registry::ConnKind;
 use crate::state::shared::Shared;
@@ -104,20 +104,23 @@ pub fn emit_group(ctx: &Ctx<'_>, group: Group, sink: &mut Sink<'_>) -> bool {
 /// `stats reset`.
 pub fn reset(shared: &Shared) {
     shared.stats.reset();
+    shared.detail.clear();
     shared.engine.reset_stats();
     shared.reset_connection_stats();
 }
 
 /// `stats [group ...]` in the text protocol.
-pub fn write(ctx: &mut Ctx<'_>, s: &mut Session, mut args: Tokens<'_>) {
+pub fn write(ctx: &mut Ctx<'_>, s: &mut Session, mut args: Tokens<'_>) -> Step {
     let group = classify(args.next());
+    if group == Group::Detail {
+        return detail(ctx, s, args.next());
+    }
     let out = &mut s.out;
     match group {
         Group::Reset => {
             reset(ctx.shared);
             out.extend_from_slice(proto::RESET);
         }
-        Group::Detail => out.extend_from_slice(b"CLIENT_ERROR usage: stats detail on|off|dump\r\n"),
         Group::CacheDump => out.extend_from_slice(b"CLIENT_ERROR stats cachedump not allowed\r\n"),
         Group::Unknown => out.extend_from_slice(proto::ERROR),
         _ => {
@@ -127,6 +130,42 @@ pub fn write(ctx: &mut Ctx<'_>, s: &mut Session, mut args: Tokens<'_>) {
             out.extend_from_slice(proto::END);
         }
     }
+    Step::Next
+}
+
+/// `stats detail on|off|dump`, with memcached's replies. The subcommand may be abbreviated
+/// (`stats detail d`), as memcached compares only the given length. A dump streams: it
+/// pauses whenever the pending output passes the high-water mark and resumes after the
+/// last prefix it wrote.
+fn detail(ctx: &mut Ctx<'_>, s: &mut Session, sub: Option<&[u8]>) -> Step {
+    let detail = &ctx.shared.detail;
+    if !ctx.shared.config.dump_enabled {
+        s.out
+            .extend_from_slice(b"CLIENT_ERROR stats detail not allowed\r\n");
+        return Step::Next;
+    }
+    let is = |word: &[u8]| sub.is_some_and(|t| !t.is_empty() && word.starts_with(t));
+    if is(b"on") {
+        detail.set_enabled(true);
+        s.out.extend_from_slice(proto::OK);
+    } else if is(b"off") {
+        detail.set_enabled(false);
+        s.out.extend_from_slice(proto::OK);
+    } else if is(b"dump") {
+        let after = match std::mem::take(&mut s.resume) {
+            Resume::After(p) => Some(p),
+            _ => None,
+        };
+        let limit = s.out_pos + OUTPUT_HIGH_WATER;
+        if let Some(last) = detail.dump(after.as_deref(), &mut s.out, limit) {
+            s.resume = Resume::After(last);
+            return Step::Pause;
+        }
+    } else {
+        s.out
+            .extend_from_slice(b"CLIENT_ERROR usage: stats detail on|off|dump\r\n");
+    }
+    Step::Next
 }
 
 fn general(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
@@ -260,6 +299,8 @@ fn settings(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
     emit(sink, "umask", format_args!("{:o}", c.unix_mask));
     emit(sink, "shutdown_command", yes_no(c.enable_shutdown));
     emit(sink, "num_threads", c.threads);
+    emit(sink, "stat_key_prefix", shared.detail.delimiter() as char);
+    emit(sink, "detail_enabled", yes_no(shared.detail.enabled()));
     emit(sink, "reqs_per_event", c.reqs_per_event);
     emit(sink, "cas_enabled", yes_no(c.use_cas));
     emit(sink, "tcp_backlog", c.backlog);
@@ -276,8 +317,10 @@ fn settings(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
         None => emit(sink, "auth_enabled_ascii", "no"),
     }
     emit(sink, "item_size_max", c.item_size_max);
+    emit(sink, "maxconns_fast", yes_no(c.maxconns_fast));
     emit(sink, "lru_crawler", yes_no(c.lru_crawler));
     emit(sink, "flush_enabled", yes_no(c.flush_enabled));
+    emit(sink, "dump_enabled", yes_no(c.dump_enabled));
     emit(
         sink,
         "idle_timeout",

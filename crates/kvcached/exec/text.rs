@@ -11,7 +11,7 @@ use kvstore::{
 
 use crate::exec::ops::{self, Proto};
 use crate::exec::session::{Ctx, Session, Step, OUTPUT_HIGH_WATER};
-use crate::exec::stats_report;
+use crate::exec::{items, stats_report};
 use crate::state::replication::Access;
 
 /// What `req` does to items, for replication's refusals.
@@ -92,6 +92,7 @@ pub fn execute_framed<F: GetFraming>(
             data,
             noreply,
         } => {
+            shared.detail.record_set(key);
             let req = MetaStoreRequest {
                 mode: store_mode(mode, cas),
                 key,
@@ -116,6 +117,7 @@ pub fn execute_framed<F: GetFraming>(
             Step::Next
         }
         Request::Delete { key, noreply } => {
+            shared.detail.record_delete(key);
             let now = shared.clock.now();
             let reply = match ops::delete(ctx, key, now, MetaDelete::default(), Proto::Text) {
                 MetaDeleteResult::Deleted => proto::DELETED,
@@ -201,10 +203,7 @@ pub fn execute_framed<F: GetFraming>(
             shared.request_shutdown();
             Step::Close
         }
-        Request::Stats { args } => {
-            stats_report::write(ctx, s, args);
-            Step::Next
-        }
+        Request::Stats { args } => stats_report::write(ctx, s, args),
         Request::CacheMemlimit { megabytes, noreply } => {
             // memcached's replies: megabytes below 8 or above 10^9 are refused.
             let reply: &[u8] = if megabytes < 8 {
@@ -239,10 +238,7 @@ pub fn execute_framed<F: GetFraming>(
             refresh_certs(shared, s, ctx.now);
             Step::Next
         }
-        Request::Admin { name, args } => {
-            admin(s, name, args);
-            Step::Next
-        }
+        Request::Admin { name, args } => admin(ctx, s, name, args),
     }
 }
 
@@ -270,14 +266,22 @@ fn refresh_certs(shared: &crate::state::shared::Shared, s: &mut Session, now: u3
     }
 }
 
-/// memcached commands about its slab allocator, LRU crawler and log watchers, which have no
-/// counterpart here. Arguments memcached would refuse get its reply first.
-fn admin(s: &mut Session, name: &[u8], args: proto::Tokens<'_>) {
+/// memcached commands about its slab allocator, LRU crawler and log watchers. Arguments
+/// memcached would refuse get its reply first; `lru_crawler metadump|mgdump` list the
+/// items ([`items::dump`]); the others have no counterpart here.
+fn admin(ctx: &mut Ctx<'_>, s: &mut Session, name: &[u8], args: proto::Tokens<'_>) -> Step {
     // The line is bounded by the parser's line limit, so is the token list.
     let toks: Vec<&[u8]> = args.collect();
     if let Some(refused) = kvproto::admin::refusal(name, &toks) {
         s.out.extend_from_slice(refused);
-        return;
+        return Step::Next;
+    }
+    if name == b"lru_crawler" {
+        if let [sub, classes] = toks[..] {
+            if let Some(kind) = kvproto::admin::dump_kind(sub) {
+                return items::dump(ctx, s, kind, classes);
+            }
+        }
     }
     let reply: &[u8] = match name {
         b"slabs" => b"CLIENT_ERROR slab reassignment disabled\r\n",
@@ -287,6 +291,7 @@ fn admin(s: &mut Session, name: &[u8], args: proto::Tokens<'_>) {
         _ => proto::ERROR,
     };
     s.out.extend_from_slice(reply);
+    Step::Next
 }
 
 fn reply_unless(s: &mut Session, noreply: bool, reply: &[u8]) {
@@ -386,12 +391,13 @@ fn get<F: GetFraming>(
         }
         last = s.out.len();
         let out = &mut s.out;
-        ops::read(ctx, key, now, touch, &mut |item| {
+        let hit = ops::read(ctx, key, now, touch, &mut |item| {
             if !rejected {
                 let cas = if with_cas { Some(item.cas) } else { None };
                 proto::write_value(out, item.key, item.flags, item.value, cas);
             }
         });
+        ctx.shared.detail.record_get(key, hit);
         s.get_progress += 1;
         if let Some(step) = framing.after_key(s, last, keys.peek().is_some(), rejected) {
             return step;
@@ -405,6 +411,7 @@ fn get<F: GetFraming>(
 /// A storage command whose data block exceeds `-I`: memcached answers an error (unless
 /// `noreply`), and a `set` also removes the old item so that a reader cannot see stale data.
 pub fn too_large(ctx: &mut Ctx<'_>, s: &mut Session, mode: StoreMode, key: &[u8], noreply: bool) {
+    ctx.shared.detail.record_set(key);
     ops::store_too_large(ctx, key, mode == StoreMode::Set);
     if !noreply {
         proto::write_error(&mut s.out, proto::TOO_LARGE);

@@ -738,10 +738,12 @@ impl Builder {
                 }
             }
             b'D' => {
-                if value.is_empty() {
+                // memcached takes the first byte and switches prefix stats on.
+                let Some(&d) = value.as_bytes().first() else {
                     return Err(format!("option {sp} needs a delimiter character"));
-                }
-                self.ignored(sp);
+                };
+                self.cfg.prefix_delimiter = d;
+                self.cfg.detail_enabled = true;
             }
             b'L' => self.ignored(sp),
             b'R' => {
@@ -1366,8 +1368,10 @@ Memory and items
 Commands
   -A, --enable-shutdown       allow the shutdown command
   -F, --disable-flush-all     refuse flush_all
-  -X, --disable-dumping       refuse stats cachedump, stats detail dump and lru_crawler
-                              metadump
+  -X, --disable-dumping       refuse stats cachedump, stats detail and lru_crawler
+                              metadump and mgdump
+  -D CHAR                     count stats detail per key prefix from the start; a key's
+                              prefix ends at its first CHAR (default :)
   -W, --disable-watch         refuse the watch command
   -S, --enable-sasl           require SASL authentication (binary protocol)
   -Y, --auth-file=FILE        require ASCII authentication; FILE holds user:password lines
@@ -1446,7 +1450,7 @@ Extended options: -o, --extended=OPT[,OPT=VALUE...]
 
 Accepted for compatibility and ignored (logged at startup):
   -f, --slab-growth-factor, -n, --slab-min-size, -L, --enable-largepages,
-  -D (stats prefix delimiter), -N, --napi-ids, and the -o options hashpower,
+  -N, --napi-ids, and the -o options hashpower,
   no_hashexpand, tail_repair_time, hash_algorithm, slab_reassign, slab_automove,
   slab_automove_ratio, slab_automove_window, slab_automove_freeratio, slab_chunk_max,
   slab_sizes, no_chunked_items, lru_crawler_sleep, lru_crawler_tocrawl,
@@ -1976,6 +1980,17 @@ mod tests {
     }
 
     #[test]
+    fn d_sets_the_prefix_delimiter_and_starts_detail_stats() {
+        let (c, notes) = run(&["-D/"]).unwrap();
+        assert_eq!((c.prefix_delimiter, c.detail_enabled), (b'/', true));
+        assert!(notes.is_empty(), "{notes:?}");
+        let (c, _) = run(&["-D", "::x"]).unwrap();
+        assert_eq!(c.prefix_delimiter, b':', "the first byte, as memcached");
+        let (c, _) = run(&[]).unwrap();
+        assert_eq!((c.prefix_delimiter, c.detail_enabled), (b':', false));
+    }
+
+    #[test]
     fn ignored_options_are_noted() {
         let rows: &[(&[&str], &str)] = &[
             (&["-f", "1.25"], "-f"),
@@ -1984,8 +1999,6 @@ mod tests {
             (&["--slab-min-size", "96"], "--slab-min-size"),
             (&["-L"], "-L"),
             (&["--enable-largepages"], "--enable-largepages"),
-            (&["-D", ":"], "-D"),
-            (&["-D:"], "-D"),
             (&["-N", "1", "-t", "2"], "-N"),
             (&["--napi-ids=1", "-t", "2"], "--napi-ids"),
             (&["-o", "hashpower=20"], "-o hashpower"),

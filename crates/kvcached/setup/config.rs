@@ -154,6 +154,11 @@ pub struct Config {
     /// Allow the commands that dump keys: `stats cachedump`, `stats detail dump`,
     /// `lru_crawler metadump` (`-X` turns them off).
     pub dump_enabled: bool,
+    /// The delimiter ending a key's prefix for `stats detail` (`-D`, default `:`).
+    pub prefix_delimiter: u8,
+    /// Count per-prefix stats from the start (`-D` turns this on, as in memcached;
+    /// `stats detail on|off` at run time).
+    pub detail_enabled: bool,
     /// Allow the `watch` command (`-W` turns it off).
     pub watch_enabled: bool,
     /// Over the connection limit, accept a new connection, send it
@@ -241,6 +246,8 @@ impl Default for Config {
             enable_shutdown: false,
             flush_enabled: true,
             dump_enabled: true,
+            prefix_delimiter: b':',
+            detail_enabled: false,
             watch_enabled: true,
             maxconns_fast: true,
             idle_timeout: None,

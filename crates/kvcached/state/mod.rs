@@ -4,6 +4,7 @@
 
 pub mod clock;
 pub mod credentials;
+pub mod detail;
 pub mod registry;
 pub mod replication;
 pub mod shared;

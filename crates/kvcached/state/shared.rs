@@ -12,6 +12,7 @@ use kvstore::LogEngine;
 use crate::setup::config::Config;
 use crate::state::clock::Clock;
 use crate::state::credentials::Auth;
+use crate::state::detail::PrefixStats;
 use crate::state::registry::{ConnInfo, ConnKind};
 use crate::state::replication::Replication;
 use crate::state::stats::{ServerStats, WorkerStats};
@@ -25,6 +26,8 @@ pub struct Shared {
     pub limits: Limits,
     /// Credentials for `-Y` and `-S`.
     pub auth: Auth,
+    /// `stats detail`: per-prefix counters.
+    pub detail: PrefixStats,
     /// Replication (role, the puller, the replicas pulling from here).
     pub repl: Replication,
     /// TLS (`-Z`): the configurations connections are accepted with, and the counters.
@@ -67,6 +70,7 @@ impl Shared {
                 shutdown_enabled: config.enable_shutdown,
             },
             auth,
+            detail: PrefixStats::new(config.prefix_delimiter, config.detail_enabled),
             repl: Replication::new(),
             tls,
             cert_loaded_at: std::sync::atomic::AtomicU32::new(0),

@@ -12,6 +12,63 @@ use crate::syntax::{c_strncmp_eq, tok_i32, tok_u32};
 const ERROR: &[u8] = b"ERROR\r\n";
 const BAD_FORMAT: &[u8] = b"CLIENT_ERROR bad command line format\r\n";
 
+/// Which listing `lru_crawler SUB CLASSES` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DumpKind {
+    /// `metadump`: a `key=... exp=... ...` line per item.
+    Meta,
+    /// `mgdump`: an `mg KEY` line per item.
+    Keys,
+}
+
+/// The listing `lru_crawler`'s subcommand `sub` names, or None for another subcommand.
+/// memcached tries `crawl`, then `metadump`, then `mgdump`, each as a C `strncmp` prefix
+/// (`lru_crawler m all` is `metadump`).
+pub fn dump_kind(sub: &[u8]) -> Option<DumpKind> {
+    if c_strncmp_eq(sub, b"crawl") {
+        None
+    } else if c_strncmp_eq(sub, b"metadump") {
+        Some(DumpKind::Meta)
+    } else if c_strncmp_eq(sub, b"mgdump") {
+        Some(DumpKind::Keys)
+    } else {
+        None
+    }
+}
+
+/// The slab classes an `lru_crawler crawl|metadump|mgdump` argument names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CrawlerClasses {
+    /// `all` or `hash`.
+    All,
+    /// A comma-separated list: bit `c` set for class `c` (1 to 63).
+    Some(u64),
+    /// A list with no class in it (`,`): memcached starts nothing.
+    None,
+    /// A class that is not a number from 1 to 63: `BADCLASS`.
+    Bad,
+}
+
+/// Parse the classes argument as memcached does: `all`, `hash`, or class ids separated by
+/// commas (empty entries skipped), each from 1 to 63.
+pub fn crawler_classes(arg: &[u8]) -> CrawlerClasses {
+    if arg == b"all" || arg == b"hash" {
+        return CrawlerClasses::All;
+    }
+    let mut mask = 0u64;
+    for t in arg.split(|&b| b == b',').filter(|t| !t.is_empty()) {
+        match tok_u32(t) {
+            Some(c) if (1..64).contains(&c) => mask |= 1 << c,
+            _ => return CrawlerClasses::Bad,
+        }
+    }
+    if mask == 0 {
+        CrawlerClasses::None
+    } else {
+        CrawlerClasses::Some(mask)
+    }
+}
+
 /// memcached's reply to `name` (`slabs`, `lru` or `lru_crawler`) with arguments `args`
 /// (the tokens after the command) when it refuses them, or None when they are valid and
 /// memcached would act on them.
@@ -129,6 +186,28 @@ fn tok_f64(tok: &[u8]) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn crawler_dump_arguments_as_memcached_reads_them() {
+        assert_eq!(dump_kind(b"metadump"), Some(DumpKind::Meta));
+        assert_eq!(
+            dump_kind(b"m"),
+            Some(DumpKind::Meta),
+            "metadump is tried first"
+        );
+        assert_eq!(dump_kind(b"mg"), Some(DumpKind::Keys));
+        assert_eq!(dump_kind(b"c"), None, "crawl");
+        assert_eq!(dump_kind(b"metadumpx"), None);
+        assert_eq!(crawler_classes(b"all"), CrawlerClasses::All);
+        assert_eq!(crawler_classes(b"hash"), CrawlerClasses::All);
+        assert_eq!(crawler_classes(b"alL"), CrawlerClasses::Bad);
+        assert_eq!(crawler_classes(b"1,,3"), CrawlerClasses::Some(0b1010));
+        assert_eq!(crawler_classes(b"63"), CrawlerClasses::Some(1 << 63));
+        for bad in [&b"0"[..], b"64", b"200", b"x", b"1,x", b"-1", b"+1"] {
+            assert_eq!(crawler_classes(bad), CrawlerClasses::Bad, "{bad:?}");
+        }
+        assert_eq!(crawler_classes(b","), CrawlerClasses::None);
+    }
 
     fn check(line: &str) -> Option<&'static str> {
         let mut toks = line.split(' ');

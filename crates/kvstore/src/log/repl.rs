@@ -448,6 +448,50 @@ impl LogEngine {
         d
     }
 
+    /// Call `f` for each live item in up to `buckets` index buckets starting at bucket
+    /// `from`; returns the bucket to continue from, or `None` once every bucket has been
+    /// visited. Each call holds one bucket's lock at a time, and keeps the index from
+    /// growing until it returns, so a scan in many short calls does not stop the server.
+    ///
+    /// An item that stays live and in place throughout a scan of many calls is seen once.
+    /// If the index grows between calls, items of buckets already visited can move to
+    /// buckets not yet visited and be seen again; an item in a bucket not yet visited only
+    /// moves to another such bucket, so none is missed.
+    pub fn scan(
+        &self,
+        from: usize,
+        buckets: usize,
+        now: Time,
+        f: &mut dyn FnMut(crate::ScanItem<'_>),
+    ) -> Option<usize> {
+        let _grow = lock(&self.grow_lock);
+        let nmain = self.index.nmain();
+        let end = from.saturating_add(buckets.max(1)).min(nmain);
+        for b in from..end {
+            let _g = self.index.lock_bucket(b);
+            self.index.for_each_in_chain(b, |slot, v| {
+                // SAFETY: we hold the chain's stripe lock and `v` is in its slot.
+                let Some(r) = (unsafe { self.rec(v) }) else {
+                    return;
+                };
+                if r.kind != KIND_ITEM || self.vis(&r, now) != Vis::Live {
+                    return;
+                }
+                f(crate::ScanItem {
+                    key: r.key,
+                    exptime: r.exptime,
+                    last_access: self.index.atime(slot, now),
+                    cas: self.rec_cas(&r),
+                    fetched: index::fetched(v),
+                    value_len: r.value.len(),
+                    flags: r.flags,
+                    binary_key: r.meta & META_BINARY_KEY != 0,
+                });
+            });
+        }
+        (end < nmain).then_some(end)
+    }
+
     /// Bytes written to the log so far: a replication offset that only grows.
     pub fn log_offset(&self) -> u64 {
         let live: u64 = (0..self.seg_ids())

@@ -1,0 +1,333 @@
+//! memcached's introspection commands against the real binary: `lru_crawler metadump` and
+//! `mgdump` (formats, classes, errors, streaming without stopping other clients) and
+//! `stats detail` (per-prefix counters, `-D`, reset, streaming dump). The expected lines
+//! are memcached 1.6.45's, read off a running 1.6.45 (its formats differ from Debian's
+//! 1.6.18, so these are not differential tests). kvcached only.
+
+mod common;
+
+use std::collections::HashSet;
+
+use common::{Client, Kind, Server};
+
+fn kvcached(args: &[&str]) -> Server {
+    Server::start_verified(Kind::Kvcached, args)
+}
+
+fn server_time(c: &mut Client) -> u64 {
+    c.stat("time").expect("time").parse().expect("number")
+}
+
+/// A metadump line without its `la=` and `cas=` fields (which depend on when and in which
+/// order the items were written).
+fn without_la_cas(line: &str) -> String {
+    line.split(' ')
+        .filter(|f| !f.starts_with("la=") && !f.starts_with("cas="))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[test]
+fn metadump_lists_every_live_item_in_memcacheds_format() {
+    let s = kvcached(&[]);
+    let mut c = s.connect();
+    assert_eq!(c.call("set foo 5 0 3\r\nbar\r\n"), "STORED\r\n");
+    let before = server_time(&mut c);
+    assert_eq!(c.call("set a:b 0 100 1\r\nx\r\n"), "STORED\r\n");
+    let after = server_time(&mut c);
+    assert_eq!(c.call("set sp%20c 0 0 1\r\ny\r\n"), "STORED\r\n");
+    // A binary key (meta base64) and an item that is gone.
+    assert_eq!(c.call("ms AAEC 1 b\r\nz\r\n"), "HD\r\n");
+    assert_eq!(c.call("set gone 0 0 1\r\nq\r\n"), "STORED\r\n");
+    assert_eq!(c.call("delete gone\r\n"), "DELETED\r\n");
+    let _ = c.call("get foo\r\n");
+    c.until("END\r\n");
+
+    let out = {
+        assert_eq!(c.call("lru_crawler metadump all\r\n"), "OK\r\n");
+        c.until("END\r\n")
+    };
+    let lines: Vec<&str> = out.lines().filter(|l| *l != "END").collect();
+    assert_eq!(lines.len(), 4, "{out}");
+    let find = |key: &str| {
+        lines
+            .iter()
+            .find(|l| l.starts_with(&format!("key={key} ")))
+            .unwrap_or_else(|| panic!("{key} missing from {out}"))
+            .to_string()
+    };
+    // The sizes and classes are memcached 1.6.45's for the same items.
+    assert_eq!(
+        without_la_cas(&find("foo")),
+        "key=foo exp=-1 fetch=yes cls=1 size=69 flags=5 "
+    );
+    assert_eq!(
+        without_la_cas(&find("sp%2520c")),
+        "key=sp%2520c exp=-1 fetch=no cls=1 size=66 flags=0 "
+    );
+    assert_eq!(
+        without_la_cas(&find("%00%01%02")),
+        "key=%00%01%02 exp=-1 fetch=no cls=1 size=63 flags=0 "
+    );
+    let ab = find("a%3Ab");
+    let exp: u64 = ab
+        .split(' ')
+        .find_map(|f| f.strip_prefix("exp="))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        (before + 100..=after + 100).contains(&exp),
+        "exp {exp} not 100 s after the set ({before}..={after})"
+    );
+    let la: u64 = ab
+        .split(' ')
+        .find_map(|f| f.strip_prefix("la="))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((before..=after).contains(&la), "la {la}");
+    // Each line ends with a space and a bare newline, as memcached's.
+    assert!(
+        out.contains("flags=0 \nkey=") || out.contains("flags=5 \nkey="),
+        "{out:?}"
+    );
+
+    // hash walks the same items; mgdump lists them as requests, a binary key in base64.
+    assert_eq!(c.call("lru_crawler metadump hash\r\n"), "OK\r\n");
+    assert_eq!(c.until("END\r\n").lines().count(), 5);
+    assert_eq!(c.call("lru_crawler mgdump all\r\n"), "OK\r\n");
+    let mg = c.until("EN\r\n");
+    let mut mg: Vec<&str> = mg.lines().collect();
+    mg.sort_unstable();
+    assert_eq!(mg, ["EN", "mg AAEC b", "mg a:b", "mg foo", "mg sp%20c"]);
+    // The requests work as they are.
+    assert_eq!(c.call("mg AAEC b v\r\n"), "VA 1\r\n");
+}
+
+#[test]
+fn metadump_classes_and_refusals_are_memcacheds() {
+    let s = kvcached(&[]);
+    let mut c = s.connect();
+    assert_eq!(c.call("set small 0 0 1\r\nx\r\n"), "STORED\r\n");
+    let big = "v".repeat(5000);
+    assert_eq!(
+        c.call(&format!("set big 0 0 {}\r\n{big}\r\n", big.len())),
+        "STORED\r\n"
+    );
+    // `me` names the big item's class; metadump of that class lists only it.
+    let me = c.call("me big\r\n");
+    let cls = me
+        .split(' ')
+        .find_map(|f| f.strip_prefix("cls="))
+        .expect("cls")
+        .to_string();
+    assert_ne!(cls, "1");
+    assert_eq!(
+        c.call(&format!("lru_crawler metadump 1,{cls}\r\n")),
+        "OK\r\n"
+    );
+    assert_eq!(c.until("END\r\n").lines().count(), 3);
+    assert_eq!(c.call(&format!("lru_crawler metadump {cls}\r\n")), "OK\r\n");
+    let only = c.until("END\r\n");
+    assert!(only.starts_with("key=big "), "{only}");
+    assert_eq!(only.lines().count(), 2);
+    assert_eq!(c.call("lru_crawler metadump 63\r\n"), "OK\r\n");
+    assert_eq!(c.line(), "END\r\n");
+
+    for bad in ["0", "64", "x", "1,x", "alL"] {
+        assert_eq!(
+            c.call(&format!("lru_crawler metadump {bad}\r\n")),
+            "BADCLASS invalid class id\r\n",
+            "{bad}"
+        );
+    }
+    assert_eq!(
+        c.call("lru_crawler metadump ,\r\n"),
+        "NOTSTARTED no items to crawl\r\n"
+    );
+    assert_eq!(c.call("lru_crawler metadump\r\n"), "ERROR\r\n");
+    // A reply still queued before the dump: memcached refuses to start it.
+    c.send(b"version\r\nlru_crawler metadump all\r\n");
+    assert!(c.line().starts_with("VERSION "));
+    assert_eq!(
+        c.line(),
+        "ERROR cannot pipeline other commands before metadump\r\n"
+    );
+    // Requests after a dump are answered after it.
+    c.send(b"lru_crawler mgdump all\r\nget small\r\n");
+    assert_eq!(c.line(), "OK\r\n");
+    assert_eq!(c.until("EN\r\n").lines().count(), 3);
+    assert_eq!(c.until("END\r\n"), "VALUE small 0 1\r\nx\r\nEND\r\n");
+
+    let s = kvcached(&["-X"]);
+    let mut c = s.connect();
+    assert_eq!(
+        c.call("lru_crawler metadump all\r\n"),
+        "ERROR metadump not allowed\r\n"
+    );
+    assert_eq!(
+        c.call("lru_crawler mgdump all\r\n"),
+        "ERROR key dump not allowed\r\n"
+    );
+    let s = kvcached(&["-o", "no_lru_crawler"]);
+    let mut c = s.connect();
+    assert_eq!(
+        c.call("lru_crawler metadump all\r\n"),
+        "CLIENT_ERROR lru crawler disabled\r\n"
+    );
+}
+
+#[test]
+fn a_large_dump_streams_while_other_clients_are_served() {
+    const ITEMS: usize = 20_000;
+    let s = kvcached(&["-m", "64"]);
+    let mut w = s.connect();
+    // 20,000 items with 150-byte keys: a dump of about 4 MB, 16 times the output a
+    // connection may queue, so it must pause and resume many times.
+    let key = |i: usize| format!("{i:0>150}");
+    let mut batch = String::new();
+    for i in 0..ITEMS {
+        batch.push_str(&format!("set {} 0 0 1 noreply\r\nx\r\n", key(i)));
+        if batch.len() > 64 * 1024 || i + 1 == ITEMS {
+            w.send(batch.as_bytes());
+            batch.clear();
+        }
+    }
+    assert!(w.call("version\r\n").starts_with("VERSION"));
+    assert_eq!(w.stat("curr_items").as_deref(), Some("20000"));
+
+    let mut dumper = s.connect();
+    dumper.send(b"lru_crawler metadump all\r\n");
+    // While the dump waits for its client to read, the server keeps serving others.
+    for i in 0..100 {
+        assert_eq!(
+            w.call(&format!("set other{i} 0 0 1\r\ny\r\n")),
+            "STORED\r\n"
+        );
+    }
+    assert_eq!(w.call("get other7\r\n"), "VALUE other7 0 1\r\n");
+    w.until("END\r\n");
+
+    assert_eq!(dumper.line(), "OK\r\n");
+    let out = dumper.until("END\r\n");
+    let mut seen = HashSet::new();
+    for line in out.lines().filter(|l| *l != "END") {
+        let k = line
+            .strip_prefix("key=")
+            .and_then(|l| l.split(' ').next())
+            .unwrap_or_else(|| panic!("bad line {line:?}"));
+        seen.insert(k.to_string());
+    }
+    // Every item stored before the dump is listed (the 100 written during it may be or
+    // not); nothing else is.
+    for i in 0..ITEMS {
+        assert!(seen.contains(&key(i)), "item {i} missing");
+    }
+    assert!(seen.len() <= ITEMS + 100, "{} keys", seen.len());
+}
+
+#[test]
+fn stats_detail_counts_per_prefix_as_memcached() {
+    let s = kvcached(&[]);
+    let mut c = s.connect();
+    assert_eq!(c.call("set a:b 0 100 1\r\nx\r\n"), "STORED\r\n");
+    assert_eq!(c.call("stats detail on\r\n"), "OK\r\n");
+    c.send(b"get a:b a:c nodelim\r\nset q:1 0 0 1\r\n1\r\ndelete a:z\r\ntouch a:b 10\r\n");
+    assert_eq!(c.until("END\r\n"), "VALUE a:b 0 1\r\nx\r\nEND\r\n");
+    assert_eq!(c.line(), "STORED\r\n");
+    assert_eq!(c.line(), "NOT_FOUND\r\n");
+    assert_eq!(c.line(), "TOUCHED\r\n");
+    // The same sequence against memcached 1.6.45 gives these lines (touch is not counted,
+    // and neither are keys without the delimiter).
+    assert_eq!(
+        c.call("stats detail dump\r\n"),
+        "PREFIX a get 2 hit 1 set 0 del 1\r\n"
+    );
+    assert_eq!(
+        c.until("END\r\n"),
+        "PREFIX q get 0 hit 0 set 1 del 0\r\nEND\r\n"
+    );
+    let settings = c.stats("settings");
+    let setting = |name: &str| {
+        settings
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(setting("detail_enabled").as_deref(), Some("yes"));
+    assert_eq!(setting("stat_key_prefix").as_deref(), Some(":"));
+    assert_eq!(setting("dump_enabled").as_deref(), Some("yes"));
+
+    for bad in ["stats detail", "stats detail x", "stats detail onx"] {
+        assert_eq!(
+            c.call(&format!("{bad}\r\n")),
+            "CLIENT_ERROR usage: stats detail on|off|dump\r\n",
+            "{bad}"
+        );
+    }
+    // Abbreviated as memcached allows; off stops counting but keeps the table.
+    assert_eq!(c.call("stats detail of\r\n"), "OK\r\n");
+    assert_eq!(c.call("get a:b\r\n"), "VALUE a:b 0 1\r\n");
+    c.until("END\r\n");
+    assert_eq!(
+        c.call("stats detail d\r\n"),
+        "PREFIX a get 2 hit 1 set 0 del 1\r\n"
+    );
+    c.until("END\r\n");
+    // stats reset empties it.
+    assert_eq!(c.call("stats reset\r\n"), "RESET\r\n");
+    assert_eq!(c.call("stats detail dump\r\n"), "END\r\n");
+
+    // -D sets the delimiter and starts counting; -X refuses the command.
+    let s = kvcached(&["-D", "/"]);
+    let mut c = s.connect();
+    assert_eq!(c.call("set x/1 0 0 1\r\nx\r\n"), "STORED\r\n");
+    assert_eq!(c.call("set y:1 0 0 1\r\nx\r\n"), "STORED\r\n");
+    assert_eq!(
+        c.call("stats detail dump\r\n"),
+        "PREFIX x get 0 hit 0 set 1 del 0\r\n"
+    );
+    assert_eq!(c.line(), "END\r\n");
+    let s = kvcached(&["-X"]);
+    let mut c = s.connect();
+    assert_eq!(
+        c.call("stats detail on\r\n"),
+        "CLIENT_ERROR stats detail not allowed\r\n"
+    );
+}
+
+#[test]
+fn stats_detail_counts_binary_requests_and_streams_a_long_dump() {
+    const PREFIXES: usize = 8_000;
+    let s = kvcached(&["-D", ":"]);
+    let mut c = s.connect();
+    // A binary get (miss) for prefix "bin".
+    let key = b"bin:k";
+    let mut get = vec![0x80, 0x00, 0, key.len() as u8, 0, 0, 0, 0];
+    get.extend_from_slice(&(key.len() as u32).to_be_bytes());
+    get.extend_from_slice(&[0; 12]);
+    get.extend_from_slice(key);
+    let mut bin = s.connect();
+    bin.send(&get);
+    let reply = bin.exact(24);
+    assert_eq!(&reply[6..8], &[0, 1], "key not found");
+    let skip = u32::from_be_bytes([reply[8], reply[9], reply[10], reply[11]]) as usize;
+    bin.exact(skip);
+
+    // 8,000 prefixes: a dump of about 300 KB, more than a connection queues at once.
+    let mut batch = String::new();
+    for i in 0..PREFIXES {
+        batch.push_str(&format!("set p{i:05}:k 0 0 1 noreply\r\nx\r\n"));
+    }
+    c.send(batch.as_bytes());
+    assert!(c.call("version\r\n").starts_with("VERSION"));
+    c.send(b"stats detail dump\r\n");
+    let out = c.until("END\r\n");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), PREFIXES + 2, "every prefix once, bin:, END");
+    assert_eq!(lines[0], "PREFIX bin get 1 hit 0 set 0 del 0");
+    for (i, l) in lines[1..=PREFIXES].iter().enumerate() {
+        assert_eq!(*l, format!("PREFIX p{i:05} get 0 hit 0 set 1 del 0"));
+    }
+}
