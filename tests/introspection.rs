@@ -331,3 +331,171 @@ fn stats_detail_counts_binary_requests_and_streams_a_long_dump() {
         assert_eq!(*l, format!("PREFIX p{i:05} get 0 hit 0 set 1 del 0"));
     }
 }
+
+/// The fields of a watch line other than `ts=` and `gid=`, and its gid.
+fn watch_fields(line: &str) -> (u64, String) {
+    let mut gid = 0;
+    let rest: Vec<&str> = line
+        .trim_end()
+        .split(' ')
+        .filter(|f| {
+            if let Some(g) = f.strip_prefix("gid=") {
+                gid = g.parse().expect("gid");
+                return false;
+            }
+            !f.starts_with("ts=")
+        })
+        .collect();
+    (gid, rest.join(" "))
+}
+
+#[test]
+fn watch_streams_memcacheds_log_lines() {
+    let s = kvcached(&[]);
+    let mut w = s.connect();
+    assert_eq!(
+        w.call("watch fetchers mutations deletions connevents\r\n"),
+        "OK\r\n"
+    );
+    let mut c = s.connect();
+    let port = c.stream().local_addr().unwrap().port();
+    assert_eq!(c.call("set foo 5 0 3\r\nbar\r\n"), "STORED\r\n");
+    assert_eq!(c.call("get foo\r\n"), "VALUE foo 5 3\r\n");
+    c.until("END\r\n");
+    assert_eq!(c.call("get no%20pe\r\n"), "END\r\n");
+    assert_eq!(c.call("add x 0 10 1\r\n1\r\n"), "STORED\r\n");
+    assert_eq!(c.call("delete foo\r\n"), "DELETED\r\n");
+    c.send(b"quit\r\n");
+    assert!(c.closed());
+
+    // The lines arrive as they are written; read until this client's close, within the
+    // timeout. (Connection lines of other clients, such as the harness's start-up probe,
+    // are left out.)
+    let mut seen = Vec::new();
+    let me = format!(" rport={port} ");
+    loop {
+        let line = w.line();
+        assert!(!line.is_empty(), "watcher closed after {seen:?}");
+        if line.contains("type=conn_") && !line.contains(&me) {
+            continue;
+        }
+        let done = line.contains("type=conn_close");
+        seen.push(line);
+        if done {
+            break;
+        }
+    }
+    let (gids, fields): (Vec<u64>, Vec<String>) = seen.iter().map(|l| watch_fields(l)).unzip();
+    assert!(gids.windows(2).all(|p| p[0] < p[1]), "gids {gids:?}");
+    assert!(seen.iter().all(|l| l.starts_with("ts=")), "{seen:?}");
+    // cfd is the client's socket, the same in every line.
+    let cfd = fields[0]
+        .split(' ')
+        .find_map(|f| f.strip_prefix("cfd="))
+        .expect("cfd")
+        .to_string();
+    let want = [
+        format!("type=conn_new rip=127.0.0.1 rport={port} transport=tcp cfd={cfd}"),
+        format!("type=item_store key=foo status=stored cmd=set ttl=0 clsid=1 cfd={cfd} size=3"),
+        format!("type=item_get key=foo status=found clsid=1 cfd={cfd} size=3"),
+        format!("type=item_get key=no%2520pe status=not_found clsid=0 cfd={cfd} size=0"),
+        format!("type=item_store key=x status=stored cmd=add ttl=10 clsid=1 cfd={cfd} size=1"),
+        "type=deleted key=foo cmd=delete clsid=1 size=3".to_string(),
+        format!("type=conn_close rip=127.0.0.1 rport={port} transport=tcp reason=normal cfd={cfd}"),
+    ];
+    assert_eq!(fields, want);
+    // What the watcher sends is ignored; it stays a watcher.
+    w.send(b"get foo\r\n");
+    let mut c = s.connect();
+    assert_eq!(c.call("get foo\r\n"), "END\r\n");
+    loop {
+        let line = w.line();
+        if line.contains("type=item_get") {
+            assert!(line.contains("key=foo status=not_found"), "{line}");
+            break;
+        }
+    }
+}
+
+#[test]
+fn watch_refusals_and_the_watcher_limit_are_memcacheds() {
+    let s = kvcached(&["-W"]);
+    let mut c = s.connect();
+    assert_eq!(
+        c.call("watch\r\n"),
+        "CLIENT_ERROR watch commands not allowed\r\n"
+    );
+
+    let s = kvcached(&[]);
+    let mut c = s.connect();
+    assert_eq!(c.call("watch bogus\r\n"), "ERROR\r\n");
+    assert_eq!(c.call("watch fetchers bogus\r\n"), "ERROR\r\n");
+    c.send(b"version\r\nwatch\r\n");
+    assert!(c.line().starts_with("VERSION "));
+    assert_eq!(
+        c.line(),
+        "ERROR cannot pipeline other commands before watch\r\n"
+    );
+    // memcached's limit: 20 watchers.
+    let mut watchers: Vec<Client> = (0..20)
+        .map(|i| {
+            let mut w = s.connect();
+            assert_eq!(w.call("watch\r\n"), "OK\r\n", "watcher {i}");
+            w
+        })
+        .collect();
+    assert_eq!(
+        c.call("watch\r\n"),
+        "WATCHER_TOO_MANY log watcher limit reached\r\n"
+    );
+    // A watcher that goes away frees its place (once the server has seen the close).
+    drop(watchers.pop());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let mut w = s.connect();
+        let reply = w.call("watch\r\n");
+        if reply == "OK\r\n" {
+            break;
+        }
+        assert_eq!(reply, "WATCHER_TOO_MANY log watcher limit reached\r\n");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the closed watcher's place was not freed"
+        );
+        std::thread::yield_now();
+    }
+    // Watchers cost a client nothing when they watch other kinds.
+    assert_eq!(c.call("set k 0 0 1\r\nv\r\n"), "STORED\r\n");
+}
+
+#[test]
+fn watch_evictions_reports_evicted_items() {
+    let s = kvcached(&["-m", "8"]);
+    let mut w = s.connect();
+    assert_eq!(w.call("watch evictions\r\n"), "OK\r\n");
+    let mut c = s.connect();
+    // 24 MiB of 1 KiB values into 8 MiB: thousands of evictions.
+    let value = "v".repeat(1024);
+    let mut batch = String::new();
+    for i in 0..24 * 1024 {
+        batch.push_str(&format!("set key{i} 7 0 1024 noreply\r\n{value}\r\n"));
+        if batch.len() > 256 * 1024 {
+            c.send(batch.as_bytes());
+            batch.clear();
+        }
+    }
+    c.send(batch.as_bytes());
+    assert!(c.call("version\r\n").starts_with("VERSION"));
+    let evictions: u64 = c.stat("evictions").unwrap().parse().unwrap();
+    assert!(evictions > 1000, "{evictions} evictions");
+    // The first line: an item written above, never fetched, no expiry, 1 KiB.
+    let line = w.line();
+    let (_, fields) = watch_fields(&line);
+    let f: Vec<&str> = fields.split(' ').collect();
+    assert_eq!(f[0], "type=eviction", "{line}");
+    assert!(f[1].starts_with("key=key"), "{line}");
+    assert_eq!(&f[2..4], ["fetch=no", "ttl=-1"], "{line}");
+    assert!(f[4].starts_with("la="), "{line}");
+    assert!(f[5].starts_with("clsid=") && f[5] != "clsid=0", "{line}");
+    assert_eq!(f[6], "size=1024", "{line}");
+}

@@ -64,6 +64,7 @@ pub fn run(
         .map(|_| Arc::new(WorkerStats::default()))
         .collect();
     let shared = Arc::new(Shared::new(config, engine, auth, worker_stats.clone(), tls));
+    watch_evictions(&shared);
     shared
         .cert_loaded_at
         .store(shared.clock.now(), Ordering::Relaxed);
@@ -246,4 +247,38 @@ fn maintenance_loop(shared: &Shared) {
         n = n.wrapping_add(1);
         std::thread::sleep(slice);
     }
+}
+
+/// `watch evictions`: the engine tells of each evicted item, and while a watcher wants
+/// evictions it gets memcached's `type=eviction` line (`ttl` seconds left or -1, `la`
+/// seconds since the last access). With no such watcher an eviction costs one relaxed load.
+fn watch_evictions(shared: &Shared) {
+    use crate::state::watch::EVICTIONS;
+    use std::io::Write as _;
+    let watchers = shared.watchers.clone();
+    let config = shared.config.clone();
+    shared.engine.observe_evictions(Box::new(move |item, now| {
+        if !watchers.wants(EVICTIONS) {
+            return;
+        }
+        let now = i64::from(now);
+        let ttl = if item.exptime == 0 {
+            -1
+        } else {
+            i64::from(item.exptime) - now
+        };
+        let la = (now - i64::from(item.last_access)).max(0);
+        let (_, class) =
+            crate::exec::items::size_and_class(&config, item.key.len(), item.value_len, item.flags);
+        let fetch = if item.fetched { "yes" } else { "no" };
+        watchers.emit(EVICTIONS, |line| {
+            line.extend_from_slice(b"type=eviction key=");
+            kvproto::admin::uri_encode(line, item.key);
+            let _ = write!(
+                line,
+                " fetch={fetch} ttl={ttl} la={la} clsid={class} size={}",
+                item.value_len
+            );
+        });
+    }));
 }

@@ -148,7 +148,7 @@ pub fn dump(ctx: &mut Ctx<'_>, s: &mut Session, kind: DumpKind, classes: &[u8]) 
 /// `exp=-1` for no expiry).
 fn metadump_line(out: &mut Vec<u8>, item: &ScanItem<'_>, size: usize, class: u32) {
     out.extend_from_slice(b"key=");
-    uri_encode(out, item.key);
+    kvproto::admin::uri_encode(out, item.key);
     let exp = if item.exptime == 0 {
         -1
     } else {
@@ -174,18 +174,6 @@ fn mgdump_line(out: &mut Vec<u8>, item: &ScanItem<'_>) {
     }
 }
 
-/// memcached's `uriencode`: letters, digits and `-._~` as they are, every other byte `%XX`.
-fn uri_encode(out: &mut Vec<u8>, bytes: &[u8]) {
-    const HEX: &[u8; 16] = b"0123456789ABCDEF";
-    for &b in bytes {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
-            out.push(b);
-        } else {
-            out.extend_from_slice(&[b'%', HEX[usize::from(b >> 4)], HEX[usize::from(b & 15)]]);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -203,12 +191,5 @@ mod tests {
         assert_eq!(slab_class(394_840), 38);
         assert_eq!(slab_class(394_841), 39);
         assert_eq!(slab_class(1 << 20), 39);
-    }
-
-    #[test]
-    fn uri_encoding_is_memcacheds() {
-        let mut out = Vec::new();
-        uri_encode(&mut out, b"a:b c%d-e.f_g~h\x00\xff");
-        assert_eq!(out, b"a%3Ab%20c%25d-e.f_g~h%00%FF");
     }
 }

@@ -14,7 +14,11 @@ use kvstore::{
     MetaItem, MetaRead, MetaStoreRequest, MetaStored, ReadOptions, StoreMode, StoreResult, Time,
 };
 
+use std::io::Write as _;
+
+use crate::exec::items::size_and_class;
 use crate::exec::session::Ctx;
+use crate::state::watch;
 
 /// The protocol a command came in, where memcached's counting depends on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,12 +39,58 @@ pub fn read(
     touch: Option<Time>,
     found: &mut dyn FnMut(ItemView<'_>),
 ) -> bool {
+    if ctx.shared.watchers.wants(watch::FETCHERS) {
+        return read_watched(ctx, key, now, touch, found);
+    }
     let hit = ctx
         .shared
         .engine
         .get(key, now, ReadOptions { touch }, found);
     ctx.stats.count_read(touch.is_some(), hit);
     hit
+}
+
+/// [`read`] while a `watch fetchers` watcher is attached: the same, and an `item_get` line.
+#[cold]
+fn read_watched(
+    ctx: &Ctx<'_>,
+    key: &[u8],
+    now: Time,
+    touch: Option<Time>,
+    found: &mut dyn FnMut(ItemView<'_>),
+) -> bool {
+    let mut seen = None;
+    let hit = ctx
+        .shared
+        .engine
+        .get(key, now, ReadOptions { touch }, &mut |item| {
+            seen = Some((item.value.len(), item.flags));
+            found(item);
+        });
+    ctx.stats.count_read(touch.is_some(), hit);
+    watch_get(ctx, key, seen);
+    hit
+}
+
+/// An `item_get` line: `status=found` with the item's class and value size, or
+/// `status=not_found clsid=0 size=0`.
+fn watch_get(ctx: &Ctx<'_>, key: &[u8], found: Option<(usize, u32)>) {
+    ctx.shared.watchers.emit(watch::FETCHERS, |line| {
+        line.extend_from_slice(b"type=item_get key=");
+        kvproto::admin::uri_encode(line, key);
+        let (status, class, size) = match found {
+            Some((len, flags)) => {
+                let (_, class) = size_and_class(&ctx.shared.config, key.len(), len, flags);
+                ("found", class, len)
+            }
+            None => ("not_found", 0, 0),
+        };
+        let _ = write!(
+            line,
+            " status={status} clsid={class} cfd={} size={size}",
+            ctx.cfd
+        );
+    });
 }
 
 /// `mg`: a hit (or an item `N` created) counts as a touch when `T` was given, else as a get;
@@ -53,7 +103,17 @@ pub fn meta_read(
     found: &mut dyn FnMut(MetaItem<'_>),
 ) -> MetaGet {
     let st = ctx.stats;
-    let result = ctx.shared.engine.meta_get(key, now, opts, found);
+    let result = if ctx.shared.watchers.wants(watch::FETCHERS) {
+        let mut seen = None;
+        let result = ctx.shared.engine.meta_get(key, now, opts, &mut |m| {
+            seen = Some((m.item.value.len(), m.item.flags));
+            found(m);
+        });
+        watch_get(ctx, key, seen);
+        result
+    } else {
+        ctx.shared.engine.meta_get(key, now, opts, found)
+    };
     match result {
         MetaGet::Hit | MetaGet::Vivified if opts.touch.is_some() => {
             st.cmd_touch.incr();
@@ -90,7 +150,53 @@ pub fn store(ctx: &Ctx<'_>, req: MetaStoreRequest<'_>, now: Time) -> MetaStored 
             _ => {}
         }
     }
+    if ctx.shared.watchers.wants(watch::MUTATIONS) {
+        watch_store(ctx, &req, stored.result, now);
+    }
     stored
+}
+
+/// An `item_store` line, as memcached writes it: the outcome, the command, the seconds
+/// left to live (0: none), the class and the value's size.
+#[cold]
+fn watch_store(ctx: &Ctx<'_>, req: &MetaStoreRequest<'_>, result: StoreResult, now: Time) {
+    let status = match result {
+        StoreResult::Stored(_) => "stored",
+        StoreResult::NotStored => "not_stored",
+        StoreResult::Exists => "exists",
+        StoreResult::NotFound => "not_found",
+        StoreResult::TooLarge => "too_large",
+        StoreResult::NoMemory => "no_memory",
+    };
+    let cmd = match req.mode {
+        StoreMode::Set => "set",
+        StoreMode::Add => "add",
+        StoreMode::Replace => "replace",
+        StoreMode::Append => "append",
+        StoreMode::Prepend => "prepend",
+        StoreMode::Cas(_) => "cas",
+    };
+    let ttl = if req.exptime == 0 {
+        0
+    } else {
+        req.exptime.saturating_sub(now)
+    };
+    let (_, class) = size_and_class(
+        &ctx.shared.config,
+        req.key.len(),
+        req.value.len(),
+        req.flags,
+    );
+    ctx.shared.watchers.emit(watch::MUTATIONS, |line| {
+        line.extend_from_slice(b"type=item_store key=");
+        kvproto::admin::uri_encode(line, req.key);
+        let _ = write!(
+            line,
+            " status={status} cmd={cmd} ttl={ttl} clsid={class} cfd={} size={}",
+            ctx.cfd,
+            req.value.len()
+        );
+    });
 }
 
 /// A store whose data block is over `-I`, refused before it reached the engine: counts
@@ -114,7 +220,20 @@ pub fn delete(
     proto: Proto,
 ) -> MetaDeleteResult {
     let st = ctx.stats;
+    // A `watch deletions` line needs the item's size, read before it goes.
+    let watched = (ctx.shared.watchers.wants(watch::DELETIONS) && !req.invalidate)
+        .then(|| ctx.shared.engine.debug_item(key, now))
+        .flatten();
     let result = ctx.shared.engine.meta_delete(key, now, req);
+    if let (Some(item), MetaDeleteResult::Deleted) = (watched, result) {
+        let (_, class) = size_and_class(&ctx.shared.config, key.len(), item.value_len, item.flags);
+        let cmd = if proto == Proto::Meta { "md" } else { "delete" };
+        ctx.shared.watchers.emit(watch::DELETIONS, |line| {
+            line.extend_from_slice(b"type=deleted key=");
+            kvproto::admin::uri_encode(line, key);
+            let _ = write!(line, " cmd={cmd} clsid={class} size={}", item.value_len);
+        });
+    }
     match result {
         MetaDeleteResult::Deleted if !req.invalidate => st.delete_hits.incr(),
         MetaDeleteResult::NotFound => st.delete_misses.incr(),

@@ -3,9 +3,12 @@
 //! connection ([`Step`]). The executors (text, meta, binary, stats, auth gates) and the
 //! runtime (TCP, unix and UDP connections) both build on it; it imports neither.
 
+use std::sync::Arc;
+
 use crate::state::credentials::ConnAuth;
 use crate::state::shared::Shared;
 use crate::state::stats::WorkerStats;
+use crate::state::watch::Watcher;
 
 /// Output beyond which a connection stops executing requests until the client reads.
 pub const OUTPUT_HIGH_WATER: usize = 256 * 1024;
@@ -30,6 +33,17 @@ pub struct Session {
     pub protocol: Option<Protocol>,
     /// Authentication state (`-Y`, `-S`).
     pub auth: ConnAuth,
+    /// Set by `watch`: the connection now only receives log lines.
+    pub watch: Option<Arc<Watcher>>,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        // A watcher's connection is gone: its watcher gets no more lines.
+        if let Some(w) = &self.watch {
+            w.close();
+        }
+    }
 }
 
 /// Where a long listing (`stats detail dump`, `lru_crawler metadump`) resumes when the
@@ -63,6 +77,7 @@ impl Session {
             close_after_write: false,
             protocol: None,
             auth: ConnAuth::default(),
+            watch: None,
         }
     }
 
@@ -124,4 +139,8 @@ pub struct Ctx<'a> {
     pub now: u32,
     /// Buffer memory the connection being driven may hold.
     pub buffers: BufferLimit,
+    /// The worker's index (which waker serves its connections).
+    pub worker: usize,
+    /// The socket of the connection being served (`cfd` in `watch` lines); -1 for none.
+    pub cfd: i32,
 }

@@ -276,6 +276,9 @@ fn admin(ctx: &mut Ctx<'_>, s: &mut Session, name: &[u8], args: proto::Tokens<'_
         s.out.extend_from_slice(refused);
         return Step::Next;
     }
+    if name == b"watch" {
+        return watch(ctx, s, &toks);
+    }
     if name == b"lru_crawler" {
         if let [sub, classes] = toks[..] {
             if let Some(kind) = kvproto::admin::dump_kind(sub) {
@@ -287,10 +290,45 @@ fn admin(ctx: &mut Ctx<'_>, s: &mut Session, name: &[u8], args: proto::Tokens<'_
         b"slabs" => b"CLIENT_ERROR slab reassignment disabled\r\n",
         b"lru_crawler" => b"CLIENT_ERROR lru crawler disabled\r\n",
         b"lru" => b"CLIENT_ERROR lru tuning not supported\r\n",
-        b"watch" => b"CLIENT_ERROR watch not supported\r\n",
         _ => proto::ERROR,
     };
     s.out.extend_from_slice(reply);
+    Step::Next
+}
+
+/// `watch [kinds...]`: make this connection a log watcher ([`crate::state::watch`]), with
+/// memcached 1.6.45's replies.
+fn watch(ctx: &mut Ctx<'_>, s: &mut Session, args: &[&[u8]]) -> Step {
+    let shared = ctx.shared;
+    if !shared.config.watch_enabled {
+        s.out
+            .extend_from_slice(b"CLIENT_ERROR watch commands not allowed\r\n");
+        return Step::Next;
+    }
+    if s.pending() > 0 {
+        s.out
+            .extend_from_slice(b"ERROR cannot pipeline other commands before watch\r\n");
+        return Step::Next;
+    }
+    let Some(kinds) = crate::state::watch::parse_kinds(args) else {
+        s.out.extend_from_slice(proto::ERROR);
+        return Step::Next;
+    };
+    let waker = shared.worker_waker(ctx.worker);
+    let wake = Box::new(move || {
+        if let Some(w) = &waker {
+            let _ = w.wake();
+        }
+    });
+    match shared.watchers.add(kinds, wake) {
+        Some(w) => {
+            s.watch = Some(w);
+            s.out.extend_from_slice(proto::OK);
+        }
+        None => s
+            .out
+            .extend_from_slice(b"WATCHER_TOO_MANY log watcher limit reached\r\n"),
+    }
     Step::Next
 }
 

@@ -179,6 +179,16 @@ impl Conn {
 
     /// Read, execute and write until the socket would block, the connection has used its
     /// share of requests, or it must close.
+    /// Why the connection ends, in `watch connevents` terms: `normal` when the client hung
+    /// up or sent `quit`, else `error`.
+    pub fn close_reason(&self) -> &'static str {
+        if self.eof || self.hangup || self.session.close_after_write {
+            "normal"
+        } else {
+            "error"
+        }
+    }
+
     pub fn drive(&mut self, ctx: &mut Ctx<'_>) -> Drive {
         let reqs = ctx.shared.config.reqs_per_event.max(1);
         let mut budget = reqs;
@@ -198,6 +208,22 @@ impl Conn {
         // after a hang-up: the event that reported it will not come again.
         let mut drained = false;
         loop {
+            // 0. A watcher's connection: its log lines, up to the high-water mark.
+            if let Some(w) = self.session.watch.clone() {
+                loop {
+                    let room = OUTPUT_HIGH_WATER.saturating_sub(self.session.pending());
+                    if room == 0 {
+                        break;
+                    }
+                    let more = w.drain(&mut self.session.out, room);
+                    if self.flush(ctx.stats).is_err() {
+                        return Drive::Close;
+                    }
+                    if !more || self.session.pending() > 0 {
+                        break;
+                    }
+                }
+            }
             // 1. Write what is owed.
             if self.flush(ctx.stats).is_err() {
                 return Drive::Close;
@@ -413,6 +439,10 @@ impl Conn {
         let shared = ctx.shared;
         let limits = shared.limits;
         let mut pos = 0;
+        if self.session.watch.is_some() {
+            // A watcher only listens (memcached stops reading it): input is dropped.
+            return (data.len(), Step::Next);
+        }
         self.info.set_state(ConnState::ParseCmd);
         while pos < data.len() {
             if self.session.swallow > 0 {

@@ -133,6 +133,8 @@ fn stats_of(shared: &Shared, group: Group) -> BTreeMap<String, String> {
         scratch: &mut scratch,
         now: shared.clock.now(),
         buffers: BufferLimit::default(),
+        worker: 0,
+        cfd: -1,
     };
     let mut out = BTreeMap::new();
     emit_group(&ctx, group, &mut |name, value| {

@@ -500,7 +500,7 @@ fn execute(ctx: &mut Ctx<'_>, payload: &[u8], out: &mut Vec<u8>, mut reply: Repl
         let end = s.out.len();
         reply.message(&mut q, base, end, false);
     }
-    *out = s.out;
+    *out = std::mem::take(&mut s.out);
 }
 
 /// Whether memcached flushes its reply queue after this binary reply: `noop` and `quit`,

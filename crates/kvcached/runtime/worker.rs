@@ -54,6 +54,8 @@ pub struct Worker {
     conns: Vec<Option<Conn>>,
     free: Vec<usize>,
     ready: VecDeque<usize>,
+    /// Slots of the connections that are `watch`ers (driven when the waker fires).
+    watching: Vec<usize>,
     /// Accepting failed for want of descriptors: try again at this time.
     accept_retry: Option<Instant>,
     /// This worker's share of `-o read_buf_mem_limit` (0: none) and what its connections'
@@ -111,6 +113,7 @@ impl Worker {
             conns: Vec::new(),
             free: Vec::new(),
             ready: VecDeque::new(),
+            watching: Vec::new(),
             accept_retry: None,
             buffer_limit,
             buffers_held: 0,
@@ -164,6 +167,10 @@ impl Worker {
             for event in events.iter() {
                 let token = event.token();
                 if token == WAKER {
+                    // Watchers with new lines (or a shutdown, seen by the loop's test).
+                    for slot in self.watching.clone() {
+                        self.drive(slot, &mut scratch);
+                    }
                     continue;
                 }
                 if token.0 < self.listeners.len() {
@@ -209,7 +216,7 @@ impl Worker {
         }
         let slots: Vec<usize> = (0..self.conns.len()).collect();
         for slot in slots {
-            self.close(slot);
+            self.close_for(slot, Some("shutdown"));
         }
     }
 
@@ -223,6 +230,8 @@ impl Worker {
             scratch: &mut Vec::new(),
             now: self.now,
             buffers: BufferLimit::default(),
+            worker: self.index,
+            cfd: sock.as_raw_fd(),
         };
         if crate::runtime::udp::serve(sock, &mut ctx, buffers) && !self.udp_ready.contains(&index) {
             self.udp_ready.push(index);
@@ -242,12 +251,17 @@ impl Worker {
                 limit: self.buffer_limit,
                 others: self.buffers_held - conn.accounted,
             },
+            worker: self.index,
+            cfd: stream_fd(&conn.stream),
         };
         let drive = conn.drive(&mut ctx);
         self.account(slot);
         let Some(conn) = self.conns.get_mut(slot).and_then(|c| c.as_mut()) else {
             return;
         };
+        if conn.session.watch.is_some() && !self.watching.contains(&slot) {
+            self.watching.push(slot);
+        }
         if drive != Drive::Close {
             let want = conn.session.pending() > 0 || conn.stream.owes();
             if want != conn.write_interest {
@@ -429,6 +443,7 @@ impl Worker {
         let fd = stream_fd(&stream);
         shared.register(fd, ConnKind::Client, info.clone());
         tracing::debug!(fd, "<{fd} new client connection");
+        watch_conn(shared, &info, fd, None);
         self.conns[slot] = Some(Conn::new(stream, info));
     }
 
@@ -451,10 +466,18 @@ impl Worker {
     }
 
     fn close(&mut self, slot: usize) {
+        self.close_for(slot, None);
+    }
+
+    /// Close a connection; `reason` for `watch connevents` (by default the connection's own).
+    fn close_for(&mut self, slot: usize, reason: Option<&'static str>) {
         let Some(mut conn) = self.conns.get_mut(slot).and_then(|c| c.take()) else {
             return;
         };
+        self.watching.retain(|&s| s != slot);
         let fd = stream_fd(&conn.stream);
+        let reason = reason.unwrap_or_else(|| conn.close_reason());
+        watch_conn(&self.shared, &conn.info, fd, Some(reason));
         let _ = self.poll.registry().deregister(conn.stream.source());
         self.buffers_held -= conn.accounted;
         self.stats.buffers.update(&mut conn.gauged, 0, 0);
@@ -492,7 +515,7 @@ impl Worker {
         for slot in idle {
             self.stats.idle_kicks.incr();
             self.shared.log(2, || "closing idle connection".into());
-            self.close(slot);
+            self.close_for(slot, Some("idle_timeout"));
         }
     }
 
@@ -521,6 +544,44 @@ fn out_of_descriptors(e: &io::Error) -> bool {
         e.raw_os_error(),
         Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
     )
+}
+
+/// A `watch connevents` line for a connection opened (`closed: None`) or closed, as
+/// memcached writes it: `type=conn_new rip=IP rport=PORT transport=tcp cfd=FD`, and for a
+/// close `reason=normal|error|idle_timeout|shutdown` before `cfd`.
+fn watch_conn(shared: &Shared, info: &ConnInfo, fd: i32, closed: Option<&str>) {
+    use std::io::Write as _;
+    if !shared.watchers.wants(crate::state::watch::CONNEVENTS) {
+        return;
+    }
+    let (transport, rip, rport) = match info.addr.strip_prefix("tcp:") {
+        Some(a) => match a.rsplit_once(':') {
+            Some((ip, port)) => (
+                "tcp",
+                ip.trim_start_matches('[').trim_end_matches(']'),
+                port,
+            ),
+            None => ("tcp", a, "0"),
+        },
+        None => ("local", info.addr.strip_prefix("unix:").unwrap_or(""), "0"),
+    };
+    shared
+        .watchers
+        .emit(crate::state::watch::CONNEVENTS, |line| {
+            let kind = if closed.is_some() {
+                "conn_close"
+            } else {
+                "conn_new"
+            };
+            let _ = write!(
+                line,
+                "type={kind} rip={rip} rport={rport} transport={transport}"
+            );
+            if let Some(reason) = closed {
+                let _ = write!(line, " reason={reason}");
+            }
+            let _ = write!(line, " cfd={fd}");
+        });
 }
 
 fn stream_fd(s: &Stream) -> i32 {

@@ -9,3 +9,4 @@ pub mod registry;
 pub mod replication;
 pub mod shared;
 pub mod stats;
+pub mod watch;

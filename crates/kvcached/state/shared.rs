@@ -16,6 +16,7 @@ use crate::state::detail::PrefixStats;
 use crate::state::registry::{ConnInfo, ConnKind};
 use crate::state::replication::Replication;
 use crate::state::stats::{ServerStats, WorkerStats};
+use crate::state::watch::Watchers;
 
 /// State shared by all workers.
 pub struct Shared {
@@ -28,6 +29,8 @@ pub struct Shared {
     pub auth: Auth,
     /// `stats detail`: per-prefix counters.
     pub detail: PrefixStats,
+    /// `watch`: the log watchers (also held by the engine's eviction observer).
+    pub watchers: Arc<Watchers>,
     /// Replication (role, the puller, the replicas pulling from here).
     pub repl: Replication,
     /// TLS (`-Z`): the configurations connections are accepted with, and the counters.
@@ -71,6 +74,7 @@ impl Shared {
             },
             auth,
             detail: PrefixStats::new(config.prefix_delimiter, config.detail_enabled),
+            watchers: Arc::new(Watchers::default()),
             repl: Replication::new(),
             tls,
             cert_loaded_at: std::sync::atomic::AtomicU32::new(0),
@@ -91,6 +95,11 @@ impl Shared {
             me: OnceLock::new(),
             config,
         }
+    }
+
+    /// Worker `index`'s waker (to wake it when a watcher it serves has lines to send).
+    pub fn worker_waker(&self, index: usize) -> Option<Arc<mio::Waker>> {
+        self.wakers.get().and_then(|w| w.get(index)).cloned()
     }
 
     /// The workers' wakers, which a shutdown wakes; set once, when the workers exist.

@@ -12,6 +12,19 @@ use crate::syntax::{c_strncmp_eq, tok_i32, tok_u32};
 const ERROR: &[u8] = b"ERROR\r\n";
 const BAD_FORMAT: &[u8] = b"CLIENT_ERROR bad command line format\r\n";
 
+/// memcached's `uriencode`, used for keys in `lru_crawler metadump` and `watch` lines:
+/// letters, digits and `-._~` as they are, every other byte as `%XX`.
+pub fn uri_encode(out: &mut Vec<u8>, bytes: &[u8]) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    for &b in bytes {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b);
+        } else {
+            out.extend_from_slice(&[b'%', HEX[usize::from(b >> 4)], HEX[usize::from(b & 15)]]);
+        }
+    }
+}
+
 /// Which listing `lru_crawler SUB CLASSES` asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DumpKind {
@@ -186,6 +199,13 @@ fn tok_f64(tok: &[u8]) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn uri_encoding_is_memcacheds() {
+        let mut out = Vec::new();
+        uri_encode(&mut out, b"a:b c%d-e.f_g~h\x00\xff");
+        assert_eq!(out, b"a%3Ab%20c%25d-e.f_g~h%00%FF");
+    }
 
     #[test]
     fn crawler_dump_arguments_as_memcached_reads_them() {

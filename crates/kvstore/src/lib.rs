@@ -18,7 +18,7 @@ pub use log::repl::{
     join_snapshot_frames, split_snapshot_frames, Applied, Digest, ReplError, ReplicaState, Served,
     SnapshotError, SnapshotInfo, SnapshotSettings, SNAPSHOT_VERSION,
 };
-pub use log::LogEngine;
+pub use log::{EvictionObserver, LogEngine};
 
 /// Unix time in whole seconds.
 pub type Time = u32;

@@ -64,10 +64,31 @@ impl LogEngine {
         Evicted::Freed
     }
 
+    /// Tell the eviction observer, if any, of the live item in `slot` being evicted.
+    #[inline]
+    fn observe_eviction(&self, slot: &AtomicU64, r: &Rec<'_>, v: u64, now: Time) {
+        if let Some(f) = self.on_evict.get() {
+            f(
+                crate::ScanItem {
+                    key: r.key,
+                    exptime: r.exptime,
+                    last_access: self.index.atime(slot, now),
+                    cas: self.rec_cas(r),
+                    fetched: index::fetched(v),
+                    value_len: r.value.len(),
+                    flags: r.flags,
+                    binary_key: r.meta & META_BINARY_KEY != 0,
+                },
+                now,
+            );
+        }
+    }
+
     /// Decide the fate of one live slot `v` of a segment being evicted: count it and
     /// return whether to give it a second chance.
     pub(super) fn evict_item(
         &self,
+        slot: &AtomicU64,
         r: &Rec<'_>,
         v: u64,
         now: Time,
@@ -78,6 +99,7 @@ impl LogEngine {
                 if index::freq(v) > 0 {
                     return true;
                 }
+                self.observe_eviction(slot, r, v, now);
                 self.note_eviction_in(notes, r.key, r.cas);
                 self.st.0.evictions.fetch_add(1, Ordering::Relaxed);
                 if !index::fetched(v) {
@@ -104,7 +126,7 @@ impl LogEngine {
         // Evictions are noted for replicas once per segment, not under each stripe lock.
         let mut notes = EvictionNotes::default();
         self.for_live(id, |slot, r, v| {
-            if self.evict_item(r, v, now, &mut notes) {
+            if self.evict_item(slot, r, v, now, &mut notes) {
                 let copied = self.copy_forward(&mut lock(&self.evictor), r, v);
                 if let Some(new_v) = copied {
                     self.relocate(slot, new_v);
@@ -112,6 +134,7 @@ impl LogEngine {
                     self.st.0.copied_forward.fetch_add(1, Ordering::Relaxed);
                     return true;
                 }
+                self.observe_eviction(slot, r, v, now);
                 self.note_eviction_in(&mut notes, r.key, r.cas);
                 self.st.0.evictions.fetch_add(1, Ordering::Relaxed);
             }
@@ -190,7 +213,7 @@ impl LogEngine {
             return false;
         };
         let mut notes = EvictionNotes::default();
-        let again = self.evict_item(&r, v, now, &mut notes);
+        let again = self.evict_item(slot, &r, v, now, &mut notes);
         self.note_evictions(notes);
         if again {
             let f = index::freq(v) - 1;

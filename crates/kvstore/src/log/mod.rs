@@ -308,8 +308,14 @@ pub struct LogEngine {
     retired_bytes: AtomicU64,
     /// Replication state of this engine (see `repl`).
     repl: repl::ReplFlags,
+    /// Told of every item evicted (`watch evictions`); see [`LogEngine::observe_evictions`].
+    on_evict: std::sync::OnceLock<EvictionObserver>,
     st: Padded<Counters>,
 }
+
+/// A function told of each evicted item and the engine's time, under the eviction's locks:
+/// it must be quick and must not call back into the engine.
+pub type EvictionObserver = Box<dyn Fn(crate::ScanItem<'_>, Time) + Send + Sync>;
 
 impl std::fmt::Debug for LogEngine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -366,8 +372,15 @@ impl LogEngine {
             seq_lock: Mutex::new(()),
             retired_bytes: AtomicU64::new(0),
             repl: repl::ReplFlags::default(),
+            on_evict: std::sync::OnceLock::new(),
             st: Padded::default(),
         }
+    }
+
+    /// Have `f` told of every item evicted from now on (once; a second call is ignored).
+    /// Items that expired or were flushed are reclaimed, not evicted, and are not told.
+    pub fn observe_evictions(&self, f: EvictionObserver) {
+        let _ = self.on_evict.set(f);
     }
 
     /// Segment size chosen for this engine's memory limit.
