@@ -52,6 +52,7 @@ pub fn read(
 
 /// [`read`] while a `watch fetchers` watcher is attached: the same, and an `item_get` line.
 #[cold]
+#[inline(never)]
 fn read_watched(
     ctx: &Ctx<'_>,
     key: &[u8],
@@ -159,6 +160,7 @@ pub fn store(ctx: &Ctx<'_>, req: MetaStoreRequest<'_>, now: Time) -> MetaStored 
 /// An `item_store` line, as memcached writes it: the outcome, the command, the seconds
 /// left to live (0: none), the class and the value's size.
 #[cold]
+#[inline(never)]
 fn watch_store(ctx: &Ctx<'_>, req: &MetaStoreRequest<'_>, result: StoreResult, now: Time) {
     let status = match result {
         StoreResult::Stored(_) => "stored",

@@ -113,6 +113,8 @@ pub enum Drive {
 pub struct Conn {
     pub stream: Stream,
     pub info: Arc<ConnInfo>,
+    /// The socket's descriptor (`cfd` in `watch` lines).
+    pub fd: i32,
     /// Unfinished input (`input[input_pos..]`), when a request spans reads.
     input: Vec<u8>,
     input_pos: usize,
@@ -151,9 +153,10 @@ enum Received {
 }
 
 impl Conn {
-    pub fn new(stream: Stream, info: Arc<ConnInfo>) -> Conn {
+    pub fn new(stream: Stream, info: Arc<ConnInfo>, fd: i32) -> Conn {
         Conn {
             stream,
+            fd,
             info,
             input: Vec::new(),
             input_pos: 0,
@@ -179,6 +182,18 @@ impl Conn {
 
     /// Read, execute and write until the socket would block, the connection has used its
     /// share of requests, or it must close.
+    /// Move a watcher's lines into the output, up to the high-water mark; true if it has
+    /// more. (Out of line: the request path only tests `watch`.)
+    #[cold]
+    #[inline(never)]
+    fn drain_watch(&mut self) -> bool {
+        let Some(w) = &self.session.watch else {
+            return false;
+        };
+        let room = OUTPUT_HIGH_WATER.saturating_sub(self.session.pending());
+        room > 0 && w.drain(&mut self.session.out, room)
+    }
+
     /// Why the connection ends, in `watch connevents` terms: `normal` when the client hung
     /// up or sent `quit`, else `error`.
     pub fn close_reason(&self) -> &'static str {
@@ -209,24 +224,13 @@ impl Conn {
         let mut drained = false;
         loop {
             // 0. A watcher's connection: its log lines, up to the high-water mark.
-            if let Some(w) = self.session.watch.clone() {
-                loop {
-                    let room = OUTPUT_HIGH_WATER.saturating_sub(self.session.pending());
-                    if room == 0 {
-                        break;
-                    }
-                    let more = w.drain(&mut self.session.out, room);
-                    if self.flush(ctx.stats).is_err() {
-                        return Drive::Close;
-                    }
-                    if !more || self.session.pending() > 0 {
-                        break;
-                    }
-                }
-            }
+            let watch_more = self.session.watch.is_some() && self.drain_watch();
             // 1. Write what is owed.
             if self.flush(ctx.stats).is_err() {
                 return Drive::Close;
+            }
+            if watch_more && self.session.pending() == 0 {
+                continue;
             }
             if self.session.close_after_write {
                 return if self.session.pending() == 0 && !self.stream.owes() {
@@ -342,6 +346,8 @@ impl Conn {
     fn resting_state(&self) -> ConnState {
         if self.session.close_after_write || self.eof {
             ConnState::Closing
+        } else if self.session.watch.is_some() {
+            ConnState::Watch
         } else if self.session.pending() > 0 || self.stream.owes() {
             ConnState::MWrite
         } else if self.session.swallow > 0 {

@@ -252,7 +252,7 @@ impl Worker {
                 others: self.buffers_held - conn.accounted,
             },
             worker: self.index,
-            cfd: stream_fd(&conn.stream),
+            cfd: conn.fd,
         };
         let drive = conn.drive(&mut ctx);
         self.account(slot);
@@ -444,7 +444,7 @@ impl Worker {
         shared.register(fd, ConnKind::Client, info.clone());
         tracing::debug!(fd, "<{fd} new client connection");
         watch_conn(shared, &info, fd, None);
-        self.conns[slot] = Some(Conn::new(stream, info));
+        self.conns[slot] = Some(Conn::new(stream, info, fd));
     }
 
     /// A TLS session for a connection accepted on a TLS listener. (An error here is the

@@ -58,7 +58,7 @@ impl PrefixStats {
     #[inline]
     pub fn record_get(&self, key: &[u8], hit: bool) {
         if self.enabled() {
-            self.record(key, |c| {
+            self.record(key, &|c| {
                 c.get += 1;
                 c.hit += u64::from(hit);
             });
@@ -69,7 +69,7 @@ impl PrefixStats {
     #[inline]
     pub fn record_set(&self, key: &[u8]) {
         if self.enabled() {
-            self.record(key, |c| c.set += 1);
+            self.record(key, &|c| c.set += 1);
         }
     }
 
@@ -77,11 +77,13 @@ impl PrefixStats {
     #[inline]
     pub fn record_delete(&self, key: &[u8]) {
         if self.enabled() {
-            self.record(key, |c| c.del += 1);
+            self.record(key, &|c| c.del += 1);
         }
     }
 
-    fn record(&self, key: &[u8], f: impl FnOnce(&mut Counts)) {
+    #[cold]
+    #[inline(never)]
+    fn record(&self, key: &[u8], f: &dyn Fn(&mut Counts)) {
         let Some(prefix) = prefix(key, self.delimiter) else {
             return;
         };

@@ -40,6 +40,8 @@ pub enum ConnState {
     MWrite = 5,
     /// Closing once its last replies are written (`conn_closing`).
     Closing = 6,
+    /// A `watch` connection receiving log lines (`conn_watch`); never idle-kicked.
+    Watch = 7,
 }
 
 impl ConnState {
@@ -51,6 +53,7 @@ impl ConnState {
             4 => ConnState::ParseCmd,
             5 => ConnState::MWrite,
             6 => ConnState::Closing,
+            7 => ConnState::Watch,
             _ => ConnState::NewCmd,
         }
     }
@@ -64,6 +67,7 @@ impl ConnState {
             ConnState::ParseCmd => "conn_parse_cmd",
             ConnState::MWrite => "conn_mwrite",
             ConnState::Closing => "conn_closing",
+            ConnState::Watch => "conn_watch",
         }
     }
 

@@ -14,7 +14,7 @@
 
 use std::io::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// memcached's `LOGGER_WATCHER_BUF_SIZE`.
@@ -115,7 +115,9 @@ impl Watcher {
 pub struct Watchers {
     mask: AtomicU32,
     gid: AtomicU64,
-    list: Mutex<Vec<Arc<Watcher>>>,
+    /// Read-locked by events (so workers emitting at once do not queue on it), written
+    /// when a watcher comes or goes.
+    list: RwLock<Vec<Arc<Watcher>>>,
 }
 
 impl Watchers {
@@ -128,7 +130,7 @@ impl Watchers {
 
     /// A new watcher of `kinds`, woken by `wake`; `None` at the limit.
     pub fn add(&self, kinds: u32, wake: Box<dyn Fn() + Send + Sync>) -> Option<Arc<Watcher>> {
-        let mut list = self.list.lock().unwrap_or_else(|e| e.into_inner());
+        let mut list = self.list.write().unwrap_or_else(|e| e.into_inner());
         list.retain(|w| !w.gone.load(Ordering::Relaxed));
         if list.len() >= MAX_WATCHERS {
             return None;
@@ -150,12 +152,11 @@ impl Watchers {
         if !self.wants(kind) {
             return;
         }
-        let mut list = self.list.lock().unwrap_or_else(|e| e.into_inner());
-        let before = list.len();
-        list.retain(|w| !w.gone.load(Ordering::Relaxed));
-        if list.len() != before {
-            let mask = list.iter().fold(0, |m, w| m | w.kinds);
-            self.mask.store(mask, Ordering::Relaxed);
+        let list = self.list.read().unwrap_or_else(|e| e.into_inner());
+        if list.iter().any(|w| w.gone.load(Ordering::Relaxed)) {
+            drop(list);
+            self.prune();
+            return self.emit(kind, body);
         }
         if !list.iter().any(|w| w.kinds & kind != 0) {
             return;
@@ -184,6 +185,17 @@ impl Watchers {
                 (w.wake)();
             }
         }
+    }
+}
+
+impl Watchers {
+    /// Drop the watchers whose connections have closed, and recompute the mask.
+    #[cold]
+    fn prune(&self) {
+        let mut list = self.list.write().unwrap_or_else(|e| e.into_inner());
+        list.retain(|w| !w.gone.load(Ordering::Relaxed));
+        let mask = list.iter().fold(0, |m, w| m | w.kinds);
+        self.mask.store(mask, Ordering::Relaxed);
     }
 }
 
