@@ -75,6 +75,18 @@ pub enum SnapshotError {
     Io(String),
 }
 
+impl SnapshotError {
+    /// The byte of the file where it goes wrong (0 for an error about the whole file).
+    pub fn offset(&self) -> u64 {
+        match self {
+            SnapshotError::Truncated { offset }
+            | SnapshotError::Checksum { offset, .. }
+            | SnapshotError::Invalid { offset, .. } => *offset,
+            _ => 0,
+        }
+    }
+}
+
 impl std::fmt::Display for SnapshotError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -481,13 +493,26 @@ impl LogEngine {
                 .collect();
             (read, results)
         });
-        read?;
+        // Several frames may be bad, and which worker met which depends on scheduling: the
+        // verdict is the error at the smallest offset, the same for every run and reader.
         let mut bytes = st.applied_bytes;
         let mut done = false;
+        let mut first_error: Option<SnapshotError> = read.err();
         for res in results {
-            let (b, d) = res?;
-            bytes += b;
-            done |= d;
+            match res {
+                Ok((b, d)) => {
+                    bytes += b;
+                    done |= d;
+                }
+                Err(e) => {
+                    if first_error.as_ref().is_none_or(|f| e.offset() < f.offset()) {
+                        first_error = Some(e);
+                    }
+                }
+            }
+        }
+        if let Some(e) = first_error {
+            return Err(e);
         }
         if !done {
             return Err(SnapshotError::Invalid {
