@@ -404,6 +404,23 @@ fn watch_streams_memcacheds_log_lines() {
         format!("type=conn_close rip=127.0.0.1 rport={port} transport=tcp reason=normal cfd={cfd}"),
     ];
     assert_eq!(fields, want);
+    // memcached's log counters in `stats`.
+    let mut other = s.connect();
+    let stats = other.stats("");
+    let num = |name: &str| -> u64 {
+        stats
+            .iter()
+            .find(|(k, _)| k == name)
+            .unwrap_or_else(|| panic!("no {name}"))
+            .1
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(num("log_watchers"), 1);
+    assert!(num("log_watcher_sent") >= want.len() as u64);
+    assert!(num("log_worker_written") >= want.len() as u64);
+    assert_eq!(num("log_watcher_skipped"), 0);
+    drop(other);
     // What the watcher sends is ignored; it stays a watcher.
     w.send(b"get foo\r\n");
     let mut c = s.connect();

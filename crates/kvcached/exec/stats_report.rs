@@ -213,6 +213,8 @@ fn general(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
     // Buffers are returned to the allocator when empty: none is kept free.
     emit(sink, "read_buf_bytes_free", 0);
     emit(sink, "read_buf_oom", t.read_buf_oom);
+    // Descriptors kept beyond -c for listeners and files.
+    emit(sink, "reserved_fds", crate::setup::daemon::FD_RESERVE);
     emit(sink, "cmd_get", t.cmd_get);
     emit(sink, "cmd_set", t.cmd_set);
     emit(sink, "cmd_flush", t.cmd_flush);
@@ -252,6 +254,15 @@ fn general(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
     emit(sink, "hash_power_level", e.hash_power_level);
     emit(sink, "hash_bytes", e.hash_bytes);
     emit(sink, "hash_is_expanding", u8::from(e.hash_is_expanding));
+    // An allocation that fails stops the process (Rust's allocator aborts): none is counted.
+    emit(sink, "malloc_fails", 0);
+    let (written, sent, skipped, watchers) = shared.watchers.counts();
+    // Events go straight to the watchers' buffers: no per-worker buffer drops them.
+    emit(sink, "log_worker_dropped", 0);
+    emit(sink, "log_worker_written", written);
+    emit(sink, "log_watcher_skipped", skipped);
+    emit(sink, "log_watcher_sent", sent);
+    emit(sink, "log_watchers", watchers);
     emit(sink, "bytes", e.bytes);
     emit(sink, "curr_items", e.curr_items);
     emit(sink, "total_items", e.total_items);
@@ -259,6 +270,8 @@ fn general(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
     emit(sink, "evicted_unfetched", e.evicted_unfetched);
     emit(sink, "evictions", e.evictions);
     emit(sink, "reclaimed", e.reclaimed);
+    emit(sink, "crawler_reclaimed", e.crawler_reclaimed);
+    emit(sink, "crawler_items_checked", e.crawler_items_checked);
     emit(sink, "total_malloced", e.total_malloced);
     if let Some(tls) = &shared.tls {
         let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);

@@ -114,7 +114,12 @@ impl Watcher {
 #[derive(Default)]
 pub struct Watchers {
     mask: AtomicU32,
+    /// Events written (`log_worker_written`), and the next event's `gid`.
     gid: AtomicU64,
+    /// Lines appended to watchers' buffers (`log_watcher_sent`) and dropped because a
+    /// buffer was full (`log_watcher_skipped`).
+    sent: AtomicU64,
+    skipped: AtomicU64,
     /// Read-locked by events (so workers emitting at once do not queue on it), written
     /// when a watcher comes or goes.
     list: RwLock<Vec<Arc<Watcher>>>,
@@ -171,8 +176,10 @@ impl Watchers {
             let mut buf = w.buf.lock().unwrap_or_else(|e| e.into_inner());
             if buf.bytes.len() + line.len() > BUF_CAP {
                 buf.skipped += 1;
+                self.skipped.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
+            self.sent.fetch_add(1, Ordering::Relaxed);
             let was_empty = buf.bytes.is_empty();
             if buf.skipped > 0 {
                 // Where events were dropped, as memcached marks it.
@@ -189,6 +196,22 @@ impl Watchers {
 }
 
 impl Watchers {
+    /// `stats`: (`log_worker_written`, `log_watcher_sent`, `log_watcher_skipped`,
+    /// `log_watchers`).
+    pub fn counts(&self) -> (u64, u64, u64, usize) {
+        let list = self.list.read().unwrap_or_else(|e| e.into_inner());
+        let live = list
+            .iter()
+            .filter(|w| !w.gone.load(Ordering::Relaxed))
+            .count();
+        (
+            self.gid.load(Ordering::Relaxed),
+            self.sent.load(Ordering::Relaxed),
+            self.skipped.load(Ordering::Relaxed),
+            live,
+        )
+    }
+
     /// Drop the watchers whose connections have closed, and recompute the mask.
     #[cold]
     fn prune(&self) {

@@ -136,6 +136,10 @@ pub struct EngineStats {
     pub evictions: u64,
     /// Expired items whose memory was reused.
     pub reclaimed: u64,
+    /// Of those, the ones the background sweep found (memcached's LRU crawler).
+    pub crawler_reclaimed: u64,
+    /// Items the background sweep looked at.
+    pub crawler_items_checked: u64,
     pub expired_unfetched: u64,
     pub evicted_unfetched: u64,
     /// Items evicted while they had a non-zero expiry still in the future.

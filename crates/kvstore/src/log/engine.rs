@@ -93,6 +93,8 @@ impl Engine for LogEngine {
                 .sum(),
             evictions: st.evictions.load(Ordering::Relaxed),
             reclaimed: st.reclaimed.load(Ordering::Relaxed),
+            crawler_reclaimed: st.crawler_reclaimed.load(Ordering::Relaxed),
+            crawler_items_checked: st.crawler_checked.load(Ordering::Relaxed),
             expired_unfetched: st.expired_unfetched.load(Ordering::Relaxed),
             evicted_unfetched: st.evicted_unfetched.load(Ordering::Relaxed),
             evicted_nonzero: st.evicted_nonzero.load(Ordering::Relaxed),
@@ -188,6 +190,8 @@ impl Engine for LogEngine {
             &st.evictions,
             &st.evicted_index,
             &st.reclaimed,
+            &st.crawler_reclaimed,
+            &st.crawler_checked,
             &st.expired_unfetched,
             &st.evicted_unfetched,
             &st.evicted_nonzero,
@@ -402,6 +406,7 @@ impl Engine for LogEngine {
         self.tick(now);
         self.repl_log_evictions();
         let mut n = 0;
+        let mut checked = 0u64;
         // A bounded slice of the index per call, continuing where the last call stopped.
         let nmain = self.index.nmain();
         let chunk = if sweep {
@@ -418,6 +423,7 @@ impl Engine for LogEngine {
                 let Some(r) = (unsafe { self.rec(v) }) else {
                     return;
                 };
+                checked += 1;
                 if self.vis(&r, now) != Vis::Live {
                     slot.store(0, Ordering::Release);
                     self.account_remove(v, r.len);
@@ -429,6 +435,9 @@ impl Engine for LogEngine {
                 }
             });
         }
+        let st = &self.st.0;
+        st.crawler_checked.fetch_add(checked, Ordering::Relaxed);
+        st.crawler_reclaimed.fetch_add(n, Ordering::Relaxed);
         self.free_dead_segments();
         self.grow(true);
         n

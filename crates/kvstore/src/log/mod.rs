@@ -204,6 +204,8 @@ struct Counters {
     evictions: AtomicU64,
     evicted_index: AtomicU64,
     reclaimed: AtomicU64,
+    crawler_reclaimed: AtomicU64,
+    crawler_checked: AtomicU64,
     expired_unfetched: AtomicU64,
     evicted_unfetched: AtomicU64,
     evicted_nonzero: AtomicU64,

@@ -338,12 +338,20 @@ fn maintain_reclaims_expired() {
     // Enough calls to cover the index (65536 buckets per call).
     let calls = e.index.nmain().div_ceil(MAINTAIN_BUCKETS);
     assert_eq!((0..calls).map(|_| e.maintain(5, true)).sum::<u64>(), 0);
+    assert_eq!(e.stats().crawler_items_checked, 100, "one full pass");
     // Without the sweep (-o no_lru_crawler) expired items stay until found.
     assert_eq!((0..calls).map(|_| e.maintain(10, false)).sum::<u64>(), 0);
     assert_eq!(e.stats().curr_items, 100);
+    assert_eq!(
+        e.stats().crawler_items_checked,
+        100,
+        "no sweep, nothing checked"
+    );
     assert_eq!((0..calls).map(|_| e.maintain(10, true)).sum::<u64>(), 50);
     assert_eq!(e.stats().curr_items, 50);
     assert_eq!(e.stats().expired_unfetched, 50);
+    assert_eq!(e.stats().crawler_reclaimed, 50);
+    assert_eq!(e.stats().crawler_items_checked, 200);
 }
 
 fn fill(e: &LogEngine, n: usize, vlen: usize, now: Time) {
