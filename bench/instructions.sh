@@ -55,42 +55,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() {
-    python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-
-# stats NAME from the server on port $1.
-stat() {
-    python3 - "$1" "$2" <<'EOF'
-import socket, sys
-s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=60)
-s.sendall(b"stats\r\n")
-buf = b""
-while not buf.endswith(b"END\r\n"):
-    chunk = s.recv(65536)
-    if not chunk:
-        break
-    buf += chunk
-for line in buf.decode().splitlines():
-    parts = line.split()
-    if len(parts) == 3 and parts[1] == sys.argv[2]:
-        print(parts[2])
-EOF
-}
-
-wait_port() {
-    python3 - "$1" <<'EOF'
-import socket, sys, time
-deadline = time.monotonic() + 120
-while time.monotonic() < deadline:
-    try:
-        socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=5).close()
-        sys.exit(0)
-    except OSError:
-        time.sleep(0.1)
-sys.exit("no listener")
-EOF
-}
+# free_port, stat and wait_port.
+# shellcheck source=bench/lib.sh
+source "$root/bench/lib.sh"
 
 first=
 printf '%-12s %12s %10s  %s\n' "server" "instr/GET" "ratio" "binary"
@@ -104,14 +71,14 @@ for spec in "$@"; do
     }
     port="$(free_port)"
     args=(-t 1 -m 256 -c 512 -l 127.0.0.1 -p "$port")
-    "$bin" -V 2>/dev/null | grep -q kvcached && args+=(-o no_lru_crawler)
-    [[ $(id -u) -eq 0 ]] && args+=(-u root)
+    grep -q kvcached <<<"$("$bin" -V 2>/dev/null)" && args+=(-o no_lru_crawler)
+    args+=("${user_args[@]}")
     out="$work/$label"
     mkdir -p "$out"
     valgrind --tool=callgrind --separate-threads=yes --callgrind-out-file="$out/cg.%p" \
         "$bin" "${args[@]}" >/dev/null 2>"$out/valgrind.log" &
     pid=$!
-    wait_port "$port"
+    wait_port "$port" 120 # valgrind starts slowly
     "$kvblast" run -q --no-server-stats --workload fixedsize --keys "$keys" --key-size 32 \
         --value-size 32 --popularity sequential --mix set=1 -n "$keys" -c 1 -d 16 \
         "127.0.0.1:$port" >/dev/null

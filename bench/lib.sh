@@ -25,9 +25,9 @@ PY
 # cpu_ticks PID: user + system clock ticks of a process.
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
-# wait_port PORT: poll until something accepts on it (10 s at most).
+# wait_port PORT [SECONDS]: poll until something accepts on it (10 s at most, or SECONDS).
 wait_port() {
-    for _ in $(seq 1 200); do
+    for _ in $(seq 1 $((${2:-10} * 20))); do
         python3 -c "import socket; socket.create_connection(('127.0.0.1',$1),timeout=0.2)" 2>/dev/null && return 0
         sleep 0.05
     done

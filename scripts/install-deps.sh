@@ -64,7 +64,7 @@ fi
 
 missing=()
 for p in "${packages[@]}"; do
-    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+    if ! grep -q 'install ok installed' <<<"$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)"; then
         missing+=("$p")
     fi
 done
@@ -115,7 +115,7 @@ if [[ $mode == all ]]; then
 
     # cargo-deb, for scripts/package.sh (built from crates.io; about two minutes). Pinned:
     # the check builds from the dev profile, which later releases may refuse.
-    if ! cargo deb --version 2>/dev/null | grep -qx 'cargo-deb 3\.8\.0'; then
+    if ! grep -qx 'cargo-deb 3\.8\.0' <<<"$(cargo deb --version 2>/dev/null)"; then
         echo "install-deps.sh: installing cargo-deb 3.8.0"
         quiet cargo install cargo-deb --version 3.8.0 --locked
     fi

@@ -114,22 +114,23 @@ done
 info="$(dpkg-deb --info "$deb")"
 grep -q '^ Package: kvcached$' <<<"$info" || fail "package name"
 grep -q '^ Depends: .*libc6' <<<"$info" || fail "no libc6 dependency: $info"
-dpkg-deb --ctrl-tarfile "$deb" | tar -t | grep -qx './conffiles' || fail "no conffiles"
-dpkg-deb --info "$deb" conffiles | grep -qx '/etc/kvcached.conf' ||
-    fail "/etc/kvcached.conf is not a conffile"
+# (Each output is taken whole before grep reads it: with pipefail, `cmd | grep -q` fails
+# when grep stops reading early and cmd dies of SIGPIPE.)
+conffiles="$(dpkg-deb --info "$deb" conffiles)" || fail "no conffiles"
+grep -qx '/etc/kvcached.conf' <<<"$conffiles" || fail "/etc/kvcached.conf is not a conffile"
 postinst="$(dpkg-deb --info "$deb" postinst)"
 grep -q 'systemd-sysusers' <<<"$postinst" || fail "postinst does not create the user"
 grep -q 'deb-systemd-helper enable' <<<"$postinst" || fail "postinst does not enable the unit"
 
 dpkg-deb --extract "$deb" "$scratch/root"
 r="$scratch/root"
-"$r/usr/bin/kvcached" -V | grep -q '^kvcached ' || fail "kvcached -V"
-"$r/usr/bin/kvblast" --version | grep -q '^kvblast ' || fail "kvblast --version"
+grep -q '^kvcached ' <<<"$("$r/usr/bin/kvcached" -V)" || fail "kvcached -V"
+grep -q '^kvblast ' <<<"$("$r/usr/bin/kvblast" --version)" || fail "kvblast --version"
 for page in kvcached kvblast; do
-    zcat "$r/usr/share/man/man1/$page.1.gz" | grep -q '^\.SH DESCRIPTION' ||
+    grep -q '^\.SH DESCRIPTION' <<<"$(zcat "$r/usr/share/man/man1/$page.1.gz")" ||
         fail "$page.1 has no DESCRIPTION"
 done
-zcat "$r/usr/share/man/man1/kvcached.1.gz" | grep -q 'config\\-file' ||
+grep -q 'config\\-file' <<<"$(zcat "$r/usr/share/man/man1/kvcached.1.gz")" ||
     fail "kvcached.1 lacks --config-file"
 grep -q '^ExecStart=/usr/bin/kvcached --config-file /etc/kvcached.conf$' \
     "$r/usr/lib/systemd/system/kvcached.service" || fail "unit's ExecStart"
@@ -139,8 +140,9 @@ if command -v systemd-analyze >/dev/null; then
         "$r/usr/lib/systemd/system/kvcached.service" >"$scratch/kvcached.service"
     out="$(systemd-analyze verify --man=no "$scratch/kvcached.service" 2>&1)" ||
         fail "systemd-analyze verify: $out"
-    if grep -v 'Failed to resolve unit\|network.target\|multi-user.target\|/etc/systemd' \
-        <<<"$out" | grep -qi 'unknown\|invalid\|fail'; then
+    rest="$(grep -v 'Failed to resolve unit\|network.target\|multi-user.target\|/etc/systemd' \
+        <<<"$out" || true)"
+    if grep -qi 'unknown\|invalid\|fail' <<<"$rest"; then
         fail "systemd-analyze verify: $out"
     fi
 fi
