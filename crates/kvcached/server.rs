@@ -257,28 +257,31 @@ fn watch_evictions(shared: &Shared) {
     use std::io::Write as _;
     let watchers = shared.watchers.clone();
     let config = shared.config.clone();
-    shared.engine.observe_evictions(Box::new(move |item, now| {
-        if !watchers.wants(EVICTIONS) {
-            return;
-        }
-        let now = i64::from(now);
-        let ttl = if item.exptime == 0 {
-            -1
-        } else {
-            i64::from(item.exptime) - now
-        };
-        let la = (now - i64::from(item.last_access)).max(0);
-        let (_, class) =
-            crate::exec::items::size_and_class(&config, item.key.len(), item.value_len, item.flags);
-        let fetch = if item.fetched { "yes" } else { "no" };
-        watchers.emit(EVICTIONS, |line| {
-            line.extend_from_slice(b"type=eviction key=");
-            kvproto::admin::uri_encode(line, item.key);
-            let _ = write!(
-                line,
-                " fetch={fetch} ttl={ttl} la={la} clsid={class} size={}",
-                item.value_len
-            );
-        });
-    }));
+    shared
+        .engine
+        .observe_evictions(Box::new(move |evicted, now| {
+            if !watchers.wants(EVICTIONS) {
+                return;
+            }
+            let (key, item) = (evicted.key, evicted.meta);
+            let now = i64::from(now);
+            let ttl = if item.exptime == 0 {
+                -1
+            } else {
+                i64::from(item.exptime) - now
+            };
+            let la = (now - i64::from(item.last_access)).max(0);
+            let (_, class) =
+                crate::exec::items::size_and_class(&config, key.len(), item.value_len, item.flags);
+            let fetch = if item.fetched { "yes" } else { "no" };
+            watchers.emit(EVICTIONS, |line| {
+                line.extend_from_slice(b"type=eviction key=");
+                kvproto::admin::uri_encode(line, key);
+                let _ = write!(
+                    line,
+                    " fetch={fetch} ttl={ttl} la={la} clsid={class} size={}",
+                    item.value_len
+                );
+            });
+        }));
 }

@@ -116,8 +116,12 @@ pub fn dump(ctx: &mut Ctx<'_>, s: &mut Session, kind: DumpKind, classes: &[u8]) 
         let next = shared
             .engine
             .scan(bucket, BUCKETS_PER_SCAN, now, &mut |item| {
-                let (size, class) =
-                    size_and_class(&shared.config, item.key.len(), item.value_len, item.flags);
+                let (size, class) = size_and_class(
+                    &shared.config,
+                    item.key.len(),
+                    item.meta.value_len,
+                    item.meta.flags,
+                );
                 if class < 64 && wanted & (1u64 << class) == 0 {
                     return;
                 }
@@ -146,9 +150,10 @@ pub fn dump(ctx: &mut Ctx<'_>, s: &mut Session, kind: DumpKind, classes: &[u8]) 
 /// `key=... exp=... la=... cas=... fetch=... cls=... size=... flags=... ` and a newline, as
 /// memcached 1.6.45 writes it (the key URI-encoded, expiry and last access as unix times,
 /// `exp=-1` for no expiry).
-fn metadump_line(out: &mut Vec<u8>, item: &ScanItem<'_>, size: usize, class: u32) {
+fn metadump_line(out: &mut Vec<u8>, scanned: &ScanItem<'_>, size: usize, class: u32) {
     out.extend_from_slice(b"key=");
-    kvproto::admin::uri_encode(out, item.key);
+    kvproto::admin::uri_encode(out, scanned.key);
+    let item = &scanned.meta;
     let exp = if item.exptime == 0 {
         -1
     } else {
@@ -165,7 +170,7 @@ fn metadump_line(out: &mut Vec<u8>, item: &ScanItem<'_>, size: usize, class: u32
 /// `mg KEY` (a binary key as `mg BASE64 b`), a request the client can add flags to.
 fn mgdump_line(out: &mut Vec<u8>, item: &ScanItem<'_>) {
     out.extend_from_slice(b"mg ");
-    if item.binary_key {
+    if item.meta.binary_key {
         kvproto::meta::encode_base64(out, item.key);
         out.extend_from_slice(b" b\r\n");
     } else {

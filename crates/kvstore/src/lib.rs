@@ -346,18 +346,12 @@ pub struct DebugItem {
     pub binary_key: bool,
 }
 
-/// One live item as [`LogEngine::scan`] shows it (`lru_crawler metadump`).
+/// One live item as [`LogEngine::scan`] and the eviction observer see it: its key and what
+/// `me` shows of it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ScanItem<'a> {
     pub key: &'a [u8],
-    pub exptime: Time,
-    /// Last store or access time.
-    pub last_access: Time,
-    pub cas: u64,
-    pub fetched: bool,
-    pub value_len: usize,
-    pub flags: u32,
-    pub binary_key: bool,
+    pub meta: DebugItem,
 }
 
 /// The interface of the storage engine ([`LogEngine`]; the reference model

@@ -383,17 +383,7 @@ impl Engine for LogEngine {
             // SAFETY: pinned while `r` is used.
             let (slot, v, r) = unsafe { self.lookup(h, key) }?;
             match self.vis(&r, now) {
-                Vis::Live => {
-                    return Some(DebugItem {
-                        exptime: r.exptime,
-                        last_access: self.index.atime(slot, now),
-                        cas: self.rec_cas(&r),
-                        fetched: index::fetched(v),
-                        value_len: r.value.len(),
-                        flags: r.flags,
-                        binary_key: r.meta & META_BINARY_KEY != 0,
-                    })
-                }
+                Vis::Live => return Some(self.describe(slot, &r, v, now)),
                 vis => (v, vis),
             }
         };

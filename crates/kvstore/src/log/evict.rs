@@ -68,19 +68,11 @@ impl LogEngine {
     #[inline]
     fn observe_eviction(&self, slot: &AtomicU64, r: &Rec<'_>, v: u64, now: Time) {
         if let Some(f) = self.on_evict.get() {
-            f(
-                crate::ScanItem {
-                    key: r.key,
-                    exptime: r.exptime,
-                    last_access: self.index.atime(slot, now),
-                    cas: self.rec_cas(r),
-                    fetched: index::fetched(v),
-                    value_len: r.value.len(),
-                    flags: r.flags,
-                    binary_key: r.meta & META_BINARY_KEY != 0,
-                },
-                now,
-            );
+            let item = crate::ScanItem {
+                key: r.key,
+                meta: self.describe(slot, r, v, now),
+            };
+            f(item, now);
         }
     }
 

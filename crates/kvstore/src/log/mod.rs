@@ -518,6 +518,19 @@ impl LogEngine {
         self.rewrites.fetch_add(1, Ordering::Relaxed) + 1
     }
 
+    /// What `me` shows of the live record `r` in `slot` (slot value `v`).
+    fn describe(&self, slot: &AtomicU64, r: &Rec<'_>, v: u64, now: Time) -> crate::DebugItem {
+        crate::DebugItem {
+            exptime: r.exptime,
+            last_access: self.index.atime(slot, now),
+            cas: self.rec_cas(r),
+            fetched: index::fetched(v),
+            value_len: r.value.len(),
+            flags: r.flags,
+            binary_key: r.meta & META_BINARY_KEY != 0,
+        }
+    }
+
     /// The CAS unique clients see for a record: its explicit one, else its version
     /// (0 with CAS off).
     fn rec_cas(&self, r: &Rec<'_>) -> u64 {

@@ -479,13 +479,7 @@ impl LogEngine {
                 }
                 f(crate::ScanItem {
                     key: r.key,
-                    exptime: r.exptime,
-                    last_access: self.index.atime(slot, now),
-                    cas: self.rec_cas(&r),
-                    fetched: index::fetched(v),
-                    value_len: r.value.len(),
-                    flags: r.flags,
-                    binary_key: r.meta & META_BINARY_KEY != 0,
+                    meta: self.describe(slot, &r, v, now),
                 });
             });
         }
