@@ -225,6 +225,28 @@ fn a_large_dump_streams_while_other_clients_are_served() {
         assert!(seen.contains(&key(i)), "item {i} missing");
     }
     assert!(seen.len() <= ITEMS + 100, "{} keys", seen.len());
+
+    // A client that starts a dump and goes away in the middle costs nothing afterwards:
+    // its connection is closed and the server goes on.
+    let before: u64 = w.stat("curr_connections").unwrap().parse().unwrap();
+    let mut quitter = s.connect();
+    quitter.send(b"lru_crawler metadump all\r\n");
+    assert_eq!(quitter.line(), "OK\r\n");
+    drop(quitter);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let now: u64 = w.stat("curr_connections").unwrap().parse().unwrap();
+        if now == before {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the abandoned dump's connection is still open ({now} > {before})"
+        );
+        std::thread::yield_now();
+    }
+    assert_eq!(w.call("get other7\r\n"), "VALUE other7 0 1\r\n");
+    w.until("END\r\n");
 }
 
 #[test]

@@ -9,6 +9,8 @@
 //! listed once; one written or removed meanwhile may or may not be, and if the index grows
 //! during the dump an item may be listed twice (never missed).
 
+use std::io::Write as _;
+
 use kvproto::admin::{CrawlerClasses, DumpKind};
 use kvproto::text as proto;
 use kvstore::{EngineConfig, ScanItem};
@@ -160,11 +162,12 @@ fn metadump_line(out: &mut Vec<u8>, scanned: &ScanItem<'_>, size: usize, class: 
         i64::from(item.exptime)
     };
     let fetch = if item.fetched { "yes" } else { "no" };
-    let rest = format!(
-        " exp={exp} la={} cas={} fetch={fetch} cls={class} size={size} flags={} \n",
+    // Writing to a Vec cannot fail.
+    let _ = writeln!(
+        out,
+        " exp={exp} la={} cas={} fetch={fetch} cls={class} size={size} flags={} ",
         item.last_access, item.cas, item.flags
     );
-    out.extend_from_slice(rest.as_bytes());
 }
 
 /// `mg KEY` (a binary key as `mg BASE64 b`), a request the client can add flags to.

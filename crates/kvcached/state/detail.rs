@@ -10,6 +10,7 @@
 //! counted once the table is full. `stats reset` empties it.
 
 use std::collections::BTreeMap;
+use std::io::Write as _;
 use std::ops::Bound;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
@@ -114,11 +115,12 @@ impl PrefixStats {
             written = Some(prefix);
             out.extend_from_slice(b"PREFIX ");
             out.extend_from_slice(prefix);
-            let line = format!(
+            // Writing to a Vec cannot fail.
+            let _ = write!(
+                out,
                 " get {} hit {} set {} del {}\r\n",
                 c.get, c.hit, c.set, c.del
             );
-            out.extend_from_slice(line.as_bytes());
         }
         out.extend_from_slice(b"END\r\n");
         None
