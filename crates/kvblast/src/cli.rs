@@ -39,6 +39,11 @@ enum CliCommand {
     /// LABEL make one curve)
     #[command(args_override_self = true)]
     Plot(Args),
+    /// Capacity of two or more servers with the same workload, in alternating rounds:
+    /// medians, ratios to the first, and one plot of all (-o OUT.png|OUT.svg):
+    /// kvblast compare [options] [LABEL=]SERVER [LABEL=]SERVER...
+    #[command(after_help = SERVERS_HELP, args_override_self = true)]
+    Compare(Args),
     /// Serve load jobs for a controller (run --agent ADDR): kvblast agent --listen ADDR
     #[command(args_override_self = true)]
     Agent(Args),
@@ -256,6 +261,10 @@ pub struct Args {
     /// capacity: bisection steps (default 8)
     #[arg(long, value_name = "N", value_parser = number::<u32>, help_heading = "Capacity")]
     pub steps: Option<u32>,
+    /// compare: rounds, each server once per round, the order reversed every other round
+    /// (default 3)
+    #[arg(long, value_name = "N", value_parser = number::<u32>, help_heading = "Capacity")]
+    pub rounds: Option<u32>,
 }
 
 /// How distributed load divides the key space (`--agent-keys`).
@@ -382,6 +391,7 @@ impl Args {
             CliCommand::Capacity(a) => ("capacity", a),
             CliCommand::Workloads(a) => ("workloads", a),
             CliCommand::Plot(a) => ("plot", a),
+            CliCommand::Compare(a) => ("compare", a),
             CliCommand::Agent(a) => ("agent", a),
         };
         a.command = command.to_string();

@@ -125,6 +125,7 @@ fn main_result() -> Result<(), String> {
             }
             write_json(&args.json, &result.json())
         }
+        "compare" => compare(&args),
         "plot" => {
             let out = args
                 .output
@@ -163,6 +164,143 @@ fn main_result() -> Result<(), String> {
         }
         other => Err(format!("unknown command {other:?}\n\n{}", usage())),
     }
+}
+
+/// `kvblast compare`: a capacity search per server per round, rounds alternating the
+/// order (a machine that slows down during the run then weighs on every server alike),
+/// then the medians, their ratios to the first server's, and one plot of every search.
+fn compare(args: &Args) -> Result<(), String> {
+    if args.servers.len() < 2 {
+        return Err("compare needs two or more servers: [LABEL=]SERVER [LABEL=]SERVER ...".into());
+    }
+    let target = args.slo()?;
+    let rounds = args.rounds.unwrap_or(3).max(1) as usize;
+    let mut entries: Vec<(String, Args)> = Vec::new();
+    for (i, spec) in args.servers.iter().enumerate() {
+        // A label may not contain ':' or '/', so `unix:/path` and `host:port` stay servers.
+        let (label, server) = match spec.split_once('=') {
+            Some((l, s)) if !l.is_empty() && !l.contains([':', '/']) => (l.to_string(), s),
+            _ => (format!("server{}", i + 1), spec.as_str()),
+        };
+        if entries.iter().any(|(l, _)| *l == label) {
+            return Err(format!("compare: label {label:?} given twice"));
+        }
+        let mut one = args.clone();
+        one.servers = vec![server.to_string()];
+        entries.push((label, one));
+    }
+    let mut curves: Vec<plot::Curve> = entries
+        .iter()
+        .map(|(label, _)| plot::Curve {
+            label: label.clone(),
+            ..Default::default()
+        })
+        .collect();
+    let mut capacities: Vec<Vec<f64>> = vec![Vec::new(); entries.len()];
+    for round in 0..rounds {
+        let order: Vec<usize> = if round % 2 == 0 {
+            (0..entries.len()).collect()
+        } else {
+            (0..entries.len()).rev().collect()
+        };
+        for i in order {
+            let (label, one) = &entries[i];
+            let mut cfg = one.run_config()?;
+            if one.duration.is_none() {
+                cfg.duration = Duration::from_secs(3);
+            }
+            if !args.quiet {
+                eprintln!("round {}/{rounds}: {label}", round + 1);
+            }
+            let quiet = args.quiet;
+            let result = capacity::search(
+                &cfg,
+                target,
+                args.low,
+                args.high,
+                args.steps.unwrap_or(8),
+                |s| {
+                    if !quiet {
+                        eprintln!(
+                            "  rate {:>10.0}/s: achieved {:>10.0}/s, {:>9.1} µs  {}",
+                            s.rate,
+                            s.achieved,
+                            s.metric_us,
+                            if s.pass { "pass" } else { s.why.as_str() }
+                        );
+                    }
+                },
+            )?;
+            capacities[i].push(result.capacity);
+            plot::add_capacity_json(&mut curves[i], &result.json())?;
+        }
+    }
+    let medians: Vec<f64> = capacities.iter().map(|c| median(c)).collect();
+    print!(
+        "{}",
+        compare_table(&entries, &capacities, &medians, &target)
+    );
+    if let Some(out) = &args.output {
+        plot::write_one(out, &plot::compare(&curves))?;
+    }
+    let json = serde_json::json!({
+        "slo": target.describe(),
+        "rounds": rounds,
+        "servers": entries.iter().enumerate().map(|(i, (label, one))| serde_json::json!({
+            "label": label,
+            "server": one.servers[0],
+            "capacities": capacities[i],
+            "median": medians[i],
+            "ratio": if medians[0] > 0.0 { medians[i] / medians[0] } else { 0.0 },
+        })).collect::<Vec<_>>(),
+    });
+    write_json(&args.json, &json.to_string())
+}
+
+/// The median of `v` (the mean of the middle two for an even count); 0 for none.
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    match s.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => s[n / 2],
+        n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
+    }
+}
+
+fn compare_table(
+    entries: &[(String, Args)],
+    capacities: &[Vec<f64>],
+    medians: &[f64],
+    target: &capacity::Target,
+) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let _ = writeln!(s, "capacity ({}), req/s, by round", target.describe());
+    let width = entries
+        .iter()
+        .map(|(l, _)| l.len())
+        .max()
+        .unwrap_or(6)
+        .max(6);
+    let _ = write!(s, "{:<width$}", "server");
+    for r in 0..capacities.first().map_or(0, Vec::len) {
+        let _ = write!(s, "{:>12}", format!("round {}", r + 1));
+    }
+    let _ = writeln!(s, "{:>12}{:>10}", "median", "ratio");
+    for (i, (label, _)) in entries.iter().enumerate() {
+        let _ = write!(s, "{label:<width$}");
+        for c in &capacities[i] {
+            let _ = write!(s, "{c:>12.0}");
+        }
+        let ratio = if medians[0] > 0.0 {
+            format!("{:.2}", medians[i] / medians[0])
+        } else {
+            "-".to_string()
+        };
+        let _ = writeln!(s, "{:>12.0}{ratio:>10}", medians[i]);
+    }
+    s
 }
 
 fn main() -> ExitCode {

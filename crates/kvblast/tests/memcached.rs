@@ -413,6 +413,94 @@ fn capacity_search_finds_a_rate() {
 }
 
 #[test]
+fn compare_two_servers_in_alternating_rounds() {
+    let (a, b) = (start_memcached(), start_memcached());
+    let dir = std::env::temp_dir().join(format!("kvblast-compare-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp dir");
+    let json = dir.join("cmp.json");
+    let png = dir.join("cmp.png");
+    let out = Command::new(env!("CARGO_BIN_EXE_kvblast"))
+        .args([
+            "compare",
+            "-w",
+            "usr",
+            "--keys",
+            "500",
+            "-D",
+            "300ms",
+            "--low",
+            "1000",
+            "--high",
+            "4000",
+            "--steps",
+            "2",
+            "--rounds",
+            "2",
+            "--slo",
+            "p99=200ms",
+            "-q",
+        ])
+        .arg("--json")
+        .arg(&json)
+        .arg("-o")
+        .arg(&png)
+        .arg(format!("first={}", a.addr))
+        .arg(format!("second={}", b.addr))
+        .output()
+        .expect("run kvblast compare");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(
+        lines[0], "capacity (p99<=200ms), req/s, by round",
+        "{stdout}"
+    );
+    assert!(
+        lines[1].contains("round 1") && lines[1].contains("round 2"),
+        "{stdout}"
+    );
+    assert!(
+        lines[2].starts_with("first ") && lines[2].ends_with("1.00"),
+        "{stdout}"
+    );
+    assert!(lines[3].starts_with("second "), "{stdout}");
+    assert_png(&png);
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("JSON");
+    let servers = report["servers"].as_array().expect("servers");
+    assert_eq!(servers.len(), 2);
+    for s in servers {
+        assert_eq!(s["capacities"].as_array().map(Vec::len), Some(2), "{s}");
+        // 1000/s passes a 200 ms p99 objective even on a busy machine.
+        assert!(s["median"].as_f64().unwrap_or(0.0) >= 1000.0, "{s}");
+    }
+    assert_eq!(servers[0]["ratio"].as_f64(), Some(1.0));
+
+    // One server, or a label twice: an error, not a run.
+    for args in [
+        vec![format!("x={}", a.addr)],
+        vec![format!("x={}", a.addr), format!("x={}", b.addr)],
+    ] {
+        let o = Command::new(env!("CARGO_BIN_EXE_kvblast"))
+            .arg("compare")
+            .args(&args)
+            .output()
+            .expect("run kvblast compare");
+        assert!(!o.status.success(), "{args:?}");
+        assert!(
+            String::from_utf8_lossy(&o.stderr).contains("compare"),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn meta_and_binary_protocol_counts_match() {
     let mc = start_memcached();
     for protocol in [Protocol::Meta, Protocol::Binary] {
