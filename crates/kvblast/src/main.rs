@@ -91,30 +91,8 @@ fn main_result() -> Result<(), String> {
             write_json(&args.json, &report.json())
         }
         "capacity" => {
-            let mut cfg = args.run_config()?;
-            if args.duration.is_none() {
-                cfg.duration = Duration::from_secs(3);
-            }
-            let target = args.slo()?;
-            let quiet = args.quiet;
-            let result = capacity::search(
-                &cfg,
-                target,
-                args.low,
-                args.high,
-                args.steps.unwrap_or(8),
-                |s| {
-                    if !quiet {
-                        eprintln!(
-                            "rate {:>10.0}/s: achieved {:>10.0}/s, {:>9.1} µs  {}",
-                            s.rate,
-                            s.achieved,
-                            s.metric_us,
-                            if s.pass { "pass" } else { s.why.as_str() }
-                        );
-                    }
-                },
-            )?;
+            let cfg = capacity_config(&args)?;
+            let result = search(&cfg, &args, args.slo()?, "")?;
             print!("{}", result.table());
             if let Some(prefix) = &args.plot {
                 plot::write_both(prefix, "capacity", &plot::capacity(&result))?;
@@ -166,6 +144,44 @@ fn main_result() -> Result<(), String> {
     }
 }
 
+/// A capacity search's run configuration: `args`' with 3 s runs unless `-D` says otherwise.
+fn capacity_config(args: &Args) -> Result<engine::RunConfig, String> {
+    let mut cfg = args.run_config()?;
+    if args.duration.is_none() {
+        cfg.duration = Duration::from_secs(3);
+    }
+    Ok(cfg)
+}
+
+/// A capacity search with `args`' bracket and steps; each step on stderr (after `indent`)
+/// unless `-q`.
+fn search(
+    cfg: &engine::RunConfig,
+    args: &Args,
+    target: capacity::Target,
+    indent: &str,
+) -> Result<capacity::Capacity, String> {
+    let quiet = args.quiet;
+    capacity::search(
+        cfg,
+        target,
+        args.low,
+        args.high,
+        args.steps.unwrap_or(8),
+        |s| {
+            if !quiet {
+                eprintln!(
+                    "{indent}rate {:>10.0}/s: achieved {:>10.0}/s, {:>9.1} µs  {}",
+                    s.rate,
+                    s.achieved,
+                    s.metric_us,
+                    if s.pass { "pass" } else { s.why.as_str() }
+                );
+            }
+        },
+    )
+}
+
 /// `kvblast compare`: a capacity search per server per round, rounds alternating the
 /// order (a machine that slows down during the run then weighs on every server alike),
 /// then the medians, their ratios to the first server's, and one plot of every search.
@@ -205,32 +221,11 @@ fn compare(args: &Args) -> Result<(), String> {
         };
         for i in order {
             let (label, one) = &entries[i];
-            let mut cfg = one.run_config()?;
-            if one.duration.is_none() {
-                cfg.duration = Duration::from_secs(3);
-            }
+            let cfg = capacity_config(one)?;
             if !args.quiet {
                 eprintln!("round {}/{rounds}: {label}", round + 1);
             }
-            let quiet = args.quiet;
-            let result = capacity::search(
-                &cfg,
-                target,
-                args.low,
-                args.high,
-                args.steps.unwrap_or(8),
-                |s| {
-                    if !quiet {
-                        eprintln!(
-                            "  rate {:>10.0}/s: achieved {:>10.0}/s, {:>9.1} µs  {}",
-                            s.rate,
-                            s.achieved,
-                            s.metric_us,
-                            if s.pass { "pass" } else { s.why.as_str() }
-                        );
-                    }
-                },
-            )?;
+            let result = search(&cfg, args, target, "  ")?;
             capacities[i].push(result.capacity);
             plot::add_capacity_json(&mut curves[i], &result.json())?;
         }
