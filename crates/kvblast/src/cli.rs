@@ -34,13 +34,15 @@ enum CliCommand {
     /// List the built-in workloads
     #[command(args_override_self = true)]
     Workloads(Args),
-    /// Capacity searches' p99 and mean latency against throughput, several servers on one
-    /// plot: kvblast plot -o OUT.png|OUT.svg [LABEL=]CAPACITY.json... (files with the same
-    /// LABEL make one curve)
+    /// Draw saved results: capacity reports (--json) as p99 and mean latency against
+    /// throughput, several servers on one chart (files with the same LABEL are one server's
+    /// rounds), or HdrHistogram logs (--hdr-log) as one percentile plot:
+    /// kvblast plot -o OUT.png|OUT.svg [--slo S] [LABEL=]FILE...
     #[command(args_override_self = true)]
     Plot(Args),
     /// Capacity of two or more servers with the same workload, in alternating rounds:
-    /// medians, ratios to the first, and one plot of all (-o OUT.png|OUT.svg):
+    /// medians, ratios to the first, one chart of all (-o OUT.png|OUT.svg; --plot PREFIX
+    /// adds PREFIX-percentiles, each server's best run of its median round):
     /// kvblast compare [options] [LABEL=]SERVER [LABEL=]SERVER...
     #[command(after_help = SERVERS_HELP, args_override_self = true)]
     Compare(Args),

@@ -104,43 +104,71 @@ fn main_result() -> Result<(), String> {
             write_json(&args.json, &result.json())
         }
         "compare" => compare(&args),
-        "plot" => {
-            let out = args
-                .output
-                .as_deref()
-                .ok_or("plot needs -o OUT.png (or OUT.svg)")?;
-            if args.servers.is_empty() {
-                return Err("plot needs capacity reports: [LABEL=]FILE.json ...".into());
-            }
-            let mut curves: Vec<plot::Curve> = Vec::new();
-            for arg in &args.servers {
-                let (label, path) = match arg.split_once('=') {
-                    Some((l, p)) => (l.to_string(), p),
-                    None => (
-                        std::path::Path::new(arg)
-                            .file_stem()
-                            .map(|s| s.to_string_lossy().into_owned())
-                            .unwrap_or_else(|| arg.clone()),
-                        arg.as_str(),
-                    ),
-                };
-                let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
-                let i = match curves.iter().position(|c| c.label == label) {
-                    Some(i) => i,
-                    None => {
-                        curves.push(plot::Curve {
-                            label,
-                            ..Default::default()
-                        });
-                        curves.len() - 1
-                    }
-                };
-                plot::add_capacity_json(&mut curves[i], &text)
-                    .map_err(|e| format!("{path}: {e}"))?;
-            }
-            plot::write_one(out, &plot::compare(&curves))
-        }
+        "plot" => plot_files(&args),
         other => Err(format!("unknown command {other:?}\n\n{}", usage())),
+    }
+}
+
+/// `kvblast plot -o OUT FILE...`: capacity reports (JSON) drawn as one latency-against-
+/// throughput chart, a server per label; or HdrHistogram interval logs drawn as one
+/// percentile plot, a line per file and tag.
+fn plot_files(args: &Args) -> Result<(), String> {
+    let out = args
+        .output
+        .as_deref()
+        .ok_or("plot needs -o OUT.png (or OUT.svg)")?;
+    if args.servers.is_empty() {
+        return Err("plot needs capacity reports or HdrHistogram logs: [LABEL=]FILE ...".into());
+    }
+    let mut curves: Vec<plot::Curve> = Vec::new();
+    let mut hists: Vec<(String, hdrhistogram::Histogram<u64>)> = Vec::new();
+    for arg in &args.servers {
+        let (label, path) = match arg.split_once('=') {
+            Some((l, p)) => (l.to_string(), p),
+            None => (
+                std::path::Path::new(arg)
+                    .file_stem()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_else(|| arg.clone()),
+                arg.as_str(),
+            ),
+        };
+        let bytes = std::fs::read(path).map_err(|e| format!("{path}: {e}"))?;
+        if bytes.trim_ascii_start().starts_with(b"{") {
+            let text = String::from_utf8_lossy(&bytes);
+            let i = match curves.iter().position(|c| c.label == label) {
+                Some(i) => i,
+                None => {
+                    curves.push(plot::Curve {
+                        label,
+                        ..Default::default()
+                    });
+                    curves.len() - 1
+                }
+            };
+            plot::add_capacity_json(&mut curves[i], &text).map_err(|e| format!("{path}: {e}"))?;
+        } else {
+            let logged = plot::read_hdr_log(&bytes).map_err(|e| {
+                format!("{path}: neither a capacity report nor an HdrHistogram interval log: {e}")
+            })?;
+            for (tag, h) in logged {
+                hists.push((format!("{label} {tag}"), h));
+            }
+        }
+    }
+    if !curves.is_empty() && !hists.is_empty() {
+        return Err("plot draws capacity reports or HdrHistogram logs, not both at once".into());
+    }
+    if curves.is_empty() {
+        let refs: Vec<(String, &hdrhistogram::Histogram<u64>)> =
+            hists.iter().map(|(l, h)| (l.clone(), h)).collect();
+        let slo = match &args.slo {
+            Some(_) => Some(args.slo()?.limit.as_secs_f64() * 1e6),
+            None => None,
+        };
+        plot::write_one(out, &plot::percentiles("Latency by percentile", &refs, slo))
+    } else {
+        plot::write_one(out, &plot::compare(&curves))
     }
 }
 
@@ -213,6 +241,8 @@ fn compare(args: &Args) -> Result<(), String> {
         })
         .collect();
     let mut capacities: Vec<Vec<f64>> = vec![Vec::new(); entries.len()];
+    // Each search's best run, for the percentile plot of --plot.
+    let mut bests: Vec<Vec<Option<kvblast::stats::Report>>> = vec![Vec::new(); entries.len()];
     for round in 0..rounds {
         let order: Vec<usize> = if round % 2 == 0 {
             (0..entries.len()).collect()
@@ -228,15 +258,47 @@ fn compare(args: &Args) -> Result<(), String> {
             let result = search(&cfg, args, target, "  ")?;
             capacities[i].push(result.capacity);
             plot::add_capacity_json(&mut curves[i], &result.json())?;
+            bests[i].push(result.best);
         }
     }
-    let medians: Vec<f64> = capacities.iter().map(|c| median(c)).collect();
+    let medians: Vec<f64> = capacities.iter().map(|c| plot::median(c)).collect();
     print!(
         "{}",
         compare_table(&entries, &capacities, &medians, &target)
     );
+    let chart = plot::compare(&curves);
     if let Some(out) = &args.output {
-        plot::write_one(out, &plot::compare(&curves))?;
+        plot::write_one(out, &chart)?;
+    }
+    if let Some(prefix) = &args.plot {
+        plot::write_both(prefix, "curve", &chart)?;
+        // Each server's median search (the one drawn bold), and in it the run at the
+        // capacity found: all requests' latencies, or the probe's when there is one.
+        let runs: Vec<(String, hdrhistogram::Histogram<u64>)> = entries
+            .iter()
+            .enumerate()
+            .filter_map(|(i, (label, _))| {
+                let r = bests[i].get(curves[i].median_search()?)?.as_ref()?;
+                let all = match &r.probe {
+                    Some(p) if p.all().count > 0 => p.all().hist,
+                    _ => r.stats.all().hist,
+                };
+                let rate = r.target_rate.unwrap_or(0.0);
+                Some((
+                    format!("{label} at {}/s", plot::count_label(rate.round())),
+                    all,
+                ))
+            })
+            .collect();
+        let refs: Vec<(String, &hdrhistogram::Histogram<u64>)> =
+            runs.iter().map(|(l, h)| (l.clone(), h)).collect();
+        let title = format!("Latency by percentile at capacity ({})", target.describe());
+        let slo = target.limit.as_secs_f64() * 1e6;
+        plot::write_both(
+            prefix,
+            "percentiles",
+            &plot::percentiles(&title, &refs, Some(slo)),
+        )?;
     }
     let json = serde_json::json!({
         "slo": target.describe(),
@@ -250,17 +312,6 @@ fn compare(args: &Args) -> Result<(), String> {
         })).collect::<Vec<_>>(),
     });
     write_json(&args.json, &json.to_string())
-}
-
-/// The median of `v` (the mean of the middle two for an even count); 0 for none.
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    match s.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => s[n / 2],
-        n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
-    }
 }
 
 fn compare_table(

@@ -1,73 +1,77 @@
-//! Plots, each drawn once as a list of shapes and rendered two ways: SVG (text, no
-//! dependencies; fonts are the viewer's) and PNG (rasterized in pure Rust by
-//! embedded-graphics with its built-in ISO 8859-1 bitmap font, encoded by the `png` crate: no
-//! system fonts or libraries).
+//! Plots, drawn by `plotters` twice from one description: as SVG (text; the viewer's
+//! sans-serif font) and as PNG (rasterized in pure Rust with DejaVu Sans, which the `dejavu`
+//! crate embeds, and encoded by the `png` crate: no system fonts or libraries).
 //!
-//! - [`latency`]: the HdrHistogram percentile-distribution plot, latency against percentile
-//!   on a 1/(1−q) axis, one line per request kind, with the SLO as a dashed line;
+//! Latency axes are logarithmic and labelled in µs, ms and s; throughput axes in k and M.
+//!
+//! - [`latency`] / [`percentiles`]: the HdrHistogram percentile-distribution plot, latency
+//!   against percentile on a 1/(1−q) axis ("nines"), one line per request kind or per run,
+//!   with the SLO as a dashed line;
 //! - [`cdf`]: the latency CDF (fraction of requests at or under a latency, log latency axis);
 //! - [`timeline`]: completions per second over the run;
 //! - [`latency_timeline`]: p50 and p99 latency over the run;
 //! - [`capacity`]: a capacity search, the objective's metric against the offered rate for
-//!   every step, passes and failures marked, with the SLO and the capacity found;
+//!   every step in rate order, passes and failures marked, with the SLO and the capacity;
 //! - [`capacity_curve`]: mean/p50/p99/p99.9/max latency against achieved throughput, from a
-//!   capacity search's steps;
+//!   capacity search's steps in throughput order;
 //! - [`compare`]: several servers' p99 and mean latency against achieved throughput on one
-//!   plot (`kvblast plot`).
+//!   chart, one line per search (the median search of each server drawn bold), one legend
+//!   entry per server (`kvblast compare`, `kvblast plot`).
 
-use std::convert::Infallible;
-use std::fmt::Write as _;
+use std::ops::Range;
+use std::sync::OnceLock;
 
-use embedded_graphics::mono_font::iso_8859_1::{FONT_7X13, FONT_9X15_BOLD};
-use embedded_graphics::mono_font::{MonoFont, MonoTextStyle};
-use embedded_graphics::pixelcolor::Rgb888;
-use embedded_graphics::prelude::*;
-use embedded_graphics::primitives::{Circle, Line, PrimitiveStyle, Rectangle};
-use embedded_graphics::text::{Alignment, Baseline, Text, TextStyleBuilder};
 use hdrhistogram::Histogram;
+use plotters::coord::ranged1d::{DefaultFormatting, KeyPointHint, Ranged};
+use plotters::coord::Shift;
+use plotters::prelude::*;
 
 use crate::capacity::{Capacity, Latencies};
 use crate::stats::Report;
 use crate::workload::Op;
 
-const W: f64 = 800.0;
-const H: f64 = 480.0;
-const LEFT: f64 = 80.0;
-const RIGHT: f64 = 170.0;
-const TOP: f64 = 40.0;
-const BOTTOM: f64 = 60.0;
-const COLOURS: [&str; 8] = [
-    "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+/// Every plot's size in pixels.
+pub const SIZE: (u32, u32) = (800, 480);
+/// Text sizes are even: plotters places a glyph at half the size above its top edge,
+/// truncated, so at odd sizes dots and commas come out a pixel above the baseline.
+const FONT: &str = "sans-serif";
+const COLOURS: [RGBColor; 8] = [
+    RGBColor(0x1f, 0x77, 0xb4),
+    RGBColor(0xd6, 0x27, 0x28),
+    RGBColor(0x2c, 0xa0, 0x2c),
+    RGBColor(0xff, 0x7f, 0x0e),
+    RGBColor(0x94, 0x67, 0xbd),
+    RGBColor(0x8c, 0x56, 0x4b),
+    RGBColor(0xe3, 0x77, 0xc2),
+    RGBColor(0x7f, 0x7f, 0x7f),
 ];
-const GREY: &str = "#555555";
-const GRID: &str = "#dddddd";
-const BLACK: &str = "#000000";
-const PASS: &str = "#2ca02c";
-const FAIL: &str = "#d62728";
+const GREY: RGBColor = RGBColor(0x55, 0x55, 0x55);
+const PASS: RGBColor = RGBColor(0x2c, 0xa0, 0x2c);
+const FAIL: RGBColor = RGBColor(0xd6, 0x27, 0x28);
 
-fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
+fn colour(i: usize) -> RGBColor {
+    COLOURS[i % COLOURS.len()]
 }
 
-/// A "nice" upper bound for an axis: 1, 2 or 5 times a power of ten, at least `x`.
-fn nice_ceil(x: f64) -> f64 {
-    if !(x > 0.0 && x.is_finite()) {
-        return 1.0;
-    }
-    let p = 10f64.powf(x.log10().floor());
-    for m in [1.0, 2.0, 5.0, 10.0] {
-        if m * p >= x {
-            return m * p;
+/// Register DejaVu Sans (regular and bold) as the "sans-serif" family plotters draws text
+/// with, once per process.
+fn fonts() -> Result<(), String> {
+    static DONE: OnceLock<Result<(), String>> = OnceLock::new();
+    DONE.get_or_init(|| {
+        for (style, bytes) in [
+            (FontStyle::Normal, dejavu::sans::regular()),
+            (FontStyle::Bold, dejavu::sans::bold()),
+        ] {
+            plotters::style::register_font(FONT, style, bytes)
+                .map_err(|_| "the embedded DejaVu Sans font did not load".to_string())?;
         }
-    }
-    10.0 * p
+        Ok(())
+    })
+    .clone()
 }
 
-/// A tick label: integers as integers, else up to 3 decimals without trailing zeros.
-fn label(v: f64) -> String {
+/// A number with at most 3 decimals and no trailing zeros: 0.2, 1.5, 20000.
+fn num(v: f64) -> String {
     if (v - v.round()).abs() < 1e-9 {
         format!("{}", v.round() as i64)
     } else {
@@ -76,539 +80,492 @@ fn label(v: f64) -> String {
     }
 }
 
-/// An axis: linear from 0 to `hi`, or logarithmic between two powers of ten.
-#[derive(Debug, Clone, Copy)]
-struct Scale {
-    lo: f64,
-    hi: f64,
-    log: bool,
+/// A latency given in µs, in the unit that reads best: "250 µs", "1.5 ms", "2 s".
+pub fn latency_label(us: f64) -> String {
+    let a = us.abs();
+    if a >= 1e6 {
+        format!("{} s", num(us / 1e6))
+    } else if a >= 1e3 {
+        format!("{} ms", num(us / 1e3))
+    } else {
+        format!("{} µs", num(us))
+    }
 }
 
-impl Scale {
-    fn linear(max: f64) -> Scale {
-        Scale {
+/// A count to 3 significant digits: "800", "20k", "194k", "1.5M".
+pub fn count_label(v: f64) -> String {
+    let v = if v != 0.0 && v.is_finite() {
+        let p = 10f64.powf(v.abs().log10().floor() - 2.0);
+        (v / p).round() * p
+    } else {
+        v
+    };
+    let a = v.abs();
+    if a >= 1e6 {
+        format!("{}M", num(v / 1e6))
+    } else if a >= 1e3 {
+        format!("{}k", num(v / 1e3))
+    } else {
+        num(v)
+    }
+}
+
+/// A percentile on the nines axis: t nines is the quantile 1 − 10^−t ("99.9%" at t = 3).
+fn nines_label(t: f64) -> String {
+    let pct = 100.0 * (1.0 - 10f64.powf(-t));
+    let decimals = (t.ceil() as i64 - 2).clamp(0, 6) as usize;
+    format!("{pct:.decimals$}%")
+}
+
+/// 1, 2 or 5 times a power of ten, at least `x` (1 for nothing sensible).
+fn nice_step(x: f64) -> f64 {
+    if !(x > 0.0 && x.is_finite()) {
+        return 1.0;
+    }
+    let p = 10f64.powf(x.log10().floor());
+    [1.0, 2.0, 5.0, 10.0]
+        .into_iter()
+        .map(|m| m * p)
+        .find(|s| *s >= x * (1.0 - 1e-12))
+        .unwrap_or(10.0 * p)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Scale {
+    /// Values as they are, from 0.
+    Linear,
+    /// log10 of the value; bounds on powers of ten.
+    Log,
+    /// The value is already a count of nines (see [`nines_label`]).
+    Nines,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Unit {
+    Plain,
+    Count,
+    Micros,
+    Seconds,
+    Nines,
+}
+
+/// One axis: its scale, the unit its ticks are labelled in, and its bounds (values).
+#[derive(Debug, Clone)]
+struct Axis {
+    scale: Scale,
+    unit: Unit,
+    lo: f64,
+    hi: f64,
+    step: f64,
+    desc: String,
+}
+
+impl Axis {
+    /// From 0 to a multiple of a 1-2-5 step at least `max`, 4 to 8 steps.
+    fn linear(max: f64, unit: Unit, desc: &str) -> Axis {
+        let max = if max > 0.0 && max.is_finite() {
+            max
+        } else {
+            1.0
+        };
+        let step = nice_step(max / 8.0);
+        let step = if max / step > 8.0 {
+            nice_step(step * 1.5)
+        } else {
+            step
+        };
+        Axis {
+            scale: Scale::Linear,
+            unit,
             lo: 0.0,
-            hi: nice_ceil(max),
-            log: false,
+            hi: (max / step).ceil().max(1.0) * step,
+            step,
+            desc: desc.into(),
         }
     }
 
-    /// Powers of ten around `min..max` (values at most 0 are left out by the caller).
-    fn log(min: f64, max: f64) -> Scale {
-        let lo = 10f64.powf(min.max(1e-3).log10().floor());
-        let hi = 10f64.powf(max.max(lo * 10.0).log10().ceil());
-        Scale {
+    /// Powers of ten around `min..max` (values at most 0 are left out).
+    fn log(min: f64, max: f64, unit: Unit, desc: &str) -> Axis {
+        let min = if min > 0.0 && min.is_finite() {
+            min
+        } else {
+            1.0
+        };
+        let max = if max.is_finite() { max.max(min) } else { min };
+        let lo = 10f64.powf(min.log10().floor());
+        let hi = 10f64.powf(max.log10().ceil()).max(lo * 10.0);
+        Axis {
+            scale: Scale::Log,
+            unit,
             lo,
-            hi: hi.max(lo * 10.0),
-            log: true,
+            hi,
+            step: 10.0,
+            desc: desc.into(),
         }
     }
 
-    fn frac(&self, v: f64) -> f64 {
-        if self.log {
-            (v.max(self.lo * 1e-3).log10() - self.lo.log10()) / (self.hi.log10() - self.lo.log10())
+    /// Latencies in µs over `values` (and `also`, e.g. the SLO), on a log axis.
+    fn latency(values: impl Iterator<Item = f64>, also: f64, desc: &str) -> Axis {
+        let (lo, hi) = values
+            .chain(std::iter::once(also))
+            .filter(|v| *v > 0.0 && v.is_finite())
+            .fold((f64::MAX, 0.0f64), |(lo, hi), v| (lo.min(v), hi.max(v)));
+        if hi > 0.0 {
+            Axis::log(lo, hi, Unit::Micros, desc)
         } else {
-            (v - self.lo) / (self.hi - self.lo)
+            Axis::log(1.0, 1000.0, Unit::Micros, desc)
         }
     }
 
-    fn ticks(&self) -> Vec<(f64, String)> {
-        if self.log {
-            let n = (self.hi / self.lo).log10().round() as i32;
-            (0..=n)
-                .map(|i| {
-                    let v = self.lo * 10f64.powi(i);
-                    (self.frac(v), label(v))
-                })
-                .collect()
-        } else {
-            (0..=5)
-                .map(|i| {
-                    let v = self.hi * i as f64 / 5.0;
-                    (i as f64 / 5.0, label(v))
-                })
-                .collect()
+    /// Percentiles from 0 to `nines` nines.
+    fn nines(nines: u32) -> Axis {
+        Axis {
+            scale: Scale::Nines,
+            unit: Unit::Nines,
+            lo: 0.0,
+            hi: nines.max(1) as f64,
+            step: 1.0,
+            desc: "percentile".into(),
         }
+    }
+
+    /// The chart coordinate of value `v` (NaN where it cannot be drawn).
+    fn t(&self, v: f64) -> f64 {
+        match self.scale {
+            Scale::Linear | Scale::Nines => v,
+            Scale::Log if v > 0.0 => v.log10(),
+            Scale::Log => f64::NAN,
+        }
+    }
+
+    /// The value at chart coordinate `t`.
+    fn value(&self, t: f64) -> f64 {
+        match self.scale {
+            Scale::Log => 10f64.powf(t),
+            _ => t,
+        }
+    }
+
+    fn range(&self) -> Range<f64> {
+        self.t(self.lo)..self.t(self.hi)
+    }
+
+    /// Labelled ticks (and grid lines), then light grid lines, in chart coordinates.
+    fn ticks(&self) -> (Vec<f64>, Vec<f64>) {
+        let (a, b) = (self.t(self.lo), self.t(self.hi));
+        match self.scale {
+            Scale::Log => {
+                let bold: Vec<f64> = (a.round() as i64..=b.round() as i64)
+                    .map(|e| e as f64)
+                    .collect();
+                let light = bold
+                    .iter()
+                    .take(bold.len().saturating_sub(1))
+                    .flat_map(|e| (2..10).map(move |m| e + (m as f64).log10()))
+                    .collect();
+                (bold, light)
+            }
+            _ => {
+                let n = ((self.hi - self.lo) / self.step).round() as i64;
+                let bold = (0..=n).map(|i| self.lo + i as f64 * self.step).collect();
+                let light = (0..n)
+                    .map(|i| self.lo + (i as f64 + 0.5) * self.step)
+                    .collect();
+                (bold, light)
+            }
+        }
+    }
+
+    fn tick_label(&self, t: f64) -> String {
+        let v = self.value(t);
+        match self.unit {
+            Unit::Plain => num(v),
+            Unit::Count => count_label(v),
+            Unit::Micros => latency_label(v),
+            Unit::Seconds => format!("{} s", num(v)),
+            Unit::Nines => nines_label(t),
+        }
+    }
+
+    fn coord(&self) -> Coord {
+        let (bold, light) = self.ticks();
+        Coord {
+            range: self.range(),
+            bold,
+            light,
+        }
+    }
+}
+
+/// An axis as plotters sees it: chart coordinates, linear, with the ticks [`Axis`] chose
+/// (plotters' own log axis labels every decade in plain numbers, and it has no nines axis).
+#[derive(Debug, Clone)]
+struct Coord {
+    range: Range<f64>,
+    bold: Vec<f64>,
+    light: Vec<f64>,
+}
+
+impl Ranged for Coord {
+    type FormatOption = DefaultFormatting;
+    type ValueType = f64;
+
+    fn map(&self, v: &f64, (a, b): (i32, i32)) -> i32 {
+        let span = self.range.end - self.range.start;
+        if !(span > 0.0) || !v.is_finite() {
+            return a + (b - a) / 2;
+        }
+        // Far outside values are held a chart's width away, not turned into overflowing pixels.
+        let f = ((v - self.range.start) / span).clamp(-1.0, 2.0);
+        a + (f * f64::from(b - a)).round() as i32
+    }
+
+    fn key_points<H: KeyPointHint>(&self, hint: H) -> Vec<f64> {
+        if hint.weight().allow_light_points() {
+            self.light.clone()
+        } else {
+            self.bold.clone()
+        }
+    }
+
+    fn range(&self) -> Range<f64> {
+        self.range.clone()
     }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
-enum Anchor {
-    Start,
-    Middle,
-    End,
+enum Style {
+    Solid,
+    Dashed,
+    Dots,
 }
 
+/// One series: values (not chart coordinates), how to draw them and an optional legend.
 #[derive(Debug, Clone)]
-enum Shape {
-    Line {
-        pts: Vec<(f64, f64)>,
-        colour: &'static str,
-        width: u32,
-        dashed: bool,
-    },
-    Rect {
-        x: f64,
-        y: f64,
-        w: f64,
-        h: f64,
-    },
-    Text {
-        x: f64,
-        y: f64,
-        text: String,
-        anchor: Anchor,
-        big: bool,
-        vertical: bool,
-    },
-    Dot {
-        x: f64,
-        y: f64,
-        colour: &'static str,
-        title: String,
-    },
+struct Series {
+    points: Vec<(f64, f64)>,
+    colour: RGBColor,
+    width: u32,
+    alpha: f64,
+    style: Style,
+    label: Option<String>,
 }
 
-/// One plot: a title, axis labels, and shapes in pixel coordinates.
+/// One chart: a title, two axes, series, and where the legend goes.
 #[derive(Debug, Clone)]
 pub struct Plot {
-    shapes: Vec<Shape>,
-    pw: f64,
-    ph: f64,
-    legends: usize,
+    title: String,
+    x: Axis,
+    y: Axis,
+    series: Vec<Series>,
+    legend: SeriesLabelPosition,
 }
 
 impl Plot {
-    fn new(title: &str, xlabel: &str, ylabel: &str) -> Plot {
-        let cx = (LEFT + W - RIGHT) / 2.0;
+    fn new(title: &str, x: Axis, y: Axis, legend: SeriesLabelPosition) -> Plot {
         Plot {
-            shapes: vec![
-                Shape::Text {
-                    x: cx,
-                    y: 24.0,
-                    text: title.into(),
-                    anchor: Anchor::Middle,
-                    big: true,
-                    vertical: false,
-                },
-                Shape::Text {
-                    x: cx,
-                    y: H - 14.0,
-                    text: xlabel.into(),
-                    anchor: Anchor::Middle,
-                    big: false,
-                    vertical: false,
-                },
-                Shape::Text {
-                    x: 18.0,
-                    y: (TOP + H - BOTTOM) / 2.0,
-                    text: ylabel.into(),
-                    anchor: Anchor::Middle,
-                    big: false,
-                    vertical: true,
-                },
-            ],
-            pw: W - LEFT - RIGHT,
-            ph: H - TOP - BOTTOM,
-            legends: 0,
-        }
-    }
-
-    /// Pixel position of a point given as fractions of the plot area (0..1 each).
-    fn at(&self, fx: f64, fy: f64) -> (f64, f64) {
-        (
-            LEFT + fx.clamp(0.0, 1.0) * self.pw,
-            TOP + (1.0 - fy.clamp(0.0, 1.0)) * self.ph,
-        )
-    }
-
-    fn text(&mut self, x: f64, y: f64, text: String, anchor: Anchor) {
-        self.shapes.push(Shape::Text {
+            title: title.into(),
             x,
             y,
-            text,
-            anchor,
-            big: false,
-            vertical: false,
-        });
+            series: Vec::new(),
+            legend,
+        }
     }
 
-    fn axes(&mut self, xticks: &[(f64, String)], yticks: &[(f64, String)]) {
-        for (f, label) in xticks {
-            let (x, y) = self.at(*f, 0.0);
-            self.shapes.push(Shape::Line {
-                pts: vec![(x, TOP), (x, y)],
-                colour: GRID,
-                width: 1,
-                dashed: false,
-            });
-            self.text(x, y + 16.0, label.clone(), Anchor::Middle);
-        }
-        for (f, label) in yticks {
-            let (x, y) = self.at(0.0, *f);
-            self.shapes.push(Shape::Line {
-                pts: vec![(x, y), (LEFT + self.pw, y)],
-                colour: GRID,
-                width: 1,
-                dashed: false,
-            });
-            self.text(x - 6.0, y + 4.0, label.clone(), Anchor::End);
-        }
-        self.shapes.push(Shape::Rect {
-            x: LEFT,
-            y: TOP,
-            w: self.pw,
-            h: self.ph,
-        });
-    }
-
-    /// A line through points given as fractions of the plot area.
-    fn polyline(&mut self, pts: &[(f64, f64)], colour: &'static str, dashed: bool) {
-        if pts.is_empty() {
-            return;
-        }
-        let pts = pts.iter().map(|(fx, fy)| self.at(*fx, *fy)).collect();
-        self.shapes.push(Shape::Line {
-            pts,
+    fn add(
+        &mut self,
+        points: Vec<(f64, f64)>,
+        colour: RGBColor,
+        style: Style,
+        label: Option<String>,
+    ) {
+        self.series.push(Series {
+            points,
             colour,
-            width: if dashed { 1 } else { 2 },
-            dashed,
-        });
-    }
-
-    fn dot(&mut self, fx: f64, fy: f64, colour: &'static str, title: String) {
-        let (x, y) = self.at(fx, fy);
-        self.shapes.push(Shape::Dot {
-            x,
-            y,
-            colour,
-            title,
-        });
-    }
-
-    /// The next legend entry: a short line (or a dot) and its label, right of the plot.
-    fn legend(&mut self, colour: &'static str, label: &str, dashed: bool) {
-        let x = LEFT + self.pw + 12.0;
-        let y = TOP + 14.0 + 18.0 * self.legends as f64;
-        self.legends += 1;
-        self.shapes.push(Shape::Line {
-            pts: vec![(x, y), (x + 20.0, y)],
-            colour,
-            width: if dashed { 1 } else { 2 },
-            dashed,
-        });
-        self.text(x + 26.0, y + 4.0, label.into(), Anchor::Start);
-    }
-
-    fn legend_dot(&mut self, colour: &'static str, label: &str) {
-        let x = LEFT + self.pw + 12.0;
-        let y = TOP + 14.0 + 18.0 * self.legends as f64;
-        self.legends += 1;
-        self.shapes.push(Shape::Dot {
-            x: x + 10.0,
-            y,
-            colour,
-            title: String::new(),
-        });
-        self.text(x + 26.0, y + 4.0, label.into(), Anchor::Start);
-    }
-
-    /// The plot as a self-contained SVG document.
-    pub fn svg(&self) -> String {
-        let mut s = format!(
-            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{H}\" viewBox=\"0 0 {W} {H}\" font-family=\"sans-serif\" font-size=\"12\">\n\
-<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-        );
-        for shape in &self.shapes {
-            match shape {
-                Shape::Line {
-                    pts,
-                    colour,
-                    width,
-                    dashed,
-                } => {
-                    let mut p = String::new();
-                    for (x, y) in pts {
-                        let _ = write!(p, "{x:.1},{y:.1} ");
-                    }
-                    let _ = writeln!(
-                        s,
-                        "<polyline points=\"{}\" fill=\"none\" stroke=\"{colour}\" stroke-width=\"{width}\"{}/>",
-                        p.trim_end(),
-                        if *dashed {
-                            " stroke-dasharray=\"6,4\""
-                        } else {
-                            ""
-                        }
-                    );
-                }
-                Shape::Rect { x, y, w, h } => {
-                    let _ = writeln!(
-                        s,
-                        "<rect x=\"{x}\" y=\"{y}\" width=\"{w}\" height=\"{h}\" fill=\"none\" stroke=\"black\"/>"
-                    );
-                }
-                Shape::Text {
-                    x,
-                    y,
-                    text,
-                    anchor,
-                    big,
-                    vertical,
-                } => {
-                    let anchor = match anchor {
-                        Anchor::Start => "start",
-                        Anchor::Middle => "middle",
-                        Anchor::End => "end",
-                    };
-                    let size = if *big { " font-size=\"15\"" } else { "" };
-                    if *vertical {
-                        let _ = writeln!(
-                            s,
-                            "<text transform=\"translate({x:.1},{y:.1}) rotate(-90)\" text-anchor=\"{anchor}\"{size}>{}</text>",
-                            esc(text)
-                        );
-                    } else {
-                        let _ = writeln!(
-                            s,
-                            "<text x=\"{x:.1}\" y=\"{y:.1}\" text-anchor=\"{anchor}\"{size}>{}</text>",
-                            esc(text)
-                        );
-                    }
-                }
-                Shape::Dot {
-                    x,
-                    y,
-                    colour,
-                    title,
-                } => {
-                    let _ = writeln!(
-                        s,
-                        "<circle cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"5\" fill=\"{colour}\"><title>{}</title></circle>",
-                        esc(title)
-                    );
-                }
-            }
-        }
-        s.push_str("</svg>\n");
-        s
-    }
-
-    /// The plot as a PNG image (800×480, RGB).
-    pub fn png(&self) -> Result<Vec<u8>, String> {
-        let mut c = Canvas::new(W as u32, H as u32);
-        for shape in &self.shapes {
-            match shape {
-                Shape::Line {
-                    pts,
-                    colour,
-                    width,
-                    dashed,
-                } => {
-                    let style = PrimitiveStyle::with_stroke(rgb(colour), *width);
-                    let segments = if *dashed {
-                        dashes(pts, 6.0, 4.0)
-                    } else {
-                        pts.windows(2).map(|w| (w[0], w[1])).collect()
-                    };
-                    for (a, b) in segments {
-                        let _ = Line::new(point(a), point(b))
-                            .into_styled(style)
-                            .draw(&mut c);
-                    }
-                }
-                Shape::Rect { x, y, w, h } => {
-                    let _ =
-                        Rectangle::new(point((*x, *y)), Size::new(*w as u32 + 1, *h as u32 + 1))
-                            .into_styled(PrimitiveStyle::with_stroke(rgb(BLACK), 1))
-                            .draw(&mut c);
-                }
-                Shape::Text {
-                    x,
-                    y,
-                    text,
-                    anchor,
-                    big,
-                    vertical,
-                } => {
-                    let font = if *big { &FONT_9X15_BOLD } else { &FONT_7X13 };
-                    let text = latin1(text);
-                    if *vertical {
-                        c.vertical_text(&text, font, (*x, *y));
-                    } else {
-                        c.text(&text, font, (*x, *y), *anchor);
-                    }
-                }
-                Shape::Dot { x, y, colour, .. } => {
-                    let _ = Circle::with_center(point((*x, *y)), 10)
-                        .into_styled(PrimitiveStyle::with_fill(rgb(colour)))
-                        .draw(&mut c);
-                }
-            }
-        }
-        c.encode()
-    }
-}
-
-fn point((x, y): (f64, f64)) -> Point {
-    Point::new(x.round() as i32, y.round() as i32)
-}
-
-/// A colour "#rrggbb" (black if malformed: the colours are this module's constants).
-fn rgb(hex: &str) -> Rgb888 {
-    let v = u32::from_str_radix(hex.trim_start_matches('#'), 16).unwrap_or(0);
-    Rgb888::new((v >> 16) as u8, (v >> 8) as u8, v as u8)
-}
-
-/// The text in the bitmap font's character set (ISO 8859-1): a few symbols spelled out.
-fn latin1(s: &str) -> String {
-    s.replace('−', "-").replace('≤', "<=").replace('×', "x")
-}
-
-/// The dashes of a polyline: `on` pixels drawn, `off` skipped, along its whole length.
-fn dashes(pts: &[(f64, f64)], on: f64, off: f64) -> Vec<((f64, f64), (f64, f64))> {
-    let mut out = Vec::new();
-    let mut phase = 0.0; // distance into the current on+off period
-    for w in pts.windows(2) {
-        let ((x0, y0), (x1, y1)) = (w[0], w[1]);
-        let len = ((x1 - x0).powi(2) + (y1 - y0).powi(2)).sqrt();
-        if len <= 0.0 {
-            continue;
-        }
-        let mut d = 0.0;
-        while d < len {
-            let in_on = phase < on;
-            let step = if in_on { on - phase } else { on + off - phase }.min(len - d);
-            if in_on {
-                let a = (x0 + (x1 - x0) * d / len, y0 + (y1 - y0) * d / len);
-                let e = d + step;
-                let b = (x0 + (x1 - x0) * e / len, y0 + (y1 - y0) * e / len);
-                out.push((a, b));
-            }
-            d += step;
-            phase = (phase + step) % (on + off);
-        }
-    }
-    out
-}
-
-/// An RGB pixel buffer that embedded-graphics draws on.
-struct Canvas {
-    w: u32,
-    h: u32,
-    px: Vec<u8>,
-}
-
-impl Canvas {
-    fn new(w: u32, h: u32) -> Canvas {
-        Canvas {
-            w,
-            h,
-            px: vec![255; (w * h * 3) as usize],
-        }
-    }
-
-    fn set(&mut self, x: i32, y: i32, c: Rgb888) {
-        if x >= 0 && y >= 0 && (x as u32) < self.w && (y as u32) < self.h {
-            let i = ((y as u32 * self.w + x as u32) * 3) as usize;
-            self.px[i..i + 3].copy_from_slice(&[c.r(), c.g(), c.b()]);
-        }
-    }
-
-    fn text(&mut self, s: &str, font: &MonoFont<'_>, (x, y): (f64, f64), anchor: Anchor) {
-        let style = TextStyleBuilder::new()
-            .alignment(match anchor {
-                Anchor::Start => Alignment::Left,
-                Anchor::Middle => Alignment::Center,
-                Anchor::End => Alignment::Right,
-            })
-            .baseline(Baseline::Alphabetic)
-            .build();
-        let _ = Text::with_text_style(
-            s,
-            point((x, y)),
-            MonoTextStyle::new(font, rgb(BLACK)),
+            width: 2,
+            alpha: 1.0,
             style,
-        )
-        .draw(self);
+            label,
+        });
     }
 
-    /// Text read bottom to top, centred on (x, y): drawn on a scratch canvas, then turned.
-    fn vertical_text(&mut self, s: &str, font: &MonoFont<'_>, (x, y): (f64, f64)) {
-        let tw = font.character_size.width * s.chars().count() as u32;
-        let th = font.character_size.height;
-        let mut scratch = Canvas::new(tw.max(1), th.max(1));
-        let _ = Text::with_baseline(
-            s,
-            Point::zero(),
-            MonoTextStyle::new(font, rgb(BLACK)),
-            Baseline::Top,
-        )
-        .draw(&mut scratch);
-        let x0 = x.round() as i32 - th as i32 / 2;
-        let y0 = y.round() as i32 + tw as i32 / 2;
-        for ty in 0..th {
-            for tx in 0..tw {
-                let i = ((ty * tw + tx) * 3) as usize;
-                if scratch.px[i] < 128 {
-                    self.set(x0 + ty as i32, y0 - tx as i32, rgb(BLACK));
+    fn line(&mut self, points: Vec<(f64, f64)>, colour: RGBColor, label: &str) {
+        self.add(points, colour, Style::Solid, Some(label.to_string()));
+    }
+
+    /// A dashed horizontal line at value `y` across the chart.
+    fn hline(&mut self, y: f64, colour: RGBColor, label: Option<String>) {
+        self.add(
+            vec![(self.x.lo, y), (self.x.hi, y)],
+            colour,
+            Style::Dashed,
+            label,
+        );
+    }
+
+    /// A dashed vertical line at value `x` up the chart.
+    fn vline(&mut self, x: f64, colour: RGBColor, label: Option<String>) {
+        self.add(
+            vec![(x, self.y.lo), (x, self.y.hi)],
+            colour,
+            Style::Dashed,
+            label,
+        );
+    }
+
+    /// The legend's lines, in order (for tests and for the text output).
+    pub fn legend_entries(&self) -> Vec<&str> {
+        self.series
+            .iter()
+            .filter_map(|s| s.label.as_deref())
+            .collect()
+    }
+
+    fn draw<DB: DrawingBackend>(&self, root: DrawingArea<DB, Shift>) -> Result<(), String> {
+        fonts()?;
+        let err = |e: DrawingAreaErrorKind<DB::ErrorType>| format!("drawing the plot: {e}");
+        root.fill(&WHITE).map_err(err)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(&self.title, (FONT, 18).into_font().style(FontStyle::Bold))
+            .margin(14)
+            .margin_right(34)
+            .x_label_area_size(46)
+            .y_label_area_size(78)
+            .build_cartesian_2d(self.x.coord(), self.y.coord())
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .x_desc(self.x.desc.as_str())
+            .y_desc(self.y.desc.as_str())
+            .x_label_formatter(&|t| self.x.tick_label(*t))
+            .y_label_formatter(&|t| self.y.tick_label(*t))
+            .label_style((FONT, 12))
+            .axis_desc_style((FONT, 14))
+            .bold_line_style(RGBColor(0xcc, 0xcc, 0xcc))
+            .light_line_style(RGBColor(0xee, 0xee, 0xee))
+            .draw()
+            .map_err(err)?;
+        for s in &self.series {
+            let pts: Vec<(f64, f64)> = s
+                .points
+                .iter()
+                .map(|(x, y)| (self.x.t(*x), self.y.t(*y)))
+                .filter(|(x, y)| x.is_finite() && y.is_finite())
+                .collect();
+            let style = ShapeStyle::from(s.colour.mix(s.alpha)).stroke_width(s.width);
+            let anno = match s.style {
+                Style::Solid => {
+                    // A line of one or two points gets marks, so a short run still shows.
+                    let marks = if pts.len() < 3 { 4 } else { 0 };
+                    chart.draw_series(LineSeries::new(pts, style).point_size(marks))
+                }
+                Style::Dashed => chart.draw_series(DashedLineSeries::new(pts, 7, 4, style)),
+                Style::Dots => chart.draw_series(
+                    pts.into_iter()
+                        .map(move |p| Circle::new(p, 4, style.filled())),
+                ),
+            }
+            .map_err(err)?;
+            if let Some(label) = &s.label {
+                let anno = anno.label(label.as_str());
+                match s.style {
+                    Style::Solid => {
+                        anno.legend(move |(x, y)| {
+                            PathElement::new(vec![(x, y), (x + 22, y)], style)
+                        });
+                    }
+                    Style::Dashed => {
+                        anno.legend(move |(x, y)| {
+                            EmptyElement::at((x, y))
+                                + PathElement::new(vec![(0, 0), (7, 0)], style)
+                                + PathElement::new(vec![(11, 0), (18, 0)], style)
+                        });
+                    }
+                    Style::Dots => {
+                        anno.legend(move |(x, y)| Circle::new((x + 11, y), 4, style.filled()));
+                    }
                 }
             }
         }
+        if self.series.iter().any(|s| s.label.is_some()) {
+            chart
+                .configure_series_labels()
+                .position(self.legend.clone())
+                .background_style(WHITE.mix(0.85))
+                .border_style(RGBColor(0x99, 0x99, 0x99))
+                .label_font((FONT, 12))
+                .draw()
+                .map_err(err)?;
+        }
+        root.present().map_err(err)
     }
 
-    fn encode(&self) -> Result<Vec<u8>, String> {
-        let mut out = Vec::new();
+    /// The plot as an SVG document.
+    pub fn svg(&self) -> Result<String, String> {
+        let mut out = String::new();
         {
-            let mut enc = png::Encoder::new(&mut out, self.w, self.h);
-            enc.set_color(png::ColorType::Rgb);
-            enc.set_depth(png::BitDepth::Eight);
-            let mut w = enc.write_header().map_err(|e| format!("png: {e}"))?;
-            w.write_image_data(&self.px)
-                .map_err(|e| format!("png: {e}"))?;
-            w.finish().map_err(|e| format!("png: {e}"))?;
+            let root = SVGBackend::with_string(&mut out, SIZE).into_drawing_area();
+            self.draw(root)?;
         }
+        Ok(out)
+    }
+
+    /// The plot as a PNG image (RGB, [`SIZE`]).
+    pub fn png(&self) -> Result<Vec<u8>, String> {
+        let (w, h) = SIZE;
+        let mut px = vec![0u8; w as usize * h as usize * 3];
+        {
+            let root = BitMapBackend::with_buffer(&mut px, SIZE).into_drawing_area();
+            self.draw(root)?;
+        }
+        let mut out = Vec::new();
+        let mut enc = png::Encoder::new(&mut out, w, h);
+        enc.set_color(png::ColorType::Rgb);
+        enc.set_depth(png::BitDepth::Eight);
+        let mut writer = enc.write_header().map_err(|e| format!("png: {e}"))?;
+        writer
+            .write_image_data(&px)
+            .map_err(|e| format!("png: {e}"))?;
+        writer.finish().map_err(|e| format!("png: {e}"))?;
         Ok(out)
     }
 }
 
-impl OriginDimensions for Canvas {
-    fn size(&self) -> Size {
-        Size::new(self.w, self.h)
-    }
-}
-
-impl DrawTarget for Canvas {
-    type Color = Rgb888;
-    type Error = Infallible;
-
-    fn draw_iter<I>(&mut self, pixels: I) -> Result<(), Infallible>
-    where
-        I: IntoIterator<Item = Pixel<Rgb888>>,
-    {
-        for Pixel(p, c) in pixels {
-            self.set(p.x, p.y, c);
-        }
-        Ok(())
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// The plots
-// ---------------------------------------------------------------------------------------------
-
-/// The percentiles plotted: 0 to 99.999 on a 1/(1−q) scale.
-const NINES: f64 = 5.0;
-
-fn percentile_curve(h: &Histogram<u64>) -> Vec<(f64, f64)> {
-    // x = log10(1/(1−q)) / NINES, sampled densely enough for a smooth line.
-    (0..=200)
-        .map(|i| {
-            let x = NINES * i as f64 / 200.0;
-            let q = 1.0 - 10f64.powf(-x);
-            (x / NINES, h.value_at_quantile(q) as f64 / 1000.0)
+/// The HdrHistogram percentile-distribution plot of several latency histograms (values in
+/// ns), latency on a log axis against percentile on a 1/(1−q) axis, as far out in nines as
+/// the largest histogram has samples for; `slo_us`, if any, as a dashed line.
+pub fn percentiles(title: &str, hists: &[(String, &Histogram<u64>)], slo_us: Option<f64>) -> Plot {
+    let most = hists.iter().map(|(_, h)| h.len()).max().unwrap_or(0).max(1);
+    // Out to the percentile that still has ten samples above it.
+    let nines = (((most as f64).log10() - 1.0).floor() as u32).clamp(2, 6);
+    const PER_NINE: u32 = 40;
+    let curves: Vec<(String, Vec<(f64, f64)>)> = hists
+        .iter()
+        .filter(|(_, h)| !h.is_empty())
+        .map(|(name, h)| {
+            let pts = (0..=nines * PER_NINE)
+                .map(|i| {
+                    let t = i as f64 / PER_NINE as f64;
+                    let q = 1.0 - 10f64.powf(-t);
+                    (t, h.value_at_quantile(q) as f64 / 1000.0)
+                })
+                .collect();
+            (name.clone(), pts)
         })
-        .collect()
+        .collect();
+    let y = Axis::latency(
+        curves.iter().flat_map(|(_, c)| c.iter().map(|p| p.1)),
+        slo_us.unwrap_or(0.0),
+        "latency (log scale)",
+    );
+    let mut f = Plot::new(title, Axis::nines(nines), y, SeriesLabelPosition::UpperLeft);
+    if let Some(slo) = slo_us {
+        f.hline(slo, GREY, Some(format!("SLO {}", latency_label(slo))));
+    }
+    for (i, (name, pts)) in curves.into_iter().enumerate() {
+        f.line(pts, colour(i), &name);
+    }
+    f
 }
 
 /// The latency histograms of a run worth plotting: one per request kind, and the probe's.
@@ -628,118 +585,74 @@ fn histograms(r: &Report) -> Vec<(String, &Histogram<u64>)> {
     out
 }
 
-/// The percentile-distribution plot of a run.
+/// The percentile-distribution plot of a run, one line per request kind.
 pub fn latency(r: &Report) -> Plot {
-    let curves: Vec<(String, Vec<(f64, f64)>)> = histograms(r)
-        .into_iter()
-        .map(|(n, h)| (n, percentile_curve(h)))
-        .collect();
-    let ymax_data = curves
-        .iter()
-        .flat_map(|(_, c)| c.iter().map(|p| p.1))
-        .fold(0.0f64, f64::max);
-    let y = Scale::linear(ymax_data.max(r.slo_us * 1.1));
-    let mut f = Plot::new("Latency by percentile", "percentile", "latency (µs)");
-    let xticks: Vec<(f64, String)> = [
-        (0.0, "0%"),
-        (1.0, "90%"),
-        (2.0, "99%"),
-        (3.0, "99.9%"),
-        (4.0, "99.99%"),
-        (5.0, "99.999%"),
-    ]
-    .iter()
-    .map(|(x, l)| (x / NINES, l.to_string()))
-    .collect();
-    f.axes(&xticks, &y.ticks());
-    let slo = y.frac(r.slo_us);
-    f.polyline(&[(0.0, slo), (1.0, slo)], GREY, true);
-    f.legend(GREY, &format!("SLO {} µs", r.slo_us), true);
-    for (i, (name, c)) in curves.iter().enumerate() {
-        let colour = COLOURS[i % COLOURS.len()];
-        let pts: Vec<(f64, f64)> = c.iter().map(|(x, v)| (*x, y.frac(*v))).collect();
-        f.polyline(&pts, colour, false);
-        f.legend(colour, name, false);
-    }
-    f
+    percentiles("Latency by percentile", &histograms(r), Some(r.slo_us))
 }
 
 /// The latency CDF of a run: the fraction of requests answered within each latency, one line
 /// per request kind, latency on a log axis.
 pub fn cdf(r: &Report) -> Plot {
     let hs = histograms(r);
-    let (lo, hi) = hs.iter().fold((f64::MAX, 0.0f64), |(lo, hi), (_, h)| {
-        (
-            lo.min(h.min().max(1) as f64 / 1000.0),
-            hi.max(h.max() as f64 / 1000.0),
-        )
-    });
-    let x = if hi > 0.0 {
-        Scale::log(lo, hi.max(r.slo_us))
-    } else {
-        Scale::log(1.0, r.slo_us.max(10.0))
-    };
-    let mut f = Plot::new(
-        "Latency CDF",
-        "latency (µs, log scale)",
-        "fraction of requests",
+    let x = Axis::latency(
+        hs.iter()
+            .flat_map(|(_, h)| [h.min().max(1) as f64 / 1000.0, h.max() as f64 / 1000.0]),
+        r.slo_us,
+        "latency (log scale)",
     );
-    let yticks: Vec<(f64, String)> = (0..=5)
-        .map(|i| (i as f64 / 5.0, label(i as f64 / 5.0)))
-        .collect();
-    f.axes(&x.ticks(), &yticks);
-    let slo = x.frac(r.slo_us);
-    f.polyline(&[(slo, 0.0), (slo, 1.0)], GREY, true);
-    f.legend(GREY, &format!("SLO {} µs", r.slo_us), true);
+    let y = Axis::linear(1.0, Unit::Plain, "fraction of requests");
+    let mut f = Plot::new("Latency CDF", x, y, SeriesLabelPosition::LowerRight);
+    f.vline(
+        r.slo_us,
+        GREY,
+        Some(format!("SLO {}", latency_label(r.slo_us))),
+    );
     for (i, (name, h)) in hs.iter().enumerate() {
-        let colour = COLOURS[i % COLOURS.len()];
         // Quantiles evenly spaced in q, then the tail on the 1/(1−q) scale.
         let mut pts: Vec<(f64, f64)> = (0..=100)
             .map(|i| i as f64 / 100.0)
             .chain((1..=40).map(|i| 1.0 - 10f64.powf(-2.0 - 4.0 * i as f64 / 40.0)))
-            .map(|q| (x.frac(h.value_at_quantile(q) as f64 / 1000.0), q))
+            .map(|q| (h.value_at_quantile(q).max(1) as f64 / 1000.0, q))
             .collect();
         pts.sort_by(|a, b| a.1.total_cmp(&b.1));
-        f.polyline(&pts, colour, false);
-        f.legend(colour, name, false);
+        f.line(pts, colour(i), name);
     }
     f
 }
 
 /// Completions per second over a run (warm-up and drain included).
 pub fn timeline(r: &Report) -> Plot {
-    let x = Scale::linear(r.timeline.iter().map(|p| p.t).fold(1.0f64, f64::max));
-    let y = Scale::linear(
+    let x = Axis::linear(
+        r.timeline.iter().map(|p| p.t).fold(1.0f64, f64::max),
+        Unit::Seconds,
+        "time",
+    );
+    let y = Axis::linear(
         r.timeline
             .iter()
             .map(|p| p.completed as f64)
             .fold(r.target_rate.unwrap_or(1.0) * 1.1, f64::max),
+        Unit::Count,
+        "requests completed per second",
     );
     let mut f = Plot::new(
         "Throughput over time",
-        "time (s)",
-        "requests completed per second",
+        x,
+        y,
+        SeriesLabelPosition::LowerRight,
     );
-    f.axes(&x.ticks(), &y.ticks());
     if let Some(rate) = r.target_rate {
-        f.polyline(&[(0.0, y.frac(rate)), (1.0, y.frac(rate))], GREY, true);
-        f.legend(GREY, "target", true);
+        f.hline(rate, GREY, Some(format!("target {}/s", count_label(rate))));
     }
-    let pts: Vec<(f64, f64)> = r
+    let pts = r
         .timeline
         .iter()
-        .map(|p| (x.frac(p.t), y.frac(p.completed as f64)))
+        .map(|p| (p.t, p.completed as f64))
         .collect();
-    f.polyline(&pts, COLOURS[0], false);
-    f.legend(COLOURS[0], "completed/s", false);
+    f.line(pts, colour(0), "completed/s");
     if r.timeline.iter().any(|p| p.errors > 0) {
-        let pts: Vec<(f64, f64)> = r
-            .timeline
-            .iter()
-            .map(|p| (x.frac(p.t), y.frac(p.errors as f64)))
-            .collect();
-        f.polyline(&pts, COLOURS[1], false);
-        f.legend(COLOURS[1], "errors/s", false);
+        let pts = r.timeline.iter().map(|p| (p.t, p.errors as f64)).collect();
+        f.line(pts, colour(1), "errors/s");
     }
     f
 }
@@ -747,90 +660,101 @@ pub fn timeline(r: &Report) -> Plot {
 /// p50 and p99 latency of the requests completed in each interval of a run.
 pub fn latency_timeline(r: &Report) -> Plot {
     let pts = r.latency_timeline();
-    let x = Scale::linear(pts.iter().map(|p| p.t).fold(1.0f64, f64::max));
-    let y = Scale::linear(pts.iter().map(|p| p.p99_us).fold(r.slo_us * 1.1, f64::max));
+    let x = Axis::linear(
+        pts.iter().map(|p| p.t).fold(1.0f64, f64::max),
+        Unit::Seconds,
+        "time",
+    );
+    let y = Axis::latency(
+        pts.iter().flat_map(|p| [p.p50_us, p.p99_us]),
+        r.slo_us,
+        "latency (log scale)",
+    );
     let mut f = Plot::new(
         &format!(
             "Latency over time (per {} s)",
-            label(r.stats.interval_ns as f64 / 1e9)
+            num(r.stats.interval_ns as f64 / 1e9)
         ),
-        "time (s)",
-        "latency (µs)",
+        x,
+        y,
+        SeriesLabelPosition::UpperRight,
     );
-    f.axes(&x.ticks(), &y.ticks());
-    let slo = y.frac(r.slo_us);
-    f.polyline(&[(0.0, slo), (1.0, slo)], GREY, true);
-    f.legend(GREY, &format!("SLO {} µs", r.slo_us), true);
-    for (i, (name, get)) in [
-        (
-            "p99",
-            (|p| p.p99_us) as fn(&crate::stats::LatencyPoint) -> f64,
-        ),
-        ("p50", |p| p.p50_us),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let line: Vec<(f64, f64)> = pts.iter().map(|p| (x.frac(p.t), y.frac(get(p)))).collect();
-        f.polyline(&line, COLOURS[i], false);
-        f.legend(COLOURS[i], name, false);
-    }
+    f.hline(
+        r.slo_us,
+        GREY,
+        Some(format!("SLO {}", latency_label(r.slo_us))),
+    );
+    f.line(
+        pts.iter().map(|p| (p.t, p.p99_us)).collect(),
+        colour(0),
+        "p99",
+    );
+    f.line(
+        pts.iter().map(|p| (p.t, p.p50_us)).collect(),
+        colour(1),
+        "p50",
+    );
     f
 }
 
-/// The capacity search: metric against offered rate.
+/// The capacity search: the objective's metric against the offered rate, steps in rate order
+/// (not the order the bisection tried them), passes and failures marked.
 pub fn capacity(c: &Capacity) -> Plot {
-    let x = Scale::linear(c.steps.iter().map(|s| s.rate).fold(1.0f64, f64::max));
     let limit_us = c.target.limit.as_secs_f64() * 1e6;
-    let y = Scale::linear(
-        c.steps
-            .iter()
-            .map(|s| s.metric_us)
-            .fold(limit_us * 1.2, f64::max),
+    let mut steps: Vec<_> = c.steps.iter().collect();
+    steps.sort_by(|a, b| a.rate.total_cmp(&b.rate));
+    let x = Axis::linear(
+        steps.iter().map(|s| s.rate).fold(1.0f64, f64::max),
+        Unit::Count,
+        "offered load (requests/s)",
+    );
+    let y = Axis::latency(
+        steps.iter().map(|s| s.metric_us),
+        limit_us,
+        &format!("{} latency (log scale)", c.target.metric.name()),
     );
     let mut f = Plot::new(
         &format!(
-            "Capacity search: {} req/s at {}",
-            c.capacity.round(),
+            "Capacity search: {}/s at {}",
+            count_label(c.capacity.round()),
             c.target.describe()
         ),
-        "offered load (requests/s)",
-        &format!("{} latency (µs)", c.target.metric.name()),
+        x,
+        y,
+        SeriesLabelPosition::UpperLeft,
     );
-    f.axes(&x.ticks(), &y.ticks());
-    let slo = y.frac(limit_us);
-    f.polyline(&[(0.0, slo), (1.0, slo)], GREY, true);
-    f.legend(GREY, "SLO", true);
-    let mut steps: Vec<_> = c.steps.iter().collect();
-    steps.sort_by(|a, b| a.rate.total_cmp(&b.rate));
-    let pts: Vec<(f64, f64)> = steps
-        .iter()
-        .map(|s| (x.frac(s.rate), y.frac(s.metric_us)))
-        .collect();
-    f.polyline(&pts, COLOURS[0], false);
-    for s in &steps {
-        f.dot(
-            x.frac(s.rate),
-            y.frac(s.metric_us),
-            if s.pass { PASS } else { FAIL },
-            format!(
-                "{:.0} req/s: {:.1} µs {}",
-                s.rate,
-                s.metric_us,
-                if s.pass { "pass" } else { "fail" }
-            ),
-        );
+    f.hline(
+        limit_us,
+        GREY,
+        Some(format!("SLO {}", latency_label(limit_us))),
+    );
+    f.add(
+        steps.iter().map(|s| (s.rate, s.metric_us)).collect(),
+        colour(0),
+        Style::Solid,
+        None,
+    );
+    for (pass, colour, name) in [(true, PASS, "pass"), (false, FAIL, "fail")] {
+        let pts: Vec<(f64, f64)> = steps
+            .iter()
+            .filter(|s| s.pass == pass)
+            .map(|s| (s.rate, s.metric_us))
+            .collect();
+        if !pts.is_empty() {
+            f.add(pts, colour, Style::Dots, Some(name.into()));
+        }
     }
-    f.legend_dot(PASS, "pass");
-    f.legend_dot(FAIL, "fail");
     if c.capacity > 0.0 {
-        let fx = x.frac(c.capacity);
-        f.polyline(&[(fx, 0.0), (fx, 1.0)], PASS, true);
+        f.vline(
+            c.capacity,
+            PASS,
+            Some(format!("capacity {}/s", count_label(c.capacity.round()))),
+        );
     }
     f
 }
 
-/// Points (achieved requests/s, latencies) sorted by throughput.
+/// Points (achieved requests/s, latencies) in throughput order.
 fn sorted(points: &[(f64, Latencies)]) -> Vec<(f64, Latencies)> {
     let mut v: Vec<(f64, Latencies)> = points
         .iter()
@@ -851,19 +775,6 @@ const PERCENTILES: [(&str, Pick); 5] = [
     ("mean", |l| l.mean_us),
 ];
 
-/// Latency bounds (µs) over some points and metrics, for a log axis.
-fn latency_bounds<'a>(
-    pts: impl Iterator<Item = &'a (f64, Latencies)>,
-    picks: &[Pick],
-    slo_us: f64,
-) -> Scale {
-    let (lo, hi) = pts
-        .flat_map(|(_, l)| picks.iter().map(move |p| p(l)))
-        .filter(|v| *v > 0.0 && v.is_finite())
-        .fold((slo_us, slo_us), |(lo, hi), v| (lo.min(v), hi.max(v)));
-    Scale::log(lo, hi)
-}
-
 /// Latency percentiles against achieved throughput, from a capacity search's steps.
 pub fn capacity_curve(c: &Capacity) -> Plot {
     let pts = sorted(
@@ -873,97 +784,167 @@ pub fn capacity_curve(c: &Capacity) -> Plot {
             .collect::<Vec<_>>(),
     );
     let limit_us = c.target.limit.as_secs_f64() * 1e6;
-    let x = Scale::linear(pts.iter().map(|p| p.0).fold(1.0f64, f64::max));
-    let picks: Vec<Pick> = PERCENTILES.iter().map(|p| p.1).collect();
-    let y = latency_bounds(pts.iter(), &picks, limit_us);
+    let x = Axis::linear(
+        pts.iter().map(|p| p.0).fold(1.0f64, f64::max),
+        Unit::Count,
+        "achieved throughput (requests/s)",
+    );
+    let y = Axis::latency(
+        pts.iter()
+            .flat_map(|(_, l)| PERCENTILES.iter().map(move |(_, p)| p(l))),
+        limit_us,
+        "latency (log scale)",
+    );
     let mut f = Plot::new(
         &format!(
-            "Latency vs throughput (capacity {} req/s at {})",
-            c.capacity.round(),
+            "Latency vs throughput (capacity {}/s at {})",
+            count_label(c.capacity.round()),
             c.target.describe()
         ),
-        "achieved throughput (requests/s)",
-        "latency (µs, log scale)",
+        x,
+        y,
+        SeriesLabelPosition::UpperLeft,
     );
-    f.axes(&x.ticks(), &y.ticks());
-    let slo = y.frac(limit_us);
-    f.polyline(&[(0.0, slo), (1.0, slo)], GREY, true);
-    f.legend(GREY, "SLO", true);
+    f.hline(
+        limit_us,
+        GREY,
+        Some(format!("SLO {}", latency_label(limit_us))),
+    );
     for (i, (name, pick)) in PERCENTILES.iter().enumerate() {
-        let colour = COLOURS[i % COLOURS.len()];
-        let line: Vec<(f64, f64)> = pts
-            .iter()
-            .map(|(a, l)| (x.frac(*a), y.frac(pick(l))))
-            .collect();
-        f.polyline(&line, colour, false);
-        f.legend(colour, name, false);
+        f.line(
+            pts.iter().map(|(a, l)| (*a, pick(l))).collect(),
+            colour(i),
+            name,
+        );
     }
     f
 }
 
-/// One server's curve for [`compare`]: its label, (achieved requests/s, latencies) points
-/// and the capacities found, as (objective, requests/s).
+/// The median of `v` (the mean of the middle two for an even count); 0 for none.
+pub fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    match s.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => s[n / 2],
+        n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
+    }
+}
+
+/// One server's searches for [`compare`]: its label; per search, the (achieved requests/s,
+/// latencies) of its steps and the capacity found as (objective, requests/s).
 #[derive(Debug, Clone, Default)]
 pub struct Curve {
     pub label: String,
-    pub points: Vec<(f64, Latencies)>,
+    pub searches: Vec<Vec<(f64, Latencies)>>,
     pub capacities: Vec<(String, f64)>,
     pub slo_us: Option<f64>,
 }
 
-/// Several servers' p99 (solid) and mean (dashed) latency against achieved throughput.
+impl Curve {
+    /// The legend line: the label and the median capacity per objective.
+    fn legend(&self) -> String {
+        let mut objectives: Vec<&str> = Vec::new();
+        for (o, _) in &self.capacities {
+            if !objectives.contains(&o.as_str()) {
+                objectives.push(o);
+            }
+        }
+        let caps: Vec<String> = objectives
+            .iter()
+            .map(|o| {
+                let v: Vec<f64> = self
+                    .capacities
+                    .iter()
+                    .filter(|(p, _)| p == o)
+                    .map(|(_, c)| *c)
+                    .collect();
+                let n = if v.len() > 1 {
+                    format!(", median of {}", v.len())
+                } else {
+                    String::new()
+                };
+                format!("{}/s at {o}{n}", count_label(median(&v).round()))
+            })
+            .collect();
+        if caps.is_empty() {
+            self.label.clone()
+        } else {
+            format!("{}: {}", self.label, caps.join("; "))
+        }
+    }
+
+    /// The search whose capacity is the median (the lower middle one for an even count).
+    pub fn median_search(&self) -> Option<usize> {
+        let mut order: Vec<usize> = (0..self.searches.len()).collect();
+        let cap = |i: usize| self.capacities.get(i).map_or(0.0, |c| c.1);
+        order.sort_by(|a, b| cap(*a).total_cmp(&cap(*b)));
+        order.get(order.len().saturating_sub(1) / 2).copied()
+    }
+}
+
+/// Several servers' p99 (solid) and mean (dashed) latency against achieved throughput: one
+/// line per search, the median search of each server drawn bold, one legend entry per server.
 pub fn compare(curves: &[Curve]) -> Plot {
-    let sorted_curves: Vec<(&Curve, Vec<(f64, Latencies)>)> =
-        curves.iter().map(|c| (c, sorted(&c.points))).collect();
-    let slo_us = curves.iter().find_map(|c| c.slo_us).unwrap_or(1000.0);
-    let x = Scale::linear(
+    let sorted_curves: Vec<(&Curve, Vec<Vec<(f64, Latencies)>>)> = curves
+        .iter()
+        .map(|c| (c, c.searches.iter().map(|s| sorted(s)).collect()))
+        .collect();
+    let all = || {
         sorted_curves
             .iter()
-            .flat_map(|(_, p)| p.iter().map(|q| q.0))
-            .fold(1.0f64, f64::max),
+            .flat_map(|(_, s)| s.iter().flat_map(|p| p.iter()))
+    };
+    let slo_us = curves.iter().find_map(|c| c.slo_us).unwrap_or(1000.0);
+    let x = Axis::linear(
+        all().map(|q| q.0).fold(1.0f64, f64::max),
+        Unit::Count,
+        "achieved throughput (requests/s)",
     );
-    let picks: [Pick; 2] = [|l| l.p99_us, |l| l.mean_us];
-    let y = latency_bounds(
-        sorted_curves.iter().flat_map(|(_, p)| p.iter()),
-        &picks,
+    let y = Axis::latency(
+        all().flat_map(|(_, l)| [l.p99_us, l.mean_us]),
         slo_us,
+        "latency (log scale)",
     );
     let mut f = Plot::new(
         "Latency vs throughput: p99 (solid), mean (dashed)",
-        "achieved throughput (requests/s)",
-        "latency (µs, log scale)",
+        x,
+        y,
+        SeriesLabelPosition::UpperLeft,
     );
-    f.axes(&x.ticks(), &y.ticks());
-    let slo = y.frac(slo_us);
-    f.polyline(&[(0.0, slo), (1.0, slo)], GREY, true);
-    f.legend(GREY, &format!("SLO {} µs", label(slo_us)), true);
-    for (i, (c, pts)) in sorted_curves.iter().enumerate() {
-        let colour = COLOURS[i % COLOURS.len()];
-        for (pick, dashed) in [(picks[0], false), (picks[1], true)] {
-            let line: Vec<(f64, f64)> = pts
-                .iter()
-                .map(|(a, l)| (x.frac(*a), y.frac(pick(l))))
-                .collect();
-            f.polyline(&line, colour, dashed);
+    f.hline(slo_us, GREY, Some(format!("SLO {}", latency_label(slo_us))));
+    for (i, (c, searches)) in sorted_curves.iter().enumerate() {
+        let bold = c.median_search();
+        for (j, pts) in searches.iter().enumerate() {
+            let (width, alpha) = if Some(j) == bold { (2, 1.0) } else { (1, 0.45) };
+            for (pick, style) in [
+                ((|l| l.p99_us) as Pick, Style::Solid),
+                (|l| l.mean_us, Style::Dashed),
+            ] {
+                f.series.push(Series {
+                    points: pts.iter().map(|(a, l)| (*a, pick(l))).collect(),
+                    colour: colour(i),
+                    width,
+                    alpha,
+                    style,
+                    label: None,
+                });
+            }
         }
-        for (a, l) in pts {
-            f.dot(
-                x.frac(*a),
-                y.frac(l.p99_us),
-                colour,
-                format!("{}: {a:.0} req/s, p99 {:.1} µs", c.label, l.p99_us),
-            );
-        }
-        f.legend(colour, &c.label, false);
-        for (slo, cap) in &c.capacities {
-            f.legend(colour, &format!(" {slo}: {cap:.0}/s"), true);
-        }
+        f.series.push(Series {
+            points: vec![],
+            colour: colour(i),
+            width: 2,
+            alpha: 1.0,
+            style: Style::Solid,
+            label: Some(c.legend()),
+        });
     }
     f
 }
 
-/// Add a capacity search's JSON report (`kvblast capacity --json`) to `curve`: its steps
-/// become points, its capacity an entry of the legend. Malformed input is an error.
+/// Add a capacity search's JSON report (`kvblast capacity --json`) to `curve` as one more
+/// search: its steps and its capacity. Malformed input is an error.
 pub fn add_capacity_json(curve: &mut Curve, text: &str) -> Result<(), String> {
     let v: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
     let steps = v
@@ -975,8 +956,9 @@ pub fn add_capacity_json(curve: &mut Curve, text: &str) -> Result<(), String> {
             format!("a step has no {k:?} (reports from before kvblast 0.1's plots lack it)")
         })
     };
+    let mut search = Vec::with_capacity(steps.len());
     for s in steps {
-        curve.points.push((
+        search.push((
             num(s, "achieved")?,
             Latencies {
                 mean_us: num(s, "mean_us")?,
@@ -988,9 +970,9 @@ pub fn add_capacity_json(curve: &mut Curve, text: &str) -> Result<(), String> {
         ));
     }
     let slo = v.get("slo").and_then(|s| s.as_str()).unwrap_or("?");
-    if let Some(cap) = v.get("capacity").and_then(|c| c.as_f64()) {
-        curve.capacities.push((slo.to_string(), cap));
-    }
+    let cap = v.get("capacity").and_then(|c| c.as_f64()).unwrap_or(0.0);
+    curve.searches.push(search);
+    curve.capacities.push((slo.to_string(), cap));
     if curve.slo_us.is_none() {
         // "p99<=1ms" and the like: the limit after "<=".
         curve.slo_us = slo
@@ -1001,25 +983,44 @@ pub fn add_capacity_json(curve: &mut Curve, text: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// SVG of [`latency`].
-pub fn latency_svg(r: &Report) -> String {
-    latency(r).svg()
-}
-
-/// SVG of [`timeline`].
-pub fn timeline_svg(r: &Report) -> String {
-    timeline(r).svg()
-}
-
-/// SVG of [`capacity`].
-pub fn capacity_svg(c: &Capacity) -> String {
-    capacity(c).svg()
+/// The latency histograms in an HdrHistogram interval log (`kvblast run --hdr-log`, or any
+/// tool's), one per tag (untagged ones as "all"), intervals of a tag added together.
+pub fn read_hdr_log(bytes: &[u8]) -> Result<Vec<(String, Histogram<u64>)>, String> {
+    use base64::Engine as _;
+    use hdrhistogram::serialization::interval_log::{IntervalLogIterator, LogEntry};
+    use hdrhistogram::serialization::Deserializer;
+    let mut out: Vec<(String, Histogram<u64>)> = Vec::new();
+    let mut de = Deserializer::new();
+    for (n, entry) in IntervalLogIterator::new(bytes).enumerate() {
+        let entry = entry
+            .map_err(|e| format!("not an HdrHistogram interval log (entry {}: {e:?})", n + 1))?;
+        let LogEntry::Interval(ilh) = entry else {
+            continue;
+        };
+        let raw = base64::engine::general_purpose::STANDARD
+            .decode(ilh.encoded_histogram())
+            .map_err(|e| format!("interval {}: bad base64: {e}", n + 1))?;
+        let h: Histogram<u64> = de
+            .deserialize(&mut raw.as_slice())
+            .map_err(|e| format!("interval {}: bad histogram: {e:?}", n + 1))?;
+        let tag = ilh.tag().map_or("all", |t| t.as_str()).to_string();
+        match out.iter_mut().find(|(t, _)| *t == tag) {
+            Some((_, acc)) => acc
+                .add(&h)
+                .map_err(|e| format!("interval {}: {e:?}", n + 1))?,
+            None => out.push((tag, h)),
+        }
+    }
+    if out.is_empty() {
+        return Err("no histograms in it (an HdrHistogram interval log was expected)".into());
+    }
+    Ok(out)
 }
 
 /// Write a plot as `PREFIX-NAME.svg` and `PREFIX-NAME.png`; returns the files written.
 pub fn write_both(prefix: &str, name: &str, p: &Plot) -> Result<Vec<String>, String> {
     let svg = format!("{prefix}-{name}.svg");
-    std::fs::write(&svg, p.svg()).map_err(|e| format!("{svg}: {e}"))?;
+    std::fs::write(&svg, p.svg()?).map_err(|e| format!("{svg}: {e}"))?;
     let png = format!("{prefix}-{name}.png");
     std::fs::write(&png, p.png()?).map_err(|e| format!("{png}: {e}"))?;
     Ok(vec![svg, png])
@@ -1028,7 +1029,7 @@ pub fn write_both(prefix: &str, name: &str, p: &Plot) -> Result<Vec<String>, Str
 /// Write a plot to `path`, as PNG or SVG by its extension.
 pub fn write_one(path: &str, p: &Plot) -> Result<(), String> {
     let bytes = if path.ends_with(".svg") {
-        p.svg().into_bytes()
+        p.svg()?.into_bytes()
     } else if path.ends_with(".png") {
         p.png()?
     } else {
@@ -1043,17 +1044,40 @@ mod tests {
     use crate::stats::Stats;
 
     #[test]
-    fn nice_bounds() {
-        assert_eq!(nice_ceil(0.0), 1.0);
-        assert_eq!(nice_ceil(3.0), 5.0);
-        assert_eq!(nice_ceil(1000.0), 1000.0);
-        assert_eq!(nice_ceil(1001.0), 2000.0);
-        let s = Scale::log(35.0, 2500.0);
-        assert_eq!((s.lo, s.hi), (10.0, 10_000.0));
-        assert!((s.frac(100.0) - 1.0 / 3.0).abs() < 1e-9);
-        assert_eq!(s.ticks().len(), 4);
-        assert_eq!(label(0.2), "0.2");
-        assert_eq!(label(20000.0), "20000");
+    fn axes_have_nice_bounds_and_ticks() {
+        let a = Axis::linear(1001.0, Unit::Count, "");
+        assert_eq!((a.lo, a.hi, a.step), (0.0, 1200.0, 200.0));
+        assert_eq!(a.ticks().0.len(), 7);
+        let a = Axis::linear(0.0, Unit::Plain, "");
+        assert_eq!(a.hi, 1.0);
+        let l = Axis::log(35.0, 2500.0, Unit::Micros, "");
+        assert_eq!((l.lo, l.hi), (10.0, 10_000.0));
+        let (bold, light) = l.ticks();
+        assert_eq!(bold, vec![1.0, 2.0, 3.0, 4.0]);
+        assert_eq!(light.len(), 3 * 8);
+        let labels: Vec<String> = bold.iter().map(|t| l.tick_label(*t)).collect();
+        assert_eq!(labels, ["10 µs", "100 µs", "1 ms", "10 ms"]);
+        let n = Axis::nines(3);
+        let labels: Vec<String> = n.ticks().0.iter().map(|t| n.tick_label(*t)).collect();
+        assert_eq!(labels, ["0%", "90%", "99%", "99.9%"]);
+    }
+
+    #[test]
+    fn labels_read_as_people_write_them() {
+        assert_eq!(latency_label(250.0), "250 µs");
+        assert_eq!(latency_label(1500.0), "1.5 ms");
+        assert_eq!(latency_label(2e6), "2 s");
+        assert_eq!(latency_label(0.1), "0.1 µs");
+        assert_eq!(count_label(800.0), "800");
+        assert_eq!(count_label(20_000.0), "20k");
+        assert_eq!(count_label(1_500_000.0), "1.5M");
+        assert_eq!(count_label(194_062.0), "194k");
+        assert_eq!(count_label(1_234_567.0), "1.23M");
+        assert_eq!(count_label(0.0), "0");
+        assert_eq!(nines_label(5.0), "99.999%");
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0]), 2.5);
+        assert_eq!(median(&[]), 0.0);
     }
 
     fn report() -> Report {
@@ -1087,58 +1111,136 @@ mod tests {
         }
     }
 
-    #[test]
-    fn latency_plot_has_a_line_per_kind() {
-        let svg = latency_svg(&report());
-        assert!(svg.starts_with("<svg"));
-        assert!(svg.trim_end().ends_with("</svg>"));
-        // Five grid lines each way, the SLO and its legend, and a line + legend per kind.
-        assert_eq!(svg.matches("stroke-width=\"2\"").count(), 4);
-        assert_eq!(svg.matches("stroke-dasharray").count(), 2);
-        assert!(svg.contains(">get<") && svg.contains(">set<"));
+    /// The text elements of an SVG document.
+    fn texts(svg: &str) -> Vec<String> {
+        svg.split("<text")
+            .skip(1)
+            .filter_map(|t| t.split_once('>'))
+            .filter_map(|(_, rest)| rest.split_once("</text>"))
+            .map(|(text, _)| text.trim().to_string())
+            .collect()
     }
 
     #[test]
-    fn plots_render_as_png() {
-        let r = report();
-        let blank = Canvas::new(W as u32, H as u32)
-            .encode()
-            .unwrap_or_else(|e| panic!("{e}"));
-        for p in [latency(&r), cdf(&r), timeline(&r), latency_timeline(&r)] {
-            let png = p.png().unwrap_or_else(|e| panic!("{e}"));
-            assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
-            // IHDR: 800 × 480.
-            assert_eq!(&png[16..24], &[0, 0, 3, 32, 0, 0, 1, 224]);
-            // Not a blank page: the image compresses to more than a white one does.
-            assert!(
-                png.len() > blank.len() + 1000,
-                "{} {}",
-                png.len(),
-                blank.len()
-            );
+    fn latency_plot_has_a_line_per_kind_and_the_slo() {
+        let p = latency(&report());
+        assert_eq!(p.legend_entries(), ["SLO 1 ms", "get", "set"]);
+        // 999 samples: percentiles out to 99% (ten samples above it).
+        assert_eq!(p.x.hi, 2.0);
+        let svg = p.svg().unwrap_or_else(|e| panic!("{e}"));
+        assert!(svg.starts_with("<svg"), "{svg}");
+        assert!(svg.trim_end().ends_with("</svg>"));
+        let texts = texts(&svg);
+        for text in [
+            "get",
+            "set",
+            "99%",
+            "1 ms",
+            "SLO 1 ms",
+            "Latency by percentile",
+        ] {
+            assert!(texts.iter().any(|t| t == text), "{text} missing: {texts:?}");
         }
     }
 
-    #[test]
-    fn dashes_cover_about_the_on_fraction() {
-        let d = dashes(&[(0.0, 0.0), (100.0, 0.0)], 6.0, 4.0);
-        let drawn: f64 = d.iter().map(|(a, b)| b.0 - a.0).sum();
-        assert!((drawn - 60.0).abs() < 1e-9, "{drawn}");
-        assert_eq!(d.len(), 10);
+    fn dark_pixels(png: &[u8]) -> usize {
+        let mut dec = png::Decoder::new(std::io::Cursor::new(png))
+            .read_info()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut buf = vec![0; dec.output_buffer_size().unwrap_or(0)];
+        let info = dec.next_frame(&mut buf).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((info.width, info.height), SIZE);
+        buf.chunks(3).filter(|p| p.iter().all(|&c| c < 100)).count()
     }
 
     #[test]
-    fn text_is_drawn_in_the_png() {
-        // A title alone darkens pixels of the title row; an empty one does not.
-        let count_dark = |title: &str| {
-            let p = Plot::new(title, "", "");
-            let mut c = Canvas::new(W as u32, H as u32);
-            if let Some(Shape::Text { text, .. }) = p.shapes.first() {
-                c.text(text, &FONT_9X15_BOLD, (300.0, 24.0), Anchor::Middle);
-            }
-            c.px.iter().filter(|&&b| b < 128).count()
+    fn plots_render_as_png_with_text() {
+        let r = report();
+        for p in [latency(&r), cdf(&r), timeline(&r), latency_timeline(&r)] {
+            let png = p.png().unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+            // Axes, tick labels and the title are dark; a blank page has none.
+            assert!(dark_pixels(&png) > 1000, "{}", p.title);
+        }
+        // Text is rasterized: a longer title darkens more pixels.
+        let short = Plot::new(
+            "a",
+            Axis::nines(2),
+            Axis::nines(2),
+            SeriesLabelPosition::UpperLeft,
+        );
+        let mut long = short.clone();
+        long.title = "Latency by percentile, µs".into();
+        let count = |p: &Plot| dark_pixels(&p.png().unwrap_or_else(|e| panic!("{e}")));
+        assert!(count(&long) > count(&short) + 200);
+    }
+
+    fn capacity_json(slo: &str, cap: f64, scale: f64) -> String {
+        let steps: Vec<String> = [(3.0, 10.0), (1.0, 5.0), (2.0, 8.0)]
+            .iter()
+            .map(|(a, p)| {
+                format!(
+                    r#"{{"achieved": {}, "mean_us": {}, "p50_us": 1, "p99_us": {}, "p999_us": 1, "max_us": 1}}"#,
+                    a * scale,
+                    p / 2.0,
+                    p
+                )
+            })
+            .collect();
+        format!(
+            r#"{{"slo": "{slo}", "capacity": {cap}, "steps": [{}]}}"#,
+            steps.join(",")
+        )
+    }
+
+    #[test]
+    fn compare_has_a_legend_line_per_server_and_lines_in_throughput_order() {
+        let mut one = Curve {
+            label: "one".into(),
+            ..Default::default()
         };
-        assert_eq!(count_dark(""), 0);
-        assert!(count_dark("Latency µs") > 50);
+        let mut two = Curve {
+            label: "two".into(),
+            ..Default::default()
+        };
+        for (cap, scale) in [(30e3, 1e4), (10e3, 0.9e4), (20e3, 1.1e4)] {
+            add_capacity_json(&mut one, &capacity_json("p99<=20us", cap, scale))
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        add_capacity_json(&mut two, &capacity_json("p99<=20us", 5e5, 1e5))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(one.median_search(), Some(2));
+        let p = compare(&[one, two]);
+        assert_eq!(
+            p.legend_entries(),
+            [
+                "SLO 20 µs",
+                "one: 20k/s at p99<=20us, median of 3",
+                "two: 500k/s at p99<=20us"
+            ]
+        );
+        // Two lines per search, one SLO line and a legend entry per server.
+        assert_eq!(p.series.len(), 1 + 2 * 3 + 1 + 2 + 1);
+        let line = &p.series[1].points;
+        assert!(line.windows(2).all(|w| w[0].0 <= w[1].0), "{line:?}");
+        let svg = p.svg().unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            texts(&svg).contains(&"two: 500k/s at p99&lt;=20us".to_string()),
+            "{svg}"
+        );
+        assert!(add_capacity_json(&mut Curve::default(), "{}").is_err());
+        assert!(add_capacity_json(&mut Curve::default(), "nope").is_err());
+    }
+
+    #[test]
+    fn hdr_logs_read_back_by_tag() {
+        let r = report();
+        let log = r.hdr_log().unwrap_or_else(|e| panic!("{e}"));
+        let hs = read_hdr_log(&log).unwrap_or_else(|e| panic!("{e}"));
+        let tags: Vec<&str> = hs.iter().map(|(t, _)| t.as_str()).collect();
+        assert_eq!(tags, ["get", "set"]);
+        assert_eq!(hs[0].1, r.stats.op(Op::Get).hist);
+        assert!(read_hdr_log(b"").is_err());
+        assert!(read_hdr_log(b"#[StartTime: 1\nTag=x,0.1,1.0,1.0,!!!\n").is_err());
     }
 }

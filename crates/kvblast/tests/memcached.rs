@@ -282,6 +282,8 @@ fn binary_writes_json_report() {
         .arg(&json)
         .arg("--plot")
         .arg(dir.join("plot"))
+        .arg("--hdr-log")
+        .arg(dir.join("run.hlog"))
         .arg(&mc.addr)
         .output()
         .expect("run kvblast");
@@ -310,6 +312,19 @@ fn binary_writes_json_report() {
         let svg = std::fs::read_to_string(dir.join(format!("plot-{plot}.svg"))).expect("svg");
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
         assert_png(&dir.join(format!("plot-{plot}.png")));
+    }
+    // The HdrHistogram log drawn back as a percentile plot, a line per file and tag.
+    let o = Command::new(env!("CARGO_BIN_EXE_kvblast"))
+        .args(["plot", "--slo", "p99=1ms", "-o"])
+        .arg(dir.join("hdr.svg"))
+        .arg(format!("a={}", dir.join("run.hlog").display()))
+        .arg(format!("b={}", dir.join("run.hlog").display()))
+        .output()
+        .expect("run kvblast plot");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let svg = std::fs::read_to_string(dir.join("hdr.svg")).expect("svg");
+    for text in ["\na get\n", "\nb get\n", "\nSLO 1 ms\n", "\n99%\n"] {
+        assert!(svg.contains(text), "{text:?} missing in {svg}");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -399,7 +414,8 @@ fn capacity_search_finds_a_rate() {
     }
     assert_png(&dir.join("cmp.png"));
     let svg = std::fs::read_to_string(dir.join("cmp.svg")).expect("svg");
-    assert!(svg.contains(">one<") && svg.contains(">two<"), "{svg}");
+    // A legend line per server: its label and capacity.
+    assert!(svg.contains("\none: ") && svg.contains("\ntwo: "), "{svg}");
     // Not a capacity report: an error, not a panic.
     let o = Command::new(env!("CARGO_BIN_EXE_kvblast"))
         .args(["plot", "-o"])
@@ -408,7 +424,11 @@ fn capacity_search_finds_a_rate() {
         .output()
         .expect("run kvblast plot");
     assert!(!o.status.success());
-    assert!(String::from_utf8_lossy(&o.stderr).contains("not JSON"));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("neither a capacity report nor an HdrHistogram"),
+        "{err}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -444,6 +464,8 @@ fn compare_two_servers_in_alternating_rounds() {
         .arg(&json)
         .arg("-o")
         .arg(&png)
+        .arg("--plot")
+        .arg(dir.join("c"))
         .arg(format!("first={}", a.addr))
         .arg(format!("second={}", b.addr))
         .output()
@@ -469,6 +491,14 @@ fn compare_two_servers_in_alternating_rounds() {
     );
     assert!(lines[3].starts_with("second "), "{stdout}");
     assert_png(&png);
+    for plot in ["curve", "percentiles"] {
+        assert_png(&dir.join(format!("c-{plot}.png")));
+    }
+    let svg = std::fs::read_to_string(dir.join("c-percentiles.svg")).expect("svg");
+    assert!(
+        svg.contains("\nfirst at ") && svg.contains("\nsecond at "),
+        "{svg}"
+    );
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("JSON");
     let servers = report["servers"].as_array().expect("servers");
