@@ -312,7 +312,7 @@ impl Ranged for Coord {
 
     fn map(&self, v: &f64, (a, b): (i32, i32)) -> i32 {
         let span = self.range.end - self.range.start;
-        if !(span > 0.0) || !v.is_finite() {
+        if span.is_nan() || span <= 0.0 || !v.is_finite() {
             return a + (b - a) / 2;
         }
         // Far outside values are held a chart's width away, not turned into overflowing pixels.
@@ -886,7 +886,8 @@ impl Curve {
 /// Several servers' p99 (solid) and mean (dashed) latency against achieved throughput: one
 /// line per search, the median search of each server drawn bold, one legend entry per server.
 pub fn compare(curves: &[Curve]) -> Plot {
-    let sorted_curves: Vec<(&Curve, Vec<Vec<(f64, Latencies)>>)> = curves
+    type Searches = Vec<Vec<(f64, Latencies)>>;
+    let sorted_curves: Vec<(&Curve, Searches)> = curves
         .iter()
         .map(|c| (c, c.searches.iter().map(|s| sorted(s)).collect()))
         .collect();
