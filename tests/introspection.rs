@@ -538,3 +538,132 @@ fn watch_evictions_reports_evicted_items() {
     assert!(f[5].starts_with("clsid=") && f[5] != "clsid=0", "{line}");
     assert_eq!(f[6], "size=1024", "{line}");
 }
+
+/// Rows of a stats group whose names start with `prefix`, in order.
+fn rows(c: &mut Client, group: &str, keep: &dyn Fn(&str) -> bool) -> Vec<(String, String)> {
+    c.stats(group)
+        .into_iter()
+        .filter(|(k, _)| keep(k))
+        .collect()
+}
+
+/// Items of many sizes (some with flags, one overwritten, one deleted), the same on both.
+fn store_sized_items(c: &mut Client) {
+    for (i, len) in [1usize, 10, 40, 47, 48, 100, 150, 300, 1000, 5000, 70_000]
+        .iter()
+        .enumerate()
+    {
+        let v = "x".repeat(*len);
+        let flags = if i % 2 == 0 { 0 } else { 7 };
+        let req = format!("set k{i} {flags} 0 {len}\r\n{v}\r\n");
+        assert_eq!(c.call(&req), "STORED\r\n");
+    }
+    assert_eq!(c.call("set k2 0 0 3\r\nabc\r\n"), "STORED\r\n");
+    assert_eq!(c.call("delete k5\r\n"), "DELETED\r\n");
+}
+
+/// `stats items` per class (`number`, `mem_requested`), `stats slabs` per class
+/// (`chunk_size`, `used_chunks`) and `stats sizes` with `-o track_sizes` are memcached's,
+/// for the default classes and for `-n 100 -f 2`: the same items give the same figures.
+#[test]
+fn per_class_stats_and_sizes_are_memcacheds() {
+    for extra in [&[][..], &["-n", "100", "-f", "2"][..]] {
+        let mut figures = Vec::new();
+        for kind in [Kind::Memcached, Kind::Kvcached] {
+            let mut args = vec!["-o", "track_sizes"];
+            args.extend_from_slice(extra);
+            let s = Server::start_verified(kind, &args);
+            let mut c = s.connect();
+            store_sized_items(&mut c);
+            let items = rows(&mut c, "items", &|k| {
+                k.ends_with(":number") || k.ends_with(":mem_requested")
+            });
+            let slabs = rows(&mut c, "slabs", &|k| {
+                k.ends_with(":chunk_size") || k.ends_with(":used_chunks")
+            });
+            let sizes = c.stats("sizes");
+            figures.push((items, slabs, sizes));
+        }
+        let (mc, kv) = (&figures[0], &figures[1]);
+        assert!(mc.0.len() >= 10, "{extra:?}: memcached {:?}", mc.0);
+        assert_eq!(kv.0, mc.0, "{extra:?}: stats items");
+        // memcached lists every class it has pages in; kvcached the ones holding items.
+        let used: Vec<&(String, String)> =
+            mc.1.iter()
+                .filter(|(k, _)| {
+                    let class = k.split(':').next().unwrap_or("");
+                    mc.1.iter()
+                        .any(|(k2, v)| *k2 == format!("{class}:used_chunks") && v != "0")
+                })
+                .collect();
+        assert_eq!(
+            kv.1.iter().collect::<Vec<_>>(),
+            used,
+            "{extra:?}: stats slabs"
+        );
+        assert_eq!(kv.2, mc.2, "{extra:?}: stats sizes");
+    }
+    // Without -o track_sizes: disabled, as in memcached.
+    let s = kvcached(&[]);
+    let mut c = s.connect();
+    assert_eq!(c.call("stats sizes\r\n"), "STAT sizes_status disabled\r\n");
+    assert_eq!(c.line(), "END\r\n");
+}
+
+#[test]
+fn cachedump_lists_a_class_and_refuses_as_memcached() {
+    let s = kvcached(&[]);
+    let mut c = s.connect();
+    assert_eq!(c.call("set a 0 0 10\r\n0123456789\r\n"), "STORED\r\n");
+    assert_eq!(c.call("set b 0 0 9\r\n012345678\r\n"), "STORED\r\n");
+    let v = "y".repeat(100);
+    assert_eq!(
+        c.call(&format!("set bb 5 100 100\r\n{v}\r\n")),
+        "STORED\r\n"
+    );
+    let exp = server_time(&mut c) + 100;
+    // a and b are class 1 (70 and 69 bytes), bb class 4 (165 bytes).
+    c.send(b"stats cachedump 1 0\r\n");
+    let one = c.until("END\r\n");
+    let mut lines: Vec<&str> = one.lines().collect();
+    assert_eq!(lines.pop(), Some("END"), "{one}");
+    lines.sort_unstable();
+    assert_eq!(lines, ["ITEM a [10 b; 0 s]", "ITEM b [9 b; 0 s]"]);
+    c.send(b"stats cachedump 1 1\r\n");
+    assert_eq!(c.until("END\r\n").lines().count(), 2);
+    let four = c.call("stats cachedump 4 0\r\n");
+    assert_eq!(c.line(), "END\r\n");
+    // The expiry is a unix time; the clock may tick between the set and `stats`.
+    let t: u64 = four
+        .strip_prefix("ITEM bb [100 b; ")
+        .and_then(|r| r.split(' ').next())
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("{four}"));
+    assert!(t + 1 >= exp && t <= exp, "{t} {exp}");
+    assert_eq!(c.call("stats cachedump 2 0\r\n"), "END\r\n");
+    for (req, want) in [
+        ("stats cachedump 1\r\n", "CLIENT_ERROR bad command line\r\n"),
+        (
+            "stats cachedump x 0\r\n",
+            "CLIENT_ERROR bad command line format\r\n",
+        ),
+        (
+            "stats cachedump 1 -1\r\n",
+            "CLIENT_ERROR bad command line format\r\n",
+        ),
+        (
+            "stats cachedump 64 0\r\n",
+            "CLIENT_ERROR Illegal slab id\r\n",
+        ),
+        ("stats cachedump 63 0\r\n", "END\r\n"),
+    ] {
+        assert_eq!(c.call(req), want, "{req:?}");
+    }
+    // -X: not allowed, as in memcached.
+    let s = kvcached(&["-X"]);
+    let mut c = s.connect();
+    assert_eq!(
+        c.call("stats cachedump 1 0\r\n"),
+        "CLIENT_ERROR stats cachedump not allowed\r\n"
+    );
+}

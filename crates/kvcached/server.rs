@@ -44,7 +44,11 @@ pub fn build_engine(config: &Config) -> LogEngine {
         no_evict: config.no_evict,
         use_cas: config.use_cas,
     };
-    LogEngine::new(ec)
+    let engine = LogEngine::new(ec);
+    // Per-class `stats items`/`stats slabs`, and `stats sizes` with -o track_sizes. Items
+    // a warm restart loads later are counted as they are indexed.
+    engine.tally_sizes(&config.slab_classes, config.track_sizes);
+    engine
 }
 
 /// Run the server until a signal or `shutdown` stops it.

@@ -16,7 +16,7 @@ use kvproto::text as proto;
 use kvstore::{EngineConfig, ScanItem};
 
 use crate::exec::session::{Ctx, Resume, Session, Step, OUTPUT_HIGH_WATER};
-use crate::setup::config::Config;
+use crate::setup::config::{slab_class_of, Config};
 
 /// Index buckets visited per engine call (the bucket locks are held only during a call).
 const BUCKETS_PER_SCAN: usize = 64;
@@ -36,28 +36,7 @@ pub fn size_and_class(
         use_cas: config.use_cas,
     };
     let size = sizing.item_size(key_len, value_len, flags);
-    (size, slab_class(size))
-}
-
-/// The slab class memcached would put an item of `size` bytes in, with its default slab
-/// sizes (`-n 48 -f 1.25`, 1 MiB pages): classes from 96 bytes growing by 1.25 (rounded up
-/// to 8) while below 512 KiB / 1.25, then one class of 512 KiB (larger items are chunked into
-/// it).
-pub fn slab_class(size: usize) -> u32 {
-    const MAX_CHUNK: usize = 512 * 1024;
-    let mut chunk = 96usize;
-    let mut class = 1u32;
-    loop {
-        if size <= chunk {
-            return class;
-        }
-        class += 1;
-        let next = chunk + chunk / 4;
-        if next as f64 >= MAX_CHUNK as f64 / 1.25 {
-            return class;
-        }
-        chunk = next.div_ceil(8) * 8;
-    }
+    (size, slab_class_of(&config.slab_classes, size))
 }
 
 /// `lru_crawler metadump|mgdump CLASSES`, with memcached 1.6.45's replies: `OK`, then a line
@@ -149,6 +128,93 @@ pub fn dump(ctx: &mut Ctx<'_>, s: &mut Session, kind: DumpKind, classes: &[u8]) 
     }
 }
 
+/// Most bytes a `stats cachedump` reply holds, `END` included (memcached's 2 MB buffer).
+const CACHEDUMP_MAX: usize = 2 * 1024 * 1024;
+
+/// A `stats cachedump` argument as memcached reads it: decimal digits that fit 32 bits.
+fn dump_arg(t: &[u8]) -> Option<u32> {
+    if t.is_empty() || !t.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(t).ok()?.parse().ok()
+}
+
+/// `stats cachedump CLASS LIMIT`, with memcached 1.6.45's replies: an `ITEM KEY [N b; T s]`
+/// line per item of slab class CLASS (N the value's length, T its expiry as a unix time, 0
+/// for none), at most LIMIT of them (0: no limit) and 2 MB in all, then `END`; binary keys
+/// are left out. memcached lists the class's cold LRU only (recently written items are in
+/// its hot LRU and not shown); kvcached has no LRU segments and lists the class's live
+/// items in index order. The reply is bounded, but the index is walked in one go until
+/// the limit is met, like memcached's walk under its LRU lock.
+pub fn cachedump(ctx: &mut Ctx<'_>, s: &mut Session, mut args: proto::Tokens<'_>) -> Step {
+    let shared = ctx.shared;
+    if !shared.config.dump_enabled {
+        s.out
+            .extend_from_slice(b"CLIENT_ERROR stats cachedump not allowed\r\n");
+        return Step::Next;
+    }
+    let (Some(id), Some(limit)) = (args.next(), args.next()) else {
+        s.out
+            .extend_from_slice(b"CLIENT_ERROR bad command line\r\n");
+        return Step::Next;
+    };
+    let (Some(id), Some(limit)) = (dump_arg(id), dump_arg(limit)) else {
+        s.out
+            .extend_from_slice(b"CLIENT_ERROR bad command line format\r\n");
+        return Step::Next;
+    };
+    if id >= 64 {
+        s.out.extend_from_slice(b"CLIENT_ERROR Illegal slab id\r\n");
+        return Step::Next;
+    }
+    let now = shared.clock.now();
+    let start = s.out.len();
+    let mut shown = 0u32;
+    let mut full = false;
+    let mut line = Vec::with_capacity(300);
+    let mut bucket = 0;
+    while !full && (limit == 0 || shown < limit) {
+        let out = &mut s.out;
+        let next = shared
+            .engine
+            .scan(bucket, BUCKETS_PER_SCAN, now, &mut |item| {
+                if full || (limit != 0 && shown >= limit) || item.meta.binary_key {
+                    return;
+                }
+                let (_, class) = size_and_class(
+                    &shared.config,
+                    item.key.len(),
+                    item.meta.value_len,
+                    item.meta.flags,
+                );
+                if class != id {
+                    return;
+                }
+                line.clear();
+                line.extend_from_slice(b"ITEM ");
+                line.extend_from_slice(item.key);
+                // Writing to a Vec cannot fail.
+                let _ = write!(
+                    line,
+                    " [{} b; {} s]\r\n",
+                    item.meta.value_len, item.meta.exptime
+                );
+                if out.len() - start + line.len() + proto::END.len() > CACHEDUMP_MAX {
+                    full = true;
+                    return;
+                }
+                out.extend_from_slice(&line);
+                shown += 1;
+            });
+        match next {
+            Some(b) => bucket = b,
+            None => break,
+        }
+    }
+    s.out.extend_from_slice(proto::END);
+    Step::Next
+}
+
 /// `key=... exp=... la=... cas=... fetch=... cls=... size=... flags=... ` and a newline, as
 /// memcached 1.6.45 writes it (the key URI-encoded, expiry and last access as unix times,
 /// `exp=-1` for no expiry).
@@ -190,14 +256,40 @@ mod tests {
     fn slab_classes_match_memcached_defaults() {
         // memcached -vv: class 1 is 96 bytes, 2 is 120, 3 is 152, ... 38 is 394,840,
         // 39 (the last) is 524,288.
-        assert_eq!(slab_class(1), 1);
-        assert_eq!(slab_class(96), 1);
-        assert_eq!(slab_class(97), 2);
-        assert_eq!(slab_class(120), 2);
-        assert_eq!(slab_class(121), 3);
-        assert_eq!(slab_class(152), 3);
-        assert_eq!(slab_class(394_840), 38);
-        assert_eq!(slab_class(394_841), 39);
-        assert_eq!(slab_class(1 << 20), 39);
+        let classes = Config::default().slab_classes;
+        assert_eq!(classes.len(), 39);
+        assert_eq!(&classes[..4], &[96, 120, 152, 192]);
+        assert_eq!(classes[37], 394_840);
+        assert_eq!(classes[38], 524_288);
+        for (size, class) in [
+            (1, 1),
+            (96, 1),
+            (97, 2),
+            (120, 2),
+            (121, 3),
+            (152, 3),
+            (394_840, 38),
+            (394_841, 39),
+            (1 << 20, 39),
+        ] {
+            assert_eq!(slab_class_of(&classes, size), class, "{size}");
+        }
+    }
+
+    #[test]
+    fn slab_classes_follow_n_f_and_slab_sizes() {
+        use crate::setup::config::slab_classes;
+        // memcached -n 100 -f 2 -vv: 152, 304, 608, ..., then 524,288.
+        let c = slab_classes(100, 2.0, 512 << 10, None);
+        assert_eq!(&c[..3], &[152, 304, 608]);
+        assert_eq!(c.last(), Some(&524_288));
+        assert!(c.windows(2).all(|w| w[0] < w[1]), "{c:?}");
+        // -o slab_sizes: the list (rounded up to 8), then slab_chunk_max.
+        assert_eq!(
+            slab_classes(48, 1.25, 16384, Some(&[100, 200, 1001])),
+            vec![104, 200, 1008, 16384]
+        );
+        // -f 1.01: at most 63 classes.
+        assert_eq!(slab_classes(48, 1.01, 512 << 10, None).len(), 63);
     }
 }

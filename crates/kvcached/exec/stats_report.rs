@@ -74,17 +74,16 @@ pub fn emit_group(ctx: &Ctx<'_>, group: Group, sink: &mut Sink<'_>) -> bool {
         Group::General => general(ctx, sink),
         Group::Settings => settings(ctx, sink),
         Group::Conns => conns(ctx, sink),
-        Group::Items | Group::Slabs => {
-            let name = if group == Group::Items {
-                "items"
-            } else {
-                "slabs"
-            };
-            for (k, v) in ctx.shared.engine.stats_detail(name) {
-                emit(sink, &k, v);
+        Group::Items => items(ctx, sink),
+        Group::Slabs => slabs(ctx, sink),
+        Group::Sizes => match ctx.shared.engine.size_steps() {
+            Some(steps) => {
+                for (size, n) in steps {
+                    emit(sink, &size.to_string(), n);
+                }
             }
-        }
-        Group::Sizes => emit(sink, "sizes_status", "disabled"),
+            None => emit(sink, "sizes_status", "disabled"),
+        },
         Group::Replication => {
             let offset = ctx.shared.engine.log_offset();
             for (k, v) in ctx.shared.repl.stats(offset) {
@@ -99,6 +98,61 @@ pub fn emit_group(ctx: &Ctx<'_>, group: Group, sink: &mut Sink<'_>) -> bool {
         Group::Reset | Group::Detail | Group::CacheDump | Group::Unknown => return false,
     }
     true
+}
+
+/// `stats items`: memcached's lines for every slab class holding items, from the engine's
+/// tally of the live items by memcached's item size (classes from `-n`, `-f`,
+/// `slab_chunk_max`, `slab_sizes`). Of memcached's per-class fields those with a meaning
+/// here: `number`, `mem_requested` (the items' sizes, summed) and `evicted`; kvcached has
+/// no segmented LRU, so no `number_hot`/`_warm`/`_cold`, ages or LRU moves.
+fn items(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
+    for (i, b) in ctx.shared.engine.size_bands().iter().enumerate() {
+        if b.items == 0 {
+            continue;
+        }
+        let n = i + 1;
+        emit(sink, &format!("items:{n}:number"), b.items);
+        emit(sink, &format!("items:{n}:mem_requested"), b.bytes);
+        emit(sink, &format!("items:{n}:evicted"), b.evicted);
+    }
+}
+
+/// `stats slabs`: per class holding items, its `chunk_size` and `used_chunks` (the live
+/// items whose size falls in it) and kvcached's `mem_requested`; then `active_slabs`
+/// (classes holding items) and `total_malloced`, as memcached ends it; then the log
+/// engine's own figures (segments, index, second chances, ...).
+fn slabs(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
+    let classes = &ctx.shared.config.slab_classes;
+    let mut active = 0;
+    for (i, b) in ctx.shared.engine.size_bands().iter().enumerate() {
+        if b.items == 0 {
+            continue;
+        }
+        active += 1;
+        let n = i + 1;
+        emit(
+            sink,
+            &format!("{n}:chunk_size"),
+            classes.get(i).copied().unwrap_or(0),
+        );
+        emit(sink, &format!("{n}:used_chunks"), b.items);
+        emit(sink, &format!("{n}:mem_requested"), b.bytes);
+    }
+    emit(sink, "active_slabs", active);
+    let engine = &ctx.shared.engine;
+    emit(sink, "total_malloced", engine.stats().total_malloced);
+    for (k, v) in engine.stats_detail("slabs") {
+        if k != "active_slabs" && k != "total_malloced" {
+            emit(sink, &k, v);
+        }
+    }
+    // The log engine's eviction figures, once per server (they are not per class).
+    for (k, v) in engine.stats_detail("items") {
+        let name = k.strip_prefix("items:1:").unwrap_or(&k);
+        if !matches!(name, "number" | "evicted") {
+            emit(sink, name, v);
+        }
+    }
 }
 
 /// `stats reset`.
@@ -121,7 +175,7 @@ pub fn write(ctx: &mut Ctx<'_>, s: &mut Session, mut args: Tokens<'_>) -> Step {
             reset(ctx.shared);
             out.extend_from_slice(proto::RESET);
         }
-        Group::CacheDump => out.extend_from_slice(b"CLIENT_ERROR stats cachedump not allowed\r\n"),
+        Group::CacheDump => return crate::exec::items::cachedump(ctx, s, args),
         Group::Unknown => out.extend_from_slice(proto::ERROR),
         _ => {
             emit_group(ctx, group, &mut |name, value| {

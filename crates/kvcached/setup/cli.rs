@@ -362,6 +362,8 @@ struct Builder {
     slab_chunk_max: Option<usize>,
     /// `-o slab_sizes`, checked at the end against `-n` and `slab_chunk_max`.
     slab_sizes: Option<String>,
+    /// `-f` (memcached's default 1.25).
+    slab_growth_factor: f64,
     hot_lru_pct: u32,
     warm_lru_pct: u32,
     lru_maintainer: bool,
@@ -600,6 +602,7 @@ impl Builder {
             slab_min_size: 48,
             slab_chunk_max: None,
             slab_sizes: None,
+            slab_growth_factor: 1.25,
             hot_lru_pct: 20,
             warm_lru_pct: 40,
             lru_maintainer: true,
@@ -613,6 +616,15 @@ impl Builder {
         if !self.notes.contains(&note) {
             self.notes.push(note);
         }
+    }
+
+    /// An option that sizes memcached's slabs: kvcached has none, but the option still
+    /// sets the size classes its stats report.
+    fn classes_only(&mut self, what: &str) {
+        self.note(format!(
+            "memcached option {what}: kvcached has no slabs; it sets only the size classes \
+             that stats items and stats slabs report"
+        ));
     }
 
     fn ignored(&mut self, what: &str) {
@@ -709,7 +721,8 @@ impl Builder {
                 if f <= 1.0 {
                     return Err(bad(sp, value, "a growth factor greater than 1"));
                 }
-                self.ignored(sp);
+                self.slab_growth_factor = f;
+                self.classes_only(sp);
             }
             b'n' => {
                 self.slab_min_size = int_in(
@@ -719,7 +732,7 @@ impl Builder {
                     i32::MAX as u32,
                     "a size in bytes greater than 0",
                 )?;
-                self.ignored(sp);
+                self.classes_only(sp);
             }
             b't' => {
                 let n: usize = int_in(
@@ -1011,7 +1024,7 @@ impl Builder {
             }
             "slab_sizes" => {
                 self.slab_sizes = Some(need(val)?);
-                self.ignored(sp);
+                self.classes_only(sp);
             }
             "slab_chunk_max" => {
                 // memcached 1.6.18 reads bytes; newer releases read kilobytes (at most
@@ -1024,7 +1037,7 @@ impl Builder {
                     "a size in kilobytes (1 to 1024) or in bytes",
                 )?;
                 self.slab_chunk_max = Some(if n <= 1024 { n << 10 } else { n });
-                self.ignored(sp);
+                self.classes_only(sp);
             }
             "no_modern" => {
                 self.lru_maintainer = false;
@@ -1034,7 +1047,6 @@ impl Builder {
             | "slab_reassign"
             | "no_slab_reassign"
             | "no_slab_automove"
-            | "track_sizes"
             | "inline_ascii_resp"
             | "no_inline_ascii_resp"
             | "modern"
@@ -1046,6 +1058,7 @@ impl Builder {
             | "proxy_arg"
             | "proxy_uring"
             | "proxy_memprofile" => self.ignored(sp),
+            "track_sizes" => self.cfg.track_sizes = true,
             "resp_obj_mem_limit" => self.note(format!(
                 "ignoring memcached option {sp}: deprecated in memcached, no meaning in kvcached"
             )),
@@ -1192,11 +1205,15 @@ impl Builder {
                 ));
             }
         }
+        let mut listed: Option<Vec<u32>> = None;
         if let Some(sizes) = &self.slab_sizes {
             let mut last = 0u64;
             let mut count = 0;
             for s in sizes.split('-').filter(|s| !s.is_empty()) {
                 let size: u64 = int("-o slab_sizes", s, "sizes in bytes separated by -")?;
+                listed
+                    .get_or_insert_with(Vec::new)
+                    .push(u32::try_from(size).unwrap_or(u32::MAX));
                 if size < u64::from(self.slab_min_size) || size > chunk_max as u64 {
                     return Err(format!("-o slab_sizes: size {s} is out of range"));
                 }
@@ -1216,6 +1233,12 @@ impl Builder {
                 return Err("-o slab_sizes needs a list of sizes".into());
             }
         }
+        cfg.slab_classes = super::config::slab_classes(
+            self.slab_min_size,
+            self.slab_growth_factor,
+            u32::try_from(chunk_max).unwrap_or(u32::MAX),
+            listed.as_deref(),
+        );
         if self.hot_lru_pct + self.warm_lru_pct > 80 {
             return Err(format!(
                 "-o hot_lru_pct ({}) plus warm_lru_pct ({}) cannot be more than 80",

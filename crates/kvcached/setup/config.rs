@@ -151,6 +151,13 @@ pub struct Config {
     pub enable_shutdown: bool,
     /// Allow `flush_all` (`-F` turns it off).
     pub flush_enabled: bool,
+    /// memcached's slab class chunk sizes, from `-n`, `-f`, `-o slab_chunk_max` and
+    /// `-o slab_sizes` ([`slab_classes`]): kvcached keeps items in a log, not in slabs,
+    /// but reports live items per class in `stats items` and `stats slabs` and gives
+    /// each item its class in `lru_crawler metadump`.
+    pub slab_classes: Vec<u32>,
+    /// Count live items per 32 bytes of size for `stats sizes` (`-o track_sizes`).
+    pub track_sizes: bool,
     /// Allow the commands that dump keys: `stats cachedump`, `stats detail dump`,
     /// `lru_crawler metadump` (`-X` turns them off).
     pub dump_enabled: bool,
@@ -234,6 +241,8 @@ impl Default for Config {
             unix_mask: 0o700,
             memory_limit: MemoryLimit::Fixed(64 << 20),
             item_size_max: 1 << 20,
+            slab_classes: slab_classes(48, 1.25, 512 << 10, None),
+            track_sizes: false,
             no_evict: false,
             use_cas: true,
             max_connections: 1024,
@@ -276,4 +285,40 @@ impl Default for Config {
             replica_tls: None,
         }
     }
+}
+
+/// memcached's slab class chunk sizes (slabs.c `slabs_init`), class 1 first: from a 48-byte
+/// item header plus `min_size` (`-n`), each the one before times `factor` (`-f`,
+/// truncated) and rounded up to 8 bytes, while below `chunk_max / factor`; or the sizes of
+/// `-o slab_sizes`, rounded up to 8; then a last class of `chunk_max` (`-o
+/// slab_chunk_max`), where larger items are counted. At most 63 classes.
+pub fn slab_classes(min_size: u32, factor: f64, chunk_max: u32, sizes: Option<&[u32]>) -> Vec<u32> {
+    const MAX_CLASSES: usize = 63;
+    let align = |s: u64| s.div_ceil(8) * 8;
+    let mut out: Vec<u32> = Vec::new();
+    let mut size = 48 + u64::from(min_size);
+    while out.len() < MAX_CLASSES - 1 {
+        match sizes {
+            Some(list) => match list.get(out.len()) {
+                Some(s) => size = u64::from(*s),
+                None => break,
+            },
+            None if size as f64 >= f64::from(chunk_max) / factor => break,
+            None => {}
+        }
+        let s = align(size);
+        out.push(u32::try_from(s).unwrap_or(u32::MAX));
+        if sizes.is_none() {
+            size = (s as f64 * factor) as u64;
+        }
+    }
+    out.push(chunk_max);
+    out
+}
+
+/// The slab class (1-based) memcached gives an item of `size` bytes (slabs.c
+/// `slabs_clsid`): the first class whose chunks hold it, the last for larger ones.
+pub fn slab_class_of(classes: &[u32], size: usize) -> u32 {
+    let i = classes.partition_point(|c| (*c as usize) < size);
+    (i.min(classes.len().saturating_sub(1)) + 1) as u32
 }

@@ -18,6 +18,7 @@ pub use log::repl::{
     join_snapshot_frames, split_snapshot_frames, Applied, Digest, ReplError, ReplicaState, Served,
     SnapshotError, SnapshotInfo, SnapshotSettings, SNAPSHOT_VERSION,
 };
+pub use log::tally::Band as SizeBand;
 pub use log::{EvictionObserver, LogEngine};
 
 /// Unix time in whole seconds.
@@ -428,6 +429,26 @@ pub trait Engine: Send + Sync + 'static {
 
     /// Reset the counters that `stats reset` resets (not item counts or memory).
     fn reset_stats(&self);
+
+    /// From now on, tally live items by their size as memcached counts it
+    /// ([`EngineConfig::item_size`]): per band, the bands' upper bounds (inclusive,
+    /// ascending, at most 64; a larger item counts in the last) being `bounds`, and with
+    /// `steps` per 32 bytes of size too. Items already stored are counted once, so call it
+    /// before serving. An engine that cannot tally ignores it.
+    fn tally_sizes(&self, bounds: &[u32], steps: bool) {
+        let _ = (bounds, steps);
+    }
+
+    /// The tally's bands, in order (empty without [`Engine::tally_sizes`]).
+    fn size_bands(&self) -> Vec<SizeBand> {
+        Vec::new()
+    }
+
+    /// (size rounded up to 32, live items) for every 32-byte step that holds items; `None`
+    /// unless [`Engine::tally_sizes`] asked for steps.
+    fn size_steps(&self) -> Option<Vec<(usize, u64)>> {
+        None
+    }
 
     /// `mg`: look `key` up with the meta options; on a hit (or a creation by `vivify`) call
     /// `found`. A hit counts as an access unless `no_bump`.

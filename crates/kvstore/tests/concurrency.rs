@@ -56,6 +56,7 @@ fn hammer_overlapping_keys() {
         no_evict: false,
         use_cas: true,
     }));
+    e.tally_sizes(&[96, 120, 152, 192, 1 << 20], true);
     assert!(matches!(
         store(&e, StoreMode::Set, b"ctr", b"0", 0),
         StoreResult::Stored(_)
@@ -155,6 +156,14 @@ fn hammer_overlapping_keys() {
     let s = e.stats();
     assert_eq!((s.curr_items, s.bytes), (0, 0));
     e.check_accounting().unwrap();
+    // The size tally, kept in per-thread cells, sums back to nothing too.
+    let bands = e.size_bands();
+    assert!(!bands.is_empty());
+    assert!(
+        bands.iter().all(|b| (b.items, b.bytes) == (0, 0)),
+        "{bands:?}"
+    );
+    assert_eq!(e.size_steps(), Some(Vec::new()));
 }
 
 #[test]

@@ -225,6 +225,7 @@ fn run_exact(ops: &[Op], use_cas: bool) -> Result<(), TestCaseError> {
         use_cas,
     };
     let e = LogEngine::new(cfg.clone());
+    e.tally_sizes(&BANDS, true);
     let m = Model::new(cfg);
     let mut now = START;
     for (n, op) in ops.iter().enumerate() {
@@ -255,6 +256,24 @@ fn run_exact(ops: &[Op], use_cas: bool) -> Result<(), TestCaseError> {
     );
     prop_assert_eq!(es.evictions, 0);
     e.check_accounting().map_err(TestCaseError::fail)?;
+    check_tally(&e)?;
+    Ok(())
+}
+
+/// memcached's default slab class sizes up to 6000 bytes, and one for all larger items.
+const BANDS: [u32; 19] = [
+    96, 120, 152, 192, 240, 304, 384, 480, 600, 752, 944, 1184, 1480, 1856, 2320, 2904, 3632, 4544,
+    524_288,
+];
+
+/// The size tally agrees with the engine's own counters.
+fn check_tally(e: &LogEngine) -> Result<(), TestCaseError> {
+    let s = e.stats();
+    let bands = e.size_bands();
+    prop_assert_eq!(bands.iter().map(|b| b.items).sum::<u64>(), s.curr_items);
+    prop_assert_eq!(bands.iter().map(|b| b.evicted).sum::<u64>(), s.evictions);
+    let steps = e.size_steps().unwrap_or_default();
+    prop_assert_eq!(steps.iter().map(|(_, n)| n).sum::<u64>(), s.curr_items);
     Ok(())
 }
 
@@ -288,6 +307,7 @@ fn run_small(ops: &[Op], max_bytes: usize, no_evict: bool) -> Result<(), TestCas
         use_cas: true,
     };
     let e = LogEngine::new(cfg.clone());
+    e.tally_sizes(&BANDS, true);
     let mut m = Model::new(EngineConfig {
         max_bytes: 1 << 30,
         ..cfg
@@ -353,6 +373,7 @@ fn run_small(ops: &[Op], max_bytes: usize, no_evict: bool) -> Result<(), TestCas
         }
         e.check_accounting()
             .map_err(|s| TestCaseError::fail(format!("op #{n}: {s}")))?;
+        check_tally(&e)?;
         prop_assert!(
             e.memory_bytes() <= max_bytes,
             "op #{}: {} > {}",

@@ -268,14 +268,14 @@ impl LogEngine {
                     self.st.0.expired_unfetched.fetch_add(1, Ordering::Relaxed);
                 }
                 slot.store(0, Ordering::Release);
-                self.account_remove(v, r.len);
+                self.account_remove(v, r.len, self.rec_size(r));
                 return true;
             }
             let Some(new_v) = self.copy_verbatim(c, r, v) else {
                 return false;
             };
             self.relocate(slot, new_v);
-            self.account_remove(v, r.len);
+            self.account_remove(v, r.len, self.rec_size(r));
             true
         });
         if !moved {

@@ -184,6 +184,35 @@ impl Engine for LogEngine {
         out
     }
 
+    fn tally_sizes(&self, bounds: &[u32], steps: bool) {
+        let t = super::tally::Tally::new(bounds, self.live.len(), steps, self.max_item_size);
+        if self.tally.set(t).is_err() {
+            return;
+        }
+        let Some(t) = self.tally.get() else { return };
+        // Count what the index already holds (a warm restart's items). The bound is read
+        // again every step, as in `wipe`.
+        let mut b = 0;
+        while b < self.index.nmain() {
+            let _g = self.index.lock_bucket(b);
+            self.index.for_each_in_chain(b, |_, v| {
+                // SAFETY: we hold the chain's stripe lock and `v` is in its slot.
+                if let Some(r) = unsafe { self.rec(v) } {
+                    t.count(self.rec_size(&r), 1);
+                }
+            });
+            b += 1;
+        }
+    }
+
+    fn size_bands(&self) -> Vec<crate::SizeBand> {
+        self.tally.get().map_or_else(Vec::new, |t| t.bands())
+    }
+
+    fn size_steps(&self) -> Option<Vec<(usize, u64)>> {
+        self.tally.get()?.steps()
+    }
+
     fn reset_stats(&self) {
         let st = &self.st.0;
         for c in [
@@ -206,6 +235,9 @@ impl Engine for LogEngine {
         }
         for c in self.shard_items.iter() {
             c.0.store(0, Ordering::Relaxed);
+        }
+        if let Some(t) = self.tally.get() {
+            t.reset();
         }
     }
 
@@ -416,7 +448,7 @@ impl Engine for LogEngine {
                 checked += 1;
                 if self.vis(&r, now) != Vis::Live {
                     slot.store(0, Ordering::Release);
-                    self.account_remove(v, r.len);
+                    self.account_remove(v, r.len, self.rec_size(&r));
                     self.st.0.reclaimed.fetch_add(1, Ordering::Relaxed);
                     if !index::fetched(v) {
                         self.st.0.expired_unfetched.fetch_add(1, Ordering::Relaxed);

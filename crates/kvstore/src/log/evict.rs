@@ -94,6 +94,7 @@ impl LogEngine {
                 self.observe_eviction(slot, r, v, now);
                 self.note_eviction_in(notes, r.key, r.cas);
                 self.st.0.evictions.fetch_add(1, Ordering::Relaxed);
+                self.tally_evicted(self.rec_size(r));
                 if !index::fetched(v) {
                     self.st.0.evicted_unfetched.fetch_add(1, Ordering::Relaxed);
                 }
@@ -122,16 +123,17 @@ impl LogEngine {
                 let copied = self.copy_forward(&mut lock(&self.evictor), r, v);
                 if let Some(new_v) = copied {
                     self.relocate(slot, new_v);
-                    self.account_remove(v, r.len);
+                    self.account_remove(v, r.len, self.rec_size(r));
                     self.st.0.copied_forward.fetch_add(1, Ordering::Relaxed);
                     return true;
                 }
                 self.observe_eviction(slot, r, v, now);
                 self.note_eviction_in(&mut notes, r.key, r.cas);
                 self.st.0.evictions.fetch_add(1, Ordering::Relaxed);
+                self.tally_evicted(self.rec_size(r));
             }
             slot.store(0, Ordering::Release);
-            self.account_remove(v, r.len);
+            self.account_remove(v, r.len, self.rec_size(r));
             true
         });
         self.note_evictions(notes);
@@ -216,7 +218,7 @@ impl LogEngine {
             return true;
         }
         slot.store(0, Ordering::Release);
-        self.account_remove(v, r.len);
+        self.account_remove(v, r.len, self.rec_size(&r));
         false
     }
 

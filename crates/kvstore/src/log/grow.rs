@@ -228,12 +228,13 @@ impl LogEngine {
     /// as a marker), so its record is live.
     pub(super) fn evict_index_slot(&self, slot: &AtomicU64, v: u64, replacement: u64) {
         // SAFETY: per the contract; the length is read before the slot is overwritten.
-        let len = unsafe { self.rec(v) }.map_or(0, |r| {
+        let (len, size) = unsafe { self.rec(v) }.map_or((0, 0), |r| {
             self.note_eviction(r.key, r.cas);
-            r.len
+            (r.len, self.rec_size(&r))
         });
         slot.store(replacement, Ordering::Release);
-        self.account_remove(v, len);
+        self.account_remove(v, len, size);
+        self.tally_evicted(size);
         self.st.0.evictions.fetch_add(1, Ordering::Relaxed);
         self.st.0.evicted_index.fetch_add(1, Ordering::Relaxed);
     }

@@ -134,6 +134,7 @@ mod mem;
 mod meta;
 pub mod repl;
 mod segments;
+pub mod tally;
 mod write;
 use crate::number;
 #[cfg(test)]
@@ -311,6 +312,8 @@ pub struct LogEngine {
     /// Replication state of this engine (see `repl`).
     repl: repl::ReplFlags,
     /// Told of every item evicted (`watch evictions`); see [`LogEngine::observe_evictions`].
+    /// Live items by size, once the server asks (`tally_sizes`).
+    tally: OnceLock<tally::Tally>,
     on_evict: std::sync::OnceLock<EvictionObserver>,
     st: Padded<Counters>,
 }
@@ -374,6 +377,7 @@ impl LogEngine {
             seq_lock: Mutex::new(()),
             retired_bytes: AtomicU64::new(0),
             repl: repl::ReplFlags::default(),
+            tally: OnceLock::new(),
             on_evict: std::sync::OnceLock::new(),
             st: Padded::default(),
         }
@@ -656,7 +660,30 @@ impl LogEngine {
         }
     }
 
-    fn account_add(&self, id: u32, len: usize) {
+    /// memcached's size of the item in record `r` ([`EngineConfig::item_size`]).
+    fn rec_size(&self, r: &Rec<'_>) -> usize {
+        self.config.item_size(r.key.len(), r.value.len(), r.flags)
+    }
+
+    /// memcached's size of the item `spec` writes.
+    fn spec_size(&self, spec: &Spec<'_>) -> usize {
+        let value = spec.parts[0].len() + spec.parts[1].len();
+        self.config.item_size(spec.key.len(), value, spec.flags)
+    }
+
+    /// An item of `size` bytes (memcached's) was evicted.
+    fn tally_evicted(&self, size: usize) {
+        if let Some(t) = self.tally.get() {
+            t.evicted(size);
+        }
+    }
+
+    /// The index gained an item: `len` bytes of record in segment `id`, `size` bytes as
+    /// memcached counts it.
+    fn account_add(&self, id: u32, len: usize, size: usize) {
+        if let Some(t) = self.tally.get() {
+            t.count(size, 1);
+        }
         self.live[tid() % self.live.len()]
             .0
             .fetch_add(1, Ordering::Relaxed);
@@ -669,7 +696,11 @@ impl LogEngine {
         }
     }
 
-    fn account_remove(&self, v: u64, len: usize) {
+    /// The index lost the item `v` (`len` bytes of record, `size` as memcached counts it).
+    fn account_remove(&self, v: u64, len: usize, size: usize) {
+        if let Some(t) = self.tally.get() {
+            t.count(size, -1);
+        }
         self.live[tid() % self.live.len()]
             .0
             .fetch_sub(1, Ordering::Relaxed);
@@ -699,9 +730,10 @@ impl LogEngine {
         let found = self.index.find(h, |x| x & IDENT_MASK == v & IDENT_MASK);
         if let Some((slot, cur)) = found {
             // SAFETY: we hold the stripe lock and `cur` is still in its slot.
-            let len = unsafe { self.rec(cur) }.map_or(0, |r| r.len);
+            let (len, size) =
+                unsafe { self.rec(cur) }.map_or((0, 0), |r| (r.len, self.rec_size(&r)));
             slot.store(0, Ordering::Release);
-            self.account_remove(cur, len);
+            self.account_remove(cur, len, size);
         }
     }
 

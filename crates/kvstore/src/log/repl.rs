@@ -1246,7 +1246,7 @@ impl LogEngine {
         if let Some((slot, v, r)) = unsafe { self.lookup(h, key) } {
             if r.cas < cas {
                 slot.store(0, Ordering::Release);
-                self.account_remove(v, r.len);
+                self.account_remove(v, r.len, self.rec_size(&r));
             }
         }
         if let (Some(o), Some(d)) = (open, dest) {
@@ -1265,9 +1265,10 @@ impl LogEngine {
             let _g = self.index.lock_bucket(b);
             self.index.for_each_in_chain(b, |slot, v| {
                 // SAFETY: we hold the chain's stripe lock and `v` is in its slot.
-                let len = unsafe { self.rec(v) }.map_or(0, |r| r.len);
+                let (len, size) =
+                    unsafe { self.rec(v) }.map_or((0, 0), |r| (r.len, self.rec_size(&r)));
                 slot.store(0, Ordering::Release);
-                self.account_remove(v, len);
+                self.account_remove(v, len, size);
             });
         }
         self.free_dead_segments();

@@ -379,7 +379,7 @@ impl LogEngine {
         // compacted, not in this one.
         let len = unsafe { format::write(d.ptr.as_ptr().add(d.off), spec, d.base) };
         self.advance(slot, o, len);
-        self.account_add(o.id, len);
+        self.account_add(o.id, len, self.spec_size(spec));
         Some((o.id, d.off as u32))
     }
 

@@ -925,3 +925,62 @@ fn digest_depends_on_the_items_only() {
     b.delete(b"key:8", now + 5);
     assert_eq!(b.digest(now + 5).items, n as u64 - 2);
 }
+
+#[test]
+fn size_tally_follows_the_index() {
+    let c = cfg(16 << 20);
+    let e = LogEngine::new(c.clone());
+    assert!(e.size_bands().is_empty() && e.size_steps().is_none());
+    // Stored before the tally starts: counted by its first scan.
+    assert!(matches!(
+        set(&e, b"early", &[1; 10], 1),
+        StoreResult::Stored(_)
+    ));
+    let bounds = [96, 120, 152, 192, 1 << 20];
+    e.tally_sizes(&bounds, true);
+    let mut model: std::collections::BTreeMap<Vec<u8>, usize> = std::collections::BTreeMap::new();
+    model.insert(b"early".to_vec(), 10);
+    for (i, vlen) in [10usize, 40, 60, 200, 5000].iter().enumerate() {
+        let key = format!("k{i}").into_bytes();
+        assert!(matches!(
+            set(&e, &key, &vec![2; *vlen], 1),
+            StoreResult::Stored(_)
+        ));
+        model.insert(key, *vlen);
+    }
+    // An overwrite moves the item to another band; a delete takes it out.
+    assert!(matches!(
+        set(&e, b"k0", &[3; 70], 1),
+        StoreResult::Stored(_)
+    ));
+    model.insert(b"k0".to_vec(), 70);
+    assert!(e.delete(b"k1", 1));
+    model.remove(&b"k1"[..]);
+    let mut want = vec![crate::SizeBand::default(); bounds.len()];
+    let mut steps = std::collections::BTreeMap::new();
+    for (k, vlen) in &model {
+        let size = c.item_size(k.len(), *vlen, 0);
+        let b = bounds.partition_point(|x| (*x as usize) < size);
+        want[b].items += 1;
+        want[b].bytes += size as u64;
+        *steps.entry(size.div_ceil(32) * 32).or_insert(0u64) += 1;
+    }
+    assert_eq!(e.size_bands(), want);
+    assert_eq!(e.size_steps(), Some(steps.into_iter().collect::<Vec<_>>()));
+}
+
+#[test]
+fn size_tally_counts_evictions_and_matches_curr_items() {
+    let e = LogEngine::new(cfg(2 << 20));
+    e.tally_sizes(&[96, 192, 384, 1 << 20], false);
+    fill(&e, 20_000, 100, 1);
+    let bands = e.size_bands();
+    let st = e.stats();
+    assert!(st.evictions > 0, "the fill must evict");
+    assert_eq!(bands.iter().map(|b| b.items).sum::<u64>(), st.curr_items);
+    assert_eq!(bands.iter().map(|b| b.evicted).sum::<u64>(), st.evictions);
+    // 100-byte values with keys "key:N": every item is 150-160 bytes, band 2.
+    assert_eq!(bands[1].items, st.curr_items);
+    e.reset_stats();
+    assert!(e.size_bands().iter().all(|b| b.evicted == 0));
+}

@@ -250,7 +250,7 @@ impl LogEngine {
                     .unwrap_or(*v);
                 new_v = next(keep.then_some(prev));
                 held_prev = keep.then_some((*slot, prev));
-                self.account_remove(*v, r.len);
+                self.account_remove(*v, r.len, self.rec_size(r));
             }
             None => {
                 let ins = self.index.insert(c.h, new_v, now);
@@ -259,6 +259,7 @@ impl LogEngine {
                     // record stays unreferenced, as if evicted at once.
                     self.st.0.evictions.fetch_add(1, Ordering::Relaxed);
                     self.st.0.evicted_index.fetch_add(1, Ordering::Relaxed);
+                    self.tally_evicted(self.spec_size(&spec));
                     indexed = false;
                 }
                 if let Insert::Victim(slot) = ins {
@@ -276,7 +277,7 @@ impl LogEngine {
         if !indexed {
             return (Outcome::Stored(shown), len, None);
         }
-        self.account_add(dest.id, len);
+        self.account_add(dest.id, len, self.spec_size(&spec));
         (
             Outcome::Stored(shown),
             len,
@@ -635,7 +636,7 @@ impl LogEngine {
         if vis != Vis::Live {
             self.count_dead(vis);
             slot.store(0, Ordering::Release);
-            self.account_remove(v, r.len);
+            self.account_remove(v, r.len, self.rec_size(&r));
             return Some(false);
         }
         if want.is_some_and(|w| w != v & IDENT_MASK) {
@@ -648,7 +649,7 @@ impl LogEngine {
             self.append_tombstone(&mut sh, o, &d, key, cas);
         }
         slot.store(0, Ordering::Release);
-        self.account_remove(v, r.len);
+        self.account_remove(v, r.len, self.rec_size(&r));
         Some(true)
     }
 
