@@ -114,6 +114,18 @@ fn scrape_matches_stats_under_the_exporters_names() {
         Some(1.0)
     );
     assert!(value(&m, "kvcached_index_bytes", &[]).is_some_and(|v| v > 0.0));
+    // Per slab class, as the exporter labels them: "a" (1-byte key and value, CAS: 61
+    // bytes) is the one item, in class 1 (96-byte chunks).
+    let slab = |name: &str| value(&m, name, &[("slab", "1")]);
+    assert_eq!(slab("memcached_slab_current_items"), Some(1.0));
+    assert_eq!(slab("memcached_slab_mem_requested_bytes"), Some(61.0));
+    assert_eq!(slab("memcached_slab_chunk_size_bytes"), Some(96.0));
+    assert_eq!(slab("memcached_slab_chunks_used"), Some(1.0));
+    assert_eq!(slab("memcached_slab_items_evicted_total"), Some(0.0));
+    assert_eq!(
+        value(&m, "memcached_slab_current_items", &[("slab", "2")]),
+        None
+    );
 }
 
 #[test]

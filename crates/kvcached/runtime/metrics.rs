@@ -148,10 +148,77 @@ pub fn render(shared: &Shared) -> String {
     let general = stats_of(shared, Group::General);
     let settings = stats_of(shared, Group::Settings);
     let repl = stats_of(shared, Group::Replication);
+    let mut r = registry(&general, &settings, &repl);
+    slab_metrics(
+        &mut r,
+        &stats_of(shared, Group::Items),
+        &stats_of(shared, Group::Slabs),
+    );
     let mut text = String::new();
     // Writing into a String cannot fail.
-    let _ = encode(&mut text, &registry(&general, &settings, &repl));
+    let _ = encode(&mut text, &r);
     text
+}
+
+/// `(class, value)` of every `[PREFIX]CLASS:FIELD` line of a stats group.
+fn per_class(stats: &BTreeMap<String, String>, prefix: &str, field: &str) -> Vec<(String, i64)> {
+    stats
+        .iter()
+        .filter_map(|(k, v)| {
+            let (class, f) = k.strip_prefix(prefix)?.split_once(':')?;
+            let numeric = !class.is_empty() && class.bytes().all(|b| b.is_ascii_digit());
+            (numeric && f == field).then_some((class.to_string(), v.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The exporter's per-slab-class metrics that kvcached's per-class `stats items` and
+/// `stats slabs` lines carry, labelled `slab` as the exporter labels them.
+fn slab_metrics(
+    r: &mut Registry,
+    items: &BTreeMap<String, String>,
+    slabs: &BTreeMap<String, String>,
+) {
+    let gauges = [
+        (
+            "memcached_slab_current_items",
+            "Number of items currently stored in this slab class",
+            per_class(items, "items:", "number"),
+        ),
+        (
+            "memcached_slab_mem_requested_bytes",
+            "Number of bytes of memory actual items take up within a slab",
+            per_class(items, "items:", "mem_requested"),
+        ),
+        (
+            "memcached_slab_chunk_size_bytes",
+            "Number of bytes allocated to each chunk within this slab class",
+            per_class(slabs, "", "chunk_size"),
+        ),
+        (
+            "memcached_slab_chunks_used",
+            "Number of chunks allocated to an item",
+            per_class(slabs, "", "used_chunks"),
+        ),
+    ];
+    for (name, help, rows) in gauges {
+        let fam = Family::<Vec<(String, String)>, Gauge>::default();
+        for (class, v) in rows {
+            fam.get_or_create(&vec![("slab".to_string(), class)]).set(v);
+        }
+        r.register(name, help, fam);
+    }
+    let evicted = Family::<Vec<(String, String)>, Counter>::default();
+    for (class, v) in per_class(items, "items:", "evicted") {
+        evicted
+            .get_or_create(&vec![("slab".to_string(), class)])
+            .inc_by(v.max(0) as u64);
+    }
+    r.register(
+        "memcached_slab_items_evicted",
+        "Total number of times an item had to be evicted from the LRU before it expired",
+        evicted,
+    );
 }
 
 fn num(stats: &BTreeMap<String, String>, key: &str) -> Option<f64> {
