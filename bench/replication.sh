@@ -1,39 +1,47 @@
 #!/usr/bin/env bash
 # Replication cost and lag, in one run (kvcached only: memcached has no replication).
 #
-# 1. Master throughput with no replica and with one replica attached: the master runs one
-#    worker pinned to core 0; kvblast (closed loop, memaslap's 90/10 get/set mix, 50
-#    connections) runs on core 1; the replica, when attached, also runs on core 1 (on a
-#    2-core machine it competes with the load generator, which can only lower the second
-#    figure). ROUNDS alternating pairs; reports the median requests/s of each and the ratio.
-# 2. Replication lag (kvblast on core 0 with the master unless -L) under a write load at a given rate (open loop, all sets, VALUE-byte
-#    values): every ~50 ms samples the master's `replica0_lag_bytes` and
-#    `replica0_lag_seconds`, and measures the end-to-end lag: a probe key set on the master,
-#    polled on the replica until it is there. Reports p50/p99/max of each.
+# 1. Master throughput with no replica and with N replicas attached (-n, default 2, each
+#    pulling from the master): the master runs one worker pinned to core 0; kvblast (closed
+#    loop, memaslap's 90/10 get/set mix, 50 connections) runs on core 1; the replicas, when
+#    attached, also run on core 1 (on a 2-core machine they compete with the load generator,
+#    which can only lower the second figure). ROUNDS alternating pairs; reports the median
+#    requests/s of each and the ratio.
+# 2. Replication lag under a write load (open loop, all sets, VALUE-byte values) with the N
+#    replicas attached, at each rate of -w, or by default at half of the master's set
+#    capacity (a closed-loop set-only run of the same values with no replica, measured
+#    first). kvblast runs on core 0 with the master unless -L. Every ~50 ms it samples the
+#    master's `replicaI_lag_bytes` and `replicaI_lag_seconds` for every replica, and measures
+#    the end-to-end lag: a probe key set on the master, polled on each replica until it is
+#    there. Reports p50/p99/max of each, per replica.
 #
-# usage: bench/replication.sh [-d SECONDS] [-r ROUNDS] [-w RATE[,RATE...]] [-v VALUE_BYTES] [-s]
+# usage: bench/replication.sh [-d SECONDS] [-r ROUNDS] [-n REPLICAS] [-w RATE[,RATE...]]
+#                             [-v VALUE_BYTES] [-s] [-L CORE]
 #   -s: skip part 1 (throughput)
-#   -L CORE: where kvblast runs in part 2 (default 0, with the master, so that the replica
-#      has core 1 to itself; a load generator that shares the replica's core starves it)
+#   -L CORE: where kvblast runs in part 2 (default 0, with the master, so that the replicas
+#      have core 1 to themselves; a load generator that shares the replicas' core starves
+#      them)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
 
 duration=8
 rounds=3
-rates=20000
+replicas=2
+rates=half
 value=4096
 skip=0
 lag_load_core=0
-while getopts "d:r:w:v:sL:" opt; do
+while getopts "d:r:n:w:v:sL:" opt; do
     case $opt in
         d) duration=$OPTARG ;;
         r) rounds=$OPTARG ;;
+        n) replicas=$OPTARG ;;
         w) rates=$OPTARG ;;
         v) value=$OPTARG ;;
         s) skip=1 ;;
         L) lag_load_core=$OPTARG ;;
-        *) echo "usage: $0 [-d SECONDS] [-r ROUNDS] [-w RATE,...] [-v VALUE_BYTES] [-s]" >&2; exit 2 ;;
+        *) echo "usage: $0 [-d SECONDS] [-r ROUNDS] [-n REPLICAS] [-w RATE,...] [-v VALUE_BYTES] [-s] [-L CORE]" >&2; exit 2 ;;
     esac
 done
 
@@ -58,51 +66,68 @@ rps() { # rps JSON: requests/s of the run
     python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); o=r["ours"]; k=["cmd_get","cmd_set","delete_hits+misses","cmd_touch","incr_hits+misses"]; print(round(sum(o.get(x,0) for x in k)/r["seconds"]))' "$1"
 }
 
-echo "machine: $(nproc) cores; $(uname -r)"
+attach() { # attach MASTER_PORT: start $replicas replicas of it on core 1; ports in rports
+    rports=()
+    for _ in $(seq "$replicas"); do
+        local p; p=$(free_port)
+        start 1 "$p" --replica-of "127.0.0.1:$1" >/dev/null
+        rports+=("$p")
+    done
+}
+stop_all() { cleanup; for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done; pids=(); }
+median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+
+echo "machine: $(nproc) cores; $(uname -r); $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 tmp=$(mktemp -d)
 if [ "$skip" = 0 ]; then
-echo "== master throughput, no replica vs one replica (memaslap mix, 50 conns, ${duration}s, $rounds rounds)"
-none=(); one=()
+echo "== master throughput, no replica vs $replicas replicas (memaslap mix, 50 conns, ${duration}s, $rounds rounds)"
+none=(); some=()
 for r in $(seq "$rounds"); do
-    for mode in none one; do
+    for mode in none some; do
         mport=$(free_port)
-        mpid=$(start 0 "$mport")
-        rpid=""
-        if [ "$mode" = one ]; then
-            rport=$(free_port)
-            rpid=$(start 1 "$rport" --replica-of "127.0.0.1:$mport")
-        fi
+        start 0 "$mport" >/dev/null
+        if [ "$mode" = some ]; then attach "$mport"; fi
         taskset -c 1 "$kvblast" run -q --workload memaslap --keys 100000 --load -c 50 \
             -D "${duration}s" --json "$tmp/$mode.json" "127.0.0.1:$mport" >/dev/null
         x=$(rps "$tmp/$mode.json")
-        if [ "$mode" = none ]; then none+=("$x"); else one+=("$x"); fi
+        if [ "$mode" = none ]; then none+=("$x"); else some+=("$x"); fi
         echo "round $r $mode: $x req/s"
-        kill "$mpid" ${rpid:+"$rpid"} 2>/dev/null || true
-        wait "$mpid" ${rpid:+"$rpid"} 2>/dev/null || true
+        stop_all
     done
 done
-median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
-mn=$(median "${none[@]}"); mo=$(median "${one[@]}")
-echo "median no replica: $mn req/s; one replica: $mo req/s; ratio $(python3 -c "print(round($mo/$mn, 3))")"
+mn=$(median "${none[@]}"); ms=$(median "${some[@]}")
+echo "median no replica: $mn req/s; $replicas replicas: $ms req/s; ratio $(python3 -c "print(round($ms/$mn, 3))")"
+fi
+if [ "$rates" = half ]; then
+    echo "== master set capacity, ${value}-byte values, no replica (closed loop, 50 conns, ${duration}s)"
+    mport=$(free_port)
+    start 0 "$mport" >/dev/null
+    taskset -c 1 "$kvblast" run -q --workload fixedsize --value-size "$value" --keys 100000 \
+        --mix set=1 -c 50 -D "${duration}s" --json "$tmp/cap.json" "127.0.0.1:$mport" >/dev/null
+    cap=$(rps "$tmp/cap.json")
+    stop_all
+    rates=$((cap / 2))
+    echo "capacity $cap sets/s; lag measured at half: $rates sets/s"
 fi
 lag_run() {
 local rate=$1
-echo "== replication lag: sets of ${value}-byte values at $rate/s for ${duration}s"
-mport=$(free_port); mpid=$(start 0 "$mport")
-rport=$(free_port); rpid=$(start 1 "$rport" --replica-of "127.0.0.1:$mport")
+echo "== replication lag, $replicas replicas: sets of ${value}-byte values at $rate/s for ${duration}s"
+mport=$(free_port); start 0 "$mport" >/dev/null
+attach "$mport"
 taskset -c "$lag_load_core" "$kvblast" run -q --workload fixedsize --value-size "$value" --keys 100000 \
     --mix set=1 --rate "$rate" -c 8 -D "${duration}s" --json "$tmp/lag.json" \
     "127.0.0.1:$mport" >/dev/null &
 load=$!
-python3 - "$mport" "$rport" "$load" >"$tmp/lag.txt" <<'PY'
-# Every ~50 ms: read the master's view of the replica's lag (stats replication), then set a
-# probe key on the master and time how long until the replica returns it (end to end).
+python3 - "$mport" "$load" "${rports[@]}" >"$tmp/lag.txt" <<'PY'
+# Every ~50 ms: read the master's view of each replica's lag (stats replication), then set a
+# probe key on the master and time how long until each replica returns it (end to end).
 import os, socket, sys, time
-mport, rport, load = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+mport, load, rports = int(sys.argv[1]), int(sys.argv[2]), [int(p) for p in sys.argv[3:]]
 def conn(port):
     s = socket.create_connection(("127.0.0.1", port)); s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return s, s.makefile("rb")
-(ms, mf), (rs, rf) = conn(mport), conn(rport)
+ms, mf = conn(mport)
+reps = [conn(p) for p in rports]
 def alive():
     try: os.kill(load, 0); return True
     except OSError: return False
@@ -117,31 +142,38 @@ while alive() and time.time() < deadline:
     i += 1
     key = b"lagprobe:%d" % i
     ms.sendall(b"set " + key + b" 0 0 1\r\nx\r\n"); mf.readline()
-    t0 = time.perf_counter(); seen = None
-    while time.perf_counter() - t0 < 5:
-        rs.sendall(b"get " + key + b"\r\n"); first = rf.readline()
-        if first.startswith(b"VALUE"):
-            rf.readline(); rf.readline(); seen = time.perf_counter() - t0; break
+    t0 = time.perf_counter()
+    seen = [None] * len(reps)
+    while time.perf_counter() - t0 < 5 and None in seen:
+        for j, (rs, rf) in enumerate(reps):
+            if seen[j] is not None: continue
+            rs.sendall(b"get " + key + b"\r\n"); first = rf.readline()
+            if first.startswith(b"VALUE"):
+                rf.readline(); rf.readline(); seen[j] = time.perf_counter() - t0
         time.sleep(0.0005)
-    print(st.get("replica0_lag_bytes", "0"), st.get("replica0_lag_seconds", "0"),
-          "%.6f" % (seen if seen is not None else 5.0), flush=True)
+    row = []
+    for j in range(len(reps)):
+        row += [st.get(f"replica{j}_lag_bytes", "0"), st.get(f"replica{j}_lag_seconds", "0"),
+                "%.6f" % (seen[j] if seen[j] is not None else 5.0)]
+    print(*row, flush=True)
     time.sleep(0.05)
 PY
 wait "$load" || true
 echo "achieved $(rps "$tmp/lag.json") sets/s"
 python3 - "$tmp/lag.txt" <<'PY'
 import sys
-rows = [tuple(map(float, l.split())) for l in open(sys.argv[1]) if l.strip()]
+rows = [list(map(float, l.split())) for l in open(sys.argv[1]) if l.strip()]
 def pct(v, p):
     v = sorted(v)
     return v[min(len(v) - 1, int(p * len(v)))] if v else 0
-b = [r[0] for r in rows]; s = [r[1] for r in rows]; e = [r[2] for r in rows]
-print(f"samples {len(rows)}; lag bytes p50 {pct(b,.5):.0f} p99 {pct(b,.99):.0f} max {max(b, default=0):.0f}; "
-      f"lag seconds (stats) p50 {pct(s,.5):.3f} p99 {pct(s,.99):.3f} max {max(s, default=0):.3f}")
-print(f"end-to-end (set on master until the replica returns it): "
-      f"p50 {pct(e,.5)*1000:.1f} ms p99 {pct(e,.99)*1000:.1f} ms max {max(e, default=0)*1000:.1f} ms")
+n = len(rows[0]) // 3 if rows else 0
+print(f"samples {len(rows)}")
+for j in range(n):
+    b = [r[3*j] for r in rows]; s = [r[3*j+1] for r in rows]; e = [r[3*j+2] for r in rows]
+    print(f"replica{j}: lag bytes p50 {pct(b,.5):.0f} p99 {pct(b,.99):.0f} max {max(b, default=0):.0f}; "
+          f"lag seconds (stats) p50 {pct(s,.5):.3f} p99 {pct(s,.99):.3f} max {max(s, default=0):.3f}; "
+          f"end-to-end p50 {pct(e,.5)*1000:.1f} ms p99 {pct(e,.99)*1000:.1f} ms max {max(e, default=0)*1000:.1f} ms")
 PY
-kill "$mpid" "$rpid" 2>/dev/null || true
-wait "$mpid" "$rpid" 2>/dev/null || true
+stop_all
 }
 for r in ${rates//,/ }; do lag_run "$r"; done
