@@ -90,6 +90,8 @@ struct Net {
     /// The link's address in each namespace (10.77.<n>.1 and .2).
     ip: [String; 2],
     servers: [Option<NsServer>; 2],
+    /// More servers (the chaos test's), by role name; killed and logged like the others.
+    extra: Vec<(String, NsServer)>,
     relay: Option<Relay>,
 }
 
@@ -121,6 +123,7 @@ impl Net {
             dev,
             ip,
             servers: [None, None],
+            extra: Vec::new(),
             relay: None,
         };
         if let Err(e) = run("ip", &["netns", "add", &net.ns[1]]) {
@@ -263,6 +266,72 @@ impl Net {
         );
     }
 
+    /// Start kvcached as `role` in `side`'s namespace on `port` (`-v`, log in a temp file),
+    /// listening on the link's address and 127.0.0.1; wait until it accepts connections
+    /// and keep it in `extra` (it replaces an earlier server of the same role, which must
+    /// be dead).
+    fn start_extra(&mut self, role: &str, side: Side, port: u16, extra: &[&str]) {
+        let bin = env!("CARGO_BIN_EXE_kvcached");
+        let log = std::env::temp_dir().join(format!("{}-{role}.log", self.ns(side)));
+        let listen = format!("{},127.0.0.1", self.ip[side.i()]);
+        let port_arg = port.to_string();
+        let child = Command::new("ip")
+            .args(["netns", "exec", self.ns(side), bin])
+            .args(["-u", "root", "-v", "-l", &listen, "-p", &port_arg])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(
+                OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&log)
+                    .expect("open the server's log file"),
+            )
+            .spawn()
+            .expect("spawn ip netns exec kvcached");
+        self.extra.retain(|(r, _)| r != role);
+        self.extra.push((role.to_string(), NsServer { child, log }));
+        let deadline = Instant::now() + TIMEOUT;
+        while self.connect_port(side, port).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "{}: {role} did not listen within {TIMEOUT:?}",
+                self.test
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// SIGKILL the extra server `role` and reap it.
+    fn kill_extra(&mut self, role: &str) {
+        let (_, s) = self
+            .extra
+            .iter_mut()
+            .find(|(r, _)| r == role)
+            .expect("a server to kill");
+        s.child.kill().expect("SIGKILL the server");
+        s.child.wait().expect("reap the server");
+    }
+
+    /// A text-protocol client of the server on `port` in `side`'s namespace.
+    fn client_at(&self, side: Side, port: u16) -> Client {
+        let stream = self
+            .connect_port(side, port)
+            .unwrap_or_else(|e| panic!("{}: connect to {side:?}:{port}: {e}", self.test));
+        Client::new(stream)
+    }
+
+    /// A TCP connection to the server on `port` (127.0.0.1 in `side`'s namespace).
+    fn connect_port(&self, side: Side, port: u16) -> io::Result<TcpStream> {
+        in_netns(self.ns(side), move || {
+            let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+            let s = TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
+            s.set_nodelay(true)?;
+            Ok(s)
+        })
+    }
+
     /// A TCP connection to `side`'s server (127.0.0.1 in its namespace).
     fn connect_raw(&self, side: Side) -> io::Result<TcpStream> {
         in_netns(self.ns(side), || {
@@ -321,6 +390,22 @@ impl Drop for Net {
                 if !failed {
                     let _ = std::fs::remove_file(&s.log);
                 }
+            }
+        }
+        for (role, s) in &mut self.extra {
+            let _ = s.child.kill();
+            let _ = s.child.wait();
+            if failed {
+                let log = std::fs::read_to_string(&s.log).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(40).collect();
+                eprintln!(
+                    "{}: {role} log (kept in {}), last lines:\n{}",
+                    self.test,
+                    s.log.display(),
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                );
+            } else {
+                let _ = std::fs::remove_file(&s.log);
             }
         }
         for ns in &self.ns {
@@ -989,5 +1074,229 @@ fn promoted_replica_ignores_its_old_master_after_a_partition() {
              master's post-promotion writes"
         );
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Seconds the chaos test runs (`KVCACHED_CHAOS_SECS`, default 30; `bench/chaos.sh -d`).
+fn chaos_secs() -> u64 {
+    std::env::var("KVCACHED_CHAOS_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(30u64)
+        .clamp(10, 7 * 24 * 3600)
+}
+
+/// One write on the current master: a set (no expiry, 2 s or an hour; values up to 4 KB), a
+/// delete, a touch, an incr or an append of one of `nkeys` keys. Any reply a master gives
+/// to it is fine; an error or a closed connection is not.
+fn chaos_op(c: &mut Client, rng: &mut Rng, nkeys: u64) -> Result<(), String> {
+    let key = format!("c{}", rng.below(nkeys));
+    let (req, ok): (String, &[&str]) = match rng.below(10) {
+        0..=4 => {
+            let v = rng.value();
+            let exp = [0, 2, 3600][rng.below(3) as usize];
+            let flags = rng.below(1 << 16);
+            (
+                format!("set {key} {flags} {exp} {}\r\n{v}\r\n", v.len()),
+                &["STORED\r\n"],
+            )
+        }
+        5 | 6 => (
+            format!("delete {key}\r\n"),
+            &["DELETED\r\n", "NOT_FOUND\r\n"],
+        ),
+        7 => {
+            let exp = [2, 3600][rng.below(2) as usize];
+            (
+                format!("touch {key} {exp}\r\n"),
+                &["TOUCHED\r\n", "NOT_FOUND\r\n"],
+            )
+        }
+        8 => {
+            let reply = c.call(&format!("incr {key} {}\r\n", rng.below(1000)));
+            let fine = reply == "NOT_FOUND\r\n"
+                || reply.starts_with("CLIENT_ERROR ")
+                || reply.trim_end().parse::<u64>().is_ok();
+            return if fine {
+                Ok(())
+            } else {
+                Err(format!("incr {key}: {reply:?}"))
+            };
+        }
+        _ => {
+            let v = rng.below(100).to_string();
+            (
+                format!("append {key} 0 0 {}\r\n{v}\r\n", v.len()),
+                &["STORED\r\n", "NOT_STORED\r\n"],
+            )
+        }
+    };
+    let reply = c.call(&req);
+    if ok.contains(&reply.as_str()) {
+        Ok(())
+    } else {
+        Err(format!("{}: {reply:?}", req.lines().next().unwrap_or("")))
+    }
+}
+
+/// `stats digest` (kvcached's own): the live items' count and digest.
+fn digest(c: &mut Client) -> (u64, String) {
+    let rows = c.stats("digest");
+    let get = |name: &str| {
+        rows.iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    };
+    (get("digest_items").parse().unwrap_or(0), get("digest"))
+}
+
+/// Full and partial syncs a replica made (`stats replication`).
+fn syncs(c: &mut Client) -> (u64, u64) {
+    (repl_num(c, "full_syncs"), repl_num(c, "partial_syncs"))
+}
+
+/// Issue 11's chaos run. A master under a write, delete and expiry load; replica r1 pulling
+/// from it over the impaired link (20-100 ms delay and 1-5% loss each way, chosen from the
+/// seed), replica r2 chained behind r1. For `KVCACHED_CHAOS_SECS` (default 30): the link is
+/// cut for 600 ms every 2 s; at 30% r2 is SIGKILLed and restarted a second later; at 60% the
+/// master is SIGKILLed, r1 is promoted and takes the load, and the old master comes back a
+/// second later, empty, as r1's replica (re-pointed). Then the load stops, the link heals,
+/// and every replica's digest of its live items must equal the new master's. It prints what
+/// it did and the full and partial syncs each replica made.
+#[test]
+fn chaos_under_load_every_replica_ends_equal() {
+    let test = "chaos_under_load_every_replica_ends_equal";
+    let Some(mut net) = Net::new(test) else {
+        return;
+    };
+    let secs = chaos_secs();
+    let mut rng = Rng::new(0xC4A0_5EED ^ secs);
+    let delay = Duration::from_millis(20 + rng.below(81));
+    let loss = 1 + rng.below(5) as u32;
+    let how = net.impair(delay, loss);
+    eprintln!("chaos: {secs} s; {how}");
+    const R2_PORT: u16 = 11212;
+    let (a_ip, b_ip) = (net.ip[0].clone(), net.ip[1].clone());
+    net.start(Side::A, &[]);
+    net.start(Side::B, &["--replica-of", &format!("{a_ip}:{PORT}")]);
+    let chained = format!("127.0.0.1:{PORT}");
+    net.start_extra("replica2", Side::B, R2_PORT, &["--replica-of", &chained]);
+    let mut master = net.client(Side::A);
+
+    let start = Instant::now();
+    let at = |fraction: u64| Duration::from_millis(secs * 1000 * fraction / 100);
+    let (kill_r2, kill_master) = (at(30), at(60));
+    let mut cut: Option<Instant> = None;
+    let mut next_cut = Duration::from_secs(2);
+    let mut r2_killed: Option<Instant> = None;
+    let mut r2_back = false;
+    let mut master_killed: Option<Instant> = None;
+    let mut old_master_back = false;
+    let (mut ops, mut cuts) = (0u64, 0u32);
+    // Bounded by time, and by count in case the clock misbehaves.
+    while start.elapsed() < Duration::from_secs(secs) && ops < 50_000_000 {
+        for _ in 0..20 {
+            chaos_op(&mut master, &mut rng, 3000)
+                .unwrap_or_else(|e| panic!("{test}: operation {ops}: {e}"));
+            ops += 1;
+        }
+        let t = start.elapsed();
+        match cut {
+            None if t >= next_cut => {
+                net.set_link(false);
+                cut = Some(Instant::now());
+                cuts += 1;
+            }
+            Some(since) if since.elapsed() >= Duration::from_millis(600) => {
+                net.set_link(true);
+                cut = None;
+                next_cut = t + Duration::from_secs(2);
+            }
+            _ => {}
+        }
+        if r2_killed.is_none() && !r2_back && t >= kill_r2 {
+            net.kill_extra("replica2");
+            eprintln!("chaos: {:.1} s: replica2 SIGKILLed", t.as_secs_f64());
+            r2_killed = Some(Instant::now());
+        }
+        if r2_killed.is_some_and(|k| k.elapsed() >= Duration::from_secs(1)) {
+            net.start_extra("replica2", Side::B, R2_PORT, &["--replica-of", &chained]);
+            eprintln!("chaos: {:.1} s: replica2 restarted", t.as_secs_f64());
+            r2_killed = None;
+            r2_back = true;
+        }
+        if master_killed.is_none() && t >= kill_master {
+            net.kill(Side::A);
+            let mut r1 = net.client(Side::B);
+            let (full, partial) = syncs(&mut r1);
+            eprintln!("chaos: resyncs: replica1 {full} full, {partial} partial (as a replica)");
+            assert_eq!(r1.call("replicaof no one\r\n"), "OK\r\n", "promote r1");
+            master = r1;
+            eprintln!(
+                "chaos: {:.1} s: master SIGKILLed, replica1 promoted",
+                t.as_secs_f64()
+            );
+            master_killed = Some(Instant::now());
+        }
+        if !old_master_back && master_killed.is_some_and(|k| k.elapsed() >= Duration::from_secs(1))
+        {
+            net.start(Side::A, &["--replica-of", &format!("{b_ip}:{PORT}")]);
+            eprintln!(
+                "chaos: {:.1} s: the old master restarted as replica1's replica",
+                t.as_secs_f64()
+            );
+            old_master_back = true;
+        }
+    }
+    if cut.is_some() {
+        net.set_link(true);
+    }
+    assert!(
+        r2_back && old_master_back,
+        "{test}: the run ended before every fault was injected ({secs} s)"
+    );
+    let loaded = start.elapsed();
+
+    // The load has stopped: the lag drains, the 2-second items expire, and then every
+    // replica holds exactly what the new master holds.
+    let mut r2 = net.client_at(Side::B, R2_PORT);
+    let mut old = net.client(Side::A);
+    let mut last = String::new();
+    poll_until(
+        "every replica's digest to equal the master's",
+        Duration::from_secs(120),
+        || {
+            let want = digest(&mut master);
+            let (a, b) = (digest(&mut r2), digest(&mut old));
+            last = format!(
+                "master {} items {}, replica2 {} {}, old master {} {}",
+                want.0, want.1, b.0, b.1, a.0, a.1
+            );
+            if a == want && b == want {
+                Ok(())
+            } else {
+                Err(last.clone())
+            }
+        },
+    );
+    let (items, _) = digest(&mut master);
+    assert!(items > 100, "{test}: only {items} live items at the end");
+    let (r2_full, r2_partial) = syncs(&mut r2);
+    let (old_full, old_partial) = syncs(&mut old);
+    eprintln!(
+        "chaos: {ops} operations in {:.1} s, {cuts} link cuts, {} converged in {:.1} s; \
+         digests equal: {last}",
+        loaded.as_secs_f64(),
+        items,
+        (start.elapsed() - loaded).as_secs_f64()
+    );
+    eprintln!(
+        "chaos: resyncs: replica2 {r2_full} full, {r2_partial} partial (since its restart); \
+         old master {old_full} full, {old_partial} partial (since it came back)"
+    );
+    if let Some(relay) = &net.relay {
+        let (forwarded, dropped) = relay.counts();
+        eprintln!("chaos: user-space link forwarded {forwarded} packets, dropped {dropped}");
     }
 }
