@@ -79,6 +79,26 @@ struct NsServer {
     log: PathBuf,
 }
 
+impl NsServer {
+    /// Kill and reap it; after a failed test print the tail of its log and keep the file,
+    /// else delete the file.
+    fn stop(&mut self, test: &str, role: &str, failed: bool) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if failed {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            eprintln!(
+                "{test}: {role} log (kept in {}), last lines:\n{}",
+                self.log.display(),
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        } else {
+            let _ = std::fs::remove_file(&self.log);
+        }
+    }
+}
+
 /// Two namespaces joined by one link, and the servers in them. Dropping it kills the servers,
 /// stops the user-space link (if any) and deletes the namespaces.
 struct Net {
@@ -374,39 +394,11 @@ impl Drop for Net {
         }
         for (i, slot) in self.servers.iter_mut().enumerate() {
             if let Some(s) = slot.as_mut() {
-                let _ = s.child.kill();
-                let _ = s.child.wait();
-                if failed {
-                    let log = std::fs::read_to_string(&s.log).unwrap_or_default();
-                    let tail: Vec<&str> = log.lines().rev().take(40).collect();
-                    eprintln!(
-                        "{}: {} log (kept in {}), last lines:\n{}",
-                        self.test,
-                        ["master", "replica"][i],
-                        s.log.display(),
-                        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-                    );
-                }
-                if !failed {
-                    let _ = std::fs::remove_file(&s.log);
-                }
+                s.stop(self.test, ["master", "replica"][i], failed);
             }
         }
         for (role, s) in &mut self.extra {
-            let _ = s.child.kill();
-            let _ = s.child.wait();
-            if failed {
-                let log = std::fs::read_to_string(&s.log).unwrap_or_default();
-                let tail: Vec<&str> = log.lines().rev().take(40).collect();
-                eprintln!(
-                    "{}: {role} log (kept in {}), last lines:\n{}",
-                    self.test,
-                    s.log.display(),
-                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-                );
-            } else {
-                let _ = std::fs::remove_file(&s.log);
-            }
+            s.stop(self.test, role, failed);
         }
         for ns in &self.ns {
             let _ = run("ip", &["netns", "del", ns]);
