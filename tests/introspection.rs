@@ -659,6 +659,17 @@ fn cachedump_lists_a_class_and_refuses_as_memcached() {
     ] {
         assert_eq!(c.call(req), want, "{req:?}");
     }
+    // A client that asks for many dumps, never reads them and goes away costs nothing
+    // after: the server still answers, and still holds every item.
+    {
+        let mut greedy = s.connect();
+        for _ in 0..200 {
+            greedy.send(b"stats cachedump 1 0\r\nstats cachedump 4 0\r\n");
+        }
+    }
+    assert_eq!(c.call("stats cachedump 2 0\r\n"), "END\r\n");
+    assert_eq!(c.call("get a\r\n"), "VALUE a 0 10\r\n");
+    c.until("END\r\n");
     // -X: not allowed, as in memcached.
     let s = kvcached(&["-X"]);
     let mut c = s.connect();
