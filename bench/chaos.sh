@@ -5,8 +5,9 @@
 # ended equal to the master's.
 #
 # A master under a write, delete and expiry load; replica1 pulling from it over a link with
-# 20-100 ms of delay and 1-5% loss each way (netem, or a user-space relay over TUN devices
-# where the kernel has no netem); replica2 chained behind replica1. The link is cut for
+# 20-100 ms of delay each way (netem, or a user-space relay over TUN devices where the
+# kernel has no netem) and 1-5% loss each way (an nftables `numgen random` rule;
+# scripts/install-deps.sh installs nftables); replica2 chained behind replica1. The link is cut for
 # 600 ms every 2 s; at 30% of the run replica2 is SIGKILLed and restarted; at 60% the master
 # is SIGKILLed, replica1 promoted, and the old master restarted as its replica.
 #

@@ -55,7 +55,8 @@ if [[ $mode == all ]]; then
         libmemcached-tools    # memcslap, memcstat, ... (benchmarks, client checks)
         python3-pymemcache    # Python clients for the client-compatibility checks
         python3-pylibmc
-        iproute2              # ss
+        iproute2              # ss, and the network-namespace tests
+        nftables              # packet loss in the replication chaos test
         procps                # kill, ps
         netcat-openbsd        # nc, as in the README
         help2man              # man pages, for scripts/package.sh
