@@ -4,7 +4,8 @@
 # and prints what it did, the full and partial resyncs, and whether every replica's digest
 # ended equal to the master's.
 #
-# A master under a write, delete and expiry load; replica1 pulling from it over a link with
+# A master under a write, delete and expiry load (kvblast's, and the test's own, whose
+# replies it checks; after the failover both follow the promoted replica); replica1 pulling from it over a link with
 # 20-100 ms of delay each way (netem, or a user-space relay over TUN devices where the
 # kernel has no netem) and 1-5% loss each way (an nftables `numgen random` rule;
 # scripts/install-deps.sh installs nftables); replica2 chained behind replica1. The link is cut for
@@ -24,6 +25,8 @@ while getopts "d:" opt; do
     esac
 done
 echo "machine: $(nproc) cores; $(uname -r); $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+# The test runs kvblast from next to the kvcached binary it tests.
+cargo build --release -q -p kvblast
 set +e
 KVCACHED_CHAOS_SECS=$duration cargo test --release -q --test replication_netns \
     chaos_under_load_every_replica_ends_equal -- --nocapture 2>&1 |

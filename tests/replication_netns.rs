@@ -1186,6 +1186,71 @@ fn chaos_op(c: &mut Client, rng: &mut Rng, nkeys: u64) -> Result<(), String> {
     }
 }
 
+/// kvblast, next to the kvcached binary under test when the workspace's tests built it.
+fn kvblast_bin() -> Option<PathBuf> {
+    let p = std::path::Path::new(env!("CARGO_BIN_EXE_kvcached")).with_file_name("kvblast");
+    p.is_file().then_some(p)
+}
+
+/// kvblast in `ns` against the server on 127.0.0.1:`port` there, for `secs` seconds: an
+/// open-loop write, delete and expiry load (sets and touches with a 2 s expiry, 5,000 keys
+/// of the ETC workload's sizes, 3,000 requests/s over 4 connections).
+fn kvblast_load(kvblast: &std::path::Path, ns: &str, port: u16, secs: u64) -> Child {
+    let kvblast = kvblast.to_string_lossy().into_owned();
+    let (d, server) = (format!("{secs}s"), format!("127.0.0.1:{port}"));
+    Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            ns,
+            &kvblast,
+            "run",
+            "-q",
+            "--no-server-stats",
+        ])
+        .args([
+            "-w",
+            "etc",
+            "--keys",
+            "5000",
+            "--mix",
+            "set=5,delete=3,touch=1,get=1",
+        ])
+        .args([
+            "--exptime",
+            "2",
+            "--rate",
+            "3000",
+            "-c",
+            "4",
+            "-D",
+            &d,
+            &server,
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn kvblast")
+}
+
+/// Wait for a kvblast load to end by itself (it is bounded by its `-D`) and check it ran.
+fn kvblast_done(test: &str, who: &str, child: Child) {
+    let out = child.wait_with_output().expect("wait for kvblast");
+    assert!(
+        out.status.success(),
+        "{test}: kvblast against the {who} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The table's totals row: requests, completed, ...
+    let table = String::from_utf8_lossy(&out.stdout);
+    let all = table.lines().find(|l| l.starts_with("all ")).unwrap_or("");
+    eprintln!(
+        "chaos: kvblast against the {who}: {}",
+        all.split_whitespace().collect::<Vec<_>>().join(" ")
+    );
+}
+
 /// `stats digest` (kvcached's own): the live items' count and digest.
 fn digest(c: &mut Client) -> (u64, String) {
     let rows = c.stats("digest");
@@ -1203,7 +1268,9 @@ fn syncs(c: &mut Client) -> (u64, u64) {
     (repl_num(c, "full_syncs"), repl_num(c, "partial_syncs"))
 }
 
-/// Issue 11's chaos run. A master under a write, delete and expiry load; replica r1 pulling
+/// Issue 11's chaos run. A master under a write, delete and expiry load (kvblast's: sets,
+/// deletes and touches with a 2 s expiry, open loop, when the workspace built kvblast; and
+/// the test's own, whose every reply it checks); replica r1 pulling
 /// from it over the impaired link (20-100 ms delay each way from netem or the user-space
 /// relay, 1-5% loss each way from an nftables rule, or from the relay where nft is missing;
 /// both chosen from the seed), replica r2 chained behind r1. For `KVCACHED_CHAOS_SECS` (default 30): the link is
@@ -1242,6 +1309,21 @@ fn chaos_under_load_every_replica_ends_equal() {
     let start = Instant::now();
     let at = |fraction: u64| Duration::from_millis(secs * 1000 * fraction / 100);
     let (kill_r2, kill_master) = (at(30), at(60));
+    // kvblast's load on the master until just before it is killed, then on the promoted
+    // replica until the end (alongside the test's own load, whose replies it checks).
+    let kvblast = kvblast_bin();
+    let mut blast = match &kvblast {
+        Some(k) => Some(kvblast_load(
+            k,
+            net.ns(Side::A),
+            PORT,
+            kill_master.as_secs().saturating_sub(2).max(1),
+        )),
+        None => {
+            eprintln!("chaos: no kvblast next to kvcached (cargo build -p kvblast); own load only");
+            None
+        }
+    };
     let mut cut: Option<Instant> = None;
     let mut next_cut = Duration::from_secs(2);
     let mut r2_killed: Option<Instant> = None;
@@ -1282,6 +1364,9 @@ fn chaos_under_load_every_replica_ends_equal() {
             r2_back = true;
         }
         if master_killed.is_none() && t >= kill_master {
+            if let Some(child) = blast.take() {
+                kvblast_done(test, "master", child);
+            }
             net.kill(Side::A);
             let mut r1 = net.client(Side::B);
             let (full, partial) = syncs(&mut r1);
@@ -1292,6 +1377,12 @@ fn chaos_under_load_every_replica_ends_equal() {
                 "chaos: {:.1} s: master SIGKILLed, replica1 promoted",
                 t.as_secs_f64()
             );
+            let left = secs
+                .saturating_sub(start.elapsed().as_secs())
+                .saturating_sub(2);
+            if let (Some(k), true) = (&kvblast, left >= 1) {
+                blast = Some(kvblast_load(k, net.ns(Side::B), PORT, left));
+            }
             master_killed = Some(Instant::now());
         }
         if !old_master_back && master_killed.is_some_and(|k| k.elapsed() >= Duration::from_secs(1))
@@ -1306,6 +1397,9 @@ fn chaos_under_load_every_replica_ends_equal() {
     }
     if cut.is_some() {
         net.set_link(true);
+    }
+    if let Some(child) = blast.take() {
+        kvblast_done(test, "promoted replica", child);
     }
     assert!(
         r2_back && old_master_back,

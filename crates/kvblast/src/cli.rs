@@ -115,6 +115,10 @@ pub struct Args {
     /// Clamp value sizes to at most N bytes
     #[arg(long, value_name = "N", value_parser = number::<usize>, help_heading = "Workload (a preset, then overrides)")]
     pub value_max: Option<usize>,
+    /// Expiry time sets and touches give (memcached's exptime: seconds up to 30 days, else
+    /// a unix time; negative: already expired); default 0, never
+    #[arg(long, value_name = "SECONDS", value_parser = number::<i64>, allow_hyphen_values = true, help_heading = "Workload (a preset, then overrides)")]
+    pub exptime: Option<i64>,
     /// Key popularity: uniform | zipf:ALPHA | buckets[:SIZE,ALPHA,XMIN] | sequential
     #[arg(
         long,
@@ -416,6 +420,7 @@ impl Args {
         opt("--key-size", self.key_size.clone());
         opt("--value-size", self.value_size.clone());
         opt("--value-max", self.value_max.map(|x| x.to_string()));
+        opt("--exptime", self.exptime.map(|x| x.to_string()));
         opt("--popularity", self.popularity.clone());
         opt("--mix", self.mix.clone());
         opt("--multiget", self.multiget.map(|x| x.to_string()));
@@ -489,6 +494,9 @@ impl Args {
         if let Some(m) = self.value_max {
             w.value_size.max = m;
             w.value_size.min = w.value_size.min.min(m);
+        }
+        if let Some(e) = self.exptime {
+            w.exptime = e;
         }
         if w.value_size.max > MAX_VALUE {
             return Err(format!("values are limited to {MAX_VALUE} bytes"));
@@ -744,7 +752,7 @@ mod tests {
     fn to_argv_round_trips() {
         let a = args(
             "run -w usr --keys 10 --rate 100.5 -D 1.5s --warmup 250ms --look-aside \
-             --mix get=1 --protocol meta --agent 127.0.0.1:1 h1 h2",
+             --mix get=1 --protocol meta --exptime 60 --agent 127.0.0.1:1 h1 h2",
         )
         .unwrap_or_else(|e| panic!("{e}"));
         let back = Args::parse(std::iter::once("run".to_string()).chain(a.to_argv()))
@@ -759,7 +767,10 @@ mod tests {
         assert_eq!(c1.protocol, c2.protocol);
         assert_eq!(c1.servers, c2.servers);
         assert!(c2.look_aside);
+        assert_eq!(c2.workload.exptime, 60);
         assert!(back.agents.is_empty(), "agents are not passed on");
+        let past = args("run --exptime -1 h").unwrap_or_default();
+        assert_eq!(past.run_config().map(|c| c.workload.exptime), Ok(-1));
         let a = args("run --agent-keys shared --participant 2/3 h").unwrap_or_default();
         let back = Args::parse(std::iter::once("run".to_string()).chain(a.to_argv()))
             .unwrap_or_else(|e| panic!("{e}"));

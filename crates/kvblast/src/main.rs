@@ -25,6 +25,13 @@ fn read_server_stats(
     Some(out)
 }
 
+/// Write to stdout; a reader that went away (`kvblast ... | head`) is not an error and
+/// must not panic, as `print!` would.
+fn say(text: &str) {
+    use std::io::Write as _;
+    let _ = std::io::stdout().lock().write_all(text.as_bytes());
+}
+
 fn write_json(path: &Option<String>, json: &str) -> Result<(), String> {
     match path {
         Some(p) => write_file(p, json),
@@ -49,7 +56,7 @@ fn main_result() -> Result<(), String> {
     let args = Args::parse(std::env::args().skip(1))?;
     match args.command.as_str() {
         "help" => {
-            print!("{}", args.help.unwrap_or_else(usage));
+            say(&args.help.unwrap_or_else(usage));
             Ok(())
         }
         "agent" => {
@@ -62,7 +69,7 @@ fn main_result() -> Result<(), String> {
             agent::serve(l, args.jobs)
         }
         "workloads" => {
-            print!("{}", list_workloads());
+            say(&list_workloads());
             Ok(())
         }
         "run" => {
@@ -80,7 +87,7 @@ fn main_result() -> Result<(), String> {
                     report.server = Some(server_delta(&before, &after));
                 }
             }
-            print!("{}", report.table());
+            say(&report.table());
             if let Some(prefix) = &args.plot {
                 write_run_plots(prefix, &report)?;
             }
@@ -93,7 +100,7 @@ fn main_result() -> Result<(), String> {
         "capacity" => {
             let cfg = capacity_config(&args)?;
             let result = search(&cfg, &args, args.slo()?, "")?;
-            print!("{}", result.table());
+            say(&result.table());
             if let Some(prefix) = &args.plot {
                 plot::write_both(prefix, "capacity", &plot::capacity(&result))?;
                 plot::write_both(prefix, "curve", &plot::capacity_curve(&result))?;
@@ -262,10 +269,7 @@ fn compare(args: &Args) -> Result<(), String> {
         }
     }
     let medians: Vec<f64> = capacities.iter().map(|c| plot::median(c)).collect();
-    print!(
-        "{}",
-        compare_table(&entries, &capacities, &medians, &target)
-    );
+    say(&compare_table(&entries, &capacities, &medians, &target));
     let chart = plot::compare(&curves);
     if let Some(out) = &args.output {
         plot::write_one(out, &chart)?;
