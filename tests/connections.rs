@@ -836,3 +836,75 @@ fn read_buf_mem_limit_bounds_connection_buffers() {
     assert!(fresh.exact(size + 2)[..size].iter().all(|&b| b == b'b'));
     assert_eq!(fresh.line(), "END\r\n");
 }
+
+/// Listening sockets on `port` in the kernel's table (`/proc/net/tcp`, state 0A).
+fn listening_sockets(port: u16) -> usize {
+    let want = format!(":{port:04X}");
+    std::fs::read_to_string("/proc/net/tcp")
+        .unwrap_or_default()
+        .lines()
+        .skip(1)
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() > 3 && f[1].ends_with(&want) && f[3] == "0A"
+        })
+        .count()
+}
+
+/// `-o reuseport,cpu_affinity` (kvcached's own): every worker has a listening socket of its
+/// own on the port, each worker thread may run on one CPU only, clients are served as with
+/// the shared socket, and one that connects and goes away at once costs nothing after.
+#[test]
+fn reuseport_gives_each_worker_its_socket_and_cpu_affinity_pins_it() {
+    let shared = Server::start_verified(Kind::Kvcached, &["-t", "3"]);
+    assert_eq!(
+        listening_sockets(shared.port),
+        1,
+        "one shared socket by default"
+    );
+    let s = Server::start_verified(Kind::Kvcached, &["-t", "3", "-o", "reuseport,cpu_affinity"]);
+    assert_eq!(listening_sockets(s.port), 3, "a socket per worker");
+    for _ in 0..20 {
+        drop(std::net::TcpStream::connect(("127.0.0.1", s.port)).expect("connect"));
+    }
+    let mut clients: Vec<_> = (0..30).map(|_| s.connect()).collect();
+    for (i, c) in clients.iter_mut().enumerate() {
+        assert_eq!(
+            c.call(&format!("set k{i} 0 0 1\r\n{}\r\n", i % 10)),
+            "STORED\r\n"
+        );
+    }
+    for (i, c) in clients.iter_mut().enumerate() {
+        assert_eq!(
+            c.call(&format!("get k{}\r\n", (i + 1) % 30)),
+            format!("VALUE k{} 0 1\r\n", (i + 1) % 30)
+        );
+        c.until("END\r\n");
+    }
+    // Each worker thread may run on exactly one CPU.
+    let pid = s.child.id();
+    let mut workers = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("tasks")
+        .flatten()
+    {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if !comm.starts_with("worker-") {
+            continue;
+        }
+        workers += 1;
+        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        let cpus = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .map(str::trim)
+            .unwrap_or_default()
+            .to_string();
+        assert!(
+            !cpus.is_empty() && cpus.parse::<usize>().is_ok(),
+            "{}: allowed CPUs {cpus:?}",
+            comm.trim()
+        );
+    }
+    assert_eq!(workers, 3);
+}

@@ -12,7 +12,6 @@
 //! keeps the connections it accepted for their whole life: a request is parsed, executed and
 //! answered on one thread (a column), and workers share nothing but the engine and counters.
 
-use std::io;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -88,12 +87,18 @@ pub fn run(
     let udp_addrs = crate::runtime::udp::addresses(&shared.config)?;
     let mut workers = Vec::with_capacity(threads);
     let mut wakers = Vec::with_capacity(threads);
+    let mut cpus = Vec::with_capacity(threads);
     for (i, stats) in worker_stats.into_iter().enumerate() {
-        let mine = listeners
-            .iter()
-            .map(|l| l.try_clone())
-            .collect::<io::Result<Vec<_>>>()
-            .map_err(|e| format!("failed to share a listening socket: {e}"))?;
+        let cpu = crate::runtime::listener::worker_cpu(i);
+        cpus.push(cpu.filter(|_| shared.config.cpu_affinity));
+        let mine = crate::runtime::listener::worker_listeners(&shared.config, &listeners, i, cpu)?;
+        if i > 0 && shared.config.reuseport {
+            for l in mine.iter().filter(|l| matches!(l, Listener::Tcp(..))) {
+                let info = Arc::new(ConnInfo::new(l.describe(), String::new()));
+                info.last_cmd.store(shared.clock.now(), Ordering::Relaxed);
+                shared.register(l.fd(), ConnKind::Listener, info);
+            }
+        }
         let worker = Worker::new(i, shared.clone(), stats, mine, &udp_addrs)
             .map_err(|e| format!("failed to start worker {i}: {e}"))?;
         wakers.push(worker.waker());
@@ -147,9 +152,18 @@ pub fn run(
 
     let mut handles = Vec::with_capacity(workers.len());
     for (i, w) in workers.into_iter().enumerate() {
+        let cpu = cpus.get(i).copied().flatten();
         let h = std::thread::Builder::new()
             .name(format!("worker-{i}"))
-            .spawn(move || w.run())
+            .spawn(move || {
+                if let Some(cpu) = cpu {
+                    match crate::runtime::listener::pin_to(cpu) {
+                        Ok(()) => tracing::debug!(worker = i, cpu, "worker pinned"),
+                        Err(e) => tracing::warn!("-o cpu_affinity: worker {i}, CPU {cpu}: {e}"),
+                    }
+                }
+                w.run()
+            })
             .map_err(|e| format!("failed to spawn worker {i}: {e}"))?;
         handles.push(h);
     }

@@ -75,7 +75,7 @@ pub fn bind_listeners(config: &Config) -> Result<Vec<Listener>, String> {
             (true, ListenTls::Peer) => Some(Peer::Require),
         };
         for addr in addrs {
-            out.push(bind_tcp(addr, config.backlog, tls)?);
+            out.push(bind_tcp(addr, config.backlog, tls, config.reuseport)?);
         }
     }
     if out.is_empty() {
@@ -84,10 +84,88 @@ pub fn bind_listeners(config: &Config) -> Result<Vec<Listener>, String> {
     Ok(out)
 }
 
-fn bind_tcp(addr: SocketAddr, backlog: i32, tls: Option<Peer>) -> Result<Listener, String> {
+/// The listening sockets worker `worker` polls. Without `-o reuseport`, duplicates of the
+/// shared ones (`first`); with it, worker 0 takes `first` and every other worker binds a
+/// socket of its own to each TCP address (the address `first` got, so port 0 works too),
+/// in the same SO_REUSEPORT group, and the kernel spreads new connections over them. With
+/// `cpu`, each of the worker's TCP sockets asks, by SO_INCOMING_CPU, for the connections
+/// whose packets that CPU handles (a preference the kernel may not honour).
+pub fn worker_listeners(
+    config: &Config,
+    first: &[Listener],
+    worker: usize,
+    cpu: Option<usize>,
+) -> Result<Vec<Listener>, String> {
+    let mut out = Vec::with_capacity(first.len());
+    for l in first {
+        let mine = match l {
+            Listener::Tcp(shared, tls) if config.reuseport && worker > 0 => {
+                let addr = shared
+                    .local_addr()
+                    .map_err(|e| format!("a listening socket's address: {e}"))?;
+                bind_tcp(addr, config.backlog, *tls, true)?
+            }
+            _ => l
+                .try_clone()
+                .map_err(|e| format!("failed to share a listening socket: {e}"))?,
+        };
+        if let (Listener::Tcp(s, _), Some(cpu), true) = (&mine, cpu, config.reuseport) {
+            socket2::SockRef::from(s)
+                .set_cpu_affinity(cpu)
+                .map_err(|e| format!("SO_INCOMING_CPU {cpu}: {e}"))?;
+        }
+        out.push(mine);
+    }
+    Ok(out)
+}
+
+/// The CPU worker `worker` runs on with `-o cpu_affinity`: the worker-th of the CPUs this
+/// process may run on (wrapping around). None if the allowed set cannot be read.
+pub fn worker_cpu(worker: usize) -> Option<usize> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; sched_getaffinity fills at most
+    // its size.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let size = std::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: `set` is a live cpu_set_t of `size` bytes.
+    if unsafe { libc::sched_getaffinity(0, size, &mut set) } != 0 {
+        return None;
+    }
+    let allowed: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: `i` is below CPU_SETSIZE, inside `set`.
+        .filter(|&i| unsafe { libc::CPU_ISSET(i, &set) })
+        .collect();
+    (!allowed.is_empty()).then(|| allowed[worker % allowed.len()])
+}
+
+/// Pin the calling thread to `cpu`.
+pub fn pin_to(cpu: usize) -> io::Result<()> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; `cpu` is checked against its size.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(io::Error::other(format!("CPU {cpu} is out of range")));
+    }
+    // SAFETY: `cpu` is inside `set` (checked above).
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    let size = std::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: `set` is a live cpu_set_t of `size` bytes; 0 is the calling thread.
+    if unsafe { libc::sched_setaffinity(0, size, &set) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn bind_tcp(
+    addr: SocketAddr,
+    backlog: i32,
+    tls: Option<Peer>,
+    reuseport: bool,
+) -> Result<Listener, String> {
     let fail = |e: io::Error| format!("failed to listen on TCP {addr}: {e}");
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, None).map_err(fail)?;
     socket.set_reuse_address(true).map_err(fail)?;
+    if reuseport {
+        socket.set_reuse_port(true).map_err(fail)?;
+    }
     if addr.is_ipv6() {
         socket.set_only_v6(true).map_err(fail)?;
     }

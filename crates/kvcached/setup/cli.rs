@@ -907,6 +907,8 @@ impl Builder {
                 let secs: u64 = int(sp, &need(val)?, "a number of seconds (0 turns it off)")?;
                 self.cfg.idle_timeout = (secs > 0).then(|| Duration::from_secs(secs));
             }
+            "reuseport" => self.cfg.reuseport = true,
+            "cpu_affinity" => self.cfg.cpu_affinity = true,
             "maxconns_fast" => self.cfg.maxconns_fast = true,
             "no_maxconns_fast" => self.cfg.maxconns_fast = false,
             "debug_clock" => self.cfg.debug_clock = true,
@@ -1468,17 +1470,27 @@ Extended options: -o, --extended=OPT[,OPT=VALUE...]
   ssl_handshake_timeout=SECONDS
                               with -Z: close a connection whose TLS handshake has not
                               completed after SECONDS (kvcached's own; default 10; 0 never)
+  reuseport                   a listening socket per worker thread (SO_REUSEPORT, each
+                              with SO_INCOMING_CPU set to its worker's CPU) instead of
+                              one socket all workers accept from (kvcached's own)
+  cpu_affinity                pin worker N to the Nth CPU the process may run on
+                              (kvcached's own)
   debug_clock                 TESTS ONLY: enable the debugtime command, which moves the
                               server clock. Never use in production.
 
+Slab sizing (kvcached keeps items in a log, not in slabs; these set only the size
+classes that stats items, stats slabs, me and lru_crawler metadump report):
+  -f, --slab-growth-factor, -n, --slab-min-size, and the -o options slab_chunk_max,
+  slab_sizes; -o track_sizes turns on stats sizes
+
 Accepted for compatibility and ignored (logged at startup):
-  -f, --slab-growth-factor, -n, --slab-min-size, -L, --enable-largepages,
+  -L, --enable-largepages,
   -N, --napi-ids, and the -o options hashpower,
   no_hashexpand, tail_repair_time, hash_algorithm, slab_reassign, slab_automove,
-  slab_automove_ratio, slab_automove_window, slab_automove_freeratio, slab_chunk_max,
-  slab_sizes, no_chunked_items, lru_crawler_sleep, lru_crawler_tocrawl,
+  slab_automove_ratio, slab_automove_window, slab_automove_freeratio,
+  no_chunked_items, lru_crawler_sleep, lru_crawler_tocrawl,
   lru_maintainer, hot_lru_pct, warm_lru_pct, hot_max_factor, warm_max_factor,
-  temporary_ttl, watcher_logbuf_size, worker_logbuf_size, resp_obj_mem_limit, track_sizes, inline_ascii_resp, modern, no_modern,
+  temporary_ttl, watcher_logbuf_size, worker_logbuf_size, resp_obj_mem_limit, inline_ascii_resp, modern, no_modern,
   drop_privileges, relaxed_privileges, sock_cookie_id, proxy_arg, proxy_uring,
   proxy_memprofile and ext_* (extstore settings); most have a no_ form. Their values
   are still checked as memcached checks them.

@@ -158,6 +158,11 @@ pub struct Config {
     pub slab_classes: Vec<u32>,
     /// Count live items per 32 bytes of size for `stats sizes` (`-o track_sizes`).
     pub track_sizes: bool,
+    /// A listening socket per worker (SO_REUSEPORT, SO_INCOMING_CPU) instead of one shared
+    /// socket (`-o reuseport`; kvcached's own).
+    pub reuseport: bool,
+    /// Pin each worker thread to one CPU (`-o cpu_affinity`; kvcached's own).
+    pub cpu_affinity: bool,
     /// Allow the commands that dump keys: `stats cachedump`, `stats detail dump`,
     /// `lru_crawler metadump` (`-X` turns them off).
     pub dump_enabled: bool,
@@ -243,6 +248,8 @@ impl Default for Config {
             item_size_max: 1 << 20,
             slab_classes: slab_classes(48, 1.25, 512 << 10, None),
             track_sizes: false,
+            reuseport: false,
+            cpu_affinity: false,
             no_evict: false,
             use_cas: true,
             max_connections: 1024,
