@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 . bench/lib.sh
 
 duration=10
-rounds=2
+rounds=3
 while getopts "d:r:" opt; do
     case $opt in
         d) duration=$OPTARG ;;
