@@ -1402,7 +1402,8 @@ Commands
   -Y, --auth-file=FILE        require ASCII authentication; FILE holds user:password lines
 
 Threads
-  -t, --threads=N             worker threads (default: number of cores, here {threads})
+  -t, --threads=N             worker threads (default: the number of CPUs the process
+                              may run on)
   -R, --max-reqs-per-event=N  requests served on one connection before others get a
                               turn (default {reqs})
 
@@ -1504,7 +1505,6 @@ Refused: -o proxy_config (no proxy mode), -o ssl_kernel_tls (TLS is in user spac
         mask = d.unix_mask,
         backlog = d.backlog,
         conns = d.max_connections,
-        threads = d.threads,
         reqs = d.reqs_per_event,
     )
 }
