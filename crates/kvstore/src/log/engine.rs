@@ -190,19 +190,13 @@ impl Engine for LogEngine {
             return;
         }
         let Some(t) = self.tally.get() else { return };
-        // Count what the index already holds (a warm restart's items). The bound is read
-        // again every step, as in `wipe`.
-        let mut b = 0;
-        while b < self.index.nmain() {
-            let _g = self.index.lock_bucket(b);
-            self.index.for_each_in_chain(b, |_, v| {
-                // SAFETY: we hold the chain's stripe lock and `v` is in its slot.
-                if let Some(r) = unsafe { self.rec(v) } {
-                    t.count(self.rec_size(&r), 1);
-                }
-            });
-            b += 1;
-        }
+        // Count what the index already holds (a warm restart's items).
+        self.for_each_indexed(|_, v| {
+            // SAFETY: we hold the chain's stripe lock and `v` is in its slot.
+            if let Some(r) = unsafe { self.rec(v) } {
+                t.count(self.rec_size(&r), 1);
+            }
+        });
     }
 
     fn size_bands(&self) -> Vec<crate::SizeBand> {

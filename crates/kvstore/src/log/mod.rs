@@ -311,9 +311,9 @@ pub struct LogEngine {
     retired_bytes: AtomicU64,
     /// Replication state of this engine (see `repl`).
     repl: repl::ReplFlags,
-    /// Told of every item evicted (`watch evictions`); see [`LogEngine::observe_evictions`].
     /// Live items by size, once the server asks (`tally_sizes`).
     tally: OnceLock<tally::Tally>,
+    /// Told of every item evicted (`watch evictions`); see [`LogEngine::observe_evictions`].
     on_evict: std::sync::OnceLock<EvictionObserver>,
     st: Padded<Counters>,
 }
@@ -657,6 +657,18 @@ impl LogEngine {
             flags: r.flags,
             exptime: r.exptime,
             cas: self.rec_cas(r),
+        }
+    }
+
+    /// Call `f` with every index slot that holds an item and its value, one chain at a time
+    /// under the chain's stripe lock. The bound is read again every step: a split moves
+    /// items only to new buckets past every old one, so none is skipped.
+    fn for_each_indexed(&self, mut f: impl FnMut(&AtomicU64, u64)) {
+        let mut b = 0;
+        while b < self.index.nmain() {
+            let _g = self.index.lock_bucket(b);
+            self.index.for_each_in_chain(b, &mut f);
+            b += 1;
         }
     }
 

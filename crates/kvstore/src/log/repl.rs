@@ -1256,21 +1256,12 @@ impl LogEngine {
 
     /// Drop every item (a full sync starts from nothing).
     fn wipe(&self) {
-        // The bound is read again every step: a split moves items only to new buckets
-        // past every old one, so none is skipped.
-        let mut b = 0;
-        while b < self.index.nmain() {
-            b += 1;
-            let b = b - 1;
-            let _g = self.index.lock_bucket(b);
-            self.index.for_each_in_chain(b, |slot, v| {
-                // SAFETY: we hold the chain's stripe lock and `v` is in its slot.
-                let (len, size) =
-                    unsafe { self.rec(v) }.map_or((0, 0), |r| (r.len, self.rec_size(&r)));
-                slot.store(0, Ordering::Release);
-                self.account_remove(v, len, size);
-            });
-        }
+        self.for_each_indexed(|slot, v| {
+            // SAFETY: we hold the chain's stripe lock and `v` is in its slot.
+            let (len, size) = unsafe { self.rec(v) }.map_or((0, 0), |r| (r.len, self.rec_size(&r)));
+            slot.store(0, Ordering::Release);
+            self.account_remove(v, len, size);
+        });
         self.free_dead_segments();
     }
 }
