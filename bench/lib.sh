@@ -3,12 +3,12 @@
 # A TCP port on 127.0.0.1 that was free a moment ago.
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
-# stat PORT NAME: one value of the server's general `stats`.
+# stat PORT NAME [GROUP]: one value of the server's general `stats` (or `stats GROUP`).
 stat() {
-    python3 - "$1" "$2" <<'PY'
+    python3 - "$1" "$2" "${3:-}" <<'PY'
 import socket, sys
 s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=5)
-s.sendall(b"stats\r\n")
+s.sendall(f"stats {sys.argv[3]}".strip().encode() + b"\r\n")
 buf = b""
 while not buf.endswith(b"END\r\n"):
     d = s.recv(65536)

@@ -119,6 +119,10 @@ pub struct Args {
     /// a unix time; negative: already expired); default 0, never
     #[arg(long, value_name = "SECONDS", value_parser = number::<i64>, allow_hyphen_values = true, help_heading = "Workload (a preset, then overrides)")]
     pub exptime: Option<i64>,
+    /// With --exptime, draw each set's and touch's expiry time uniformly from --exptime to
+    /// this many seconds (times to live of mixed lengths, e.g. `--exptime 1 --exptime-max 60`)
+    #[arg(long, value_name = "SECONDS", value_parser = number::<i64>, requires = "exptime", help_heading = "Workload (a preset, then overrides)")]
+    pub exptime_max: Option<i64>,
     /// Key popularity: uniform | zipf:ALPHA | buckets[:SIZE,ALPHA,XMIN] | sequential
     #[arg(
         long,
@@ -421,6 +425,7 @@ impl Args {
         opt("--value-size", self.value_size.clone());
         opt("--value-max", self.value_max.map(|x| x.to_string()));
         opt("--exptime", self.exptime.map(|x| x.to_string()));
+        opt("--exptime-max", self.exptime_max.map(|x| x.to_string()));
         opt("--popularity", self.popularity.clone());
         opt("--mix", self.mix.clone());
         opt("--multiget", self.multiget.map(|x| x.to_string()));
@@ -497,6 +502,16 @@ impl Args {
         }
         if let Some(e) = self.exptime {
             w.exptime = e;
+            w.exptime_max = e;
+        }
+        if let Some(m) = self.exptime_max {
+            if m < w.exptime {
+                return Err(format!(
+                    "--exptime-max {m} is below --exptime {}",
+                    w.exptime
+                ));
+            }
+            w.exptime_max = m;
         }
         if w.value_size.max > MAX_VALUE {
             return Err(format!("values are limited to {MAX_VALUE} bytes"));
@@ -769,6 +784,12 @@ mod tests {
         assert!(c2.look_aside);
         assert_eq!(c2.workload.exptime, 60);
         assert!(back.agents.is_empty(), "agents are not passed on");
+        let mixed = args("run --exptime 1 --exptime-max 60 h").unwrap_or_default();
+        let w = mixed.run_config().map(|c| c.workload).ok();
+        assert_eq!(w.map(|w| (w.exptime, w.exptime_max)), Some((1, 60)));
+        let bad = args("run --exptime 10 --exptime-max 5 h").unwrap_or_default();
+        assert!(bad.run_config().is_err());
+        assert!(args("run --exptime-max 5 h").is_err(), "needs --exptime");
         let past = args("run --exptime -1 h").unwrap_or_default();
         assert_eq!(past.run_config().map(|c| c.workload.exptime), Ok(-1));
         let a = args("run --agent-keys shared --participant 2/3 h").unwrap_or_default();

@@ -136,8 +136,10 @@ pub struct Workload {
     pub mix: Mix,
     /// Keys per get request (1: single get).
     pub multiget: usize,
-    /// Expiration time sent with sets and touches.
+    /// Expiration time sent with sets and touches: drawn uniformly from `exptime` to
+    /// `exptime_max` (the same: always `exptime`).
     pub exptime: i64,
+    pub exptime_max: i64,
 }
 
 pub const PRESETS: [&str; 11] = [
@@ -171,6 +173,7 @@ impl Workload {
             mix,
             multiget,
             exptime: 0,
+            exptime_max: 0,
         };
         let microblog_sizes = SizeDist::new(
             Dist::Normal {

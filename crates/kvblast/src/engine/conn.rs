@@ -108,8 +108,13 @@ impl Worker {
             Protocol::Meta if matches!(op, Op::Get | Op::Set | Op::Delete) => Wire::Meta,
             Protocol::Meta => Wire::Text,
         };
+        let exptime = if w.exptime_max > w.exptime {
+            w.exptime + dist::below(&mut self.rng, (w.exptime_max - w.exptime) as u64 + 1) as i64
+        } else {
+            w.exptime
+        };
         // Binary expiration times are unsigned 32-bit; negative means "already expired".
-        let bin_exptime = u32::try_from(w.exptime.max(0)).unwrap_or(u32::MAX);
+        let bin_exptime = u32::try_from(exptime.max(0)).unwrap_or(u32::MAX);
         // UDP: this request's datagram starts with the frame header (request id, sequence 0,
         // one datagram, reserved).
         let dgram_start = conn.wbuf.len();
@@ -188,10 +193,10 @@ impl Worker {
                 };
                 let data = &shared.value[..len.min(shared.value.len())];
                 match wire {
-                    Wire::Text => proto::set(wb, kb, 0, w.exptime, data, false),
+                    Wire::Text => proto::set(wb, kb, 0, exptime, data, false),
                     Wire::Meta => {
                         self.flagbuf.clear();
-                        let _ = write!(self.flagbuf, "T{}", w.exptime);
+                        let _ = write!(self.flagbuf, "T{exptime}");
                         proto::meta_set(wb, kb, data, &self.flagbuf);
                     }
                     Wire::Binary => proto::binary::set(wb, kb, 0, bin_exptime, data, 0),
@@ -204,7 +209,7 @@ impl Worker {
             },
             Op::Touch => match wire {
                 Wire::Binary => proto::binary::touch(wb, kb, bin_exptime, 0),
-                _ => proto::touch(wb, kb, w.exptime, false),
+                _ => proto::touch(wb, kb, exptime, false),
             },
             Op::Incr => match wire {
                 Wire::Binary => proto::binary::increment(wb, kb, 1, false, 0),

@@ -160,7 +160,7 @@ impl Engine for LogEngine {
                 // memcached's names, per slab class; the log has one "class" (1).
                 let ld = |c: &AtomicU64| c.load(Ordering::Relaxed);
                 let evictions = ld(&st.evictions);
-                let rows: [(&str, u64); 13] = [
+                let rows: [(&str, u64); 14] = [
                     ("number", self.stats().curr_items),
                     ("evicted", evictions),
                     ("evicted_nonzero", ld(&st.evicted_nonzero)),
@@ -173,6 +173,7 @@ impl Engine for LogEngine {
                     ("copied_forward", ld(&st.copied_forward)),
                     ("segments_evicted", ld(&st.segments_evicted)),
                     ("segments_compacted", ld(&st.segments_compacted)),
+                    ("segments_expired", ld(&st.segments_expired)),
                     ("tombstones", ld(&st.tombstones)),
                 ];
                 for (name, value) in rows {
@@ -223,6 +224,7 @@ impl Engine for LogEngine {
             &st.copied_forward,
             &st.segments_evicted,
             &st.segments_compacted,
+            &st.segments_expired,
             &st.tombstones,
         ] {
             c.store(0, Ordering::Relaxed);
@@ -454,6 +456,10 @@ impl Engine for LogEngine {
         let st = &self.st.0;
         st.crawler_checked.fetch_add(checked, Ordering::Relaxed);
         st.crawler_reclaimed.fetch_add(n, Ordering::Relaxed);
+        if sweep {
+            self.seal_aged(now);
+            self.expire_segments();
+        }
         self.free_dead_segments();
         self.grow(true);
         n

@@ -26,6 +26,15 @@
 //! * **Append shards**: each thread appends to the open segment of its shard (threads
 //!   are spread over shards round-robin), so writers of different shards never share an
 //!   append lock.
+//! * **TTL classes**: an item with a time to live goes instead to the open segment of its
+//!   TTL class (geometric classes from 1 s to `TTL_SPAN`, see [`ttl_classes`]), so the
+//!   items of a segment expire about together. A segment keeps the latest expiry it was
+//!   given (`SegAcct::max_exp`); `maintain` frees every sealed segment past it, anywhere in
+//!   the FIFOs, without waiting for eviction (`expire_segments`), and seals a class's
+//!   open segment once its first items have all expired (`seal_aged`), so a class written
+//!   to slowly does not keep expired items in a segment that never fills. The open
+//!   segments of the classes take at most an eighth of the segments (a small cache gets
+//!   few, coarse classes); class segments play a shard's part in the lock order.
 //! * **Two FIFOs** of sealed segments (S3-FIFO, by whole segments): segments of new
 //!   writes join the small (probation) queue, segments of second-chance copies the main
 //!   queue. The small queue's oldest segment is evicted while the small queue holds more
@@ -195,6 +204,32 @@ const CHUNK: usize = 1024;
 const RETRIES: usize = 64;
 /// Main buckets `maintain` scans per call (each a cache line of 8 slots).
 const MAINTAIN_BUCKETS: usize = 1 << 16;
+/// TTL classes cover times to live from 1 s to this many seconds (36 h), in geometric
+/// steps; items that live longer (or forever) go to their shard's segment.
+const TTL_SPAN: u32 = 1 << 17;
+/// At most this many TTL classes (a ratio of 1.097 between neighbours).
+const MAX_TTL_CLASSES: usize = 128;
+
+/// The TTL classes for an engine of `segments` segments and `shards` shards: their upper
+/// bounds and the open segments per class. Their open segments take at most an eighth of
+/// the segments (as the shards' do), so a small cache gets few, coarse classes and a very
+/// small one none.
+fn ttl_classes(segments: usize, shards: usize) -> (Box<[u32]>, usize) {
+    let open = segments / 8;
+    let n = open.min(MAX_TTL_CLASSES);
+    if n < 2 {
+        return (Box::new([]), 1);
+    }
+    let mut bounds: Vec<u32> = Vec::with_capacity(n);
+    for i in 1..=n {
+        let b = f64::from(TTL_SPAN).powf(i as f64 / n as f64).ceil() as u32;
+        let b = b.max(bounds.last().map_or(2, |&l| l + 1));
+        bounds.push(b.min(TTL_SPAN));
+    }
+    bounds.dedup();
+    let ways = (open / bounds.len()).clamp(1, shards);
+    (bounds.into_boxed_slice(), ways)
+}
 
 #[derive(Default)]
 #[repr(align(64))]
@@ -215,6 +250,7 @@ struct Counters {
     copied_forward: AtomicU64,
     segments_evicted: AtomicU64,
     segments_compacted: AtomicU64,
+    segments_expired: AtomicU64,
     tombstones: AtomicU64,
     index_splits: AtomicU64,
 }
@@ -282,6 +318,15 @@ pub struct LogEngine {
     /// no_evict only: compaction's segment and spare (see `compact.rs`).
     compactor: Mutex<compact::Compactor>,
     shards: Box<[Padded<Mutex<Option<Open>>>]>,
+    /// Open segments of items with a time to live, `ttl_ways` per TTL class (see
+    /// [`ttl_classes`]): items that expire about together share segments, so a segment
+    /// empties by expiry soon after its items' time is up instead of when its longest-lived
+    /// neighbour's is. Each plays a shard's part in the lock order.
+    ttl_open: Box<[Padded<Mutex<Option<Open>>>]>,
+    /// Exclusive upper bounds, in seconds, of the TTL classes (empty: no classes, the
+    /// memory is too small for their open segments).
+    ttl_bounds: Box<[u32]>,
+    ttl_ways: usize,
     shard_items: Box<[Padded<AtomicU64>]>,
     /// Items the index points at, summed over cells (a cell may go negative).
     live: Box<[Padded<AtomicI64>]>,
@@ -344,6 +389,7 @@ impl LogEngine {
         }
         let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
         let nshards = (cpus * 2).clamp(2, 16).min((budget / seg_size / 8).max(1));
+        let (ttl_bounds, ttl_ways) = ttl_classes(budget / seg_size, nshards);
         LogEngine {
             max_item_size: config.max_item_size,
             config: config.clone(),
@@ -359,6 +405,11 @@ impl LogEngine {
             evictor: Mutex::new(Evictor::default()),
             compactor: Mutex::new(compact::Compactor::default()),
             shards: (0..nshards).map(|_| Padded::default()).collect(),
+            ttl_open: (0..ttl_bounds.len() * ttl_ways)
+                .map(|_| Padded::default())
+                .collect(),
+            ttl_bounds,
+            ttl_ways,
             shard_items: (0..nshards).map(|_| Padded::default()).collect(),
             live: (0..nshards).map(|_| Padded::default()).collect(),
             grow_lock: Mutex::new(Grow::default()),
@@ -691,8 +742,8 @@ impl LogEngine {
     }
 
     /// The index gained an item: `len` bytes of record in segment `id`, `size` bytes as
-    /// memcached counts it.
-    fn account_add(&self, id: u32, len: usize, size: usize) {
+    /// memcached counts it, expiring at `exptime` (0: never).
+    fn account_add(&self, id: u32, len: usize, size: usize, exptime: Time) {
         if let Some(t) = self.tally.get() {
             t.count(size, 1);
         }
@@ -705,6 +756,11 @@ impl LogEngine {
                 .0
                 .live_bytes
                 .fetch_add(len as u64, Ordering::Relaxed);
+            let exp = if exptime == 0 { Time::MAX } else { exptime };
+            let m = &seg.acct.0.max_exp;
+            if m.load(Ordering::Relaxed) < exp {
+                m.fetch_max(exp, Ordering::Relaxed);
+            }
         }
     }
 

@@ -24,6 +24,10 @@ pub(super) struct SegMem {
 pub(super) struct SegAcct {
     pub(super) live_items: AtomicU64,
     pub(super) live_bytes: AtomicU64,
+    /// The latest expiry of any item the segment was given: 0 while it has none,
+    /// `Time::MAX` once one never expires. Once the clock passes it, everything in the
+    /// segment is dead and the whole segment can go (`expire_segments`).
+    pub(super) max_exp: AtomicU32,
 }
 
 #[derive(Default)]
@@ -68,6 +72,9 @@ pub(super) struct Open {
     pub(super) cap: usize,
     pub(super) used: usize,
     pub(super) base: u64,
+    /// The engine's clock when it was opened (a TTL class's segment is sealed once its
+    /// first items have all expired, see `seal_aged`).
+    pub(super) opened: Time,
 }
 
 #[derive(Default)]
@@ -179,6 +186,7 @@ impl LogEngine {
             }
             seg.acct.0.live_items.store(0, Ordering::Relaxed);
             seg.acct.0.live_bytes.store(0, Ordering::Relaxed);
+            seg.acct.0.max_exp.store(0, Ordering::Relaxed);
         }
         p.ids.push(id);
     }
@@ -275,7 +283,7 @@ impl LogEngine {
                 changed = true;
             }
         }
-        for shard in self.shards.iter() {
+        for shard in self.shards.iter().chain(self.ttl_open.iter()) {
             if let Ok(mut sh) = shard.0.try_lock() {
                 if let Some(o) = sh.take() {
                     self.seal(o, Queue::Small);
@@ -313,16 +321,19 @@ impl LogEngine {
         let ptr = NonNull::new(seg.mem.0.ptr.load(Ordering::Acquire))?;
         let cap = seg.mem.0.cap.load(Ordering::Relaxed);
         // A fresh mapping (`used` is 0 only until its first opening) gets its pages with
-        // one system call rather than a fault each; a reused segment's are resident.
+        // one system call rather than a fault each, zeroed by the kernel; a reused
+        // segment's are resident and hold old records, which are cleared.
         if seg.mem.0.used.load(Ordering::Relaxed) == 0 {
             mem::populate(ptr, cap);
+        } else {
+            // SAFETY: a free segment is unreachable (no slot points into it, readers from
+            // before it was freed are gone, see `release`/`evict_one`) and owned by us
+            // now, so we may write all `cap` bytes of its mapping.
+            unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, cap) };
         }
-        // SAFETY: a free segment is unreachable (no slot points into it, readers from
-        // before it was freed are gone, see `release`/`evict_one`) and owned by us now,
-        // so we may write all `cap` bytes of its mapping.
-        unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, cap) };
         seg.acct.0.live_items.store(0, Ordering::Relaxed);
         seg.acct.0.live_bytes.store(0, Ordering::Relaxed);
+        seg.acct.0.max_exp.store(0, Ordering::Relaxed);
         // The number is drawn and published under `seq_lock`, so that a log reader that
         // holds it sees every number below `seg_seq` either live or retired.
         let _s = lock(&self.seq_lock);
@@ -338,6 +349,7 @@ impl LogEngine {
             cap,
             used: SEG_HDR,
             base,
+            opened: self.clock.load(Ordering::Relaxed),
         })
     }
 
@@ -379,7 +391,7 @@ impl LogEngine {
         // compacted, not in this one.
         let len = unsafe { format::write(d.ptr.as_ptr().add(d.off), spec, d.base) };
         self.advance(slot, o, len);
-        self.account_add(o.id, len, self.spec_size(spec));
+        self.account_add(o.id, len, self.spec_size(spec), spec.exptime);
         Some((o.id, d.off as u32))
     }
 
@@ -488,6 +500,91 @@ impl LogEngine {
             }
         }
         dead.len()
+    }
+
+    /// Seal the open segments of TTL classes whose first items have all expired by `now`
+    /// (opened at least the class's longest time to live ago), so that a class written
+    /// to slowly does not keep expired items in a segment that never fills; sealed, the
+    /// segment goes by `expire_segments` once its last item expires. (Sealing sooner, at
+    /// the class's shortest time to live, left short-lived classes' segments mostly
+    /// unfilled, and that cost more than the expired items it freed: `bench/expiry.sh`.)
+    /// Shard locks are only tried (a writer holding one is busy with it and will come
+    /// back).
+    pub(super) fn seal_aged(&self, now: Time) {
+        for (i, slot) in self.ttl_open.iter().enumerate() {
+            let longest = self.ttl_bounds.get(i / self.ttl_ways).copied().unwrap_or(1);
+            let Ok(mut sh) = slot.0.try_lock() else {
+                continue;
+            };
+            if let Some(o) = *sh {
+                if o.used > SEG_HDR && now >= o.opened.saturating_add(longest) {
+                    *sh = None;
+                    self.seal(o, Queue::Small);
+                }
+            }
+        }
+    }
+
+    /// Free, ahead of eviction, every sealed segment whose items have all expired (the
+    /// clock passed the latest expiry it was given): unlink what the index still points at
+    /// in it, then free it. Returns the segments freed. This is where TTL classes pay:
+    /// their segments' items expire together.
+    pub(super) fn expire_segments(&self) -> usize {
+        let now = self.clock.load(Ordering::Relaxed);
+        let due = |id: u32| {
+            self.segs.get(id).is_some_and(|s| {
+                let m = s.acct.0.max_exp.load(Ordering::Relaxed);
+                m != 0 && m != Time::MAX && m <= now
+            })
+        };
+        let expired: Vec<u32> = {
+            let mut fifo = lock(&self.fifo);
+            let mut expired = Vec::new();
+            fifo.retain(|id| {
+                let d = due(id);
+                if d {
+                    expired.push(id);
+                }
+                !d
+            });
+            expired
+        };
+        if expired.is_empty() {
+            return 0;
+        }
+        for &id in &expired {
+            let Some(seg) = self.segs.get(id) else {
+                continue;
+            };
+            // Every item in it is dead: cleaning unlinks the ones still indexed and
+            // copies none forward.
+            if seg.acct.0.live_items.load(Ordering::Acquire) != 0 {
+                if seg.mem.0.large.load(Ordering::Relaxed) {
+                    self.clean_large(id);
+                } else {
+                    self.clean(id);
+                }
+            }
+            self.retire(id);
+        }
+        self.st
+            .0
+            .segments_expired
+            .fetch_add(expired.len() as u64, Ordering::Relaxed);
+        self.barrier();
+        let mut p = lock(&self.pool);
+        for &id in &expired {
+            let large = self
+                .segs
+                .get(id)
+                .is_some_and(|s| s.mem.0.large.load(Ordering::Relaxed));
+            if large || self.allocated.load(Ordering::Relaxed) > self.budget() {
+                self.release(&mut p, id);
+            } else {
+                p.free.push(id);
+            }
+        }
+        expired.len()
     }
 
     /// A segment leaves the set a log reader may ship (before the barrier that precedes

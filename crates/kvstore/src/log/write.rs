@@ -277,7 +277,7 @@ impl LogEngine {
         if !indexed {
             return (Outcome::Stored(shown), len, None);
         }
-        self.account_add(dest.id, len, self.spec_size(&spec));
+        self.account_add(dest.id, len, self.spec_size(&spec), spec.exptime);
         (
             Outcome::Stored(shown),
             len,
@@ -315,11 +315,11 @@ impl LogEngine {
         if SEG_HDR + need > self.seg_size {
             return self.commit_large(c, need, now, view);
         }
-        let shard = &self.shards[tid() % self.shards.len()];
+        let shard = self.open_for(c.exptime, now);
         // A rewrite of the item's own bytes (touch) frees as much as it takes: with -M and
         // full memory it goes where compaction makes room.
         let rewrite = self.no_evict && c.keep_cas && matches!(c.src, Src::Old);
-        let mut sh = lock(&shard.0);
+        let mut sh = lock(shard);
         let Some(open) = self.room_with(&mut sh, need, !rewrite) else {
             drop(sh);
             if rewrite {
@@ -347,6 +347,22 @@ impl LogEngine {
             self.grow(false);
         }
         out
+    }
+
+    /// The open segment a new record expiring at `exptime` goes to (None: the old item's
+    /// expiry, unknown before the stripe lock): its TTL class's, or the thread's shard's
+    /// for items that never expire, expire beyond the classes or have no class.
+    fn open_for(&self, exptime: Option<Time>, now: Time) -> &Mutex<Option<Open>> {
+        if let Some(e) = exptime.filter(|&e| e > now) {
+            let class = self.ttl_bounds.partition_point(|&b| b <= e - now);
+            if class < self.ttl_bounds.len() {
+                let i = class * self.ttl_ways + tid() % self.ttl_ways;
+                if let Some(slot) = self.ttl_open.get(i) {
+                    return &slot.0;
+                }
+            }
+        }
+        &self.shards[tid() % self.shards.len()].0
     }
 
     pub(super) fn commit_large(
