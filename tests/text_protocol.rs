@@ -702,6 +702,24 @@ fn noreply_error_paths(kind: Kind) {
         r("cas a 0 0 1 noreply\r\nx\r\n", by(kind, "ERROR\r\n", "")),
         // Too few tokens is rejected before noreply is seen (newest).
         r("set a 0 0 noreply\r\n", by(kind, "", bad)),
+        // So are the slab, LRU and crawler commands, whatever their arguments (newest);
+        // 1.6.18 silenced only some of them.
+        r("slabs automove 0 noreply\r\n", ""),
+        r("slabs automove 9 noreply\r\n", ""),
+        r("lru mode flat noreply\r\n", ""),
+        r(
+            "lru_crawler sleep 100 noreply\r\n",
+            by(kind, "ERROR\r\n", ""),
+        ),
+        r(
+            "lru_crawler metadump all noreply\r\n",
+            by(kind, "ERROR\r\n", ""),
+        ),
+        r("slabs reassign 1 2 noreply\r\n", by(kind, "ERROR\r\n", "")),
+        r("misbehave noreply\r\n", by(kind, "ERROR\r\n", "")),
+        r("extstore noreply\r\n", ""),
+        // ... but not refresh_certs (here without TLS).
+        r("refresh_certs noreply\r\n", "Error TLS not enabled\r\n"),
         // stats has no noreply: "noreply" is an unknown group.
         r("stats noreply\r\n", "ERROR\r\n"),
         r("get a\r\n", "END\r\n"),
