@@ -9,6 +9,7 @@
 # writes a snapshot at shutdown and reads it back at start (any file system).
 #
 # The reference is $MEMCACHED (default /usr/bin/memcached); its version is in the output.
+# $KVCACHED runs another kvcached binary (an older build, say) instead of this tree's.
 # Both servers get one worker thread (-t 1); nothing is pinned: the restore uses every core
 # it may, as a restart on a real machine would.
 #
@@ -35,7 +36,8 @@ cargo build --release -q -p kvcached -p kvblast
 bin=${CARGO_TARGET_DIR:-target}/release
 memcached=${MEMCACHED:-/usr/bin/memcached}
 mc_version=$("$memcached" -V | awk '{print $2}')
-kv_version=$("$bin/kvcached" -V | awk '{print $2}')
+kvcached=${KVCACHED:-$bin/kvcached}
+kv_version=$("$kvcached" -V | awk '{print $2}')
 ns() { date +%s%N; }
 
 # start_serving PORT PROG ARGS...: start the server (in the background, from the same
@@ -79,7 +81,7 @@ trap 'rm -f "$results" /dev/shm/kvcache-warm-$$-*' EXIT
 # one NAME ROUND: load, stop, start once; append a row to $results.
 one() {
     local name=$1 round=$2 prog file port pid before t0 stopped size started after
-    if [ "$name" = kvcached ]; then prog=$bin/kvcached; else prog=$memcached; fi
+    if [ "$name" = kvcached ]; then prog=$kvcached; else prog=$memcached; fi
     file=/dev/shm/kvcache-warm-$$-$name
     rm -f "$file" "$file.meta"
     port=$(free_port)

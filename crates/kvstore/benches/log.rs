@@ -1,5 +1,6 @@
-//! Micro-benchmarks of `LogEngine`: gets, sets and a 90/10 get/set mix on 1 and 2 threads
-//! over 200k preloaded items (15-byte keys, 32-byte values). Each iteration runs a batch
+//! Micro-benchmarks of `LogEngine`: gets, sets (without and with times to live, which go
+//! to their TTL class's segment) and a 90/10 get/set mix on 1 and 2 threads over 200k
+//! preloaded items (15-byte keys, 32-byte values). Each iteration runs a batch
 //! of `BATCH` operations, so throughput per thread is `BATCH / time`; with `threads = 2`
 //! divan runs the closure on both threads at once (total = 2 × per-thread throughput).
 //!
@@ -94,6 +95,23 @@ fn sets(b: Bencher) {
     b.counter(ItemsCount::new(BATCH)).bench(|| {
         for _ in 0..BATCH {
             black_box(e.store(set_req(&key(next_key()), &[b'w'; 32]), 100));
+        }
+    });
+}
+
+#[divan::bench(threads = [1, 2])]
+fn sets_with_ttl(b: Bencher) {
+    let e = engine();
+    b.counter(ItemsCount::new(BATCH)).bench(|| {
+        for _ in 0..BATCH {
+            let k = next_key();
+            let kb = key(k);
+            // Times to live from 1 s to about 2 h: a dozen TTL classes.
+            let req = StoreRequest {
+                exptime: 101 + (k % 7200) as u32,
+                ..set_req(&kb, &[b'w'; 32])
+            };
+            black_box(e.store(req, 100));
         }
     });
 }

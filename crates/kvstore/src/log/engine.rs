@@ -160,7 +160,7 @@ impl Engine for LogEngine {
                 // memcached's names, per slab class; the log has one "class" (1).
                 let ld = |c: &AtomicU64| c.load(Ordering::Relaxed);
                 let evictions = ld(&st.evictions);
-                let rows: [(&str, u64); 14] = [
+                let rows: [(&str, u64); 15] = [
                     ("number", self.stats().curr_items),
                     ("evicted", evictions),
                     ("evicted_nonzero", ld(&st.evicted_nonzero)),
@@ -174,6 +174,7 @@ impl Engine for LogEngine {
                     ("segments_evicted", ld(&st.segments_evicted)),
                     ("segments_compacted", ld(&st.segments_compacted)),
                     ("segments_expired", ld(&st.segments_expired)),
+                    ("ttl_class_busy", ld(&st.ttl_class_busy)),
                     ("tombstones", ld(&st.tombstones)),
                 ];
                 for (name, value) in rows {
@@ -225,6 +226,7 @@ impl Engine for LogEngine {
             &st.segments_evicted,
             &st.segments_compacted,
             &st.segments_expired,
+            &st.ttl_class_busy,
             &st.tombstones,
         ] {
             c.store(0, Ordering::Relaxed);

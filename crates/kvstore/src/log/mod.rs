@@ -34,7 +34,9 @@
 //!   open segment once its first items have all expired (`seal_aged`), so a class written
 //!   to slowly does not keep expired items in a segment that never fills. The open
 //!   segments of the classes take at most an eighth of the segments (a small cache gets
-//!   few, coarse classes); class segments play a shard's part in the lock order.
+//!   few, coarse classes); class segments play a shard's part in the lock order, and are
+//!   shared by the threads, so a writer only tries their locks and writes to its shard's
+//!   segment when they are busy (`ttl_class_busy`).
 //! * **Two FIFOs** of sealed segments (S3-FIFO, by whole segments): segments of new
 //!   writes join the small (probation) queue, segments of second-chance copies the main
 //!   queue. The small queue's oldest segment is evicted while the small queue holds more
@@ -251,6 +253,9 @@ struct Counters {
     segments_evicted: AtomicU64,
     segments_compacted: AtomicU64,
     segments_expired: AtomicU64,
+    /// Records with a time to live written to a shard's segment because every open
+    /// segment of their TTL class was busy.
+    ttl_class_busy: AtomicU64,
     tombstones: AtomicU64,
     index_splits: AtomicU64,
 }

@@ -1203,3 +1203,31 @@ fn ttl_workload_1g() {
         );
     }
 }
+
+#[test]
+fn busy_ttl_class_falls_back_to_the_shard() {
+    let e = LogEngine::new(cfg(64 << 20));
+    fn ttl(k: &[u8]) -> StoreRequest<'_> {
+        StoreRequest {
+            exptime: 110,
+            ..req(StoreMode::Set, k, b"v")
+        }
+    }
+    assert!(matches!(e.store(ttl(b"a"), 100), StoreResult::Stored(_)));
+    assert_eq!(e.st.0.ttl_class_busy.load(Ordering::Relaxed), 0);
+    // Another writer holds every open segment of the class (10 s lives in class 1).
+    assert_eq!(e.ttl_bounds.partition_point(|&b| b <= 10), 1);
+    let held: Vec<_> = (0..e.ttl_ways)
+        .map(|w| lock(&e.ttl_open[e.ttl_ways + w].0))
+        .collect();
+    assert!(matches!(e.store(ttl(b"b"), 100), StoreResult::Stored(_)));
+    assert_eq!(e.st.0.ttl_class_busy.load(Ordering::Relaxed), 1);
+    drop(held);
+    assert_eq!(val(&e, b"a", 100).as_deref(), Some(&b"v"[..]));
+    assert_eq!(val(&e, b"b", 100).as_deref(), Some(&b"v"[..]));
+    // Both expire and go with their segments, wherever they were written.
+    for _ in 0..2 {
+        e.maintain(200, true);
+    }
+    assert_eq!(e.stats().curr_items, 0);
+}

@@ -315,11 +315,10 @@ impl LogEngine {
         if SEG_HDR + need > self.seg_size {
             return self.commit_large(c, need, now, view);
         }
-        let shard = self.open_for(c.exptime, now);
+        let mut sh = self.open_for(c.exptime, now);
         // A rewrite of the item's own bytes (touch) frees as much as it takes: with -M and
         // full memory it goes where compaction makes room.
         let rewrite = self.no_evict && c.keep_cas && matches!(c.src, Src::Old);
-        let mut sh = lock(shard);
         let Some(open) = self.room_with(&mut sh, need, !rewrite) else {
             drop(sh);
             if rewrite {
@@ -350,19 +349,31 @@ impl LogEngine {
     }
 
     /// The open segment a new record expiring at `exptime` goes to (None: the old item's
-    /// expiry, unknown before the stripe lock): its TTL class's, or the thread's shard's
-    /// for items that never expire, expire beyond the classes or have no class.
-    fn open_for(&self, exptime: Option<Time>, now: Time) -> &Mutex<Option<Open>> {
+    /// expiry, unknown before the stripe lock), locked: its TTL class's, or the thread's
+    /// shard's for items that never expire, expire beyond the classes or have no class.
+    /// A class's segments are shared by the threads, so they are only tried: when every
+    /// one of the class is busy, the record goes to the shard's segment instead of waiting
+    /// (it then expires with less company, and no writer ever waits for another's class).
+    fn open_for(&self, exptime: Option<Time>, now: Time) -> MutexGuard<'_, Option<Open>> {
         if let Some(e) = exptime.filter(|&e| e > now) {
             let class = self.ttl_bounds.partition_point(|&b| b <= e - now);
             if class < self.ttl_bounds.len() {
-                let i = class * self.ttl_ways + tid() % self.ttl_ways;
-                if let Some(slot) = self.ttl_open.get(i) {
-                    return &slot.0;
+                let first = tid();
+                for w in 0..self.ttl_ways {
+                    let i = class * self.ttl_ways + (first + w) % self.ttl_ways;
+                    let Some(slot) = self.ttl_open.get(i) else {
+                        break;
+                    };
+                    match slot.0.try_lock() {
+                        Ok(g) => return g,
+                        Err(std::sync::TryLockError::Poisoned(p)) => return p.into_inner(),
+                        Err(std::sync::TryLockError::WouldBlock) => {}
+                    }
                 }
+                self.st.0.ttl_class_busy.fetch_add(1, Ordering::Relaxed);
             }
         }
-        &self.shards[tid() % self.shards.len()].0
+        lock(&self.shards[tid() % self.shards.len()].0)
     }
 
     pub(super) fn commit_large(
