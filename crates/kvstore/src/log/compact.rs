@@ -230,30 +230,19 @@ impl LogEngine {
         let used = seg.mem.0.used.load(Ordering::Acquire);
         // SAFETY: a sealed segment we took out of the FIFO (callers' contract): ours,
         // mapped, not reused; `used` is its published length.
-        let base = unsafe { format::seg_cas_base(ptr.as_ptr()) };
-        let mut off = SEG_HDR;
-        while off < used {
-            // SAFETY: as above.
-            let Some(r) = (unsafe { format::read(ptr.as_ptr(), used, off, base) }) else {
-                break;
-            };
-            let here = off;
-            off += r.len;
-            if r.kind != KIND_ITEM {
-                continue;
-            }
-            let h = self.hash(r.key);
-            let _g = self.index.lock(h);
-            let Some((slot, v)) = self.index.find(h, |v| {
-                index::slot_seg(v) == id && index::slot_off(v) == here
-            }) else {
-                continue;
-            };
-            if !f(slot, &r, v) {
-                return false;
-            }
+        unsafe {
+            for_records(ptr, used, |here, r| {
+                if r.kind != KIND_ITEM {
+                    return true;
+                }
+                let h = self.hash(r.key);
+                let _g = self.index.lock(h);
+                let found = self.index.find(h, |v| {
+                    index::slot_seg(v) == id && index::slot_off(v) == here
+                });
+                found.is_none_or(|(slot, v)| f(slot, r, v))
+            })
         }
-        true
     }
 
     /// Copy every live item of `victim` (ours, out of the FIFO) into the compactor's
@@ -350,4 +339,32 @@ fn verbatim<'a>(r: &Rec<'a>) -> Spec<'a> {
         meta: r.meta,
         explicit_cas: r.explicit_cas,
     }
+}
+
+/// Call `f` with the offset and record of every record of the segment at `ptr`, in order,
+/// until it returns false (then false). Stops quietly at a record that does not parse.
+///
+/// # Safety
+/// `ptr` must be a mapped segment whose first `used` bytes are published and stay
+/// unchanged during the call (a segment that is ours, or a quiescent engine's).
+pub(super) unsafe fn for_records(
+    ptr: NonNull<u8>,
+    used: usize,
+    mut f: impl FnMut(usize, &Rec<'_>) -> bool,
+) -> bool {
+    // SAFETY: per the contract.
+    let base = unsafe { format::seg_cas_base(ptr.as_ptr()) };
+    let mut off = SEG_HDR;
+    while off < used {
+        // SAFETY: per the contract; `read` checks every length against `used`.
+        let Some(r) = (unsafe { format::read(ptr.as_ptr(), used, off, base) }) else {
+            break;
+        };
+        let here = off;
+        off += r.len;
+        if !f(here, &r) {
+            return false;
+        }
+    }
+    true
 }

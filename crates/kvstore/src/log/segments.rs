@@ -465,30 +465,39 @@ impl LogEngine {
 
     /// Free sealed segments that hold no live item any more.
     pub(super) fn free_dead_segments(&self) -> usize {
-        let dead: Vec<u32> = {
-            let mut fifo = lock(&self.fifo);
-            let mut dead = Vec::new();
-            fifo.retain(|id| {
-                let empty = self
-                    .segs
-                    .get(id)
-                    .is_some_and(|s| s.acct.0.live_items.load(Ordering::Acquire) == 0);
-                if empty {
-                    dead.push(id);
-                }
-                !empty
-            });
-            dead
-        };
+        let dead = self.take_sealed(|s| s.acct.0.live_items.load(Ordering::Acquire) == 0);
         if dead.is_empty() {
             return 0;
         }
         for &id in &dead {
             self.retire(id);
         }
+        self.free_retired(&dead);
+        dead.len()
+    }
+
+    /// Take out of the FIFOs every sealed segment `pick` chooses (they are then ours, as
+    /// a segment popped for eviction is).
+    fn take_sealed(&self, pick: impl Fn(&Seg) -> bool) -> Vec<u32> {
+        let mut fifo = lock(&self.fifo);
+        let mut taken = Vec::new();
+        fifo.retain(|id| {
+            let take = self.segs.get(id).is_some_and(&pick);
+            if take {
+                taken.push(id);
+            }
+            !take
+        });
+        taken
+    }
+
+    /// Segments of ours that no slot points into and that were retired: wait out the
+    /// readers that may still hold one, then keep them for reuse, or give their memory
+    /// back (large ones, or while over the budget).
+    fn free_retired(&self, ids: &[u32]) {
         self.barrier();
         let mut p = lock(&self.pool);
-        for &id in &dead {
+        for &id in ids {
             let large = self
                 .segs
                 .get(id)
@@ -499,7 +508,6 @@ impl LogEngine {
                 p.free.push(id);
             }
         }
-        dead.len()
     }
 
     /// Seal the open segments of TTL classes whose first items have all expired by `now`
@@ -531,24 +539,10 @@ impl LogEngine {
     /// their segments' items expire together.
     pub(super) fn expire_segments(&self) -> usize {
         let now = self.clock.load(Ordering::Relaxed);
-        let due = |id: u32| {
-            self.segs.get(id).is_some_and(|s| {
-                let m = s.acct.0.max_exp.load(Ordering::Relaxed);
-                m != 0 && m != Time::MAX && m <= now
-            })
-        };
-        let expired: Vec<u32> = {
-            let mut fifo = lock(&self.fifo);
-            let mut expired = Vec::new();
-            fifo.retain(|id| {
-                let d = due(id);
-                if d {
-                    expired.push(id);
-                }
-                !d
-            });
-            expired
-        };
+        let expired = self.take_sealed(|s| {
+            let m = s.acct.0.max_exp.load(Ordering::Relaxed);
+            m != 0 && m != Time::MAX && m <= now
+        });
         if expired.is_empty() {
             return 0;
         }
@@ -571,19 +565,7 @@ impl LogEngine {
             .0
             .segments_expired
             .fetch_add(expired.len() as u64, Ordering::Relaxed);
-        self.barrier();
-        let mut p = lock(&self.pool);
-        for &id in &expired {
-            let large = self
-                .segs
-                .get(id)
-                .is_some_and(|s| s.mem.0.large.load(Ordering::Relaxed));
-            if large || self.allocated.load(Ordering::Relaxed) > self.budget() {
-                self.release(&mut p, id);
-            } else {
-                p.free.push(id);
-            }
-        }
+        self.free_retired(&expired);
         expired.len()
     }
 

@@ -1085,18 +1085,14 @@ fn expired_bytes(e: &LogEngine, now: Time) -> usize {
         }
         let used = seg.mem.0.used.load(Ordering::Acquire);
         // SAFETY: a live segment of a quiescent engine; `used` is its published length.
-        let base = unsafe { format::seg_cas_base(ptr.as_ptr()) };
-        let mut off = SEG_HDR;
-        while off < used {
-            // SAFETY: as above.
-            let Some(r) = (unsafe { format::read(ptr.as_ptr(), used, off, base) }) else {
-                break;
-            };
-            off += r.len;
-            if r.kind == KIND_ITEM && r.exptime != 0 && r.exptime <= now {
-                total += r.len;
-            }
-        }
+        unsafe {
+            compact::for_records(ptr, used, |_, r| {
+                if r.kind == KIND_ITEM && r.exptime != 0 && r.exptime <= now {
+                    total += r.len;
+                }
+                true
+            })
+        };
     }
     total
 }
