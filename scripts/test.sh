@@ -5,6 +5,7 @@
 #   2. cargo fmt --all -- --check
 #   3. cargo clippy --workspace --all-targets -- -D warnings
 #   4. cargo test --workspace    (unit, integration, differential, property tests, doc tests)
+#      and the server's integration tests once more under the epoll runtime (KVCACHED_IO)
 #   5. scripts/package.sh --profile dev --check
 #                                (the Debian package and the container's command line)
 #   6. scripts/fuzz.sh 30        (each fuzz target for 30 s)
@@ -54,6 +55,23 @@ if ((test_status != 0)); then
     echo
     echo "test.sh: cargo test failed after $(elapsed)"
     echo "test.sh: $passed passed, $failed failed, $ignored skipped"
+    exit "$test_status"
+fi
+
+# The integration tests again under the other I/O runtime: the first pass ran the default
+# (io_uring where the kernel allows it), this one epoll (KVCACHED_IO sets kvcached's
+# default -o io). Where io_uring is not available both passes run epoll.
+step "cargo test -p kvcached --tests, KVCACHED_IO=epoll"
+: >"$test_log"
+KVCACHED_IO=epoll cargo test -p kvcached --tests --no-fail-fast --quiet 2>&1 | tee "$test_log" || test_status=$?
+read -r passed2 failed2 ignored2 < <(counts)
+passed=$((passed + passed2))
+ignored=$((ignored + ignored2))
+if ((test_status != 0)); then
+    ((failed2 > 0)) || failed2=1
+    echo
+    echo "test.sh: cargo test (epoll) failed after $(elapsed)"
+    echo "test.sh: $passed passed, $failed2 failed, $ignored skipped"
     exit "$test_status"
 fi
 

@@ -908,3 +908,50 @@ fn reuseport_gives_each_worker_its_socket_and_cpu_affinity_pins_it() {
     }
     assert_eq!(workers, 3);
 }
+
+/// `-o io=` (kvcached's own): the runtime asked for is the one `stats settings` reports,
+/// io_uring where the kernel allows it, and both serve the same requests. A bad value is
+/// refused at start-up.
+#[test]
+fn io_runtime_is_chosen_and_reported() {
+    // io_uring needs `kernel.io_uring_disabled` at 0 (or absent, on kernels before 6.6).
+    let uring_allowed = std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled")
+        .map(|v| v.trim() == "0")
+        .unwrap_or(true);
+    for (asked, want) in [
+        ("epoll", "epoll"),
+        ("uring", if uring_allowed { "uring" } else { "epoll" }),
+        ("auto", if uring_allowed { "uring" } else { "epoll" }),
+    ] {
+        let opt = format!("io={asked}");
+        let server = Server::start_verified(Kind::Kvcached, &["-t", "2", "-o", &opt]);
+        let mut c = server.connect();
+        let io = c
+            .stats("settings")
+            .into_iter()
+            .find(|(k, _)| k == "io")
+            .map(|(_, v)| v);
+        assert_eq!(io.as_deref(), Some(want), "-o {opt}");
+        // A pipelined batch, a value larger than a receive buffer, and the replies.
+        let big = "v".repeat(100_000);
+        let mut req = format!("set big 0 0 {}\r\n{big}\r\n", big.len()).into_bytes();
+        for i in 0..50 {
+            req.extend_from_slice(format!("set k{i} 0 0 1\r\n{}\r\n", i % 10).as_bytes());
+        }
+        req.extend_from_slice(b"get big\r\n");
+        c.send(&req);
+        for _ in 0..51 {
+            assert_eq!(c.line(), "STORED\r\n", "-o {opt}");
+        }
+        assert_eq!(c.line(), format!("VALUE big 0 {}\r\n", big.len()));
+        assert_eq!(c.exact(big.len() + 2), format!("{big}\r\n").into_bytes());
+        assert_eq!(c.line(), "END\r\n");
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kvcached"))
+        .args(["-o", "io=kqueue"])
+        .output()
+        .expect("run kvcached");
+    assert!(!out.status.success(), "-o io=kqueue was accepted");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("-o io"), "no message naming the option: {err}");
+}

@@ -20,7 +20,7 @@ use kvstore::{Engine, EngineConfig, LogEngine};
 use crate::features::{replication, warm};
 use crate::runtime::listener::Listener;
 use crate::runtime::worker::Worker;
-use crate::setup::config::{Config, MemoryLimit};
+use crate::setup::config::{Config, IoChoice, MemoryLimit};
 use crate::state::clock::Clock;
 use crate::state::credentials::Auth;
 use crate::state::registry::{ConnInfo, ConnKind};
@@ -50,13 +50,34 @@ pub fn build_engine(config: &Config) -> LogEngine {
     engine
 }
 
+/// The I/O runtime this kernel allows for the one asked for: io_uring only where a ring can
+/// be set up (the kernel is new enough, `kernel.io_uring_disabled` and seccomp allow it);
+/// else epoll, said on stderr when io_uring was asked for by name.
+fn choose_io(asked: IoChoice) -> IoChoice {
+    if asked == IoChoice::Epoll {
+        return IoChoice::Epoll;
+    }
+    match crate::runtime::ring::probe() {
+        Ok(()) => IoChoice::Uring,
+        Err(e) => {
+            if asked == IoChoice::Uring {
+                tracing::warn!("-o io=uring: io_uring is not available ({e}); using epoll");
+            } else {
+                tracing::debug!("io_uring is not available ({e}); using epoll");
+            }
+            IoChoice::Epoll
+        }
+    }
+}
+
 /// Run the server until a signal or `shutdown` stops it.
 pub fn run(
-    config: Config,
+    mut config: Config,
     listeners: Vec<Listener>,
     tls: Option<kvtls::server::ServerTls>,
 ) -> Result<(), String> {
     let threads = config.threads.max(1);
+    config.io = choose_io(config.io);
     // Like memcached, the auth file is read after dropping privileges and daemonizing.
     let auth = Auth::new(&config)?;
     let engine = build_engine(&config);

@@ -440,6 +440,12 @@ fn settings(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
         yes_no(matches!(c.memory_limit, MemoryLimit::Auto)),
     );
     emit(sink, "engine", "log");
+    // The I/O runtime in use (kvcached's own): what `-o io` asked for, as the kernel allowed.
+    let io = match c.io {
+        crate::setup::config::IoChoice::Uring => "uring",
+        _ => "epoll",
+    };
+    emit(sink, "io", io);
 }
 
 fn conns(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {

@@ -23,6 +23,7 @@
 //!   back by TCP flow control, not by server memory. A multiget pauses between keys.
 
 use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -32,6 +33,7 @@ use kvproto::text::{self as proto, Parse};
 use crate::exec::binary;
 use crate::exec::session::{Ctx, Protocol, Session, Step, OUTPUT_HIGH_WATER};
 use crate::exec::text;
+use crate::runtime::ring::RingSock;
 use crate::setup::config::ProtocolChoice;
 use crate::state::registry::{ConnInfo, ConnState};
 use crate::state::stats::WorkerStats;
@@ -47,22 +49,123 @@ pub enum Stream {
     Tcp(mio::net::TcpStream),
     Unix(mio::net::UnixStream),
     /// TLS over TCP (`-Z`): reads give plaintext, writes take plaintext.
-    Tls(Box<kvtls::TlsStream<mio::net::TcpStream>>),
+    Tls(Box<kvtls::TlsStream<Sock>>),
+    /// A TCP or unix socket under the io_uring runtime (`runtime/ring.rs`).
+    Ring(RingSock),
+}
+
+/// The socket under a TLS session: polled by mio, or driven through io_uring.
+pub enum Sock {
+    Mio(mio::net::TcpStream),
+    Ring(RingSock),
+}
+
+impl Read for Sock {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Sock::Mio(s) => s.read(buf),
+            Sock::Ring(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Sock {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Sock::Mio(s) => s.write(buf),
+            Sock::Ring(s) => s.write(buf),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 impl Stream {
-    pub fn source(&mut self) -> &mut dyn mio::event::Source {
+    /// The socket to register with mio (`None` under io_uring).
+    pub fn source(&mut self) -> Option<&mut dyn mio::event::Source> {
         match self {
-            Stream::Tcp(s) => s,
-            Stream::Unix(s) => s,
-            Stream::Tls(s) => s.socket_mut(),
+            Stream::Tcp(s) => Some(s),
+            Stream::Unix(s) => Some(s),
+            Stream::Tls(s) => match s.socket_mut() {
+                Sock::Mio(s) => Some(s),
+                Sock::Ring(_) => None,
+            },
+            Stream::Ring(_) => None,
+        }
+    }
+
+    /// The io_uring socket underneath, under that runtime.
+    pub fn ring_mut(&mut self) -> Option<&mut RingSock> {
+        match self {
+            Stream::Ring(s) => Some(s),
+            Stream::Tls(s) => match s.socket_mut() {
+                Sock::Ring(s) => Some(s),
+                Sock::Mio(_) => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// The generation of the io_uring socket underneath.
+    pub fn ring_gen(&self) -> Option<u32> {
+        match self {
+            Stream::Ring(s) => Some(s.gen),
+            Stream::Tls(s) => match s.socket() {
+                Sock::Ring(s) => Some(s.gen),
+                Sock::Mio(_) => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// Take the io_uring socket out of a stream that is being closed.
+    pub fn into_ring(self) -> Option<RingSock> {
+        match self {
+            Stream::Ring(s) => Some(s),
+            Stream::Tls(s) => match s.into_socket() {
+                Sock::Ring(s) => Some(s),
+                Sock::Mio(_) => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// The socket's descriptor.
+    pub fn fd(&self) -> i32 {
+        match self {
+            Stream::Tcp(s) => s.as_raw_fd(),
+            Stream::Unix(s) => s.as_raw_fd(),
+            Stream::Tls(s) => match s.socket() {
+                Sock::Mio(s) => s.as_raw_fd(),
+                Sock::Ring(s) => s.fd(),
+            },
+            Stream::Ring(s) => s.fd(),
         }
     }
 
     /// Bytes the connection owes the socket beyond its own output buffer: TLS records
-    /// (handshake flights, the tail of a reply) waiting for writability.
+    /// (handshake flights, the tail of a reply) waiting for writability, or, under io_uring,
+    /// output staged or in flight.
     pub fn owes(&self) -> bool {
-        matches!(self, Stream::Tls(s) if s.wants_write())
+        match self {
+            Stream::Tls(s) => s.wants_write() || matches!(s.socket(), Sock::Ring(r) if r.owes()),
+            Stream::Ring(s) => s.owes(),
+            _ => false,
+        }
+    }
+
+    /// Buffer memory the socket layer holds for the connection (io_uring's input queue and
+    /// staged output).
+    pub fn held(&self) -> usize {
+        match self {
+            Stream::Ring(s) => s.held(),
+            Stream::Tls(s) => match s.socket() {
+                Sock::Ring(r) => r.held(),
+                Sock::Mio(_) => 0,
+            },
+            _ => 0,
+        }
     }
 
     /// A TLS session whose handshake has not completed.
@@ -77,6 +180,7 @@ impl Read for Stream {
             Stream::Tcp(s) => s.read(buf),
             Stream::Unix(s) => s.read(buf),
             Stream::Tls(s) => s.read(buf),
+            Stream::Ring(s) => s.read(buf),
         }
     }
 }
@@ -87,6 +191,7 @@ impl Write for Stream {
             Stream::Tcp(s) => s.write(buf),
             Stream::Unix(s) => s.write(buf),
             Stream::Tls(s) => s.write(buf),
+            Stream::Ring(s) => s.write(buf),
         }
     }
     /// Send what TLS still holds (a no-op for plain sockets); what the socket does not take
@@ -172,7 +277,19 @@ impl Conn {
 
     /// Bytes of buffer memory the connection holds now: its input and its output buffer.
     pub fn buffer_split(&self) -> (usize, usize) {
-        (self.input.capacity(), self.session.out.capacity())
+        (
+            self.input.capacity(),
+            self.session.out.capacity() + self.stream.held(),
+        )
+    }
+
+    /// Whether the connection waits for its output to leave before it can go on: under
+    /// io_uring, a send's completion drives it only then.
+    pub fn waits_for_output(&self) -> bool {
+        self.session.pending() > 0
+            || self.session.close_after_write
+            || self.eof
+            || matches!(&self.stream, Stream::Tls(t) if t.wants_write())
     }
 
     /// Bytes of unfinished input.
@@ -340,6 +457,12 @@ impl Conn {
         self.input.extend_from_slice(rest);
         self.input_pos = 0;
         true
+    }
+
+    /// Show the state the connection rests in now (under io_uring, after a send completed
+    /// without driving it: `conn_mwrite` no longer).
+    pub fn refresh_state(&self) {
+        self.info.set_state(self.resting_state());
     }
 
     /// The state `stats conns` shows while the connection waits for its socket.
@@ -604,6 +727,16 @@ impl Conn {
     /// Write pending output until done or the socket would block.
     fn flush(&mut self, stats: &WorkerStats) -> io::Result<()> {
         let s = &mut self.session;
+        if let Stream::Ring(ring) = &mut self.stream {
+            // io_uring: the output buffer itself becomes the send buffer (no copy, and no
+            // memory beyond what the output buffer was allowed to take).
+            if s.out_pos < s.out.len() {
+                if let Some(n) = ring.hand_over(&mut s.out, s.out_pos) {
+                    stats.bytes_written.add(n as u64);
+                    s.out_pos = 0;
+                }
+            }
+        }
         while s.out_pos < s.out.len() {
             match self.stream.write(&s.out[s.out_pos..]) {
                 Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),

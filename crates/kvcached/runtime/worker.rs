@@ -1,4 +1,5 @@
-//! A worker: one thread, one mio event loop, the connections it accepted.
+//! A worker: one thread, one event loop (mio's epoll, or an io_uring ring with the mio
+//! poller inside it: `-o io`, `ring.rs`), the connections it accepted.
 //!
 //! The loop accepts from every listener, drives connections whose sockets are ready, runs
 //! connections that yielded (they used their `-R` share while more input was waiting), and
@@ -19,8 +20,10 @@ use std::time::{Duration, Instant};
 use mio::{Events, Interest, Poll, Token, Waker};
 
 use crate::exec::session::{BufferLimit, Ctx};
-use crate::runtime::conn::{Conn, Drive, Stream};
+use crate::runtime::conn::{Conn, Drive, Sock, Stream};
 use crate::runtime::listener::Listener;
+use crate::runtime::ring::{Completion, Op, Reactor, RingSock};
+use crate::setup::config::IoChoice;
 use crate::state::registry::{ConnInfo, ConnKind};
 use crate::state::shared::Shared;
 use crate::state::stats::WorkerStats;
@@ -64,6 +67,10 @@ pub struct Worker {
     buffers_held: usize,
     /// Server time for this turn of the loop.
     now: u32,
+    /// The io_uring runtime's ring (`-o io=uring`), made on the worker's thread.
+    ring: Option<Reactor>,
+    /// The generation of the next connection under io_uring.
+    next_gen: u32,
 }
 
 impl Worker {
@@ -118,6 +125,8 @@ impl Worker {
             buffer_limit,
             buffers_held: 0,
             now: 0,
+            ring: None,
+            next_gen: 0,
         })
     }
 
@@ -131,6 +140,207 @@ impl Worker {
     }
 
     pub fn run(mut self) {
+        if self.shared.config.io == IoChoice::Uring {
+            match Reactor::new() {
+                Ok(r) => {
+                    self.ring = Some(r);
+                    return self.run_ring();
+                }
+                Err(e) => tracing::warn!(
+                    "worker {}: io_uring could not be set up ({e}); using epoll",
+                    self.index
+                ),
+            }
+        }
+        self.run_epoll()
+    }
+
+    /// The worker's loop under io_uring (`runtime/ring.rs`): one `io_uring_enter` a turn
+    /// submits every connection's receives and sends and waits for completions; the mio
+    /// poller (listeners, UDP, the waker) is one of the things it waits for.
+    fn run_ring(mut self) {
+        let mut events = Events::with_capacity(1024);
+        let mut scratch = vec![0u8; SCRATCH];
+        let mut udp = crate::runtime::udp::Buffers::new();
+        let mut batch: Vec<Completion> = Vec::with_capacity(256);
+        let mut last_sweep = Instant::now();
+        let idle = self.shared.config.idle_timeout;
+        let handshake = if self.shared.tls.is_some() {
+            self.shared.config.ssl.handshake_timeout
+        } else {
+            None
+        };
+        let epoll = self.poll.as_raw_fd();
+        while !self.shared.shutting_down() {
+            let timeout = self.timeout(idle.is_some() || handshake.is_some());
+            let Some(ring) = self.ring.as_mut() else {
+                break;
+            };
+            let waited = ring.arm_poll(epoll).and_then(|()| ring.wait(timeout));
+            match waited {
+                Ok(done) => {
+                    batch.clear();
+                    batch.extend_from_slice(done);
+                }
+                Err(e) => {
+                    self.shared.log(0, || {
+                        format!("worker {}: io_uring wait failed: {e}", self.index)
+                    });
+                    break;
+                }
+            }
+            self.now = self.shared.clock.now();
+            for c in &batch {
+                match c.op {
+                    Op::Poll => {
+                        if !c.more() {
+                            if let Some(r) = self.ring.as_mut() {
+                                r.poll_disarmed();
+                            }
+                        }
+                        match self.poll.poll(&mut events, Some(Duration::ZERO)) {
+                            Ok(()) => {
+                                for event in events.iter() {
+                                    self.event(event, &mut scratch, &mut udp);
+                                }
+                            }
+                            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                            Err(e) => {
+                                self.shared
+                                    .log(0, || format!("worker {}: poll failed: {e}", self.index));
+                            }
+                        }
+                    }
+                    Op::Recv | Op::Send => self.completed(c, &mut scratch),
+                    Op::None => {}
+                }
+            }
+            self.turn_end(&mut scratch, &mut udp, idle, handshake, &mut last_sweep);
+        }
+        let slots: Vec<usize> = (0..self.conns.len()).collect();
+        for slot in slots {
+            self.close_for(slot, Some("shutdown"));
+        }
+    }
+
+    /// A receive or a send completed: update the connection, drive it if that lets it go
+    /// on, and queue what it needs next.
+    fn completed(&mut self, c: &Completion, scratch: &mut Vec<u8>) {
+        let Some(ring) = self.ring.as_mut() else {
+            return;
+        };
+        let conn = self
+            .conns
+            .get_mut(c.slot)
+            .and_then(|x| x.as_mut())
+            .filter(|conn| conn.stream.ring_gen() == Some(c.gen));
+        let Some(conn) = conn else {
+            ring.complete(c, None);
+            return;
+        };
+        let Some(sock) = conn.stream.ring_mut() else {
+            return;
+        };
+        let go_on = ring.complete(c, Some(sock));
+        let failed = sock.failed();
+        if go_on && (c.op == Op::Recv || failed || conn.waits_for_output()) {
+            self.drive(c.slot, scratch);
+            return;
+        }
+        let armed = conn.stream.ring_mut().map(|sock| ring.arm(sock, c.slot));
+        if c.op == Op::Send {
+            conn.refresh_state();
+        }
+        if matches!(armed, Some(Err(_))) {
+            self.close(c.slot);
+        }
+    }
+
+    /// How long the next wait may last.
+    fn timeout(&self, sweeps: bool) -> Option<Duration> {
+        let mut timeout = if !self.ready.is_empty() || !self.udp_ready.is_empty() {
+            Some(Duration::ZERO)
+        } else if sweeps {
+            Some(Duration::from_secs(1))
+        } else {
+            None
+        };
+        if let Some(at) = self.accept_retry {
+            let wait = at.saturating_duration_since(Instant::now());
+            timeout = Some(timeout.map_or(wait, |t| t.min(wait)));
+        }
+        timeout
+    }
+
+    /// One readiness event from mio.
+    fn event(
+        &mut self,
+        event: &mio::event::Event,
+        scratch: &mut Vec<u8>,
+        udp: &mut crate::runtime::udp::Buffers,
+    ) {
+        let token = event.token();
+        if token == WAKER {
+            // Watchers with new lines (or a shutdown, seen by the loop's test).
+            for slot in self.watching.clone() {
+                self.drive(slot, scratch);
+            }
+            return;
+        }
+        if token.0 < self.listeners.len() {
+            self.accept(token.0);
+        } else if token.0 < self.conn_base() {
+            self.serve_udp(token.0 - self.listeners.len(), udp);
+        } else {
+            let slot = token.0 - self.conn_base();
+            if event.is_read_closed() || event.is_error() {
+                if let Some(Some(conn)) = self.conns.get_mut(slot) {
+                    conn.hangup = true;
+                }
+            }
+            self.drive(slot, scratch);
+        }
+    }
+
+    /// What every turn of the loop ends with: UDP sockets and connections with more to do,
+    /// accepting again after a pause, and the once-a-second sweeps.
+    fn turn_end(
+        &mut self,
+        scratch: &mut Vec<u8>,
+        udp: &mut crate::runtime::udp::Buffers,
+        idle: Option<Duration>,
+        handshake: Option<Duration>,
+        last_sweep: &mut Instant,
+    ) {
+        // UDP sockets left with datagrams waiting get another turn (edge-triggered
+        // readiness would not report them again).
+        for index in std::mem::take(&mut self.udp_ready) {
+            self.serve_udp(index, udp);
+        }
+        // Connections that yielded get another turn after this round of events.
+        for _ in 0..self.ready.len() {
+            if let Some(slot) = self.ready.pop_front() {
+                self.drive(slot, scratch);
+            }
+        }
+        if self.accept_retry.is_some_and(|at| Instant::now() >= at) {
+            self.accept_retry = None;
+            self.accept_all();
+        }
+        if (idle.is_some() || handshake.is_some()) && last_sweep.elapsed() >= Duration::from_secs(1)
+        {
+            *last_sweep = Instant::now();
+            if let Some(limit) = idle {
+                self.close_idle(limit);
+            }
+            if let Some(limit) = handshake {
+                self.close_stalled_handshakes(limit);
+            }
+        }
+    }
+
+    /// The worker's loop under epoll (mio).
+    fn run_epoll(mut self) {
         let mut events = Events::with_capacity(1024);
         let mut scratch = vec![0u8; SCRATCH];
         // Receive slots and replies of the UDP sockets (allocated on first use).
@@ -144,17 +354,7 @@ impl Worker {
             None
         };
         while !self.shared.shutting_down() {
-            let mut timeout = if !self.ready.is_empty() || !self.udp_ready.is_empty() {
-                Some(Duration::ZERO)
-            } else if idle.is_some() || handshake.is_some() {
-                Some(Duration::from_secs(1))
-            } else {
-                None
-            };
-            if let Some(at) = self.accept_retry {
-                let wait = at.saturating_duration_since(Instant::now());
-                timeout = Some(timeout.map_or(wait, |t| t.min(wait)));
-            }
+            let timeout = self.timeout(idle.is_some() || handshake.is_some());
             if let Err(e) = self.poll.poll(&mut events, timeout) {
                 if e.kind() == io::ErrorKind::Interrupted {
                     continue;
@@ -165,54 +365,9 @@ impl Worker {
             }
             self.now = self.shared.clock.now();
             for event in events.iter() {
-                let token = event.token();
-                if token == WAKER {
-                    // Watchers with new lines (or a shutdown, seen by the loop's test).
-                    for slot in self.watching.clone() {
-                        self.drive(slot, &mut scratch);
-                    }
-                    continue;
-                }
-                if token.0 < self.listeners.len() {
-                    self.accept(token.0);
-                } else if token.0 < self.conn_base() {
-                    self.serve_udp(token.0 - self.listeners.len(), &mut udp);
-                } else {
-                    let slot = token.0 - self.conn_base();
-                    if event.is_read_closed() || event.is_error() {
-                        if let Some(Some(conn)) = self.conns.get_mut(slot) {
-                            conn.hangup = true;
-                        }
-                    }
-                    self.drive(slot, &mut scratch);
-                }
+                self.event(event, &mut scratch, &mut udp);
             }
-            // UDP sockets left with datagrams waiting get another turn (edge-triggered
-            // readiness would not report them again).
-            for index in std::mem::take(&mut self.udp_ready) {
-                self.serve_udp(index, &mut udp);
-            }
-            // Connections that yielded get another turn after this round of events.
-            for _ in 0..self.ready.len() {
-                if let Some(slot) = self.ready.pop_front() {
-                    self.drive(slot, &mut scratch);
-                }
-            }
-            if self.accept_retry.is_some_and(|at| Instant::now() >= at) {
-                self.accept_retry = None;
-                self.accept_all();
-            }
-            if (idle.is_some() || handshake.is_some())
-                && last_sweep.elapsed() >= Duration::from_secs(1)
-            {
-                last_sweep = Instant::now();
-                if let Some(limit) = idle {
-                    self.close_idle(limit);
-                }
-                if let Some(limit) = handshake {
-                    self.close_stalled_handshakes(limit);
-                }
-            }
+            self.turn_end(&mut scratch, &mut udp, idle, handshake, &mut last_sweep);
         }
         let slots: Vec<usize> = (0..self.conns.len()).collect();
         for slot in slots {
@@ -263,6 +418,19 @@ impl Worker {
             self.watching.push(slot);
         }
         if drive != Drive::Close {
+            if let Some(sock) = conn.stream.ring_mut() {
+                // io_uring: queue the connection's next receive and send.
+                let armed = self.ring.as_mut().map(|r| r.arm(sock, slot));
+                if !matches!(armed, Some(Ok(()))) {
+                    self.close(slot);
+                    return;
+                }
+                match drive {
+                    Drive::Yield => self.ready.push_back(slot),
+                    Drive::Wait | Drive::Close => {}
+                }
+                return;
+            }
             let want = conn.session.pending() > 0 || conn.stream.owes();
             if want != conn.write_interest {
                 let interest = if want {
@@ -271,10 +439,13 @@ impl Worker {
                     Interest::READABLE
                 };
                 let token = Token(self.listeners.len() + self.udp.len() + slot);
+                let Some(source) = conn.stream.source() else {
+                    return;
+                };
                 if self
                     .poll
                     .registry()
-                    .reregister(conn.stream.source(), token, interest)
+                    .reregister(source, token, interest)
                     .is_err()
                 {
                     self.close(slot);
@@ -328,6 +499,9 @@ impl Worker {
                     return;
                 }
             }
+            let uring = self.ring.is_some();
+            self.next_gen = self.next_gen.wrapping_add(1);
+            let gen = self.next_gen;
             let accepted = match &self.listeners[index] {
                 MioListener::Tcp(l, tls) => l.accept().and_then(|(s, addr)| {
                     let _ = s.set_nodelay(true);
@@ -335,23 +509,30 @@ impl Worker {
                         .local_addr()
                         .map(|a| format!("tcp:{a}"))
                         .unwrap_or_default();
-                    let stream = match tls {
-                        None => Stream::Tcp(s),
-                        Some(peer) => self.tls_stream(s, *peer)?,
+                    let sock = if uring {
+                        Sock::Ring(ring_sock(s.into(), gen)?)
+                    } else {
+                        Sock::Mio(s)
+                    };
+                    let stream = match (tls, sock) {
+                        (None, Sock::Mio(s)) => Stream::Tcp(s),
+                        (None, Sock::Ring(s)) => Stream::Ring(s),
+                        (Some(peer), sock) => self.tls_stream(sock, *peer)?,
                     };
                     Ok((stream, format!("tcp:{addr}"), listen))
                 }),
-                MioListener::Unix(l) => l.accept().map(|(s, _)| {
+                MioListener::Unix(l) => l.accept().and_then(|(s, _)| {
                     let path = s
                         .local_addr()
                         .ok()
                         .and_then(|a| a.as_pathname().map(|p| p.display().to_string()))
                         .unwrap_or_default();
-                    (
-                        Stream::Unix(s),
-                        format!("unix:{path}"),
-                        format!("unix:{path}"),
-                    )
+                    let stream = if uring {
+                        Stream::Ring(ring_sock(s.into(), gen)?)
+                    } else {
+                        Stream::Unix(s)
+                    };
+                    Ok((stream, format!("unix:{path}"), format!("unix:{path}")))
                 }),
             };
             if reserve && accepted.is_err() {
@@ -412,9 +593,11 @@ impl Worker {
             shared.rejected_conns.fetch_add(1, Ordering::Relaxed);
             // Best effort: a fresh socket's send buffer takes this short line. A TLS client
             // could not read it before a handshake: it is just closed.
+            const TOO_MANY: &[u8] = b"ERROR Too many open connections\r\n";
             let _ = match &mut stream {
-                Stream::Tcp(s) => s.write(b"ERROR Too many open connections\r\n"),
-                Stream::Unix(s) => s.write(b"ERROR Too many open connections\r\n"),
+                Stream::Tcp(s) => s.write(TOO_MANY),
+                Stream::Unix(s) => s.write(TOO_MANY),
+                Stream::Ring(s) => send_now(s.fd(), TOO_MANY),
                 Stream::Tls(_) => Ok(0),
             };
             return;
@@ -428,32 +611,39 @@ impl Worker {
             }
         };
         let token = Token(self.conn_base() + slot);
-        if let Err(e) = self
-            .poll
-            .registry()
-            .register(stream.source(), token, Interest::READABLE)
-        {
-            shared.log(1, || format!("register failed: {e}"));
-            shared.curr_conns.fetch_sub(1, Ordering::AcqRel);
-            self.free.push(slot);
-            return;
+        if let Some(source) = stream.source() {
+            if let Err(e) = self
+                .poll
+                .registry()
+                .register(source, token, Interest::READABLE)
+            {
+                shared.log(1, || format!("register failed: {e}"));
+                shared.curr_conns.fetch_sub(1, Ordering::AcqRel);
+                self.free.push(slot);
+                return;
+            }
         }
         let info = Arc::new(ConnInfo::new(addr, listen));
         info.last_cmd.store(self.now, Ordering::Relaxed);
-        let fd = stream_fd(&stream);
+        let fd = stream.fd();
         shared.register(fd, ConnKind::Client, info.clone());
         tracing::debug!(fd, "<{fd} new client connection");
         watch_conn(shared, &info, fd, None);
-        self.conns[slot] = Some(Conn::new(stream, info, fd));
+        let mut conn = Conn::new(stream, info, fd);
+        // io_uring: the first receive.
+        let armed = match (conn.stream.ring_mut(), self.ring.as_mut()) {
+            (Some(sock), Some(ring)) => ring.arm(sock, slot).is_ok(),
+            _ => true,
+        };
+        self.conns[slot] = Some(conn);
+        if !armed {
+            self.close(slot);
+        }
     }
 
     /// A TLS session for a connection accepted on a TLS listener. (An error here is the
     /// server's, not the peer's: the connection is dropped and the error logged.)
-    fn tls_stream(
-        &self,
-        sock: mio::net::TcpStream,
-        peer: kvtls::server::Peer,
-    ) -> io::Result<Stream> {
+    fn tls_stream(&self, sock: Sock, peer: kvtls::server::Peer) -> io::Result<Stream> {
         let tls = self
             .shared
             .tls
@@ -475,18 +665,24 @@ impl Worker {
             return;
         };
         self.watching.retain(|&s| s != slot);
-        let fd = stream_fd(&conn.stream);
+        let fd = conn.stream.fd();
         let reason = reason.unwrap_or_else(|| conn.close_reason());
         watch_conn(&self.shared, &conn.info, fd, Some(reason));
-        let _ = self.poll.registry().deregister(conn.stream.source());
+        if let Some(source) = conn.stream.source() {
+            let _ = self.poll.registry().deregister(source);
+        }
         self.buffers_held -= conn.accounted;
         self.stats.buffers.update(&mut conn.gauged, 0, 0);
         self.shared.unregister(fd);
         self.shared.curr_conns.fetch_sub(1, Ordering::AcqRel);
         tracing::debug!(fd, "<{fd} connection closed.");
         self.free.push(slot);
-        // The socket closes here, when `conn` drops.
-        drop(conn);
+        // The socket closes here, when `conn` drops; under io_uring, once the kernel's
+        // operations on it have completed.
+        let Conn { stream, .. } = conn;
+        if let (Some(ring), Some(sock)) = (self.ring.as_mut(), stream.into_ring()) {
+            ring.retire(slot, sock);
+        }
         if !self.shared.accepting() && self.accept_retry.is_none() {
             // A slot is free again: take what waits in the backlog.
             self.accept_all();
@@ -584,10 +780,34 @@ fn watch_conn(shared: &Shared, info: &ConnInfo, fd: i32, closed: Option<&str>) {
         });
 }
 
-fn stream_fd(s: &Stream) -> i32 {
-    match s {
-        Stream::Tcp(s) => s.as_raw_fd(),
-        Stream::Unix(s) => s.as_raw_fd(),
-        Stream::Tls(s) => s.socket().as_raw_fd(),
+/// An accepted socket for the io_uring runtime: blocking (the ring waits for it, and a
+/// non-blocking descriptor could have an operation fail with `EAGAIN`), with its generation.
+fn ring_sock(fd: std::os::fd::OwnedFd, gen: u32) -> io::Result<RingSock> {
+    let raw = fd.as_raw_fd();
+    // SAFETY: fcntl on a descriptor this function owns.
+    let flags = unsafe { libc::fcntl(raw, libc::F_GETFL) };
+    // SAFETY: as above.
+    if flags < 0 || unsafe { libc::fcntl(raw, libc::F_SETFL, flags & !libc::O_NONBLOCK) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(RingSock::new(fd, gen))
+}
+
+/// Write a short line to a socket at once, never blocking (a connection refused over `-c`
+/// under io_uring, whose descriptor is blocking).
+fn send_now(fd: i32, line: &[u8]) -> io::Result<usize> {
+    // SAFETY: `line` is valid for its length; `fd` is an open socket this worker owns.
+    let n = unsafe {
+        libc::send(
+            fd,
+            line.as_ptr().cast(),
+            line.len(),
+            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+        )
+    };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
     }
 }

@@ -15,7 +15,7 @@
 //! Options are handled in order, so `-h`, `-i` and `-V` win over anything after them and
 //! an error before them wins over them, as with memcached.
 
-use crate::setup::config::{Config, ListenAddr, ListenTls, MemoryLimit, ProtocolChoice};
+use crate::setup::config::{Config, IoChoice, ListenAddr, ListenTls, MemoryLimit, ProtocolChoice};
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
@@ -909,6 +909,10 @@ impl Builder {
             }
             "reuseport" => self.cfg.reuseport = true,
             "cpu_affinity" => self.cfg.cpu_affinity = true,
+            "io" => {
+                self.cfg.io = IoChoice::parse(&need(val)?)
+                    .ok_or_else(|| "-o io: expected uring, epoll or auto".to_string())?;
+            }
             "maxconns_fast" => self.cfg.maxconns_fast = true,
             "no_maxconns_fast" => self.cfg.maxconns_fast = false,
             "debug_clock" => self.cfg.debug_clock = true,
@@ -1476,6 +1480,10 @@ Extended options: -o, --extended=OPT[,OPT=VALUE...]
                               one socket all workers accept from (kvcached's own)
   cpu_affinity                pin worker N to the Nth CPU the process may run on
                               (kvcached's own)
+  io=auto|uring|epoll         the I/O runtime of TCP and unix connections: io_uring
+                              (one system call per turn of a worker's loop), epoll, or
+                              io_uring where the kernel allows it (kvcached's own;
+                              default auto, or $KVCACHED_IO)
   debug_clock                 TESTS ONLY: enable the debugtime command, which moves the
                               server clock. Never use in production.
 

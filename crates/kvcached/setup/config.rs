@@ -163,6 +163,8 @@ pub struct Config {
     pub reuseport: bool,
     /// Pin each worker thread to one CPU (`-o cpu_affinity`; kvcached's own).
     pub cpu_affinity: bool,
+    /// The I/O runtime of TCP and unix connections (`-o io=`; kvcached's own).
+    pub io: IoChoice,
     /// Allow the commands that dump keys: `stats cachedump`, `stats detail dump`,
     /// `lru_crawler metadump` (`-X` turns them off).
     pub dump_enabled: bool,
@@ -250,6 +252,7 @@ impl Default for Config {
             track_sizes: false,
             reuseport: false,
             cpu_affinity: false,
+            io: IoChoice::default_from_env(),
             no_evict: false,
             use_cas: true,
             max_connections: 1024,
@@ -328,4 +331,35 @@ pub fn slab_classes(min_size: u32, factor: f64, chunk_max: u32, sizes: Option<&[
 pub fn slab_class_of(classes: &[u32], size: usize) -> u32 {
     let i = classes.partition_point(|c| (*c as usize) < size);
     (i.min(classes.len().saturating_sub(1)) + 1) as u32
+}
+
+/// The I/O runtime of TCP and unix connections (`-o io=uring|epoll|auto`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoChoice {
+    /// io_uring where the kernel allows it, else epoll.
+    Auto,
+    /// io_uring; if the kernel refuses it, epoll, with a line on stderr.
+    Uring,
+    /// epoll (through mio).
+    Epoll,
+}
+
+impl IoChoice {
+    pub fn parse(s: &str) -> Option<IoChoice> {
+        match s {
+            "auto" => Some(IoChoice::Auto),
+            "uring" | "io_uring" => Some(IoChoice::Uring),
+            "epoll" => Some(IoChoice::Epoll),
+            _ => None,
+        }
+    }
+
+    /// The default: `KVCACHED_IO` when it names a runtime (so that a test suite can run
+    /// against either without changing every command line), else `auto`.
+    pub fn default_from_env() -> IoChoice {
+        std::env::var("KVCACHED_IO")
+            .ok()
+            .and_then(|v| IoChoice::parse(&v))
+            .unwrap_or(IoChoice::Auto)
+    }
 }

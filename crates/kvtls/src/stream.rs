@@ -86,6 +86,11 @@ impl<S: Read + Write> TlsStream<S> {
         &mut self.sock
     }
 
+    /// The socket underneath, the session dropped (a connection being closed).
+    pub fn into_socket(self) -> S {
+        self.sock
+    }
+
     /// The rustls connection (peer certificates, negotiated version, ...).
     pub fn connection(&self) -> &Connection {
         &self.conn

@@ -1,0 +1,863 @@
+//! The io_uring runtime (`-o io=uring`): a worker's connections read and write through one
+//! ring instead of a `read` and a `write` system call each.
+//!
+//! The connection code (`conn.rs`) is the same for both runtimes. It reads and writes a
+//! [`RingSock`] as it would a non-blocking socket, and the worker turns the ring's
+//! completions into the events that drive it:
+//!
+//! - **Receiving.** While a connection has nothing buffered, one receive is armed for it. It
+//!   uses a buffer the kernel picks from this worker's provided-buffer ring when data
+//!   arrives, so an idle connection holds no receive buffer. The completion's bytes are
+//!   copied into the connection's small input queue, the buffer goes straight back to the
+//!   ring, and the connection is driven. A read of an empty queue says `WouldBlock`, and the
+//!   next receive is armed after the drive. At most one receive's worth of bytes waits per
+//!   connection. A connection that fills a whole provided buffer is sending something large
+//!   (a big value, a long multiget line): its next receives go straight into a buffer of
+//!   its own of [`DIRECT_BUF`] bytes, until one comes back less than half full, so a
+//!   stream of large requests neither crowds the shared buffers nor goes through them
+//!   4 KiB at a time.
+//! - **Sending.** A plain connection hands its output buffer over as the send buffer (the
+//!   two swap, nothing is copied); TLS writes its records into it, up to [`STAGE_MAX`].
+//!   Neither is a system call. After the drive, a send of everything in it is queued. The buffer
+//!   is not touched again until the send completes, so meanwhile a write says `WouldBlock`
+//!   and the output waits in the connection's own buffer, as it waits for writability under
+//!   epoll; the send's completion drives a connection that was waiting to write. A
+//!   connection holds at most one send buffer, and only while it has output in flight.
+//! - **One system call per turn.** The queued receives and sends of all connections are
+//!   submitted together, and the worker waits for completions, in one `io_uring_enter`.
+//!   Listening sockets, UDP sockets and the worker's waker stay in the mio poller, whose
+//!   descriptor is itself watched by the ring (a multishot poll). When it fires, the poller
+//!   is polled without waiting and its events are handled as the epoll runtime handles
+//!   them.
+//! - **Closing.** A connection's descriptor and buffers must outlive the kernel's
+//!   operations on them. A connection closed with operations in flight is shut down, which
+//!   ends a pending receive or send, and its operations are cancelled. It is parked until
+//!   their completions arrive, then dropped, which closes the descriptor. Completions are
+//!   matched to connections by slot and generation, so a reused slot never gets another
+//!   connection's completion.
+//!
+//! [`probe`] decides at start-up whether this runtime can run: kernel 5.19 or later
+//! (provided-buffer rings), not disabled by `kernel.io_uring_disabled` or a seccomp filter.
+//! If it cannot, the server uses epoll, and says why when io_uring was asked for by name.
+//! From 6.1 the ring runs completions only when the worker waits for them
+//! (`DEFER_TASKRUN`), so a worker is not interrupted to process them meanwhile.
+//!
+//! Not done yet: accepting through the ring (connections are accepted as under epoll),
+//! multishot receives (one receive is armed at a time, which bounds what a connection
+//! that is not reading its replies can make the server buffer), zero-copy sends, SQPOLL.
+
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::Duration;
+
+use io_uring::{cqueue, opcode, squeue, types, IoUring};
+
+/// Bytes of one provided receive buffer: a request line, a pipelined batch or a small set
+/// fits; a larger request switches the connection to a receive buffer of its own.
+pub const RX_BUF: usize = 4 * 1024;
+/// A connection's own receive buffer while it sends large requests.
+pub const DIRECT_BUF: usize = 64 * 1024;
+/// Provided receive buffers per worker (a power of two).
+const RX_BUFS: u16 = 64;
+/// The provided-buffer group of the worker's ring.
+const GROUP: u16 = 0;
+/// Submission queue entries per ring. The completion queue is twice as long, and the
+/// kernel keeps completions that do not fit (`IORING_FEAT_NODROP`, required).
+const ENTRIES: u32 = 1024;
+/// Output a connection's send buffer takes before a write says `WouldBlock`.
+pub const STAGE_MAX: usize = 256 * 1024;
+/// An empty send buffer keeps at most this much capacity (as a connection's output buffer
+/// does), and an empty input queue at most `KEEP_RX` (an idle connection holds little).
+const KEEP: usize = 4 * 1024;
+const KEEP_RX: usize = 512;
+
+/// What a completion is for (the top two bits of its user data).
+const OP_RECV: u64 = 1;
+const OP_SEND: u64 = 2;
+const OP_POLL: u64 = 3;
+/// Cancellations complete with this user data (nothing to do for them).
+const OP_NONE: u64 = 0;
+
+fn user_data(op: u64, gen: u32, slot: usize) -> u64 {
+    (op << 62) | (u64::from(gen & 0x3fff_ffff) << 32) | (slot as u64 & 0xffff_ffff)
+}
+
+/// A completion, copied out of the completion queue.
+#[derive(Debug, Clone, Copy)]
+pub struct Completion {
+    pub op: Op,
+    pub slot: usize,
+    pub gen: u32,
+    result: i32,
+    flags: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    Recv,
+    Send,
+    /// The mio poller has events.
+    Poll,
+    None,
+}
+
+impl Completion {
+    fn from_entry(e: &cqueue::Entry) -> Completion {
+        let ud = e.user_data();
+        let op = match ud >> 62 {
+            OP_RECV => Op::Recv,
+            OP_SEND => Op::Send,
+            OP_POLL => Op::Poll,
+            _ => Op::None,
+        };
+        Completion {
+            op,
+            slot: (ud & 0xffff_ffff) as usize,
+            gen: ((ud >> 32) & 0x3fff_ffff) as u32,
+            result: e.result(),
+            flags: e.flags(),
+        }
+    }
+
+    /// Whether a multishot operation goes on after this completion.
+    pub fn more(&self) -> bool {
+        cqueue::more(self.flags)
+    }
+}
+
+/// Whether this runtime can run here: an error saying why not.
+pub fn probe() -> io::Result<()> {
+    let mut ring = Reactor::new()?;
+    // A submission with a timeout (IORING_FEAT_EXT_ARG) is what the worker's wait uses.
+    ring.wait(Some(Duration::ZERO))?;
+    Ok(())
+}
+
+/// The provided-buffer ring: `RX_BUFS` buffers the kernel picks from as data arrives.
+struct BufRing {
+    /// The ring of buffer descriptors, one page-aligned mapping.
+    entries: *mut types::BufRingEntry,
+    entries_len: usize,
+    /// The buffers themselves, `RX_BUFS * RX_BUF` bytes.
+    bufs: *mut u8,
+    bufs_len: usize,
+    /// The next tail to publish (buffers handed back but not yet visible to the kernel).
+    tail: u16,
+}
+
+// SAFETY: the mappings belong to this value alone (the kernel's use of them is tied to the
+// ring, which moves with it); nothing else points into them.
+unsafe impl Send for BufRing {}
+
+impl BufRing {
+    fn new() -> io::Result<BufRing> {
+        let entries_len = usize::from(RX_BUFS) * std::mem::size_of::<types::BufRingEntry>();
+        let bufs_len = usize::from(RX_BUFS) * RX_BUF;
+        let entries = map(entries_len)?.cast::<types::BufRingEntry>();
+        let bufs = match map(bufs_len) {
+            Ok(b) => b,
+            Err(e) => {
+                unmap(entries.cast(), entries_len);
+                return Err(e);
+            }
+        };
+        let mut ring = BufRing {
+            entries,
+            entries_len,
+            bufs,
+            bufs_len,
+            tail: 0,
+        };
+        for bid in 0..RX_BUFS {
+            ring.give_back(bid);
+        }
+        ring.publish();
+        Ok(ring)
+    }
+
+    /// Hand buffer `bid` back to the kernel (visible after [`BufRing::publish`]).
+    fn give_back(&mut self, bid: u16) {
+        let index = usize::from(self.tail & (RX_BUFS - 1));
+        // SAFETY: `index < RX_BUFS`, the number of entries the mapping holds; the kernel
+        // reads an entry only after the tail covering it is published.
+        let entry = unsafe { &mut *self.entries.add(index) };
+        // SAFETY: `bid < RX_BUFS`, so the buffer lies inside the mapping.
+        entry.set_addr(unsafe { self.bufs.add(usize::from(bid) * RX_BUF) } as u64);
+        entry.set_len(RX_BUF as u32);
+        entry.set_bid(bid);
+        self.tail = self.tail.wrapping_add(1);
+    }
+
+    /// Make the buffers handed back visible to the kernel.
+    fn publish(&self) {
+        // SAFETY: the tail field lies in the first entry of the mapping, which lives as long
+        // as `self`; the kernel reads it, so it is written atomically with release ordering
+        // after the entries it covers.
+        let tail = unsafe { &*types::BufRingEntry::tail(self.entries).cast::<AtomicU16>() };
+        tail.store(self.tail, Ordering::Release);
+    }
+
+    /// The first `len` bytes of buffer `bid`, which the kernel filled and handed over.
+    fn data(&self, bid: u16, len: usize) -> &[u8] {
+        if bid >= RX_BUFS {
+            return &[];
+        }
+        // SAFETY: `bid < RX_BUFS` and `len` is clamped to the buffer's size; the kernel no
+        // longer writes a buffer it has reported in a completion until it is handed back.
+        unsafe {
+            std::slice::from_raw_parts(self.bufs.add(usize::from(bid) * RX_BUF), len.min(RX_BUF))
+        }
+    }
+}
+
+impl Drop for BufRing {
+    fn drop(&mut self) {
+        unmap(self.entries.cast(), self.entries_len);
+        unmap(self.bufs, self.bufs_len);
+    }
+}
+
+fn map(len: usize) -> io::Result<*mut u8> {
+    // SAFETY: an anonymous private mapping of `len` bytes; no existing memory is affected.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(p.cast())
+}
+
+fn unmap(p: *mut u8, len: usize) {
+    // SAFETY: `p` and `len` are a mapping made by `map`, unmapped once.
+    unsafe {
+        libc::munmap(p.cast(), len);
+    }
+}
+
+/// A worker's ring, its provided buffers, and the connections closed with operations still
+/// in flight.
+pub struct Reactor {
+    ring: IoUring,
+    bufs: BufRing,
+    /// Connections closed while the kernel still had operations on them, by (slot,
+    /// generation), until their last completion.
+    parked: HashMap<(usize, u32), RingSock>,
+    /// The multishot poll on the mio poller's descriptor is armed.
+    poll_armed: bool,
+    /// Completions of the last wait.
+    done: Vec<Completion>,
+    /// Receives that found no free buffer (`ENOBUFS`) and must be armed again.
+    pub starved: u64,
+}
+
+impl Drop for Reactor {
+    fn drop(&mut self) {
+        // Connections closed with operations in flight (at shutdown, all of them) were shut
+        // down and their operations cancelled: let those end before the buffers they use
+        // go, for a second at most.
+        let until = std::time::Instant::now() + Duration::from_secs(1);
+        while !self.parked.is_empty() && std::time::Instant::now() < until {
+            let Ok(done) = self.wait(Some(Duration::from_millis(50))) else {
+                break;
+            };
+            let done = done.to_vec();
+            for c in &done {
+                self.complete(c, None);
+            }
+        }
+        // Before the ring closes and the buffers are unmapped.
+        let _ = self.ring.submitter().unregister_buf_ring(GROUP);
+    }
+}
+
+impl Reactor {
+    pub fn new() -> io::Result<Reactor> {
+        let ring = Self::build()?;
+        if !ring.params().is_feature_nodrop() || !ring.params().is_feature_ext_arg() {
+            return Err(io::Error::other(
+                "the kernel's io_uring lacks NODROP or EXT_ARG (kernel 5.11 or later needed)",
+            ));
+        }
+        let bufs = BufRing::new()?;
+        // SAFETY: the entries live in `bufs`, which the reactor drops only after the ring
+        // (and unregisters first, in `Drop`).
+        unsafe {
+            ring.submitter().register_buf_ring_with_flags(
+                bufs.entries as u64,
+                RX_BUFS,
+                GROUP,
+                0,
+            )?;
+        }
+        Ok(Reactor {
+            ring,
+            bufs,
+            parked: HashMap::new(),
+            poll_armed: false,
+            done: Vec::with_capacity(256),
+            starved: 0,
+        })
+    }
+
+    /// A ring with the cheapest completion delivery the kernel has: completions run when the
+    /// worker waits for them (`DEFER_TASKRUN`, 6.1), for one thread (`SINGLE_ISSUER`, 6.0).
+    fn build() -> io::Result<IoUring> {
+        match IoUring::builder()
+            .setup_single_issuer()
+            .setup_defer_taskrun()
+            .setup_cqsize(ENTRIES * 2)
+            .build(ENTRIES)
+        {
+            Ok(r) => Ok(r),
+            Err(_) => IoUring::builder()
+                .setup_coop_taskrun()
+                .setup_cqsize(ENTRIES * 2)
+                .build(ENTRIES),
+        }
+    }
+
+    fn push(&mut self, entry: &squeue::Entry) -> io::Result<()> {
+        loop {
+            // SAFETY: every entry pushed points at memory that outlives the operation: a
+            // connection's send buffer (kept until its completion, parked if it closes) or
+            // nothing (receives use provided buffers, polls and cancellations no buffer).
+            if unsafe { self.ring.submission().push(entry) }.is_ok() {
+                return Ok(());
+            }
+            // The queue is full: hand what it holds to the kernel and try again.
+            self.ring.submit()?;
+        }
+    }
+
+    /// Watch the mio poller's descriptor (once; again after a completion without `more`).
+    pub fn arm_poll(&mut self, fd: RawFd) -> io::Result<()> {
+        if self.poll_armed {
+            return Ok(());
+        }
+        let e = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32)
+            .multi(true)
+            .build()
+            .user_data(user_data(OP_POLL, 0, 0));
+        self.push(&e)?;
+        self.poll_armed = true;
+        Ok(())
+    }
+
+    pub fn poll_disarmed(&mut self) {
+        self.poll_armed = false;
+    }
+
+    /// Queue what connection `slot` needs from the kernel: a receive when its input is empty,
+    /// a send when it has staged output and none in flight.
+    pub fn arm(&mut self, sock: &mut RingSock, slot: usize) -> io::Result<()> {
+        if sock.wants_recv() {
+            let fd = types::Fd(sock.fd.as_raw_fd());
+            let e = if sock.direct {
+                // The input queue is empty (`wants_recv`); it is not touched again until the
+                // completion, so its spare room stays where the kernel writes.
+                sock.rx.clear();
+                sock.rx_pos = 0;
+                sock.rx.reserve(DIRECT_BUF);
+                let spare = sock.rx.spare_capacity_mut();
+                opcode::Recv::new(fd, spare.as_mut_ptr().cast(), spare.len() as u32).build()
+            } else {
+                opcode::Recv::new(fd, std::ptr::null_mut(), 0)
+                    .buf_group(GROUP)
+                    .build()
+                    .flags(squeue::Flags::BUFFER_SELECT)
+            };
+            self.push(&e.user_data(user_data(OP_RECV, sock.gen, slot)))?;
+            sock.recv_inflight = true;
+            sock.recv_direct = sock.direct;
+        }
+        if !sock.send_inflight && sock.sent < sock.sending.len() && sock.err.is_none() {
+            self.push_send(sock, slot)?;
+        }
+        Ok(())
+    }
+
+    fn push_send(&mut self, sock: &mut RingSock, slot: usize) -> io::Result<()> {
+        let rest = &sock.sending[sock.sent..];
+        let e = opcode::Send::new(
+            types::Fd(sock.fd.as_raw_fd()),
+            rest.as_ptr(),
+            rest.len().min(u32::MAX as usize) as u32,
+        )
+        .flags(libc::MSG_NOSIGNAL)
+        .build()
+        .user_data(user_data(OP_SEND, sock.gen, slot));
+        self.push(&e)?;
+        sock.send_inflight = true;
+        Ok(())
+    }
+
+    /// Submit what is queued and wait up to `timeout` (`None`: without limit) for at least one
+    /// completion; then collect the completions.
+    pub fn wait(&mut self, timeout: Option<Duration>) -> io::Result<&[Completion]> {
+        self.done.clear();
+        let result = match timeout {
+            Some(t) if t.is_zero() => self.ring.submit_and_wait(0),
+            Some(t) => {
+                let ts = types::Timespec::from(t);
+                let args = types::SubmitArgs::new().timespec(&ts);
+                self.ring.submitter().submit_with_args(1, &args)
+            }
+            None => self.ring.submit_and_wait(1),
+        };
+        match result {
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ETIME | libc::EINTR | libc::EBUSY)
+                ) => {}
+            Err(e) => return Err(e),
+        }
+        let mut cq = self.ring.completion();
+        cq.sync();
+        self.done.extend(cq.map(|e| Completion::from_entry(&e)));
+        Ok(&self.done)
+    }
+
+    /// Apply a receive's or a send's completion to its connection, live (`sock`) or parked.
+    /// Returns whether `sock` should be driven.
+    pub fn complete(&mut self, c: &Completion, sock: Option<&mut RingSock>) -> bool {
+        match sock {
+            Some(sock) => self.apply(c, sock),
+            None => {
+                if let Some(sock) = self.parked.get_mut(&(c.slot, c.gen)) {
+                    // A parked connection only waits for its operations to end.
+                    let bid = (c.op == Op::Recv && c.result > 0)
+                        .then(|| cqueue::buffer_select(c.flags))
+                        .flatten();
+                    match c.op {
+                        Op::Recv => sock.recv_inflight = false,
+                        Op::Send => sock.send_inflight = false,
+                        _ => {}
+                    }
+                    let done = !sock.recv_inflight && !sock.send_inflight;
+                    if done {
+                        self.parked.remove(&(c.slot, c.gen));
+                    }
+                    if let Some(bid) = bid {
+                        self.bufs.give_back(bid);
+                        self.bufs.publish();
+                    }
+                }
+                false
+            }
+        }
+    }
+
+    fn apply(&mut self, c: &Completion, sock: &mut RingSock) -> bool {
+        match c.op {
+            Op::Recv => {
+                sock.recv_inflight = false;
+                if c.result > 0 {
+                    let n = c.result as usize;
+                    if let Some(bid) = cqueue::buffer_select(c.flags) {
+                        let data = self.bufs.data(bid, n);
+                        sock.rx.extend_from_slice(data);
+                        self.bufs.give_back(bid);
+                        self.bufs.publish();
+                        sock.direct = n >= RX_BUF;
+                    } else if sock.recv_direct {
+                        let room = sock.rx.capacity() - sock.rx.len();
+                        // SAFETY: the kernel wrote `n` bytes into the spare room the receive
+                        // was given (it never writes more than it was given).
+                        unsafe { sock.rx.set_len(sock.rx.len() + n.min(room)) };
+                        sock.direct = n >= DIRECT_BUF / 2;
+                    }
+                } else if c.result == 0 {
+                    sock.eof = true;
+                } else if -c.result == libc::ENOBUFS {
+                    // Every buffer is taken: armed again after this turn.
+                    self.starved += 1;
+                    return false;
+                } else if -c.result != libc::ECANCELED {
+                    sock.err = Some(-c.result);
+                }
+                true
+            }
+            Op::Send => {
+                sock.send_inflight = false;
+                if c.result < 0 {
+                    sock.err = Some(-c.result);
+                    return true;
+                }
+                sock.sent += c.result as usize;
+                if sock.sent < sock.sending.len() {
+                    // A short send: the rest goes next turn, from the same buffer.
+                    if self.push_send(sock, c.slot).is_err() {
+                        sock.err = Some(libc::EIO);
+                    }
+                    return false;
+                }
+                sock.sending.clear();
+                sock.sent = 0;
+                if sock.sending.capacity() > KEEP {
+                    sock.sending = Vec::new();
+                }
+                true
+            }
+            Op::Poll | Op::None => false,
+        }
+    }
+
+    /// A connection is closing: end its operations and keep it until they have completed.
+    pub fn retire(&mut self, slot: usize, sock: RingSock) {
+        if !sock.recv_inflight && !sock.send_inflight {
+            return; // dropped here: the descriptor closes
+        }
+        // SAFETY: shutdown on a descriptor this connection owns; it ends a pending receive
+        // (with 0) and a pending send (with an error) and tells the peer at once.
+        unsafe {
+            libc::shutdown(sock.fd.as_raw_fd(), libc::SHUT_RDWR);
+        }
+        for (op, inflight) in [(OP_RECV, sock.recv_inflight), (OP_SEND, sock.send_inflight)] {
+            if inflight {
+                let e = opcode::AsyncCancel::new(user_data(op, sock.gen, slot))
+                    .build()
+                    .user_data(user_data(OP_NONE, 0, 0));
+                let _ = self.push(&e);
+            }
+        }
+        self.parked.insert((slot, sock.gen), sock);
+    }
+}
+
+/// A connection's socket under the io_uring runtime: reads take what receives delivered,
+/// writes stage output for the next send (see the module's documentation).
+pub struct RingSock {
+    fd: OwnedFd,
+    /// Tells this connection's completions from those of an earlier one in the same slot.
+    pub gen: u32,
+    rx: Vec<u8>,
+    rx_pos: usize,
+    eof: bool,
+    /// A receive or a send failed with this errno: reads and writes fail from now on.
+    err: Option<i32>,
+    recv_inflight: bool,
+    /// Receive into `rx` itself rather than a provided buffer (large requests), and
+    /// whether the receive in flight does.
+    direct: bool,
+    recv_direct: bool,
+    /// Output to send, and how much of it went; while a send is in flight the kernel reads
+    /// it, so it is not touched until the completion.
+    sending: Vec<u8>,
+    sent: usize,
+    send_inflight: bool,
+}
+
+impl std::fmt::Debug for RingSock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RingSock")
+            .field("fd", &self.fd.as_raw_fd())
+            .field("gen", &self.gen)
+            .finish()
+    }
+}
+
+impl RingSock {
+    pub fn new(fd: OwnedFd, gen: u32) -> RingSock {
+        RingSock {
+            fd,
+            gen,
+            rx: Vec::new(),
+            rx_pos: 0,
+            eof: false,
+            err: None,
+            recv_inflight: false,
+            direct: false,
+            recv_direct: false,
+            sending: Vec::new(),
+            sent: 0,
+            send_inflight: false,
+        }
+    }
+
+    pub fn fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    fn wants_recv(&self) -> bool {
+        !self.recv_inflight && self.rx_pos == self.rx.len() && !self.eof && self.err.is_none()
+    }
+
+    /// A receive or a send failed: the connection must be driven to close.
+    pub fn failed(&self) -> bool {
+        self.err.is_some()
+    }
+
+    /// Output the kernel has not taken yet.
+    pub fn owes(&self) -> bool {
+        self.err.is_none() && (self.sent < self.sending.len() || self.send_inflight)
+    }
+
+    /// Bytes of buffer memory it holds (for `-o read_buf_mem_limit` and the gauges).
+    pub fn held(&self) -> usize {
+        self.rx.capacity() + self.sending.capacity()
+    }
+}
+
+impl RingSock {
+    /// Take `out[from..]` to send, by swapping buffers, when no output waits here: `out`
+    /// gets back an empty buffer. Returns the bytes taken (`None`: output still waits; the
+    /// caller keeps its own, as a socket that would block).
+    pub fn hand_over(&mut self, out: &mut Vec<u8>, from: usize) -> Option<usize> {
+        if self.send_inflight || self.sent < self.sending.len() || self.err.is_some() {
+            return None;
+        }
+        let n = out.len().saturating_sub(from);
+        std::mem::swap(&mut self.sending, out);
+        self.sent = from.min(self.sending.len());
+        out.clear();
+        Some(n)
+    }
+}
+
+impl Read for RingSock {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let have = self.rx.len() - self.rx_pos;
+        if have > 0 {
+            let n = have.min(buf.len());
+            buf[..n].copy_from_slice(&self.rx[self.rx_pos..self.rx_pos + n]);
+            self.rx_pos += n;
+            if self.rx_pos == self.rx.len() {
+                self.rx.clear();
+                self.rx_pos = 0;
+                if self.rx.capacity() > KEEP_RX && !self.direct {
+                    self.rx = Vec::new();
+                }
+            }
+            return Ok(n);
+        }
+        if let Some(e) = self.err {
+            return Err(io::Error::from_raw_os_error(e));
+        }
+        if self.eof {
+            return Ok(0);
+        }
+        Err(io::ErrorKind::WouldBlock.into())
+    }
+}
+
+impl Write for RingSock {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if let Some(e) = self.err {
+            return Err(io::Error::from_raw_os_error(e));
+        }
+        let room = STAGE_MAX.saturating_sub(self.sending.len());
+        if self.send_inflight || room == 0 {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        let n = room.min(buf.len());
+        self.sending.extend_from_slice(&buf[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixStream;
+
+    /// A reactor and a connected pair: the server side as a `RingSock`, the peer as a plain
+    /// blocking socket. `None` where this kernel has no io_uring (the test then has nothing
+    /// to check).
+    fn setup() -> Option<(Reactor, RingSock, UnixStream)> {
+        let reactor = match Reactor::new() {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("io_uring unavailable here: {e}");
+                return None;
+            }
+        };
+        let (a, b) = UnixStream::pair().ok()?;
+        Some((reactor, RingSock::new(OwnedFd::from(a), 7), b))
+    }
+
+    /// Wait for completions until `f` has seen one it accepts (at most 100 waits of 1 s).
+    fn until(r: &mut Reactor, sock: &mut RingSock, mut f: impl FnMut(&Completion) -> bool) {
+        for _ in 0..100 {
+            let done: Vec<Completion> = r.wait(Some(Duration::from_secs(1))).unwrap().to_vec();
+            let mut hit = false;
+            for c in &done {
+                if c.op == Op::Recv || c.op == Op::Send {
+                    assert_eq!((c.slot, c.gen), (3, 7), "completion for another connection");
+                    r.complete(c, Some(sock));
+                    hit |= f(c);
+                }
+            }
+            if hit {
+                return;
+            }
+        }
+        panic!("no completion came");
+    }
+
+    fn read_all(sock: &mut RingSock) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut buf = [0u8; 1000];
+        loop {
+            match sock.read(&mut buf) {
+                Ok(0) => return out,
+                Ok(n) => out.extend_from_slice(&buf[..n]),
+                Err(e) => {
+                    assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
+                    return out;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn receives_and_sends_through_the_ring() {
+        let Some((mut r, mut sock, mut peer)) = setup() else {
+            return;
+        };
+        // Nothing has arrived: a read would block, and a receive is armed.
+        assert_eq!(
+            sock.read(&mut [0u8; 16]).unwrap_err().kind(),
+            io::ErrorKind::WouldBlock
+        );
+        r.arm(&mut sock, 3).unwrap();
+        peer.write_all(b"get a\r\n").unwrap();
+        until(&mut r, &mut sock, |c| c.op == Op::Recv);
+        assert_eq!(read_all(&mut sock), b"get a\r\n");
+
+        // A reply handed over is sent by the next turn; meanwhile writes wait.
+        let mut out = b"VALUE a 0 1\r\nx\r\nEND\r\n".to_vec();
+        assert_eq!(sock.hand_over(&mut out, 0), Some(21));
+        assert!(out.is_empty());
+        assert!(sock.owes());
+        r.arm(&mut sock, 3).unwrap();
+        assert_eq!(
+            sock.write(b"more").unwrap_err().kind(),
+            io::ErrorKind::WouldBlock
+        );
+        assert_eq!(sock.hand_over(&mut b"more".to_vec(), 0), None);
+        until(&mut r, &mut sock, |c| c.op == Op::Send);
+        assert!(!sock.owes());
+        let mut got = [0u8; 21];
+        peer.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"VALUE a 0 1\r\nx\r\nEND\r\n");
+
+        // The peer finishes: the next receive reports the end.
+        drop(peer);
+        until(&mut r, &mut sock, |c| c.op == Op::Recv);
+        assert_eq!(sock.read(&mut [0u8; 16]).unwrap(), 0);
+    }
+
+    #[test]
+    fn a_large_request_switches_to_a_buffer_of_its_own() {
+        let Some((mut r, mut sock, mut peer)) = setup() else {
+            return;
+        };
+        let big: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        let writer = {
+            let big = big.clone();
+            let mut peer = peer.try_clone().unwrap();
+            std::thread::spawn(move || peer.write_all(&big).unwrap())
+        };
+        let mut got = Vec::new();
+        let mut direct_seen = false;
+        while got.len() < big.len() {
+            r.arm(&mut sock, 3).unwrap();
+            direct_seen |= sock.recv_direct;
+            until(&mut r, &mut sock, |c| c.op == Op::Recv);
+            got.extend(read_all(&mut sock));
+        }
+        writer.join().unwrap();
+        assert_eq!(got, big, "bytes lost or reordered");
+        assert!(direct_seen, "a stream of full buffers never went direct");
+        // Small requests again: back to the shared buffers, and the input queue shrinks.
+        peer.write_all(b"version\r\n").unwrap();
+        r.arm(&mut sock, 3).unwrap();
+        until(&mut r, &mut sock, |c| c.op == Op::Recv);
+        assert_eq!(read_all(&mut sock), b"version\r\n");
+        assert!(!sock.direct);
+        assert!(sock.held() <= KEEP_RX + KEEP, "held {}", sock.held());
+    }
+
+    #[test]
+    fn a_connection_closed_with_operations_in_flight_is_kept_until_they_end() {
+        let Some((mut r, mut sock, peer)) = setup() else {
+            return;
+        };
+        // A receive that will not complete by itself, and a send to a peer that does not
+        // read, larger than the socket buffers take.
+        r.arm(&mut sock, 3).unwrap();
+        let mut out = vec![b'x'; 8 << 20];
+        assert!(sock.hand_over(&mut out, 0).is_some());
+        r.arm(&mut sock, 3).unwrap();
+        // Let the send go as far as it can (short sends go on from where they stopped).
+        for _ in 0..10 {
+            let done: Vec<Completion> = r.wait(Some(Duration::from_millis(50))).unwrap().to_vec();
+            for c in &done {
+                r.complete(c, Some(&mut sock));
+            }
+        }
+        assert!(sock.recv_inflight && sock.send_inflight);
+        r.retire(3, sock);
+        assert_eq!(r.parked.len(), 1);
+        for _ in 0..100 {
+            let done: Vec<Completion> = r.wait(Some(Duration::from_secs(1))).unwrap().to_vec();
+            for c in &done {
+                r.complete(c, None);
+            }
+            if r.parked.is_empty() {
+                break;
+            }
+        }
+        assert!(
+            r.parked.is_empty(),
+            "the closed connection was never let go"
+        );
+        // Its descriptor is closed: the peer sees the end.
+        let mut peer = peer;
+        let mut buf = [0u8; 1 << 16];
+        let mut total = 0;
+        loop {
+            match peer.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => total += n,
+                Err(e) if e.kind() == io::ErrorKind::ConnectionReset => break,
+                Err(e) => panic!("peer read: {e}"),
+            }
+        }
+        assert!(
+            total < 8 << 20,
+            "the whole send went through a shut-down socket"
+        );
+    }
+
+    #[test]
+    fn a_failed_send_fails_the_connection_and_owes_nothing() {
+        let Some((mut r, mut sock, peer)) = setup() else {
+            return;
+        };
+        drop(peer);
+        let mut out = b"END\r\n".to_vec();
+        assert!(sock.hand_over(&mut out, 0).is_some());
+        r.arm(&mut sock, 3).unwrap();
+        until(&mut r, &mut sock, |c| c.op == Op::Send);
+        assert!(sock.failed());
+        assert!(!sock.owes(), "a failed connection must be able to close");
+        assert!(sock.write(b"x").is_err());
+    }
+}
