@@ -24,6 +24,11 @@ fuzz_target!(|input: &[u8]| {
         flush_enabled: config & 4 == 0,
         shutdown_enabled: config & 8 != 0,
     };
+    // The prefetch hint's keys: tokens of whole lines, never more than 64 lines' worth.
+    for key in text::read_keys(stream).take(100_000) {
+        assert!(!key.is_empty() && key.len() <= stream.len(), "bad hint key");
+        assert!(!key.contains(&b' ') && !key.contains(&b'\n'), "bad hint key bytes");
+    }
     let mut out = Vec::new();
     let mut rest = stream;
     let mut swallow = 0usize;

@@ -573,6 +573,14 @@ impl Conn {
             return (data.len(), Step::Next);
         }
         self.info.set_state(ConnState::ParseCmd);
+        if self.session.swallow == 0 && self.session.protocol == Some(Protocol::Text) {
+            // A batch of pipelined reads: start loading their index buckets and records
+            // together, so their cache misses overlap (one key gains nothing).
+            let keys = proto::read_keys(data);
+            if keys.clone().nth(1).is_some() {
+                shared.engine.prefetch(keys);
+            }
+        }
         while pos < data.len() {
             if self.session.swallow > 0 {
                 let n = self.session.swallow.min(data.len() - pos);

@@ -179,6 +179,59 @@ impl<'a> Iterator for Keys<'a> {
     }
 }
 
+/// The keys a batch of pipelined reads at the front of `buf` will look up, for a server to
+/// prefetch before it executes them: the keys of each whole `get`/`gets` line and the key
+/// of each whole `mg` line, in order, until a line that is anything else or is unfinished
+/// (a `set`'s data block must not be read as commands). At most 64 lines are looked at.
+/// Only a hint: it validates nothing (the parser does, when the request runs), a key it
+/// yields may be refused later, and a line of other whitespace yields tokens as found.
+pub fn read_keys(buf: &[u8]) -> ReadKeys<'_> {
+    ReadKeys {
+        rest: buf,
+        line: Tokens::new(&[]),
+        lines: 0,
+    }
+}
+
+/// The iterator [`read_keys`] returns.
+#[derive(Debug, Clone)]
+pub struct ReadKeys<'a> {
+    rest: &'a [u8],
+    line: Tokens<'a>,
+    lines: u32,
+}
+
+impl<'a> Iterator for ReadKeys<'a> {
+    type Item = &'a [u8];
+    fn next(&mut self) -> Option<&'a [u8]> {
+        loop {
+            if let Some(key) = self.line.next() {
+                return Some(key);
+            }
+            if self.lines >= 64 {
+                return None;
+            }
+            self.lines += 1;
+            let end = self.rest.iter().position(|&b| b == b'\n')?;
+            let line = &self.rest[..end];
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            self.rest = &self.rest[end + 1..];
+            let mut tokens = Tokens::new(line);
+            match tokens.next() {
+                Some(b"get" | b"gets") => self.line = tokens,
+                Some(b"mg") => {
+                    let key = tokens.next();
+                    self.line = Tokens::new(key.unwrap_or(&[]));
+                }
+                _ => {
+                    self.rest = &[];
+                    return None;
+                }
+            }
+        }
+    }
+}
+
 /// Parse one request from the front of `buf`.
 pub fn parse<'a>(buf: &'a [u8], limits: &Limits) -> Parse<'a> {
     let line_len = match line_length(buf) {

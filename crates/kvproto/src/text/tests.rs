@@ -1212,3 +1212,25 @@ proptest! {
         prop_assert_eq!(out, format!("VALUE k {flags} {} {n}\r\n", n as usize).into_bytes());
     }
 }
+
+#[test]
+fn read_keys_of_a_pipelined_batch() {
+    let keys = |buf: &'static [u8]| read_keys(buf).collect::<Vec<&[u8]>>();
+    assert_eq!(
+        keys(b"get a b\r\ngets c\r\nmg d v f\r\nget e\r\n"),
+        [&b"a"[..], b"b", b"c", b"d", b"e"]
+    );
+    // Up to the first line that is not a read, or is unfinished.
+    assert_eq!(
+        keys(b"get a\r\nset b 0 0 3\r\nget x\r\nget c\r\n"),
+        [&b"a"[..]]
+    );
+    assert_eq!(keys(b"get a\r\nget b"), [&b"a"[..]]);
+    assert_eq!(keys(b"get a\nget  b \r\n"), [&b"a"[..], b"b"]);
+    assert!(keys(b"").is_empty());
+    assert!(keys(b"\r\n").is_empty());
+    assert!(keys(b"mg\r\n").is_empty());
+    // At most 64 lines.
+    let many: &'static [u8] = "get k\r\n".repeat(100).leak().as_bytes();
+    assert_eq!(keys(many).len(), 64);
+}

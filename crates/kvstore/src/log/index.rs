@@ -651,6 +651,22 @@ impl Index {
         }
     }
 
+    /// The slot values in `h`'s main bucket with its tag (for prefetching records: no
+    /// chain walk, no moved-slot handling, a hint may miss).
+    #[inline]
+    pub(crate) fn tagged_in_main(&self, h: u64, mut f: impl FnMut(u64)) {
+        let tag = tag_of(h);
+        let b = addr(h, self.state.load(Ordering::Relaxed));
+        if let Some(bucket) = self.buckets.get(b) {
+            for slot in &bucket.0 {
+                let v = slot.load(Ordering::Relaxed);
+                if is_item(v) && slot_tag(v) == tag {
+                    f(v);
+                }
+            }
+        }
+    }
+
     fn clear_markers(&self, b: usize) {
         self.walk(b, |_, slot| {
             if slot.load(Ordering::Relaxed) & MOVED != 0 {
@@ -662,7 +678,7 @@ impl Index {
 
 /// A hint to load the cache line at `p` (no effect on other architectures).
 #[inline(always)]
-fn prefetch(p: *const i8) {
+pub(crate) fn prefetch(p: *const i8) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch is only a hint: it never faults and reads nothing observable,
     // whatever the address; SSE is part of x86_64's baseline.

@@ -1227,3 +1227,25 @@ fn busy_ttl_class_falls_back_to_the_shard() {
     }
     assert_eq!(e.stats().curr_items, 0);
 }
+
+/// `prefetch` is a hint: for present, absent, deleted and evicted keys, and more keys than
+/// it looks at, it changes nothing the reads that follow see.
+#[test]
+fn prefetch_is_only_a_hint() {
+    let e = LogEngine::new(cfg(1 << 20));
+    for i in 0..2000u32 {
+        set(&e, format!("k{i}").as_bytes(), &[b'v'; 100], 10);
+    }
+    assert!(e.delete(b"k5", 10));
+    let keys: Vec<String> = (0..100).map(|i| format!("k{i}")).collect();
+    e.prefetch(keys.iter().map(|k| k.as_bytes()));
+    e.prefetch([&b""[..], b"absent", &[0xff; 250]]);
+    e.prefetch(std::iter::empty());
+    for i in 0..2000u32 {
+        let want = (i != 5).then(|| vec![b'v'; 100]);
+        let got = val(&e, format!("k{i}").as_bytes(), 10);
+        // A 1 MiB engine evicted the oldest keys: those read as misses, never as garbage.
+        assert!(got.is_none() || got == want, "k{i}");
+    }
+    assert!(val(&e, b"k1999", 10).is_some());
+}
