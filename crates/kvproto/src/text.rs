@@ -182,16 +182,21 @@ impl<'a> Iterator for Keys<'a> {
 /// The keys a batch of pipelined reads at the front of `buf` will look up, for a server to
 /// prefetch before it executes them: the keys of each whole `get`/`gets` line and the key
 /// of each whole `mg` line, in order, until a line that is anything else or is unfinished
-/// (a `set`'s data block must not be read as commands). At most 64 lines are looked at.
+/// (a `set`'s data block must not be read as commands). At most 64 lines and the first
+/// [`READ_KEYS_SPAN`] bytes are looked at, so a long unfinished line that a server offers
+/// again after every read costs a bounded scan each time.
 /// Only a hint: it validates nothing (the parser does, when the request runs), a key it
 /// yields may be refused later, and a line of other whitespace yields tokens as found.
 pub fn read_keys(buf: &[u8]) -> ReadKeys<'_> {
     ReadKeys {
-        rest: buf,
+        rest: &buf[..buf.len().min(READ_KEYS_SPAN)],
         line: Tokens::new(&[]),
         lines: 0,
     }
 }
+
+/// The most bytes [`read_keys`] looks at.
+pub const READ_KEYS_SPAN: usize = 8 * 1024;
 
 /// The iterator [`read_keys`] returns.
 #[derive(Debug, Clone)]

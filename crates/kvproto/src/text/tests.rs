@@ -1234,3 +1234,20 @@ fn read_keys_of_a_pipelined_batch() {
     let many: &'static [u8] = "get k\r\n".repeat(100).leak().as_bytes();
     assert_eq!(keys(many).len(), 64);
 }
+
+#[test]
+fn read_keys_looks_at_a_bounded_span() {
+    // A long line without its end (a huge multiget still arriving) is not scanned past the
+    // span, and nothing of it is yielded.
+    let mut long = b"get".to_vec();
+    while long.len() < 4 * READ_KEYS_SPAN {
+        long.extend_from_slice(b" key");
+    }
+    assert_eq!(read_keys(&long).count(), 0);
+    long.extend_from_slice(b"\r\n");
+    assert_eq!(read_keys(&long).count(), 0, "a line ending past the span");
+    // Lines inside the span still count.
+    let mut batch = b"get a\r\n".to_vec();
+    batch.extend_from_slice(&long);
+    assert_eq!(read_keys(&batch).collect::<Vec<_>>(), [&b"a"[..]]);
+}
