@@ -38,3 +38,17 @@ wait_port() {
 # As root, both servers need -u (memcached refuses root without it; kvcached too).
 user_args=()
 [ "$(id -u)" -eq 0 ] && user_args=(-u root)
+
+# bench_binaries: build kvcached and kvblast, then set kvcached ($KVCACHED, or the build under
+# CARGO_TARGET_DIR), kvblast, memcached ($MEMCACHED, or Debian's), and the cores: the server
+# on core 1, the load generator on core 0 (both on core 0, with a warning, on one core).
+bench_binaries() {
+    cargo build --release -q -p kvcached -p kvblast
+    local target=${CARGO_TARGET_DIR:-target}
+    kvcached=${KVCACHED:-$target/release/kvcached}
+    kvblast=$target/release/kvblast
+    memcached=${MEMCACHED:-/usr/bin/memcached}
+    server_core=1
+    load_core=0
+    [ "$(nproc)" -ge 2 ] || { server_core=0; echo "warning: one core: server and load share it" >&2; }
+}

@@ -30,14 +30,7 @@ while getopts "n:c:d:k:" opt; do
 done
 command -v perf >/dev/null || { echo "perf not found (Debian: linux-perf)" >&2; exit 1; }
 
-cargo build --release -q -p kvcached -p kvblast
-target=${CARGO_TARGET_DIR:-target}
-kvcached=${KVCACHED:-$target/release/kvcached}
-kvblast=$target/release/kvblast
-memcached=${MEMCACHED:-/usr/bin/memcached}
-server_core=1
-load_core=0
-[ "$(nproc)" -ge 2 ] || { server_core=0; echo "warning: one core: server and load share it" >&2; }
+bench_binaries
 
 echo "$requests gets, $conns connections, depth $depth, 32-byte values, $keys keys; $(nproc) cores"
 echo "memcached: $("$memcached" -V); kvcached: $("$kvcached" -V)"

@@ -33,14 +33,7 @@ shift $((OPTIND - 1))
 workload=("$@")
 [ ${#workload[@]} -gt 0 ] || workload=(--workload usr --keys 100000)
 
-cargo build --release -q -p kvcached -p kvblast
-target=${CARGO_TARGET_DIR:-target}
-kvcached=${KVCACHED:-$target/release/kvcached}
-kvblast=$target/release/kvblast
-memcached=${MEMCACHED:-/usr/bin/memcached}
-server_core=1
-load_core=0
-[ "$(nproc)" -ge 2 ] || { server_core=0; echo "warning: one core: server and load share it" >&2; }
+bench_binaries
 dir=$(mktemp -d)
 
 declare -A port pid

@@ -165,11 +165,7 @@ impl Worker {
         let mut batch: Vec<Completion> = Vec::with_capacity(256);
         let mut last_sweep = Instant::now();
         let idle = self.shared.config.idle_timeout;
-        let handshake = if self.shared.tls.is_some() {
-            self.shared.config.ssl.handshake_timeout
-        } else {
-            None
-        };
+        let handshake = self.handshake_timeout();
         let epoll = self.poll.as_raw_fd();
         while !self.shared.shutting_down() {
             let timeout = self.timeout(idle.is_some() || handshake.is_some());
@@ -217,10 +213,7 @@ impl Worker {
             }
             self.turn_end(&mut scratch, &mut udp, idle, handshake, &mut last_sweep);
         }
-        let slots: Vec<usize> = (0..self.conns.len()).collect();
-        for slot in slots {
-            self.close_for(slot, Some("shutdown"));
-        }
+        self.close_all();
     }
 
     /// A receive or a send completed: update the connection, drive it if that lets it go
@@ -253,6 +246,23 @@ impl Worker {
         }
         if matches!(armed, Some(Err(_))) {
             self.close(c.slot);
+        }
+    }
+
+    /// How long a TLS handshake may take (`-o ssl_handshake_timeout`, with `-Z`): handshakes
+    /// that never finish are closed by the once-a-second sweep that kicks idle connections.
+    fn handshake_timeout(&self) -> Option<Duration> {
+        if self.shared.tls.is_some() {
+            self.shared.config.ssl.handshake_timeout
+        } else {
+            None
+        }
+    }
+
+    /// Close every connection (the worker is stopping).
+    fn close_all(&mut self) {
+        for slot in 0..self.conns.len() {
+            self.close_for(slot, Some("shutdown"));
         }
     }
 
@@ -347,12 +357,7 @@ impl Worker {
         let mut udp = crate::runtime::udp::Buffers::new();
         let mut last_sweep = Instant::now();
         let idle = self.shared.config.idle_timeout;
-        // TLS handshakes that never finish are closed by the same once-a-second sweep.
-        let handshake = if self.shared.tls.is_some() {
-            self.shared.config.ssl.handshake_timeout
-        } else {
-            None
-        };
+        let handshake = self.handshake_timeout();
         while !self.shared.shutting_down() {
             let timeout = self.timeout(idle.is_some() || handshake.is_some());
             if let Err(e) = self.poll.poll(&mut events, timeout) {
@@ -369,10 +374,7 @@ impl Worker {
             }
             self.turn_end(&mut scratch, &mut udp, idle, handshake, &mut last_sweep);
         }
-        let slots: Vec<usize> = (0..self.conns.len()).collect();
-        for slot in slots {
-            self.close_for(slot, Some("shutdown"));
-        }
+        self.close_all();
     }
 
     fn serve_udp(&mut self, index: usize, buffers: &mut crate::runtime::udp::Buffers) {
