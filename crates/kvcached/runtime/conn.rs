@@ -223,6 +223,10 @@ pub struct Conn {
     /// Unfinished input (`input[input_pos..]`), when a request spans reads.
     input: Vec<u8>,
     input_pos: usize,
+    /// How many bytes at the front of the unfinished input are known to hold no line end
+    /// (text protocol; 0: unknown), so that a long line arriving in pieces is not scanned
+    /// again from its start after every read.
+    no_newline: usize,
     pub session: Session,
     /// Whether the socket is registered for writability: only while output is blocked, so
     /// that a connection whose replies fit the socket buffer never wakes the worker twice.
@@ -265,6 +269,7 @@ impl Conn {
             info,
             input: Vec::new(),
             input_pos: 0,
+            no_newline: 0,
             session: Session::new(),
             write_interest: false,
             hangup: false,
@@ -361,7 +366,7 @@ impl Conn {
             }
 
             // 2. Execute the whole requests already buffered.
-            if self.buffered() > 0 {
+            if self.buffered() > 0 && !self.line_still_unfinished() {
                 let data = std::mem::take(&mut self.input);
                 let start = self.input_pos;
                 let (consumed, step) = self.execute(ctx, &data[start..], budget);
@@ -444,6 +449,29 @@ impl Conn {
                 }
             }
         }
+    }
+
+    /// Whether the unfinished input is a text line still without its end, known from the
+    /// last parse and the bytes read since, with nothing the parser would refuse in the
+    /// meantime (its length limits, checked again once crossed).
+    fn line_still_unfinished(&mut self) -> bool {
+        let known = self.no_newline;
+        let have = self.buffered();
+        if known == 0
+            || known > have
+            || self.session.swallow > 0
+            || self.session.protocol != Some(Protocol::Text)
+            || have > proto::MAX_GET_LINE_LEN
+            || (have > proto::MAX_LINE_LEN && known <= proto::MAX_LINE_LEN)
+        {
+            return false;
+        }
+        let fresh = &self.input[self.input_pos + known..];
+        if fresh.contains(&b'\n') {
+            return false;
+        }
+        self.no_newline = have;
+        true
     }
 
     /// Copy the unfinished end of a read into the connection's own buffer, within the
@@ -573,6 +601,7 @@ impl Conn {
             return (data.len(), Step::Next);
         }
         self.info.set_state(ConnState::ParseCmd);
+        self.no_newline = 0;
         if self.session.swallow == 0 && self.session.protocol == Some(Protocol::Text) {
             // A batch of pipelined reads: start loading their index buckets and records
             // together, so their cache misses overlap (one key gains nothing).
@@ -632,7 +661,14 @@ impl Conn {
                 }
             }
             match proto::parse(rest, &limits) {
-                Parse::Incomplete => return (pos, Step::Next),
+                Parse::Incomplete => {
+                    // A line without its end (rather than a data block still arriving):
+                    // the next parse need not look at these bytes again.
+                    if !rest.contains(&b'\n') {
+                        self.no_newline = rest.len();
+                    }
+                    return (pos, Step::Next);
+                }
                 Parse::Request(req, used) => {
                     *budget -= 1;
                     match text::execute(req, ctx, &mut self.session) {
