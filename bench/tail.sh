@@ -8,7 +8,8 @@
 # of that capacity against each server for SECONDS. It prints each run's p50, p99 and p99.9
 # (kvblast's, in µs, from send time: queueing included) and the medians' kvcached/memcached
 # ratios. Runs whose generator fell behind its schedule are marked: their tail is the
-# generator's, not the server's.
+# generator's, not the server's. FRACTION 0 runs closed loop instead (one request in flight
+# per connection, as fast as each server answers: the latency of a saturated server).
 #
 # usage: bench/tail.sh [-D SECONDS] [-r ROUNDS] [-c CONNS] [-f FRACTION] [-- KVBLAST ARGS]
 #   KVBLAST ARGS replace the default workload (--workload usr --keys 100000).
@@ -53,15 +54,21 @@ taskset -c $load_core "$kvblast" run -q --no-server-stats "${workload[@]}" -c "$
     -D "${duration}s" --json "$dir/cap.json" "127.0.0.1:${port[memcached]}" >/dev/null
 capacity=$(python3 -c "import json; print(int(json.load(open('$dir/cap.json'))['ops']['all']['rate']))")
 rate=$(python3 -c "print(int($capacity * $fraction))")
+pace=(--rate "$rate")
 echo "memcached: $("$memcached" -V); kvcached: $("$kvcached" -V); $(nproc) cores"
-echo "memcached closed-loop capacity: $capacity req/s; open loop at $fraction of it: $rate req/s, $conns connections, ${duration}s per run"
+if [ "$rate" -eq 0 ]; then
+    pace=()
+    echo "memcached closed-loop capacity: $capacity req/s; closed loop, $conns connections, ${duration}s per run"
+else
+    echo "memcached closed-loop capacity: $capacity req/s; open loop at $fraction of it: $rate req/s, $conns connections, ${duration}s per run"
+fi
 printf '%-10s %6s %10s %10s %10s %10s %8s\n' server round req/s p50_us p99_us p999_us behind
 for round in $(seq 1 "$rounds"); do
     order=(memcached kvcached)
     [ $((round % 2)) -eq 0 ] && order=(kvcached memcached)
     for s in "${order[@]}"; do
         taskset -c $load_core "$kvblast" run -q --no-server-stats "${workload[@]}" -c "$conns" \
-            --rate "$rate" -D "${duration}s" --json "$dir/$s-$round.json" \
+            "${pace[@]}" -D "${duration}s" --json "$dir/$s-$round.json" \
             "127.0.0.1:${port[$s]}" >/dev/null
         python3 - "$dir/$s-$round.json" "$s" "$round" <<'EOF'
 import json, sys
