@@ -107,16 +107,21 @@ impl Stream {
         }
     }
 
-    /// The generation of the io_uring socket underneath.
-    pub fn ring_gen(&self) -> Option<u32> {
+    /// The io_uring socket underneath, under that runtime.
+    fn ring(&self) -> Option<&RingSock> {
         match self {
-            Stream::Ring(s) => Some(s.gen),
+            Stream::Ring(s) => Some(s),
             Stream::Tls(s) => match s.socket() {
-                Sock::Ring(s) => Some(s.gen),
+                Sock::Ring(s) => Some(s),
                 Sock::Mio(_) => None,
             },
             _ => None,
         }
+    }
+
+    /// The generation of the io_uring socket underneath.
+    pub fn ring_gen(&self) -> Option<u32> {
+        self.ring().map(|r| r.gen)
     }
 
     /// Take the io_uring socket out of a stream that is being closed.
@@ -148,24 +153,13 @@ impl Stream {
     /// (handshake flights, the tail of a reply) waiting for writability, or, under io_uring,
     /// output staged or in flight.
     pub fn owes(&self) -> bool {
-        match self {
-            Stream::Tls(s) => s.wants_write() || matches!(s.socket(), Sock::Ring(r) if r.owes()),
-            Stream::Ring(s) => s.owes(),
-            _ => false,
-        }
+        matches!(self, Stream::Tls(s) if s.wants_write()) || self.ring().is_some_and(RingSock::owes)
     }
 
     /// Buffer memory the socket layer holds for the connection (io_uring's input queue and
     /// staged output).
     pub fn held(&self) -> usize {
-        match self {
-            Stream::Ring(s) => s.held(),
-            Stream::Tls(s) => match s.socket() {
-                Sock::Ring(r) => r.held(),
-                Sock::Mio(_) => 0,
-            },
-            _ => 0,
-        }
+        self.ring().map_or(0, RingSock::held)
     }
 
     /// A TLS session whose handshake has not completed.
