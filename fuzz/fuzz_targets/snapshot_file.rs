@@ -4,8 +4,8 @@
 //!
 //! Two kinds of input, chosen by the first byte: raw bytes as the file (the checksums catch
 //! nearly all of them, which is the point), and a real snapshot whose frames are damaged by
-//! the input and then framed again with valid checksums and trailer, so the batch decoding
-//! beneath the checksums is exercised too.
+//! the input and then framed again with valid checksums and trailer, so the segment image
+//! checks and indexing beneath the checksums are exercised too.
 #![no_main]
 
 use std::sync::OnceLock;

@@ -4,10 +4,10 @@
 //! comes back with every item that was live (values, flags, expiry and CAS uniques), once:
 //! the file is removed when it is loaded, so a crash later never brings back stale data.
 //!
-//! Unlike memcached, item memory is not a mapping of the file: the file is a snapshot of
-//! the live items written at shutdown (the engine's replication snapshot, see
-//! `kvstore::LogEngine::dump`), so it needs disk space for the live data only and can sit
-//! on any file system. Every frame of it carries a CRC-32 and it ends with a trailer, so a
+//! As with memcached, item memory comes back as a mapping of the file; unlike memcached's,
+//! the file is a snapshot written at shutdown (the live records of each segment, each
+//! segment image on a page boundary, see `kvstore::LogEngine::dump`), so it needs disk
+//! space for the live data only and can sit on any file system. Every frame of it carries a CRC-32 and it ends with a trailer, so a
 //! file that is empty, cut short, extended, bit-flipped, of another format or saved with
 //! other `-C`/`-I` is refused: kvcached names the file and what is wrong and exits (as
 //! memcached 1.6.45 refuses an empty metadata file), leaving the file for inspection, unless
@@ -16,7 +16,7 @@
 //! crash or SIGKILL during a save leaves the previous file whole.
 
 use std::fs::File;
-use std::io::{BufReader, BufWriter};
+use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -62,19 +62,11 @@ pub fn load(
         Err(e) => return refuse(path, &format!("cannot be opened: {e}"), ignore_bad),
     };
     let started = Instant::now();
-    // Mapped and read in place: the frames are checked and applied where they are, with
-    // the file's pages mapped in one go (populate) instead of copied through buffers. A
-    // file that cannot be mapped (an empty one, a special file) is read as a stream.
-    // SAFETY: the mapping is read-only and private; the file is ours (the path given with
-    // -e, which only this server writes, and only at shutdown). Were another process to
-    // truncate it meanwhile, reads past the new end would fault (SIGBUS), as they do for
-    // memcached's mapped item memory.
-    let mapped = unsafe { memmap2::MmapOptions::new().populate().map(&file) };
-    let result = match &mapped {
-        Ok(m) => engine.restore_bytes(m, clock.now()),
-        Err(_) => engine.restore(&mut BufReader::with_capacity(1 << 20, &file), clock.now()),
-    };
-    drop(mapped);
+    // The file's segment images become segments as private mappings of it: the load checks
+    // them and builds the index, and copies nothing. The file is removed below; the
+    // mappings keep its pages, and no other process can truncate it under them any more.
+    let result = engine.restore_file(&file, clock.now());
+    drop(file);
     match result {
         Ok(bytes) => {
             // Valid once, as memcached's metadata file.

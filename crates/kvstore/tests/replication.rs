@@ -267,8 +267,8 @@ fn dump_and_restore() {
     }
 }
 
-/// A dump of several frames is restored by several threads with every item intact; a file
-/// whose frames are out of place (a second reset, a batch after the last) is refused.
+/// A dump of several frames is restored by several threads with every item intact, in
+/// any order of its frames; a file of the previous format loads the same.
 #[test]
 fn restore_of_many_frames_and_stray_batches() {
     let cfg = kvstore::EngineConfig {
@@ -354,40 +354,133 @@ fn restore_of_many_frames_and_stray_batches() {
             "{key}"
         );
     }
-    // Files of the same frames, rearranged, with valid checksums and trailer.
+    // Files of the same frames, rearranged, with valid checksums and trailer: segment
+    // images in any order, or one twice, load the same items (the newest version of a
+    // key wins wherever it lies).
     let build = |order: &[usize]| {
         let mut payloads = vec![header.clone()];
         payloads.extend(order.iter().map(|&i| frames[i].clone()));
         kvstore::join_snapshot_frames(&file[..8], &payloads)
     };
-    let last = frames.len() - 1;
     let all: Vec<usize> = (0..frames.len()).collect();
-    let mut twice_reset = vec![0];
-    twice_reset.extend(&all);
-    let mut after_done = all.clone();
-    after_done.push(1);
-    let mut no_done = all.clone();
-    no_done.pop();
-    for (what, order) in [
-        ("a second reset", twice_reset),
-        ("a batch after the last", after_done),
-        ("no last batch", no_done),
-    ] {
+    let mut twice = all.clone();
+    twice.push(0);
+    let reversed: Vec<usize> = all.iter().rev().copied().collect();
+    for (what, order) in [("an image twice", twice), ("in reverse", reversed)] {
         let e = LogEngine::new(cfg.clone());
+        e.restore(&mut build(&order).as_slice(), now)
+            .unwrap_or_else(|err| panic!("{what}: {err}"));
+        assert_eq!(e.digest(now), master.digest(now), "{what}");
+        e.check_accounting()
+            .unwrap_or_else(|err| panic!("{what}: {err}"));
+    }
+    // A file of the previous format (replication batches) still loads.
+    let mut old = Vec::new();
+    master.dump_format2(&mut old, 0).expect("dump format 2");
+    assert_eq!(old[7], 2);
+    for way in ["stream", "memory"] {
+        let e = LogEngine::new(cfg.clone());
+        match way {
+            "stream" => e.restore(&mut old.as_slice(), now),
+            _ => e.restore_bytes(&old, now),
+        }
+        .expect("restore format 2");
+        assert_eq!(e.digest(now), master.digest(now), "format 2 from {way}");
+        e.check_accounting().expect("accounting");
+    }
+}
+
+/// A snapshot file loaded with `restore_file` maps its segment images: the items are all
+/// there, stay there once the file is removed, and the mapped segments are evicted and
+/// their ids reused (with fresh memory) as new writes fill the cache.
+#[test]
+fn restore_file_maps_segment_images() {
+    let cfg = kvstore::EngineConfig {
+        max_item_size: 1 << 20,
+        ..ops::config(32 << 20, false, true)
+    };
+    let master = LogEngine::new(cfg.clone());
+    let now = START;
+    for i in 0..60_000u32 {
+        let key = format!("key:{i}");
+        let req = kvstore::StoreRequest {
+            mode: kvstore::StoreMode::Set,
+            key: key.as_bytes(),
+            value: &vec![(i % 251) as u8; 100 + (i % 50) as usize],
+            flags: i,
+            exptime: if i % 7 == 0 { now + 1000 } else { 0 },
+        };
+        assert!(matches!(
+            master.store(req, now),
+            kvstore::StoreResult::Stored(_)
+        ));
+    }
+    assert_eq!(master.stats().curr_items, 60_000);
+    let path = std::env::temp_dir().join(format!("kvstore-restore-file-{}", std::process::id()));
+    let mut file = Vec::new();
+    master.dump(&mut file, 0).expect("dump");
+    std::fs::write(&path, &file).expect("write the snapshot");
+    let e = LogEngine::new(cfg.clone());
+    let opened = std::fs::File::open(&path).expect("open the snapshot");
+    e.restore_file(&opened, now).expect("restore_file");
+    drop(opened);
+    std::fs::remove_file(&path).expect("remove the snapshot");
+    assert_eq!(e.digest(now), master.digest(now));
+    e.check_accounting().expect("accounting");
+    // Fill the cache twice over: every loaded segment is evicted or reused.
+    for i in 0..400_000u32 {
+        let key = format!("new:{i}");
+        let req = kvstore::StoreRequest {
+            mode: kvstore::StoreMode::Set,
+            key: key.as_bytes(),
+            value: &[b'n'; 120],
+            flags: 0,
+            exptime: 0,
+        };
+        let r = e.store(req, now);
         assert!(
-            e.restore(&mut build(&order).as_slice(), now).is_err(),
+            matches!(r, kvstore::StoreResult::Stored(_)),
+            "{i}: {r:?} {:?}",
+            e.stats()
+        );
+    }
+    e.check_accounting().expect("accounting after eviction");
+    assert_eq!(
+        e.peek_item(b"new:399999", now).map(|(v, ..)| v),
+        Some(vec![b'n'; 120])
+    );
+    assert_eq!(
+        e.peek_item(b"key:1", now),
+        None,
+        "the old items were evicted"
+    );
+    // A file cut short or damaged is refused as from memory, and the engine left empty.
+    for (what, bytes) in [
+        ("truncated", file[..file.len() / 2].to_vec()),
+        ("empty", Vec::new()),
+    ] {
+        std::fs::write(&path, &bytes).expect("write");
+        let e = LogEngine::new(cfg.clone());
+        let f = std::fs::File::open(&path).expect("open");
+        let err = e.restore_file(&f, now).expect_err(what);
+        assert_eq!(
+            err,
+            LogEngine::new(cfg.clone())
+                .restore_bytes(&bytes, now)
+                .expect_err(what),
             "{what}"
         );
-        assert_eq!(e.stats().curr_items, 0, "{what}: left empty");
+        assert_eq!(e.stats().curr_items, 0, "{what}");
     }
-    // The frames in another order (reset first) restore the same items.
-    let mut shuffled = vec![0];
-    shuffled.extend((1..last).rev());
-    shuffled.push(last);
+    let mut flipped = file.clone();
+    let mid = flipped.len() / 2;
+    flipped[mid] ^= 0x10;
+    std::fs::write(&path, &flipped).expect("write");
     let e = LogEngine::new(cfg);
-    e.restore(&mut build(&shuffled).as_slice(), now)
-        .expect("restore in another order");
-    assert_eq!(e.stats().curr_items, u64::from(n));
+    let f = std::fs::File::open(&path).expect("open");
+    assert!(e.restore_file(&f, now).is_err(), "a flipped bit loaded");
+    assert_eq!(e.stats().curr_items, 0);
+    let _ = std::fs::remove_file(&path);
 }
 
 /// A snapshot file's frames' payloads: the header, then the batches.
@@ -486,6 +579,9 @@ fn damaged_snapshots_are_refused() {
     let mut v1 = file.clone();
     v1[7] = 1;
     assert_eq!(refused(&v1, &cfg), SnapshotError::Version { found: 1 });
+    let mut v4 = file.clone();
+    v4[7] = 4;
+    assert_eq!(refused(&v4, &cfg), SnapshotError::Version { found: 4 });
     // Other item-layout settings: -C, another -I.
     for other in [
         kvstore::EngineConfig {
@@ -508,22 +604,21 @@ fn damaged_snapshots_are_refused() {
     let (header, frames) = split_frames(&file);
     let mut payloads = vec![header];
     payloads.extend(frames.iter().cloned());
-    let mut dropped = kvstore::join_snapshot_frames(&file[..8], &payloads);
-    let whole = dropped.clone();
-    assert!(LogEngine::new(cfg.clone())
-        .restore(&mut whole.as_slice(), now)
-        .is_ok());
-    // Take one batch's frame out but keep the old trailer.
-    let cut_from = 8 + 12 + payloads[0].len() + 12 + payloads[1].len();
-    let cut_to = cut_from + 12 + payloads[2].len();
+    let whole = kvstore::join_snapshot_frames(&file[..8], &payloads);
+    assert_eq!(whole, file, "split and join give the file back");
     if payloads.len() > 3 {
-        dropped.drain(cut_from..cut_to);
+        // Take one image's frame out but keep the old end frame (its last 28 bytes).
+        let mut fewer = payloads.clone();
+        fewer.remove(2);
+        let mut dropped = kvstore::join_snapshot_frames(&file[..8], &fewer);
+        let n = dropped.len();
+        dropped[n - 28..].copy_from_slice(&file[file.len() - 28..]);
         assert!(matches!(
             refused(&dropped, &cfg),
             SnapshotError::Invalid { .. }
         ));
     }
-    // Every snapshot batch cut short inside, with good checksums: whichever restore thread
+    // Every segment image cut short inside, with good checksums: whichever restore thread
     // meets which, the error is always the first bad frame's (found by fuzzing: the verdict
     // depended on thread scheduling).
     let big = kvstore::EngineConfig {
@@ -549,22 +644,24 @@ fn damaged_snapshots_are_refused() {
     let mut payloads = vec![header];
     payloads.extend(frames);
     assert!(payloads.len() > 4, "{} frames", payloads.len());
-    let last = payloads.len() - 2;
     let mut garbled = payloads.clone();
-    for batch in &mut garbled[2..=last] {
-        // Cut inside a record: the batch's checksum is recomputed, its records end badly.
-        batch.truncate(batch.len() / 2 + 3);
+    for image in &mut garbled[1..] {
+        // Cut inside a record: the image's checksum is recomputed, its records end badly.
+        image.truncate(image.len() / 2 + 3);
     }
-    let frame_at = |i: usize| -> u64 {
-        (8 + payloads[..i].iter().map(|p| 12 + p.len()).sum::<usize>()) as u64
-    };
     let bad = kvstore::join_snapshot_frames(&file[..8], &garbled);
+    // Where the first image's frame starts: its payload is on a page boundary.
+    let first = (8 + 12 + garbled[0].len() + 12).next_multiple_of(4096) - 12;
     for _ in 0..20 {
         match refused(&bad, &cfg) {
-            SnapshotError::Invalid { offset, .. } => assert_eq!(offset, frame_at(2)),
+            SnapshotError::Invalid { offset, .. } => assert_eq!(offset, first as u64),
             other => panic!("{other}"),
         }
     }
+    // A gap before a frame that is not zero.
+    let mut gap = file.clone();
+    gap[8 + 12 + payloads[0].len()] = 1;
+    assert!(matches!(refused(&gap, &cfg), SnapshotError::Invalid { .. }));
 }
 
 /// Throughput of shipping and applying 4 KB items in process (no network); run with

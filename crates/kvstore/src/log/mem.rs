@@ -52,11 +52,39 @@ pub(crate) fn populate(p: NonNull<u8>, len: usize) {
     let _ = (p, len);
 }
 
-/// Unmap memory from [`map`].
+/// Map `len` bytes of the file `fd` from `offset` (page-aligned) private and read-write:
+/// reads see the file's pages (page cache, no copy); a write copies the page it lands on
+/// for this mapping alone and never reaches the file. A warm restart maps segment images
+/// of its snapshot file this way.
+pub(crate) fn map_file(fd: std::os::fd::RawFd, offset: u64, len: usize) -> Option<NonNull<u8>> {
+    let off = libc::off_t::try_from(offset).ok()?;
+    if len == 0 {
+        return None;
+    }
+    // SAFETY: a private file mapping with a null hint touches no existing memory; the
+    // result is checked against MAP_FAILED before use. The caller maps only ranges inside
+    // the file (pages wholly past its end would fault).
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE,
+            fd,
+            off,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return None;
+    }
+    NonNull::new(p.cast::<u8>())
+}
+
+/// Unmap memory from [`map`] or [`map_file`].
 ///
 /// # Safety
-/// `p` and `len` must come from one successful `map(len)` call, and no reference into the
-/// mapping may be used after this call.
+/// `p` and `len` must come from one successful `map(len)` or `map_file(_, _, len)` call,
+/// and no reference into the mapping may be used after this call.
 pub(crate) unsafe fn unmap(p: NonNull<u8>, len: usize) {
     // SAFETY: per the contract the range is exactly one mapping of ours that nobody uses.
     // munmap of a valid mapping cannot fail in a way we could act on.

@@ -11,6 +11,10 @@ pub(super) struct SegMem {
     /// Bytes appended so far (published length, release-stored after each append).
     pub(super) used: AtomicUsize,
     pub(super) large: AtomicBool,
+    /// The memory is a private mapping of a warm restart's snapshot file (`adopt_image`),
+    /// not an anonymous one: it is replaced by a fresh mapping before the segment is
+    /// opened for appending again (`remap`).
+    pub(super) file: AtomicBool,
     /// The segment's sequence number while it is live (open or sealed, holding records a
     /// log reader may ship), 0 otherwise. Set after the header is written; cleared when
     /// the segment leaves the FIFO to be freed, before the pin barrier that precedes its
@@ -150,6 +154,28 @@ impl LogEngine {
         len: usize,
         large: bool,
     ) -> Option<(u32, NonNull<u8>)> {
+        let ptr = mem::map(len)?;
+        match self.install_segment(p, ptr, len, large, false) {
+            Some(id) => Some((id, ptr)),
+            None => {
+                // SAFETY: the mapping is ours, fresh from `mem::map(len)`, and unused.
+                unsafe { mem::unmap(ptr, len) };
+                None
+            }
+        }
+    }
+
+    /// Give the mapping `ptr` (`cap` bytes, from `mem::map` or, with `file`, from
+    /// `mem::map_file`) a segment id and count it as allocated. None when no id is left
+    /// (the caller keeps the mapping).
+    pub(super) fn install_segment(
+        &self,
+        p: &mut Pool,
+        ptr: NonNull<u8>,
+        cap: usize,
+        large: bool,
+        file: bool,
+    ) -> Option<u32> {
         let id = match p.ids.pop() {
             Some(id) => id,
             None => {
@@ -160,16 +186,17 @@ impl LogEngine {
                 p.next_id - 1
             }
         };
-        let (Some(seg), Some(ptr)) = (self.segs.get_or_create(id), mem::map(len)) else {
+        let Some(seg) = self.segs.get_or_create(id) else {
             p.ids.push(id);
             return None;
         };
-        seg.mem.0.cap.store(len, Ordering::Relaxed);
+        seg.mem.0.cap.store(cap, Ordering::Relaxed);
         seg.mem.0.large.store(large, Ordering::Relaxed);
+        seg.mem.0.file.store(file, Ordering::Relaxed);
         seg.mem.0.used.store(0, Ordering::Relaxed);
         seg.mem.0.ptr.store(ptr.as_ptr(), Ordering::Release);
-        self.allocated.fetch_add(len, Ordering::Relaxed);
-        Some((id, ptr))
+        self.allocated.fetch_add(cap, Ordering::Relaxed);
+        Some(id)
     }
 
     /// Give a segment's memory back to the OS. No slot may point into it and no reader
@@ -178,9 +205,10 @@ impl LogEngine {
         if let Some(seg) = self.segs.get(id) {
             let ptr = seg.mem.0.ptr.swap(std::ptr::null_mut(), Ordering::AcqRel);
             let cap = seg.mem.0.cap.swap(0, Ordering::Relaxed);
+            seg.mem.0.file.store(false, Ordering::Relaxed);
             if let Some(ptr) = NonNull::new(ptr) {
-                // SAFETY: the mapping came from `mem::map(cap)`; per this function's
-                // contract nothing can reach it any more.
+                // SAFETY: the mapping came from `mem::map(cap)` or `mem::map_file(.., cap)`;
+                // per this function's contract nothing can reach it any more.
                 unsafe { mem::unmap(ptr, cap) };
                 self.allocated.fetch_sub(cap, Ordering::Relaxed);
             }
@@ -318,6 +346,11 @@ impl LogEngine {
     /// of the one they come from, so they take exactly the bytes they took there).
     pub(super) fn open_segment_at(&self, id: u32, base: Option<u64>) -> Option<Open> {
         let seg = self.segs.get(id)?;
+        if seg.mem.0.file.load(Ordering::Relaxed)
+            || seg.mem.0.cap.load(Ordering::Relaxed) != self.seg_size
+        {
+            self.remap(seg)?;
+        }
         let ptr = NonNull::new(seg.mem.0.ptr.load(Ordering::Acquire))?;
         let cap = seg.mem.0.cap.load(Ordering::Relaxed);
         // A fresh mapping (`used` is 0 only until its first opening) gets its pages with
@@ -351,6 +384,25 @@ impl LogEngine {
             base,
             opened: self.clock.load(Ordering::Relaxed),
         })
+    }
+
+    /// Replace a free segment's mapping with a fresh anonymous one of the regular size:
+    /// a segment image a warm restart loaded is a mapping of the snapshot file (whose
+    /// pages would each be copied when written) or a copy of the image's size.
+    fn remap(&self, seg: &Seg) -> Option<()> {
+        let fresh = mem::map(self.seg_size)?;
+        let old = seg.mem.0.ptr.swap(fresh.as_ptr(), Ordering::AcqRel);
+        let cap = seg.mem.0.cap.swap(self.seg_size, Ordering::Relaxed);
+        seg.mem.0.file.store(false, Ordering::Relaxed);
+        seg.mem.0.used.store(0, Ordering::Relaxed);
+        if let Some(old) = NonNull::new(old) {
+            // SAFETY: the segment is free (unreachable, see `open_segment_at`), so
+            // nothing refers to its old mapping, which came from `mem::map_file(.., cap)`.
+            unsafe { mem::unmap(old, cap) };
+        }
+        self.allocated.fetch_add(self.seg_size, Ordering::Relaxed);
+        self.allocated.fetch_sub(cap, Ordering::Relaxed);
+        Some(())
     }
 
     pub(super) fn seal(&self, open: Open, queue: Queue) {

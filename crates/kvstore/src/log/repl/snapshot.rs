@@ -1,25 +1,36 @@
-//! Warm restart: the same snapshot a new replica gets, written to a file and read back.
+//! Warm restart: the engine's segments, written to a file and mapped back.
 //!
 //! A snapshot file is the magic `KVSNAP\0` and a version byte, then frames. A frame is its
 //! payload's length (u64, little-endian), a CRC-32 (u32) of the length's eight bytes and the
 //! payload, then the payload. The first frame is the header (the settings that decide how
-//! items are laid out, and the item count), the second the replication reset batch, then
-//! snapshot batches; an end frame (length 0, its CRC over the trailer, then the trailer:
-//! the number of frames before it and their payload bytes) closes the file, and nothing may
-//! follow it. So a file that was cut short, extended, or has any bit flipped is refused
-//! with the byte offset where it goes wrong, instead of loading part of a cache or a wrong
-//! value; `FORMAT.md` ("Snapshot file") has the layout.
+//! items are laid out, and the item count); each further frame is a segment image: a
+//! segment header and the live records of one of the engine's segments, exactly as they
+//! lie in segment memory. Every frame after the header starts where its payload begins on
+//! a page boundary (the gap before it is zero bytes), so that a restart maps each image
+//! straight from the file as a segment (private, copy on write) and only builds the index
+//! over it: nothing is copied, decoded or re-encoded. An end frame (length 0, its CRC over
+//! the trailer, then the trailer: the number of frames before it and their payload bytes)
+//! closes the file, and nothing may follow it. So a file that was cut short, extended, or
+//! has any bit flipped is refused with the byte offset where it goes wrong, instead of
+//! loading part of a cache or a wrong value; `FORMAT.md` ("Snapshot file") has the layout.
+//!
+//! Files of format 2 (the replication snapshot's batches, applied record by record through
+//! the write path) still load.
 
 use std::borrow::Cow;
 use std::io::{Read, Write};
 
+use super::super::{mem, segments::Seg, Insert, Queue, Rec, MAX_KEY, PAGE};
 use super::*;
 use crate::Engine;
 
 /// File magic (7 bytes) and format version (the 8th).
 const MAGIC: &[u8; 7] = b"KVSNAP\x00";
-/// The snapshot format this engine writes and reads (1 had no checksums or header).
-pub const SNAPSHOT_VERSION: u8 = 2;
+/// The snapshot format this engine writes (1 had no checksums or header; 2 held
+/// replication batches, and is still read).
+pub const SNAPSHOT_VERSION: u8 = 3;
+/// The oldest snapshot format this engine reads.
+const OLDEST_READ: u8 = 2;
 /// The log record format the batches carry (`FORMAT.md`).
 const RECORD_FORMAT: u8 = 1;
 /// Bytes of a snapshot batch before the record that crosses the budget.
@@ -42,6 +53,8 @@ pub struct SnapshotSettings {
 /// What a snapshot's header says about its contents.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SnapshotInfo {
+    /// The file's format version.
+    pub version: u8,
     pub settings: SnapshotSettings,
     /// Items held when it was saved (expired ones may be dropped on load).
     pub items: u64,
@@ -94,7 +107,7 @@ impl std::fmt::Display for SnapshotError {
             SnapshotError::NotSnapshot => write!(f, "not a kvcached snapshot"),
             SnapshotError::Version { found } => write!(
                 f,
-                "written in snapshot format {found}; this kvcached reads format {SNAPSHOT_VERSION}"
+                "written in snapshot format {found}; this kvcached reads formats {OLDEST_READ} to {SNAPSHOT_VERSION}"
             ),
             SnapshotError::Settings { saved, ours } => {
                 write!(f, "saved with other item settings:")?;
@@ -144,20 +157,48 @@ struct FrameWriter<'w> {
     w: &'w mut dyn Write,
     frames: u64,
     bytes: u64,
+    /// Bytes written so far (the file offset).
+    pos: u64,
+    /// Format 3: every frame after the first has its payload on a page boundary.
+    aligned: bool,
 }
 
-impl FrameWriter<'_> {
+impl<'w> FrameWriter<'w> {
+    /// A writer of the frames that follow the magic and version byte (`magic[7]`).
+    fn new(w: &'w mut dyn Write, magic: &[u8]) -> Self {
+        FrameWriter {
+            w,
+            frames: 0,
+            bytes: 0,
+            pos: magic.len() as u64,
+            aligned: magic.get(7).is_some_and(|&v| v >= 3),
+        }
+    }
+
+    /// Zero bytes up to where the next frame belongs.
+    fn pad(&mut self) -> std::io::Result<()> {
+        let n = gap(self.aligned, self.frames, self.pos);
+        if n > 0 {
+            self.w.write_all(&ZEROS[..n])?;
+            self.pos += n as u64;
+        }
+        Ok(())
+    }
+
     fn frame(&mut self, payload: &[u8]) -> std::io::Result<()> {
+        self.pad()?;
         let len = (payload.len() as u64).to_le_bytes();
         self.w.write_all(&len)?;
         self.w.write_all(&crc(&len, payload).to_le_bytes())?;
         self.w.write_all(payload)?;
         self.frames += 1;
         self.bytes += payload.len() as u64;
+        self.pos += 12 + payload.len() as u64;
         Ok(())
     }
 
-    fn end(self) -> std::io::Result<()> {
+    fn end(mut self) -> std::io::Result<()> {
+        self.pad()?;
         let len = 0u64.to_le_bytes();
         let mut trailer = [0u8; 16];
         trailer[..8].copy_from_slice(&self.frames.to_le_bytes());
@@ -167,6 +208,19 @@ impl FrameWriter<'_> {
         self.w.write_all(&trailer)
     }
 }
+
+/// Zero bytes before a frame (the `frames`th, header first) that would start at `pos`: in
+/// format 3, enough that every frame after the header has its payload (12 bytes on) on a
+/// page boundary.
+fn gap(aligned: bool, frames: u64, pos: u64) -> usize {
+    if !aligned || frames == 0 {
+        return 0;
+    }
+    let page = PAGE as u64;
+    ((page - (pos + 12) % page) % page) as usize
+}
+
+static ZEROS: [u8; PAGE] = [0; PAGE];
 
 fn crc(len: &[u8; 8], payload: &[u8]) -> u32 {
     let mut h = crc32fast::Hasher::new();
@@ -189,6 +243,29 @@ struct FrameReader<'r> {
     frames: u64,
     bytes: u64,
     max_frame: u64,
+    /// Format 3: zero bytes before every frame after the header (see `gap`).
+    aligned: bool,
+}
+
+/// A frame as read: where it starts, its length's bytes and its stored checksum (not yet
+/// compared: see [`FrameReader::next`]), and its payload.
+struct Frame<'r> {
+    at: u64,
+    len: [u8; 8],
+    crc: u32,
+    payload: Cow<'r, [u8]>,
+}
+
+impl Frame<'_> {
+    fn check(&self, frame: u64) -> Result<(), SnapshotError> {
+        if crc(&self.len, &self.payload) != self.crc {
+            return Err(SnapshotError::Checksum {
+                frame,
+                offset: self.at,
+            });
+        }
+        Ok(())
+    }
 }
 
 impl<'r> FrameReader<'r> {
@@ -199,6 +276,7 @@ impl<'r> FrameReader<'r> {
             frames: 0,
             bytes: 0,
             max_frame,
+            aligned: false,
         }
     }
 
@@ -276,6 +354,29 @@ impl<'r> FrameReader<'r> {
 
     /// The next frame's payload, or None after a valid end frame (and nothing after it).
     fn next(&mut self) -> Result<Option<Cow<'r, [u8]>>, SnapshotError> {
+        let frame = self.frames;
+        let Some(f) = self.next_unchecked()? else {
+            return Ok(None);
+        };
+        f.check(frame)?;
+        Ok(Some(f.payload))
+    }
+
+    /// The next frame, its checksum not compared (the caller does, where it reads the
+    /// payload anyway), or None after a valid end frame (and nothing after it).
+    fn next_unchecked(&mut self) -> Result<Option<Frame<'r>>, SnapshotError> {
+        let gap = gap(self.aligned, self.frames, self.offset);
+        if gap > 0 {
+            let at = self.offset;
+            let mut pad = [0u8; PAGE];
+            self.exact(&mut pad[..gap])?;
+            if pad[..gap].iter().any(|&b| b != 0) {
+                return Err(SnapshotError::Invalid {
+                    offset: at,
+                    why: "the gap before a frame is not zero",
+                });
+            }
+        }
         let at = self.offset;
         let mut head = [0u8; 12];
         self.exact(&mut head)?;
@@ -313,12 +414,14 @@ impl<'r> FrameReader<'r> {
             return Err(SnapshotError::Checksum { frame, offset: at });
         }
         let payload = self.payload(len)?;
-        if crc(&len_bytes, &payload) != want {
-            return Err(SnapshotError::Checksum { frame, offset: at });
-        }
         self.frames += 1;
         self.bytes += len;
-        Ok(Some(payload))
+        Ok(Some(Frame {
+            at,
+            len: len_bytes,
+            crc: want,
+            payload,
+        }))
     }
 }
 
@@ -332,27 +435,40 @@ impl LogEngine {
         }
     }
 
-    /// Write a snapshot of every live item (see the module documentation). Meant for a
-    /// quiescent engine (at shutdown): writes that race with it may or may not be in the
-    /// snapshot. `saved_at` is recorded in the header. Returns the record bytes written.
+    /// Write a snapshot of every live item (see the module documentation): one segment
+    /// image per segment that holds any, oldest first. Meant for a quiescent engine (at
+    /// shutdown): writes that race with it may or may not be in the snapshot. `saved_at`
+    /// is recorded in the header. Returns the record bytes written.
     pub fn dump(&self, w: &mut dyn Write, saved_at: u64) -> std::io::Result<u64> {
-        w.write_all(MAGIC)?;
-        w.write_all(&[SNAPSHOT_VERSION])?;
-        let mut fw = FrameWriter {
-            w,
-            frames: 0,
-            bytes: 0,
-        };
-        let s = self.snapshot_settings();
-        let mut header = Vec::with_capacity(HEADER_LEN);
-        header.push(s.record_format);
-        header.push(u8::from(s.use_cas));
-        header.extend_from_slice(&s.max_item_size.to_le_bytes());
-        let stats = self.stats();
-        header.extend_from_slice(&stats.curr_items.to_le_bytes());
-        header.extend_from_slice(&saved_at.to_le_bytes());
-        header.extend_from_slice(&stats.bytes.to_le_bytes());
-        fw.frame(&header)?;
+        let mut magic = [0u8; 8];
+        magic[..7].copy_from_slice(MAGIC);
+        magic[7] = SNAPSHOT_VERSION;
+        w.write_all(&magic)?;
+        let mut fw = FrameWriter::new(w, &magic);
+        fw.frame(&self.snapshot_header(saved_at))?;
+        let now = self.clock.load(Ordering::Relaxed);
+        let mut image = Vec::new();
+        let mut bytes = 0u64;
+        for (seq, id) in self.live_segments() {
+            if self.segment_image(seq, id, now, &mut image) {
+                bytes += (image.len() - SEG_HDR) as u64;
+                fw.frame(&image)?;
+            }
+        }
+        fw.end()?;
+        Ok(bytes)
+    }
+
+    /// [`LogEngine::dump`] in snapshot format 2 (replication batches), which this engine
+    /// still reads: for the tests of that path.
+    #[doc(hidden)]
+    pub fn dump_format2(&self, w: &mut dyn Write, saved_at: u64) -> std::io::Result<u64> {
+        let mut magic = [0u8; 8];
+        magic[..7].copy_from_slice(MAGIC);
+        magic[7] = 2;
+        w.write_all(&magic)?;
+        let mut fw = FrameWriter::new(w, &magic);
+        fw.frame(&self.snapshot_header(saved_at))?;
         let mut out = Vec::new();
         let mut bytes = 0u64;
         let (_, mut c) = self.serve_reset_cursor(&mut out);
@@ -371,6 +487,74 @@ impl LogEngine {
         Ok(bytes)
     }
 
+    /// The header frame's payload.
+    fn snapshot_header(&self, saved_at: u64) -> Vec<u8> {
+        let s = self.snapshot_settings();
+        let mut header = Vec::with_capacity(HEADER_LEN);
+        header.push(s.record_format);
+        header.push(u8::from(s.use_cas));
+        header.extend_from_slice(&s.max_item_size.to_le_bytes());
+        let stats = self.stats();
+        header.extend_from_slice(&stats.curr_items.to_le_bytes());
+        header.extend_from_slice(&saved_at.to_le_bytes());
+        header.extend_from_slice(&stats.bytes.to_le_bytes());
+        header
+    }
+
+    /// Put into `out` an image of segment `id` (if it still has number `seq`) holding
+    /// only its live records: its header (the same kind and CAS base, no number), then
+    /// the records the index points at, byte for byte. False if it holds none.
+    fn segment_image(&self, seq: u64, id: u32, now: Time, out: &mut Vec<u8>) -> bool {
+        out.clear();
+        let _pin = self.pin();
+        let Some(seg) = self.segs.get(id) else {
+            return false;
+        };
+        if seg.mem.0.seq.load(Ordering::Acquire) != seq {
+            return false;
+        }
+        let used = seg.mem.0.used.load(Ordering::Acquire);
+        let Some(ptr) = std::ptr::NonNull::new(seg.mem.0.ptr.load(Ordering::Acquire)) else {
+            return false;
+        };
+        let kind = if seg.mem.0.large.load(Ordering::Relaxed) {
+            format::SEG_KIND_LARGE
+        } else {
+            format::SEG_KIND_REGULAR
+        };
+        // SAFETY: pinned, and the segment is still live (its number did not change since
+        // the pin was taken), so it is not reused before we unpin.
+        let base = unsafe { format::seg_cas_base(ptr.as_ptr()) };
+        out.resize(SEG_HDR, 0);
+        // SAFETY: `out` holds SEG_HDR bytes that only we touch.
+        unsafe { format::write_seg_header(out.as_mut_ptr(), kind, 0, base) };
+        let mut off = SEG_HDR;
+        while off < used {
+            // SAFETY: as above; `used` is the published length.
+            let Some(r) = (unsafe { format::read(ptr.as_ptr(), used, off, base) }) else {
+                break;
+            };
+            let here = off;
+            off += r.len;
+            if r.kind != KIND_ITEM || self.vis(&r, now) != Vis::Live {
+                continue;
+            }
+            let current = self
+                .index
+                .find(self.hash(r.key), |v| {
+                    index::slot_seg(v) == id && index::slot_off(v) == here
+                })
+                .is_some();
+            if current {
+                // SAFETY: `here .. here + r.len` is the published record just read.
+                out.extend_from_slice(unsafe {
+                    std::slice::from_raw_parts(ptr.as_ptr().add(here), r.len)
+                });
+            }
+        }
+        out.len() > SEG_HDR
+    }
+
     /// Read a snapshot's header: its format, settings and item count, without loading it.
     pub fn snapshot_info(r: &mut dyn Read) -> Result<SnapshotInfo, SnapshotError> {
         read_header(&mut FrameReader::new(Source::Read(r), 0, HEADER_LEN as u64))
@@ -380,32 +564,330 @@ impl LogEngine {
     /// the record bytes loaded. Every frame is checked before it is applied, and the file
     /// must end with its end frame; on any error the engine is left empty.
     pub fn restore(&self, r: &mut dyn Read, now: Time) -> Result<u64, SnapshotError> {
-        self.restore_from(Source::Read(r), now)
+        self.restore_from(Source::Read(r), None, now)
     }
 
-    /// [`LogEngine::restore`] from the whole file in memory (a mapping of it, say): the
-    /// frames are checked and applied where they are, with no copy and no allocation.
+    /// [`LogEngine::restore`] from the whole file in memory: the frames are checked where
+    /// they are; segment images are copied into segment memory.
     pub fn restore_bytes(&self, file: &[u8], now: Time) -> Result<u64, SnapshotError> {
-        self.restore_from(Source::Bytes(file), now)
+        self.restore_from(Source::Bytes(file), None, now)
     }
 
-    fn restore_from(&self, src: Source<'_>, now: Time) -> Result<u64, SnapshotError> {
-        let result = self.restore_frames(FrameReader::new(src, 0, HEADER_LEN as u64), now);
+    /// [`LogEngine::restore`] from a snapshot file: its segment images become segments as
+    /// private mappings of the file (nothing is copied; a page is copied only if it is
+    /// written, and segments are never written in place), so the load only checks them
+    /// and builds the index. The file may be removed once this returns; it must not be
+    /// truncated while the engine lives (pages past a file's end cannot be read), as
+    /// memcached's mapped item memory must not.
+    pub fn restore_file(&self, file: &std::fs::File, now: Time) -> Result<u64, SnapshotError> {
+        use std::os::fd::AsRawFd;
+        let len = file
+            .metadata()
+            .map_err(|e| SnapshotError::Io(e.to_string()))?
+            .len();
+        let Some(map) = usize::try_from(len)
+            .ok()
+            .and_then(|l| ReadMap::new(file.as_raw_fd(), l))
+        else {
+            // Empty, or a special file: read as a stream.
+            let mut r = std::io::BufReader::with_capacity(1 << 20, file);
+            return self.restore_from(Source::Read(&mut r), None, now);
+        };
+        self.restore_from(Source::Bytes(map.bytes()), Some(file.as_raw_fd()), now)
+    }
+
+    fn restore_from(
+        &self,
+        src: Source<'_>,
+        fd: Option<std::os::fd::RawFd>,
+        now: Time,
+    ) -> Result<u64, SnapshotError> {
+        let mut fr = FrameReader::new(src, 0, HEADER_LEN as u64);
+        let result = read_header(&mut fr).and_then(|info| {
+            let ours = self.snapshot_settings();
+            if info.settings != ours {
+                return Err(SnapshotError::Settings {
+                    saved: info.settings,
+                    ours,
+                });
+            }
+            if info.version >= 3 {
+                self.restore_images(fr, fd, info, now)
+            } else {
+                self.restore_batches(fr, info, now)
+            }
+        });
         if result.is_err() {
             self.wipe();
         }
         result
     }
 
-    fn restore_frames(&self, mut fr: FrameReader<'_>, now: Time) -> Result<u64, SnapshotError> {
-        let info = read_header(&mut fr)?;
-        let ours = self.snapshot_settings();
-        if info.settings != ours {
-            return Err(SnapshotError::Settings {
-                saved: info.settings,
-                ours,
-            });
+    /// Load a format 3 file's segment images (see the module documentation). The frames
+    /// are read here; worker threads map (or copy) each image, check it against its
+    /// checksum and index it.
+    fn restore_images(
+        &self,
+        mut fr: FrameReader<'_>,
+        fd: Option<std::os::fd::RawFd>,
+        info: SnapshotInfo,
+        now: Time,
+    ) -> Result<u64, SnapshotError> {
+        // The index is sized for the items at once, and no chain is compacted while they
+        // are loaded (splits still happen if the header's count was short).
+        let _bulk = self.bulk_load(info.items);
+        // An image holds at most a regular segment, or one item in a large one.
+        fr.max_frame = (index::MAX_OFFSET + self.max_item_size + (64 << 10)) as u64;
+        let loaded = fan_out(
+            |send| loop {
+                let no = fr.frames;
+                let Some(frame) = fr.next_unchecked()? else {
+                    return Ok(());
+                };
+                if !send((no, frame)) {
+                    return Ok(());
+                }
+            },
+            Loaded::default,
+            |total, (no, frame)| {
+                total.add(self.load_image(no, &frame, fd, now)?);
+                Ok(())
+            },
+        )?;
+        let mut total = Loaded::default();
+        for l in loaded {
+            total.add(l);
         }
+        self.next_cas.fetch_max(total.cas, Ordering::SeqCst);
+        self.rewrites.fetch_max(total.stamp, Ordering::Relaxed);
+        // A file saved with a larger memory limit: the oldest segments go.
+        self.shrink();
+        Ok(total.bytes)
+    }
+
+    /// Check the `no`th frame, a segment image, against its checksum and make it a
+    /// segment: a private mapping of the file where there is one (`fd`) and the image is
+    /// on a page boundary in it, else a copy.
+    fn load_image(
+        &self,
+        no: u64,
+        frame: &Frame<'_>,
+        fd: Option<std::os::fd::RawFd>,
+        now: Time,
+    ) -> Result<Loaded, SnapshotError> {
+        let len = frame.payload.len();
+        let cap = len.div_ceil(PAGE) * PAGE;
+        let checksum = SnapshotError::Checksum {
+            frame: no,
+            offset: frame.at,
+        };
+        let start = frame.at + 12;
+        let mapped = match (fd, &frame.payload) {
+            (Some(fd), Cow::Borrowed(_)) if start % PAGE as u64 == 0 => {
+                mem::map_file(fd, start, cap)
+            }
+            _ => None,
+        };
+        let (ptr, file) = match mapped {
+            Some(p) => {
+                // Not populated up front: the checksum's reads fault the pages in, and a
+                // read fault maps a run of the file's pages at once (fault-around).
+                // SAFETY: `p` maps `cap >= len` bytes of the file that nothing writes.
+                let image = unsafe { std::slice::from_raw_parts(p.as_ptr(), len) };
+                if crc(&frame.len, image) != frame.crc {
+                    // SAFETY: our mapping of `cap` bytes, not used past this point.
+                    unsafe { mem::unmap(p, cap) };
+                    return Err(checksum);
+                }
+                (p, true)
+            }
+            None => {
+                frame.check(no)?;
+                let p = mem::map(cap).ok_or(SnapshotError::Io(
+                    "out of memory for a segment image".to_string(),
+                ))?;
+                // SAFETY: `p` is a fresh mapping of `cap >= len` bytes.
+                unsafe { std::ptr::copy_nonoverlapping(frame.payload.as_ptr(), p.as_ptr(), len) };
+                (p, false)
+            }
+        };
+        self.adopt_image(ptr, cap, len, file, now)
+            .map_err(|why| SnapshotError::Invalid {
+                offset: frame.at,
+                why,
+            })
+    }
+
+    /// Make the segment image at `ptr` (`len` bytes of a `cap`-byte mapping of ours,
+    /// checked against its checksum; `file`: a private mapping of the snapshot file) a
+    /// sealed segment, and index its live records. On an error the mapping is the
+    /// engine's (released with the rest when the caller wipes) or unmapped.
+    fn adopt_image(
+        &self,
+        ptr: std::ptr::NonNull<u8>,
+        cap: usize,
+        len: usize,
+        file: bool,
+        now: Time,
+    ) -> Result<Loaded, &'static str> {
+        // SAFETY: `ptr .. ptr + len` is our mapping, written by nobody.
+        let image = unsafe { std::slice::from_raw_parts(ptr.as_ptr(), len) };
+        let kind = image.get(5).copied();
+        let bad = if len <= SEG_HDR {
+            Some("a segment image without records")
+        } else if image[..4] != format::SEG_MAGIC.to_le_bytes() || image[4] != format::SEG_VERSION {
+            Some("a segment image without a segment header")
+        } else if kind == Some(format::SEG_KIND_REGULAR) && len > index::MAX_OFFSET {
+            Some("a segment image longer than a segment")
+        } else if kind != Some(format::SEG_KIND_REGULAR) && kind != Some(format::SEG_KIND_LARGE) {
+            Some("a segment image of an unknown kind")
+        } else {
+            None
+        };
+        let large = kind == Some(format::SEG_KIND_LARGE);
+        let id = match bad {
+            Some(why) => Err(why),
+            None => self
+                .install_segment(&mut lock(&self.pool), ptr, cap, large, file)
+                .ok_or("no segment id left"),
+        };
+        let id = match id {
+            Ok(id) => id,
+            Err(why) => {
+                // SAFETY: the mapping is still only ours, and unused past this point.
+                unsafe { mem::unmap(ptr, cap) };
+                return Err(why);
+            }
+        };
+        // SAFETY: the header's bytes are readable (len > SEG_HDR).
+        let base = unsafe { format::seg_cas_base(ptr.as_ptr()) };
+        let seg = self.segs.get(id).ok_or("no segment id left")?;
+        {
+            let _s = lock(&self.seq_lock);
+            let seq = self.seg_seq.fetch_add(1, Ordering::Relaxed);
+            let kind = kind.unwrap_or(format::SEG_KIND_REGULAR);
+            // SAFETY: the segment is ours alone (not yet in the FIFO); writing its header
+            // copies that one page for this mapping.
+            unsafe { format::write_seg_header(ptr.as_ptr(), kind, seq, base) };
+            seg.mem.0.used.store(len, Ordering::Release);
+            seg.mem.0.sealed.store(true, Ordering::Release);
+            seg.mem.0.seq.store(seq, Ordering::Release);
+        }
+        // In the FIFO before its items are indexed: a failed restore wipes the index and
+        // frees every segment the FIFO holds.
+        lock(&self.fifo).push(id, Queue::Small);
+        let image = image.as_ptr();
+        // The image's record bytes, whatever the index keeps of them (which depends on the
+        // order images are loaded in when a key is in several).
+        let mut loaded = Loaded {
+            bytes: (len - SEG_HDR) as u64,
+            ..Loaded::default()
+        };
+        // Counted once per image rather than per item (the restore threads would share
+        // the counters' cache lines).
+        let mut acct = ImageAcct::default();
+        // The keys of the next PREFETCH records are hashed ahead and their buckets loaded
+        // while this one is indexed (see `apply_records`).
+        let mut ahead_at = SEG_HDR;
+        let mut hashes = [0u64; PREFETCH];
+        let (mut queued, mut done, mut records) = (0usize, 0usize, 0usize);
+        let mut walk = || -> Result<(), &'static str> {
+            let mut off = SEG_HDR;
+            // The image's bytes are loaded a stretch ahead of the records being parsed.
+            let mut streamed = SEG_HDR;
+            while off < len {
+                while streamed < len.min(ahead_at + STREAM_AHEAD) {
+                    index::prefetch(image.wrapping_add(streamed).cast());
+                    streamed += 64;
+                }
+                while queued < PREFETCH && ahead_at < len {
+                    // SAFETY: as below.
+                    let Some(r) = (unsafe { format::read(image, len, ahead_at, base) }) else {
+                        ahead_at = len;
+                        break;
+                    };
+                    ahead_at += r.len;
+                    let h = self.hash(r.key);
+                    self.index.prefetch(h);
+                    hashes[(done + queued) % PREFETCH] = h;
+                    queued += 1;
+                }
+                // SAFETY: the image is `len` bytes of our mapping that nothing writes now;
+                // `read` checks every length against `len`.
+                let r = unsafe { format::read(image, len, off, base) }.ok_or("bad record")?;
+                if r.kind != KIND_ITEM {
+                    return Err("a record that is not an item");
+                }
+                if r.key.len() > MAX_KEY || r.value.len() > self.max_item_size {
+                    return Err("an item larger than allowed");
+                }
+                let h = if queued > 0 {
+                    queued -= 1;
+                    hashes[done % PREFETCH]
+                } else {
+                    self.hash(r.key)
+                };
+                done += 1;
+                records += 1;
+                if large && records > 1 {
+                    return Err("a large segment image with more than one record");
+                }
+                loaded.cas = loaded.cas.max(r.cas.saturating_add(1));
+                loaded.stamp = loaded.stamp.max(r.stamp);
+                if self.vis(&r, now) == Vis::Live && self.adopt_record(id, off, &r, h, now) {
+                    acct.add(self, self.rec_size(&r), r.len, r.exptime);
+                }
+                off += r.len;
+            }
+            Ok(())
+        };
+        // Counted even when the image turns out bad: a failed restore unlinks what was
+        // indexed, and takes it off the counts.
+        let walked = walk();
+        acct.flush(self, seg);
+        walked.map(|()| loaded)
+    }
+
+    /// Index the live record `r` at `off` in segment `id` (being adopted), unless the
+    /// index holds the same key with a version at least as new. True if indexed; the
+    /// caller counts it (`ImageAcct`).
+    fn adopt_record(&self, id: u32, off: usize, r: &Rec<'_>, h: u64, now: Time) -> bool {
+        let v = index::pack(index::tag_of(h), id, off as u32, 0, false);
+        let _g = self.index.lock(h);
+        // SAFETY: we hold `h`'s stripe lock.
+        match unsafe { self.lookup(h, r.key) } {
+            Some((slot, old_v, old)) => {
+                if (old.cas, old.stamp) >= (r.cas, r.stamp) {
+                    return false;
+                }
+                self.index.set_atime(slot, now);
+                slot.store(v, Ordering::Release);
+                self.account_remove(old_v, old.len, self.rec_size(&old));
+            }
+            None => match self.index.insert(h, v, now) {
+                Insert::Stored => {}
+                Insert::Victim(slot) => {
+                    self.index.set_atime(slot, now);
+                    self.evict_index_slot(slot, slot.load(Ordering::Acquire), v);
+                }
+                Insert::Full => {
+                    self.st.0.evictions.fetch_add(1, Ordering::Relaxed);
+                    self.st.0.evicted_index.fetch_add(1, Ordering::Relaxed);
+                    return false;
+                }
+            },
+        }
+        true
+    }
+
+    /// Load a format 2 file: a reset batch, then replication snapshot batches applied
+    /// through the write path.
+    fn restore_batches(
+        &self,
+        mut fr: FrameReader<'_>,
+        info: SnapshotInfo,
+        now: Time,
+    ) -> Result<u64, SnapshotError> {
         // The index is sized for the items at once, and no chain is compacted while they
         // are loaded (splits still happen if the header's count was short).
         let _bulk = self.bulk_load(info.items);
@@ -431,38 +913,9 @@ impl LogEngine {
         drop(first);
         // Snapshot batches hold live items, each applied with its version (the highest
         // wins), so they may be applied in any order: worker threads apply them while this
-        // one reads and checks the file. At most two frames per worker wait in the queue.
-        let workers = std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .clamp(1, RESTORE_THREADS);
-        let (tx, rx) = std::sync::mpsc::sync_channel::<(u64, Cow<'_, [u8]>)>(2 * workers);
-        let rx = std::sync::Mutex::new(rx);
-        let (read, results) = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..workers)
-                .map(|_| {
-                    let mut mine = st.clone();
-                    let rx = &rx;
-                    s.spawn(move || -> Result<(u64, bool), SnapshotError> {
-                        let mut bytes = 0;
-                        loop {
-                            let frame = match rx.lock() {
-                                Ok(q) => q.recv(),
-                                Err(_) => {
-                                    return Err(invalid(0, ReplError("restore worker failed")))
-                                }
-                            };
-                            let Ok((at, frame)) = frame else {
-                                return Ok((bytes, mine.phase == Phase::Tail));
-                            };
-                            let before = mine.applied_bytes;
-                            self.repl_apply(&mut mine, &frame, now)
-                                .map_err(|e| invalid(at, e))?;
-                            bytes += mine.applied_bytes - before;
-                        }
-                    })
-                })
-                .collect();
-            let read = (|| -> Result<(), SnapshotError> {
+        // one reads and checks the file.
+        let states = fan_out(
+            |send| {
                 let mut done = false;
                 loop {
                     let at = fr.offset;
@@ -477,42 +930,25 @@ impl LogEngine {
                         });
                     }
                     done = frame.get(6).is_some_and(|f| f & FLAG_DONE != 0);
-                    if tx.send((at, frame)).is_err() {
-                        // Every worker stopped: one of them has the error.
+                    if !send((at, frame)) {
                         return Ok(());
                     }
                 }
-            })();
-            drop(tx);
-            let results: Vec<_> = handles
-                .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or(Err(invalid(0, ReplError("restore worker failed"))))
-                })
-                .collect();
-            (read, results)
-        });
-        // Several frames may be bad, and which worker met which depends on scheduling: the
-        // verdict is the error at the smallest offset, the same for every run and reader.
+            },
+            || (st.clone(), 0u64),
+            |(mine, bytes), (at, frame)| {
+                let before = mine.applied_bytes;
+                self.repl_apply(mine, &frame, now)
+                    .map_err(|e| invalid(at, e))?;
+                *bytes += mine.applied_bytes - before;
+                Ok(())
+            },
+        )?;
         let mut bytes = st.applied_bytes;
         let mut done = false;
-        let mut first_error: Option<SnapshotError> = read.err();
-        for res in results {
-            match res {
-                Ok((b, d)) => {
-                    bytes += b;
-                    done |= d;
-                }
-                Err(e) => {
-                    if first_error.as_ref().is_none_or(|f| e.offset() < f.offset()) {
-                        first_error = Some(e);
-                    }
-                }
-            }
-        }
-        if let Some(e) = first_error {
-            return Err(e);
+        for (mine, b) in states {
+            bytes += b;
+            done |= mine.phase == Phase::Tail;
         }
         if !done {
             return Err(SnapshotError::Invalid {
@@ -524,6 +960,203 @@ impl LogEngine {
     }
 }
 
+/// Run `read` on this thread, which hands each frame it reads to its argument (false: stop
+/// reading), while worker threads `apply` the frames, each folding them into its own state
+/// (from `init`); at most two frames per worker wait. A worker that meets an error applies
+/// nothing more but still takes frames off the queue (so the reader never waits on a full
+/// one), and the reader stops early. Several frames may be bad, and which worker met which
+/// depends on scheduling: the verdict is the error at the smallest offset, the reader's or
+/// a worker's, the same for every run.
+fn fan_out<J: Send, T: Send>(
+    read: impl FnOnce(&mut dyn FnMut(J) -> bool) -> Result<(), SnapshotError>,
+    init: impl Fn() -> T + Sync,
+    apply: impl Fn(&mut T, J) -> Result<(), SnapshotError> + Sync,
+) -> Result<Vec<T>, SnapshotError> {
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, RESTORE_THREADS);
+    let (tx, rx) = std::sync::mpsc::sync_channel::<J>(2 * workers);
+    let rx = std::sync::Mutex::new(rx);
+    let failed = AtomicBool::new(false);
+    let worker_failed = || SnapshotError::Invalid {
+        offset: 0,
+        why: "restore worker failed",
+    };
+    let (read, results) = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                let (rx, failed, init, apply) = (&rx, &failed, &init, &apply);
+                s.spawn(move || -> Result<T, SnapshotError> {
+                    let mut state = init();
+                    let mut error = None;
+                    loop {
+                        let job = match rx.lock() {
+                            Ok(q) => q.recv(),
+                            Err(_) => return Err(worker_failed()),
+                        };
+                        let Ok(job) = job else {
+                            return error.map_or(Ok(state), Err);
+                        };
+                        if error.is_none() {
+                            if let Err(e) = apply(&mut state, job) {
+                                failed.store(true, Ordering::Relaxed);
+                                error = Some(e);
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        let read = read(&mut |job| !failed.load(Ordering::Relaxed) && tx.send(job).is_ok());
+        drop(tx);
+        let results: Vec<_> = handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or(Err(worker_failed())))
+            .collect();
+        (read, results)
+    });
+    let mut first_error: Option<SnapshotError> = read.err();
+    let mut states = Vec::with_capacity(results.len());
+    for res in results {
+        match res {
+            Ok(t) => states.push(t),
+            Err(e) => {
+                if first_error.as_ref().is_none_or(|f| e.offset() < f.offset()) {
+                    first_error = Some(e);
+                }
+            }
+        }
+    }
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(states),
+    }
+}
+
+/// Bytes of a segment image loaded into the cache ahead of the record being indexed.
+const STREAM_AHEAD: usize = 2048;
+
+/// The items a segment image gave the index, counted as `account_add` counts each, and
+/// added to the engine's counters at once. Runs of items of one size count in the size
+/// tally together.
+#[derive(Default)]
+struct ImageAcct {
+    items: u64,
+    bytes: u64,
+    max_exp: Time,
+    /// The current run: its items' size and their number.
+    run: (usize, i64),
+}
+
+impl ImageAcct {
+    fn add(&mut self, e: &LogEngine, size: usize, len: usize, exptime: Time) {
+        self.items += 1;
+        self.bytes += len as u64;
+        self.max_exp = self
+            .max_exp
+            .max(if exptime == 0 { Time::MAX } else { exptime });
+        if self.run.0 != size {
+            self.tally_run(e);
+            self.run.0 = size;
+        }
+        self.run.1 += 1;
+    }
+
+    fn tally_run(&mut self, e: &LogEngine) {
+        if let (Some(t), n @ 1..) = (e.tally.get(), self.run.1) {
+            t.count(self.run.0, n);
+        }
+        self.run.1 = 0;
+    }
+
+    /// Add the counts to the engine's and to segment `seg`'s.
+    fn flush(mut self, e: &LogEngine, seg: &Seg) {
+        self.tally_run(e);
+        if self.items == 0 {
+            return;
+        }
+        e.live[tid() % e.live.len()]
+            .0
+            .fetch_add(self.items as i64, Ordering::Relaxed);
+        seg.acct
+            .0
+            .live_items
+            .fetch_add(self.items, Ordering::Relaxed);
+        seg.acct
+            .0
+            .live_bytes
+            .fetch_add(self.bytes, Ordering::Relaxed);
+        seg.acct
+            .0
+            .max_exp
+            .fetch_max(self.max_exp, Ordering::Relaxed);
+    }
+}
+
+/// What loading segment images gave: the record bytes they hold, and the version counters
+/// to continue from.
+#[derive(Default)]
+struct Loaded {
+    bytes: u64,
+    cas: u64,
+    stamp: u64,
+}
+
+impl Loaded {
+    fn add(&mut self, o: Loaded) {
+        self.bytes += o.bytes;
+        self.cas = self.cas.max(o.cas);
+        self.stamp = self.stamp.max(o.stamp);
+    }
+}
+
+/// A whole file mapped read-only (its pages are read only where frames are looked at).
+struct ReadMap {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+impl ReadMap {
+    fn new(fd: std::os::fd::RawFd, len: usize) -> Option<ReadMap> {
+        if len == 0 {
+            return None;
+        }
+        // SAFETY: a read-only private mapping with a null hint touches no existing
+        // memory; checked against MAP_FAILED.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE,
+                fd,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return None;
+        }
+        Some(ReadMap {
+            ptr: std::ptr::NonNull::new(p.cast::<u8>())?,
+            len,
+        })
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: `ptr` maps `len` readable bytes for as long as `self` lives.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for ReadMap {
+    fn drop(&mut self) {
+        // SAFETY: our mapping of `len` bytes; no borrow of it outlives `self`.
+        unsafe {
+            libc::munmap(self.ptr.as_ptr().cast(), self.len);
+        }
+    }
+}
+
 /// A snapshot file's first 8 bytes (magic and version) and its frames' payloads (the header
 /// first), each frame's checksum checked. For tests and fuzzing, which damage a real file's
 /// frames and join them again.
@@ -531,6 +1164,7 @@ impl LogEngine {
 pub fn split_snapshot_frames(file: &[u8]) -> Result<(Vec<u8>, Vec<Vec<u8>>), SnapshotError> {
     let magic = file.get(..8).ok_or(SnapshotError::NotSnapshot)?;
     let mut fr = FrameReader::new(Source::Bytes(file), 8, u64::MAX);
+    fr.aligned = magic[7] >= 3;
     let mut frames = Vec::new();
     while let Some(f) = fr.next()? {
         frames.push(f.into_owned());
@@ -543,11 +1177,7 @@ pub fn split_snapshot_frames(file: &[u8]) -> Result<(Vec<u8>, Vec<Vec<u8>>), Sna
 #[doc(hidden)]
 pub fn join_snapshot_frames(magic: &[u8], payloads: &[Vec<u8>]) -> Vec<u8> {
     let mut file = magic.to_vec();
-    let mut fw = FrameWriter {
-        w: &mut file,
-        frames: 0,
-        bytes: 0,
-    };
+    let mut fw = FrameWriter::new(&mut file, magic);
     // Writing to a Vec cannot fail.
     let _ = payloads
         .iter()
@@ -556,7 +1186,7 @@ pub fn join_snapshot_frames(magic: &[u8], payloads: &[Vec<u8>]) -> Vec<u8> {
     file
 }
 
-/// Threads that apply a snapshot's batches on a warm restart.
+/// Threads that load a snapshot's segment images (or apply its batches) on a warm restart.
 const RESTORE_THREADS: usize = 8;
 
 fn read_header(fr: &mut FrameReader<'_>) -> Result<SnapshotInfo, SnapshotError> {
@@ -571,9 +1201,10 @@ fn read_header(fr: &mut FrameReader<'_>) -> Result<SnapshotInfo, SnapshotError> 
     if &magic[..7] != MAGIC {
         return Err(SnapshotError::NotSnapshot);
     }
-    if magic[7] != SNAPSHOT_VERSION {
+    if !(OLDEST_READ..=SNAPSHOT_VERSION).contains(&magic[7]) {
         return Err(SnapshotError::Version { found: magic[7] });
     }
+    fr.aligned = magic[7] >= 3;
     let at = fr.offset;
     let h = fr.next()?.ok_or(SnapshotError::Invalid {
         offset: at,
@@ -591,6 +1222,7 @@ fn read_header(fr: &mut FrameReader<'_>) -> Result<SnapshotInfo, SnapshotError> 
         u64::from_le_bytes(b)
     };
     Ok(SnapshotInfo {
+        version: magic[7],
         settings: SnapshotSettings {
             record_format: h[0],
             use_cas: h[1] != 0,
