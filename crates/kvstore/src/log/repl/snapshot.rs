@@ -763,12 +763,11 @@ impl LogEngine {
         let base = unsafe { format::seg_cas_base(ptr.as_ptr()) };
         let seg = self.segs.get(id).ok_or("no segment id left")?;
         {
+            // The header keeps the image's zero sequence number: the segment's number is
+            // the one in `seg.mem.seq` (nothing reads the header's), and leaving the page
+            // unwritten leaves it shared with the file.
             let _s = lock(&self.seq_lock);
             let seq = self.seg_seq.fetch_add(1, Ordering::Relaxed);
-            let kind = kind.unwrap_or(format::SEG_KIND_REGULAR);
-            // SAFETY: the segment is ours alone (not yet in the FIFO); writing its header
-            // copies that one page for this mapping.
-            unsafe { format::write_seg_header(ptr.as_ptr(), kind, seq, base) };
             seg.mem.0.used.store(len, Ordering::Release);
             seg.mem.0.sealed.store(true, Ordering::Release);
             seg.mem.0.seq.store(seq, Ordering::Release);
@@ -786,50 +785,44 @@ impl LogEngine {
         // Counted once per image rather than per item (the restore threads would share
         // the counters' cache lines).
         let mut acct = ImageAcct::default();
-        // The keys of the next PREFETCH records are hashed ahead and their buckets loaded
-        // while this one is indexed (see `apply_records`).
-        let mut ahead_at = SEG_HDR;
-        let mut hashes = [0u64; PREFETCH];
-        let (mut queued, mut done, mut records) = (0usize, 0usize, 0usize);
+        // The next PREFETCH records are parsed and their keys hashed ahead, and their
+        // buckets loaded while this one is indexed (see `apply_records`).
+        let mut ring: [(usize, u64, Option<Rec<'_>>); PREFETCH] = [(0, 0, None); PREFETCH];
         let mut walk = || -> Result<(), &'static str> {
-            let mut off = SEG_HDR;
-            // The image's bytes are loaded a stretch ahead of the records being parsed.
-            let mut streamed = SEG_HDR;
-            while off < len {
+            let (mut ahead_at, mut streamed) = (SEG_HDR, SEG_HDR);
+            let (mut queued, mut done) = (0usize, 0usize);
+            loop {
+                // The image's bytes are loaded a stretch ahead of the records parsed.
                 while streamed < len.min(ahead_at + STREAM_AHEAD) {
                     index::prefetch(image.wrapping_add(streamed).cast());
                     streamed += 64;
                 }
                 while queued < PREFETCH && ahead_at < len {
-                    // SAFETY: as below.
-                    let Some(r) = (unsafe { format::read(image, len, ahead_at, base) }) else {
-                        ahead_at = len;
-                        break;
-                    };
-                    ahead_at += r.len;
+                    // SAFETY: the image is `len` bytes of our mapping that nothing writes
+                    // now; `read` checks every length against `len`.
+                    let r =
+                        unsafe { format::read(image, len, ahead_at, base) }.ok_or("bad record")?;
                     let h = self.hash(r.key);
                     self.index.prefetch(h);
-                    hashes[(done + queued) % PREFETCH] = h;
+                    ring[(done + queued) % PREFETCH] = (ahead_at, h, Some(r));
+                    ahead_at += r.len;
                     queued += 1;
                 }
-                // SAFETY: the image is `len` bytes of our mapping that nothing writes now;
-                // `read` checks every length against `len`.
-                let r = unsafe { format::read(image, len, off, base) }.ok_or("bad record")?;
+                if queued == 0 {
+                    return Ok(());
+                }
+                let (off, h, Some(r)) = ring[done % PREFETCH] else {
+                    return Ok(());
+                };
+                queued -= 1;
+                done += 1;
                 if r.kind != KIND_ITEM {
                     return Err("a record that is not an item");
                 }
                 if r.key.len() > MAX_KEY || r.value.len() > self.max_item_size {
                     return Err("an item larger than allowed");
                 }
-                let h = if queued > 0 {
-                    queued -= 1;
-                    hashes[done % PREFETCH]
-                } else {
-                    self.hash(r.key)
-                };
-                done += 1;
-                records += 1;
-                if large && records > 1 {
+                if large && done > 1 {
                     return Err("a large segment image with more than one record");
                 }
                 loaded.cas = loaded.cas.max(r.cas.saturating_add(1));
@@ -837,9 +830,7 @@ impl LogEngine {
                 if self.vis(&r, now) == Vis::Live && self.adopt_record(id, off, &r, h, now) {
                     acct.add(self, self.rec_size(&r), r.len, r.exptime);
                 }
-                off += r.len;
             }
-            Ok(())
         };
         // Counted even when the image turns out bad: a failed restore unlinks what was
         // indexed, and takes it off the counts.
