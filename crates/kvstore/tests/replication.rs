@@ -390,6 +390,51 @@ fn restore_of_many_frames_and_stray_batches() {
     }
 }
 
+/// A snapshot saved with more memory than the engine it is loaded into: the load keeps
+/// within the memory limit, dropping the oldest segments, and the newest items are there.
+#[test]
+fn restore_into_less_memory_keeps_the_newest() {
+    let big = kvstore::EngineConfig {
+        max_item_size: 1 << 20,
+        ..ops::config(64 << 20, false, true)
+    };
+    let master = LogEngine::new(big.clone());
+    let now = START;
+    let n = 200_000u32;
+    for i in 0..n {
+        let key = format!("key:{i}");
+        let req = kvstore::StoreRequest {
+            mode: kvstore::StoreMode::Set,
+            key: key.as_bytes(),
+            value: &[b'v'; 150],
+            flags: i,
+            exptime: 0,
+        };
+        assert!(matches!(
+            master.store(req, now),
+            kvstore::StoreResult::Stored(_)
+        ));
+    }
+    assert_eq!(master.stats().curr_items, u64::from(n));
+    let mut file = Vec::new();
+    master.dump(&mut file, 0).expect("dump");
+    let small = kvstore::EngineConfig {
+        max_bytes: 16 << 20,
+        ..big
+    };
+    let e = LogEngine::new(small);
+    e.restore(&mut file.as_slice(), now).expect("restore");
+    e.check_accounting().expect("within the limit");
+    let kept = e.stats().curr_items;
+    assert!(kept > 0 && kept < u64::from(n), "{kept} items kept");
+    let last = format!("key:{}", n - 1);
+    assert_eq!(
+        e.peek_item(last.as_bytes(), now),
+        master.peek_item(last.as_bytes(), now)
+    );
+    assert_eq!(e.peek_item(b"key:0", now), None, "the oldest went");
+}
+
 /// A snapshot file loaded with `restore_file` maps its segment images: the items are all
 /// there, stay there once the file is removed, and the mapped segments are evicted and
 /// their ids reused (with fresh memory) as new writes fill the cache.
