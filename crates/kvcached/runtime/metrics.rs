@@ -157,7 +157,54 @@ pub fn render(shared: &Shared) -> String {
     let mut text = String::new();
     // Writing into a String cannot fail.
     let _ = encode(&mut text, &r);
-    text
+    sort_samples(&text)
+}
+
+/// `text` with each family's samples in a fixed order (the encoder writes a labelled
+/// family's series in hash order, which changes from one scrape to the next): runs of
+/// sample lines are sorted, numbers in them by value (`slab="2"` before `slab="10"`).
+fn sort_samples(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut run: Vec<&str> = Vec::new();
+    let flush = |run: &mut Vec<&str>, out: &mut String| {
+        run.sort_by_cached_key(|line| natural_key(line));
+        for line in run.drain(..) {
+            out.push_str(line);
+            out.push('\n');
+        }
+    };
+    for line in text.lines() {
+        if line.starts_with('#') {
+            flush(&mut run, &mut out);
+            out.push_str(line);
+            out.push('\n');
+        } else {
+            run.push(line);
+        }
+    }
+    flush(&mut run, &mut out);
+    out
+}
+
+/// A sort key that compares runs of digits by their value.
+fn natural_key(line: &str) -> Vec<(String, u64)> {
+    let mut key = Vec::new();
+    let mut text = String::new();
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c.is_ascii_digit() {
+            let mut n = u64::from(c as u8 - b'0');
+            while let Some(d) = chars.peek().and_then(|d| d.to_digit(10)) {
+                n = n.saturating_mul(10).saturating_add(u64::from(d));
+                chars.next();
+            }
+            key.push((std::mem::take(&mut text), n));
+        } else {
+            text.push(c);
+        }
+    }
+    key.push((text, 0));
+    key
 }
 
 /// `(class, value)` of every `[PREFIX]CLASS:FIELD` line of a stats group.
@@ -535,4 +582,22 @@ fn registry(
         lag_seconds,
     );
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn samples_are_sorted_within_families_numbers_by_value() {
+        let text = "# HELP a A.\n# TYPE a gauge\na{class=\"10\"} 1\na{class=\"2\"} 2\n\
+                    a{class=\"1\"} 3\n# HELP b B.\n# TYPE b counter\nb_total{op=\"touch\"} 1\n\
+                    b_total{op=\"get\"} 2\n# EOF\n";
+        assert_eq!(
+            sort_samples(text),
+            "# HELP a A.\n# TYPE a gauge\na{class=\"1\"} 3\na{class=\"2\"} 2\n\
+             a{class=\"10\"} 1\n# HELP b B.\n# TYPE b counter\nb_total{op=\"get\"} 2\n\
+             b_total{op=\"touch\"} 1\n# EOF\n"
+        );
+    }
 }
