@@ -179,7 +179,8 @@ impl Server {
         let mut child = cmd.spawn().expect("spawn server");
         let deadline = Instant::now() + TIMEOUT;
         loop {
-            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            if let Ok(s) = std::os::unix::net::UnixStream::connect(path) {
+                served(s);
                 break;
             }
             if let Ok(Some(status)) = child.try_wait() {
@@ -246,10 +247,43 @@ impl Drop for Server {
 }
 
 /// Poll until something accepts on `port`, or the child exits, or TIMEOUT passes.
+/// The connection that found the server listening: close its sending side and wait (2 s
+/// at most) for the server to close it too, so that the server has accepted and counted
+/// it before the test's own connections. Dropped at once, it could still sit in the
+/// accept queue when a test takes its baseline of `total_connections`, and be counted
+/// after it. Nothing is sent, so TLS listeners see what they saw before: a client that
+/// left before its handshake.
+fn served<S: Read + ShutdownWrite>(mut s: S) {
+    if s.shutdown_write() {
+        let mut buf = [0u8; 256];
+        while let Ok(1..) = s.read(&mut buf) {}
+    }
+}
+
+/// Closing the sending side, with a read timeout, on either kind of stream.
+trait ShutdownWrite {
+    fn shutdown_write(&self) -> bool;
+}
+
+impl ShutdownWrite for TcpStream {
+    fn shutdown_write(&self) -> bool {
+        self.set_read_timeout(Some(Duration::from_secs(2))).is_ok()
+            && self.shutdown(std::net::Shutdown::Write).is_ok()
+    }
+}
+
+impl ShutdownWrite for std::os::unix::net::UnixStream {
+    fn shutdown_write(&self) -> bool {
+        self.set_read_timeout(Some(Duration::from_secs(2))).is_ok()
+            && self.shutdown(std::net::Shutdown::Write).is_ok()
+    }
+}
+
 fn wait_listening(child: &mut Child, port: u16) -> Result<(), String> {
     let deadline = Instant::now() + TIMEOUT;
     loop {
-        if TcpStream::connect((Ipv4Addr::LOCALHOST, port)).is_ok() {
+        if let Ok(s) = TcpStream::connect((Ipv4Addr::LOCALHOST, port)) {
+            served(s);
             return Ok(());
         }
         if let Ok(Some(status)) = child.try_wait() {
