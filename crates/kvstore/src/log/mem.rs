@@ -17,21 +17,30 @@ fn map_reserve(len: usize) -> Option<NonNull<u8>> {
 }
 
 fn map_anon(len: usize, extra_flags: libc::c_int) -> Option<NonNull<u8>> {
+    mmap(
+        len,
+        libc::PROT_READ | libc::PROT_WRITE,
+        libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | extra_flags,
+        -1,
+        0,
+    )
+}
+
+/// A new mapping (never over an existing one: the address is the kernel's choice).
+fn mmap(
+    len: usize,
+    prot: libc::c_int,
+    flags: libc::c_int,
+    fd: std::os::fd::RawFd,
+    offset: libc::off_t,
+) -> Option<NonNull<u8>> {
     if len == 0 {
         return None;
     }
-    // SAFETY: an anonymous private mapping with a null hint touches no existing memory;
-    // the result is checked against MAP_FAILED before use.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | extra_flags,
-            -1,
-            0,
-        )
-    };
+    // SAFETY: a mapping with a null hint touches no existing memory; the result is checked
+    // against MAP_FAILED before use. A file mapping's callers map only ranges inside the
+    // file (pages wholly past its end would fault).
+    let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, flags, fd, offset) };
     if p == libc::MAP_FAILED {
         return None;
     }
@@ -58,32 +67,25 @@ pub(crate) fn populate(p: NonNull<u8>, len: usize) {
 /// of its snapshot file this way.
 pub(crate) fn map_file(fd: std::os::fd::RawFd, offset: u64, len: usize) -> Option<NonNull<u8>> {
     let off = libc::off_t::try_from(offset).ok()?;
-    if len == 0 {
-        return None;
-    }
-    // SAFETY: a private file mapping with a null hint touches no existing memory; the
-    // result is checked against MAP_FAILED before use. The caller maps only ranges inside
-    // the file (pages wholly past its end would fault).
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE,
-            fd,
-            off,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return None;
-    }
-    NonNull::new(p.cast::<u8>())
+    mmap(
+        len,
+        libc::PROT_READ | libc::PROT_WRITE,
+        libc::MAP_PRIVATE,
+        fd,
+        off,
+    )
 }
 
-/// Unmap memory from [`map`] or [`map_file`].
+/// Map the first `len` bytes of the file `fd` private and read-only.
+pub(crate) fn map_file_read(fd: std::os::fd::RawFd, len: usize) -> Option<NonNull<u8>> {
+    mmap(len, libc::PROT_READ, libc::MAP_PRIVATE, fd, 0)
+}
+
+/// Unmap memory from [`map`], [`map_file`] or [`map_file_read`].
 ///
 /// # Safety
-/// `p` and `len` must come from one successful `map(len)` or `map_file(_, _, len)` call,
+/// `p` and `len` must come from one successful `map(len)`, `map_file(_, _, len)` or
+/// `map_file_read(_, len)` call,
 /// and no reference into the mapping may be used after this call.
 pub(crate) unsafe fn unmap(p: NonNull<u8>, len: usize) {
     // SAFETY: per the contract the range is exactly one mapping of ours that nobody uses.

@@ -400,6 +400,16 @@ fn finish_chunk(out: &mut [u8], at: usize) {
 
 /// Master side.
 impl LogEngine {
+    /// Whether the index points `key` at the record at `off` in segment `id` (the record
+    /// is the key's current one, not an overwritten copy).
+    fn indexed_at(&self, key: &[u8], id: u32, off: usize) -> bool {
+        self.index
+            .find(self.hash(key), |v| {
+                index::slot_seg(v) == id && index::slot_off(v) == off
+            })
+            .is_some()
+    }
+
     /// Live segments as (sequence number, id), in sequence order.
     fn live_segments(&self) -> Vec<(u64, u32)> {
         let mut v: Vec<(u64, u32)> = (0..self.seg_ids())
@@ -752,14 +762,7 @@ impl LogEngine {
                 if r.kind != KIND_ITEM || self.vis(&r, now) != Vis::Live {
                     continue;
                 }
-                let h = self.hash(r.key);
-                let current = self
-                    .index
-                    .find(h, |v| {
-                        index::slot_seg(v) == id && index::slot_off(v) == here
-                    })
-                    .is_some();
-                if current {
+                if self.indexed_at(r.key, id, here) {
                     // SAFETY: `here .. here + r.len` is the published record just read.
                     let bytes =
                         unsafe { std::slice::from_raw_parts(ptr.as_ptr().add(here), r.len) };

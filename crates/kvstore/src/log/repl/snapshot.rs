@@ -20,7 +20,7 @@
 use std::borrow::Cow;
 use std::io::{Read, Write};
 
-use super::super::{mem, segments::Seg, Insert, Queue, Rec, MAX_KEY, PAGE};
+use super::super::{compact, mem, segments::Seg, Insert, Queue, Rec, MAX_KEY, PAGE};
 use super::*;
 use crate::Engine;
 
@@ -528,30 +528,22 @@ impl LogEngine {
         out.resize(SEG_HDR, 0);
         // SAFETY: `out` holds SEG_HDR bytes that only we touch.
         unsafe { format::write_seg_header(out.as_mut_ptr(), kind, 0, base) };
-        let mut off = SEG_HDR;
-        while off < used {
-            // SAFETY: as above; `used` is the published length.
-            let Some(r) = (unsafe { format::read(ptr.as_ptr(), used, off, base) }) else {
-                break;
-            };
-            let here = off;
-            off += r.len;
-            if r.kind != KIND_ITEM || self.vis(&r, now) != Vis::Live {
-                continue;
-            }
-            let current = self
-                .index
-                .find(self.hash(r.key), |v| {
-                    index::slot_seg(v) == id && index::slot_off(v) == here
-                })
-                .is_some();
-            if current {
-                // SAFETY: `here .. here + r.len` is the published record just read.
-                out.extend_from_slice(unsafe {
-                    std::slice::from_raw_parts(ptr.as_ptr().add(here), r.len)
-                });
-            }
-        }
+        // SAFETY: as above; `used` is the published length, and a pinned live segment's
+        // published records do not change.
+        unsafe {
+            compact::for_records(ptr, used, |here, r| {
+                if r.kind == KIND_ITEM
+                    && self.vis(r, now) == Vis::Live
+                    && self.indexed_at(r.key, id, here)
+                {
+                    out.extend_from_slice(std::slice::from_raw_parts(
+                        ptr.as_ptr().add(here),
+                        r.len,
+                    ));
+                }
+                true
+            })
+        };
         out.len() > SEG_HDR
     }
 
@@ -1109,26 +1101,8 @@ struct ReadMap {
 
 impl ReadMap {
     fn new(fd: std::os::fd::RawFd, len: usize) -> Option<ReadMap> {
-        if len == 0 {
-            return None;
-        }
-        // SAFETY: a read-only private mapping with a null hint touches no existing
-        // memory; checked against MAP_FAILED.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ,
-                libc::MAP_PRIVATE,
-                fd,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return None;
-        }
         Some(ReadMap {
-            ptr: std::ptr::NonNull::new(p.cast::<u8>())?,
+            ptr: mem::map_file_read(fd, len)?,
             len,
         })
     }
@@ -1141,10 +1115,9 @@ impl ReadMap {
 
 impl Drop for ReadMap {
     fn drop(&mut self) {
-        // SAFETY: our mapping of `len` bytes; no borrow of it outlives `self`.
-        unsafe {
-            libc::munmap(self.ptr.as_ptr().cast(), self.len);
-        }
+        // SAFETY: our mapping of `len` bytes from `map_file_read`; no borrow of it
+        // outlives `self`.
+        unsafe { mem::unmap(self.ptr, self.len) };
     }
 }
 
