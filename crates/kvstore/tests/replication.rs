@@ -278,21 +278,7 @@ fn restore_of_many_frames_and_stray_batches() {
     let master = LogEngine::new(cfg.clone());
     let now = START;
     let n = 150_000u32;
-    for i in 0..n {
-        let key = format!("key:{i}");
-        let value = vec![(i % 251) as u8; 100];
-        let req = kvstore::StoreRequest {
-            mode: kvstore::StoreMode::Set,
-            key: key.as_bytes(),
-            value: &value,
-            flags: i,
-            exptime: 0,
-        };
-        assert!(matches!(
-            master.store(req, now),
-            kvstore::StoreResult::Stored(_)
-        ));
-    }
+    fill(&master, n, now, |i| vec![(i % 251) as u8; 100], |_| 0);
     assert_eq!(master.stats().curr_items, u64::from(n));
     let mut file = Vec::new();
     master.dump(&mut file, 0).expect("dump to memory");
@@ -401,20 +387,7 @@ fn restore_into_less_memory_keeps_the_newest() {
     let master = LogEngine::new(big.clone());
     let now = START;
     let n = 200_000u32;
-    for i in 0..n {
-        let key = format!("key:{i}");
-        let req = kvstore::StoreRequest {
-            mode: kvstore::StoreMode::Set,
-            key: key.as_bytes(),
-            value: &[b'v'; 150],
-            flags: i,
-            exptime: 0,
-        };
-        assert!(matches!(
-            master.store(req, now),
-            kvstore::StoreResult::Stored(_)
-        ));
-    }
+    fill(&master, n, now, |_| vec![b'v'; 150], |_| 0);
     assert_eq!(master.stats().curr_items, u64::from(n));
     let mut file = Vec::new();
     master.dump(&mut file, 0).expect("dump");
@@ -446,20 +419,13 @@ fn restore_file_maps_segment_images() {
     };
     let master = LogEngine::new(cfg.clone());
     let now = START;
-    for i in 0..60_000u32 {
-        let key = format!("key:{i}");
-        let req = kvstore::StoreRequest {
-            mode: kvstore::StoreMode::Set,
-            key: key.as_bytes(),
-            value: &vec![(i % 251) as u8; 100 + (i % 50) as usize],
-            flags: i,
-            exptime: if i % 7 == 0 { now + 1000 } else { 0 },
-        };
-        assert!(matches!(
-            master.store(req, now),
-            kvstore::StoreResult::Stored(_)
-        ));
-    }
+    fill(
+        &master,
+        60_000,
+        now,
+        |i| vec![(i % 251) as u8; 100 + (i % 50) as usize],
+        |i| if i % 7 == 0 { now + 1000 } else { 0 },
+    );
     assert_eq!(master.stats().curr_items, 60_000);
     let path = std::env::temp_dir().join(format!("kvstore-restore-file-{}", std::process::id()));
     let mut file = Vec::new();
@@ -528,7 +494,30 @@ fn restore_file_maps_segment_images() {
     let _ = std::fs::remove_file(&path);
 }
 
-/// A snapshot file's frames' payloads: the header, then the batches.
+/// Store `n` items `key:0 ..`, item `i` with value `value(i)`, flags `i` and expiry
+/// `exptime(i)`; every store must succeed.
+fn fill(
+    e: &LogEngine,
+    n: u32,
+    now: u32,
+    value: impl Fn(u32) -> Vec<u8>,
+    exptime: impl Fn(u32) -> u32,
+) {
+    for i in 0..n {
+        let key = format!("key:{i}");
+        let req = kvstore::StoreRequest {
+            mode: kvstore::StoreMode::Set,
+            key: key.as_bytes(),
+            value: &value(i),
+            flags: i,
+            exptime: exptime(i),
+        };
+        let r = e.store(req, now);
+        assert!(matches!(r, kvstore::StoreResult::Stored(_)), "{key}: {r:?}");
+    }
+}
+
+/// A snapshot file's frames' payloads: the header, then the segment images.
 fn split_frames(file: &[u8]) -> (Vec<u8>, Vec<Vec<u8>>) {
     let (_, mut frames) = kvstore::split_snapshot_frames(file).expect("a whole snapshot");
     let header = frames.remove(0);
@@ -546,18 +535,13 @@ fn damaged_snapshots_are_refused() {
     };
     let master = LogEngine::new(cfg.clone());
     let now = START;
-    for i in 0..3000u32 {
-        let key = format!("key:{i}");
-        let value = vec![(i % 251) as u8; 20 + (i % 200) as usize];
-        let req = kvstore::StoreRequest {
-            mode: kvstore::StoreMode::Set,
-            key: key.as_bytes(),
-            value: &value,
-            flags: i,
-            exptime: if i % 4 == 0 { now + 1000 } else { 0 },
-        };
-        master.store(req, now);
-    }
+    fill(
+        &master,
+        3000,
+        now,
+        |i| vec![(i % 251) as u8; 20 + (i % 200) as usize],
+        |i| if i % 4 == 0 { now + 1000 } else { 0 },
+    );
     let mut file = Vec::new();
     master
         .dump(&mut file, 1_700_000_000)
@@ -671,17 +655,7 @@ fn damaged_snapshots_are_refused() {
         ..ops::config(64 << 20, false, true)
     };
     let master = LogEngine::new(big.clone());
-    for i in 0..24_000u32 {
-        let key = format!("key:{i}");
-        let req = kvstore::StoreRequest {
-            mode: kvstore::StoreMode::Set,
-            key: key.as_bytes(),
-            value: &[b'v'; 1000],
-            flags: 0,
-            exptime: 0,
-        };
-        master.store(req, now);
-    }
+    fill(&master, 24_000, now, |_| vec![b'v'; 1000], |_| 0);
     let mut file = Vec::new();
     master.dump(&mut file, now.into()).expect("dump to memory");
     let cfg = big;

@@ -48,7 +48,8 @@ impl LogEngine {
         self.retire(id);
         self.barrier();
         let over = self.allocated.load(Ordering::Relaxed) > self.budget();
-        if !(release || large || over) {
+        let release = release || over || self.gives_back(id);
+        if !release {
             let mut ev = lock(&self.evictor);
             if ev.spare.is_none() {
                 ev.spare = Some(id);
@@ -56,7 +57,7 @@ impl LogEngine {
             }
         }
         let mut p = lock(&self.pool);
-        if release || large || over {
+        if release {
             self.release(&mut p, id);
         } else {
             p.free.push(id);

@@ -277,15 +277,12 @@ impl LogEngine {
                 None => return false,
             }
         };
-        let large = self
-            .segs
-            .get(id)
-            .is_some_and(|s| s.mem.0.large.load(Ordering::Relaxed));
+        let give_back = self.gives_back(id);
         self.retire(id);
         // Readers that found a slot into it before it emptied must be done before reuse.
         self.barrier();
         let mut p = lock(&self.pool);
-        if large || self.allocated.load(Ordering::Relaxed) > self.budget() {
+        if give_back || self.allocated.load(Ordering::Relaxed) > self.budget() {
             self.release(&mut p, id);
         } else {
             p.free.push(id);
@@ -383,6 +380,15 @@ impl LogEngine {
             used: SEG_HDR,
             base,
             opened: self.clock.load(Ordering::Relaxed),
+        })
+    }
+
+    /// Whether a freed segment's memory goes back to the system rather than to the free
+    /// pool: a large one's, and a mapping of a warm restart's snapshot file (which would
+    /// keep the file's pages, and need `remap` before reuse anyway).
+    pub(super) fn gives_back(&self, id: u32) -> bool {
+        self.segs.get(id).is_some_and(|s| {
+            s.mem.0.large.load(Ordering::Relaxed) || s.mem.0.file.load(Ordering::Relaxed)
         })
     }
 
@@ -545,16 +551,12 @@ impl LogEngine {
 
     /// Segments of ours that no slot points into and that were retired: wait out the
     /// readers that may still hold one, then keep them for reuse, or give their memory
-    /// back (large ones, or while over the budget).
+    /// back (see `gives_back`, or while over the budget).
     fn free_retired(&self, ids: &[u32]) {
         self.barrier();
         let mut p = lock(&self.pool);
         for &id in ids {
-            let large = self
-                .segs
-                .get(id)
-                .is_some_and(|s| s.mem.0.large.load(Ordering::Relaxed));
-            if large || self.allocated.load(Ordering::Relaxed) > self.budget() {
+            if self.gives_back(id) || self.allocated.load(Ordering::Relaxed) > self.budget() {
                 self.release(&mut p, id);
             } else {
                 p.free.push(id);
