@@ -440,12 +440,23 @@ fn settings(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
         yes_no(matches!(c.memory_limit, MemoryLimit::Auto)),
     );
     emit(sink, "engine", "log");
-    // The I/O runtime in use (kvcached's own): what `-o io` asked for, as the kernel allowed.
-    let io = match c.io {
-        crate::setup::config::IoChoice::Uring => "uring",
+    let fallbacks = ctx.shared.epoll_fallbacks.load(Ordering::Relaxed);
+    emit(sink, "io", io_in_use(c.io, fallbacks, c.threads));
+}
+
+/// The I/O runtime in use (kvcached's own `io` setting): what `-o io` asked for, as the
+/// kernel allowed at start, less the workers whose own ring then failed: `mixed` when some
+/// of `workers` did and some did not.
+fn io_in_use(
+    choice: crate::setup::config::IoChoice,
+    fallbacks: usize,
+    workers: usize,
+) -> &'static str {
+    match choice {
+        crate::setup::config::IoChoice::Uring if fallbacks == 0 => "uring",
+        crate::setup::config::IoChoice::Uring if fallbacks < workers => "mixed",
         _ => "epoll",
-    };
-    emit(sink, "io", io);
+    }
 }
 
 fn conns(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
@@ -466,5 +477,19 @@ fn conns(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
             }
         }
         emit(sink, &key("secs_since_last_cmd"), now.saturating_sub(last));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::setup::config::IoChoice;
+
+    #[test]
+    fn io_setting_counts_workers_that_fell_back() {
+        assert_eq!(io_in_use(IoChoice::Uring, 0, 4), "uring");
+        assert_eq!(io_in_use(IoChoice::Uring, 1, 4), "mixed");
+        assert_eq!(io_in_use(IoChoice::Uring, 4, 4), "epoll");
+        assert_eq!(io_in_use(IoChoice::Epoll, 0, 4), "epoll");
     }
 }

@@ -146,10 +146,13 @@ impl Worker {
                     self.ring = Some(r);
                     return self.run_ring();
                 }
-                Err(e) => tracing::warn!(
-                    "worker {}: io_uring could not be set up ({e}); using epoll",
-                    self.index
-                ),
+                Err(e) => {
+                    tracing::warn!(
+                        "worker {}: io_uring could not be set up ({e}); using epoll",
+                        self.index
+                    );
+                    self.shared.epoll_fallbacks.fetch_add(1, Ordering::Relaxed);
+                }
             }
         }
         self.run_epoll()

@@ -42,6 +42,9 @@ pub struct Shared {
     pub curr_conns: AtomicUsize,
     pub total_conns: AtomicU64,
     pub rejected_conns: AtomicU64,
+    /// Workers that were to run io_uring and fell back to epoll (their ring could not be
+    /// set up), for `stats settings`' `io`.
+    pub epoll_fallbacks: AtomicUsize,
     /// Whether the workers accept connections (memcached's `accepting_conns`).
     accepting: AtomicBool,
     /// Times accepting stopped (`listen_disabled_num`), when it last stopped (microseconds
@@ -85,6 +88,7 @@ impl Shared {
             curr_conns: AtomicUsize::new(0),
             total_conns: AtomicU64::new(0),
             rejected_conns: AtomicU64::new(0),
+            epoll_fallbacks: AtomicUsize::new(0),
             accepting: AtomicBool::new(true),
             listen_disabled_num: AtomicU64::new(0),
             listen_disabled_since_us: AtomicU64::new(0),
