@@ -220,6 +220,24 @@ impl Target {
     }
 
     /// Descriptors the server process holds.
+    /// What the server's descriptors point at (for a failure's message).
+    fn server_fd_targets(&self) -> Vec<String> {
+        let dir = format!("/proc/{}/fd", self.server.child.id());
+        let mut v: Vec<String> = std::fs::read_dir(&dir)
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .map(|e| {
+                        let target = std::fs::read_link(e.path())
+                            .map_or_else(|_| "?".to_string(), |p| p.display().to_string());
+                        format!("{}->{target}", e.file_name().to_string_lossy())
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+
     fn server_fds(&self) -> usize {
         std::fs::read_dir(format!("/proc/{}/fd", self.server.child.id()))
             .expect("read /proc/<pid>/fd")
@@ -320,12 +338,13 @@ fn settled(t: &Target, probe: &mut Sock, base: Books, made: u64, what: &str) -> 
         assert!(
             Instant::now() < deadline,
             "{kind:?} {:?} {what}: not settled: curr_connections {} (baseline {}), \
-             {} descriptors (baseline {}), {waiting} sockets in CLOSE-WAIT",
+             {} descriptors (baseline {}), {waiting} sockets in CLOSE-WAIT; descriptors: {:?}",
             t.transport,
             now.curr,
             base.curr,
             now.fds,
-            base.fds
+            base.fds,
+            t.server_fd_targets()
         );
         std::thread::sleep(Duration::from_millis(20));
     }

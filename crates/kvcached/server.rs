@@ -172,8 +172,10 @@ pub fn run(
     };
 
     let mut handles = Vec::with_capacity(workers.len());
+    let ready = Arc::new(std::sync::Barrier::new(workers.len()));
     for (i, w) in workers.into_iter().enumerate() {
         let cpu = cpus.get(i).copied().flatten();
+        let ready = ready.clone();
         let h = std::thread::Builder::new()
             .name(format!("worker-{i}"))
             .spawn(move || {
@@ -183,7 +185,7 @@ pub fn run(
                         Err(e) => tracing::warn!("-o cpu_affinity: worker {i}, CPU {cpu}: {e}"),
                     }
                 }
-                w.run()
+                w.run(&ready)
             })
             .map_err(|e| format!("failed to spawn worker {i}: {e}"))?;
         handles.push(h);

@@ -139,13 +139,14 @@ impl Worker {
         self.listeners.len() + self.udp.len()
     }
 
-    pub fn run(mut self) {
+    /// Set up the worker's I/O runtime, wait at `ready` until every worker has, then serve
+    /// until shutdown. No worker serves before all are set up, so a server that answers
+    /// has every worker's ring (and descriptor) in place: a worker that started late must
+    /// not open its ring after the first clients came and went.
+    pub fn run(mut self, ready: &std::sync::Barrier) {
         if self.shared.config.io == IoChoice::Uring {
             match Reactor::new() {
-                Ok(r) => {
-                    self.ring = Some(r);
-                    return self.run_ring();
-                }
+                Ok(r) => self.ring = Some(r),
                 Err(e) => {
                     tracing::warn!(
                         "worker {}: io_uring could not be set up ({e}); using epoll",
@@ -155,7 +156,12 @@ impl Worker {
                 }
             }
         }
-        self.run_epoll()
+        ready.wait();
+        if self.ring.is_some() {
+            self.run_ring()
+        } else {
+            self.run_epoll()
+        }
     }
 
     /// The worker's loop under io_uring (`runtime/ring.rs`): one `io_uring_enter` a turn
