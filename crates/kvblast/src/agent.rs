@@ -93,8 +93,17 @@ pub fn encode_stats(st: &Stats) -> String {
     }
     for (i, o) in st.ops.iter().enumerate() {
         out.push_str(&format!(
-            "op {i} {} {} {} {} {} {} {} {}\n",
-            o.count, o.hits, o.misses, o.errors, o.late, o.total, o.total_keys, o.total_hits
+            "op {i} {} {} {} {} {} {} {} {} {} {}\n",
+            o.count,
+            o.hits,
+            o.misses,
+            o.errors,
+            o.late,
+            o.total,
+            o.total_keys,
+            o.total_hits,
+            o.hit_bytes,
+            o.miss_bytes
         ));
         encode_hist(&mut out, &format!("op{i}"), &o.hist);
     }
@@ -142,10 +151,18 @@ pub fn decode_stats(text: &str) -> Result<Stats, String> {
             Some("op") => {
                 let i = f.next().map(num).transpose()?.unwrap_or(u64::MAX) as usize;
                 let vals: Vec<u64> = f.map(num).collect::<Result<_, _>>()?;
-                let (Some(o), [count, hits, misses, errors, late, total, keys, total_hits]) =
-                    (st.ops.get_mut(i), vals.as_slice())
+                // An older agent sends no byte counts.
+                let (
+                    Some(o),
+                    [count, hits, misses, errors, late, total, keys, total_hits, rest @ ..],
+                ) = (st.ops.get_mut(i), vals.as_slice())
                 else {
                     return Err(format!("bad line {line:?}"));
+                };
+                let (hit_bytes, miss_bytes) = match rest {
+                    [] => (0, 0),
+                    [h, m] => (*h, *m),
+                    _ => return Err(format!("bad line {line:?}")),
                 };
                 let hist = std::mem::replace(&mut o.hist, new_histogram());
                 *o = OpStats {
@@ -158,6 +175,8 @@ pub fn decode_stats(text: &str) -> Result<Stats, String> {
                     total: *total,
                     total_keys: *keys,
                     total_hits: *total_hits,
+                    hit_bytes,
+                    miss_bytes,
                 };
             }
             Some("hist") => {
@@ -588,6 +607,8 @@ mod tests {
         g.count = 4;
         g.hits = 3;
         g.total_keys = 9;
+        g.hit_bytes = 300;
+        g.miss_bytes = 20;
         st.send_lag.saturating_record(5000);
         let back = decode_stats(&encode_stats(&st)).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(back.issued, 42);
@@ -595,6 +616,7 @@ mod tests {
         assert_eq!(back.window_ns, 7);
         let b = back.op(Op::Get);
         assert_eq!((b.count, b.hits, b.total_keys), (4, 3, 9));
+        assert_eq!((b.hit_bytes, b.miss_bytes), (300, 20));
         assert_eq!(b.hist.len(), 4);
         assert_eq!(b.hist.max(), g_max(&st));
         assert_eq!(back.send_lag.len(), 1);

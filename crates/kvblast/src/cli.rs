@@ -112,6 +112,10 @@ pub struct Args {
         help_heading = "Workload (a preset, then overrides)"
     )]
     pub value_size: Option<String>,
+    /// Give each key one value size, drawn once from --value-size by the key (as a real
+    /// key's value keeps its size), instead of a fresh size at every set
+    #[arg(long, help_heading = "Workload (a preset, then overrides)")]
+    pub value_size_per_key: bool,
     /// Clamp value sizes to at most N bytes
     #[arg(long, value_name = "N", value_parser = number::<usize>, help_heading = "Workload (a preset, then overrides)")]
     pub value_max: Option<usize>,
@@ -458,6 +462,7 @@ impl Args {
         );
         for (flag, on) in [
             ("--look-aside", self.look_aside),
+            ("--value-size-per-key", self.value_size_per_key),
             ("--load", self.load),
             ("--quiet", self.quiet),
             ("--no-server-stats", self.no_server_stats),
@@ -495,6 +500,9 @@ impl Args {
                 Dist::Hist(h) => hist_sizes(h),
                 d => SizeDist::new(d, 0, 1 << 20),
             };
+        }
+        if self.value_size_per_key {
+            w.value_per_key = true;
         }
         if let Some(m) = self.value_max {
             w.value_size.max = m;

@@ -56,6 +56,10 @@ pub struct OpStats {
     pub total_keys: u64,
     /// Hits over every completed request, warm-up included (for checking the server).
     pub total_hits: u64,
+    /// Value bytes of measured single-key gets that hit, and that missed: counted only when
+    /// each key has one value size (`--value-size-per-key`), so a miss's size is known.
+    pub hit_bytes: u64,
+    pub miss_bytes: u64,
 }
 
 impl Default for OpStats {
@@ -70,6 +74,8 @@ impl Default for OpStats {
             total: 0,
             total_keys: 0,
             total_hits: 0,
+            hit_bytes: 0,
+            miss_bytes: 0,
         }
     }
 }
@@ -85,6 +91,8 @@ impl OpStats {
         self.total += o.total;
         self.total_keys += o.total_keys;
         self.total_hits += o.total_hits;
+        self.hit_bytes += o.hit_bytes;
+        self.miss_bytes += o.miss_bytes;
     }
 }
 
@@ -215,6 +223,8 @@ pub struct Summary {
     pub misses: u64,
     pub errors: u64,
     pub late: u64,
+    pub hit_bytes: u64,
+    pub miss_bytes: u64,
     pub min_us: f64,
     pub mean_us: f64,
     pub stddev_us: f64,
@@ -250,6 +260,8 @@ impl Summary {
             misses: o.misses,
             errors: o.errors,
             late: o.late,
+            hit_bytes: o.hit_bytes,
+            miss_bytes: o.miss_bytes,
             min_us: if empty { 0.0 } else { us(h.min()) },
             mean_us: if empty { 0.0 } else { h.mean() / 1000.0 },
             stddev_us: if empty { 0.0 } else { h.stdev() / 1000.0 },
@@ -570,6 +582,7 @@ impl Report {
                     "p90_us": num(r.p90_us), "p95_us": num(r.p95_us),
                     "p99_us": num(r.p99_us), "p999_us": num(r.p999_us),
                     "max_us": num(r.max_us),
+                    "hit_bytes": r.hit_bytes, "miss_bytes": r.miss_bytes,
                 });
                 (r.name.clone(), row)
             })

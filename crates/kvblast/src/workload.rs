@@ -132,6 +132,9 @@ pub struct Workload {
     pub keys: u64,
     pub key_size: SizeDist,
     pub value_size: SizeDist,
+    /// Each key's value size is fixed (drawn from `value_size` by the key's number) rather
+    /// than drawn at every set.
+    pub value_per_key: bool,
     pub popularity: Popularity,
     pub mix: Mix,
     /// Keys per get request (1: single get).
@@ -169,6 +172,7 @@ impl Workload {
             keys,
             key_size,
             value_size,
+            value_per_key: false,
             popularity,
             mix,
             multiget,
@@ -298,7 +302,7 @@ impl Workload {
     /// One line per field, for `kvblast workloads` and the report.
     pub fn describe(&self) -> String {
         format!(
-            "{}: keys={} key_size={:?}[{},{}] value_size={:?}[{},{}] popularity={:?} mix={} multiget={}",
+            "{}: keys={} key_size={:?}[{},{}] value_size={:?}[{},{}]{} popularity={:?} mix={} multiget={}",
             self.name,
             self.keys,
             self.key_size.dist,
@@ -307,6 +311,7 @@ impl Workload {
             self.value_size.dist,
             self.value_size.min,
             self.value_size.max,
+            if self.value_per_key { " per key" } else { "" },
             self.popularity,
             self.mix.describe(),
             self.multiget

@@ -186,7 +186,9 @@ impl Worker {
                 Wire::Binary => proto::binary::get(wb, kb, false, 0),
             },
             Op::Set => {
-                let len = if load {
+                let len = if w.value_per_key {
+                    w.value_size.quantile(dist::unit_of_key(key))
+                } else if load {
                     w.value_size.quantile(dist::unit_open0(&mut self.rng))
                 } else {
                     w.value_size.sample(&mut self.rng)

@@ -423,6 +423,12 @@ impl Worker {
             st.hits += u64::from(o.hits);
             st.misses += u64::from(o.misses);
             st.errors += u64::from(o.error);
+            let w = &self.cfg.workload;
+            if w.value_per_key && p.op == Op::Get && p.nkeys == 1 {
+                let len = w.value_size.quantile(crate::dist::unit_of_key(p.key)) as u64;
+                st.hit_bytes += len * u64::from(o.hits);
+                st.miss_bytes += len * u64::from(o.misses);
+            }
             if ns > self.cfg.slo.as_nanos() as u64 {
                 st.late += 1;
             }
