@@ -442,6 +442,7 @@ fn settings(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
     emit(sink, "engine", "log");
     let fallbacks = ctx.shared.epoll_fallbacks.load(Ordering::Relaxed);
     emit(sink, "io", io_in_use(c.io, fallbacks, c.threads));
+    emit(sink, "evict_size_factor", c.evict_size_factor);
 }
 
 /// The I/O runtime in use (kvcached's own `io` setting): what `-o io` asked for, as the

@@ -997,6 +997,10 @@ impl Builder {
                     other => return Err(format!("-o log_format: {other:?} is not text or json")),
                 }
             }
+            "evict_size_factor" => {
+                self.cfg.evict_size_factor =
+                    int_in::<u32>(sp, &need(val)?, 0, 64, "a whole number from 0 to 64")?;
+            }
             "lru_crawler" => self.cfg.lru_crawler = true,
             "no_lru_crawler" => self.cfg.lru_crawler = false,
             "lru_maintainer" => {
@@ -1460,6 +1464,10 @@ Extended options: -o, --extended=OPT[,OPT=VALUE...]
                               get answers SERVER_ERROR out of memory writing get response
   lru_crawler                 reclaim expired items in the background (default);
                               no_lru_crawler leaves them until a request finds them
+  evict_size_factor=N         eviction keeps an item up to N times the mean item's
+                              size once it was read, a larger one only if read more
+                              often: more items, more hits, fewer bytes hit (kvcached's
+                              own; default 4; 0 treats all sizes alike)
   metrics=HOST:PORT           serve Prometheus metrics at http://HOST:PORT/metrics, in
                               memcached_exporter's names plus kvcached_* (off by default)
   engine=log                  the item store: the segmented log (the only one;
@@ -1578,6 +1586,12 @@ mod tests {
             (&["-p", "0"], |c| c.tcp_port == 0),
             (&["-p", "65535"], |c| c.tcp_port == 65535),
             (&["-p", "1", "-p", "2"], |c| c.tcp_port == 2),
+            // kvcached's eviction size factor.
+            (&["-o", "evict_size_factor=0"], |c| c.evict_size_factor == 0),
+            (&["-o", "evict_size_factor=64"], |c| {
+                c.evict_size_factor == 64
+            }),
+            (&[], |c| c.evict_size_factor == 4),
             // -U, and -U alone moving the TCP port too.
             (&["-U", "11300"], |c| {
                 c.udp_port == 11300 && c.tcp_port == 11300
@@ -2005,6 +2019,8 @@ mod tests {
             (&["-o", "slab_sizes=-"], "list of sizes"),
             (&["-o", "watcher_logbuf_size=x"], "whole number"),
             (&["-o", "read_buf_mem_limit=-1"], "whole number"),
+            (&["-o", "evict_size_factor=65"], "0 to 64"),
+            (&["-o", "evict_size_factor"], "needs a value"),
             (&["-o", "ssl_verify_mode=4"], "0, 1, 2 or 3"),
             (&["-o", "ssl_key"], "needs a value"),
             (&["-o", "ext_path=/mnt/ext"], "no size"),

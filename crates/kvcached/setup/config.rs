@@ -189,6 +189,9 @@ pub struct Config {
     /// Reclaim expired items in the background (`-o lru_crawler`, the default;
     /// `-o no_lru_crawler` leaves them until a request finds them or eviction takes them).
     pub lru_crawler: bool,
+    /// Eviction's size bias (`-o evict_size_factor`, kvcached's own; 0: none): see
+    /// `kvstore::LogEngine::set_size_factor`.
+    pub evict_size_factor: u32,
     /// Run in the background (`-d`).
     pub daemonize: bool,
     /// Write the process id here (`-P`).
@@ -273,6 +276,7 @@ impl Default for Config {
             metrics: None,
             read_buf_mem_limit: 0,
             lru_crawler: true,
+            evict_size_factor: kvstore::DEFAULT_SIZE_FACTOR,
             daemonize: false,
             pid_file: None,
             user: None,

@@ -1,12 +1,14 @@
 //! Micro-benchmarks of `LogEngine`: gets, sets (without and with times to live, which go
 //! to their TTL class's segment) and a 90/10 get/set mix on 1 and 2 threads over 200k
-//! preloaded items (15-byte keys, 32-byte values). Each iteration runs a batch
+//! preloaded items (15-byte keys, 32-byte values); and sets of keys a full engine does not
+//! hold, with and without eviction's size factor (whose miss sketch counts each). Each iteration runs a batch
 //! of `BATCH` operations, so throughput per thread is `BATCH / time`; with `threads = 2`
 //! divan runs the closure on both threads at once (total = 2 × per-thread throughput).
 //!
 //! Run with `cargo bench -p kvstore --bench log`.
 
 use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use divan::counter::ItemsCount;
@@ -130,5 +132,39 @@ fn mixed_90_get_10_set(b: Bencher) {
             }
         }
         black_box(n)
+    });
+}
+
+/// A 32 MiB engine filled (and evicting) with 1M distinct keys, with eviction's size factor
+/// `factor` (0 or 4).
+fn evicting(factor: u32) -> &'static LogEngine {
+    static E: [OnceLock<LogEngine>; 2] = [OnceLock::new(), OnceLock::new()];
+    E[usize::from(factor != 0)].get_or_init(|| {
+        let e = LogEngine::new(EngineConfig {
+            max_bytes: 32 << 20,
+            max_item_size: 1 << 20,
+            no_evict: false,
+            use_cas: true,
+        });
+        e.set_size_factor(factor);
+        for i in 0..1_000_000 {
+            e.store(set_req(&key(i), &[b'v'; 32]), 100);
+        }
+        e
+    })
+}
+
+/// Sets of keys the engine does not hold (a look-aside cache's sets after misses) into a
+/// full engine: each is a new index entry, most evict, and with a size factor each is
+/// looked up in and added to the miss sketch.
+#[divan::bench(args = [0, 4])]
+fn sets_of_absent_keys(b: Bencher, factor: u32) {
+    static NEXT: AtomicU64 = AtomicU64::new(1_000_000);
+    let e = evicting(factor);
+    b.counter(ItemsCount::new(BATCH)).bench(|| {
+        for _ in 0..BATCH {
+            let n = NEXT.fetch_add(1, Ordering::Relaxed);
+            black_box(e.store(set_req(&key(n), &[b'w'; 32]), 100));
+        }
     });
 }

@@ -19,7 +19,7 @@ pub use log::repl::{
     SnapshotError, SnapshotInfo, SnapshotSettings, SNAPSHOT_VERSION,
 };
 pub use log::tally::Band as SizeBand;
-pub use log::{EvictionObserver, LogEngine};
+pub use log::{EvictionObserver, LogEngine, DEFAULT_SIZE_FACTOR};
 
 /// Unix time in whole seconds.
 pub type Time = u32;

@@ -160,7 +160,7 @@ impl Engine for LogEngine {
                 // memcached's names, per slab class; the log has one "class" (1).
                 let ld = |c: &AtomicU64| c.load(Ordering::Relaxed);
                 let evictions = ld(&st.evictions);
-                let rows: [(&str, u64); 15] = [
+                let rows: [(&str, u64); 16] = [
                     ("number", self.stats().curr_items),
                     ("evicted", evictions),
                     ("evicted_nonzero", ld(&st.evicted_nonzero)),
@@ -171,6 +171,7 @@ impl Engine for LogEngine {
                     ("evicted_clock", evictions - ld(&st.evicted_index)),
                     ("evicted_index_full", ld(&st.evicted_index)),
                     ("copied_forward", ld(&st.copied_forward)),
+                    ("readmitted", ld(&st.readmitted)),
                     ("segments_evicted", ld(&st.segments_evicted)),
                     ("segments_compacted", ld(&st.segments_compacted)),
                     ("segments_expired", ld(&st.segments_expired)),
@@ -223,6 +224,7 @@ impl Engine for LogEngine {
             &st.get_expired,
             &st.get_flushed,
             &st.copied_forward,
+            &st.readmitted,
             &st.segments_evicted,
             &st.segments_compacted,
             &st.segments_expired,
@@ -425,6 +427,7 @@ impl Engine for LogEngine {
     fn maintain(&self, now: Time, sweep: bool) -> u64 {
         self.tick(now);
         self.repl_log_evictions();
+        self.sketch.halve_if_due();
         let mut n = 0;
         let mut checked = 0u64;
         // A bounded slice of the index per call, continuing where the last call stopped.

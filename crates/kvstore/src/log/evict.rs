@@ -25,7 +25,8 @@ impl LogEngine {
     pub(super) fn evict_one(&self, release: bool) -> Evicted {
         // Popping the segment makes it ours: several threads may clean different
         // segments at once (they share only the evictor's copy destination).
-        let Some(id) = lock(&self.fifo).pop() else {
+        let small = self.small_percent();
+        let Some(id) = lock(&self.fifo).pop(small) else {
             return Evicted::Nothing;
         };
         let Some(seg) = self.segs.get(id) else {
@@ -78,7 +79,8 @@ impl LogEngine {
     }
 
     /// Decide the fate of one live slot `v` of a segment being evicted: count it and
-    /// return whether to give it a second chance.
+    /// return whether to give it a second chance (enough reads for its size, given the mean
+    /// record `unit`: `keep_need`).
     pub(super) fn evict_item(
         &self,
         slot: &AtomicU64,
@@ -86,10 +88,11 @@ impl LogEngine {
         v: u64,
         now: Time,
         notes: &mut EvictionNotes,
+        unit: usize,
     ) -> bool {
         match self.vis(r, now) {
             Vis::Live => {
-                if index::freq(v) > 0 {
+                if index::freq(v) >= self.keep_need(r.len, unit) {
                     return true;
                 }
                 self.observe_eviction(slot, r, v, now);
@@ -119,8 +122,9 @@ impl LogEngine {
         let now = self.clock.load(Ordering::Relaxed);
         // Evictions are noted for replicas once per segment, not under each stripe lock.
         let mut notes = EvictionNotes::default();
+        let unit = self.mean_record();
         self.for_live(id, |slot, r, v| {
-            if self.evict_item(slot, r, v, now, &mut notes) {
+            if self.evict_item(slot, r, v, now, &mut notes, unit) {
                 let copied = self.copy_forward(&mut lock(&self.evictor), r, v);
                 if let Some(new_v) = copied {
                     self.relocate(slot, new_v);
@@ -208,7 +212,7 @@ impl LogEngine {
             return false;
         };
         let mut notes = EvictionNotes::default();
-        let again = self.evict_item(slot, &r, v, now, &mut notes);
+        let again = self.evict_item(slot, &r, v, now, &mut notes, self.mean_record());
         self.note_evictions(notes);
         if again {
             let f = index::freq(v) - 1;

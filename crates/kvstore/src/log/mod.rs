@@ -10,7 +10,7 @@
 //! and the commands built on it), `grow.rs` (index growth), `evict.rs` (segment eviction
 //! and copy-forward), `meta.rs` (meta reads), `engine.rs` (the `Engine` trait's entry
 //! points), `repl.rs` (log shipping and snapshots), `format.rs` (the record format),
-//! `index.rs` (the slot index), `mem.rs` (mappings).
+//! `index.rs` (the slot index), `mem.rs` (mappings), `sketch.rs` (the miss sketch).
 //!
 //! # Layout
 //!
@@ -40,12 +40,16 @@
 //! * **Two FIFOs** of sealed segments (S3-FIFO, by whole segments): segments of new
 //!   writes join the small (probation) queue, segments of second-chance copies the main
 //!   queue. The small queue's oldest segment is evicted while the small queue holds more
-//!   than `SMALL_PERCENT` (40%) of the sealed segments, else the main queue's. Either way an
-//!   item whose slot says it was read since it was written (or last copied) is copied
-//!   forward into the main queue, its counter decremented; the rest is dropped (expired,
-//!   flushed, overwritten or deleted records just are not referenced). So an item nobody
-//!   reads leaves after a trip through the small queue, not the whole cache. (A ghost
-//!   queue, S3-FIFO's third part, measured worse here and is left out.)
+//!   than `SMALL_PERCENT` (10%) of the sealed segments, else the main queue's. Either way an
+//!   item whose slot says it was read often enough since it was written (or last copied)
+//!   is copied forward into the main queue, its counter decremented; the rest is dropped
+//!   (expired, flushed, overwritten or deleted records just are not referenced). Often
+//!   enough depends on size ([`LogEngine::set_size_factor`]): one read up to `factor` times
+//!   the mean record, two up to twice that, else three. A count-min sketch of keys stored
+//!   while absent (`sketch.rs`) plays S3-FIFO's ghost queue: a key stored again while the
+//!   sketch remembers it starts with one read counted. Without a size factor every item
+//!   needs one read, the small queue may hold `SMALL_PERCENT_BLIND` (40%) and the sketch is
+//!   not used.
 //!
 //! # Concurrency
 //!
@@ -145,6 +149,7 @@ mod mem;
 mod meta;
 pub mod repl;
 mod segments;
+mod sketch;
 pub mod tally;
 mod write;
 use crate::number;
@@ -191,8 +196,16 @@ const LOAD_DEN: usize = 20;
 /// Buckets split per growth step (between pin barriers).
 const GROW_BATCH: usize = 64;
 /// The small (probation) FIFO is evicted first while it holds more than this percentage of
-/// the sealed segments.
-const SMALL_PERCENT: usize = 40;
+/// the sealed segments: with a size factor (and the sketch's readmissions), and without.
+const SMALL_PERCENT: usize = 10;
+const SMALL_PERCENT_BLIND: usize = 40;
+/// Eviction's default size factor ([`LogEngine::set_size_factor`]).
+pub const DEFAULT_SIZE_FACTOR: u32 = 4;
+/// The miss sketch has a counter (half a byte) per this many bytes of the memory limit,
+/// within these bounds (2 KiB to 8 MiB of counters): 1/64 of the memory.
+const BYTES_PER_COUNTER: usize = 32;
+const MIN_COUNTERS: usize = 1 << 12;
+const MAX_COUNTERS: usize = 1 << 24;
 /// Buckets a compaction sweep looks at per call (when the index need not grow).
 const SWEEP_SCAN: usize = 1024;
 /// A writer checks whether the index should grow once per this many stores of its shard.
@@ -250,6 +263,8 @@ struct Counters {
     get_expired: AtomicU64,
     get_flushed: AtomicU64,
     copied_forward: AtomicU64,
+    /// Keys stored while absent that the sketch remembered (given one read).
+    readmitted: AtomicU64,
     segments_evicted: AtomicU64,
     segments_compacted: AtomicU64,
     segments_expired: AtomicU64,
@@ -366,6 +381,10 @@ pub struct LogEngine {
     /// Told of every item evicted (`watch evictions`); see [`LogEngine::observe_evictions`].
     on_evict: std::sync::OnceLock<EvictionObserver>,
     st: Padded<Counters>,
+    /// Keys stored while absent, lately (see `admit`).
+    sketch: sketch::MissSketch,
+    /// Eviction's size bias (see [`LogEngine::set_size_factor`]); 0: none.
+    size_factor: AtomicU32,
 }
 
 /// A function told of each evicted item and the engine's time, under the eviction's locks:
@@ -436,6 +455,73 @@ impl LogEngine {
             tally: OnceLock::new(),
             on_evict: std::sync::OnceLock::new(),
             st: Padded::default(),
+            sketch: sketch::MissSketch::new(
+                (max_bytes / BYTES_PER_COUNTER).clamp(MIN_COUNTERS, MAX_COUNTERS),
+            ),
+            size_factor: AtomicU32::new(DEFAULT_SIZE_FACTOR),
+        }
+    }
+
+    /// Make eviction favour small items (`factor` > 0, the default
+    /// [`DEFAULT_SIZE_FACTOR`]) or not (0). With a factor, an item whose record is up to
+    /// `factor` times the mean record is kept by eviction once it was read since it was
+    /// written or last kept; one up to twice that needs two reads, a larger one three (the
+    /// access counter's most). New items then wait in a small probation queue (10% of the
+    /// segments), and a key stored again soon after it was evicted unread counts as read
+    /// once (its miss is remembered by a count-min sketch). Without a factor every item
+    /// needs one read, the probation queue is 40%, and the sketch is not used: the best
+    /// measured for a size-blind policy. A factor trades bytes for items: fewer large items
+    /// stay, so more gets hit but a smaller share of the bytes asked for (BENCHMARKS.md).
+    pub fn set_size_factor(&self, factor: u32) {
+        self.size_factor.store(factor, Ordering::Relaxed);
+    }
+
+    /// The eviction size factor ([`LogEngine::set_size_factor`]).
+    pub fn size_factor(&self) -> u32 {
+        self.size_factor.load(Ordering::Relaxed)
+    }
+
+    /// Mean bytes of segment memory per live item (free and dead bytes included: eviction
+    /// runs when there are few of either).
+    fn mean_record(&self) -> usize {
+        let live: i64 = self.live.iter().map(|c| c.0.load(Ordering::Relaxed)).sum();
+        self.allocated.load(Ordering::Relaxed) / (live.max(1) as usize)
+    }
+
+    /// The reads since it was written that keep an item of `len` record bytes through an
+    /// eviction, given the mean record `unit` and the size factor.
+    fn keep_need(&self, len: usize, unit: usize) -> u64 {
+        let factor = self.size_factor() as usize;
+        if factor == 0 {
+            return 1;
+        }
+        (1 + len / factor.saturating_mul(unit).max(1)).min(index::FREQ_MAX as usize) as u64
+    }
+
+    /// What percentage of the sealed segments the probation queue may hold.
+    fn small_percent(&self) -> usize {
+        if self.size_factor() == 0 {
+            SMALL_PERCENT_BLIND
+        } else {
+            SMALL_PERCENT
+        }
+    }
+
+    /// The slot value `v` of a key stored while absent: with one read counted if the key
+    /// was stored while absent lately (it was evicted unread and asked for again, or it
+    /// churns through the probation queue); and this store counted in the sketch.
+    #[inline]
+    fn admit(&self, h: u64, v: u64) -> u64 {
+        if self.size_factor() == 0 {
+            return v;
+        }
+        let seen = self.sketch.estimate(h);
+        self.sketch.add(h);
+        if seen > 0 {
+            self.st.0.readmitted.fetch_add(1, Ordering::Relaxed);
+            index::with_freq(v, 1)
+        } else {
+            v
         }
     }
 
@@ -541,7 +627,8 @@ impl LogEngine {
     /// nothing.
     fn budget(&self) -> usize {
         let max = self.max_bytes.load(Ordering::Relaxed);
-        max.saturating_sub(self.index_bytes()).max(max / 4)
+        max.saturating_sub(self.index_bytes() + self.sketch.bytes())
+            .max(max / 4)
     }
 
     #[inline]

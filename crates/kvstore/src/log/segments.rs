@@ -101,9 +101,9 @@ pub(super) enum Queue {
 
 /// The sealed segments in two FIFOs, oldest first (S3-FIFO, by segment): new items wait
 /// in `small`, which is evicted first while it holds more than `SMALL_PERCENT` of the
-/// sealed segments, so an item nobody reads leaves after a short probation instead of a
-/// trip through the whole cache; items read meanwhile are copied into `main`, evicted
-/// with CLOCK second chances.
+/// sealed segments (`SMALL_PERCENT_BLIND` without a size factor), so an item nobody reads
+/// leaves after a short probation instead of a trip through the whole cache; items read
+/// meanwhile are copied into `main`, evicted with CLOCK second chances.
 #[derive(Default)]
 pub(super) struct Fifo {
     pub(super) small: VecDeque<u32>,
@@ -118,10 +118,11 @@ impl Fifo {
         }
     }
 
-    /// The next segment to evict.
-    pub(super) fn pop(&mut self) -> Option<u32> {
+    /// The next segment to evict, with the small queue allowed `small_percent` of the
+    /// sealed segments.
+    pub(super) fn pop(&mut self, small_percent: usize) -> Option<u32> {
         let total = self.small.len() + self.main.len();
-        if self.small.len() * 100 > total * SMALL_PERCENT || self.main.is_empty() {
+        if self.small.len() * 100 > total * small_percent || self.main.is_empty() {
             self.small.pop_front().or_else(|| self.main.pop_front())
         } else {
             self.main.pop_front()

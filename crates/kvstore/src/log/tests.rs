@@ -412,6 +412,75 @@ fn second_chance_keeps_hot_items() {
     assert_ne!(items["items:1:copied_forward"], "0");
 }
 
+/// Items read once after they were written, then pushed out by a flood of unread ones:
+/// how many of `small` (100 bytes) and `big` (4000 bytes) keys are left.
+fn survivors(factor: u32) -> (usize, usize) {
+    let e = LogEngine::new(cfg(4 << 20));
+    e.set_size_factor(factor);
+    for i in 0..20 {
+        set(&e, format!("small:{i}").as_bytes(), &[1u8; 100], 1);
+        set(&e, format!("big:{i}").as_bytes(), &[2u8; 4000], 1);
+    }
+    for i in 0..20 {
+        assert!(get(&e, format!("small:{i}").as_bytes(), 1).is_some());
+        assert!(get(&e, format!("big:{i}").as_bytes(), 1).is_some());
+    }
+    for i in 0..40_000 {
+        set(&e, format!("cold:{i}").as_bytes(), &[3u8; 100], 1);
+    }
+    // Every segment the hot items were written to was evicted.
+    assert!(e.peek_item(b"cold:0", 1).is_none());
+    let left = |p: &str| {
+        (0..20)
+            .filter(|i| e.peek_item(format!("{p}:{i}").as_bytes(), 1).is_some())
+            .count()
+    };
+    (left("small"), left("big"))
+}
+
+#[test]
+fn size_factor_keeps_small_items_read_once_and_large_ones_read_more() {
+    // With the default factor a 4000-byte item (about 35 times the mean) needs three
+    // reads to be kept; a 100-byte one needs one.
+    assert_eq!(survivors(DEFAULT_SIZE_FACTOR), (20, 0));
+    // Without a size factor one read keeps either.
+    assert_eq!(survivors(0), (20, 20));
+}
+
+/// Whether a key stored, evicted unread and stored again survives the next flood; and the
+/// engine's `readmitted` count.
+fn readmitted(factor: u32) -> (bool, u64) {
+    let e = LogEngine::new(cfg(4 << 20));
+    e.set_size_factor(factor);
+    // Few keys (the sketch forgets after a quarter of its counters' additions), large
+    // enough to fill the 4 MiB twice.
+    let flood = |wave: u32| {
+        for i in 0..8_000 {
+            set(&e, format!("cold:{wave}:{i}").as_bytes(), &[3u8; 1000], 1);
+        }
+    };
+    set(&e, b"again", &[1u8; 100], 1);
+    flood(0);
+    assert!(e.peek_item(b"again", 1).is_none());
+    set(&e, b"again", &[1u8; 100], 1);
+    flood(1);
+    assert!(e.peek_item(b"cold:1:0", 1).is_none());
+    let items: std::collections::HashMap<_, _> = e.stats_detail("items").into_iter().collect();
+    (
+        e.peek_item(b"again", 1).is_some(),
+        items["items:1:readmitted"].parse().unwrap_or(0),
+    )
+}
+
+#[test]
+fn a_key_stored_again_after_eviction_counts_as_read() {
+    let (kept, n) = readmitted(DEFAULT_SIZE_FACTOR);
+    assert!(kept);
+    assert!(n >= 1, "{n}");
+    // Without a size factor the sketch is not used.
+    assert_eq!(readmitted(0), (false, 0));
+}
+
 #[test]
 fn no_evict_refuses_writes() {
     let e = LogEngine::new(EngineConfig {

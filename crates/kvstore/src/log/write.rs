@@ -253,6 +253,7 @@ impl LogEngine {
                 self.account_remove(*v, r.len, self.rec_size(r));
             }
             None => {
+                new_v = self.admit(c.h, new_v);
                 let ins = self.index.insert(c.h, new_v, now);
                 if let Insert::Full = ins {
                     // No slot to take (only markers of a split in the chain): the new

@@ -1,0 +1,166 @@
+//! A count-min sketch of how often keys were stored while absent (a miss, then a set, in a
+//! look-aside cache): the memory of keys that left the cache, which the index forgets.
+//!
+//! Four-bit counters, sixteen to an `AtomicU64`, two counters per key picked from the
+//! key's hash; a key's estimate is the smaller of its two. Every `counters` additions all
+//! counters are halved, so the sketch follows the recent past (TinyLFU's reset). Updates
+//! are compare-exchanges on one word at a time: two threads adding to the same word at
+//! once both count, and a halving that races an addition may lose that one addition,
+//! which only makes an estimate a little low.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Additions between halvings: this fraction of the counters, so that at most a quarter
+/// of them is nonzero for each key seen once, and a key never seen has both its counters
+/// nonzero (a false positive) about one time in 20 at worst.
+const PERIOD_DIV: usize = 4;
+/// Counters per word.
+const PER_WORD: usize = 16;
+/// Each counter's high bit cleared: what a halving keeps after the shift.
+const LOW3: u64 = 0x7777_7777_7777_7777;
+
+pub(super) struct MissSketch {
+    words: Box<[AtomicU64]>,
+    /// Counters - 1 (a power of two).
+    mask: u64,
+    adds: AtomicU64,
+    /// `adds` when the counters were last halved.
+    halved_at: AtomicU64,
+    /// Additions between halvings.
+    period: u64,
+}
+
+impl MissSketch {
+    /// A sketch of `counters` counters (rounded up to a power of two, at least 1024).
+    pub(super) fn new(counters: usize) -> MissSketch {
+        let counters = counters.max(1024).next_power_of_two();
+        MissSketch {
+            words: (0..counters / PER_WORD)
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            mask: counters as u64 - 1,
+            adds: AtomicU64::new(0),
+            halved_at: AtomicU64::new(0),
+            period: (counters / PERIOD_DIV) as u64,
+        }
+    }
+
+    /// Bytes the counters take.
+    pub(super) fn bytes(&self) -> usize {
+        self.words.len() * 8
+    }
+
+    /// The two counters of the key hashed to `h`: (word, shift) pairs.
+    #[inline]
+    fn cells(&self, h: u64) -> [(usize, u32); 2] {
+        // The index takes the hash's low bits for the bucket and a tag from the middle:
+        // remix so the sketch's counters are independent of the bucket.
+        let x = (h ^ (h >> 29)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        let x = x ^ (x >> 32);
+        let a = x & self.mask;
+        let b = (x.rotate_left(32).wrapping_mul(0x94d0_49bb_1331_11eb) >> 16) & self.mask;
+        [a, b].map(|c| ((c as usize) / PER_WORD, (c as u32 % PER_WORD as u32) * 4))
+    }
+
+    /// The key's estimated count (0-15).
+    #[inline]
+    pub(super) fn estimate(&self, h: u64) -> u64 {
+        self.cells(h)
+            .iter()
+            .map(|&(w, s)| {
+                self.words
+                    .get(w)
+                    .map_or(0, |x| x.load(Ordering::Relaxed) >> s & 15)
+            })
+            .min()
+            .unwrap_or(0)
+    }
+
+    /// Count one more for the key (the smaller counter, or both when equal: conservative
+    /// update), halving every counter once per period.
+    pub(super) fn add(&self, h: u64) {
+        let cells = self.cells(h);
+        let est = self.estimate(h);
+        if est < 15 {
+            for (w, s) in cells {
+                if let Some(word) = self.words.get(w) {
+                    let _ = word.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |x| {
+                        (x >> s & 15 == est).then(|| x + (1 << s))
+                    });
+                }
+            }
+        }
+        // The background pass halves (`halve_if_due`); a writer only does when that pass
+        // is two periods late (an engine nobody maintains).
+        let adds = self.adds.fetch_add(1, Ordering::Relaxed) + 1;
+        if adds - self.halved_at.load(Ordering::Relaxed) >= 2 * self.period {
+            self.halve_at(adds);
+        }
+    }
+
+    /// Halve every counter if a period of additions passed since the last halving. Bounded
+    /// work (one pass over the counters), for the background pass rather than a writer.
+    pub(super) fn halve_if_due(&self) {
+        let adds = self.adds.load(Ordering::Relaxed);
+        if adds - self.halved_at.load(Ordering::Relaxed) >= self.period {
+            self.halve_at(adds);
+        }
+    }
+
+    /// Halve, once for the additions up to `adds` (a racing caller that lost does nothing).
+    fn halve_at(&self, adds: u64) {
+        let last = self.halved_at.load(Ordering::Relaxed);
+        if adds > last
+            && self
+                .halved_at
+                .compare_exchange(last, adds, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            self.halve();
+        }
+    }
+
+    fn halve(&self) {
+        for w in self.words.iter() {
+            let _ = w.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |x| {
+                Some(x >> 1 & LOW3)
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_saturate_and_halve() {
+        let s = MissSketch::new(1 << 12);
+        let h = 0x1234_5678_9abc_def0;
+        assert_eq!(s.estimate(h), 0);
+        for i in 1..=20 {
+            s.add(h);
+            assert_eq!(s.estimate(h), i.min(15));
+        }
+        // Another key is (almost surely) not counted.
+        assert_eq!(s.estimate(0x0fed_cba9_8765_4321), 0);
+        s.halve();
+        assert_eq!(s.estimate(h), 7);
+        // Halving waits for a period of additions, and for the background pass.
+        s.halve_if_due();
+        assert_eq!(s.estimate(h), 7);
+        for i in 0..s.period {
+            s.add(0x9999_0000 + i * 0x1_0000_0001);
+        }
+        let e = s.estimate(h);
+        assert!(e >= 7, "{e}");
+        s.halve_if_due();
+        let e = s.estimate(h);
+        assert!((3..7).contains(&e), "{e}");
+        // Two periods without the background pass: a writer halves.
+        for i in 0..2 * s.period {
+            s.add(0x7777_0000 + i * 0x1_0000_0001);
+        }
+        assert!(s.estimate(h) < e, "{e}");
+    }
+}
