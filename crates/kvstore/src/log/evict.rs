@@ -29,6 +29,9 @@ impl LogEngine {
         let Some(id) = lock(&self.fifo).pop(small) else {
             return Evicted::Nothing;
         };
+        if !self.evicting.load(Ordering::Relaxed) {
+            self.evicting.store(true, Ordering::Relaxed);
+        }
         let Some(seg) = self.segs.get(id) else {
             return Evicted::Nothing;
         };

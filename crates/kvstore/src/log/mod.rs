@@ -385,6 +385,8 @@ pub struct LogEngine {
     sketch: sketch::MissSketch,
     /// Eviction's size bias (see [`LogEngine::set_size_factor`]); 0: none.
     size_factor: AtomicU32,
+    /// Set once eviction first took a segment (never cleared).
+    evicting: AtomicBool,
 }
 
 /// A function told of each evicted item and the engine's time, under the eviction's locks:
@@ -459,6 +461,7 @@ impl LogEngine {
                 (max_bytes / BYTES_PER_COUNTER).clamp(MIN_COUNTERS, MAX_COUNTERS),
             ),
             size_factor: AtomicU32::new(DEFAULT_SIZE_FACTOR),
+            evicting: AtomicBool::new(false),
         }
     }
 
@@ -512,7 +515,9 @@ impl LogEngine {
     /// churns through the probation queue); and this store counted in the sketch.
     #[inline]
     fn admit(&self, h: u64, v: u64) -> u64 {
-        if self.size_factor() == 0 {
+        // Until eviction first runs no key can have left the cache unread, and the sketch
+        // stays untouched (no memory) in a cache that never fills.
+        if self.size_factor() == 0 || !self.evicting.load(Ordering::Relaxed) {
             return v;
         }
         let seen = self.sketch.estimate(h);

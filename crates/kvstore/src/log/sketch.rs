@@ -10,6 +10,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::mem::ZeroedSlice;
+
 /// Additions between halvings: this fraction of the counters, so that at most a quarter
 /// of them is nonzero for each key seen once, and a key never seen has both its counters
 /// nonzero (a false positive) about one time in 20 at worst.
@@ -20,7 +22,8 @@ const PER_WORD: usize = 16;
 const LOW3: u64 = 0x7777_7777_7777_7777;
 
 pub(super) struct MissSketch {
-    words: Box<[AtomicU64]>,
+    /// In an anonymous mapping: a page costs memory once a counter in it was counted.
+    words: ZeroedSlice<AtomicU64>,
     /// Counters - 1 (a power of two).
     mask: u64,
     adds: AtomicU64,
@@ -35,9 +38,8 @@ impl MissSketch {
     pub(super) fn new(counters: usize) -> MissSketch {
         let counters = counters.max(1024).next_power_of_two();
         MissSketch {
-            words: (0..counters / PER_WORD)
-                .map(|_| AtomicU64::new(0))
-                .collect(),
+            // SAFETY: an all-zero AtomicU64 is a valid zero, and it has no drop glue.
+            words: unsafe { ZeroedSlice::new(counters / PER_WORD) },
             mask: counters as u64 - 1,
             adds: AtomicU64::new(0),
             halved_at: AtomicU64::new(0),
@@ -122,9 +124,12 @@ impl MissSketch {
 
     fn halve(&self) {
         for w in self.words.iter() {
-            let _ = w.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |x| {
-                Some(x >> 1 & LOW3)
-            });
+            // Words still zero are left alone, so their pages stay untouched.
+            if w.load(Ordering::Relaxed) != 0 {
+                let _ = w.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |x| {
+                    Some(x >> 1 & LOW3)
+                });
+            }
         }
     }
 }
