@@ -3,17 +3,23 @@
 #
 # Look-aside (get; on a miss, set) at a fixed open-loop rate, Facebook ETC key and value
 # sizes, Zipf popularity over KEYS keys, every set with a time to live drawn uniformly
-# from 1 to 60 s (`--exptime 1 --exptime-max 60`), more data per minute than -m holds.
+# from 1 to 60 s (`--exptime 1 --exptime-max 60`; -T MIN-MAX for another range), more data
+# per minute than -m holds. With -W SECONDS the load runs that long first, not counted
+# (kvblast --warmup), so the figures leave out the cold start's misses, which every server
+# has.
 # Both servers see the same seeded request stream for the same time, so the same items
 # expire; what differs is how soon each gives the memory of expired items to live ones
 # (kvcached: TTL classes and whole-segment expiry; memcached: its LRU crawler). Rounds
 # alternate which server goes first. Reports each round's get hit ratio, the medians, the
-# ratio of kvcached's miss ratio to memcached's, and the servers' expiry counters.
+# ratio of kvcached's miss ratio to memcached's, and the servers' expiry counters. Each
+# key has one value size (kvblast --value-size-per-key), so a byte miss ratio is reported
+# too; -S draws a size at every set instead (as before 2026-11-26).
 #
 # The reference is $MEMCACHED (default /usr/bin/memcached); its version is in the output.
 # $KVCACHED runs another kvcached binary (an older build, say) instead of this tree's.
 #
 # usage: bench/expiry.sh [-m MEGABYTES] [-k KEYS] [-R RATE] [-D SECONDS] [-r ROUNDS] [-a ALPHA]
+#                        [-T MIN-MAX] [-W SECONDS] [-S]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
@@ -24,7 +30,10 @@ rate=40000
 secs=60
 rounds=3
 alpha=0.99
-while getopts "m:k:R:D:r:a:" opt; do
+sizes=(--value-size-per-key)
+ttl=1-60
+warm=0
+while getopts "m:k:R:D:r:a:T:W:S" opt; do
     case $opt in
         m) mem=$OPTARG ;;
         k) keys=$OPTARG ;;
@@ -32,9 +41,14 @@ while getopts "m:k:R:D:r:a:" opt; do
         D) secs=$OPTARG ;;
         r) rounds=$OPTARG ;;
         a) alpha=$OPTARG ;;
-        *) echo "usage: $0 [-m MB] [-k KEYS] [-R RATE] [-D SECONDS] [-r ROUNDS] [-a ALPHA]" >&2; exit 2 ;;
+        T) ttl=$OPTARG ;;
+        W) warm=$OPTARG ;;
+        S) sizes=() ;;
+        *) echo "usage: $0 [-m MB] [-k KEYS] [-R RATE] [-D SECONDS] [-r ROUNDS] [-a ALPHA] [-T MIN-MAX] [-W SECONDS] [-S]" >&2; exit 2 ;;
     esac
 done
+ttl_min=${ttl%-*}
+ttl_max=${ttl#*-}
 
 cargo build --release -q -p kvcached -p kvblast
 memcached=${MEMCACHED:-/usr/bin/memcached}
@@ -45,7 +59,7 @@ json=$(mktemp)
 results=$(mktemp)
 trap 'rm -f "$json" "$results"' EXIT
 
-echo "look-aside at $rate req/s for ${secs} s, etc sizes, zipf:$alpha over $keys keys, TTL 1-60 s, -m $mem, 1 worker thread; $(nproc) cores"
+echo "look-aside at $rate req/s for ${secs} s after ${warm} s of warm-up, etc sizes$([ ${#sizes[@]} -gt 0 ] && echo " (one per key)"), zipf:$alpha over $keys keys, TTL $ttl_min-$ttl_max s, -m $mem, 1 worker thread; $(nproc) cores"
 echo "memcached: $("$memcached" -V); kvcached: $("$kvcached" -V) ($kvcached)"
 
 # one SERVER ROUND: run the load against a fresh server, append a row to $results.
@@ -59,9 +73,9 @@ one() {
     fi
     pid=$!
     wait_port "$port"
-    taskset -c $load_core target/release/kvblast run -q --no-server-stats --workload etc \
-        --keys "$keys" --popularity "zipf:$alpha" --look-aside --exptime 1 --exptime-max 60 \
-        --rate "$rate" -c 16 --seed 7 -D "${secs}s" --json "$json" "127.0.0.1:$port" >/dev/null
+    taskset -c $load_core target/release/kvblast run -q --no-server-stats --workload etc "${sizes[@]}" \
+        --keys "$keys" --popularity "zipf:$alpha" --look-aside --exptime "$ttl_min" --exptime-max "$ttl_max" \
+        --rate "$rate" -c 16 --seed 7 --warmup "${warm}s" -D "${secs}s" --json "$json" "127.0.0.1:$port" >/dev/null
     local reclaimed crawler evictions segments
     reclaimed=$(stat "$port" reclaimed)
     crawler=$(stat "$port" crawler_reclaimed)
@@ -72,12 +86,14 @@ one() {
 import json, sys
 g = json.load(open(sys.argv[1]))['ops']['get']
 n = g['hits'] + g['misses']
-print(sys.argv[2], sys.argv[3], n, g['hits'] / max(n, 1), *sys.argv[4:])
+b = g.get('hit_bytes', 0) + g.get('miss_bytes', 0)
+byte_miss = f"{g['miss_bytes'] / b:.4f}" if b else "-"
+print(sys.argv[2], sys.argv[3], n, g['hits'] / max(n, 1), *sys.argv[4:], byte_miss)
 PY
     tail -n 1 "$results"
 }
 
-echo "server round gets hit_ratio reclaimed crawler_reclaimed evictions segments_expired"
+echo "server round gets hit_ratio reclaimed crawler_reclaimed evictions segments_expired byte_miss"
 for round in $(seq 1 "$rounds"); do
     if [ $((round % 2)) = 1 ]; then order="memcached kvcached"; else order="kvcached memcached"; fi
     for server in $order; do one "$server" "$round"; done
@@ -88,4 +104,8 @@ rows = [l.split() for l in open(sys.argv[1])]
 hit = {s: statistics.median(float(r[3]) for r in rows if r[0] == s) for s in ("kvcached", "memcached")}
 print(f"median hit ratio: kvcached {hit['kvcached']:.4f}, memcached {sys.argv[2]} {hit['memcached']:.4f}")
 print(f"kvcached miss ratio / memcached miss ratio = {(1 - hit['kvcached']) / (1 - hit['memcached']):.3f}")
+bm = {s: [float(r[8]) for r in rows if r[0] == s and r[8] != "-"] for s in hit}
+if all(bm.values()):
+    k, m = statistics.median(bm["kvcached"]), statistics.median(bm["memcached"])
+    print(f"median byte miss ratio: kvcached {k:.4f}, memcached {m:.4f}: kvcached / memcached = {k / m:.3f}")
 PY
