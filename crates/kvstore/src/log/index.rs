@@ -129,13 +129,13 @@ pub(crate) fn freq(v: u64) -> u64 {
 pub(crate) fn fetched(v: u64) -> bool {
     v & FETCHED != 0
 }
-/// `v` with one more access recorded (saturating).
-#[inline]
 /// `v` with its access counter set to `f` (at most `FREQ_MAX`).
 pub(crate) fn with_freq(v: u64, f: u64) -> u64 {
     (v & !FREQ_MASK) | (f.min(FREQ_MAX) << FREQ_SHIFT)
 }
 
+/// `v` with one more access recorded (saturating).
+#[inline]
 pub(crate) fn bumped(v: u64) -> u64 {
     let f = (freq(v) + 1).min(FREQ_MAX);
     (v & !FREQ_MASK) | (f << FREQ_SHIFT) | FETCHED

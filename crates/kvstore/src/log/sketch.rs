@@ -2,8 +2,9 @@
 //! look-aside cache): the memory of keys that left the cache, which the index forgets.
 //!
 //! Four-bit counters, sixteen to an `AtomicU64`, two counters per key picked from the
-//! key's hash; a key's estimate is the smaller of its two. Every `counters` additions all
-//! counters are halved, so the sketch follows the recent past (TinyLFU's reset). Updates
+//! key's hash; a key's estimate is the smaller of its two. After every `counters / 4`
+//! additions all counters are halved (by the engine's background pass, `halve_if_due`),
+//! so the sketch follows the recent past (TinyLFU's reset). Updates
 //! are compare-exchanges on one word at a time: two threads adding to the same word at
 //! once both count, and a halving that races an addition may lose that one addition,
 //! which only makes an estimate a little low.
@@ -95,7 +96,8 @@ impl MissSketch {
         // The background pass halves (`halve_if_due`); a writer only does when that pass
         // is two periods late (an engine nobody maintains).
         let adds = self.adds.fetch_add(1, Ordering::Relaxed) + 1;
-        if adds - self.halved_at.load(Ordering::Relaxed) >= 2 * self.period {
+        // A halving may have recorded a count newer than this one: saturate.
+        if adds.saturating_sub(self.halved_at.load(Ordering::Relaxed)) >= 2 * self.period {
             self.halve_at(adds);
         }
     }
@@ -104,7 +106,7 @@ impl MissSketch {
     /// work (one pass over the counters), for the background pass rather than a writer.
     pub(super) fn halve_if_due(&self) {
         let adds = self.adds.load(Ordering::Relaxed);
-        if adds - self.halved_at.load(Ordering::Relaxed) >= self.period {
+        if adds.saturating_sub(self.halved_at.load(Ordering::Relaxed)) >= self.period {
             self.halve_at(adds);
         }
     }
