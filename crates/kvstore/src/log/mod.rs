@@ -520,9 +520,7 @@ impl LogEngine {
         if self.size_factor() == 0 || !self.evicting.load(Ordering::Relaxed) {
             return v;
         }
-        let seen = self.sketch.estimate(h);
-        self.sketch.add(h);
-        if seen > 0 {
+        if self.sketch.add(h) > 0 {
             self.st.0.readmitted.fetch_add(1, Ordering::Relaxed);
             index::with_freq(v, 1)
         } else {

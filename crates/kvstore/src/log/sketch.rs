@@ -65,10 +65,16 @@ impl MissSketch {
         [a, b].map(|c| ((c as usize) / PER_WORD, (c as u32 % PER_WORD as u32) * 4))
     }
 
-    /// The key's estimated count (0-15).
+    /// The key's estimated count (0-15); `add` returns it as it counts.
+    #[cfg(test)]
+    fn estimate(&self, h: u64) -> u64 {
+        self.estimate_at(&self.cells(h))
+    }
+
+    /// The smaller of two counters.
     #[inline]
-    pub(super) fn estimate(&self, h: u64) -> u64 {
-        self.cells(h)
+    fn estimate_at(&self, cells: &[(usize, u32); 2]) -> u64 {
+        cells
             .iter()
             .map(|&(w, s)| {
                 self.words
@@ -80,10 +86,10 @@ impl MissSketch {
     }
 
     /// Count one more for the key (the smaller counter, or both when equal: conservative
-    /// update), halving every counter once per period.
-    pub(super) fn add(&self, h: u64) {
+    /// update), halving every counter once per period; the key's estimate before this one.
+    pub(super) fn add(&self, h: u64) -> u64 {
         let cells = self.cells(h);
-        let est = self.estimate(h);
+        let est = self.estimate_at(&cells);
         if est < 15 {
             for (w, s) in cells {
                 if let Some(word) = self.words.get(w) {
@@ -100,6 +106,7 @@ impl MissSketch {
         if adds.saturating_sub(self.halved_at.load(Ordering::Relaxed)) >= 2 * self.period {
             self.halve_at(adds);
         }
+        est
     }
 
     /// Halve every counter if a period of additions passed since the last halving. Bounded
