@@ -8,8 +8,11 @@ use proptest::prelude::*;
 
 #[path = "support/ops.rs"]
 mod ops;
+#[path = "support/threads.rs"]
+mod threads;
 
 use ops::{Op, START};
+use threads::Threads;
 
 const KEYS: usize = 24;
 
@@ -62,8 +65,39 @@ fn comparable(ops_: &[Op]) -> bool {
 }
 
 fn run(ops_: &[Op], pulls: &[(bool, usize)], join_at: usize, max_bytes: usize) {
+    run_on(ops_, pulls, join_at, max_bytes, 1);
+}
+
+/// [`run`] with the master's operations on `threads` threads in turn.
+fn run_on(ops_: &[Op], pulls: &[(bool, usize)], join_at: usize, max_bytes: usize, threads: usize) {
     let master = LogEngine::new(ops::config(max_bytes, false, true));
     let replica = LogEngine::new(ops::config(max_bytes, false, true));
+    std::thread::scope(|s| {
+        let workers = Threads::start(s, threads);
+        follow(
+            &master,
+            &replica,
+            ops_,
+            pulls,
+            join_at,
+            |i, op, now, right| {
+                let m = &master;
+                workers.run(i, move || {
+                    ops::apply(m, &op, now, right);
+                });
+            },
+        );
+    });
+}
+
+fn follow(
+    master: &LogEngine,
+    replica: &LogEngine,
+    ops_: &[Op],
+    pulls: &[(bool, usize)],
+    join_at: usize,
+    exec: impl Fn(usize, Op, Time, u64),
+) {
     replica.set_replica(true);
     let mut st = ReplicaState::new();
     let mut now = START;
@@ -72,7 +106,7 @@ fn run(ops_: &[Op], pulls: &[(bool, usize)], join_at: usize, max_bytes: usize) {
             now += d;
         }
         let cas_right = ops::apply(
-            &master,
+            master,
             &Op::Debug {
                 key: op.key().unwrap_or(0),
             },
@@ -83,14 +117,14 @@ fn run(ops_: &[Op], pulls: &[(bool, usize)], join_at: usize, max_bytes: usize) {
             ops::Reply::Debug(Some(d)) => d.cas,
             _ => 0,
         };
-        ops::apply(&master, op, now, right);
+        exec(i, op.clone(), now, right);
         let (p, budget) = pulls[i % pulls.len()];
         if p && i >= join_at {
-            pull(&master, &replica, &mut st, budget, now);
+            pull(master, replica, &mut st, budget, now);
         }
     }
-    catch_up(&master, &replica, &mut st, now);
-    assert_same(&master, &replica, now);
+    catch_up(master, replica, &mut st, now);
+    assert_same(master, replica, now);
     // Promotion: the replica takes writes and draws versions above the master's.
     replica.set_replica(false);
     let req = kvstore::StoreRequest {
@@ -135,6 +169,80 @@ proptest! {
         prop_assume!(comparable(&ops_));
         run(&ops_, &pulls, join_at, 4 << 20);
     }
+
+    /// The master's operations alternate between two threads, each with its own range of
+    /// CAS uniques: a key's versions and tombstones still order as the replica needs.
+    #[test]
+    fn replica_follows_writers_on_two_threads(
+        ops_ in prop::collection::vec(prop_oneof![3 => ops::op(KEYS), 2 => ops::meta_op(KEYS)], 1..160),
+        pulls in prop::collection::vec((any::<bool>(), prop_oneof![Just(1usize), Just(60), Just(4096)]), 1..8),
+        threads in 2usize..4,
+    ) {
+        prop_assume!(comparable(&ops_));
+        run_on(&ops_, &pulls, 0, 4 << 20, threads);
+    }
+}
+
+/// Two threads store and delete the same keys at once. Every CAS unique they are given is
+/// unique, a thread sees each key's uniques increase, and a replica that applies the log
+/// (whose tombstones must order against stores from the other thread's range) ends equal.
+#[test]
+fn concurrent_writers_draw_unique_increasing_cas_and_replicate_exactly() {
+    const N: usize = 20_000;
+    let master = LogEngine::new(ops::config(16 << 20, false, true));
+    let replica = LogEngine::new(ops::config(16 << 20, false, true));
+    replica.set_replica(true);
+    let now = START;
+    let go = std::sync::Barrier::new(2);
+    let drawn: Vec<Vec<u64>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2u64)
+            .map(|t| {
+                let (m, go) = (&master, &go);
+                s.spawn(move || {
+                    go.wait();
+                    let mut got = Vec::new();
+                    let mut last = [0u64; KEYS];
+                    let mut x = 0x9e37_79b9_7f4a_7c15_u64 ^ t;
+                    for i in 0..N {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        let k = (x % KEYS as u64) as usize;
+                        let key = ops::key_name(k);
+                        if i % 5 == 4 {
+                            m.delete(&key, now);
+                            continue;
+                        }
+                        let req = kvstore::StoreRequest {
+                            mode: kvstore::StoreMode::Set,
+                            key: &key,
+                            value: &i.to_le_bytes(),
+                            flags: t as u32,
+                            exptime: 0,
+                        };
+                        let kvstore::StoreResult::Stored(cas) = m.store(req, now) else {
+                            panic!("set failed");
+                        };
+                        assert!(cas > last[k], "key {k}: CAS {cas} after {}", last[k]);
+                        last[k] = cas;
+                        got.push(cas);
+                    }
+                    got
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| panic!("writer panicked")))
+            .collect()
+    });
+    let mut all: Vec<u64> = drawn.into_iter().flatten().collect();
+    let n = all.len();
+    all.sort_unstable();
+    all.dedup();
+    assert_eq!(all.len(), n, "a CAS unique was given twice");
+    let mut st = ReplicaState::new();
+    catch_up(&master, &replica, &mut st, now);
+    assert_same(&master, &replica, now);
 }
 
 /// A replica that stops pulling while the master turns its whole memory over several

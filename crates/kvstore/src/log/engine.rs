@@ -61,7 +61,7 @@ impl Engine for LogEngine {
         if at <= now || at == 1 {
             self.flush_deadline.store(0, Ordering::Release);
             self.flush_mark
-                .fetch_max(self.next_cas.load(Ordering::SeqCst), Ordering::SeqCst);
+                .fetch_max(self.cas.issued(), Ordering::SeqCst);
         } else {
             self.flush_deadline.store(at - 1, Ordering::Release);
         }

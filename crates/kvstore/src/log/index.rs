@@ -195,7 +195,9 @@ pub(crate) struct Index {
     over_used: AtomicUsize,
     /// Overflow buckets unlinked and past their barriers: free to link again.
     over_free: Mutex<Vec<u32>>,
-    locks: Box<[Mutex<()>]>,
+    /// Lock stripes. Each guards its keys' chains and the stripe's CAS floor, which the
+    /// engine keeps (see `cas.rs`).
+    locks: Box<[Mutex<u64>]>,
 }
 
 impl Index {
@@ -243,7 +245,7 @@ impl Index {
                 work: AtomicUsize::new(0),
                 over_used: AtomicUsize::new(0),
                 over_free: Mutex::new(Vec::new()),
-                locks: (0..nlocks).map(|_| Mutex::new(())).collect(),
+                locks: (0..nlocks).map(|_| Mutex::new(0)).collect(),
             };
         }
     }
@@ -252,7 +254,7 @@ impl Index {
     /// handed out, with their link and time cells).
     pub(crate) fn bytes(&self) -> usize {
         (self.nmain() + self.overflow_used()) * BUCKET_BYTES
-            + self.locks.len() * std::mem::size_of::<Mutex<()>>()
+            + self.locks.len() * std::mem::size_of::<Mutex<u64>>()
     }
 
     /// Main buckets in use now.
@@ -277,13 +279,13 @@ impl Index {
     }
 
     /// Lock the stripe that guards `h`'s bucket chain.
-    pub(crate) fn lock(&self, h: u64) -> MutexGuard<'_, ()> {
+    pub(crate) fn lock(&self, h: u64) -> MutexGuard<'_, u64> {
         self.lock_bucket(h as usize)
     }
 
     /// Lock the stripe of main bucket `b` (for scans that walk buckets, not keys): the
     /// same stripe as every key whose bucket is `b`.
-    pub(crate) fn lock_bucket(&self, b: usize) -> MutexGuard<'_, ()> {
+    pub(crate) fn lock_bucket(&self, b: usize) -> MutexGuard<'_, u64> {
         let i = b & (self.locks.len() - 1);
         match self.locks.get(i) {
             Some(m) => m.lock().unwrap_or_else(|e| e.into_inner()),

@@ -139,6 +139,7 @@
 //!   65536 s beyond. A reader that races with a writer of the same slot may record its
 //!   access time on the new item (the same `now`, or one second off).
 
+mod cas;
 mod compact;
 mod engine;
 mod evict;
@@ -353,7 +354,8 @@ pub struct LogEngine {
     /// Index growth, one thread at a time, and its pending steps.
     grow_lock: Mutex<Grow>,
     pins: Box<[Padded<RwLock<()>>]>,
-    next_cas: AtomicU64,
+    /// CAS uniques (see `cas`).
+    cas: cas::CasClock,
     seg_seq: AtomicU64,
     max_bytes: AtomicUsize,
     /// Bytes of segment memory mapped.
@@ -440,7 +442,7 @@ impl LogEngine {
             live: (0..nshards).map(|_| Padded::default()).collect(),
             grow_lock: Mutex::new(Grow::default()),
             pins: (0..NPINS).map(|_| Padded::default()).collect(),
-            next_cas: AtomicU64::new(1),
+            cas: cas::CasClock::new(),
             seg_seq: AtomicU64::new(1),
             max_bytes: AtomicUsize::new(max_bytes),
             allocated: AtomicUsize::new(0),
@@ -699,8 +701,7 @@ impl LogEngine {
             let _f = lock(&self.flush_lock);
             if self.flush_deadline.load(Ordering::Acquire) == d {
                 // Every item stored so far was stored or accessed at or before `d`.
-                self.delayed_mark
-                    .store(self.next_cas.load(Ordering::SeqCst), Ordering::SeqCst);
+                self.delayed_mark.store(self.cas.issued(), Ordering::SeqCst);
                 self.flush_deadline.store(0, Ordering::Release);
             }
         }

@@ -517,7 +517,7 @@ impl LogEngine {
         out.extend_from_slice(&self.seg_seq.load(Ordering::SeqCst).to_le_bytes());
         out.extend_from_slice(&self.flush_mark.load(Ordering::SeqCst).to_le_bytes());
         out.extend_from_slice(&self.delayed_mark.load(Ordering::SeqCst).to_le_bytes());
-        out.extend_from_slice(&self.next_cas.load(Ordering::SeqCst).to_le_bytes());
+        out.extend_from_slice(&self.cas.reserved().to_le_bytes());
         out.extend_from_slice(&self.flush_deadline.load(Ordering::Acquire).to_le_bytes());
         let offset = self.log_offset();
         out.extend_from_slice(&offset.to_le_bytes());
@@ -1080,7 +1080,7 @@ impl LogEngine {
             self.delayed_mark.store(delayed_mark, Ordering::SeqCst);
             self.flush_deadline.store(deadline, Ordering::Release);
         }
-        self.next_cas.fetch_max(next_cas, Ordering::SeqCst);
+        self.cas.observe(next_cas);
         Ok(applied)
     }
 
@@ -1150,7 +1150,7 @@ impl LogEngine {
                 _ => return Err(ReplError("unknown record kind")),
             }
         }
-        self.next_cas.fetch_max(cas, Ordering::SeqCst);
+        self.cas.observe(cas);
         self.rewrites.fetch_max(stamp, Ordering::Relaxed);
         Ok(())
     }
@@ -1186,7 +1186,7 @@ impl LogEngine {
     /// this engine's own replicas).
     fn apply_tombstone(&self, key: &[u8], cas: u64, now: Time) {
         let _ = now;
-        self.next_cas.fetch_max(cas, Ordering::SeqCst);
+        self.cas.observe(cas);
         self.write_tombstone(key, self.hash(key), Some(cas));
     }
 
@@ -1243,8 +1243,11 @@ impl LogEngine {
         let mut sh = lock(&shard.0);
         let open = self.room(&mut sh, need);
         let dest = open.as_ref().and_then(|o| self.dest(o));
-        let _g = self.index.lock(h);
-        let cas = cas.unwrap_or_else(|| self.next_cas.load(Ordering::SeqCst));
+        let mut g = self.index.lock(h);
+        // Without a version: above everything reserved, so every version a replica may
+        // hold goes. The stripe's floor keeps the key's next version at or above it.
+        let cas = cas.unwrap_or_else(|| self.cas.reserved());
+        *g = (*g).max(cas);
         // SAFETY: we hold `h`'s stripe lock.
         if let Some((slot, v, r)) = unsafe { self.lookup(h, key) } {
             if r.cas < cas {

@@ -368,7 +368,7 @@ impl LogEngine {
         // The number is drawn and published under `seq_lock`, so that a log reader that
         // holds it sees every number below `seg_seq` either live or retired.
         let _s = lock(&self.seq_lock);
-        let base = base.unwrap_or_else(|| self.next_cas.load(Ordering::SeqCst));
+        let base = base.unwrap_or_else(|| self.cas.reserved());
         let seq = self.seg_seq.fetch_add(1, Ordering::Relaxed);
         // SAFETY: as above.
         unsafe { format::write_seg_header(ptr.as_ptr(), format::SEG_KIND_REGULAR, seq, base) };

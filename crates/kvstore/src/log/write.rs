@@ -89,7 +89,7 @@ pub(super) type ShowFn<'s> = &'s mut dyn FnMut(Option<(&AtomicU64, u64)>, &Rec<'
 
 /// A stripe lock still held after a write, with the slot value written.
 pub(super) struct Held<'a> {
-    pub(super) _g: MutexGuard<'a, ()>,
+    pub(super) _g: MutexGuard<'a, u64>,
     /// The slot and its value before the write, when a live item was replaced.
     pub(super) prev: Option<(&'a AtomicU64, u64)>,
     pub(super) v: u64,
@@ -119,7 +119,7 @@ impl LogEngine {
         dest: &Dest,
         now: Time,
     ) -> (Outcome, usize, Option<Held<'_>>) {
-        let g = self.index.lock(c.h);
+        let mut g = self.index.lock(c.h);
         // SAFETY: we hold `c.h`'s stripe lock.
         let cur = unsafe { self.lookup(c.h, c.key) };
         let mut live = None;
@@ -178,12 +178,20 @@ impl LogEngine {
         let (cas, stamp, explicit_cas) = match (c.cond, c.keep_cas, old) {
             (Cond::Newer(cas, stamp), _, _) => (cas, stamp, c.meta.explicit_cas),
             (_, true, Some(r)) => (r.cas, self.rewrite_stamp(), r.explicit_cas),
-            _ => (
-                self.next_cas.fetch_add(1, Ordering::SeqCst),
-                0,
-                c.meta.explicit_cas.filter(|_| self.use_cas),
-            ),
+            _ => {
+                // At or above the stripe's floor (the key's records and tombstones) and
+                // the flush marks (a store after a flush survives it).
+                let floor = (*g)
+                    .max(self.flush_mark.load(Ordering::Acquire))
+                    .max(self.delayed_mark.load(Ordering::Acquire));
+                (
+                    self.cas.draw(floor),
+                    0,
+                    c.meta.explicit_cas.filter(|_| self.use_cas),
+                )
+            }
         };
+        *g = (*g).max(cas.saturating_add(1));
         let old_meta = old.map_or(0, |r| r.meta);
         let stale = stale_store || c.meta.stale.unwrap_or(old_meta & META_STALE != 0);
         let binary = c.meta.binary_key.unwrap_or(old_meta & META_BINARY_KEY != 0);
@@ -391,7 +399,7 @@ impl LogEngine {
         let Some((id, ptr)) = self.reserve_large(total) else {
             return Outcome::NoMemory;
         };
-        let base = self.next_cas.load(Ordering::SeqCst);
+        let base = self.cas.reserved();
         // The sequence number is drawn once the record is in (a failed write never
         // becomes visible, and log readers expect every number to name a segment).
         // SAFETY: the mapping is fresh, `total >= SEG_HDR`, and nothing else knows it.
@@ -655,7 +663,7 @@ impl LogEngine {
         // a log reader would miss it.
         let open = self.room(&mut sh, need);
         let dest = open.as_ref().and_then(|o| self.dest(o));
-        let _g = self.index.lock(h);
+        let mut g = self.index.lock(h);
         // SAFETY: we hold `h`'s stripe lock.
         let Some((slot, v, r)) = (unsafe { self.lookup(h, key) }) else {
             return want.map_or(Some(false), |_| None);
@@ -671,9 +679,10 @@ impl LogEngine {
             return None;
         }
         if let (Some(o), Some(d)) = (open, dest) {
-            // Not a new version: a tombstone removes versions below this one (the next set
-            // of the key draws this value or a later one).
-            let cas = self.next_cas.load(Ordering::SeqCst);
+            // Not a new version: a tombstone removes versions below this one, and the
+            // stripe's floor makes the next set of the key draw this value or a later one.
+            let cas = (*g).max(r.cas.saturating_add(1));
+            *g = cas;
             self.append_tombstone(&mut sh, o, &d, key, cas);
         }
         slot.store(0, Ordering::Release);

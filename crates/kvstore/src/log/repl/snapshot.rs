@@ -650,7 +650,7 @@ impl LogEngine {
         for l in loaded {
             total.add(l);
         }
-        self.next_cas.fetch_max(total.cas, Ordering::SeqCst);
+        self.cas.observe(total.cas);
         self.rewrites.fetch_max(total.stamp, Ordering::Relaxed);
         // A file saved with a larger memory limit: the oldest segments go.
         self.shrink();
@@ -836,7 +836,9 @@ impl LogEngine {
     /// caller counts it (`ImageAcct`).
     fn adopt_record(&self, id: u32, off: usize, r: &Rec<'_>, h: u64, now: Time) -> bool {
         let v = index::pack(index::tag_of(h), id, off as u32, 0, false);
-        let _g = self.index.lock(h);
+        let mut g = self.index.lock(h);
+        // The key's next version goes above this one (see `cas.rs`).
+        *g = (*g).max(r.cas.saturating_add(1));
         // SAFETY: we hold `h`'s stripe lock.
         match unsafe { self.lookup(h, r.key) } {
             Some((slot, old_v, old)) => {
