@@ -12,6 +12,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::mem::ZeroedSlice;
+use super::{tid, Padded};
 
 /// Additions between halvings: this fraction of the counters, so that at most a quarter
 /// of them is nonzero for each key seen once, and a key never seen has both its counters
@@ -21,14 +22,20 @@ const PERIOD_DIV: usize = 4;
 const PER_WORD: usize = 16;
 /// Each counter's high bit cleared: what a halving keeps after the shift.
 const LOW3: u64 = 0x7777_7777_7777_7777;
+/// Cells of the addition count (per thread, so that writers share no counter).
+const ADD_CELLS: usize = 16;
+/// A writer sums the cells to see whether it must halve once per this many of its own
+/// additions (a power of two, dividing every period).
+const CHECK_EVERY: u64 = 256;
 
 pub(super) struct MissSketch {
     /// In an anonymous mapping: a page costs memory once a counter in it was counted.
     words: ZeroedSlice<AtomicU64>,
     /// Counters - 1 (a power of two).
     mask: u64,
-    adds: AtomicU64,
-    /// `adds` when the counters were last halved.
+    /// Additions, per thread: their sum is the count.
+    adds: Box<[Padded<AtomicU64>]>,
+    /// The count of additions when the counters were last halved.
     halved_at: AtomicU64,
     /// Additions between halvings.
     period: u64,
@@ -42,7 +49,7 @@ impl MissSketch {
             // SAFETY: an all-zero AtomicU64 is a valid zero, and it has no drop glue.
             words: unsafe { ZeroedSlice::new(counters / PER_WORD) },
             mask: counters as u64 - 1,
-            adds: AtomicU64::new(0),
+            adds: (0..ADD_CELLS).map(|_| Padded::default()).collect(),
             halved_at: AtomicU64::new(0),
             period: (counters / PERIOD_DIV) as u64,
         }
@@ -100,19 +107,30 @@ impl MissSketch {
             }
         }
         // The background pass halves (`halve_if_due`); a writer only does when that pass
-        // is two periods late (an engine nobody maintains).
-        let adds = self.adds.fetch_add(1, Ordering::Relaxed) + 1;
-        // A halving may have recorded a count newer than this one: saturate.
-        if adds.saturating_sub(self.halved_at.load(Ordering::Relaxed)) >= 2 * self.period {
-            self.halve_at(adds);
+        // is two periods late (an engine nobody maintains), and looks only now and then.
+        let mine = self.adds[tid() % ADD_CELLS]
+            .0
+            .fetch_add(1, Ordering::Relaxed)
+            + 1;
+        if mine % CHECK_EVERY == 0 {
+            let adds = self.adds();
+            // A halving may have recorded a count newer than this one: saturate.
+            if adds.saturating_sub(self.halved_at.load(Ordering::Relaxed)) >= 2 * self.period {
+                self.halve_at(adds);
+            }
         }
         est
+    }
+
+    /// Additions so far.
+    fn adds(&self) -> u64 {
+        self.adds.iter().map(|c| c.0.load(Ordering::Relaxed)).sum()
     }
 
     /// Halve every counter if a period of additions passed since the last halving. Bounded
     /// work (one pass over the counters), for the background pass rather than a writer.
     pub(super) fn halve_if_due(&self) {
-        let adds = self.adds.load(Ordering::Relaxed);
+        let adds = self.adds();
         if adds.saturating_sub(self.halved_at.load(Ordering::Relaxed)) >= self.period {
             self.halve_at(adds);
         }
@@ -171,8 +189,9 @@ mod tests {
         s.halve_if_due();
         let e = s.estimate(h);
         assert!((3..7).contains(&e), "{e}");
-        // Two periods without the background pass: a writer halves.
-        for i in 0..2 * s.period {
+        // Two periods without the background pass: a writer halves (it looks once per
+        // `CHECK_EVERY` of its additions).
+        for i in 0..2 * s.period + CHECK_EVERY {
             s.add(0x7777_0000 + i * 0x1_0000_0001);
         }
         assert!(s.estimate(h) < e, "{e}");
