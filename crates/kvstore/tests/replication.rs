@@ -966,3 +966,53 @@ fn replica_drops_what_the_master_evicts() {
         "kept {kept}, evicted {evicted}"
     );
 }
+
+/// Touches of one item from two threads in turn: each rewrite keeps the CAS and draws a
+/// rewrite stamp from its thread's range, and the replica must still take the last touch.
+#[test]
+fn touches_on_two_threads_replicate_in_order() {
+    let master = LogEngine::new(ops::config(4 << 20, false, true));
+    let replica = LogEngine::new(ops::config(4 << 20, false, true));
+    replica.set_replica(true);
+    let now = START;
+    let key = ops::key_name(0);
+    // Attached before the writes, the replica gets them as log records, not a snapshot.
+    let mut st = ReplicaState::new();
+    catch_up(&master, &replica, &mut st, now);
+    std::thread::scope(|s| {
+        let workers = Threads::start(s, 2);
+        let m = &master;
+        let k = &key;
+        // Each thread takes a range first (a set of another key), so their ranges differ.
+        for t in 0..2 {
+            workers.run(t, move || {
+                let other = ops::key_name(1 + t);
+                let req = kvstore::StoreRequest {
+                    mode: kvstore::StoreMode::Set,
+                    key: &other,
+                    value: b"x",
+                    flags: 0,
+                    exptime: 0,
+                };
+                m.store(req, now);
+            });
+        }
+        workers.run(0, move || {
+            let req = kvstore::StoreRequest {
+                mode: kvstore::StoreMode::Set,
+                key: k,
+                value: b"v",
+                flags: 0,
+                exptime: 0,
+            };
+            m.store(req, now);
+        });
+        for (i, exp) in [now + 100, now + 200, now + 300].into_iter().enumerate() {
+            assert!(workers.run(i, move || m.touch(k, exp, now)));
+        }
+    });
+    catch_up(&master, &replica, &mut st, now);
+    assert_same(&master, &replica, now);
+    let got = replica.peek_item(&key, now);
+    assert_eq!(got.map(|i| i.2), Some(now + 300), "the last touch wins");
+}

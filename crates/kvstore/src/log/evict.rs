@@ -174,7 +174,7 @@ impl LogEngine {
             stamp: if self.repl.replica.load(Ordering::Relaxed) {
                 r.stamp
             } else {
-                self.rewrite_stamp()
+                self.rewrite_stamp(r.stamp)
             },
             meta: r.meta,
             explicit_cas: r.explicit_cas,

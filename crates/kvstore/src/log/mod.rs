@@ -371,7 +371,8 @@ pub struct LogEngine {
     /// Serializes flush_all and the turning of a passed deadline into `delayed_mark`.
     flush_lock: Mutex<()>,
     maint_cursor: AtomicUsize,
-    rewrites: AtomicU64,
+    /// Rewrite stamps (see `rewrite_stamp`), drawn as CAS uniques are.
+    stamps: cas::CasClock,
     /// Held while a segment sequence number is drawn and published (see `open_segment`).
     seq_lock: Mutex<()>,
     /// Log bytes of segments retired so far (for the replication offset).
@@ -452,7 +453,7 @@ impl LogEngine {
             delayed_mark: AtomicU64::new(0),
             flush_lock: Mutex::new(()),
             maint_cursor: AtomicUsize::new(0),
-            rewrites: AtomicU64::new(0),
+            stamps: cas::CasClock::new(),
             seq_lock: Mutex::new(()),
             retired_bytes: AtomicU64::new(0),
             repl: repl::ReplFlags::default(),
@@ -664,10 +665,12 @@ impl LogEngine {
         self.config.item_size(key_len, value_len, flags) > self.max_item_size
     }
 
-    /// The next rewrite stamp (orders copies of one item that share a CAS). Drawn under
-    /// the item's stripe lock, so per key it follows the order of the rewrites.
-    fn rewrite_stamp(&self) -> u64 {
-        self.rewrites.fetch_add(1, Ordering::Relaxed) + 1
+    /// A rewrite stamp for a copy of an item whose record has stamp `old` (stamps order
+    /// copies of one item that share a CAS). Drawn under the item's stripe lock, above
+    /// `old`: the current record is the key's newest, so per key stamps follow the order of
+    /// the rewrites. From per-thread ranges, as CAS uniques are (`cas.rs`).
+    fn rewrite_stamp(&self, old: u64) -> u64 {
+        self.stamps.draw(old.saturating_add(1))
     }
 
     /// What `me` shows of the live record `r` in `slot` (slot value `v`).

@@ -1151,7 +1151,7 @@ impl LogEngine {
             }
         }
         self.cas.observe(cas);
-        self.rewrites.fetch_max(stamp, Ordering::Relaxed);
+        self.stamps.observe(stamp.saturating_add(1));
         Ok(())
     }
 

@@ -177,7 +177,7 @@ impl LogEngine {
         }
         let (cas, stamp, explicit_cas) = match (c.cond, c.keep_cas, old) {
             (Cond::Newer(cas, stamp), _, _) => (cas, stamp, c.meta.explicit_cas),
-            (_, true, Some(r)) => (r.cas, self.rewrite_stamp(), r.explicit_cas),
+            (_, true, Some(r)) => (r.cas, self.rewrite_stamp(r.stamp), r.explicit_cas),
             _ => {
                 // At or above the stripe's floor (the key's records and tombstones) and
                 // the flush marks (a store after a flush survives it).
