@@ -9,9 +9,16 @@
 //!   uses a buffer the kernel picks from this worker's provided-buffer ring when data
 //!   arrives, so an idle connection holds no receive buffer. The completion's bytes are
 //!   copied into the connection's small input queue, the buffer goes straight back to the
-//!   ring, and the connection is driven. A read of an empty queue says `WouldBlock`, and the
-//!   next receive is armed after the drive. At most one receive's worth of bytes waits per
-//!   connection. A connection that fills a whole provided buffer is sending something large
+//!   ring, and the connection is driven. A read of an empty queue says `WouldBlock`.
+//!   From kernel 6.0 the receive is *multishot*: armed once, it completes each time data
+//!   comes, so a connection that reads request after request costs no new submission and
+//!   no failed first attempt per request. A connection that stops reading (its replies wait
+//!   for a client that does not read them) lets its queue pass [`RX_HOLD`] bytes; the
+//!   multishot receive is then cancelled, so what waits is bounded by that plus what one
+//!   turn's completions bring (at most the worker's provided buffers), and the next receive
+//!   is armed once the queue is read. Before 6.0, or with `KVCACHED_RECV_MULTISHOT=0`, one
+//!   single receive is armed at a time, after each drive that empties the queue.
+//!   A connection that fills a whole provided buffer is sending something large
 //!   (a big value, a long multiget line): its next receives go straight into a buffer of
 //!   its own of [`DIRECT_BUF`] bytes, until one comes back less than half full, so a
 //!   stream of large requests neither crowds the shared buffers nor goes through them
@@ -43,8 +50,7 @@
 //! (`DEFER_TASKRUN`), so a worker is not interrupted to process them meanwhile.
 //!
 //! Not done yet: accepting through the ring (connections are accepted as under epoll),
-//! multishot receives (one receive is armed at a time, which bounds what a connection
-//! that is not reading its replies can make the server buffer), zero-copy sends, SQPOLL.
+//! zero-copy sends, SQPOLL.
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
@@ -59,6 +65,8 @@ use io_uring::{cqueue, opcode, squeue, types, IoUring};
 pub const RX_BUF: usize = 4 * 1024;
 /// A connection's own receive buffer while it sends large requests.
 pub const DIRECT_BUF: usize = 64 * 1024;
+/// Unread input a connection may hold before its multishot receive is cancelled.
+pub const RX_HOLD: usize = RX_BUF;
 /// Provided receive buffers per worker (a power of two).
 const RX_BUFS: u16 = 64;
 /// The provided-buffer group of the worker's ring.
@@ -124,6 +132,40 @@ impl Completion {
     /// Whether a multishot operation goes on after this completion.
     pub fn more(&self) -> bool {
         cqueue::more(self.flags)
+    }
+}
+
+/// Whether receives may be multishot: kernel 6.0 or later, unless `KVCACHED_RECV_MULTISHOT`
+/// is `0` (for comparing the two, and for testing the single receives older kernels get).
+fn multishot_receives() -> bool {
+    if std::env::var_os("KVCACHED_RECV_MULTISHOT").is_some_and(|v| v == "0") {
+        return false;
+    }
+    kernel_at_least(6, 0)
+}
+
+/// Whether the running kernel's release is `major.minor` or later.
+fn kernel_at_least(major: u32, minor: u32) -> bool {
+    // SAFETY: `uname` fills the struct it is given; all-zero bytes are a valid `utsname`.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::uname(&mut u) } != 0 {
+        return false;
+    }
+    let release: Vec<u8> = u
+        .release
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    let mut parts = release.split(|&c| c == b'.' || c == b'-').map(|p| {
+        std::str::from_utf8(p)
+            .ok()
+            .and_then(|p| p.parse::<u32>().ok())
+    });
+    match (parts.next().flatten(), parts.next().flatten()) {
+        (Some(a), Some(b)) => (a, b) >= (major, minor),
+        _ => false,
     }
 }
 
@@ -258,6 +300,8 @@ pub struct Reactor {
     done: Vec<Completion>,
     /// Receives that found no free buffer (`ENOBUFS`) and must be armed again.
     pub starved: u64,
+    /// Receives into provided buffers are multishot (kernel 6.0).
+    multishot: bool,
 }
 
 impl Drop for Reactor {
@@ -306,6 +350,7 @@ impl Reactor {
             poll_armed: false,
             done: Vec::with_capacity(256),
             starved: 0,
+            multishot: multishot_receives(),
         })
     }
 
@@ -370,6 +415,8 @@ impl Reactor {
                 sock.rx.reserve(DIRECT_BUF);
                 let spare = sock.rx.spare_capacity_mut();
                 opcode::Recv::new(fd, spare.as_mut_ptr().cast(), spare.len() as u32).build()
+            } else if self.multishot {
+                opcode::RecvMulti::new(fd, GROUP).build()
             } else {
                 opcode::Recv::new(fd, std::ptr::null_mut(), 0)
                     .buf_group(GROUP)
@@ -379,6 +426,7 @@ impl Reactor {
             self.push(&e.user_data(user_data(OP_RECV, sock.gen, slot)))?;
             sock.recv_inflight = true;
             sock.recv_direct = sock.direct;
+            sock.recv_cancelled = false;
         }
         if !sock.send_inflight && sock.sent < sock.sending.len() && sock.err.is_none() {
             self.push_send(sock, slot)?;
@@ -441,7 +489,8 @@ impl Reactor {
                         .then(|| cqueue::buffer_select(c.flags))
                         .flatten();
                     match c.op {
-                        Op::Recv => sock.recv_inflight = false,
+                        // A multishot receive goes on until a completion without `more`.
+                        Op::Recv if !c.more() => sock.recv_inflight = false,
                         Op::Send => sock.send_inflight = false,
                         _ => {}
                     }
@@ -462,7 +511,10 @@ impl Reactor {
     fn apply(&mut self, c: &Completion, sock: &mut RingSock) -> bool {
         match c.op {
             Op::Recv => {
-                sock.recv_inflight = false;
+                let more = c.more();
+                if !more {
+                    sock.recv_inflight = false;
+                }
                 if c.result > 0 {
                     let n = c.result as usize;
                     if let Some(bid) = cqueue::buffer_select(c.flags) {
@@ -471,6 +523,16 @@ impl Reactor {
                         self.bufs.give_back(bid);
                         self.bufs.publish();
                         sock.direct = n >= RX_BUF;
+                        // A multishot receive stops when the input is not being read, or
+                        // when the next receive should go to a buffer of the connection's
+                        // own (a large request).
+                        if more
+                            && !sock.recv_cancelled
+                            && (sock.direct || sock.rx.len() - sock.rx_pos > RX_HOLD)
+                        {
+                            self.cancel(OP_RECV, sock.gen, c.slot);
+                            sock.recv_cancelled = true;
+                        }
                     } else if sock.recv_direct {
                         let room = sock.rx.capacity() - sock.rx.len();
                         // SAFETY: the kernel wrote `n` bytes into the spare room the receive
@@ -524,15 +586,21 @@ impl Reactor {
         unsafe {
             libc::shutdown(sock.fd.as_raw_fd(), libc::SHUT_RDWR);
         }
-        for (op, inflight) in [(OP_RECV, sock.recv_inflight), (OP_SEND, sock.send_inflight)] {
+        let recv = sock.recv_inflight && !sock.recv_cancelled;
+        for (op, inflight) in [(OP_RECV, recv), (OP_SEND, sock.send_inflight)] {
             if inflight {
-                let e = opcode::AsyncCancel::new(user_data(op, sock.gen, slot))
-                    .build()
-                    .user_data(user_data(OP_NONE, 0, 0));
-                let _ = self.push(&e);
+                self.cancel(op, sock.gen, slot);
             }
         }
         self.parked.insert((slot, sock.gen), sock);
+    }
+
+    /// Ask the kernel to end connection `slot`'s operation `op` (its completion still comes).
+    fn cancel(&mut self, op: u64, gen: u32, slot: usize) {
+        let e = opcode::AsyncCancel::new(user_data(op, gen, slot))
+            .build()
+            .user_data(user_data(OP_NONE, 0, 0));
+        let _ = self.push(&e);
     }
 }
 
@@ -548,6 +616,8 @@ pub struct RingSock {
     /// A receive or a send failed with this errno: reads and writes fail from now on.
     err: Option<i32>,
     recv_inflight: bool,
+    /// The multishot receive in flight was asked to end.
+    recv_cancelled: bool,
     /// Receive into `rx` itself rather than a provided buffer (large requests), and
     /// whether the receive in flight does.
     direct: bool,
@@ -578,6 +648,7 @@ impl RingSock {
             eof: false,
             err: None,
             recv_inflight: false,
+            recv_cancelled: false,
             direct: false,
             recv_direct: false,
             sending: Vec::new(),
@@ -691,6 +762,13 @@ mod tests {
         Some((reactor, RingSock::new(OwnedFd::from(a), 7), b))
     }
 
+    /// [`setup`] with single receives (what kernels before 6.0 get) or multishot ones.
+    fn setup_mode(multishot: bool) -> Option<(Reactor, RingSock, UnixStream)> {
+        let (mut r, sock, peer) = setup()?;
+        r.multishot &= multishot;
+        Some((r, sock, peer))
+    }
+
     /// Wait for completions until `f` has seen one it accepts (at most 100 waits of 1 s).
     fn until(r: &mut Reactor, sock: &mut RingSock, mut f: impl FnMut(&Completion) -> bool) {
         for _ in 0..100 {
@@ -727,7 +805,13 @@ mod tests {
 
     #[test]
     fn receives_and_sends_through_the_ring() {
-        let Some((mut r, mut sock, mut peer)) = setup() else {
+        for multishot in [false, true] {
+            receives_and_sends_through_the_ring_in(multishot);
+        }
+    }
+
+    fn receives_and_sends_through_the_ring_in(multishot: bool) {
+        let Some((mut r, mut sock, mut peer)) = setup_mode(multishot) else {
             return;
         };
         // Nothing has arrived: a read would block, and a receive is armed.
@@ -764,8 +848,87 @@ mod tests {
     }
 
     #[test]
-    fn a_large_request_switches_to_a_buffer_of_its_own() {
+    fn one_multishot_receive_takes_request_after_request() {
         let Some((mut r, mut sock, mut peer)) = setup() else {
+            return;
+        };
+        if !r.multishot {
+            eprintln!("no multishot receives on this kernel");
+            return;
+        }
+        r.arm(&mut sock, 3).unwrap();
+        for i in 0..5 {
+            let line = format!("get k{i}\r\n");
+            peer.write_all(line.as_bytes()).unwrap();
+            until(&mut r, &mut sock, |c| c.op == Op::Recv);
+            assert_eq!(read_all(&mut sock), line.as_bytes());
+            assert!(sock.recv_inflight, "the receive goes on after request {i}");
+            // Arming again queues nothing: the one receive is still in flight.
+            let queued = r.ring.submission().len();
+            r.arm(&mut sock, 3).unwrap();
+            assert_eq!(r.ring.submission().len(), queued);
+        }
+    }
+
+    #[test]
+    fn unread_input_ends_the_multishot_receive_and_nothing_is_lost() {
+        let Some((mut r, mut sock, mut peer)) = setup() else {
+            return;
+        };
+        if !r.multishot {
+            eprintln!("no multishot receives on this kernel");
+            return;
+        }
+        r.arm(&mut sock, 3).unwrap();
+        // The connection reads nothing while the peer sends piece after piece.
+        let mut sent = Vec::new();
+        for i in 0..100u32 {
+            let piece: Vec<u8> = (0..1000u32).map(|j| ((i * 7 + j) % 251) as u8).collect();
+            peer.write_all(&piece).unwrap();
+            sent.extend_from_slice(&piece);
+            until(&mut r, &mut sock, |c| c.op == Op::Recv);
+            if !sock.recv_inflight {
+                break;
+            }
+        }
+        assert!(
+            !sock.recv_inflight,
+            "the receive went on with the input unread"
+        );
+        let held = sock.rx.len() - sock.rx_pos;
+        assert!(
+            held > RX_HOLD && held <= RX_HOLD + usize::from(RX_BUFS) * RX_BUF,
+            "held {held}"
+        );
+        // Once the input is read, receiving resumes, and every byte arrives in order.
+        let mut got = read_all(&mut sock);
+        for _ in 0..100 {
+            if got.len() == sent.len() {
+                break;
+            }
+            r.arm(&mut sock, 3).unwrap();
+            assert!(sock.recv_inflight);
+            until(&mut r, &mut sock, |c| c.op == Op::Recv);
+            got.extend(read_all(&mut sock));
+        }
+        assert_eq!(got, sent, "bytes lost or reordered");
+    }
+
+    #[test]
+    fn kernel_versions_compare() {
+        assert!(kernel_at_least(2, 6));
+        assert!(!kernel_at_least(999, 0));
+    }
+
+    #[test]
+    fn a_large_request_switches_to_a_buffer_of_its_own() {
+        for multishot in [false, true] {
+            a_large_request_switches_to_a_buffer_of_its_own_in(multishot);
+        }
+    }
+
+    fn a_large_request_switches_to_a_buffer_of_its_own_in(multishot: bool) {
+        let Some((mut r, mut sock, mut peer)) = setup_mode(multishot) else {
             return;
         };
         let big: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
@@ -796,7 +959,13 @@ mod tests {
 
     #[test]
     fn a_connection_closed_with_operations_in_flight_is_kept_until_they_end() {
-        let Some((mut r, mut sock, peer)) = setup() else {
+        for multishot in [false, true] {
+            a_connection_closed_with_operations_in_flight_is_kept_until_they_end_in(multishot);
+        }
+    }
+
+    fn a_connection_closed_with_operations_in_flight_is_kept_until_they_end_in(multishot: bool) {
+        let Some((mut r, mut sock, peer)) = setup_mode(multishot) else {
             return;
         };
         // A receive that will not complete by itself, and a send to a peer that does not
@@ -848,7 +1017,13 @@ mod tests {
 
     #[test]
     fn a_failed_send_fails_the_connection_and_owes_nothing() {
-        let Some((mut r, mut sock, peer)) = setup() else {
+        for multishot in [false, true] {
+            a_failed_send_fails_the_connection_and_owes_nothing_in(multishot);
+        }
+    }
+
+    fn a_failed_send_fails_the_connection_and_owes_nothing_in(multishot: bool) {
+        let Some((mut r, mut sock, peer)) = setup_mode(multishot) else {
             return;
         };
         drop(peer);
