@@ -522,7 +522,14 @@ impl Reactor {
                         sock.rx.extend_from_slice(data);
                         self.bufs.give_back(bid);
                         self.bufs.publish();
-                        sock.direct = n >= RX_BUF;
+                        // A full buffer: the next receive goes to the connection's own. Once a
+                        // multishot receive is cancelled for that, the smaller pieces still
+                        // on their way do not undo it.
+                        if n >= RX_BUF {
+                            sock.direct = true;
+                        } else if !sock.recv_cancelled {
+                            sock.direct = false;
+                        }
                         // A multishot receive stops when the input is not being read, or
                         // when the next receive should go to a buffer of the connection's
                         // own (a large request).
