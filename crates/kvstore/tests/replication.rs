@@ -146,14 +146,33 @@ fn follow(
     );
 }
 
+/// Classic and meta operations on `KEYS` keys.
+fn op_sequence() -> impl Strategy<Value = Vec<Op>> {
+    prop::collection::vec(
+        prop_oneof![3 => ops::op(KEYS), 2 => ops::meta_op(KEYS)],
+        1..160,
+    )
+}
+
+/// Whether the replica pulls after each operation, and with what byte budget.
+fn pull_plan() -> impl Strategy<Value = Vec<(bool, usize)>> {
+    prop::collection::vec(
+        (
+            any::<bool>(),
+            prop_oneof![Just(1usize), Just(60), Just(4096)],
+        ),
+        1..8,
+    )
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
 
     /// A replica following from the start, with pulls at random points and budgets.
     #[test]
     fn replica_follows(
-        ops_ in prop::collection::vec(prop_oneof![3 => ops::op(KEYS), 2 => ops::meta_op(KEYS)], 1..160),
-        pulls in prop::collection::vec((any::<bool>(), prop_oneof![Just(1usize), Just(60), Just(4096)]), 1..8),
+        ops_ in op_sequence(),
+        pulls in pull_plan(),
     ) {
         prop_assume!(comparable(&ops_));
         run(&ops_, &pulls, 0, 4 << 20);
@@ -162,8 +181,8 @@ proptest! {
     /// A replica joining late: full sync (snapshot) while the master keeps writing.
     #[test]
     fn replica_joins_late(
-        ops_ in prop::collection::vec(prop_oneof![3 => ops::op(KEYS), 2 => ops::meta_op(KEYS)], 1..160),
-        pulls in prop::collection::vec((any::<bool>(), prop_oneof![Just(1usize), Just(60), Just(4096)]), 1..8),
+        ops_ in op_sequence(),
+        pulls in pull_plan(),
         join_at in 0usize..160,
     ) {
         prop_assume!(comparable(&ops_));
@@ -174,8 +193,8 @@ proptest! {
     /// CAS uniques: a key's versions and tombstones still order as the replica needs.
     #[test]
     fn replica_follows_writers_on_two_threads(
-        ops_ in prop::collection::vec(prop_oneof![3 => ops::op(KEYS), 2 => ops::meta_op(KEYS)], 1..160),
-        pulls in prop::collection::vec((any::<bool>(), prop_oneof![Just(1usize), Just(60), Just(4096)]), 1..8),
+        ops_ in op_sequence(),
+        pulls in pull_plan(),
         threads in 2usize..4,
     ) {
         prop_assume!(comparable(&ops_));
