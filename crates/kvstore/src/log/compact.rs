@@ -252,9 +252,9 @@ impl LogEngine {
         let now = self.clock.load(Ordering::Relaxed);
         let moved = self.for_live(victim, |slot, r, v| {
             if self.vis(r, now) != Vis::Live {
-                self.st.0.reclaimed.fetch_add(1, Ordering::Relaxed);
+                self.st().reclaimed.fetch_add(1, Ordering::Relaxed);
                 if !index::fetched(v) {
-                    self.st.0.expired_unfetched.fetch_add(1, Ordering::Relaxed);
+                    self.st().expired_unfetched.fetch_add(1, Ordering::Relaxed);
                 }
                 slot.store(0, Ordering::Release);
                 self.account_remove(v, r.len, self.rec_size(r));
@@ -286,7 +286,7 @@ impl LogEngine {
     /// The victim's items have all moved: retire it, wait out its readers, and keep it as
     /// the spare (or free it).
     fn free_victim(&self, c: &mut Compactor, victim: u32) {
-        self.st.0.segments_compacted.fetch_add(1, Ordering::Relaxed);
+        self.st().segments_compacted.fetch_add(1, Ordering::Relaxed);
         self.retire(victim);
         self.barrier();
         if c.spare.is_none() && self.allocated.load(Ordering::Relaxed) <= self.budget() {

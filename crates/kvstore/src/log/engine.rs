@@ -82,7 +82,7 @@ impl Engine for LogEngine {
                 bytes += s.acct.0.live_bytes.load(Ordering::Relaxed);
             }
         }
-        let st = &self.st.0;
+        let st = self.totals();
         EngineStats {
             bytes,
             curr_items: items,
@@ -91,15 +91,15 @@ impl Engine for LogEngine {
                 .iter()
                 .map(|c| c.0.load(Ordering::Relaxed))
                 .sum(),
-            evictions: st.evictions.load(Ordering::Relaxed),
-            reclaimed: st.reclaimed.load(Ordering::Relaxed),
-            crawler_reclaimed: st.crawler_reclaimed.load(Ordering::Relaxed),
-            crawler_items_checked: st.crawler_checked.load(Ordering::Relaxed),
-            expired_unfetched: st.expired_unfetched.load(Ordering::Relaxed),
-            evicted_unfetched: st.evicted_unfetched.load(Ordering::Relaxed),
-            evicted_nonzero: st.evicted_nonzero.load(Ordering::Relaxed),
-            get_expired: st.get_expired.load(Ordering::Relaxed),
-            get_flushed: st.get_flushed.load(Ordering::Relaxed),
+            evictions: st.evictions,
+            reclaimed: st.reclaimed,
+            crawler_reclaimed: st.crawler_reclaimed,
+            crawler_items_checked: st.crawler_checked,
+            expired_unfetched: st.expired_unfetched,
+            evicted_unfetched: st.evicted_unfetched,
+            evicted_nonzero: st.evicted_nonzero,
+            get_expired: st.get_expired,
+            get_flushed: st.get_flushed,
             limit_maxbytes: self.max_bytes.load(Ordering::Relaxed) as u64,
             total_malloced: self.allocated.load(Ordering::Relaxed) as u64,
             hash_power_level: u64::from(self.index.level()),
@@ -112,7 +112,7 @@ impl Engine for LogEngine {
     fn stats_detail(&self, group: &str) -> Vec<(String, String)> {
         let mut out = Vec::new();
         let mut put = |k: &str, v: u64| out.push((k.to_string(), v.to_string()));
-        let st = &self.st.0;
+        let st = self.totals();
         match group {
             "slabs" => {
                 let (mut regular, mut large, mut large_bytes, mut used, mut live) = (0, 0, 0, 0, 0);
@@ -146,7 +146,7 @@ impl Engine for LogEngine {
                 put("index_buckets", self.index.nmain() as u64);
                 put("index_max_buckets", self.index.max_main() as u64);
                 put("index_level", u64::from(self.index.level()));
-                put("index_splits", st.index_splits.load(Ordering::Relaxed));
+                put("index_splits", st.index_splits);
                 put(
                     "index_overflow_buckets_used",
                     self.index.overflow_used() as u64,
@@ -158,25 +158,24 @@ impl Engine for LogEngine {
             }
             "items" => {
                 // memcached's names, per slab class; the log has one "class" (1).
-                let ld = |c: &AtomicU64| c.load(Ordering::Relaxed);
-                let evictions = ld(&st.evictions);
+                let evictions = st.evictions;
                 let rows: [(&str, u64); 16] = [
                     ("number", self.stats().curr_items),
                     ("evicted", evictions),
-                    ("evicted_nonzero", ld(&st.evicted_nonzero)),
-                    ("evicted_unfetched", ld(&st.evicted_unfetched)),
-                    ("reclaimed", ld(&st.reclaimed)),
-                    ("expired_unfetched", ld(&st.expired_unfetched)),
+                    ("evicted_nonzero", st.evicted_nonzero),
+                    ("evicted_unfetched", st.evicted_unfetched),
+                    ("reclaimed", st.reclaimed),
+                    ("expired_unfetched", st.expired_unfetched),
                     ("outofmemory", 0),
-                    ("evicted_clock", evictions - ld(&st.evicted_index)),
-                    ("evicted_index_full", ld(&st.evicted_index)),
-                    ("copied_forward", ld(&st.copied_forward)),
-                    ("readmitted", ld(&st.readmitted)),
-                    ("segments_evicted", ld(&st.segments_evicted)),
-                    ("segments_compacted", ld(&st.segments_compacted)),
-                    ("segments_expired", ld(&st.segments_expired)),
-                    ("ttl_class_busy", ld(&st.ttl_class_busy)),
-                    ("tombstones", ld(&st.tombstones)),
+                    ("evicted_clock", evictions - st.evicted_index),
+                    ("evicted_index_full", st.evicted_index),
+                    ("copied_forward", st.copied_forward),
+                    ("readmitted", st.readmitted),
+                    ("segments_evicted", st.segments_evicted),
+                    ("segments_compacted", st.segments_compacted),
+                    ("segments_expired", st.segments_expired),
+                    ("ttl_class_busy", st.ttl_class_busy),
+                    ("tombstones", st.tombstones),
                 ];
                 for (name, value) in rows {
                     put(&format!("items:1:{name}"), value);
@@ -211,27 +210,8 @@ impl Engine for LogEngine {
     }
 
     fn reset_stats(&self) {
-        let st = &self.st.0;
-        for c in [
-            &st.evictions,
-            &st.evicted_index,
-            &st.reclaimed,
-            &st.crawler_reclaimed,
-            &st.crawler_checked,
-            &st.expired_unfetched,
-            &st.evicted_unfetched,
-            &st.evicted_nonzero,
-            &st.get_expired,
-            &st.get_flushed,
-            &st.copied_forward,
-            &st.readmitted,
-            &st.segments_evicted,
-            &st.segments_compacted,
-            &st.segments_expired,
-            &st.ttl_class_busy,
-            &st.tombstones,
-        ] {
-            c.store(0, Ordering::Relaxed);
+        for c in self.counters.iter() {
+            c.0.reset();
         }
         for c in self.shard_items.iter() {
             c.0.store(0, Ordering::Relaxed);
@@ -450,15 +430,15 @@ impl Engine for LogEngine {
                 if self.vis(&r, now) != Vis::Live {
                     slot.store(0, Ordering::Release);
                     self.account_remove(v, r.len, self.rec_size(&r));
-                    self.st.0.reclaimed.fetch_add(1, Ordering::Relaxed);
+                    self.st().reclaimed.fetch_add(1, Ordering::Relaxed);
                     if !index::fetched(v) {
-                        self.st.0.expired_unfetched.fetch_add(1, Ordering::Relaxed);
+                        self.st().expired_unfetched.fetch_add(1, Ordering::Relaxed);
                     }
                     n += 1;
                 }
             });
         }
-        let st = &self.st.0;
+        let st = self.st();
         st.crawler_checked.fetch_add(checked, Ordering::Relaxed);
         st.crawler_reclaimed.fetch_add(n, Ordering::Relaxed);
         if sweep {

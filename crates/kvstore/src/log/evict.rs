@@ -48,7 +48,7 @@ impl LogEngine {
         } else {
             self.clean(id);
         }
-        self.st.0.segments_evicted.fetch_add(1, Ordering::Relaxed);
+        self.st().segments_evicted.fetch_add(1, Ordering::Relaxed);
         self.retire(id);
         self.barrier();
         let over = self.allocated.load(Ordering::Relaxed) > self.budget();
@@ -100,19 +100,19 @@ impl LogEngine {
                 }
                 self.observe_eviction(slot, r, v, now);
                 self.note_eviction_in(notes, r.key, r.cas);
-                self.st.0.evictions.fetch_add(1, Ordering::Relaxed);
+                self.st().evictions.fetch_add(1, Ordering::Relaxed);
                 self.tally_evicted(self.rec_size(r));
                 if !index::fetched(v) {
-                    self.st.0.evicted_unfetched.fetch_add(1, Ordering::Relaxed);
+                    self.st().evicted_unfetched.fetch_add(1, Ordering::Relaxed);
                 }
                 if r.exptime != 0 {
-                    self.st.0.evicted_nonzero.fetch_add(1, Ordering::Relaxed);
+                    self.st().evicted_nonzero.fetch_add(1, Ordering::Relaxed);
                 }
             }
             Vis::Expired | Vis::Flushed => {
-                self.st.0.reclaimed.fetch_add(1, Ordering::Relaxed);
+                self.st().reclaimed.fetch_add(1, Ordering::Relaxed);
                 if !index::fetched(v) {
-                    self.st.0.expired_unfetched.fetch_add(1, Ordering::Relaxed);
+                    self.st().expired_unfetched.fetch_add(1, Ordering::Relaxed);
                 }
             }
         }
@@ -132,12 +132,12 @@ impl LogEngine {
                 if let Some(new_v) = copied {
                     self.relocate(slot, new_v);
                     self.account_remove(v, r.len, self.rec_size(r));
-                    self.st.0.copied_forward.fetch_add(1, Ordering::Relaxed);
+                    self.st().copied_forward.fetch_add(1, Ordering::Relaxed);
                     return true;
                 }
                 self.observe_eviction(slot, r, v, now);
                 self.note_eviction_in(&mut notes, r.key, r.cas);
-                self.st.0.evictions.fetch_add(1, Ordering::Relaxed);
+                self.st().evictions.fetch_add(1, Ordering::Relaxed);
                 self.tally_evicted(self.rec_size(r));
             }
             slot.store(0, Ordering::Release);
@@ -222,7 +222,7 @@ impl LogEngine {
             let nv = index::pack(index::slot_tag(v), id, SEG_HDR as u32, f, index::fetched(v))
                 | (v & index::WIN);
             self.relocate(slot, nv);
-            self.st.0.copied_forward.fetch_add(1, Ordering::Relaxed);
+            self.st().copied_forward.fetch_add(1, Ordering::Relaxed);
             return true;
         }
         slot.store(0, Ordering::Release);

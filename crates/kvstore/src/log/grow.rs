@@ -100,8 +100,7 @@ impl LogEngine {
                         }
                         continue;
                     }
-                    self.st
-                        .0
+                    self.st()
                         .index_splits
                         .fetch_add(split.len() as u64, Ordering::Relaxed);
                     g.buckets = split;
@@ -235,7 +234,7 @@ impl LogEngine {
         slot.store(replacement, Ordering::Release);
         self.account_remove(v, len, size);
         self.tally_evicted(size);
-        self.st.0.evictions.fetch_add(1, Ordering::Relaxed);
-        self.st.0.evicted_index.fetch_add(1, Ordering::Relaxed);
+        self.st().evictions.fetch_add(1, Ordering::Relaxed);
+        self.st().evicted_index.fetch_add(1, Ordering::Relaxed);
     }
 }

@@ -251,29 +251,56 @@ fn ttl_classes(segments: usize, shards: usize) -> (Box<[u32]>, usize) {
 #[repr(align(64))]
 struct Padded<T>(T);
 
-#[derive(Default)]
-struct Counters {
-    evictions: AtomicU64,
-    evicted_index: AtomicU64,
-    reclaimed: AtomicU64,
-    crawler_reclaimed: AtomicU64,
-    crawler_checked: AtomicU64,
-    expired_unfetched: AtomicU64,
-    evicted_unfetched: AtomicU64,
-    evicted_nonzero: AtomicU64,
-    get_expired: AtomicU64,
-    get_flushed: AtomicU64,
-    copied_forward: AtomicU64,
+/// The engine's event counters, one set per thread (see [`LogEngine::st`]): a write or a
+/// read that counts something touches its own thread's cache line, not one every thread
+/// writes. [`Totals`] sums them for `stats`.
+macro_rules! counters {
+    ($($(#[$doc:meta])* $name:ident,)*) => {
+        #[derive(Default)]
+        struct Counters {
+            $($(#[$doc])* $name: AtomicU64,)*
+        }
+
+        /// [`Counters`] summed over the threads.
+        #[derive(Default)]
+        struct Totals {
+            $($name: u64,)*
+        }
+
+        impl Counters {
+            fn add_to(&self, t: &mut Totals) {
+                $(t.$name += self.$name.load(Ordering::Relaxed);)*
+            }
+
+            fn reset(&self) {
+                $(self.$name.store(0, Ordering::Relaxed);)*
+            }
+        }
+    };
+}
+
+counters! {
+    evictions,
+    evicted_index,
+    reclaimed,
+    crawler_reclaimed,
+    crawler_checked,
+    expired_unfetched,
+    evicted_unfetched,
+    evicted_nonzero,
+    get_expired,
+    get_flushed,
+    copied_forward,
     /// Keys stored while absent that the sketch remembered (given one read).
-    readmitted: AtomicU64,
-    segments_evicted: AtomicU64,
-    segments_compacted: AtomicU64,
-    segments_expired: AtomicU64,
+    readmitted,
+    segments_evicted,
+    segments_compacted,
+    segments_expired,
     /// Records with a time to live written to a shard's segment because every open
     /// segment of their TTL class was busy.
-    ttl_class_busy: AtomicU64,
-    tombstones: AtomicU64,
-    index_splits: AtomicU64,
+    ttl_class_busy,
+    tombstones,
+    index_splits,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -383,7 +410,8 @@ pub struct LogEngine {
     tally: OnceLock<tally::Tally>,
     /// Told of every item evicted (`watch evictions`); see [`LogEngine::observe_evictions`].
     on_evict: std::sync::OnceLock<EvictionObserver>,
-    st: Padded<Counters>,
+    /// Event counters, per thread (see [`LogEngine::st`]).
+    counters: Box<[Padded<Counters>]>,
     /// Keys stored while absent, lately (see `admit`).
     sketch: sketch::MissSketch,
     /// Eviction's size bias (see [`LogEngine::set_size_factor`]); 0: none.
@@ -459,7 +487,7 @@ impl LogEngine {
             repl: repl::ReplFlags::default(),
             tally: OnceLock::new(),
             on_evict: std::sync::OnceLock::new(),
-            st: Padded::default(),
+            counters: (0..nshards).map(|_| Padded::default()).collect(),
             sketch: sketch::MissSketch::new(
                 (max_bytes / BYTES_PER_COUNTER).clamp(MIN_COUNTERS, MAX_COUNTERS),
             ),
@@ -524,7 +552,7 @@ impl LogEngine {
             return v;
         }
         if self.sketch.add(h) > 0 {
-            self.st.0.readmitted.fetch_add(1, Ordering::Relaxed);
+            self.st().readmitted.fetch_add(1, Ordering::Relaxed);
             index::with_freq(v, 1)
         } else {
             v
@@ -663,6 +691,21 @@ impl LogEngine {
     /// memcached's -I rule: the item as memcached would size it exceeds the limit.
     fn too_large(&self, key_len: usize, value_len: usize, flags: u32) -> bool {
         self.config.item_size(key_len, value_len, flags) > self.max_item_size
+    }
+
+    /// This thread's event counters.
+    #[inline]
+    fn st(&self) -> &Counters {
+        &self.counters[tid() % self.counters.len()].0
+    }
+
+    /// The event counters summed over the threads.
+    fn totals(&self) -> Totals {
+        let mut t = Totals::default();
+        for c in self.counters.iter() {
+            c.0.add_to(&mut t);
+        }
+        t
     }
 
     /// A rewrite stamp for a copy of an item whose record has stamp `old` (stamps order
@@ -917,8 +960,8 @@ impl LogEngine {
 
     fn count_dead(&self, vis: Vis) {
         match vis {
-            Vis::Expired => self.st.0.get_expired.fetch_add(1, Ordering::Relaxed),
-            Vis::Flushed => self.st.0.get_flushed.fetch_add(1, Ordering::Relaxed),
+            Vis::Expired => self.st().get_expired.fetch_add(1, Ordering::Relaxed),
+            Vis::Flushed => self.st().get_flushed.fetch_add(1, Ordering::Relaxed),
             Vis::Live => 0,
         };
     }

@@ -616,8 +616,7 @@ impl LogEngine {
             }
             self.retire(id);
         }
-        self.st
-            .0
+        self.st()
             .segments_expired
             .fetch_add(expired.len() as u64, Ordering::Relaxed);
         self.free_retired(&expired);

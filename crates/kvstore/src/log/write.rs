@@ -266,8 +266,8 @@ impl LogEngine {
                 if let Insert::Full = ins {
                     // No slot to take (only markers of a split in the chain): the new
                     // record stays unreferenced, as if evicted at once.
-                    self.st.0.evictions.fetch_add(1, Ordering::Relaxed);
-                    self.st.0.evicted_index.fetch_add(1, Ordering::Relaxed);
+                    self.st().evictions.fetch_add(1, Ordering::Relaxed);
+                    self.st().evicted_index.fetch_add(1, Ordering::Relaxed);
                     self.tally_evicted(self.spec_size(&spec));
                     indexed = false;
                 }
@@ -379,7 +379,7 @@ impl LogEngine {
                         Err(std::sync::TryLockError::WouldBlock) => {}
                     }
                 }
-                self.st.0.ttl_class_busy.fetch_add(1, Ordering::Relaxed);
+                self.st().ttl_class_busy.fetch_add(1, Ordering::Relaxed);
             }
         }
         lock(&self.shards[tid() % self.shards.len()].0)
@@ -716,7 +716,7 @@ impl LogEngine {
         // reserved in the open segment only the caller appends to.
         let len = unsafe { format::write(d.ptr.as_ptr().add(d.off), &spec, d.base) };
         self.advance(sh, o, len);
-        self.st.0.tombstones.fetch_add(1, Ordering::Relaxed);
+        self.st().tombstones.fetch_add(1, Ordering::Relaxed);
     }
 
     /// incr/decr with the meta options (the classic arith is one without them).

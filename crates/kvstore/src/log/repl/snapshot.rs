@@ -856,8 +856,8 @@ impl LogEngine {
                     self.evict_index_slot(slot, slot.load(Ordering::Acquire), v);
                 }
                 Insert::Full => {
-                    self.st.0.evictions.fetch_add(1, Ordering::Relaxed);
-                    self.st.0.evicted_index.fetch_add(1, Ordering::Relaxed);
+                    self.st().evictions.fetch_add(1, Ordering::Relaxed);
+                    self.st().evicted_index.fetch_add(1, Ordering::Relaxed);
                     return false;
                 }
             },
