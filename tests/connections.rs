@@ -745,7 +745,14 @@ fn no_maxconns_fast_queues_over_the_limit() {
     poll_until("accepting to stop", Duration::from_secs(10), || {
         probe.stat("accepting_conns").as_deref() == Some("0")
     });
-    assert_eq!(probe.stat("listen_disabled_num").as_deref(), Some("1"));
+    // At least one stop. With two workers there can be more: one worker's reservation for
+    // a connection it then finds is not there makes the other see the server full for a
+    // moment and stop, and the first resumes (2 seen once in `.ci/run` on 2026-11-26).
+    let stops: u64 = probe
+        .stat("listen_disabled_num")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    assert!(stops >= 1, "listen_disabled_num {stops}");
     assert_eq!(probe.stat("rejected_connections"), None, "no_maxconns_fast");
     // A slot frees: the queued connection is taken and answered.
     drop(full.pop());
