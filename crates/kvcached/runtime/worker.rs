@@ -500,6 +500,8 @@ impl Worker {
         // accept, so workers racing for the last place cannot take more than `-c` between
         // them (the one that loses leaves the connection in the backlog).
         let reserve = !config.maxconns_fast;
+        // One more look at the backlog after a race with another worker (below).
+        let mut retried = false;
         loop {
             if reserve {
                 let count = shared.curr_conns.fetch_add(1, Ordering::AcqRel) + 1;
@@ -507,6 +509,16 @@ impl Worker {
                     shared.curr_conns.fetch_sub(1, Ordering::AcqRel);
                     // Leave connections in the backlog until one closes (`close` resumes).
                     shared.set_accepting(false);
+                    // The place that was missing may have been another worker's, held for a
+                    // moment for a connection that was not there: this worker took the
+                    // readiness of the one that came, so it looks again if there is room.
+                    // (With the other worker's check after its accept, one of the two sees
+                    // the other's change: see the `WouldBlock` case.)
+                    std::sync::atomic::fence(Ordering::SeqCst);
+                    if !retried && self.room() {
+                        retried = true;
+                        continue;
+                    }
                     return;
                 }
             }
@@ -562,6 +574,14 @@ impl Worker {
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    // While this worker held a place, another may have found the server full
+                    // and stopped, leaving a connection that came meanwhile in the backlog
+                    // with its readiness taken: look once more.
+                    std::sync::atomic::fence(Ordering::SeqCst);
+                    if reserve && !retried && !shared.accepting() {
+                        retried = true;
+                        continue;
+                    }
                     if self.accept_retry.is_none() && (!reserve || self.room()) {
                         shared.set_accepting(true);
                     }
