@@ -66,7 +66,7 @@ pub const RX_BUF: usize = 4 * 1024;
 /// A connection's own receive buffer while it sends large requests.
 pub const DIRECT_BUF: usize = 64 * 1024;
 /// Unread input a connection may hold before its multishot receive is cancelled.
-pub const RX_HOLD: usize = RX_BUF;
+const RX_HOLD: usize = RX_BUF;
 /// Provided receive buffers per worker (a power of two).
 const RX_BUFS: u16 = 64;
 /// The provided-buffer group of the worker's ring.

@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::{tid, Padded};
 
 /// Uniques a thread reserves at a time.
-pub(super) const RANGE: u64 = 64;
+const RANGE: u64 = 64;
 /// A cell packs the next unique (high bits) and how many are left in its range (low bits).
 const LEFT_BITS: u32 = 8;
 const LEFT_MASK: u64 = (1 << LEFT_BITS) - 1;

@@ -234,7 +234,6 @@ impl LogEngine {
         slot.store(replacement, Ordering::Release);
         self.account_remove(v, len, size);
         self.tally_evicted(size);
-        self.st().evictions.fetch_add(1, Ordering::Relaxed);
-        self.st().evicted_index.fetch_add(1, Ordering::Relaxed);
+        self.count_index_eviction();
     }
 }

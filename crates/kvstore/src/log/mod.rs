@@ -958,6 +958,13 @@ impl LogEngine {
         }
     }
 
+    /// An item left the cache because its index chain had no slot for it.
+    fn count_index_eviction(&self) {
+        let st = self.st();
+        st.evictions.fetch_add(1, Ordering::Relaxed);
+        st.evicted_index.fetch_add(1, Ordering::Relaxed);
+    }
+
     fn count_dead(&self, vis: Vis) {
         match vis {
             Vis::Expired => self.st().get_expired.fetch_add(1, Ordering::Relaxed),

@@ -266,8 +266,7 @@ impl LogEngine {
                 if let Insert::Full = ins {
                     // No slot to take (only markers of a split in the chain): the new
                     // record stays unreferenced, as if evicted at once.
-                    self.st().evictions.fetch_add(1, Ordering::Relaxed);
-                    self.st().evicted_index.fetch_add(1, Ordering::Relaxed);
+                    self.count_index_eviction();
                     self.tally_evicted(self.spec_size(&spec));
                     indexed = false;
                 }

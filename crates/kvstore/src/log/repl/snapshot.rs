@@ -856,8 +856,7 @@ impl LogEngine {
                     self.evict_index_slot(slot, slot.load(Ordering::Acquire), v);
                 }
                 Insert::Full => {
-                    self.st().evictions.fetch_add(1, Ordering::Relaxed);
-                    self.st().evicted_index.fetch_add(1, Ordering::Relaxed);
+                    self.count_index_eviction();
                     return false;
                 }
             },
