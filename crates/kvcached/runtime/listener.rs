@@ -169,6 +169,9 @@ fn bind_tcp(
     if addr.is_ipv6() {
         socket.set_only_v6(true).map_err(fail)?;
     }
+    // Accepted connections take TCP_NODELAY from the listener (Linux), so the ring's
+    // accepts need no `setsockopt` per connection.
+    socket.set_tcp_nodelay(true).map_err(fail)?;
     socket.bind(&addr.into()).map_err(fail)?;
     socket.listen(backlog).map_err(fail)?;
     socket.set_nonblocking(true).map_err(fail)?;

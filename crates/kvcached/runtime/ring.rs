@@ -42,6 +42,15 @@
 //!   their completions arrive, then dropped, which closes the descriptor. Completions are
 //!   matched to connections by slot and generation, so a reused slot never gets another
 //!   connection's completion.
+//! - **Accepting.** With `maxconns_fast` (the default), each listener has one multishot
+//!   accept in the ring: armed once, it completes with a new descriptor per connection, so
+//!   accepting costs no readiness event and no `accept4` per connection. The descriptor
+//!   comes blocking (what a [`RingSock`] wants) and, on Linux, with the listener's
+//!   `TCP_NODELAY`. An accept that fails for want of descriptors ends; the worker pauses and
+//!   arms it again, as it pauses `accept4` under epoll. With `-o no_maxconns_fast`, where a
+//!   connection over `-c` must stay in the listen backlog until one closes, and with
+//!   `KVCACHED_ACCEPT_MULTISHOT=0`, listeners stay in the mio poller and connections are
+//!   accepted as under epoll.
 //!
 //! [`probe`] decides at start-up whether this runtime can run: kernel 5.19 or later
 //! (provided-buffer rings), not disabled by `kernel.io_uring_disabled` or a seccomp filter.
@@ -49,8 +58,7 @@
 //! From 6.1 the ring runs completions only when the worker waits for them
 //! (`DEFER_TASKRUN`), so a worker is not interrupted to process them meanwhile.
 //!
-//! Not done yet: accepting through the ring (connections are accepted as under epoll),
-//! zero-copy sends, SQPOLL.
+//! Not done yet: zero-copy sends, SQPOLL.
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
@@ -81,15 +89,21 @@ pub const STAGE_MAX: usize = 256 * 1024;
 const KEEP: usize = 4 * 1024;
 const KEEP_RX: usize = 512;
 
-/// What a completion is for (the top two bits of its user data).
+/// What a completion is for (the top three bits of its user data).
 const OP_RECV: u64 = 1;
 const OP_SEND: u64 = 2;
 const OP_POLL: u64 = 3;
+/// A multishot accept; its "slot" is the listener's index.
+const OP_ACCEPT: u64 = 4;
 /// Cancellations complete with this user data (nothing to do for them).
 const OP_NONE: u64 = 0;
+/// A connection's generation as its completions carry it (the 29 bits between the
+/// operation and the slot). [`RingSock::new`] keeps only these bits, so that a worker's
+/// generation counter may wrap without a connection missing its own completions.
+pub const GEN_MASK: u32 = 0x1fff_ffff;
 
 fn user_data(op: u64, gen: u32, slot: usize) -> u64 {
-    (op << 62) | (u64::from(gen & 0x3fff_ffff) << 32) | (slot as u64 & 0xffff_ffff)
+    (op << 61) | (u64::from(gen & GEN_MASK) << 32) | (slot as u64 & 0xffff_ffff)
 }
 
 /// A completion, copied out of the completion queue.
@@ -108,22 +122,25 @@ pub enum Op {
     Send,
     /// The mio poller has events.
     Poll,
+    /// A listener's multishot accept: a new connection's descriptor, or an error.
+    Accept,
     None,
 }
 
 impl Completion {
     fn from_entry(e: &cqueue::Entry) -> Completion {
         let ud = e.user_data();
-        let op = match ud >> 62 {
+        let op = match ud >> 61 {
             OP_RECV => Op::Recv,
             OP_SEND => Op::Send,
             OP_POLL => Op::Poll,
+            OP_ACCEPT => Op::Accept,
             _ => Op::None,
         };
         Completion {
             op,
             slot: (ud & 0xffff_ffff) as usize,
-            gen: ((ud >> 32) & 0x3fff_ffff) as u32,
+            gen: (ud >> 32) as u32 & GEN_MASK,
             result: e.result(),
             flags: e.flags(),
         }
@@ -133,6 +150,18 @@ impl Completion {
     pub fn more(&self) -> bool {
         cqueue::more(self.flags)
     }
+
+    /// The operation's result: bytes, a new descriptor (accepts), or a negated errno.
+    pub fn result(&self) -> i32 {
+        self.result
+    }
+}
+
+/// Whether listeners accept through the ring (a multishot accept each), unless
+/// `KVCACHED_ACCEPT_MULTISHOT` is `0` (for comparing the two). Every kernel this runtime
+/// runs on (5.19 and later) has multishot accepts.
+pub fn multishot_accepts() -> bool {
+    std::env::var_os("KVCACHED_ACCEPT_MULTISHOT").is_none_or(|v| v != "0")
 }
 
 /// Whether receives may be multishot: kernel 6.0 or later, unless `KVCACHED_RECV_MULTISHOT`
@@ -402,6 +431,23 @@ impl Reactor {
         self.poll_armed = false;
     }
 
+    /// Accept connections on listener `index` (descriptor `fd`) until the accept is
+    /// cancelled or fails: a completion per connection, its result the new descriptor
+    /// (blocking, close-on-exec; a TCP listener's `TCP_NODELAY` carries over to it).
+    pub fn arm_accept(&mut self, fd: RawFd, index: usize) -> io::Result<()> {
+        let e = opcode::AcceptMulti::new(types::Fd(fd))
+            .flags(libc::SOCK_CLOEXEC)
+            .build()
+            .user_data(user_data(OP_ACCEPT, 0, index));
+        self.push(&e)
+    }
+
+    /// Ask the kernel to end listener `index`'s accept (a last completion without `more`
+    /// still comes).
+    pub fn cancel_accept(&mut self, index: usize) {
+        self.cancel(OP_ACCEPT, 0, index);
+    }
+
     /// Queue what connection `slot` needs from the kernel: a receive when its input is empty,
     /// a send when it has staged output and none in flight.
     pub fn arm(&mut self, sock: &mut RingSock, slot: usize) -> io::Result<()> {
@@ -579,7 +625,7 @@ impl Reactor {
                 }
                 true
             }
-            Op::Poll | Op::None => false,
+            Op::Poll | Op::Accept | Op::None => false,
         }
     }
 
@@ -649,7 +695,7 @@ impl RingSock {
     pub fn new(fd: OwnedFd, gen: u32) -> RingSock {
         RingSock {
             fd,
-            gen,
+            gen: gen & GEN_MASK,
             rx: Vec::new(),
             rx_pos: 0,
             eof: false,
@@ -685,6 +731,12 @@ impl RingSock {
     /// Bytes of buffer memory it holds (for `-o read_buf_mem_limit` and the gauges).
     pub fn held(&self) -> usize {
         self.rx.capacity() + self.sending.capacity()
+    }
+}
+
+impl std::os::fd::AsFd for RingSock {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.fd.as_fd()
     }
 }
 
@@ -1043,5 +1095,117 @@ mod tests {
         assert!(sock.failed());
         assert!(!sock.owes(), "a failed connection must be able to close");
         assert!(sock.write(b"x").is_err());
+    }
+
+    #[test]
+    fn a_generation_past_the_mask_still_matches_its_completions() {
+        // A worker's counter wraps at u32; completions carry 29 bits of it. A connection
+        // whose generation had more bits never saw its own completions.
+        let Some((mut r, _, _)) = setup() else {
+            return;
+        };
+        let (a, mut peer) = UnixStream::pair().unwrap();
+        let mut sock = RingSock::new(OwnedFd::from(a), 0xffff_fff7);
+        r.arm(&mut sock, 3).unwrap();
+        peer.write_all(b"version\r\n").unwrap();
+        let mut matched = false;
+        for _ in 0..100 {
+            let done: Vec<Completion> = r.wait(Some(Duration::from_secs(1))).unwrap().to_vec();
+            for c in done.iter().filter(|c| c.op == Op::Recv) {
+                assert_eq!(
+                    (c.slot, c.gen),
+                    (3, sock.gen),
+                    "completion for another connection"
+                );
+                matched = true;
+            }
+            if matched {
+                break;
+            }
+        }
+        assert!(matched, "no receive completed");
+    }
+
+    #[test]
+    fn a_multishot_accept_takes_each_connection_until_cancelled() {
+        use std::net::{TcpListener, TcpStream};
+        let Some((mut r, _, _)) = setup() else {
+            return;
+        };
+        // As the server binds: non-blocking, with TCP_NODELAY.
+        let socket =
+            socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        socket.set_tcp_nodelay(true).unwrap();
+        socket
+            .bind(
+                &"127.0.0.1:0"
+                    .parse::<std::net::SocketAddr>()
+                    .unwrap()
+                    .into(),
+            )
+            .unwrap();
+        socket.listen(16).unwrap();
+        socket.set_nonblocking(true).unwrap();
+        let listener: TcpListener = socket.into();
+        let addr = listener.local_addr().unwrap();
+        r.arm_accept(listener.as_raw_fd(), 5).unwrap();
+        let clients: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(addr).unwrap()).collect();
+        let mut fds = Vec::new();
+        for _ in 0..100 {
+            let done: Vec<Completion> = r.wait(Some(Duration::from_secs(1))).unwrap().to_vec();
+            for c in done.iter().filter(|c| c.op == Op::Accept) {
+                assert_eq!(c.slot, 5, "the listener's index");
+                assert!(c.result() >= 0, "accept failed: {}", c.result());
+                assert!(c.more(), "the accept ended after one connection");
+                // SAFETY: the kernel made this descriptor for the test's accept.
+                fds.push(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(c.result()) });
+            }
+            if fds.len() == clients.len() {
+                break;
+            }
+        }
+        assert_eq!(fds.len(), clients.len(), "connections accepted");
+        let mut peers: Vec<_> = fds
+            .iter()
+            .map(|fd| {
+                let s = socket2::SockRef::from(fd);
+                // What a RingSock needs (blocking) and what the server wants (no Nagle).
+                assert!(
+                    !s.nonblocking().unwrap(),
+                    "an accepted descriptor is non-blocking"
+                );
+                assert!(s.tcp_nodelay().unwrap(), "TCP_NODELAY did not carry over");
+                s.peer_addr().unwrap().as_socket().unwrap()
+            })
+            .collect();
+        let mut locals: Vec<_> = clients.iter().map(|c| c.local_addr().unwrap()).collect();
+        peers.sort();
+        locals.sort();
+        assert_eq!(peers, locals, "each client accepted once");
+        r.cancel_accept(5);
+        let mut ended = false;
+        for _ in 0..100 {
+            let done: Vec<Completion> = r.wait(Some(Duration::from_secs(1))).unwrap().to_vec();
+            for c in done.iter().filter(|c| c.op == Op::Accept) {
+                assert!(!c.more(), "a cancelled accept goes on");
+                assert_eq!(c.result(), -libc::ECANCELED);
+                ended = true;
+            }
+            if ended {
+                break;
+            }
+        }
+        assert!(ended, "the cancelled accept never completed");
+        // Nothing accepts now: a new connection waits in the backlog.
+        let _late = TcpStream::connect(addr).unwrap();
+        let done: Vec<Completion> = r.wait(Some(Duration::from_millis(50))).unwrap().to_vec();
+        assert!(
+            done.iter().all(|c| c.op != Op::Accept),
+            "accepted after the cancel"
+        );
+        assert!(
+            listener.accept().is_ok(),
+            "the late connection is in the backlog"
+        );
     }
 }

@@ -12,7 +12,7 @@
 
 use std::collections::VecDeque;
 use std::io::{self, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -42,6 +42,43 @@ enum MioListener {
     Unix(mio::net::UnixListener),
 }
 
+impl MioListener {
+    fn source(&mut self) -> &mut dyn mio::event::Source {
+        match self {
+            MioListener::Tcp(l, _) => l,
+            MioListener::Unix(l) => l,
+        }
+    }
+
+    fn fd(&self) -> i32 {
+        match self {
+            MioListener::Tcp(l, _) => l.as_raw_fd(),
+            MioListener::Unix(l) => l.as_raw_fd(),
+        }
+    }
+
+    /// The local end's name (`stats conns`' `listen_addr`) that every connection accepted
+    /// here shares: `None` for a TCP wildcard address, where each connection's own address
+    /// (`getsockname`) tells which of the machine's addresses it came to.
+    fn shared_name(&self) -> Option<String> {
+        match self {
+            MioListener::Tcp(l, _) => l
+                .local_addr()
+                .ok()
+                .filter(|a| !a.ip().is_unspecified())
+                .map(|a| format!("tcp:{a}")),
+            MioListener::Unix(l) => {
+                let path = l
+                    .local_addr()
+                    .ok()
+                    .and_then(|a| a.as_pathname().map(|p| p.display().to_string()))
+                    .unwrap_or_default();
+                Some(format!("unix:{path}"))
+            }
+        }
+    }
+}
+
 pub struct Worker {
     index: usize,
     shared: Arc<Shared>,
@@ -49,6 +86,19 @@ pub struct Worker {
     poll: Poll,
     waker: Arc<Waker>,
     listeners: Vec<MioListener>,
+    /// Per listener, the local name its connections share ([`MioListener::shared_name`]).
+    listen_names: Vec<Option<String>>,
+    /// Listeners accept through the ring (`ring.rs`: io_uring, `maxconns_fast`, not
+    /// `KVCACHED_ACCEPT_MULTISHOT=0`), and whether each one's multishot accept is in flight.
+    ring_accept: bool,
+    accept_armed: Vec<bool>,
+    /// The open-file limit the ring's accepts were armed under (the kernel keeps the one in
+    /// force at arming), and when it was last compared with the process's.
+    accept_limit: Option<u64>,
+    limit_checked: u32,
+    /// The ring's accepts were armed again after a pause: unless one fails for want of
+    /// descriptors in the next turn, accepting has resumed.
+    accept_resume: bool,
     /// This worker's own UDP sockets (SO_REUSEPORT), tokens after the listeners'.
     udp: Vec<mio::net::UdpSocket>,
     /// UDP sockets that may hold more datagrams than one turn took (by index in `udp`).
@@ -89,14 +139,12 @@ impl Worker {
                 Listener::Tcp(l, tls) => MioListener::Tcp(mio::net::TcpListener::from_std(l), tls),
                 Listener::Unix(l) => MioListener::Unix(mio::net::UnixListener::from_std(l)),
             };
-            let source: &mut dyn mio::event::Source = match &mut ml {
-                MioListener::Tcp(l, _) => l,
-                MioListener::Unix(l) => l,
-            };
             poll.registry()
-                .register(source, Token(i), Interest::READABLE)?;
+                .register(ml.source(), Token(i), Interest::READABLE)?;
             mine.push(ml);
         }
+        let listen_names = mine.iter().map(MioListener::shared_name).collect();
+        let accept_armed = vec![false; mine.len()];
         let mut udp = Vec::with_capacity(udp_addrs.len());
         for (i, addr) in udp_addrs.iter().enumerate() {
             let mut sock = crate::runtime::udp::bind(*addr)?;
@@ -115,6 +163,12 @@ impl Worker {
             poll,
             waker,
             listeners: mine,
+            listen_names,
+            ring_accept: false,
+            accept_armed,
+            accept_limit: None,
+            limit_checked: 0,
+            accept_resume: false,
             udp,
             udp_ready: Vec::new(),
             conns: Vec::new(),
@@ -158,6 +212,8 @@ impl Worker {
         }
         ready.wait();
         if self.ring.is_some() {
+            self.ring_accept =
+                self.shared.config.maxconns_fast && crate::runtime::ring::multishot_accepts();
             self.run_ring()
         } else {
             self.run_epoll()
@@ -176,8 +232,17 @@ impl Worker {
         let idle = self.shared.config.idle_timeout;
         let handshake = self.handshake_timeout();
         let epoll = self.poll.as_raw_fd();
+        if self.ring_accept {
+            // The listeners leave the poller: the ring accepts for them.
+            for l in &mut self.listeners {
+                let _ = self.poll.registry().deregister(l.source());
+            }
+            self.arm_accepts();
+        }
         while !self.shared.shutting_down() {
-            let timeout = self.timeout(idle.is_some() || handshake.is_some());
+            // With the ring's accepts, a turn at least once a second compares the open-file
+            // limit (`turn_end`).
+            let timeout = self.timeout(idle.is_some() || handshake.is_some() || self.ring_accept);
             let Some(ring) = self.ring.as_mut() else {
                 break;
             };
@@ -217,6 +282,7 @@ impl Worker {
                         }
                     }
                     Op::Recv | Op::Send => self.completed(c, &mut scratch),
+                    Op::Accept => self.ring_accepted(c),
                     Op::None => {}
                 }
             }
@@ -288,6 +354,9 @@ impl Worker {
             let wait = at.saturating_duration_since(Instant::now());
             timeout = Some(timeout.map_or(wait, |t| t.min(wait)));
         }
+        if self.accept_resume {
+            timeout = Some(timeout.map_or(ACCEPT_RETRY, |t| t.min(ACCEPT_RETRY)));
+        }
         timeout
     }
 
@@ -342,9 +411,26 @@ impl Worker {
                 self.drive(slot, scratch);
             }
         }
+        if self.accept_resume && self.accept_retry.is_none() {
+            // The accepts armed last turn after a pause did not fail: accepting again.
+            self.accept_resume = false;
+            self.shared.set_accepting(true);
+        }
         if self.accept_retry.is_some_and(|at| Instant::now() >= at) {
             self.accept_retry = None;
             self.accept_all();
+            // Under epoll the retry's `accept4` said at once whether there is room; the
+            // ring's accepts say so in their completions, by the next turn.
+            self.accept_resume = self.ring_accept;
+        } else if self.ring_accept && self.accept_retry.is_none() {
+            // A listener's accept that ended (an error, a connection that went away before
+            // it was taken) starts again.
+            self.arm_accepts();
+        }
+        // (Server time: a new second costs no clock read here.)
+        if self.ring_accept && self.limit_checked != self.now {
+            self.limit_checked = self.now;
+            self.check_accept_limit();
         }
         if (idle.is_some() || handshake.is_some()) && last_sweep.elapsed() >= Duration::from_secs(1)
         {
@@ -488,9 +574,145 @@ impl Worker {
 
     /// Accept on every listener (after a pause).
     fn accept_all(&mut self) {
+        if self.ring_accept {
+            self.arm_accepts();
+            return;
+        }
         for i in 0..self.listeners.len() {
             self.accept(i);
         }
+    }
+
+    /// Arm the multishot accept of every listener that has none in flight.
+    fn arm_accepts(&mut self) {
+        let Some(ring) = self.ring.as_mut() else {
+            return;
+        };
+        if self.accept_armed.contains(&false) {
+            self.accept_limit = crate::setup::daemon::open_file_limit();
+        }
+        for (i, l) in self.listeners.iter().enumerate() {
+            if self.accept_armed.get(i) != Some(&false) {
+                continue;
+            }
+            match ring.arm_accept(l.fd(), i) {
+                Ok(()) => self.accept_armed[i] = true,
+                Err(e) => {
+                    // The ring would not take it now: try again after a pause.
+                    self.shared
+                        .log(1, || format!("accept failed: {e}; pausing"));
+                    self.accept_retry = Some(Instant::now() + ACCEPT_RETRY);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// An armed accept takes descriptors up to the open-file limit of when it was armed.
+    /// If the limit changed since (`prlimit` on the running server), the accepts end and
+    /// are armed again under the new one, so a lowered limit pauses accepting as it does
+    /// under epoll.
+    fn check_accept_limit(&mut self) {
+        let now = crate::setup::daemon::open_file_limit();
+        if now == self.accept_limit {
+            return;
+        }
+        self.accept_limit = now;
+        if let Some(ring) = self.ring.as_mut() {
+            for (i, armed) in self.accept_armed.iter().enumerate() {
+                if *armed {
+                    ring.cancel_accept(i);
+                }
+            }
+        }
+    }
+
+    /// A listener's multishot accept completed: a new connection, or the accept failed.
+    fn ring_accepted(&mut self, c: &Completion) {
+        let index = c.slot;
+        if index >= self.listeners.len() {
+            return;
+        }
+        if !c.more() {
+            // It ended: armed again at the end of the turn, or after a pause.
+            self.accept_armed[index] = false;
+        }
+        let res = c.result();
+        if res < 0 {
+            let e = io::Error::from_raw_os_error(-res);
+            if res == -libc::ECANCELED {
+                return;
+            }
+            if out_of_descriptors(&e) {
+                // As under epoll: stop, leave connections in the backlog, try again soon.
+                self.shared
+                    .log(1, || format!("accept failed: {e}; pausing"));
+                self.shared.set_accepting(false);
+                self.accept_retry = Some(Instant::now() + ACCEPT_RETRY);
+                self.accept_resume = false;
+                if c.more() {
+                    if let Some(ring) = self.ring.as_mut() {
+                        ring.cancel_accept(index);
+                    }
+                }
+            } else {
+                // A connection that went away in the backlog (ECONNABORTED) and the like.
+                self.shared.log(1, || format!("accept failed: {e}"));
+            }
+            return;
+        }
+        // SAFETY: the kernel made this descriptor for this accept; nothing else owns it.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(res) };
+        self.next_gen = self.next_gen.wrapping_add(1);
+        let sock = RingSock::new(fd, self.next_gen);
+        let made = match &self.listeners[index] {
+            MioListener::Tcp(_, tls) => {
+                // A peer that reset the connection in the backlog has no address any more
+                // (ENOTCONN); the connection is still taken and counted, as `accept4`
+                // takes it, and its first receive ends it.
+                let addr = socket2::SockRef::from(&sock)
+                    .peer_addr()
+                    .ok()
+                    .and_then(|a| a.as_socket())
+                    .map_or_else(|| "tcp:".to_string(), |a| format!("tcp:{a}"));
+                let tls = *tls;
+                let listen = self.listen_name(index, &sock);
+                match tls {
+                    None => Ok((Stream::Ring(sock), addr, listen)),
+                    Some(peer) => self
+                        .tls_stream(Sock::Ring(sock), peer)
+                        .map(|stream| (stream, addr, listen)),
+                }
+            }
+            MioListener::Unix(_) => {
+                let name = self.listen_name(index, &sock);
+                Ok((Stream::Ring(sock), name.clone(), name))
+            }
+        };
+        match made {
+            Ok((stream, addr, listen)) => {
+                self.admit(stream, addr, listen, false);
+                if self.accept_retry.is_none() {
+                    self.shared.set_accepting(true);
+                }
+            }
+            // A TLS session could not be made (the server's error, logged as under epoll).
+            Err(e) => self.shared.log(1, || format!("accept failed: {e}")),
+        }
+    }
+
+    /// The local end's name for a connection accepted on listener `index`: the listener's
+    /// own, or the connection's where the listener is a wildcard address.
+    fn listen_name(&self, index: usize, sock: &impl std::os::fd::AsFd) -> String {
+        if let Some(Some(name)) = self.listen_names.get(index) {
+            return name.clone();
+        }
+        socket2::SockRef::from(sock)
+            .local_addr()
+            .ok()
+            .and_then(|a| a.as_socket())
+            .map(|a| format!("tcp:{a}"))
+            .unwrap_or_default()
     }
 
     fn accept(&mut self, index: usize) {
@@ -526,12 +748,9 @@ impl Worker {
             self.next_gen = self.next_gen.wrapping_add(1);
             let gen = self.next_gen;
             let accepted = match &self.listeners[index] {
+                // (TCP_NODELAY comes from the listener.)
                 MioListener::Tcp(l, tls) => l.accept().and_then(|(s, addr)| {
-                    let _ = s.set_nodelay(true);
-                    let listen = s
-                        .local_addr()
-                        .map(|a| format!("tcp:{a}"))
-                        .unwrap_or_default();
+                    let listen = self.listen_name(index, &s);
                     let sock = if uring {
                         Sock::Ring(ring_sock(s.into(), gen)?)
                     } else {
@@ -545,17 +764,13 @@ impl Worker {
                     Ok((stream, format!("tcp:{addr}"), listen))
                 }),
                 MioListener::Unix(l) => l.accept().and_then(|(s, _)| {
-                    let path = s
-                        .local_addr()
-                        .ok()
-                        .and_then(|a| a.as_pathname().map(|p| p.display().to_string()))
-                        .unwrap_or_default();
+                    let name = self.listen_name(index, &s);
                     let stream = if uring {
                         Stream::Ring(ring_sock(s.into(), gen)?)
                     } else {
                         Stream::Unix(s)
                     };
-                    Ok((stream, format!("unix:{path}"), format!("unix:{path}")))
+                    Ok((stream, name.clone(), name))
                 }),
             };
             if reserve && accepted.is_err() {

@@ -200,6 +200,11 @@ type Resource = libc::__rlimit_resource_t;
 #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
 type Resource = libc::c_int;
 
+/// The soft open-file limit now (`None` if it cannot be read).
+pub fn open_file_limit() -> Option<u64> {
+    get_rlimit(libc::RLIMIT_NOFILE).ok().map(|l| l.rlim_cur)
+}
+
 fn get_rlimit(resource: Resource) -> io::Result<libc::rlimit> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
