@@ -565,6 +565,18 @@ fn restore_file_maps_segment_images() {
     std::fs::remove_file(&path).expect("remove the snapshot");
     assert_eq!(e.digest(now), master.digest(now));
     e.check_accounting().expect("accounting");
+    // The loaded segments know their earliest expiry: the background sweep finds the items
+    // with a time to live once it comes (and reads nothing before).
+    use kvstore::Engine as _;
+    let expiring = (0..60_000u32).filter(|i| i % 7 == 0).count() as u64;
+    assert_eq!((0..4).map(|_| e.maintain(now + 999, true)).sum::<u64>(), 0);
+    assert_eq!(e.stats().crawler_items_checked, 0);
+    assert_eq!(
+        (0..4).map(|_| e.maintain(now + 1000, true)).sum::<u64>(),
+        expiring
+    );
+    assert_eq!(e.stats().curr_items, 60_000 - expiring);
+    e.check_accounting().expect("accounting after the sweep");
     // Fill the cache twice over: every loaded segment is evicted or reused.
     for i in 0..400_000u32 {
         let key = format!("new:{i}");

@@ -418,10 +418,36 @@ impl Engine for LogEngine {
             0
         };
         let start = self.maint_cursor.fetch_add(chunk, Ordering::Relaxed) % nmain;
+        // Items are read only where one may be dead: in a segment whose earliest expiry
+        // has come, or anywhere during the first pass after a flush (an idle cache of items
+        // without times to live costs the sweep no reads of the log).
+        let every = {
+            let marks = (
+                self.flush_mark.load(Ordering::Acquire),
+                self.delayed_mark.load(Ordering::Acquire),
+            );
+            let mut s = lock(&self.sweep_marks);
+            if s.marks != marks {
+                s.marks = marks;
+                s.scanned = 0;
+            }
+            let every = s.scanned < nmain;
+            s.scanned = s.scanned.saturating_add(chunk);
+            let d = self.flush_deadline.load(Ordering::Acquire);
+            every || (d != 0 && now >= d)
+        };
         for i in 0..chunk {
             let b = (start + i) % nmain;
             let _g = self.index.lock_bucket(b);
             self.index.for_each_in_chain(b, |slot, v| {
+                if !every
+                    && !self
+                        .segs
+                        .get(index::slot_seg(v))
+                        .is_some_and(|s| s.acct.0.may_have_expired(now))
+                {
+                    return;
+                }
                 // SAFETY: we hold the stripe lock of this chain and `v` is in its slot.
                 let Some(r) = (unsafe { self.rec(v) }) else {
                     return;

@@ -29,7 +29,9 @@
 //! * **TTL classes**: an item with a time to live goes instead to the open segment of its
 //!   TTL class (geometric classes from 1 s to `TTL_SPAN`, see [`ttl_classes`]), so the
 //!   items of a segment expire about together. A segment keeps the latest expiry it was
-//!   given (`SegAcct::max_exp`); `maintain` frees every sealed segment past it, anywhere in
+//!   given (`SegAcct::max_exp`), and the earliest (`SegAcct::min_exp`: `maintain`'s sweep
+//!   of the index reads no record of a segment before it, see [`SweepMarks`]);
+//!   `maintain` frees every sealed segment past the latest, anywhere in
 //!   the FIFOs, without waiting for eviction (`expire_segments`), and seals a class's
 //!   open segment once its first items have all expired (`seal_aged`), so a class written
 //!   to slowly does not keep expired items in a segment that never fills. The open
@@ -218,6 +220,17 @@ const MAX_KEY: usize = 255;
 const CHUNK: usize = 1024;
 /// Attempts of an optimistic read-then-write (append, incr, touch) before giving up.
 const RETRIES: usize = 64;
+/// What the background sweep knows of flushes: the watermarks (`flush_mark`,
+/// `delayed_mark`) it last saw, and how many buckets it has scanned since they changed.
+/// Once a whole pass has gone by under the same watermarks, no indexed item is below them
+/// (each one found was unlinked, and items stored since are above them), so only expiry
+/// can make an item dead and a segment whose earliest expiry is still ahead needs no
+/// reading.
+struct SweepMarks {
+    marks: (u64, u64),
+    scanned: usize,
+}
+
 /// Main buckets `maintain` scans per call (each a cache line of 8 slots).
 const MAINTAIN_BUCKETS: usize = 1 << 16;
 /// TTL classes cover times to live from 1 s to this many seconds (36 h), in geometric
@@ -398,6 +411,9 @@ pub struct LogEngine {
     /// Serializes flush_all and the turning of a passed deadline into `delayed_mark`.
     flush_lock: Mutex<()>,
     maint_cursor: AtomicUsize,
+    /// The flush watermarks the sweep last saw, and the buckets it has scanned since they
+    /// changed (see `maintain`).
+    sweep_marks: Mutex<SweepMarks>,
     /// Rewrite stamps (see `rewrite_stamp`), drawn as CAS uniques are.
     stamps: cas::CasClock,
     /// Held while a segment sequence number is drawn and published (see `open_segment`).
@@ -481,6 +497,11 @@ impl LogEngine {
             delayed_mark: AtomicU64::new(0),
             flush_lock: Mutex::new(()),
             maint_cursor: AtomicUsize::new(0),
+            sweep_marks: Mutex::new(SweepMarks {
+                marks: (0, 0),
+                // Nothing is below watermarks of 0: no pass is owed.
+                scanned: usize::MAX,
+            }),
             stamps: cas::CasClock::new(),
             seq_lock: Mutex::new(()),
             retired_bytes: AtomicU64::new(0),
@@ -931,11 +952,7 @@ impl LogEngine {
                 .0
                 .live_bytes
                 .fetch_add(len as u64, Ordering::Relaxed);
-            let exp = if exptime == 0 { Time::MAX } else { exptime };
-            let m = &seg.acct.0.max_exp;
-            if m.load(Ordering::Relaxed) < exp {
-                m.fetch_max(exp, Ordering::Relaxed);
-            }
+            seg.acct.0.note_expiry(exptime);
         }
     }
 

@@ -32,6 +32,47 @@ pub(super) struct SegAcct {
     /// `Time::MAX` once one never expires. Once the clock passes it, everything in the
     /// segment is dead and the whole segment can go (`expire_segments`).
     pub(super) max_exp: AtomicU32,
+    /// The earliest expiry of any item the segment was given (0 while it has none with a
+    /// time to live). Until the clock reaches it nothing in the segment has expired, so
+    /// the background sweep need not read its records (`maintain`).
+    pub(super) min_exp: AtomicU32,
+}
+
+impl SegAcct {
+    /// The segment was given an item expiring at `exptime` (0: never).
+    pub(super) fn note_expiry(&self, exptime: Time) {
+        let latest = if exptime == 0 { Time::MAX } else { exptime };
+        if self.max_exp.load(Ordering::Relaxed) < latest {
+            self.max_exp.fetch_max(latest, Ordering::Relaxed);
+        }
+        if exptime != 0 {
+            let mut cur = self.min_exp.load(Ordering::Relaxed);
+            while cur == 0 || exptime < cur {
+                match self.min_exp.compare_exchange_weak(
+                    cur,
+                    exptime,
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                ) {
+                    Ok(_) => break,
+                    Err(seen) => cur = seen,
+                }
+            }
+        }
+    }
+
+    /// Whether an item of the segment may have expired by `now`.
+    pub(super) fn may_have_expired(&self, now: Time) -> bool {
+        let soonest = self.min_exp.load(Ordering::Relaxed);
+        soonest != 0 && soonest <= now
+    }
+
+    fn reset(&self) {
+        self.live_items.store(0, Ordering::Relaxed);
+        self.live_bytes.store(0, Ordering::Relaxed);
+        self.max_exp.store(0, Ordering::Relaxed);
+        self.min_exp.store(0, Ordering::Relaxed);
+    }
 }
 
 #[derive(Default)]
@@ -213,9 +254,7 @@ impl LogEngine {
                 unsafe { mem::unmap(ptr, cap) };
                 self.allocated.fetch_sub(cap, Ordering::Relaxed);
             }
-            seg.acct.0.live_items.store(0, Ordering::Relaxed);
-            seg.acct.0.live_bytes.store(0, Ordering::Relaxed);
-            seg.acct.0.max_exp.store(0, Ordering::Relaxed);
+            seg.acct.0.reset();
         }
         p.ids.push(id);
     }
@@ -362,9 +401,7 @@ impl LogEngine {
             // now, so we may write all `cap` bytes of its mapping.
             unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, cap) };
         }
-        seg.acct.0.live_items.store(0, Ordering::Relaxed);
-        seg.acct.0.live_bytes.store(0, Ordering::Relaxed);
-        seg.acct.0.max_exp.store(0, Ordering::Relaxed);
+        seg.acct.0.reset();
         // The number is drawn and published under `seq_lock`, so that a log reader that
         // holds it sees every number below `seg_seq` either live or retired.
         let _s = lock(&self.seq_lock);

@@ -338,20 +338,56 @@ fn maintain_reclaims_expired() {
     // Enough calls to cover the index (65536 buckets per call).
     let calls = e.index.nmain().div_ceil(MAINTAIN_BUCKETS);
     assert_eq!((0..calls).map(|_| e.maintain(5, true)).sum::<u64>(), 0);
-    assert_eq!(e.stats().crawler_items_checked, 100, "one full pass");
+    // Nothing can have expired yet: no segment's earliest expiry has come, so no record
+    // is read.
+    assert_eq!(
+        e.stats().crawler_items_checked,
+        0,
+        "a pass before any expiry"
+    );
     // Without the sweep (-o no_lru_crawler) expired items stay until found.
     assert_eq!((0..calls).map(|_| e.maintain(10, false)).sum::<u64>(), 0);
     assert_eq!(e.stats().curr_items, 100);
     assert_eq!(
         e.stats().crawler_items_checked,
-        100,
+        0,
         "no sweep, nothing checked"
     );
     assert_eq!((0..calls).map(|_| e.maintain(10, true)).sum::<u64>(), 50);
     assert_eq!(e.stats().curr_items, 50);
     assert_eq!(e.stats().expired_unfetched, 50);
     assert_eq!(e.stats().crawler_reclaimed, 50);
-    assert_eq!(e.stats().crawler_items_checked, 200);
+    // Only the items with a time to live were read: the others cannot expire.
+    assert_eq!(e.stats().crawler_items_checked, 50);
+}
+
+#[test]
+fn the_sweep_reads_items_without_expiry_only_after_a_flush() {
+    let e = LogEngine::new(cfg(64 << 20));
+    for i in 0..100u32 {
+        let k = format!("k{i}");
+        e.store(req(StoreMode::Set, k.as_bytes(), b"v"), 1);
+    }
+    let calls = e.index.nmain().div_ceil(MAINTAIN_BUCKETS);
+    let pass = |now| (0..calls).map(|_| e.maintain(now, true)).sum::<u64>();
+    assert_eq!(pass(5), 0);
+    assert_eq!(e.stats().crawler_items_checked, 0, "nothing can be dead");
+    // A flush: the next pass reads every item and reclaims them all.
+    e.flush_all(0, 6);
+    for i in 100..110u32 {
+        let k = format!("k{i}");
+        e.store(req(StoreMode::Set, k.as_bytes(), b"v"), 6);
+    }
+    assert_eq!(pass(6), 100, "the flushed items");
+    assert_eq!(e.stats().crawler_items_checked, 110);
+    assert_eq!(e.stats().curr_items, 10);
+    // A whole pass has gone by under this flush: back to reading nothing.
+    assert_eq!(pass(7), 0);
+    assert_eq!(e.stats().crawler_items_checked, 110);
+    // A delayed flush whose time has come makes every item dead again.
+    e.flush_all(8, 7);
+    assert_eq!(pass(9), 10, "flushed by the delayed flush");
+    assert_eq!(e.stats().curr_items, 0);
 }
 
 fn fill(e: &LogEngine, n: usize, vlen: usize, now: Time) {

@@ -1028,6 +1028,8 @@ struct ImageAcct {
     items: u64,
     bytes: u64,
     max_exp: Time,
+    /// The earliest expiry (0: none yet).
+    min_exp: Time,
     /// The current run: its items' size and their number.
     run: (usize, i64),
 }
@@ -1039,6 +1041,9 @@ impl ImageAcct {
         self.max_exp = self
             .max_exp
             .max(if exptime == 0 { Time::MAX } else { exptime });
+        if exptime != 0 && (self.min_exp == 0 || exptime < self.min_exp) {
+            self.min_exp = exptime;
+        }
         if self.run.0 != size {
             self.tally_run(e);
             self.run.0 = size;
@@ -1074,6 +1079,9 @@ impl ImageAcct {
             .0
             .max_exp
             .fetch_max(self.max_exp, Ordering::Relaxed);
+        if self.min_exp != 0 {
+            seg.acct.0.note_expiry(self.min_exp);
+        }
     }
 }
 
