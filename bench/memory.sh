@@ -4,9 +4,13 @@
 # Both servers start with the same -m; kvblast loads ITEMS items with KEY-byte keys and
 # VALUE-byte values into each (every key set once, nothing evicted); then the script reads
 # each server's resident set (VmRSS) and curr_items, and reports bytes per item, total and
-# above the empty server's RSS, and the kvcached/memcached ratio.
+# above the empty server's RSS, and the kvcached/memcached ratio. Then, with the items in
+# place and no client, it measures the CPU each server uses for IDLE seconds (-i, default
+# 10; 0 skips it): what a full but quiet cache costs its machine (background threads).
 #
-# usage: bench/memory.sh [-n ITEMS] [-k KEY] [-v VALUE] [-m MEGABYTES] [-- KVCACHED ARGS]
+# usage: bench/memory.sh [-n ITEMS] [-k KEY] [-v VALUE] [-m MEGABYTES] [-i IDLE] [-- KVCACHED ARGS]
+#   MEMCACHED=/path/to/memcached  the reference (default /usr/bin/memcached)
+#   KVCACHED=/path/to/kvcached    another kvcached build (default target/release/kvcached)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
@@ -15,13 +19,15 @@ items=2000000
 key=15
 value=32
 mem=1024
-while getopts "n:k:v:m:" opt; do
+idle=10
+while getopts "n:k:v:m:i:" opt; do
     case $opt in
         n) items=$OPTARG ;;
         k) key=$OPTARG ;;
         v) value=$OPTARG ;;
         m) mem=$OPTARG ;;
-        *) echo "usage: $0 [-n ITEMS] [-k KEY] [-v VALUE] [-m MEGABYTES] [-- KVCACHED ARGS]" >&2; exit 2 ;;
+        i) idle=$OPTARG ;;
+        *) echo "usage: $0 [-n ITEMS] [-k KEY] [-v VALUE] [-m MEGABYTES] [-i IDLE] [-- KVCACHED ARGS]" >&2; exit 2 ;;
     esac
 done
 shift $((OPTIND - 1))
@@ -29,18 +35,20 @@ kv_extra=("$@")
 
 cargo build --release -q -p kvcached -p kvblast
 memcached=${MEMCACHED:-/usr/bin/memcached}
+kvcached=${KVCACHED:-target/release/kvcached}
+hz=$(getconf CLK_TCK)
 
 rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status"; }
 
 echo "items: $items, key $key bytes, value $value bytes, -m $mem; $(nproc) cores"
-printf '%-10s %12s %12s %12s %14s %14s\n' server curr_items rss_empty_MiB rss_full_MiB bytes/item "above empty"
+printf '%-10s %12s %12s %12s %14s %14s %12s\n' server curr_items rss_empty_MiB rss_full_MiB bytes/item "above empty" "idle_cpu_%"
 declare -A per_item
 for server in memcached kvcached; do
     port=$(free_port)
     if [ $server = memcached ]; then
         "$memcached" "${user_args[@]}" -l 127.0.0.1 -p "$port" -t 1 -m "$mem" &
     else
-        target/release/kvcached "${user_args[@]}" -l 127.0.0.1 -p "$port" -t 1 -m "$mem" "${kv_extra[@]}" &
+        "$kvcached" "${user_args[@]}" -l 127.0.0.1 -p "$port" -t 1 -m "$mem" "${kv_extra[@]}" &
     fi
     pid=$!
     wait_port "$port"
@@ -50,13 +58,18 @@ for server in memcached kvcached; do
         "127.0.0.1:$port" >/dev/null
     n=$(stat "$port" curr_items)
     full=$(rss_kib $pid)
+    cpu=-
+    if [ "$idle" != 0 ]; then
+        t0=$(cpu_ticks $pid); sleep "$idle"; t1=$(cpu_ticks $pid)
+        cpu=$(python3 -c "print(f'{($t1 - $t0) / $hz / $idle * 100:.1f}')")
+    fi
     kill $pid; wait $pid 2>/dev/null || true
     line=$(python3 -c "
 n, e, f = $n, $empty, $full
 print(f'{n} {e/1024:.1f} {f/1024:.1f} {f*1024/max(n,1):.2f} {(f-e)*1024/max(n,1):.2f}')")
     read -r n e f b a <<<"$line"
     per_item[$server]=$b
-    printf '%-10s %12s %12s %12s %14s %14s\n' "$server" "$n" "$e" "$f" "$b" "$a"
+    printf '%-10s %12s %12s %12s %14s %14s %12s\n' "$server" "$n" "$e" "$f" "$b" "$a" "$cpu"
 done
 python3 -c "print(f'kvcached/memcached bytes per item: {${per_item[kvcached]}/${per_item[memcached]}:.2f}')"
-echo "memcached: $("$memcached" -V); kvcached: $(target/release/kvcached -V)"
+echo "memcached: $("$memcached" -V); kvcached: $("$kvcached" -V)"

@@ -436,6 +436,18 @@ impl Engine for LogEngine {
             let d = self.flush_deadline.load(Ordering::Acquire);
             every || (d != 0 && now >= d)
         };
+        // Nothing to look for at all (no segment's earliest expiry has come): the index is
+        // not walked. A segment header each is far less than a walk of the index.
+        let chunk = if every
+            || (0..self.seg_ids()).any(|id| {
+                self.segs
+                    .get(id)
+                    .is_some_and(|s| s.acct.0.may_have_expired(now))
+            }) {
+            chunk
+        } else {
+            0
+        };
         for i in 0..chunk {
             let b = (start + i) % nmain;
             let _g = self.index.lock_bucket(b);
