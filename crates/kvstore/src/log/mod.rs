@@ -416,8 +416,10 @@ pub struct LogEngine {
     sweep_marks: Mutex<SweepMarks>,
     /// Rewrite stamps (see `rewrite_stamp`), drawn as CAS uniques are.
     stamps: cas::CasClock,
-    /// Held while a segment sequence number is drawn and published (see `open_segment`).
-    seq_lock: Mutex<()>,
+    /// Held while a segment sequence number is drawn and published (see `open_segment`);
+    /// it guards the live segments, (sequence number, id) in increasing order, so that a
+    /// log reader (a replica's pull) need not look at every segment's header.
+    seq_lock: Mutex<Vec<(u64, u32)>>,
     /// Log bytes of segments retired so far (for the replication offset).
     retired_bytes: AtomicU64,
     /// Replication state of this engine (see `repl`).
@@ -503,7 +505,7 @@ impl LogEngine {
                 scanned: usize::MAX,
             }),
             stamps: cas::CasClock::new(),
-            seq_lock: Mutex::new(()),
+            seq_lock: Mutex::new(Vec::new()),
             retired_bytes: AtomicU64::new(0),
             repl: repl::ReplFlags::default(),
             tally: OnceLock::new(),
@@ -664,6 +666,20 @@ impl LogEngine {
                     "segment {id}: slots say {want:?}, counters {have:?}"
                 ));
             }
+        }
+        // The list of live segments log readers use is what the headers say.
+        let mut scanned: Vec<(u64, u32)> = (0..self.seg_ids())
+            .filter_map(|id| {
+                let seq = self.segs.get(id)?.mem.0.seq.load(Ordering::Acquire);
+                (seq != 0).then_some((seq, id))
+            })
+            .collect();
+        scanned.sort_unstable();
+        let listed = lock(&self.seq_lock).clone();
+        if scanned != listed {
+            return Err(format!(
+                "live segments: headers say {scanned:?}, the list {listed:?}"
+            ));
         }
         if self.allocated.load(Ordering::Relaxed) > self.budget().max(self.seg_size * 2) {
             return Err(format!(

@@ -412,14 +412,7 @@ impl LogEngine {
 
     /// Live segments as (sequence number, id), in sequence order.
     fn live_segments(&self) -> Vec<(u64, u32)> {
-        let mut v: Vec<(u64, u32)> = (0..self.seg_ids())
-            .filter_map(|id| {
-                let seq = self.segs.get(id)?.mem.0.seq.load(Ordering::Acquire);
-                (seq != 0).then_some((seq, id))
-            })
-            .collect();
-        v.sort_unstable();
-        v
+        lock(&self.seq_lock).clone()
     }
 
     /// A digest of the live items at `now`: their count and the sum (mod 2^128) of each
@@ -607,8 +600,8 @@ impl LogEngine {
     /// open ones at their length.
     fn own_position(&self) -> Cursor {
         let (next, live) = {
-            let _s = lock(&self.seq_lock);
-            (self.seg_seq.load(Ordering::SeqCst), self.live_segments())
+            let live = lock(&self.seq_lock);
+            (self.seg_seq.load(Ordering::SeqCst), live.clone())
         };
         let mut entries = Vec::new();
         for &(seq, id) in &live {
@@ -641,8 +634,8 @@ impl LogEngine {
     /// A reset batch, and the snapshot cursor it announces.
     fn serve_reset_cursor(&self, out: &mut Vec<u8>) -> (Served, Cursor) {
         let (next, live) = {
-            let _s = lock(&self.seq_lock);
-            (self.seg_seq.load(Ordering::SeqCst), self.live_segments())
+            let live = lock(&self.seq_lock);
+            (self.seg_seq.load(Ordering::SeqCst), live.clone())
         };
         let (at, log_offset) = self.batch_header(KIND_RESET, out);
         let mut open = Vec::new();
@@ -802,8 +795,8 @@ impl LogEngine {
     /// an impossible cursor) and must resynchronize.
     fn serve_tail(&self, c: &Cursor, budget: usize, out: &mut Vec<u8>) -> Option<Served> {
         let (next, live) = {
-            let _s = lock(&self.seq_lock);
-            (self.seg_seq.load(Ordering::SeqCst), self.live_segments())
+            let live = lock(&self.seq_lock);
+            (self.seg_seq.load(Ordering::SeqCst), live.clone())
         };
         // Every segment numbered from `below` up to `next` must be live here or complete
         // there; a partly consumed one must be live.
@@ -864,6 +857,12 @@ impl LogEngine {
             // SAFETY: pinned and still live, as in `serve_snapshot`.
             let base = unsafe { format::seg_cas_base(ptr.as_ptr()) };
             let mut end = start;
+            if used - start <= budget.saturating_sub(shipped) {
+                // All of it fits: `used` is published at a record's end, so no record
+                // need be read to find where to cut.
+                end = used;
+                shipped += used - start;
+            }
             while end < used && shipped < budget {
                 // SAFETY: as above; `used` is the published length.
                 let Some(r) = (unsafe { format::read(ptr.as_ptr(), used, end, base) }) else {

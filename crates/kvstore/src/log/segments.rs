@@ -404,9 +404,10 @@ impl LogEngine {
         seg.acct.0.reset();
         // The number is drawn and published under `seq_lock`, so that a log reader that
         // holds it sees every number below `seg_seq` either live or retired.
-        let _s = lock(&self.seq_lock);
+        let mut live = lock(&self.seq_lock);
         let base = base.unwrap_or_else(|| self.cas.reserved());
         let seq = self.seg_seq.fetch_add(1, Ordering::Relaxed);
+        publish_live(&mut live, seq, id);
         // SAFETY: as above.
         unsafe { format::write_seg_header(ptr.as_ptr(), format::SEG_KIND_REGULAR, seq, base) };
         seg.mem.0.used.store(SEG_HDR, Ordering::Release);
@@ -664,7 +665,13 @@ impl LogEngine {
     /// its reuse); its bytes count towards the log offset already shipped or lost.
     pub(super) fn retire(&self, id: u32) {
         if let Some(seg) = self.segs.get(id) {
-            if seg.mem.0.seq.swap(0, Ordering::AcqRel) != 0 {
+            let mut live = lock(&self.seq_lock);
+            let seq = seg.mem.0.seq.swap(0, Ordering::AcqRel);
+            if let Ok(i) = live.binary_search(&(seq, id)) {
+                live.remove(i);
+            }
+            drop(live);
+            if seq != 0 {
                 let used = seg.mem.0.used.load(Ordering::Acquire);
                 self.retired_bytes.fetch_add(used as u64, Ordering::Relaxed);
             }
@@ -674,4 +681,11 @@ impl LogEngine {
     pub(super) fn seg_ids(&self) -> u32 {
         lock(&self.pool).next_id
     }
+}
+
+/// Add segment `id`, just given the number `seq` (the largest so far), to the live
+/// segments `live` (the `seq_lock`'s list), dropping any entry the id still had.
+pub(super) fn publish_live(live: &mut Vec<(u64, u32)>, seq: u64, id: u32) {
+    live.retain(|&(_, i)| i != id);
+    live.push((seq, id));
 }

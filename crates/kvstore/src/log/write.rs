@@ -418,8 +418,9 @@ impl LogEngine {
             return out;
         }
         if let Some(seg) = self.segs.get(id) {
-            let _s = lock(&self.seq_lock);
+            let mut live = lock(&self.seq_lock);
             let seq = self.seg_seq.fetch_add(1, Ordering::Relaxed);
+            segments::publish_live(&mut live, seq, id);
             // SAFETY: bytes 8..16 of the header (the sequence number) are read by no one
             // (readers of the record read the CAS base, bytes 16..24).
             unsafe {

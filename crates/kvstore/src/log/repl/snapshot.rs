@@ -758,8 +758,9 @@ impl LogEngine {
             // The header keeps the image's zero sequence number: the segment's number is
             // the one in `seg.mem.seq` (nothing reads the header's), and leaving the page
             // unwritten leaves it shared with the file.
-            let _s = lock(&self.seq_lock);
+            let mut live = lock(&self.seq_lock);
             let seq = self.seg_seq.fetch_add(1, Ordering::Relaxed);
+            super::super::segments::publish_live(&mut live, seq, id);
             seg.mem.0.used.store(len, Ordering::Release);
             seg.mem.0.sealed.store(true, Ordering::Release);
             seg.mem.0.seq.store(seq, Ordering::Release);
