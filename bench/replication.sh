@@ -6,18 +6,29 @@
 #    loop, memaslap's 90/10 get/set mix, 50 connections) runs on core 1; the replicas, when
 #    attached, also run on core 1 (on a 2-core machine they compete with the load generator,
 #    which can only lower the second figure). ROUNDS alternating pairs; reports the median
-#    requests/s of each and the ratio.
+#    requests/s of each and the ratio. Because the load generator and the replicas share a
+#    core here, it also reports the master's own cost: its CPU time per request (from
+#    /proc, over its cmd_get + cmd_set), whose ratio is what the replicas cost the master's
+#    capacity when it is the bottleneck (replicas and clients on machines of their own).
 # 2. Replication lag under a write load (open loop, all sets, VALUE-byte values) with the N
 #    replicas attached, at each rate of -w, or by default at half of the master's set
 #    capacity (a closed-loop set-only run of the same values with no replica, measured
-#    first). kvblast runs on core 0 with the master unless -L. Every ~50 ms it samples the
+#    first, with kvblast where the lag run puts it and after the same fill: the master's
+#    capacity where and as it runs).
+#    kvblast runs on core 0 with the master unless -L. Every ~50 ms it samples the
 #    master's `replicaI_lag_bytes` and `replicaI_lag_seconds` for every replica, and measures
 #    the end-to-end lag: a probe key set on the master, polled on each replica until it is
-#    there. Reports p50/p99/max of each, per replica.
+#    there. Reports p50/p99/max of each, per replica. Before it, the master and replicas
+#    are filled to steady state (closed-loop sets of the same values until -m's worth has
+#    been written twice over, then the replicas caught up), as a cache in service is: an
+#    empty server's first writes also pay for the kernel's first touch of its memory,
+#    which on a VM whose memory the host reclaimed costs several times more than the
+#    writes themselves (-C measures from empty, as before).
 #
 # usage: bench/replication.sh [-d SECONDS] [-r ROUNDS] [-n REPLICAS] [-w RATE[,RATE...]]
 #                             [-v VALUE_BYTES] [-s] [-L CORE]
 #   -s: skip part 1 (throughput)
+#   -C: measure the lag from empty servers (no fill first)
 #   -L CORE: where kvblast runs in part 2 (default 0, with the master, so that the replicas
 #      have core 1 to themselves; a load generator that shares the replicas' core starves
 #      them)
@@ -32,7 +43,8 @@ rates=half
 value=4096
 skip=0
 lag_load_core=0
-while getopts "d:r:n:w:v:sL:" opt; do
+fill=1
+while getopts "d:r:n:w:v:sL:C" opt; do
     case $opt in
         d) duration=$OPTARG ;;
         r) rounds=$OPTARG ;;
@@ -41,7 +53,8 @@ while getopts "d:r:n:w:v:sL:" opt; do
         v) value=$OPTARG ;;
         s) skip=1 ;;
         L) lag_load_core=$OPTARG ;;
-        *) echo "usage: $0 [-d SECONDS] [-r ROUNDS] [-n REPLICAS] [-w RATE,...] [-v VALUE_BYTES] [-s] [-L CORE]" >&2; exit 2 ;;
+        C) fill=0 ;;
+        *) echo "usage: $0 [-d SECONDS] [-r ROUNDS] [-n REPLICAS] [-w RATE,...] [-v VALUE_BYTES] [-s] [-L CORE] [-C]" >&2; exit 2 ;;
     esac
 done
 
@@ -59,9 +72,14 @@ start() { # start CORE PORT ARGS... ; prints the pid
     taskset -c "$core" "$kvcached" "${user[@]}" -l 127.0.0.1 -p "$port" -t 1 -m 1024 "$@" >/dev/null 2>&1 &
     local pid=$!
     pids+=("$pid")
+    started=$pid
     wait_port "$port"
     echo "$pid"
 }
+served() { # served PORT: the server's cmd_get + cmd_set
+    echo $(( $(stat "$1" cmd_get) + $(stat "$1" cmd_set) ))
+}
+hz=$(getconf CLK_TCK)
 rps() { # rps JSON: requests/s of the run
     python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); o=r["ours"]; k=["cmd_get","cmd_set","delete_hits+misses","cmd_touch","incr_hits+misses"]; print(round(sum(o.get(x,0) for x in k)/r["seconds"]))' "$1"
 }
@@ -81,28 +99,62 @@ echo "machine: $(nproc) cores; $(uname -r); $(git rev-parse --short HEAD 2>/dev/
 tmp=$(mktemp -d)
 if [ "$skip" = 0 ]; then
 echo "== master throughput, no replica vs $replicas replicas (memaslap mix, 50 conns, ${duration}s, $rounds rounds)"
-none=(); some=()
+none=(); some=(); none_us=(); some_us=()
 for r in $(seq "$rounds"); do
     for mode in none some; do
         mport=$(free_port)
         start 0 "$mport" >/dev/null
+        mpid=$started
         if [ "$mode" = some ]; then attach "$mport"; fi
+        t0=$(cpu_ticks "$mpid"); q0=$(served "$mport")
         taskset -c 1 "$kvblast" run -q --workload memaslap --keys 100000 --load -c 50 \
             -D "${duration}s" --json "$tmp/$mode.json" "127.0.0.1:$mport" >/dev/null
+        t1=$(cpu_ticks "$mpid"); q1=$(served "$mport")
         x=$(rps "$tmp/$mode.json")
-        if [ "$mode" = none ]; then none+=("$x"); else some+=("$x"); fi
-        echo "round $r $mode: $x req/s"
+        us=$(python3 -c "print(f'{($t1 - $t0) / $hz / max($q1 - $q0, 1) * 1e6:.3f}')")
+        if [ "$mode" = none ]; then none+=("$x"); none_us+=("$us"); else some+=("$x"); some_us+=("$us"); fi
+        echo "round $r $mode: $x req/s; master CPU $us us/request"
         stop_all
     done
 done
 mn=$(median "${none[@]}"); ms=$(median "${some[@]}")
 echo "median no replica: $mn req/s; $replicas replicas: $ms req/s; ratio $(python3 -c "print(round($ms/$mn, 3))")"
+un=$(median "${none_us[@]}"); us=$(median "${some_us[@]}")
+echo "median master CPU per request: no replica $un us; $replicas replicas $us us; capacity ratio (no replica / replicas) $(python3 -c "print(round($un/$us, 3))")"
 fi
+fill_to_steady_state() { # PORT: write 2 GiB of sets (-m is 1024), then wait (60 s at most)
+    # until every replica attached has caught up
+    local mport=$1 n lagging=0
+    n=$(( (2048 << 20) / (value + 64) ))
+    taskset -c "$lag_load_core" "$kvblast" run -q --workload fixedsize --value-size "$value" \
+        --keys 100000 --mix set=1 -c 50 -n "$n" "127.0.0.1:$mport" >/dev/null
+    for _ in $(seq 1 600); do
+        lagging=$(python3 - "$mport" <<'PY'
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=5)
+s.sendall(b"stats replication\r\n")
+buf = b""
+while not buf.endswith(b"END\r\n"):
+    d = s.recv(65536)
+    if not d:
+        break
+    buf += d
+st = dict(l.split()[1:3] for l in buf.decode().splitlines() if l.startswith("STAT"))
+n = int(st.get("connected_replicas", 0))
+print(sum(1 for i in range(n) if st.get(f"replica{i}_lag_bytes", "1") != "0"))
+PY
+)
+        [ "$lagging" = 0 ] && break
+        sleep 0.1
+    done
+    echo "filled: $n sets written; replicas caught up: $([ "$lagging" = 0 ] && echo yes || echo NO)"
+}
 if [ "$rates" = half ]; then
-    echo "== master set capacity, ${value}-byte values, no replica (closed loop, 50 conns, ${duration}s)"
+    echo "== master set capacity, ${value}-byte values, no replica (closed loop, 50 conns, ${duration}s, kvblast on core $lag_load_core$([ "$fill" = 1 ] && echo ', after a fill'))"
     mport=$(free_port)
     start 0 "$mport" >/dev/null
-    taskset -c 1 "$kvblast" run -q --workload fixedsize --value-size "$value" --keys 100000 \
+    [ "$fill" = 1 ] && fill_to_steady_state "$mport"
+    taskset -c "$lag_load_core" "$kvblast" run -q --workload fixedsize --value-size "$value" --keys 100000 \
         --mix set=1 -c 50 -D "${duration}s" --json "$tmp/cap.json" "127.0.0.1:$mport" >/dev/null
     cap=$(rps "$tmp/cap.json")
     stop_all
@@ -114,6 +166,7 @@ local rate=$1
 echo "== replication lag, $replicas replicas: sets of ${value}-byte values at $rate/s for ${duration}s"
 mport=$(free_port); start 0 "$mport" >/dev/null
 attach "$mport"
+[ "$fill" = 1 ] && fill_to_steady_state "$mport"
 taskset -c "$lag_load_core" "$kvblast" run -q --workload fixedsize --value-size "$value" --keys 100000 \
     --mix set=1 --rate "$rate" -c 8 -D "${duration}s" --json "$tmp/lag.json" \
     "127.0.0.1:$mport" >/dev/null &
