@@ -1144,7 +1144,13 @@ impl LogEngine {
                     if st.tombs.len() >= MAX_TOMBS {
                         st.tombs.clear();
                     }
-                    st.tombs.insert(rec.key.into(), (rec.cas, batch_no));
+                    // An older tombstone of the key can arrive after a newer one (from a
+                    // segment shipped later): the newest is what later items must beat.
+                    let t = st
+                        .tombs
+                        .entry(rec.key.into())
+                        .or_insert((rec.cas, batch_no));
+                    *t = (t.0.max(rec.cas), batch_no);
                 }
                 _ => return Err(ReplError("unknown record kind")),
             }
