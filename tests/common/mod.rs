@@ -282,9 +282,14 @@ impl ShutdownWrite for std::os::unix::net::UnixStream {
 fn wait_listening(child: &mut Child, port: u16) -> Result<(), String> {
     let deadline = Instant::now() + TIMEOUT;
     loop {
-        if let Ok(s) = TcpStream::connect((Ipv4Addr::LOCALHOST, port)) {
-            served(s);
-            return Ok(());
+        // The listener must be the child's: another test's server that took the port
+        // first would answer too, while this one fails to bind and exits (and the test
+        // would later find the port closed when the other server stops).
+        if listens(child.id(), port) {
+            if let Ok(s) = TcpStream::connect((Ipv4Addr::LOCALHOST, port)) {
+                served(s);
+                return Ok(());
+            }
         }
         if let Ok(Some(status)) = child.try_wait() {
             let mut err = String::new();
@@ -298,6 +303,35 @@ fn wait_listening(child: &mut Child, port: u16) -> Result<(), String> {
         }
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// Whether process `pid` holds a socket listening on TCP port `port` (from /proc: the
+/// listening sockets' inodes in /proc/net/tcp and tcp6, and the process's descriptors).
+fn listens(pid: u32, port: u16) -> bool {
+    let suffix = format!(":{port:04X}");
+    let mut inodes = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            // sl local_address rem_address st ... inode (the 10th field); 0A is LISTEN.
+            if f.len() > 9 && f[1].ends_with(&suffix) && f[3] == "0A" {
+                inodes.push(format!("socket:[{}]", f[9]));
+            }
+        }
+    }
+    if inodes.is_empty() {
+        return false;
+    }
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten().any(|fd| {
+        std::fs::read_link(fd.path())
+            .is_ok_and(|target| inodes.iter().any(|i| target.as_os_str() == i.as_str()))
+    })
 }
 
 /// A blocking client connection with helpers for the text protocol.
