@@ -79,6 +79,7 @@ pub fn run(
 ) -> Result<(), String> {
     let threads = config.threads.max(1);
     config.io = choose_io(config.io);
+    tune_heap();
     // Like memcached, the auth file is read after dropping privileges and daemonizing.
     let auth = Auth::new(&config)?;
     let engine = build_engine(&config);
@@ -221,6 +222,35 @@ pub fn run(
         return Err("a worker thread failed".into());
     }
     Ok(())
+}
+
+/// Keep the memory of freed connection buffers in the heap (glibc). By default glibc gives
+/// the free top of a thread's heap back once more than 128 KiB of it is free (a threshold
+/// it raises only as blocks it had mapped on their own are freed), so a worker whose
+/// connections receive and send large values gave 64-330 KiB back and faulted it in
+/// again request after request: 1,600 `madvise` calls a second at 20,000 sets of 4 KiB,
+/// and 1.2x the CPU per set (`bench/compare.sh`, BENCHMARKS.md). Fixed thresholds (what
+/// setting either one means to glibc): blocks under 4 MiB come from the heap, and a heap
+/// keeps up to 8 MiB free at its top. Memory freed when connections close is still given
+/// back by `trim_heap`. A user's own `GLIBC_TUNABLES` or `MALLOC_*_` settings win.
+fn tune_heap() {
+    #[cfg(target_env = "gnu")]
+    {
+        let user = std::env::var("GLIBC_TUNABLES").is_ok_and(|t| t.contains("glibc.malloc."))
+            || std::env::vars_os().any(|(k, _)| {
+                let k = k.to_string_lossy();
+                k.starts_with("MALLOC_") && k.ends_with('_')
+            });
+        if user {
+            return;
+        }
+        // SAFETY: mallopt only changes the allocator's parameters; it has no preconditions
+        // (it runs before the worker threads start).
+        unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, 4 << 20);
+            libc::mallopt(libc::M_TRIM_THRESHOLD, 8 << 20);
+        }
+    }
 }
 
 /// Return free heap memory to the system (glibc's `malloc_trim`).
