@@ -129,21 +129,10 @@ fill_to_steady_state() { # PORT: write 2 GiB of sets (-m is 1024), then wait (60
     taskset -c "$lag_load_core" "$kvblast" run -q --workload fixedsize --value-size "$value" \
         --keys 100000 --mix set=1 -c 50 -n "$n" "127.0.0.1:$mport" >/dev/null
     for _ in $(seq 1 600); do
-        lagging=$(python3 - "$mport" <<'PY'
-import socket, sys
-s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=5)
-s.sendall(b"stats replication\r\n")
-buf = b""
-while not buf.endswith(b"END\r\n"):
-    d = s.recv(65536)
-    if not d:
-        break
-    buf += d
-st = dict(l.split()[1:3] for l in buf.decode().splitlines() if l.startswith("STAT"))
-n = int(st.get("connected_replicas", 0))
-print(sum(1 for i in range(n) if st.get(f"replica{i}_lag_bytes", "1") != "0"))
-PY
-)
+        lagging=0
+        for i in $(seq 0 $(( $(stat "$mport" connected_replicas replication) - 1 ))); do
+            [ "$(stat "$mport" "replica${i}_lag_bytes" replication)" = 0 ] || lagging=$((lagging + 1))
+        done
         [ "$lagging" = 0 ] && break
         sleep 0.1
     done
