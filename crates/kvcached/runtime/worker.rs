@@ -675,14 +675,9 @@ impl Worker {
                     .ok()
                     .and_then(|a| a.as_socket())
                     .map_or_else(|| "tcp:".to_string(), |a| format!("tcp:{a}"));
-                let tls = *tls;
                 let listen = self.listen_name(index, &sock);
-                match tls {
-                    None => Ok((Stream::Ring(sock), addr, listen)),
-                    Some(peer) => self
-                        .tls_stream(Sock::Ring(sock), peer)
-                        .map(|stream| (stream, addr, listen)),
-                }
+                self.tcp_stream(Sock::Ring(sock), *tls)
+                    .map(|stream| (stream, addr, listen))
             }
             MioListener::Unix(_) => {
                 let name = self.listen_name(index, &sock);
@@ -756,12 +751,7 @@ impl Worker {
                     } else {
                         Sock::Mio(s)
                     };
-                    let stream = match (tls, sock) {
-                        (None, Sock::Mio(s)) => Stream::Tcp(s),
-                        (None, Sock::Ring(s)) => Stream::Ring(s),
-                        (Some(peer), sock) => self.tls_stream(sock, *peer)?,
-                    };
-                    Ok((stream, format!("tcp:{addr}"), listen))
+                    Ok((self.tcp_stream(sock, *tls)?, format!("tcp:{addr}"), listen))
                 }),
                 MioListener::Unix(l) => l.accept().and_then(|(s, _)| {
                     let name = self.listen_name(index, &s);
@@ -887,9 +877,16 @@ impl Worker {
         }
     }
 
-    /// A TLS session for a connection accepted on a TLS listener. (An error here is the
-    /// server's, not the peer's: the connection is dropped and the error logged.)
-    fn tls_stream(&self, sock: Sock, peer: kvtls::server::Peer) -> io::Result<Stream> {
+    /// The stream of a connection accepted on a TCP listener: the socket itself, or a TLS
+    /// session over it on a TLS listener (`tls`). (An error here is the server's, not the
+    /// peer's: the connection is dropped and the error logged.)
+    fn tcp_stream(&self, sock: Sock, tls: Option<kvtls::server::Peer>) -> io::Result<Stream> {
+        let Some(peer) = tls else {
+            return Ok(match sock {
+                Sock::Mio(s) => Stream::Tcp(s),
+                Sock::Ring(s) => Stream::Ring(s),
+            });
+        };
         let tls = self
             .shared
             .tls
