@@ -28,6 +28,8 @@
 # usage: bench/replication.sh [-d SECONDS] [-r ROUNDS] [-n REPLICAS] [-w RATE[,RATE...]]
 #                             [-v VALUE_BYTES] [-s] [-L CORE]
 #   -s: skip part 1 (throughput)
+#   -w none: skip part 2 (lag)
+#   KVCACHED=/path/to/kvcached: another kvcached build (default: this tree's release build)
 #   -C: measure the lag from empty servers (no fill first)
 #   -L CORE: where kvblast runs in part 2 (default 0, with the master, so that the replicas
 #      have core 1 to themselves; a load generator that shares the replicas' core starves
@@ -60,7 +62,7 @@ done
 
 cargo build --release -q -p kvcached -p kvblast
 bin=${CARGO_TARGET_DIR:-target}/release
-kvcached=$bin/kvcached
+kvcached=${KVCACHED:-$bin/kvcached}
 kvblast=$bin/kvblast
 user=(); [ "$(id -u)" = 0 ] && user=(-u root)
 pids=()
@@ -138,6 +140,7 @@ fill_to_steady_state() { # PORT: write 2 GiB of sets (-m is 1024), then wait (60
     done
     echo "filled: $n sets written; replicas caught up: $([ "$lagging" = 0 ] && echo yes || echo NO)"
 }
+[ "$rates" = none ] && rates=""
 if [ "$rates" = half ]; then
     echo "== master set capacity, ${value}-byte values, no replica (closed loop, 50 conns, ${duration}s, kvblast on core $lag_load_core$([ "$fill" = 1 ] && echo ', after a fill'))"
     mport=$(free_port)

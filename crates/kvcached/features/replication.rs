@@ -25,6 +25,16 @@ use crate::state::shared::Shared;
 
 /// How long a replica waits for a master's reply before it reconnects.
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
+/// A replica whose last batch carried fewer bytes than this waits [`GATHER_WAIT`] before
+/// it pulls again, so that under a steady trickle of writes each pull carries a
+/// millisecond's worth of them instead of the few records written during one round trip.
+/// Every pull costs the master a request, a batch and a wakeup of the replica whatever it
+/// carries; pulling back to back, two replicas of a master under a 90/10 get/set load of
+/// 1 KiB values cost it 12% of its capacity (BENCHMARKS.md, issue 11). A replica that is
+/// behind, or a master taking writes fast, fills batches past this and is pulled at once.
+const GATHER_BELOW: usize = 64 << 10;
+/// See [`GATHER_BELOW`]: at most this much is added to the replication lag.
+const GATHER_WAIT: Duration = Duration::from_millis(1);
 /// Largest batch a replica accepts (a batch holds at most one record over the budget).
 const MAX_BATCH: usize = 1 << 31;
 
@@ -337,6 +347,25 @@ fn authenticate_sasl(link: &mut Link, user: &str, pass: &str) -> std::io::Result
     Ok(())
 }
 
+/// How long a replica waits before its next pull, given the wait before its last one and
+/// what the last batch brought (`idle`: nothing new; `len`: its bytes).
+/// - Nothing new: poll again soon, backing off while it stays idle (1 ms doubling to
+///   10 ms): an idle link costs both ends well under 1% of a core, and a write waits at
+///   most 10 ms for the next pull.
+/// - A small batch: [`GATHER_WAIT`] (see [`GATHER_BELOW`]).
+/// - A batch of `GATHER_BELOW` or more: at once.
+fn pull_pause(last: Duration, idle: bool, len: usize) -> Duration {
+    if idle {
+        (last * 2)
+            .max(Duration::from_millis(1))
+            .min(Duration::from_millis(10))
+    } else if len < GATHER_BELOW {
+        GATHER_WAIT
+    } else {
+        Duration::ZERO
+    }
+}
+
 /// Pull over one connection until it fails or the puller must stop.
 fn follow_link(
     shared: &Shared,
@@ -410,16 +439,9 @@ fn follow_link(
                 repl.master_offset.store(a.master_offset, Ordering::Relaxed);
                 repl.last_io_ms
                     .store(repl.started.elapsed().as_millis() as u64, Ordering::Relaxed);
-                if a.idle {
-                    // Nothing new: poll again soon, backing off while it stays idle (1 ms
-                    // doubling to 10 ms: an idle link costs both ends well under 1% of a
-                    // core, and a write waits at most 10 ms for the next pull).
-                    idle = (idle * 2)
-                        .max(Duration::from_millis(1))
-                        .min(Duration::from_millis(10));
+                idle = pull_pause(idle, a.idle, batch.len());
+                if !idle.is_zero() {
                     std::thread::sleep(idle);
-                } else {
-                    idle = Duration::ZERO;
                 }
             }
             Err(e) => {
@@ -428,4 +450,31 @@ fn follow_link(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pulls_back_off_while_idle_and_gather_a_trickle() {
+        let ms = Duration::from_millis;
+        // Idle: 1 ms, doubling, at most 10 ms.
+        let mut w = Duration::ZERO;
+        let mut seen = Vec::new();
+        for _ in 0..6 {
+            w = pull_pause(w, true, 0);
+            seen.push(w);
+        }
+        assert_eq!(seen, [ms(1), ms(2), ms(4), ms(8), ms(10), ms(10)]);
+        // A small batch waits for more to gather, whatever the backoff was.
+        assert_eq!(pull_pause(ms(10), false, 100), GATHER_WAIT);
+        assert_eq!(
+            pull_pause(Duration::ZERO, false, GATHER_BELOW - 1),
+            GATHER_WAIT
+        );
+        // A full batch (a replica behind, or writes fast) pulls again at once.
+        assert_eq!(pull_pause(ms(10), false, GATHER_BELOW), Duration::ZERO);
+        assert_eq!(pull_pause(Duration::ZERO, false, 4 << 20), Duration::ZERO);
+    }
 }
