@@ -5,7 +5,7 @@
 #    pulling from the master): the master runs one worker pinned to core 0; kvblast (closed
 #    loop, memaslap's 90/10 get/set mix, 50 connections) runs on core 1; the replicas, when
 #    attached, also run on core 1 (on a 2-core machine they compete with the load generator,
-#    which can only lower the second figure). ROUNDS alternating pairs; reports the median
+#    which can only lower the second figure; they run niced unless -E). ROUNDS alternating pairs; reports the median
 #    requests/s of each and the ratio. Because the load generator and the replicas share a
 #    core here, it also reports the master's own cost: its CPU time per request (from
 #    /proc, over its cmd_get + cmd_set), whose ratio is what the replicas cost the master's
@@ -26,11 +26,16 @@
 #    writes themselves (-C measures from empty, as before).
 #
 # usage: bench/replication.sh [-d SECONDS] [-r ROUNDS] [-n REPLICAS] [-w RATE[,RATE...]]
-#                             [-v VALUE_BYTES] [-s] [-L CORE]
+#                             [-v VALUE_BYTES] [-s] [-L CORE] [-C] [-E]
 #   -s: skip part 1 (throughput)
 #   -w none: skip part 2 (lag)
 #   KVCACHED=/path/to/kvcached: another kvcached build (default: this tree's release build)
 #   -C: measure the lag from empty servers (no fill first)
+#   -E: run the replicas at the load generator's priority. By default they run under
+#      `nice -n 19`: in part 1 they share core 1 with kvblast, and at equal priority the
+#      CPU they take starves the load generator, which lowers the master's throughput
+#      without the master being busier (replicas in service run on machines of their
+#      own). In part 2 they have core 1 to themselves, so it changes nothing there.
 #   -L CORE: where kvblast runs in part 2 (default 0, with the master, so that the replicas
 #      have core 1 to themselves; a load generator that shares the replicas' core starves
 #      them)
@@ -46,7 +51,8 @@ value=4096
 skip=0
 lag_load_core=0
 fill=1
-while getopts "d:r:n:w:v:sL:C" opt; do
+replica_nice="nice -n 19"
+while getopts "d:r:n:w:v:sL:CE" opt; do
     case $opt in
         d) duration=$OPTARG ;;
         r) rounds=$OPTARG ;;
@@ -56,7 +62,8 @@ while getopts "d:r:n:w:v:sL:C" opt; do
         s) skip=1 ;;
         L) lag_load_core=$OPTARG ;;
         C) fill=0 ;;
-        *) echo "usage: $0 [-d SECONDS] [-r ROUNDS] [-n REPLICAS] [-w RATE,...] [-v VALUE_BYTES] [-s] [-L CORE] [-C]" >&2; exit 2 ;;
+        E) replica_nice="" ;;
+        *) echo "usage: $0 [-d SECONDS] [-r ROUNDS] [-n REPLICAS] [-w RATE,...] [-v VALUE_BYTES] [-s] [-L CORE] [-C] [-E]" >&2; exit 2 ;;
     esac
 done
 
@@ -71,7 +78,7 @@ trap cleanup EXIT
 
 start() { # start CORE PORT ARGS... ; prints the pid
     local core=$1 port=$2; shift 2
-    taskset -c "$core" "$kvcached" "${user[@]}" -l 127.0.0.1 -p "$port" -t 1 -m 1024 "$@" >/dev/null 2>&1 &
+    ${nice_cmd:-} taskset -c "$core" "$kvcached" "${user[@]}" -l 127.0.0.1 -p "$port" -t 1 -m 1024 "$@" >/dev/null 2>&1 &
     local pid=$!
     pids+=("$pid")
     started=$pid
@@ -90,7 +97,7 @@ attach() { # attach MASTER_PORT: start $replicas replicas of it on core 1; ports
     rports=()
     for _ in $(seq "$replicas"); do
         local p; p=$(free_port)
-        start 1 "$p" --replica-of "127.0.0.1:$1" >/dev/null
+        nice_cmd=$replica_nice start 1 "$p" --replica-of "127.0.0.1:$1" >/dev/null
         rports+=("$p")
     done
 }
@@ -100,7 +107,7 @@ median() { printf '%s\n' "$@" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1
 echo "machine: $(nproc) cores; $(uname -r); $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 tmp=$(mktemp -d)
 if [ "$skip" = 0 ]; then
-echo "== master throughput, no replica vs $replicas replicas (memaslap mix, 50 conns, ${duration}s, $rounds rounds)"
+echo "== master throughput, no replica vs $replicas replicas (memaslap mix, 50 conns, ${duration}s, $rounds rounds; replicas ${replica_nice:-at equal priority})"
 none=(); some=(); none_us=(); some_us=()
 for r in $(seq "$rounds"); do
     for mode in none some; do
