@@ -70,6 +70,7 @@ impl Engine for LogEngine {
     fn set_max_bytes(&self, max_bytes: usize, now: Time) {
         self.tick(now);
         self.max_bytes.store(max_bytes, Ordering::Relaxed);
+        self.sketch.resize(super::sketch_counters(max_bytes));
         self.shrink();
     }
 

@@ -209,6 +209,12 @@ pub const DEFAULT_SIZE_FACTOR: u32 = 4;
 const BYTES_PER_COUNTER: usize = 32;
 const MIN_COUNTERS: usize = 1 << 12;
 const MAX_COUNTERS: usize = 1 << 24;
+
+/// The miss sketch's counters for a memory limit of `max_bytes` (it follows the limit:
+/// `cache_memlimit`, `-m auto` following its cgroup).
+fn sketch_counters(max_bytes: usize) -> usize {
+    (max_bytes / BYTES_PER_COUNTER).clamp(MIN_COUNTERS, MAX_COUNTERS)
+}
 /// Buckets a compaction sweep looks at per call (when the index need not grow).
 const SWEEP_SCAN: usize = 1024;
 /// A writer checks whether the index should grow once per this many stores of its shard.
@@ -511,9 +517,7 @@ impl LogEngine {
             tally: OnceLock::new(),
             on_evict: std::sync::OnceLock::new(),
             counters: (0..nshards).map(|_| Padded::default()).collect(),
-            sketch: sketch::MissSketch::new(
-                (max_bytes / BYTES_PER_COUNTER).clamp(MIN_COUNTERS, MAX_COUNTERS),
-            ),
+            sketch: sketch::MissSketch::new(sketch_counters(max_bytes), MAX_COUNTERS),
             size_factor: AtomicU32::new(DEFAULT_SIZE_FACTOR),
             evicting: AtomicBool::new(false),
         }

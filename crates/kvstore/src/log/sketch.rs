@@ -9,7 +9,7 @@
 //! once both count, and a halving that races an addition may lose that one addition,
 //! which only makes an estimate a little low.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use super::mem::ZeroedSlice;
 use super::{tid, Padded};
@@ -29,35 +29,68 @@ const ADD_CELLS: usize = 16;
 const CHECK_EVERY: u64 = 256;
 
 pub(super) struct MissSketch {
-    /// In an anonymous mapping: a page costs memory once a counter in it was counted.
+    /// In an anonymous mapping, reserved for the most counters the sketch may grow to: a
+    /// page costs memory once a counter in it was counted.
     words: ZeroedSlice<AtomicU64>,
-    /// Counters - 1 (a power of two).
-    mask: u64,
+    /// Counters in use - 1 (a power of two): the counters are the first `mask + 1`.
+    mask: AtomicU64,
+    /// The most words ever in use (those a halving must look at, and the memory held).
+    used_words: AtomicUsize,
     /// Additions, per thread: their sum is the count.
     adds: Box<[Padded<AtomicU64>]>,
     /// The count of additions when the counters were last halved.
     halved_at: AtomicU64,
     /// Additions between halvings.
-    period: u64,
+    period: AtomicU64,
 }
 
 impl MissSketch {
-    /// A sketch of `counters` counters (rounded up to a power of two, at least 1024).
-    pub(super) fn new(counters: usize) -> MissSketch {
-        let counters = counters.max(1024).next_power_of_two();
-        MissSketch {
+    /// A sketch of `counters` counters, able to grow to `most` ([`MissSketch::resize`]);
+    /// both are rounded up to a power of two, at least 1024.
+    pub(super) fn new(counters: usize, most: usize) -> MissSketch {
+        let most = most.max(counters).max(1024).next_power_of_two();
+        let s = MissSketch {
             // SAFETY: an all-zero AtomicU64 is a valid zero, and it has no drop glue.
-            words: unsafe { ZeroedSlice::new(counters / PER_WORD) },
-            mask: counters as u64 - 1,
+            words: unsafe { ZeroedSlice::new(most / PER_WORD) },
+            mask: AtomicU64::new(0),
+            used_words: AtomicUsize::new(0),
             adds: (0..ADD_CELLS).map(|_| Padded::default()).collect(),
             halved_at: AtomicU64::new(0),
-            period: (counters / PERIOD_DIV) as u64,
-        }
+            period: AtomicU64::new(0),
+        };
+        s.resize(counters);
+        s
     }
 
-    /// Bytes the counters take.
+    /// Use `counters` counters (rounded up to a power of two, at least 1024, at most what
+    /// the sketch was made for), as the memory limit changes. Keys then map to other
+    /// counters, so what the sketch remembered is mostly forgotten, as after a few
+    /// halvings; counters no longer in use keep their pages until they decay to zero.
+    pub(super) fn resize(&self, counters: usize) {
+        let counters = counters
+            .max(1024)
+            .next_power_of_two()
+            .min(self.words.len() * PER_WORD);
+        let mask = counters as u64 - 1;
+        if self.mask.swap(mask, Ordering::Relaxed) == mask {
+            return;
+        }
+        self.used_words
+            .fetch_max(counters / PER_WORD, Ordering::Relaxed);
+        self.period
+            .store((counters / PERIOD_DIV) as u64, Ordering::Relaxed);
+        self.halved_at.store(self.adds(), Ordering::Relaxed);
+    }
+
+    /// Counters in use.
+    #[cfg(test)]
+    pub(super) fn counters(&self) -> u64 {
+        self.mask.load(Ordering::Relaxed) + 1
+    }
+
+    /// Bytes the counters take: the most ever in use.
     pub(super) fn bytes(&self) -> usize {
-        self.words.len() * 8
+        self.used_words.load(Ordering::Relaxed) * 8
     }
 
     /// The two counters of the key hashed to `h`: (word, shift) pairs.
@@ -67,8 +100,9 @@ impl MissSketch {
         // remix so the sketch's counters are independent of the bucket.
         let x = (h ^ (h >> 29)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         let x = x ^ (x >> 32);
-        let a = x & self.mask;
-        let b = (x.rotate_left(32).wrapping_mul(0x94d0_49bb_1331_11eb) >> 16) & self.mask;
+        let mask = self.mask.load(Ordering::Relaxed);
+        let a = x & mask;
+        let b = (x.rotate_left(32).wrapping_mul(0x94d0_49bb_1331_11eb) >> 16) & mask;
         [a, b].map(|c| ((c as usize) / PER_WORD, (c as u32 % PER_WORD as u32) * 4))
     }
 
@@ -115,7 +149,8 @@ impl MissSketch {
         if mine % CHECK_EVERY == 0 {
             let adds = self.adds();
             // A halving may have recorded a count newer than this one: saturate.
-            if adds.saturating_sub(self.halved_at.load(Ordering::Relaxed)) >= 2 * self.period {
+            let period = self.period.load(Ordering::Relaxed);
+            if adds.saturating_sub(self.halved_at.load(Ordering::Relaxed)) >= 2 * period {
                 self.halve_at(adds);
             }
         }
@@ -131,7 +166,9 @@ impl MissSketch {
     /// work (one pass over the counters), for the background pass rather than a writer.
     pub(super) fn halve_if_due(&self) {
         let adds = self.adds();
-        if adds.saturating_sub(self.halved_at.load(Ordering::Relaxed)) >= self.period {
+        if adds.saturating_sub(self.halved_at.load(Ordering::Relaxed))
+            >= self.period.load(Ordering::Relaxed)
+        {
             self.halve_at(adds);
         }
     }
@@ -150,7 +187,8 @@ impl MissSketch {
     }
 
     fn halve(&self) {
-        for w in self.words.iter() {
+        let used = self.used_words.load(Ordering::Relaxed);
+        for w in self.words.iter().take(used) {
             // Words still zero are left alone, so their pages stay untouched.
             if w.load(Ordering::Relaxed) != 0 {
                 let _ = w.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |x| {
@@ -167,7 +205,7 @@ mod tests {
 
     #[test]
     fn counts_saturate_and_halve() {
-        let s = MissSketch::new(1 << 12);
+        let s = MissSketch::new(1 << 12, 1 << 12);
         let h = 0x1234_5678_9abc_def0;
         assert_eq!(s.estimate(h), 0);
         for i in 1..=20 {
@@ -181,7 +219,8 @@ mod tests {
         // Halving waits for a period of additions, and for the background pass.
         s.halve_if_due();
         assert_eq!(s.estimate(h), 7);
-        for i in 0..s.period {
+        let period = s.period.load(Ordering::Relaxed);
+        for i in 0..period {
             s.add(0x9999_0000 + i * 0x1_0000_0001);
         }
         let e = s.estimate(h);
@@ -191,9 +230,44 @@ mod tests {
         assert!((3..7).contains(&e), "{e}");
         // Two periods without the background pass: a writer halves (it looks once per
         // `CHECK_EVERY` of its additions).
-        for i in 0..2 * s.period + CHECK_EVERY {
+        for i in 0..2 * period + CHECK_EVERY {
             s.add(0x7777_0000 + i * 0x1_0000_0001);
         }
         assert!(s.estimate(h) < e, "{e}");
+    }
+
+    #[test]
+    fn resizes_with_the_memory_limit() {
+        let s = MissSketch::new(1 << 12, 1 << 16);
+        assert_eq!((s.counters(), s.bytes()), (1 << 12, (1 << 12) / 2));
+        let h = 0x1234_5678_9abc_def0;
+        for _ in 0..5 {
+            s.add(h);
+        }
+        assert_eq!(s.estimate(h), 5);
+        // Grown: more counters, a longer period, the memory they may take counted.
+        s.resize(1 << 15);
+        assert_eq!(s.counters(), 1 << 15);
+        assert_eq!(
+            s.period.load(Ordering::Relaxed),
+            (1 << 15) / PERIOD_DIV as u64
+        );
+        assert_eq!(s.bytes(), (1 << 15) / 2);
+        // Keys spread over all of them: some land beyond the first 4,096.
+        let beyond = (0..1000u64)
+            .map(|i| s.cells(i.wrapping_mul(0x9e37_79b9_7f4a_7c15)))
+            .filter(|c| c.iter().any(|&(w, _)| w >= (1 << 12) / PER_WORD))
+            .count();
+        assert!(beyond > 500, "{beyond}");
+        // At most what it was made for; shrunk, it keeps counting the memory it touched.
+        s.resize(1 << 20);
+        assert_eq!(s.counters(), 1 << 16);
+        s.resize(1 << 10);
+        assert_eq!(s.counters(), 1 << 10);
+        assert_eq!(s.bytes(), (1 << 16) / 2);
+        for i in 0..5000u64 {
+            let c = s.cells(i.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+            assert!(c.iter().all(|&(w, _)| w < (1 << 10) / PER_WORD));
+        }
     }
 }

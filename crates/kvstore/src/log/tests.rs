@@ -1358,3 +1358,13 @@ fn prefetch_is_only_a_hint() {
     }
     assert!(val(&e, b"k1999", 10).is_some());
 }
+
+#[test]
+fn the_miss_sketch_follows_the_memory_limit() {
+    let e = LogEngine::new(cfg(64 << 20));
+    assert_eq!(e.sketch.counters(), (64 << 20) / BYTES_PER_COUNTER as u64);
+    e.set_max_bytes(256 << 20, 10);
+    assert_eq!(e.sketch.counters(), (256 << 20) / BYTES_PER_COUNTER as u64);
+    e.set_max_bytes(16 << 20, 10);
+    assert_eq!(e.sketch.counters(), (16 << 20) / BYTES_PER_COUNTER as u64);
+}
