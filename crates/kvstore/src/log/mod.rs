@@ -222,6 +222,7 @@ const MAX_COUNTERS: usize = 1 << 24;
 fn sketch_counters(max_bytes: usize) -> usize {
     (max_bytes / BYTES_PER_COUNTER).clamp(MIN_COUNTERS, MAX_COUNTERS)
 }
+
 /// Buckets a compaction sweep looks at per call (when the index need not grow).
 const SWEEP_SCAN: usize = 1024;
 /// A writer checks whether the index should grow once per this many stores of its shard.
