@@ -418,6 +418,13 @@ impl LogEngine {
         lock(&self.seq_lock).clone()
     }
 
+    /// The next segment number and the live segments, read together under `seq_lock`:
+    /// every number below the first is live (in the list) or retired.
+    fn numbered_segments(&self) -> (u64, Vec<(u64, u32)>) {
+        let live = lock(&self.seq_lock);
+        (self.seg_seq.load(Ordering::SeqCst), live.clone())
+    }
+
     /// A digest of the live items at `now`: their count and the sum (mod 2^128) of each
     /// item's MD5 over its key, client flags, expiry, CAS unique and value. The sum does not
     /// depend on the order items are visited or where they live, so two engines holding the
@@ -602,10 +609,7 @@ impl LogEngine {
     /// Where this engine's own log stands: every segment below the next number done,
     /// open ones at their length.
     fn own_position(&self) -> Cursor {
-        let (next, live) = {
-            let live = lock(&self.seq_lock);
-            (self.seg_seq.load(Ordering::SeqCst), live.clone())
-        };
+        let (next, live) = self.numbered_segments();
         let mut entries = Vec::new();
         for &(seq, id) in &live {
             let Some(seg) = self.segs.get(id) else {
@@ -636,10 +640,7 @@ impl LogEngine {
 
     /// A reset batch, and the snapshot cursor it announces.
     fn serve_reset_cursor(&self, out: &mut Vec<u8>) -> (Served, Cursor) {
-        let (next, live) = {
-            let live = lock(&self.seq_lock);
-            (self.seg_seq.load(Ordering::SeqCst), live.clone())
-        };
+        let (next, live) = self.numbered_segments();
         let (at, log_offset) = self.batch_header(KIND_RESET, out);
         let mut open = Vec::new();
         let mut lag = 0;
@@ -797,10 +798,7 @@ impl LogEngine {
     /// The tail for `c`, or None if the replica fell behind the retained log (or sent
     /// an impossible cursor) and must resynchronize.
     fn serve_tail(&self, c: &Cursor, budget: usize, out: &mut Vec<u8>) -> Option<Served> {
-        let (next, live) = {
-            let live = lock(&self.seq_lock);
-            (self.seg_seq.load(Ordering::SeqCst), live.clone())
-        };
+        let (next, live) = self.numbered_segments();
         // Every segment numbered from `below` up to `next` must be live here or complete
         // there; a partly consumed one must be live.
         let span = next.checked_sub(c.below)?;
