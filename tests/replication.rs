@@ -736,6 +736,66 @@ fn replica_paused_past_the_backlog_resyncs_fully() {
     );
 }
 
+/// A replica paused (SIGSTOP) while whole segments of short-lived items expire on its
+/// master continues from its cursor when it resumes: the master keeps the segments it has
+/// not read (`held_segments`, kvcached's own) instead of freeing them, and frees them once
+/// it has. Before, the gap they left in the log cost a full sync. Every wait is a bounded
+/// poll: the pause lasts until the master reports segments kept.
+#[test]
+fn replica_paused_while_items_expire_continues_without_full_sync() {
+    let master = start_master(&["-m", "64"]);
+    let replica = start_replica(master.port, &["-m", "64"]);
+    let mut m = master.connect();
+    let mut r = replica.connect();
+    fill(&mut m, &items("kept", 500, "k"));
+    wait_same_digest(&mut m, &mut r);
+    assert_eq!(repl_num(&mut r, "full_syncs"), 1);
+    wait_stat(&mut m, "master", "replica0_lag_bytes", "0");
+
+    signal(&replica, "STOP");
+    // About 4 MiB of items living one second: several whole 1 MiB segments.
+    let value = vec![b'e'; 1000];
+    for batch in 0..40 {
+        let mut req = Vec::new();
+        for i in 0..100 {
+            req.extend_from_slice(format!("set short{batch}_{i} 0 1 1000\r\n").as_bytes());
+            req.extend_from_slice(&value);
+            req.extend_from_slice(b"\r\n");
+        }
+        m.send(&req);
+        for _ in 0..100 {
+            assert_eq!(m.line(), "STORED\r\n");
+        }
+    }
+    poll_until(
+        "the master to keep expired segments",
+        SYNC,
+        || match repl_num(&mut m, "held_segments") {
+            0 => Err("none kept yet".into()),
+            _ => Ok(()),
+        },
+    );
+    assert_eq!(repl_num(&mut m, "held_segments_dropped"), 0);
+    fill(&mut m, &items("later", 200, "l"));
+    signal(&replica, "CONT");
+
+    wait_same_digest(&mut m, &mut r);
+    wait_stat(&mut m, "master", "replica0_lag_bytes", "0");
+    assert_eq!(
+        repl_num(&mut r, "full_syncs"),
+        1,
+        "the replica resynchronized fully after the pause"
+    );
+    poll_until(
+        "the master to free what the replica read",
+        SYNC,
+        || match repl_num(&mut m, "held_segments") {
+            0 => Ok(()),
+            n => Err(format!("{n} still kept")),
+        },
+    );
+}
+
 /// A master with `-Y`: a replica with the right `--replica-auth` follows it; one with a
 /// wrong password is refused (the master counts the failure) and gets nothing.
 #[test]

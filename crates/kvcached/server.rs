@@ -289,6 +289,7 @@ fn maintenance_loop(shared: &Shared) {
                 .maintain(shared.clock.now(), shared.config.lru_crawler);
         }
         shared.repl.check_min_replicas(&shared.config);
+        shared.repl.forget_followers(&shared.engine);
         if n % 20 == 0 {
             // Connections closed since the last look: give the memory their buffers held
             // back to the system (glibc keeps freed memory below the top of its heaps).

@@ -13,7 +13,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use crate::exec::session::{Ctx, Session, Step};
-use crate::state::replication::{lock, Follower, REPLICA_TIMEOUT};
+use crate::state::replication::{lock, Follower};
 use crate::state::shared::Shared;
 
 /// Record bytes a master puts in one batch at most (plus one record): large enough that a
@@ -86,11 +86,12 @@ fn serve_batch(shared: &Shared, replid: &[u8], name: &[u8], cursor: &[u8], out: 
     // A replica of the master this server follows (or followed before its promotion) may
     // continue here without a full sync.
     let upstream = replid != b"-" && replid == lock(&repl.master_replid).as_bytes();
-    let served = log.repl_serve(cursor, fresh, upstream, BATCH_BUDGET, out);
+    // The engine keeps what this replica has not read from the maintenance pass until it
+    // has, or until it is forgotten (`Replication::forget_followers`).
+    let served = log.repl_serve_as(Some(&peer), cursor, fresh, upstream, BATCH_BUDGET, out);
     {
         let now = Instant::now();
         let mut f = lock(&repl.followers);
-        f.retain(|_, x| x.last_pull.elapsed() < REPLICA_TIMEOUT * 6);
         let e = f.entry(peer.into_owned()).or_insert(Follower {
             lag_bytes: 0,
             lag: Duration::ZERO,
@@ -105,5 +106,6 @@ fn serve_batch(shared: &Shared, replid: &[u8], name: &[u8], cursor: &[u8], out: 
         e.snapshot = served.snapshot;
         e.pulled(now, served.log_offset, served.lag_bytes);
     }
+    repl.forget_followers(log);
     repl.check_min_replicas(&shared.config);
 }

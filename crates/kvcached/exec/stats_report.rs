@@ -89,6 +89,11 @@ pub fn emit_group(ctx: &Ctx<'_>, group: Group, sink: &mut Sink<'_>) -> bool {
             for (k, v) in ctx.shared.repl.stats(offset) {
                 emit(sink, &k, v);
             }
+            // kvcached's own: dead or expired segments kept for replicas that have not read
+            // them, and the maintenance passes that could not keep them (LogEngine::repl_hold).
+            let (held, dropped) = ctx.shared.engine.repl_hold_stats();
+            emit(sink, "held_segments", held);
+            emit(sink, "held_segments_dropped", dropped);
         }
         Group::Digest => {
             let d = ctx.shared.engine.digest(ctx.shared.clock.now());

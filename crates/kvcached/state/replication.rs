@@ -13,6 +13,10 @@ use kvstore::ReplicaState;
 
 /// A replica that has not pulled for this long is no longer counted as connected.
 pub const REPLICA_TIMEOUT: Duration = Duration::from_secs(10);
+/// A replica that has not pulled for this long is forgotten: the master stops keeping the
+/// part of its log the replica has not read (`LogEngine::repl_hold`), and drops its
+/// figures.
+pub const REPLICA_FORGET: Duration = Duration::from_secs(60);
 
 /// The error line a replica sends for writes.
 pub const READ_ONLY: &[u8] = b"SERVER_ERROR replica is read-only\r\n";
@@ -188,6 +192,17 @@ impl Replication {
             && self.replica.load(Ordering::Acquire)
             && !self.in_sync.load(Ordering::Acquire))
         .then_some(NOT_IN_SYNC)
+    }
+
+    /// Forget the replicas that have not pulled for [`REPLICA_FORGET`], and stop keeping
+    /// log segments for them (on every pull and maintenance tick).
+    pub fn forget_followers(&self, engine: &kvstore::LogEngine) {
+        let f = {
+            let mut f = lock(&self.followers);
+            f.retain(|_, x| x.last_pull.elapsed() < REPLICA_FORGET);
+            f.keys().cloned().collect::<Vec<_>>()
+        };
+        engine.repl_hold(|name| f.iter().any(|k| k == name));
     }
 
     /// Recount the replicas in sync for `--min-replicas` (on every pull and every

@@ -309,6 +309,117 @@ fn lagging_replica_resyncs() {
     }
 }
 
+/// Pull until caught up, as a server does: with `hold`, the master keeps what the replica
+/// has not read (`repl_serve_as`).
+fn catch_up_holding(
+    master: &LogEngine,
+    replica: &LogEngine,
+    st: &mut ReplicaState,
+    now: Time,
+    hold: bool,
+) {
+    for _ in 0..10_000 {
+        let mut cursor = Vec::new();
+        st.cursor(&mut cursor);
+        let mut batch = Vec::new();
+        let name = hold.then_some("replica");
+        let served = master.repl_serve_as(name, &cursor, false, false, 1 << 16, &mut batch);
+        let applied = replica
+            .repl_apply(st, &batch, now)
+            .unwrap_or_else(|e| panic!("replica rejected a batch: {e}"));
+        if applied.idle && !served.snapshot && served.lag_bytes == 0 {
+            return;
+        }
+    }
+    panic!("replica did not catch up");
+}
+
+fn stat(e: &LogEngine, group: &str, name: &str) -> u64 {
+    e.stats_detail(group)
+        .into_iter()
+        .find(|(k, _)| k == name)
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or_else(|| panic!("no stat {name}"))
+}
+
+/// A replica that stops pulling while whole segments of short-lived items expire on its
+/// master continues from its cursor when the master keeps those segments for it
+/// (`repl_hold`, as a server does for the replicas it expects back). Without the hold, or
+/// when keeping them would take more than a sixteenth of the memory limit, the master
+/// frees them and the replica needs a full sync. Either way it ends with the master's
+/// items.
+#[test]
+fn expired_segments_are_kept_for_a_paused_replica() {
+    // (hold, bytes of short-lived items written while the replica pauses, full syncs)
+    for (hold, ttl_bytes, syncs) in [(true, 2 << 20, 1), (false, 2 << 20, 2), (true, 8 << 20, 2)] {
+        let cfg = ops::config(64 << 20, false, true);
+        let master = LogEngine::new(cfg.clone());
+        let replica = LogEngine::new(cfg);
+        replica.set_replica(true);
+        let mut st = ReplicaState::new();
+        let now = START;
+        let value = [3u8; 40];
+        let store = |key: &str, exptime: Time| {
+            let req = kvstore::StoreRequest {
+                mode: kvstore::StoreMode::Set,
+                key: key.as_bytes(),
+                value: &value,
+                flags: 0,
+                exptime,
+            };
+            master.store(req, now);
+        };
+        for i in 0..2000 {
+            store(&format!("k{i}"), 0);
+        }
+        catch_up_holding(&master, &replica, &mut st, now, hold);
+        assert_eq!(st.full_syncs, 1);
+        // The replica pauses; short-lived items fill whole segments and expire.
+        for i in 0..ttl_bytes / 60 {
+            store(&format!("t{i}"), now + 2);
+        }
+        for i in 0..100 {
+            store(&format!("k{i}"), 0);
+        }
+        let later = now + 100;
+        for _ in 0..8 {
+            master.maintain(later, true);
+        }
+        let expired_before = stat(&master, "items", "items:1:segments_expired");
+        let (held, dropped) = master.repl_hold_stats();
+        match (hold, syncs) {
+            (true, 1) => {
+                assert!(held >= 2, "held {held}");
+                assert_eq!(dropped, 0);
+                assert_eq!(expired_before, 0);
+            }
+            _ => {
+                assert_eq!(held, 0);
+                assert_eq!(dropped > 0, hold);
+                assert!(expired_before >= 2, "expired {expired_before}");
+            }
+        }
+        catch_up_holding(&master, &replica, &mut st, later, hold);
+        assert_eq!(
+            st.full_syncs, syncs,
+            "hold {hold}, {ttl_bytes} bytes of short-lived items"
+        );
+        // Once the replica has read them, they go.
+        master.maintain(later, true);
+        assert_eq!(master.repl_hold_stats().0, 0);
+        assert!(stat(&master, "items", "items:1:segments_expired") >= 2);
+        for i in 0..2000 {
+            let key = format!("k{i}");
+            assert_eq!(
+                master.peek_item(key.as_bytes(), later),
+                replica.peek_item(key.as_bytes(), later),
+                "{key}"
+            );
+        }
+        assert_eq!(replica.peek_item(b"t0", later), None);
+    }
+}
+
 /// Hostile batches are refused with an error, never a panic, and leave the replica usable.
 #[test]
 fn garbage_batches_are_refused() {

@@ -480,11 +480,12 @@ impl Engine for LogEngine {
         let st = self.st();
         st.crawler_checked.fetch_add(checked, Ordering::Relaxed);
         st.crawler_reclaimed.fetch_add(n, Ordering::Relaxed);
+        let holds = self.retire_holds(now);
         if sweep {
             self.seal_aged(now);
-            self.expire_segments();
+            self.expire_segments(&holds);
         }
-        self.free_dead_segments();
+        self.free_dead_segments(&holds);
         self.grow(true);
         n
     }

@@ -131,13 +131,13 @@
 //!   without one (a log reader would miss it). Flushes are not logged.
 //! * Flushes travel to replicas as watermarks in every batch, not as log records (see
 //!   `repl.rs`); warm restart (`dump`/`restore`) writes the live items, not the log.
-//! * A replica whose cursor still needs a segment that left the log (evicted, compacted,
-//!   or expired whole) resynchronizes fully, whatever made it leave. For evicted and
-//!   compacted segments, the log already says what the replica needs (tombstones, copies);
-//!   an expired one would need tombstones for its items that were still current, and a
-//!   segment of tombstones that are all dead would have to stay until replicas read it,
-//!   before a gap could be skipped. Short times to live make this common: a replica
-//!   stopped for 5 s under 2-second TTLs resyncs.
+//! * A replica whose cursor still needs a segment that left the log resynchronizes fully,
+//!   whatever made it leave. The maintenance pass, which frees segments whose items all
+//!   expired or died, keeps those a replica served with `repl_serve_as` has not read (up
+//!   to `1 / HOLD_SHARE` of the limit, `repl_hold`); eviction and compaction, which free
+//!   memory a write needs, do not wait. Skipping a gap instead would need tombstones for
+//!   every item of the segment that was still current, and for its tombstones until every
+//!   replica had read them.
 //! * The index never shrinks, and its largest size is fixed by the starting `-m` (one main
 //!   slot per 32 bytes): raising the limit later (`cache_memlimit`) adds segments only.
 //! * A reader that records an access (or a last-access time) on a slot while a split or

@@ -40,7 +40,7 @@
 //!   its master also evicts on its own.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::format::{
     self, Rec, HDR_MAX, KIND_ITEM, KIND_TOMBSTONE, META_BINARY_KEY, META_STALE, SEG_HDR,
@@ -94,7 +94,24 @@ pub(super) struct ReplFlags {
     /// Items evicted since replicas attached, (key, CAS), waiting to be logged as
     /// tombstones (eviction runs under locks a log append cannot take).
     evicted: std::sync::Mutex<EvictionNotes>,
+    /// Per replica served with [`LogEngine::repl_serve_as`] (at most `MAX_HOLDS`), its
+    /// position: the maintenance pass keeps the dead and expired segments it has not
+    /// read instead of freeing them (see `held_segments`).
+    pub(super) holds: std::sync::Mutex<Holds>,
+    /// Segments kept for replicas at the last maintenance pass.
+    pub(super) held: AtomicU64,
+    /// Maintenance passes that freed segments a replica still needed, because keeping
+    /// them would have taken more than `1 / HOLD_SHARE` of the memory limit.
+    pub(super) hold_dropped: AtomicU64,
 }
+
+/// At most this share (1 / n) of the memory limit is kept in dead or expired segments for
+/// replicas that have not read them yet.
+pub(super) const HOLD_SHARE: usize = 16;
+/// Replicas' names and positions, for [`LogEngine::held_for_replica`].
+pub(super) type Holds = Vec<(Box<str>, Cursor)>;
+/// Replicas whose positions are kept at most (others are served, not held for).
+const MAX_HOLDS: usize = 64;
 
 /// Evictions waiting to be logged at most; beyond, replicas keep those items (counted).
 const MAX_PENDING_EVICTIONS: usize = 1 << 20;
@@ -268,7 +285,7 @@ impl ReplicaState {
 
 /// A cursor as the master reads it.
 #[derive(Debug, Clone)]
-struct Cursor {
+pub(super) struct Cursor {
     phase: Phase,
     below: u64,
     /// Sorted by sequence number (checked).
@@ -541,15 +558,52 @@ impl LogEngine {
         budget: usize,
         out: &mut Vec<u8>,
     ) -> Served {
+        self.repl_serve_as(None, cursor, fresh, upstream, budget, out)
+    }
+
+    /// [`LogEngine::repl_serve`] for the replica a server knows as `replica`: what it has
+    /// not read yet is kept from the maintenance pass until it has (see
+    /// [`LogEngine::repl_hold`]).
+    pub fn repl_serve_as(
+        &self,
+        replica: Option<&str>,
+        cursor: &[u8],
+        fresh: bool,
+        upstream: bool,
+        budget: usize,
+        out: &mut Vec<u8>,
+    ) -> Served {
         self.repl.active.store(true, Ordering::SeqCst);
         self.repl_log_evictions();
+        let (served, needs) = self.serve_for(cursor, fresh, upstream, budget, out);
+        if let Some(name) = replica {
+            let mut holds = lock(&self.repl.holds);
+            if let Some(h) = holds.iter_mut().find(|h| &*h.0 == name) {
+                h.1 = needs;
+            } else if holds.len() < MAX_HOLDS {
+                holds.push((name.into(), needs));
+            }
+        }
+        served
+    }
+
+    /// The batch for one pull, and the position whose unread segments the replica needs
+    /// next (where it was, or where a reset or switch batch moves it).
+    fn serve_for(
+        &self,
+        cursor: &[u8],
+        fresh: bool,
+        upstream: bool,
+        budget: usize,
+        out: &mut Vec<u8>,
+    ) -> (Served, Cursor) {
         if fresh && upstream {
-            if let Some(served) = Cursor::decode(cursor)
+            if let Some(switched) = Cursor::decode(cursor)
                 .ok()
                 .filter(|c| c.phase == Phase::Tail)
                 .and_then(|c| self.serve_switch(&c, out))
             {
-                return served;
+                return switched;
             }
         }
         let cur = if fresh {
@@ -561,23 +615,54 @@ impl LogEngine {
             Some(c) if c.phase == Phase::Tail => {
                 let mark = out.len();
                 match self.serve_tail(&c, budget, out) {
-                    Some(s) => s,
+                    Some(s) => (s, c),
                     None => {
                         out.truncate(mark);
-                        self.serve_reset(out)
+                        self.serve_reset_cursor(out)
                     }
                 }
             }
             Some(c) if matches!(c.phase, Phase::Snapshot { .. }) => {
-                self.serve_snapshot(&c, budget, out).0
+                (self.serve_snapshot(&c, budget, out).0, c)
             }
-            _ => self.serve_reset(out),
+            _ => self.serve_reset_cursor(out),
         }
+    }
+
+    /// Keep holding what the replicas `keep` chooses have not read (those a server still
+    /// expects back), and stop for the others. Served with [`LogEngine::repl_serve_as`], a
+    /// replica's unread segments are kept from the maintenance pass, which would free
+    /// them once all their items are dead or expired. A replica that stops pulling for a
+    /// while (a pause, a brief network cut) then continues from its cursor instead of a
+    /// full sync, even where items with short times to live expired meanwhile and took
+    /// whole segments with them. Only the maintenance pass waits: eviction and
+    /// compaction, which free memory a write needs, do not; and at most `1 / HOLD_SHARE`
+    /// of the memory limit is kept so.
+    pub fn repl_hold(&self, keep: impl Fn(&str) -> bool) {
+        lock(&self.repl.holds).retain(|h| keep(&h.0));
+    }
+
+    /// Segments kept for replicas at the last maintenance pass, and how many passes had to
+    /// free segments a replica still needed (see [`LogEngine::repl_hold`]).
+    pub fn repl_hold_stats(&self) -> (u64, u64) {
+        (
+            self.repl.held.load(Ordering::Relaxed),
+            self.repl.hold_dropped.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Whether segment `seq`, sealed with all its items dead or expired, must stay for a
+    /// replica (`holds` from [`LogEngine::repl_serve_as`]).
+    pub(super) fn held_for_replica(holds: &Holds, seq: u64) -> bool {
+        holds.iter().any(|(_, c)| match c.get(seq) {
+            Some(p) => !p.complete,
+            None => seq >= c.below,
+        })
     }
 
     /// A switch batch for a replica at `c` in this engine's upstream log, or None if this
     /// engine lacks some of what the replica has (it must resynchronize).
-    fn serve_switch(&self, c: &Cursor, out: &mut Vec<u8>) -> Option<Served> {
+    fn serve_switch(&self, c: &Cursor, out: &mut Vec<u8>) -> Option<(Served, Cursor)> {
         let own = {
             let cps = lock(&self.repl.checkpoints);
             if !c.within(&cps.back()?.upstream) {
@@ -599,11 +684,12 @@ impl LogEngine {
         if let Some(f) = out.get_mut(at + B_FLAGS) {
             *f = FLAG_COMPLETE;
         }
-        Some(Served {
+        let served = Served {
             switched: true,
             log_offset,
             ..Served::default()
-        })
+        };
+        Some((served, own))
     }
 
     /// Where this engine's own log stands: every segment below the next number done,
@@ -632,10 +718,6 @@ impl LogEngine {
             below: next,
             entries,
         }
-    }
-
-    fn serve_reset(&self, out: &mut Vec<u8>) -> Served {
-        self.serve_reset_cursor(out).0
     }
 
     /// A reset batch, and the snapshot cursor it announces.
@@ -706,7 +788,7 @@ impl LogEngine {
             off: from_off,
         } = c.phase
         else {
-            return (self.serve_reset(out), None);
+            return (self.serve_reset_cursor(out).0, None);
         };
         let live = self.live_segments();
         let (at, log_offset) = self.batch_header(KIND_SNAPSHOT, out);
@@ -1285,7 +1367,9 @@ impl LogEngine {
             slot.store(0, Ordering::Release);
             self.account_remove(v, len, size);
         });
-        self.free_dead_segments();
+        // Nothing is kept for replicas of this engine: what it dropped must not be
+        // shipped to them any more (they resynchronize).
+        self.free_dead_segments(&Holds::new());
     }
 }
 

@@ -1,6 +1,7 @@
 //! Segments: their headers (`SegTable`), the free pool, the two FIFOs sealed segments wait
 //! in, and taking, opening, sealing, releasing and retiring a segment.
 
+use super::repl::{Holds, HOLD_SHARE};
 use super::*;
 
 #[derive(Default)]
@@ -560,9 +561,13 @@ impl LogEngine {
         }
     }
 
-    /// Free sealed segments that hold no live item any more.
-    pub(super) fn free_dead_segments(&self) -> usize {
-        let dead = self.take_sealed(|s| s.acct.0.live_items.load(Ordering::Acquire) == 0);
+    /// Free sealed segments that hold no live item any more, except those a replica of
+    /// `holds` has not read (see [`LogEngine::retire_holds`]).
+    pub(super) fn free_dead_segments(&self, holds: &Holds) -> usize {
+        let dead = self.take_sealed(|s| {
+            s.acct.0.live_items.load(Ordering::Acquire) == 0
+                && !Self::held_for_replica(holds, s.mem.0.seq.load(Ordering::Acquire))
+        });
         if dead.is_empty() {
             return 0;
         }
@@ -630,11 +635,13 @@ impl LogEngine {
     /// clock passed the latest expiry it was given): unlink what the index still points at
     /// in it, then free it. Returns the segments freed. This is where TTL classes pay:
     /// their segments' items expire together.
-    pub(super) fn expire_segments(&self) -> usize {
+    ///
+    /// Segments a replica of `holds` has not read stay (see [`LogEngine::retire_holds`]).
+    pub(super) fn expire_segments(&self, holds: &Holds) -> usize {
         let now = self.clock.load(Ordering::Relaxed);
         let expired = self.take_sealed(|s| {
-            let m = s.acct.0.max_exp.load(Ordering::Relaxed);
-            m != 0 && m != Time::MAX && m <= now
+            expired_whole(s, now)
+                && !Self::held_for_replica(holds, s.mem.0.seq.load(Ordering::Acquire))
         });
         if expired.is_empty() {
             return 0;
@@ -659,6 +666,40 @@ impl LogEngine {
             .fetch_add(expired.len() as u64, Ordering::Relaxed);
         self.free_retired(&expired);
         expired.len()
+    }
+
+    /// The positions of the replicas the maintenance pass keeps segments for (see
+    /// [`LogEngine::repl_hold`]): none when keeping every dead or expired segment one of
+    /// them has not read would take more than `1 / HOLD_SHARE` of the memory limit (the
+    /// pass then frees them, and the replica that needed them will need a full sync;
+    /// counted).
+    pub(super) fn retire_holds(&self, now: Time) -> Holds {
+        let holds = lock(&self.repl.holds).clone();
+        if holds.is_empty() {
+            self.repl.held.store(0, Ordering::Relaxed);
+            return holds;
+        }
+        let (mut held, mut bytes) = (0u64, 0usize);
+        {
+            let fifo = lock(&self.fifo);
+            for &id in fifo.small.iter().chain(&fifo.main) {
+                let Some(s) = self.segs.get(id) else { continue };
+                let dead = s.acct.0.live_items.load(Ordering::Acquire) == 0;
+                if (dead || expired_whole(s, now))
+                    && Self::held_for_replica(&holds, s.mem.0.seq.load(Ordering::Acquire))
+                {
+                    held += 1;
+                    bytes += s.mem.0.cap.load(Ordering::Relaxed);
+                }
+            }
+        }
+        if bytes > self.max_bytes.load(Ordering::Relaxed) / HOLD_SHARE {
+            self.repl.held.store(0, Ordering::Relaxed);
+            self.repl.hold_dropped.fetch_add(1, Ordering::Relaxed);
+            return Holds::new();
+        }
+        self.repl.held.store(held, Ordering::Relaxed);
+        holds
     }
 
     /// A segment leaves the set a log reader may ship (before the barrier that precedes
@@ -688,4 +729,10 @@ impl LogEngine {
 pub(super) fn publish_live(live: &mut Vec<(u64, u32)>, seq: u64, id: u32) {
     live.retain(|&(_, i)| i != id);
     live.push((seq, id));
+}
+
+/// Every item `s` was given has a time to live, and the latest of them passed by `now`.
+fn expired_whole(s: &Seg, now: Time) -> bool {
+    let m = s.acct.0.max_exp.load(Ordering::Relaxed);
+    m != 0 && m != Time::MAX && m <= now
 }
