@@ -374,6 +374,18 @@ impl LogEngine {
         None
     }
 
+    /// How far above the next CAS unique a new segment's CAS base goes: half the records
+    /// it is expected to hold, so that its records' CAS deltas (signed varints) are centred
+    /// on zero rather than all positive and reach half as far.
+    fn cas_midpoint(&self, cap: usize) -> u64 {
+        let live: i64 = self.live.iter().map(|c| c.0.load(Ordering::Relaxed)).sum();
+        let mean = match usize::try_from(live) {
+            Ok(n) if n >= 1024 => self.allocated.load(Ordering::Relaxed) / n,
+            _ => 64,
+        };
+        (cap.saturating_sub(SEG_HDR) / mean.max(16) / 2) as u64
+    }
+
     /// Prepare a free segment for appending.
     pub(super) fn open_segment(&self, id: u32) -> Option<Open> {
         self.open_segment_at(id, None)
@@ -406,7 +418,7 @@ impl LogEngine {
         // The number is drawn and published under `seq_lock`, so that a log reader that
         // holds it sees every number below `seg_seq` either live or retired.
         let mut live = lock(&self.seq_lock);
-        let base = base.unwrap_or_else(|| self.cas.reserved());
+        let base = base.unwrap_or_else(|| self.cas.reserved() + self.cas_midpoint(cap));
         let seq = self.seg_seq.fetch_add(1, Ordering::Relaxed);
         publish_live(&mut live, seq, id);
         // SAFETY: as above.
