@@ -5,7 +5,8 @@
 #   2. cargo fmt --all -- --check
 #   3. cargo clippy --workspace --all-targets -- -D warnings
 #   4. cargo test --workspace    (unit, integration, differential, property tests, doc tests)
-#      and the server's integration tests once more under the epoll runtime (KVCACHED_IO)
+#      and the server's integration tests once more under the epoll runtime (KVCACHED_IO),
+#      and its protocol and connection suites under io_uring with SQPOLL (KVCACHED_IO_SQPOLL)
 #   5. scripts/package.sh --profile dev --check
 #                                (the Debian package and the container's command line)
 #   6. scripts/fuzz.sh 30        (each fuzz target for 30 s)
@@ -75,6 +76,14 @@ tests "cargo test --workspace" cargo test --workspace --no-fail-fast --quiet
 # default -o io). Where io_uring is not available both passes run epoll.
 tests "cargo test -p kvcached --tests, KVCACHED_IO=epoll" \
     env KVCACHED_IO=epoll cargo test -p kvcached --tests --no-fail-fast --quiet
+
+# The protocol and connection suites once more with a kernel thread polling each worker's
+# submission queue (-o io_sqpoll; KVCACHED_IO_SQPOLL sets its default). Where io_uring or
+# SQPOLL is not available the servers run without it.
+tests "cargo test -p kvcached (protocols, connections), KVCACHED_IO_SQPOLL=10" \
+    env KVCACHED_IO_SQPOLL=10 cargo test -p kvcached --no-fail-fast --quiet \
+    --test text_protocol --test binary --test meta --test connections \
+    --test hostile_clients --test lifecycle --test tls
 
 step "scripts/package.sh --profile dev --check"
 scripts/package.sh --profile dev --check

@@ -447,6 +447,10 @@ fn settings(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
     emit(sink, "engine", "log");
     let fallbacks = ctx.shared.epoll_fallbacks.load(Ordering::Relaxed);
     emit(sink, "io", io_in_use(c.io, fallbacks, c.threads));
+    match c.io_sqpoll {
+        Some(ms) => emit(sink, "io_sqpoll", ms),
+        None => emit(sink, "io_sqpoll", "no"),
+    }
     emit(sink, "evict_size_factor", c.evict_size_factor);
 }
 

@@ -58,7 +58,13 @@
 //! From 6.1 the ring runs completions only when the worker waits for them
 //! (`DEFER_TASKRUN`), so a worker is not interrupted to process them meanwhile.
 //!
-//! Not done yet: zero-copy sends, SQPOLL.
+//! With `-o io_sqpoll`, a kernel thread per worker polls the ring's submission queue, so a
+//! turn that only submits makes no system call; the worker still enters the kernel to wait
+//! for completions. The thread spins for its idle time after the last submission, a CPU
+//! while the server is busy: it pays where cores are spare, not on a small machine (see
+//! BENCHMARKS.md). Completions then cannot wait for the worker (`DEFER_TASKRUN`).
+//!
+//! Not done yet: zero-copy sends.
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
@@ -200,7 +206,7 @@ fn kernel_at_least(major: u32, minor: u32) -> bool {
 
 /// Whether this runtime can run here: an error saying why not.
 pub fn probe() -> io::Result<()> {
-    let mut ring = Reactor::new()?;
+    let mut ring = Reactor::new(None)?;
     // A submission with a timeout (IORING_FEAT_EXT_ARG) is what the worker's wait uses.
     ring.wait(Some(Duration::ZERO))?;
     Ok(())
@@ -331,6 +337,8 @@ pub struct Reactor {
     pub starved: u64,
     /// Receives into provided buffers are multishot (kernel 6.0).
     multishot: bool,
+    /// A kernel thread polls the submission queue (`-o io_sqpoll`).
+    sqpoll: bool,
 }
 
 impl Drop for Reactor {
@@ -354,8 +362,14 @@ impl Drop for Reactor {
 }
 
 impl Reactor {
-    pub fn new() -> io::Result<Reactor> {
-        let ring = Self::build()?;
+    /// A reactor; with `sqpoll`, whose submission queue a kernel thread polls, sleeping
+    /// after that many milliseconds without work (where the kernel refuses, the ring is
+    /// built without, and [`Reactor::sqpoll`] says so).
+    pub fn new(sqpoll: Option<u32>) -> io::Result<Reactor> {
+        let (ring, sqpoll) = match sqpoll.and_then(Self::build_sqpoll) {
+            Some(ring) => (ring, true),
+            None => (Self::build()?, false),
+        };
         if !ring.params().is_feature_nodrop() || !ring.params().is_feature_ext_arg() {
             return Err(io::Error::other(
                 "the kernel's io_uring lacks NODROP or EXT_ARG (kernel 5.11 or later needed)",
@@ -380,7 +394,28 @@ impl Reactor {
             done: Vec::with_capacity(256),
             starved: 0,
             multishot: multishot_receives(),
+            sqpoll,
         })
+    }
+
+    /// Whether a kernel thread polls this ring's submission queue.
+    pub fn sqpoll(&self) -> bool {
+        self.sqpoll
+    }
+
+    /// A ring whose submissions a kernel thread takes (SQPOLL), sleeping after `idle_ms`
+    /// without any; for one thread where the kernel allows (`SINGLE_ISSUER`). Completions
+    /// cannot be deferred to the worker's wait here (`DEFER_TASKRUN` excludes SQPOLL).
+    fn build_sqpoll(idle_ms: u32) -> Option<IoUring> {
+        let ring = |single: bool| {
+            let mut b = IoUring::builder();
+            b.setup_sqpoll(idle_ms).setup_cqsize(ENTRIES * 2);
+            if single {
+                b.setup_single_issuer();
+            }
+            b.build(ENTRIES)
+        };
+        ring(true).or_else(|_| ring(false)).ok()
     }
 
     /// A ring with the cheapest completion delivery the kernel has: completions run when the
@@ -408,8 +443,12 @@ impl Reactor {
             if unsafe { self.ring.submission().push(entry) }.is_ok() {
                 return Ok(());
             }
-            // The queue is full: hand what it holds to the kernel and try again.
+            // The queue is full: hand what it holds to the kernel and try again (with
+            // SQPOLL, wake its thread if it sleeps and wait until it has taken some).
             self.ring.submit()?;
+            if self.sqpoll {
+                self.ring.submitter().squeue_wait()?;
+            }
         }
     }
 
@@ -810,7 +849,12 @@ mod tests {
     /// blocking socket. `None` where this kernel has no io_uring (the test then has nothing
     /// to check).
     fn setup() -> Option<(Reactor, RingSock, UnixStream)> {
-        let reactor = match Reactor::new() {
+        setup_with(None)
+    }
+
+    /// [`setup`] with the reactor's `sqpoll` setting.
+    fn setup_with(sqpoll: Option<u32>) -> Option<(Reactor, RingSock, UnixStream)> {
+        let reactor = match Reactor::new(sqpoll) {
             Ok(r) => r,
             Err(e) => {
                 eprintln!("io_uring unavailable here: {e}");
@@ -875,14 +919,38 @@ mod tests {
     #[test]
     fn receives_and_sends_through_the_ring() {
         for multishot in [false, true] {
-            receives_and_sends_through_the_ring_in(multishot);
+            let Some((mut r, sock, peer)) = setup() else {
+                return;
+            };
+            r.multishot &= multishot;
+            receives_and_sends_through_the_ring_in(r, sock, peer);
         }
     }
 
-    fn receives_and_sends_through_the_ring_in(multishot: bool) {
-        let Some((mut r, mut sock, mut peer)) = setup_mode(multishot) else {
+    /// The same with a kernel thread polling the submission queue (`-o io_sqpoll`), where
+    /// the kernel allows one; and with a full submission queue, which then waits for the
+    /// thread to take entries rather than submitting them itself.
+    #[test]
+    fn receives_and_sends_through_an_sqpoll_ring() {
+        let Some((mut r, sock, peer)) = setup_with(Some(5)) else {
             return;
         };
+        if !r.sqpoll() {
+            eprintln!("no SQPOLL here");
+            return;
+        }
+        let nop = opcode::Nop::new().build().user_data(u64::MAX);
+        for _ in 0..ENTRIES + ENTRIES / 2 {
+            r.push(&nop).unwrap();
+        }
+        receives_and_sends_through_the_ring_in(r, sock, peer);
+    }
+
+    fn receives_and_sends_through_the_ring_in(
+        mut r: Reactor,
+        mut sock: RingSock,
+        mut peer: UnixStream,
+    ) {
         // Nothing has arrived: a read would block, and a receive is armed.
         assert_eq!(
             sock.read(&mut [0u8; 16]).unwrap_err().kind(),

@@ -199,8 +199,18 @@ impl Worker {
     /// not open its ring after the first clients came and went.
     pub fn run(mut self, ready: &std::sync::Barrier) {
         if self.shared.config.io == IoChoice::Uring {
-            match Reactor::new() {
-                Ok(r) => self.ring = Some(r),
+            let sqpoll = self.shared.config.io_sqpoll;
+            match Reactor::new(sqpoll) {
+                Ok(r) => {
+                    if sqpoll.is_some() && !r.sqpoll() {
+                        tracing::warn!(
+                            "worker {}: the kernel refused an io_uring with SQPOLL; \
+                             running without",
+                            self.index
+                        );
+                    }
+                    self.ring = Some(r)
+                }
                 Err(e) => {
                     tracing::warn!(
                         "worker {}: io_uring could not be set up ({e}); using epoll",

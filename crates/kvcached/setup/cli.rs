@@ -62,6 +62,8 @@ pub const ITEM_SIZE_MIN: usize = 1024;
 pub const ITEM_SIZE_MAX: usize = 1 << 30;
 /// Above this many worker threads, warn (as memcached does).
 pub const THREADS_WARN: usize = 64;
+/// `-o io_sqpoll` without a value: the polling thread sleeps after 10 ms without work.
+const DEFAULT_SQPOLL_IDLE_MS: u32 = 10;
 
 // ---------------------------------------------------------------------------------------
 // Stage 1: getopt_long.
@@ -913,6 +915,13 @@ impl Builder {
                 self.cfg.io = IoChoice::parse(&need(val)?)
                     .ok_or_else(|| "-o io: expected uring, epoll or auto".to_string())?;
             }
+            "io_sqpoll" => {
+                let ms = match val {
+                    Some(v) => int_in(sp, v, 1, 60_000, "milliseconds, 1 to 60000")?,
+                    None => DEFAULT_SQPOLL_IDLE_MS,
+                };
+                self.cfg.io_sqpoll = Some(ms);
+            }
             "maxconns_fast" => self.cfg.maxconns_fast = true,
             "no_maxconns_fast" => self.cfg.maxconns_fast = false,
             "debug_clock" => self.cfg.debug_clock = true,
@@ -1492,6 +1501,11 @@ Extended options: -o, --extended=OPT[,OPT=VALUE...]
                               (one system call per turn of a worker's loop), epoll, or
                               io_uring where the kernel allows it (kvcached's own;
                               default auto, or $KVCACHED_IO)
+  io_sqpoll[=MS]              under io_uring, a kernel thread per worker takes its
+                              submissions (SQPOLL), sleeping after MS milliseconds
+                              without any (default 10); it spends a CPU while busy, so
+                              it pays only where cores are spare (kvcached's own;
+                              default off, or $KVCACHED_IO_SQPOLL milliseconds)
   debug_clock                 TESTS ONLY: enable the debugtime command, which moves the
                               server clock. Never use in production.
 
@@ -1592,6 +1606,9 @@ mod tests {
                 c.evict_size_factor == 64
             }),
             (&[], |c| c.evict_size_factor == 4),
+            // io_uring's submission-queue polling thread, with its idle time.
+            (&["-o", "io_sqpoll"], |c| c.io_sqpoll == Some(10)),
+            (&["-o", "io_sqpoll=250"], |c| c.io_sqpoll == Some(250)),
             // -U, and -U alone moving the TCP port too.
             (&["-U", "11300"], |c| {
                 c.udp_port == 11300 && c.tcp_port == 11300
@@ -1871,6 +1888,8 @@ mod tests {
             // The retired engine is named as such; an unknown one as unknown.
             (&["-o", "engine=hashmap"], "that engine was retired"),
             (&["-o", "engine=btree"], "unknown engine"),
+            (&["-o", "io_sqpoll=0"], "1 to 60000"),
+            (&["-o", "io_sqpoll=60001"], "1 to 60000"),
             (&["-p"], "-p needs a value"),
             (&["-vp"], "-p needs a value"),
             // Numbers.

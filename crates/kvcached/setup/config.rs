@@ -165,6 +165,9 @@ pub struct Config {
     pub cpu_affinity: bool,
     /// The I/O runtime of TCP and unix connections (`-o io=`; kvcached's own).
     pub io: IoChoice,
+    /// Under io_uring, a kernel thread per worker polls its submission queue, and sleeps
+    /// after this many milliseconds without work (`-o io_sqpoll[=MS]`; kvcached's own).
+    pub io_sqpoll: Option<u32>,
     /// Allow the commands that dump keys: `stats cachedump`, `stats detail dump`,
     /// `lru_crawler metadump` (`-X` turns them off).
     pub dump_enabled: bool,
@@ -256,6 +259,7 @@ impl Default for Config {
             reuseport: false,
             cpu_affinity: false,
             io: IoChoice::default_from_env(),
+            io_sqpoll: sqpoll_from_env(),
             no_evict: false,
             use_cas: true,
             max_connections: 1024,
@@ -366,4 +370,13 @@ impl IoChoice {
             .and_then(|v| IoChoice::parse(&v))
             .unwrap_or(IoChoice::Auto)
     }
+}
+
+/// `-o io_sqpoll`'s default: `$KVCACHED_IO_SQPOLL` milliseconds (1 to 60000), as
+/// `$KVCACHED_IO` sets `-o io`'s (the test suite runs under either this way).
+fn sqpoll_from_env() -> Option<u32> {
+    std::env::var("KVCACHED_IO_SQPOLL")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|ms| (1..=60_000).contains(ms))
 }
