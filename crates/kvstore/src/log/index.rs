@@ -1,5 +1,5 @@
-//! The hash index: cache-line buckets of eight tagged 64-bit slots, grown by linear
-//! hashing.
+//! The hash index: cache-line main buckets of eight tagged 64-bit slots, overflow buckets
+//! of four, grown by linear hashing.
 //!
 //! A slot is `VALID | MOVED | win | fetched | freq(2) | tag(16) | segment(22) | offset(20)`,
 //! or 0 when empty. Readers load slots atomically and never lock; writers change the
@@ -48,7 +48,8 @@
 //!    follows its intact `next` link back into the chain).
 //!
 //! Every key hashes to one main bucket; when its eight slots are taken the bucket chains to
-//! overflow buckets from a pool (reused once unlinked, see above). When the pool is
+//! overflow buckets of four slots from a pool (reused once unlinked, see above): two of them
+//! share a cache line of the pool, each with its own link and its chain's stripe lock. When the pool is
 //! exhausted, or the table has reached its largest size, an insert replaces a slot of the
 //! chain (the index is lossy, as MICA's is: that item is evicted).
 
@@ -60,8 +61,15 @@ use std::sync::{Mutex, MutexGuard};
 use super::mem::ZeroedSlice;
 
 pub(crate) const SLOTS: usize = 8;
-/// Bytes one more bucket adds to the index (the bucket, its link, its time cells).
+/// Bytes one more main bucket adds to the index (the bucket, its link, its time cells).
 pub(crate) const BUCKET_BYTES: usize = std::mem::size_of::<Bucket>() + 4 + SLOTS * 2;
+/// Slots of an overflow bucket: half a main bucket's (two share a cache line). Most
+/// chains that overflow do by a few items: at the load the index grows at (eight items
+/// per main bucket on average), 4-slot overflow buckets hold the same items in fewer
+/// bytes than 8-slot ones (`bench/memory.sh`: BENCHMARKS.md).
+pub(crate) const OVER_SLOTS: usize = SLOTS / 2;
+/// Bytes one more overflow bucket adds (its slots, link and time cells).
+const OVER_BYTES: usize = OVER_SLOTS * (8 + 2) + 4;
 
 const OFF_BITS: u32 = 20;
 const SEG_BITS: u32 = 22;
@@ -179,11 +187,22 @@ pub(crate) enum Insert<'a> {
 #[repr(align(64))]
 pub(crate) struct Bucket(pub(crate) [AtomicU64; SLOTS]);
 
+/// A bucket of a chain: a main bucket (its index), or an overflow bucket (its index in
+/// the pool: the half `o % 2` of the pool's `Bucket` `o / 2`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Node {
+    Main(usize),
+    Over(usize),
+}
+
 pub(crate) struct Index {
-    /// Main buckets `0 .. max_main`, then the overflow pool.
+    /// Main buckets `0 .. max_main`, then the overflow pool (each `Bucket` there holds two
+    /// overflow buckets of `OVER_SLOTS` slots).
     buckets: ZeroedSlice<Bucket>,
-    /// Per bucket: 1 + the overflow bucket that follows it, or 0.
+    /// Per main bucket: 1 + the overflow bucket that follows it, or 0.
     next: ZeroedSlice<AtomicU32>,
+    /// Per overflow bucket: 1 + the overflow bucket that follows it, or 0.
+    over_next: ZeroedSlice<AtomicU32>,
     /// Per slot (bucket * SLOTS + i): low 16 bits of the last access time of its item.
     times: ZeroedSlice<AtomicU16>,
     max_main: usize,
@@ -212,15 +231,17 @@ impl Index {
             // SAFETY: a bucket is eight AtomicU64, an AtomicU32 and an AtomicU16 are
             // valid and default as all-zero bytes (empty slot, no next bucket, time 0);
             // none needs drop; alignment is at most 64.
+            let over = 2 * (total - max_main);
             let parts = unsafe {
                 (
                     ZeroedSlice::<Bucket>::reserve(total),
-                    ZeroedSlice::<AtomicU32>::reserve(total),
+                    ZeroedSlice::<AtomicU32>::reserve(max_main),
+                    ZeroedSlice::<AtomicU32>::reserve(over),
                     ZeroedSlice::<AtomicU16>::reserve(total * SLOTS),
                 )
             };
-            let (buckets, next, times) = match parts {
-                (Some(b), Some(n), Some(t)) => (b, n, t),
+            let (buckets, next, over_next, times) = match parts {
+                (Some(b), Some(n), Some(o), Some(t)) => (b, n, o, t),
                 _ if max_main > 2 * start => {
                     max_main /= 2;
                     continue;
@@ -230,7 +251,8 @@ impl Index {
                     unsafe {
                         (
                             ZeroedSlice::new(total),
-                            ZeroedSlice::new(total),
+                            ZeroedSlice::new(max_main),
+                            ZeroedSlice::new(over),
                             ZeroedSlice::new(total * SLOTS),
                         )
                     }
@@ -239,6 +261,7 @@ impl Index {
             return Index {
                 buckets,
                 next,
+                over_next,
                 times,
                 max_main,
                 state: AtomicU64::new(u64::from(start.trailing_zeros()) << LEVEL_SHIFT),
@@ -253,7 +276,8 @@ impl Index {
     /// Bytes the index occupies (main buckets in use and every overflow bucket ever
     /// handed out, with their link and time cells).
     pub(crate) fn bytes(&self) -> usize {
-        (self.nmain() + self.overflow_used()) * BUCKET_BYTES
+        self.nmain() * BUCKET_BYTES
+            + self.overflow_used() * OVER_BYTES
             + self.locks.len() * std::mem::size_of::<Mutex<u64>>()
     }
 
@@ -272,10 +296,43 @@ impl Index {
         self.max_main
     }
 
+    /// Overflow buckets (of `OVER_SLOTS` slots) ever handed out.
     pub(crate) fn overflow_used(&self) -> usize {
         self.over_used
             .load(Ordering::Relaxed)
-            .min(self.buckets.len() - self.max_main)
+            .min(self.over_next.len())
+    }
+
+    /// The slots of chain bucket `n`.
+    #[inline]
+    fn slots(&self, n: Node) -> Option<&[AtomicU64]> {
+        match n {
+            Node::Main(b) if b < self.max_main => self.buckets.get(b).map(|bk| &bk.0[..]),
+            Node::Main(_) => None,
+            Node::Over(o) => {
+                let at = (o % 2) * OVER_SLOTS;
+                self.buckets
+                    .get(self.max_main + o / 2)?
+                    .0
+                    .get(at..at + OVER_SLOTS)
+            }
+        }
+    }
+
+    /// The link of chain bucket `n` to the next one.
+    #[inline]
+    fn link(&self, n: Node) -> Option<&AtomicU32> {
+        match n {
+            Node::Main(b) => self.next.get(b),
+            Node::Over(o) => self.over_next.get(o),
+        }
+    }
+
+    /// The chain bucket after `n`, if any.
+    #[inline]
+    fn follow(&self, n: Node) -> Option<Node> {
+        let v = self.link(n)?.load(Ordering::Acquire);
+        (v != 0).then(|| Node::Over(v as usize - 1))
     }
 
     /// Lock the stripe that guards `h`'s bucket chain.
@@ -304,10 +361,9 @@ impl Index {
         let mut rescanned = false;
         loop {
             let mut moved = false;
-            let mut c = b;
+            let mut c = Node::Main(b);
             loop {
-                let bucket = self.buckets.get(c)?;
-                for slot in &bucket.0 {
+                for slot in self.slots(c)? {
                     let v = slot.load(Ordering::Acquire);
                     if is_valid(v) && slot_tag(v) == tag {
                         if v & MOVED != 0 {
@@ -317,11 +373,10 @@ impl Index {
                         }
                     }
                 }
-                let n = self.next.get(c)?.load(Ordering::Acquire);
-                if n == 0 {
-                    break;
+                match self.follow(c) {
+                    Some(n) => c = n,
+                    None => break,
                 }
-                c = n as usize - 1;
             }
             if !moved {
                 return None;
@@ -389,53 +444,53 @@ impl Index {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .pop();
-        if let Some(b) = reused {
-            let b = b as usize;
-            self.next.get(b)?.store(0, Ordering::Relaxed);
-            return Some(b);
+        if let Some(o) = reused {
+            let o = o as usize;
+            self.over_next.get(o)?.store(0, Ordering::Relaxed);
+            return Some(o);
         }
         let o = self.over_used.fetch_add(1, Ordering::Relaxed);
-        let nb = self.max_main + o;
-        (nb < self.buckets.len()).then_some(nb)
+        (o < self.over_next.len()).then_some(o)
     }
 
     /// Put `v` into the first free slot of the chain of main bucket `b` (time `t` stored
     /// before the slot is published); link an overflow bucket if the chain is full. When
     /// none is left, returns a slot of the chain's last bucket to replace.
     fn insert_at(&self, b: usize, h: u64, v: u64, t: Time) -> Insert<'_> {
-        let mut b = b;
+        let mut c = Node::Main(b);
         loop {
-            let Some(bucket) = self.buckets.get(b) else {
+            let Some(slots) = self.slots(c) else {
                 return Insert::Full;
             };
-            for slot in &bucket.0 {
+            for slot in slots {
                 if slot.load(Ordering::Relaxed) == 0 {
                     self.set_atime(slot, t);
                     slot.store(v, Ordering::Release);
                     return Insert::Stored;
                 }
             }
-            let Some(next) = self.next.get(b) else {
+            let Some(next) = self.link(c) else {
                 return Insert::Full;
             };
             let n = next.load(Ordering::Acquire);
             if n != 0 {
-                b = n as usize - 1;
+                c = Node::Over(n as usize - 1);
                 continue;
             }
             // End of the chain: link a fresh overflow bucket, or replace a slot here.
-            if let Some(nb) = self.take_overflow() {
+            if let Some(o) = self.take_overflow() {
                 // The new bucket is empty and unreachable: fill its first slot before
                 // linking it so readers find the item as soon as they see the bucket.
-                let first = &self.buckets[nb].0[0];
-                self.set_atime(first, t);
-                first.store(v, Ordering::Release);
-                next.store(nb as u32 + 1, Ordering::Release);
-                return Insert::Stored;
+                if let Some(first) = self.slots(Node::Over(o)).and_then(|s| s.first()) {
+                    self.set_atime(first, t);
+                    first.store(v, Ordering::Release);
+                    next.store(o as u32 + 1, Ordering::Release);
+                    return Insert::Stored;
+                }
             }
             let start = (h >> 32) as usize;
-            for i in 0..SLOTS {
-                let slot = &bucket.0[(start + i) % SLOTS];
+            for i in 0..slots.len() {
+                let slot = &slots[(start + i) % slots.len()];
                 if is_item(slot.load(Ordering::Relaxed)) {
                     return Insert::Victim(slot);
                 }
@@ -462,21 +517,20 @@ impl Index {
         });
     }
 
-    /// Visit every slot of `b`'s chain with the index of the bucket that holds it.
-    fn walk<'a>(&'a self, b: usize, mut f: impl FnMut(usize, &'a AtomicU64)) {
-        let mut b = b;
+    /// Visit every slot of `b`'s chain, saying whether it is in an overflow bucket.
+    fn walk<'a>(&'a self, b: usize, mut f: impl FnMut(bool, &'a AtomicU64)) {
+        let mut c = Node::Main(b);
         loop {
-            let Some(bucket) = self.buckets.get(b) else {
+            let Some(slots) = self.slots(c) else {
                 return;
             };
-            for slot in &bucket.0 {
-                f(b, slot);
+            for slot in slots {
+                f(matches!(c, Node::Over(_)), slot);
             }
-            let n = self.next.get(b).map_or(0, |n| n.load(Ordering::Acquire));
-            if n == 0 {
-                return;
+            match self.follow(c) {
+                Some(n) => c = n,
+                None => return,
             }
-            b = n as usize - 1;
         }
     }
 
@@ -557,11 +611,11 @@ impl Index {
         self.work.store(b + 1, Ordering::Release);
         let mut moved = false;
         let mut free: Vec<&AtomicU64> = Vec::new();
-        self.walk(b, |bucket, slot| {
+        self.walk(b, |over, slot| {
             let v = slot.load(Ordering::Relaxed);
             if v == 0 {
                 free.push(slot);
-            } else if bucket >= self.max_main && is_item(v) {
+            } else if over && is_item(v) {
                 // In an overflow bucket: the first free slot before it, if any.
                 if !free.is_empty() {
                     let to = free.remove(0);
@@ -584,26 +638,25 @@ impl Index {
     pub(crate) fn release_chain(&self, b: usize) -> Vec<u32> {
         self.clear_markers(b);
         let mut out = Vec::new();
-        let mut prev = b;
+        let mut prev = Node::Main(b);
         loop {
-            let Some(link) = self.next.get(prev) else {
+            let Some(link) = self.link(prev) else {
                 return out;
             };
             let n = link.load(Ordering::Acquire);
             if n == 0 {
                 return out;
             }
-            let cur = n as usize - 1;
+            let cur = Node::Over(n as usize - 1);
             let empty = self
-                .buckets
-                .get(cur)
-                .is_some_and(|bk| bk.0.iter().all(|s| s.load(Ordering::Relaxed) == 0));
+                .slots(cur)
+                .is_some_and(|s| s.iter().all(|s| s.load(Ordering::Relaxed) == 0));
             if empty {
                 // Readers inside `cur` still follow its own link back into the chain;
                 // it is reused only after another barrier.
-                let after = self.next.get(cur).map_or(0, |x| x.load(Ordering::Acquire));
+                let after = self.link(cur).map_or(0, |x| x.load(Ordering::Acquire));
                 link.store(after, Ordering::Release);
-                out.push(cur as u32);
+                out.push(n - 1);
             } else {
                 prev = cur;
             }
@@ -915,11 +968,11 @@ mod tests {
             });
         }
         assert_eq!(count, n);
-        // Overflow buckets are reused, not only added: fewer than a fifth of the main.
-        // Overflow buckets emptied by splits are unlinked and linked again.
+        // Overflow buckets emptied by splits are unlinked and linked again, so their slots
+        // stay fewer than half the main buckets' (each has half a main bucket's slots).
         assert!(recycled > 0);
         assert!(
-            overflow_high * 2 < idx.nmain(),
+            overflow_high * OVER_SLOTS < idx.nmain() * SLOTS / 2,
             "{overflow_high} overflow buckets"
         );
     }

@@ -113,7 +113,7 @@
 //! writer notices (the pin barriers a batch needs are tried, not waited for,
 //! and a batch whose barrier is held up finishes on a later call; `maintain` waits). A
 //! slot costs 10 bytes (8, plus 2 for the item's last access time, which the meta
-//! protocol shows), about 15 bytes per item with overflow buckets. Growth stops at half
+//! protocol shows), about 14 bytes per item with the overflow buckets (of four slots). Growth stops at half
 //! the limit, or (with `no_evict`) at the memory no segment uses, and at one main slot
 //! per 32 bytes of the starting limit (a mapping reserved up front and touched only as
 //! the index grows); beyond that the index is lossy (a full chain replaces a slot,
