@@ -539,7 +539,16 @@ impl Reactor {
     pub fn wait(&mut self, timeout: Option<Duration>) -> io::Result<&[Completion]> {
         self.done.clear();
         let result = match timeout {
-            Some(t) if t.is_zero() => self.ring.submit_and_wait(0),
+            // Not `submit_and_wait(0)`: an enter without GETEVENTS does not run the ring's
+            // deferred completions (`DEFER_TASKRUN`), so a worker that polls because some
+            // connection yielded would never see the other connections' new requests until
+            // it waited for real. Asking for one completion with a zero timeout runs them
+            // and returns at once (`ETIME` when none came).
+            Some(t) if t.is_zero() => {
+                let ts = types::Timespec::new();
+                let args = types::SubmitArgs::new().timespec(&ts);
+                self.ring.submitter().submit_with_args(1, &args)
+            }
             Some(t) => {
                 let ts = types::Timespec::from(t);
                 let args = types::SubmitArgs::new().timespec(&ts);
@@ -982,6 +991,29 @@ mod tests {
         drop(peer);
         until(&mut r, &mut sock, |c| c.op == Op::Recv);
         assert_eq!(sock.read(&mut [0u8; 16]).unwrap(), 0);
+    }
+
+    /// A wait that must not block (a connection yielded, so the worker polls) still
+    /// delivers a receive that completed meanwhile: with `DEFER_TASKRUN` it is deferred
+    /// work that only an enter with GETEVENTS runs. Without that, a connection that yields
+    /// turn after turn (a long dump, a deep pipeline) kept the worker from ever seeing its
+    /// other connections' requests until it stopped.
+    #[test]
+    fn a_wait_without_blocking_delivers_what_completed() {
+        for multishot in [false, true] {
+            let Some((mut r, mut sock, mut peer)) = setup_mode(multishot) else {
+                return;
+            };
+            r.arm(&mut sock, 3).unwrap();
+            // Submitted, nothing arrived yet.
+            assert!(r.wait(Some(Duration::ZERO)).unwrap().is_empty());
+            peer.write_all(b"get a\r\n").unwrap();
+            let done = r.wait(Some(Duration::ZERO)).unwrap().to_vec();
+            assert!(
+                done.iter().any(|c| c.op == Op::Recv && c.result > 0),
+                "no receive completion in {done:?}"
+            );
+        }
     }
 
     #[test]
