@@ -610,6 +610,43 @@ fn per_class_stats_and_sizes_are_memcacheds() {
     assert_eq!(c.line(), "END\r\n");
 }
 
+/// `stats cachedump` and `lru_crawler metadump` of a class with few items walk the whole
+/// index, listing almost nothing: they stop after a turn's share of the walk and go on at
+/// the next turn (`conn_yields` counts each stop), so that the worker's other connections
+/// are served meanwhile; a request pipelined behind one runs once it is done.
+#[test]
+fn dumps_of_a_sparse_class_let_the_worker_serve_others() {
+    let s = kvcached(&["-t", "1"]);
+    let mut c = s.connect();
+    assert_eq!(c.call("set a 0 0 10\r\n0123456789\r\n"), "STORED\r\n");
+    let buckets: u64 = c
+        .stats("slabs")
+        .into_iter()
+        .find(|(k, _)| k == "index_buckets")
+        .and_then(|(_, v)| v.parse().ok())
+        .expect("index_buckets");
+    let yields = |c: &mut Client| -> u64 {
+        c.stat("conn_yields")
+            .and_then(|v| v.parse().ok())
+            .expect("conn_yields")
+    };
+    // 64 buckets per engine call, 8 calls per turn.
+    let stops = (buckets / 64 / 8).saturating_sub(1).max(1);
+    let before = yields(&mut c);
+    c.send(b"stats cachedump 40 0\r\nversion\r\n");
+    assert_eq!(c.line(), "END\r\n");
+    assert!(c.line().starts_with("VERSION "));
+    let after = yields(&mut c);
+    assert!(
+        after >= before + stops,
+        "conn_yields {before} -> {after} over {buckets} buckets"
+    );
+    c.send(b"lru_crawler metadump 40\r\n");
+    assert_eq!(c.line(), "OK\r\n");
+    assert_eq!(c.line(), "END\r\n");
+    assert!(yields(&mut c) >= after + stops);
+}
+
 #[test]
 fn cachedump_lists_a_class_and_refuses_as_memcached() {
     let s = kvcached(&[]);

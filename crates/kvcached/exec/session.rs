@@ -35,6 +35,12 @@ pub struct Session {
     pub auth: ConnAuth,
     /// Set by `watch`: the connection now only receives log lines.
     pub watch: Option<Arc<Watcher>>,
+    /// A long request may stop part way and go on at a later turn ([`Session::yield_turn`]):
+    /// true on TCP and unix connections, false for a UDP datagram's requests.
+    pub may_yield: bool,
+    /// Set with a [`Step::Pause`]: let the worker's other connections run before this
+    /// request goes on (from `resume`), instead of only when the output is full.
+    pub yield_now: bool,
 }
 
 impl Drop for Session {
@@ -56,6 +62,12 @@ pub enum Resume {
     Bucket(usize),
     /// After this prefix.
     After(Vec<u8>),
+    /// `stats cachedump`: at this bucket, with `shown` items and `written` bytes so far.
+    CacheDump {
+        bucket: usize,
+        shown: u32,
+        written: usize,
+    },
 }
 
 /// The protocols a TCP or unix connection can speak.
@@ -78,7 +90,24 @@ impl Session {
             protocol: None,
             auth: ConnAuth::default(),
             watch: None,
+            may_yield: false,
+            yield_now: false,
         }
+    }
+
+    /// A TCP or unix connection's session: long requests may yield ([`Session::may_yield`]).
+    pub fn for_stream() -> Session {
+        let mut s = Session::new();
+        s.may_yield = true;
+        s
+    }
+
+    /// Whether a long request (an index walk) that has done a turn's share of work should
+    /// stop here and go on at a later turn: then it sets `resume` and returns
+    /// [`Step::Pause`].
+    pub fn yield_turn(&mut self) -> bool {
+        self.yield_now = self.may_yield;
+        self.yield_now
     }
 
     /// Bytes of output waiting to be written.

@@ -264,7 +264,7 @@ impl Conn {
             input: Vec::new(),
             input_pos: 0,
             no_newline: 0,
-            session: Session::new(),
+            session: Session::for_stream(),
             write_interest: false,
             hangup: false,
             eof: false,
@@ -375,6 +375,12 @@ impl Conn {
                 }
                 match step {
                     Step::Close => return Drive::Close,
+                    Step::Pause if std::mem::take(&mut self.session.yield_now) => {
+                        // A long request stopped to let the others run (it goes on from
+                        // its `resume` at the next turn).
+                        ctx.stats.conn_yields.incr();
+                        return Drive::Yield;
+                    }
                     Step::Pause => continue,
                     Step::Next => {}
                 }
@@ -435,6 +441,10 @@ impl Conn {
                 }
                 match step {
                     Step::Close => return Drive::Close,
+                    Step::Pause if std::mem::take(&mut self.session.yield_now) => {
+                        ctx.stats.conn_yields.incr();
+                        return Drive::Yield;
+                    }
                     Step::Pause | Step::Next => {}
                 }
                 if *budget == 0 {
