@@ -10,7 +10,9 @@
 
 mod common;
 
-use common::repl::{dump, fill, poll_until, repl_num, repl_stat, show, ttl, wait_stat, Dump, SYNC};
+use common::repl::{
+    dump, fill, fill_expiring, poll_until, repl_num, repl_stat, show, ttl, wait_stat, Dump, SYNC,
+};
 use common::{Client, Kind, Server};
 use std::collections::BTreeSet;
 
@@ -754,19 +756,10 @@ fn replica_paused_while_items_expire_continues_without_full_sync() {
 
     signal(&replica, "STOP");
     // About 4 MiB of items living one second: several whole 1 MiB segments.
-    let value = vec![b'e'; 1000];
-    for batch in 0..40 {
-        let mut req = Vec::new();
-        for i in 0..100 {
-            req.extend_from_slice(format!("set short{batch}_{i} 0 1 1000\r\n").as_bytes());
-            req.extend_from_slice(&value);
-            req.extend_from_slice(b"\r\n");
-        }
-        m.send(&req);
-        for _ in 0..100 {
-            assert_eq!(m.line(), "STORED\r\n");
-        }
-    }
+    let short: Vec<(String, Vec<u8>)> = (0..4000)
+        .map(|i| (format!("short{i}"), vec![b'e'; 1000]))
+        .collect();
+    fill_expiring(&mut m, &short, 1);
     poll_until(
         "the master to keep expired segments",
         SYNC,

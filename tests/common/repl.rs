@@ -90,10 +90,15 @@ pub fn show(block: Option<&Vec<u8>>) -> String {
 
 /// Store `(key, value)` pairs with plain `set`s, pipelined 100 at a time.
 pub fn fill(c: &mut Client, items: &[(String, Vec<u8>)]) {
+    fill_expiring(c, items, 0);
+}
+
+/// [`fill`] with the expiry `exptime` (memcached's: seconds from now up to 30 days).
+pub fn fill_expiring(c: &mut Client, items: &[(String, Vec<u8>)], exptime: u32) {
     for batch in items.chunks(100) {
         let mut req = Vec::new();
         for (k, v) in batch {
-            req.extend_from_slice(format!("set {k} 0 0 {}\r\n", v.len()).as_bytes());
+            req.extend_from_slice(format!("set {k} 0 {exptime} {}\r\n", v.len()).as_bytes());
             req.extend_from_slice(v);
             req.extend_from_slice(b"\r\n");
         }

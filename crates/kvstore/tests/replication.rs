@@ -24,10 +24,23 @@ fn pull(
     budget: usize,
     now: Time,
 ) -> (bool, u64) {
+    pull_as(None, master, replica, st, budget, now)
+}
+
+/// [`pull`] by the replica the master knows as `name` (it keeps what that one has not
+/// read: `repl_serve_as`).
+fn pull_as(
+    name: Option<&str>,
+    master: &LogEngine,
+    replica: &LogEngine,
+    st: &mut ReplicaState,
+    budget: usize,
+    now: Time,
+) -> (bool, u64) {
     let mut cursor = Vec::new();
     st.cursor(&mut cursor);
     let mut batch = Vec::new();
-    let served = master.repl_serve(&cursor, false, false, budget, &mut batch);
+    let served = master.repl_serve_as(name, &cursor, false, false, budget, &mut batch);
     let applied = replica
         .repl_apply(st, &batch, now)
         .unwrap_or_else(|e| panic!("replica rejected a batch: {e}"));
@@ -319,15 +332,8 @@ fn catch_up_holding(
     hold: bool,
 ) {
     for _ in 0..10_000 {
-        let mut cursor = Vec::new();
-        st.cursor(&mut cursor);
-        let mut batch = Vec::new();
-        let name = hold.then_some("replica");
-        let served = master.repl_serve_as(name, &cursor, false, false, 1 << 16, &mut batch);
-        let applied = replica
-            .repl_apply(st, &batch, now)
-            .unwrap_or_else(|e| panic!("replica rejected a batch: {e}"));
-        if applied.idle && !served.snapshot && served.lag_bytes == 0 {
+        let (idle, lag) = pull_as(hold.then_some("replica"), master, replica, st, 1 << 16, now);
+        if idle && lag == 0 {
             return;
         }
     }
