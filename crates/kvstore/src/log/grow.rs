@@ -58,8 +58,7 @@ impl LogEngine {
         loop {
             match g.step {
                 GrowStep::Idle => {
-                    let live: i64 = self.live.iter().map(|c| c.0.load(Ordering::Relaxed)).sum();
-                    let live = usize::try_from(live).unwrap_or(0);
+                    let live = self.live_items();
                     let mut split = Vec::new();
                     // The index takes at most half the limit (the segments the rest).
                     // With no_evict it grows only into memory no segment uses.

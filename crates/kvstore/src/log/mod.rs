@@ -553,8 +553,13 @@ impl LogEngine {
     /// Mean bytes of segment memory per live item (free and dead bytes included: eviction
     /// runs when there are few of either).
     fn mean_record(&self) -> usize {
+        self.allocated.load(Ordering::Relaxed) / self.live_items().max(1)
+    }
+
+    /// Live items now (the sum of the per-thread counts).
+    fn live_items(&self) -> usize {
         let live: i64 = self.live.iter().map(|c| c.0.load(Ordering::Relaxed)).sum();
-        self.allocated.load(Ordering::Relaxed) / (live.max(1) as usize)
+        usize::try_from(live).unwrap_or(0)
     }
 
     /// The reads since it was written that keep an item of `len` record bytes through an

@@ -108,7 +108,7 @@ pub(super) struct ReplFlags {
 /// At most this share (1 / n) of the memory limit is kept in dead or expired segments for
 /// replicas that have not read them yet.
 pub(super) const HOLD_SHARE: usize = 16;
-/// Replicas' names and positions, for [`LogEngine::held_for_replica`].
+/// Replicas' names and positions, for [`held_for_replica`].
 pub(super) type Holds = Vec<(Box<str>, Cursor)>;
 /// Replicas whose positions are kept at most (others are served, not held for).
 const MAX_HOLDS: usize = 64;
@@ -651,15 +651,6 @@ impl LogEngine {
         )
     }
 
-    /// Whether segment `seq`, sealed with all its items dead or expired, must stay for a
-    /// replica (`holds` from [`LogEngine::repl_serve_as`]).
-    pub(super) fn held_for_replica(holds: &Holds, seq: u64) -> bool {
-        holds.iter().any(|(_, c)| match c.get(seq) {
-            Some(p) => !p.complete,
-            None => seq >= c.below,
-        })
-    }
-
     /// A switch batch for a replica at `c` in this engine's upstream log, or None if this
     /// engine lacks some of what the replica has (it must resynchronize).
     fn serve_switch(&self, c: &Cursor, out: &mut Vec<u8>) -> Option<(Served, Cursor)> {
@@ -1006,6 +997,15 @@ fn remember_tombstone(
     // later): the newest is what later items must beat.
     let t = tombs.entry(key.into()).or_insert((cas, batch_no));
     *t = (t.0.max(cas), batch_no);
+}
+
+/// Whether segment `seq`, sealed with all its items dead or expired, must stay for a
+/// replica (`holds` from [`LogEngine::repl_serve_as`]): one of them has not read it whole.
+pub(super) fn held_for_replica(holds: &Holds, seq: u64) -> bool {
+    holds.iter().any(|(_, c)| match c.get(seq) {
+        Some(p) => !p.complete,
+        None => seq >= c.below,
+    })
 }
 
 /// Evicted items (key, CAS) waiting to be logged as tombstones for replicas.

@@ -1,7 +1,7 @@
 //! Segments: their headers (`SegTable`), the free pool, the two FIFOs sealed segments wait
 //! in, and taking, opening, sealing, releasing and retiring a segment.
 
-use super::repl::{Holds, HOLD_SHARE};
+use super::repl::{held_for_replica, Holds, HOLD_SHARE};
 use super::*;
 
 #[derive(Default)]
@@ -378,10 +378,11 @@ impl LogEngine {
     /// it is expected to hold, so that its records' CAS deltas (signed varints) are centred
     /// on zero rather than all positive and reach half as far.
     fn cas_midpoint(&self, cap: usize) -> u64 {
-        let live: i64 = self.live.iter().map(|c| c.0.load(Ordering::Relaxed)).sum();
-        let mean = match usize::try_from(live) {
-            Ok(n) if n >= 1024 => self.allocated.load(Ordering::Relaxed) / n,
-            _ => 64,
+        // Too few items for a mean: assume small ones.
+        let mean = if self.live_items() >= 1024 {
+            self.mean_record()
+        } else {
+            64
         };
         (cap.saturating_sub(SEG_HDR) / mean.max(16) / 2) as u64
     }
@@ -417,8 +418,10 @@ impl LogEngine {
         seg.acct.0.reset();
         // The number is drawn and published under `seq_lock`, so that a log reader that
         // holds it sees every number below `seg_seq` either live or retired.
+        let midpoint = self.cas_midpoint(cap);
         let mut live = lock(&self.seq_lock);
-        let base = base.unwrap_or_else(|| self.cas.reserved() + self.cas_midpoint(cap));
+        // Only deltas are relative to it (wrapping), so it may pass the counter.
+        let base = base.unwrap_or_else(|| self.cas.reserved().wrapping_add(midpoint));
         let seq = self.seg_seq.fetch_add(1, Ordering::Relaxed);
         publish_live(&mut live, seq, id);
         // SAFETY: as above.
@@ -578,7 +581,7 @@ impl LogEngine {
     pub(super) fn free_dead_segments(&self, holds: &Holds) -> usize {
         let dead = self.take_sealed(|s| {
             s.acct.0.live_items.load(Ordering::Acquire) == 0
-                && !Self::held_for_replica(holds, s.mem.0.seq.load(Ordering::Acquire))
+                && !held_for_replica(holds, s.mem.0.seq.load(Ordering::Acquire))
         });
         if dead.is_empty() {
             return 0;
@@ -652,8 +655,7 @@ impl LogEngine {
     pub(super) fn expire_segments(&self, holds: &Holds) -> usize {
         let now = self.clock.load(Ordering::Relaxed);
         let expired = self.take_sealed(|s| {
-            expired_whole(s, now)
-                && !Self::held_for_replica(holds, s.mem.0.seq.load(Ordering::Acquire))
+            expired_whole(s, now) && !held_for_replica(holds, s.mem.0.seq.load(Ordering::Acquire))
         });
         if expired.is_empty() {
             return 0;
@@ -698,7 +700,7 @@ impl LogEngine {
                 let Some(s) = self.segs.get(id) else { continue };
                 let dead = s.acct.0.live_items.load(Ordering::Acquire) == 0;
                 if (dead || expired_whole(s, now))
-                    && Self::held_for_replica(&holds, s.mem.0.seq.load(Ordering::Acquire))
+                    && held_for_replica(&holds, s.mem.0.seq.load(Ordering::Acquire))
                 {
                     held += 1;
                     bytes += s.mem.0.cap.load(Ordering::Relaxed);
