@@ -645,6 +645,22 @@ fn dumps_of_a_sparse_class_let_the_worker_serve_others() {
     assert_eq!(c.line(), "OK\r\n");
     assert_eq!(c.line(), "END\r\n");
     assert!(yields(&mut c) >= after + stops);
+    // Clients that go away in the middle of a dump leave nothing behind.
+    for _ in 0..20 {
+        let mut gone = s.connect();
+        gone.send(b"stats cachedump 40 0\r\nlru_crawler metadump 40\r\n");
+    }
+    common::repl::poll_until(
+        "the dumping clients to be gone",
+        common::repl::SYNC,
+        || match c.stat("curr_connections").as_deref() {
+            Some("1") => Ok(()),
+            other => Err(format!("curr_connections {other:?}")),
+        },
+    );
+    assert_eq!(c.call("get a\r\n"), "VALUE a 0 10\r\n");
+    assert_eq!(c.line(), "0123456789\r\n");
+    assert_eq!(c.line(), "END\r\n");
 }
 
 #[test]

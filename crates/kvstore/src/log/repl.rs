@@ -1443,4 +1443,47 @@ mod tests {
             assert!(tombs.len() <= MAX_TOMBS);
         }
     }
+
+    /// What a replica's cursor leaves unread is held: listed and incomplete, or unlisted
+    /// at or above `below`; a listed complete one and anything else below `below` is not.
+    /// Pulls under ever new names (a client making them up, replicas restarting) keep
+    /// at most `MAX_HOLDS` positions, and a hostile cursor costs no more than a real one.
+    #[test]
+    fn holds_follow_cursors_and_stay_bounded() {
+        let pos = |off, complete| Pos { off, complete };
+        let c = Cursor {
+            phase: Phase::Tail,
+            below: 10,
+            entries: vec![
+                (7, pos(100, false)),
+                (8, pos(200, true)),
+                (12, pos(5, true)),
+            ],
+        };
+        let holds: Holds = vec![("r".into(), c)];
+        for (seq, held) in [(6, false), (7, true), (8, false), (9, false), (10, true)] {
+            assert_eq!(held_for_replica(&holds, seq), held, "segment {seq}");
+        }
+        assert!(!held_for_replica(&holds, 12));
+        assert!(held_for_replica(&holds, 13));
+        assert!(!held_for_replica(&Holds::new(), 13));
+
+        let e = LogEngine::new(crate::EngineConfig {
+            max_bytes: 16 << 20,
+            max_item_size: 1 << 20,
+            no_evict: false,
+            use_cas: true,
+        });
+        let mut out = Vec::new();
+        for i in 0..3 * MAX_HOLDS {
+            out.clear();
+            let name = format!("r{i}");
+            e.repl_serve_as(Some(&name), b"garbage", false, false, 1 << 16, &mut out);
+        }
+        assert_eq!(lock(&e.repl.holds).len(), MAX_HOLDS);
+        e.repl_hold(|name| name == "r0");
+        assert_eq!(lock(&e.repl.holds).len(), 1);
+        e.repl_hold(|_| false);
+        assert!(lock(&e.repl.holds).is_empty());
+    }
 }
