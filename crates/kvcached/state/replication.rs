@@ -197,12 +197,11 @@ impl Replication {
     /// Forget the replicas that have not pulled for [`REPLICA_FORGET`], and stop keeping
     /// log segments for them (on every pull and maintenance tick).
     pub fn forget_followers(&self, engine: &kvstore::LogEngine) {
-        let f = {
-            let mut f = lock(&self.followers);
-            f.retain(|_, x| x.last_pull.elapsed() < REPLICA_FORGET);
-            f.keys().cloned().collect::<Vec<_>>()
-        };
-        engine.repl_hold(|name| f.iter().any(|k| k == name));
+        let mut f = lock(&self.followers);
+        f.retain(|_, x| x.last_pull.elapsed() < REPLICA_FORGET);
+        // Under the followers' lock (the engine takes no lock of ours), so that no copy
+        // of the names is made on every pull.
+        engine.repl_hold(|name| f.contains_key(name));
     }
 
     /// Recount the replicas in sync for `--min-replicas` (on every pull and every
