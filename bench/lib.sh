@@ -3,11 +3,17 @@
 # A TCP port on 127.0.0.1 that was free a moment ago.
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
+# Where the server listens, and a command prefix that runs a command beside it: loopback and
+# nothing by default; the server's network namespace after netns_setup.
+bench_host=127.0.0.1
+in_srv=()
+in_load=()
+
 # stat PORT NAME [GROUP]: one value of the server's general `stats` (or `stats GROUP`).
 stat() {
-    python3 - "$1" "$2" "${3:-}" <<'PY'
+    "${in_srv[@]}" python3 - "$1" "$2" "${3:-}" "$bench_host" <<'PY'
 import socket, sys
-s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=5)
+s = socket.create_connection((sys.argv[4], int(sys.argv[1])), timeout=5)
 s.sendall(f"stats {sys.argv[3]}".strip().encode() + b"\r\n")
 buf = b""
 while not buf.endswith(b"END\r\n"):
@@ -28,7 +34,7 @@ cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 # wait_port PORT [SECONDS]: poll until something accepts on it (10 s at most, or SECONDS).
 wait_port() {
     for _ in $(seq 1 $((${2:-10} * 20))); do
-        python3 -c "import socket; socket.create_connection(('127.0.0.1',$1),timeout=0.2)" 2>/dev/null && return 0
+        "${in_srv[@]}" python3 -c "import socket; socket.create_connection(('$bench_host',$1),timeout=0.2)" 2>/dev/null && return 0
         sleep 0.05
     done
     echo "server on port $1 did not start" >&2
@@ -51,4 +57,45 @@ bench_binaries() {
     server_core=1
     load_core=0
     [ "$(nproc)" -ge 2 ] || { server_core=0; echo "warning: one core: server and load share it" >&2; }
+}
+
+# cpu_busy CPU: clock ticks the CPU spent on anything but idling (user, nice, system, irq,
+# softirq; not steal), from /proc/stat. Unlike a process's own CPU time it includes the
+# network receive work an interrupt or IPI runs on that core while the process sleeps.
+cpu_busy() { awk -v c="cpu$1" '$1 == c {print $2 + $3 + $4 + $7 + $8}' /proc/stat; }
+
+# netns_setup SERVER_CORE LOAD_CORE: two network namespaces joined by a veth pair, as two
+# machines on one link: the server's namespace (10.213.0.1) and the load generator's
+# (10.213.0.2). Receive Packet Steering on each end runs the kernel's receive work for
+# packets arriving there on that side's core (a request's on the server's core, a reply's on
+# the load generator's), where on loopback the sender's core runs both sides of every
+# packet. Sets bench_host, in_srv and in_load; netns_teardown removes it all. Needs root.
+netns_setup() {
+    local tag=kvb$$
+    netns_srv=${tag}s
+    netns_load=${tag}c
+    ip netns add "$netns_srv"
+    ip netns add "$netns_load"
+    ip link add "${tag}s0" type veth peer name "${tag}c0"
+    ip link set "${tag}s0" netns "$netns_srv"
+    ip link set "${tag}c0" netns "$netns_load"
+    ip -n "$netns_srv" addr add 10.213.0.1/30 dev "${tag}s0"
+    ip -n "$netns_load" addr add 10.213.0.2/30 dev "${tag}c0"
+    for ns in "$netns_srv" "$netns_load"; do
+        ip -n "$ns" link set lo up
+    done
+    ip -n "$netns_srv" link set "${tag}s0" up
+    ip -n "$netns_load" link set "${tag}c0" up
+    ip netns exec "$netns_srv" sh -c "printf '%x' $((1 << $1)) > /sys/class/net/${tag}s0/queues/rx-0/rps_cpus"
+    ip netns exec "$netns_load" sh -c "printf '%x' $((1 << $2)) > /sys/class/net/${tag}c0/queues/rx-0/rps_cpus"
+    bench_host=10.213.0.1
+    in_srv=(ip netns exec "$netns_srv")
+    in_load=(ip netns exec "$netns_load")
+}
+
+netns_teardown() {
+    [ -n "${netns_srv:-}" ] && ip netns del "$netns_srv" 2>/dev/null
+    [ -n "${netns_load:-}" ] && ip netns del "$netns_load" 2>/dev/null
+    netns_srv= netns_load=
+    return 0
 }
