@@ -114,6 +114,14 @@ fn scrape_matches_stats_under_the_exporters_names() {
         Some(1.0)
     );
     assert!(value(&m, "kvcached_index_bytes", &[]).is_some_and(|v| v > 0.0));
+    assert_eq!(
+        value(&m, "kvcached_replication_held_segments", &[]),
+        Some(0.0)
+    );
+    assert_eq!(
+        value(&m, "kvcached_replication_held_segments_dropped_total", &[]),
+        Some(0.0)
+    );
     // Per slab class, as the exporter labels them: "a" (1-byte key and value, CAS: 61
     // bytes) is the one item, in class 1 (96-byte chunks).
     let slab = |name: &str| value(&m, name, &[("slab", "1")]);

@@ -557,6 +557,18 @@ fn registry(
         "Partial resynchronisations (kvcached's own)",
         num(repl, "partial_syncs"),
     );
+    gauge(
+        &mut r,
+        "kvcached_replication_held_segments",
+        "Dead or expired segments kept for a replica that has not read them (kvcached's own)",
+        num(repl, "held_segments"),
+    );
+    counter(
+        &mut r,
+        "kvcached_replication_held_segments_dropped",
+        "Maintenance passes that freed segments a replica still needed, at the cap (kvcached's own)",
+        num(repl, "held_segments_dropped"),
+    );
     let lag_bytes = Family::<Vec<(String, String)>, Gauge>::default();
     let lag_seconds = Family::<Vec<(String, String)>, Gauge<f64, AtomicU64>>::default();
     for i in 0..int(repl, "connected_replicas").unwrap_or(0) {
