@@ -434,6 +434,12 @@ pub struct LogEngine {
     /// it guards the live segments, (sequence number, id) in increasing order, so that a
     /// log reader (a replica's pull) need not look at every segment's header.
     seq_lock: Mutex<Vec<(u64, u32)>>,
+    /// The regular segments opened for appending and not sealed yet, (sequence number, id)
+    /// in increasing order: a handful (a few per writer thread) where the live ones may be
+    /// many thousands. Added to under `seq_lock` (taken first when both are held), removed
+    /// from when sealed or retired; a replica reads it for its own log position after each
+    /// batch (`own_position`).
+    open_segs: Mutex<Vec<(u64, u32)>>,
     /// Log bytes of segments retired so far (for the replication offset).
     retired_bytes: AtomicU64,
     /// Replication state of this engine (see `repl`).
@@ -520,6 +526,7 @@ impl LogEngine {
             }),
             stamps: cas::CasClock::new(),
             seq_lock: Mutex::new(Vec::new()),
+            open_segs: Mutex::new(Vec::new()),
             retired_bytes: AtomicU64::new(0),
             repl: repl::ReplFlags::default(),
             tally: OnceLock::new(),

@@ -684,11 +684,16 @@ impl LogEngine {
     }
 
     /// Where this engine's own log stands: every segment below the next number done,
-    /// open ones at their length.
-    fn own_position(&self) -> Cursor {
-        let (next, live) = self.numbered_segments();
+    /// open ones at their length. Only the open segments are looked at (`open_segs`), not
+    /// every live one: a replica takes this after each batch it applies.
+    pub(super) fn own_position(&self) -> Cursor {
+        let (next, open) = {
+            let _live = lock(&self.seq_lock);
+            let next = self.seg_seq.load(Ordering::SeqCst);
+            (next, lock(&self.open_segs).clone())
+        };
         let mut entries = Vec::new();
-        for &(seq, id) in &live {
+        for &(seq, id) in &open {
             let Some(seg) = self.segs.get(id) else {
                 continue;
             };
@@ -1441,6 +1446,79 @@ mod tests {
         for i in 100..100 + 3 * MAX_TOMBS {
             remember_tombstone(&mut tombs, &key(i), 10, 3);
             assert!(tombs.len() <= MAX_TOMBS);
+        }
+    }
+
+    /// `own_position` reads only the open segments; it must give what a scan of every
+    /// live segment gives (open ones at their length), after writes from several threads
+    /// that open, seal, evict and retire segments, large items among them.
+    #[test]
+    fn own_position_lists_exactly_the_open_live_segments() {
+        let scan = |e: &LogEngine| {
+            let (next, live) = e.numbered_segments();
+            let mut entries = Vec::new();
+            for &(seq, id) in &live {
+                let Some(seg) = e.segs.get(id) else {
+                    continue;
+                };
+                if !seg.mem.0.sealed.load(Ordering::Acquire)
+                    && seg.mem.0.seq.load(Ordering::Acquire) == seq
+                {
+                    let off = seg.mem.0.used.load(Ordering::Acquire) as u32;
+                    entries.push((seq, off));
+                }
+            }
+            (next, entries)
+        };
+        let own = |e: &LogEngine| {
+            let c = e.own_position();
+            assert_eq!(c.phase, Phase::Tail);
+            let entries: Vec<(u64, u32)> = c.entries.iter().map(|&(s, p)| (s, p.off)).collect();
+            assert!(c.entries.iter().all(|(_, p)| !p.complete));
+            (c.below, entries)
+        };
+        let e = LogEngine::new(crate::EngineConfig {
+            max_bytes: 16 << 20,
+            max_item_size: 4 << 20,
+            no_evict: false,
+            use_cas: true,
+        });
+        assert_eq!(own(&e), scan(&e));
+        for round in 0..4u32 {
+            std::thread::scope(|s| {
+                for t in 0..3u32 {
+                    let e = &e;
+                    s.spawn(move || {
+                        for i in 0..3000u32 {
+                            let key = format!("r{round}t{t}k{i}");
+                            // Mostly small values, every 500th larger than a segment.
+                            let len = if i % 500 == 499 {
+                                1_200_000
+                            } else {
+                                200 + (i % 7) as usize * 300
+                            };
+                            let value = vec![b'v'; len];
+                            crate::Engine::store(
+                                e,
+                                crate::StoreRequest {
+                                    mode: crate::StoreMode::Set,
+                                    key: key.as_bytes(),
+                                    value: &value,
+                                    flags: 0,
+                                    exptime: 0,
+                                },
+                                1_000 + round,
+                            );
+                        }
+                    });
+                }
+            });
+            let (next, entries) = own(&e);
+            assert!(!entries.is_empty(), "round {round}: no open segment");
+            assert_eq!((next, entries), scan(&e), "round {round}");
+            // Only open segments are listed, however many live ones there are.
+            assert!(lock(&e.open_segs).len() <= 3 * 4, "round {round}");
+            assert!(e.live_segments().len() > lock(&e.open_segs).len());
         }
     }
 

@@ -424,6 +424,7 @@ impl LogEngine {
         let base = base.unwrap_or_else(|| self.cas.reserved().wrapping_add(midpoint));
         let seq = self.seg_seq.fetch_add(1, Ordering::Relaxed);
         publish_live(&mut live, seq, id);
+        publish_live(&mut lock(&self.open_segs), seq, id);
         // SAFETY: as above.
         unsafe { format::write_seg_header(ptr.as_ptr(), format::SEG_KIND_REGULAR, seq, base) };
         seg.mem.0.used.store(SEG_HDR, Ordering::Release);
@@ -471,6 +472,7 @@ impl LogEngine {
             seg.mem.0.used.store(open.used, Ordering::Release);
             seg.mem.0.sealed.store(true, Ordering::Release);
         }
+        lock(&self.open_segs).retain(|&(_, i)| i != open.id);
         lock(&self.fifo).push(open.id, queue);
     }
 
@@ -725,6 +727,7 @@ impl LogEngine {
             if let Ok(i) = live.binary_search(&(seq, id)) {
                 live.remove(i);
             }
+            lock(&self.open_segs).retain(|&(_, i)| i != id);
             drop(live);
             if seq != 0 {
                 let used = seg.mem.0.used.load(Ordering::Acquire);
