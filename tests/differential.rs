@@ -237,10 +237,29 @@ const EXPECTED_DIFFERENCES: &[ExpectedDifference] = &[
         // start, which runs past the value into stale slab memory: a `-` left there by an
         // earlier item makes it answer "non-numeric". Not a property of a command, so the
         // generator never stores a `-` (values and keys are free of it) instead.
+        // Where a `-` sits in that memory anyway (an item header, a CAS unique), the
+        // sequential mode recognises the mismatch (`Run::is_e8`), counts it here and deletes
+        // the key on both servers.
         name: "E8 incr/decr of a number >= 2^63 (avoided: no `-` is ever stored)",
         matches: |_| false,
     },
+    ExpectedDifference {
+        // Not a 1.6.18 quirk: the newest memcached does the same (docs/COMPATIBILITY.md, "Not
+        // compared"). `safe_strtoull` hands the value to `strtoull`, which skips leading
+        // whitespace: a value of only blanks is skipped with its `\r\n`, and digits in
+        // whatever memory follows the item make a number (`set k 0 0 1\r\n \r\n`, `incr k
+        // 18446744073709551615` answered `41`). kvcached: non-numeric. Recognised after the
+        // fact (`Run::memcached_overread`) like E8.
+        name: "X1 incr/decr of a value of only whitespace (memcached reads past the value)",
+        matches: |_| false,
+    },
 ];
+
+/// The indexes of E8 and X1 in [`EXPECTED_DIFFERENCES`].
+const E8: usize = 7;
+const X1: usize = 8;
+const _: () = assert!(EXPECTED_DIFFERENCES[E8].name.as_bytes()[1] == b'8');
+const _: () = assert!(EXPECTED_DIFFERENCES[X1].name.as_bytes()[0] == b'X');
 
 fn expected_difference(cmd: &[u8]) -> Option<usize> {
     let line = Line::parse(cmd);
@@ -1042,6 +1061,65 @@ impl Run {
         }
     }
 
+    /// Whether a mismatch is one where memcached read past a stored value, and which:
+    /// one `incr`/`decr` (`line`) on a key whose value before it (still stored at the side
+    /// that answered non-numeric) is
+    /// - E8: a number of at least 2^63 without a `-`, called non-numeric by the reference
+    ///   while the target answered a number (1.6.18's `strchr` found a `-` past the value, in
+    ///   memory the generator does not control: an item header or a CAS unique there);
+    /// - X1: only whitespace, answered with a number by the reference (digits past the value)
+    ///   and called non-numeric by the target.
+    fn memcached_overread(
+        &mut self,
+        cmds: &[&Cmd],
+        line: &[u8],
+        ra: &Reply,
+        rb: &Reply,
+    ) -> Option<usize> {
+        const NON_NUMERIC: &[u8] =
+            b"CLIENT_ERROR cannot increment or decrement non-numeric value\r\n";
+        let number = |r: &Reply| {
+            r.bytes
+                .strip_suffix(b"\r\n")
+                .is_some_and(|n| !n.is_empty() && n.iter().all(u8::is_ascii_digit))
+        };
+        let l = Line::parse(line);
+        if cmds.len() != 1 || !l.is(&["incr", "decr"]) {
+            return None;
+        }
+        let which = if ra.bytes == NON_NUMERIC && number(rb) {
+            E8
+        } else if number(ra) && rb.bytes == NON_NUMERIC {
+            X1
+        } else {
+            return None;
+        };
+        let mut get = b"get ".to_vec();
+        get.extend_from_slice(l.tok(1));
+        get.extend_from_slice(b"\r\n");
+        // Ask the side that refused: its value is the one both had before.
+        let r = if which == E8 {
+            self.reference.exchange(&get, 0)
+        } else {
+            self.target.exchange(&get, 0)
+        };
+        // `VALUE <key> <flags> <len>\r\n<value>\r\nEND\r\n`: the value is the second line.
+        let value = r.bytes.split(|&b| b == b'\n').nth(1).unwrap_or_default();
+        let value = value.strip_suffix(b"\r").unwrap_or(value);
+        let fits = if which == X1 {
+            !value.is_empty() && value.iter().all(u8::is_ascii_whitespace)
+        } else {
+            let digits = value.trim_ascii();
+            let digits = digits.strip_prefix(b"+").unwrap_or(digits);
+            !value.contains(&b'-')
+                && std::str::from_utf8(digits)
+                    .ok()
+                    .and_then(|d| d.parse::<u64>().ok())
+                    .is_some_and(|n| n >= 1 << 63)
+        };
+        fits.then_some(which)
+    }
+
     /// Send `cmds` (as one write) to both servers and compare. Returns false to stop.
     fn compare(&mut self, index: usize, cmds: &[Cmd], totals: &mut Totals) -> bool {
         let (mut a, mut b) = (Vec::new(), Vec::new());
@@ -1060,6 +1138,13 @@ impl Run {
             a.extend_from_slice(&ca);
             b.extend_from_slice(&cb);
             sent.push(c);
+            if c.label == "quit" {
+                // Nothing after `quit` runs. Left in the batch, it is input a server may
+                // not have read when it closes, and a close with unread input sends a
+                // reset that can destroy replies still in flight to us (how much input a
+                // server has read by then depends on its buffer sizes, not on the protocol).
+                break;
+            }
         }
         if sent.is_empty() {
             return true;
@@ -1071,6 +1156,33 @@ impl Run {
         totals.commands += cmds.len();
         let label = cmds.iter().map(|c| c.label).collect::<Vec<_>>().join(",");
         let ok = ra.bytes == rb.bytes && ra.end == rb.end && ra.end != End::Hang;
+        let overread = if !ok && self.avoid {
+            self.memcached_overread(&cmds, &a, &ra, &rb)
+        } else {
+            None
+        };
+        if let Some(which) = overread {
+            // Both servers forget the key, so that they agree again.
+            let key = Line::parse(&a).tok(1).to_vec();
+            for side in [&mut self.reference, &mut self.target] {
+                let mut del = b"delete ".to_vec();
+                del.extend_from_slice(&key);
+                del.extend_from_slice(b"\r\n");
+                side.exchange(&del, 0);
+            }
+            totals.avoided.resize(EXPECTED_DIFFERENCES.len(), 0);
+            totals.avoided[which] += 1;
+            let name = EXPECTED_DIFFERENCES[which]
+                .name
+                .split(' ')
+                .next()
+                .unwrap_or_default();
+            self.history.push(format!(
+                "{} ({name}: the key was deleted on both)",
+                show(&a)
+            ));
+            return true;
+        }
         if !ok {
             let mut msg = String::new();
             let _ = writeln!(
