@@ -622,6 +622,8 @@ fn restore_of_many_frames_and_stray_batches() {
 
 /// A snapshot saved with more memory than the engine it is loaded into: the load keeps
 /// within the memory limit, dropping the oldest segments, and the newest items are there.
+/// From a file or its bytes (not a stream) the oldest images are not even loaded: what
+/// the load took in is at most the smaller engine's memory.
 #[test]
 fn restore_into_less_memory_keeps_the_newest() {
     let big = kvstore::EngineConfig {
@@ -634,22 +636,42 @@ fn restore_into_less_memory_keeps_the_newest() {
     fill(&master, n, now, |_| vec![b'v'; 150], |_| 0);
     assert_eq!(master.stats().curr_items, u64::from(n));
     let mut file = Vec::new();
-    master.dump(&mut file, 0).expect("dump");
+    let saved = master.dump(&mut file, 0).expect("dump");
+    let small_max = 16 << 20;
     let small = kvstore::EngineConfig {
-        max_bytes: 16 << 20,
+        max_bytes: small_max,
         ..big
     };
-    let e = LogEngine::new(small);
-    e.restore(&mut file.as_slice(), now).expect("restore");
-    e.check_accounting().expect("within the limit");
-    let kept = e.stats().curr_items;
-    assert!(kept > 0 && kept < u64::from(n), "{kept} items kept");
-    let last = format!("key:{}", n - 1);
-    assert_eq!(
-        e.peek_item(last.as_bytes(), now),
-        master.peek_item(last.as_bytes(), now)
-    );
-    assert_eq!(e.peek_item(b"key:0", now), None, "the oldest went");
+    let path = std::env::temp_dir().join(format!("kvstore-restore-less-{}", std::process::id()));
+    std::fs::write(&path, &file).expect("write the snapshot");
+    for way in ["stream", "bytes", "file"] {
+        let e = LogEngine::new(small.clone());
+        let loaded = match way {
+            "stream" => e.restore(&mut file.as_slice(), now),
+            "bytes" => e.restore_bytes(&file, now),
+            _ => e.restore_file(&std::fs::File::open(&path).expect("open"), now),
+        }
+        .expect("restore");
+        e.check_accounting().expect("within the limit");
+        let kept = e.stats().curr_items;
+        assert!(kept > 0 && kept < u64::from(n), "{way}: {kept} items kept");
+        let last = format!("key:{}", n - 1);
+        assert_eq!(
+            e.peek_item(last.as_bytes(), now),
+            master.peek_item(last.as_bytes(), now),
+            "{way}"
+        );
+        assert_eq!(e.peek_item(b"key:0", now), None, "{way}: the oldest went");
+        if way == "stream" {
+            assert_eq!(loaded, saved, "a stream loads every image, then shrinks");
+        } else {
+            assert!(
+                loaded <= small_max as u64 && loaded > (small_max / 4) as u64,
+                "{way}: loaded {loaded} bytes of {saved} into {small_max}"
+            );
+        }
+    }
+    std::fs::remove_file(&path).expect("remove the snapshot");
 }
 
 /// A snapshot file loaded with `restore_file` maps its segment images: the items are all

@@ -280,6 +280,22 @@ impl<'r> FrameReader<'r> {
         }
     }
 
+    /// Another reader at the same place in the same bytes (`None` for a stream), to look
+    /// ahead.
+    fn fork(&self) -> Option<FrameReader<'r>> {
+        match self.src {
+            Source::Bytes(b) => Some(FrameReader {
+                src: Source::Bytes(b),
+                offset: self.offset,
+                frames: self.frames,
+                bytes: self.bytes,
+                max_frame: self.max_frame,
+                aligned: self.aligned,
+            }),
+            Source::Read(_) => None,
+        }
+    }
+
     /// The bytes of a file in memory from the current offset.
     fn rest(file: &[u8], offset: u64) -> &[u8] {
         usize::try_from(offset)
@@ -630,12 +646,18 @@ impl LogEngine {
         let _bulk = self.bulk_load(info.items);
         // An image holds at most a regular segment, or one item in a large one.
         fr.max_frame = (index::MAX_OFFSET + self.max_item_size + (64 << 10)) as u64;
+        let first = self.first_image_that_fits(&fr);
         let loaded = fan_out(
             |send| loop {
                 let no = fr.frames;
                 let Some(frame) = fr.next_unchecked()? else {
                     return Ok(());
                 };
+                if no < first {
+                    // Older than what fits in memory: read past (the file's structure is
+                    // still checked to its end frame), not mapped, copied or checked.
+                    continue;
+                }
                 if !send((no, frame)) {
                     return Ok(());
                 }
@@ -655,6 +677,52 @@ impl LogEngine {
         // A file saved with a larger memory limit: the oldest segments go.
         self.shrink();
         Ok(total.bytes)
+    }
+
+    /// The number of the first image frame to load: images are written oldest first, and
+    /// a file saved with a larger memory limit than this engine's has more than fit. Only
+    /// the newest images whose memory (rounded to pages) fits the segment budget are
+    /// loaded, so a restart with a smaller `-m` never maps or copies the whole file (the
+    /// oldest segments would be evicted right after anyway). Looks ahead through the frame
+    /// headers only, twice (a total, then the cut); a stream (no look-ahead) loads every
+    /// image and shrinks afterwards.
+    fn first_image_that_fits(&self, fr: &FrameReader<'_>) -> u64 {
+        let caps = |mut scan: FrameReader<'_>, mut f: Box<dyn FnMut(u64, usize) -> bool + '_>| {
+            loop {
+                let no = scan.frames;
+                match scan.next_unchecked() {
+                    Ok(Some(frame)) if f(no, frame.payload.len().div_ceil(PAGE) * PAGE) => {}
+                    // The end, a damaged frame (the load itself reports it), or the cut.
+                    _ => return,
+                }
+            }
+        };
+        let (Some(scan), Some(again)) = (fr.fork(), fr.fork()) else {
+            return 0;
+        };
+        let mut total = 0usize;
+        caps(
+            scan,
+            Box::new(|_, cap| {
+                total = total.saturating_add(cap);
+                true
+            }),
+        );
+        let budget = self.budget();
+        let mut first = 0;
+        caps(
+            again,
+            Box::new(|no, cap| {
+                if total <= budget {
+                    first = no;
+                    return false;
+                }
+                total -= cap;
+                first = no + 1;
+                true
+            }),
+        );
+        first
     }
 
     /// Check the `no`th frame, a segment image, against its checksum and make it a
