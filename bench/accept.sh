@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Connection churn: what a short-lived connection costs the server. Each connection is
-# opened, asks `version`, reads the reply and closes, as clients that connect per request
+# opened, asks one `get`, reads the reply and closes, as clients that connect per request
 # (PHP, cron jobs, health checks) do.
 #
 # Three servers, alternating for ROUNDS rounds, each with one worker thread pinned to one
@@ -10,8 +10,8 @@
 # For each: connections per second and the server's CPU time per connection (/proc), then
 # medians and the ratios to memcached.
 #
-# usage: bench/accept.sh [-d SECONDS] [-r ROUNDS] [-p PROCS]
-#   -p  client processes (default 2): more keep the server busier, on the client's one core
+# usage: bench/accept.sh [-d SECONDS] [-r ROUNDS] [-p CONNS]
+#   -p  connections the client keeps cycling at once (default 4)
 #   MEMCACHED=/path/to/memcached  the reference (default /usr/bin/memcached)
 #   KVCACHED=/path/to/kvcached    another kvcached build (default target/release/kvcached)
 set -euo pipefail
@@ -20,13 +20,13 @@ cd "$(dirname "$0")/.."
 
 duration=5
 rounds=5
-procs=2
+procs=4
 while getopts "d:r:p:" opt; do
     case $opt in
         d) duration=$OPTARG ;;
         r) rounds=$OPTARG ;;
         p) procs=$OPTARG ;;
-        *) echo "usage: $0 [-d SECONDS] [-r ROUNDS] [-p PROCS]" >&2; exit 2 ;;
+        *) echo "usage: $0 [-d SECONDS] [-r ROUNDS] [-p CONNS]" >&2; exit 2 ;;
     esac
 done
 
@@ -34,44 +34,10 @@ bench_binaries
 mc_version=$("$memcached" -V | awk '{print $2}')
 hz=$(getconf CLK_TCK)
 
-# The client: PROCS processes, each opening connections one after another for SECONDS
-# (bounded by time and by a count); prints the connections completed.
-client='
-import socket, sys, time, os
-port, secs, procs = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
-def run():
-    n = 0
-    end = time.monotonic() + secs
-    while time.monotonic() < end and n < 10_000_000:
-        s = socket.create_connection(("127.0.0.1", port), timeout=10)
-        s.sendall(b"version\r\n")
-        buf = b""
-        while not buf.endswith(b"\r\n"):
-            d = s.recv(64)
-            if not d:
-                sys.exit("closed by the server")
-            buf += d
-        s.close()
-        n += 1
-    return n
-pipes = []
-for _ in range(procs):
-    r, w = os.pipe()
-    if os.fork() == 0:
-        os.close(r)
-        os.write(w, str(run()).encode())
-        os._exit(0)
-    os.close(w)
-    pipes.append(r)
-total = 0
-for r in pipes:
-    total += int(os.read(r, 64) or b"0")
-    os.close(r)
-for _ in pipes:
-    os.wait()
-print(total)
-'
-
+# The client: kvblast with CONNS connections, each opening a connection, sending one get
+# (of 1,000 keys never set: a miss) and closing it (`--reconnect-interval 1`), for SECONDS.
+# Connections are counted by the server (`total_connections`; the stats connection taken
+# after the run counts itself once).
 results=$(mktemp)
 trap 'rm -f "$results"; [ -n "${pid:-}" ] && kill "$pid" 2>/dev/null || true' EXIT
 
@@ -92,11 +58,14 @@ for round in $(seq 1 "$rounds"); do
         pid=$!
         wait_port "$port"
         t0=$(cpu_ticks "$pid")
+        c0=$(stat "$port" total_connections)
         start=$(date +%s.%N)
-        n=$(timeout $((duration + 60)) taskset -c $load_core python3 -c "$client" "$port" \
-            "$duration" "$procs")
+        timeout $((duration + 60)) taskset -c $load_core "$kvblast" run -q --no-server-stats \
+            -c "$procs" --depth 1 --reconnect-interval 1 --mix get=1 --keys 1000 \
+            --value-size 32 -D "${duration}s" "127.0.0.1:$port" >/dev/null
         end=$(date +%s.%N)
         t1=$(cpu_ticks "$pid")
+        n=$(( $(stat "$port" total_connections) - c0 - 1 ))
         kill "$pid"; wait "$pid" 2>/dev/null || true; pid=
         python3 -c "
 n = $n; secs = $end - $start
@@ -104,7 +73,7 @@ print('$server $round', f'{n / secs:.0f}', f'{($t1 - $t0) / $hz / max(n, 1) * 1e
     done
 done
 
-echo "connection churn: connect, version, close; $procs client processes, ${duration}s per run;"
+echo "connection churn: connect, get, close (kvblast --reconnect-interval 1); $procs connections at once, ${duration}s per run;"
 echo "$rounds rounds alternating; $(nproc) cores; server on core $server_core (1 worker thread), client on core $load_core"
 echo "memcached: $memcached $mc_version; kvcached: $($kvcached -V)"
 printf '%-18s %5s %12s %14s\n' server round "conns/s" "cpu_us/conn"

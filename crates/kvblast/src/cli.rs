@@ -176,6 +176,10 @@ pub struct Args {
     /// Stop after N measured requests
     #[arg(short = 'n', long, value_name = "N", value_parser = number::<u64>, help_heading = "Load")]
     pub requests: Option<u64>,
+    /// Close each connection after N requests and open a new one (memtier_benchmark's
+    /// --reconnect-interval): clients that connect per request or per page (default: never)
+    #[arg(long, value_name = "N", value_parser = number::<u64>, help_heading = "Load")]
+    pub reconnect_interval: Option<u64>,
     /// Wait this long for outstanding replies at the end (default 1s)
     #[arg(long, value_name = "TIME", value_parser = parse_duration, help_heading = "Load")]
     pub drain: Option<Duration>,
@@ -442,6 +446,10 @@ impl Args {
         opt("--warmup", secs(&self.warmup));
         opt("--requests", self.requests.map(|x| x.to_string()));
         opt("--drain", secs(&self.drain));
+        opt(
+            "--reconnect-interval",
+            self.reconnect_interval.map(|x| x.to_string()),
+        );
         opt("--slo", self.slo.clone());
         opt("--routing", self.routing.clone());
         opt("--protocol", self.protocol.clone());
@@ -631,6 +639,7 @@ impl Args {
         c.load_phase = self.load;
         c.progress = !self.quiet;
         c.probe_rate = self.probe_rate;
+        c.reconnect_interval = self.reconnect_interval;
         c.split_keys = self.agent_keys()? == AgentKeys::Split;
         c.tls = self
             .tls_settings()

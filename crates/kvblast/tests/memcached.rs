@@ -268,6 +268,47 @@ fn request_count_limit_stops_the_run() {
     assert_eq!(r.stats.all().count, 3000);
 }
 
+/// `--reconnect-interval 3`: every connection closes after three requests and a new one
+/// takes its place, as clients that connect per page do; nothing is lost or counted as a
+/// failure, and the server sees a connection per three requests.
+#[test]
+fn reconnect_interval_opens_a_connection_per_n_requests() {
+    let mc = start_memcached();
+    let mut w = Workload::preset("kvcache-b").expect("kvcache-b");
+    w.keys = 1000;
+    let mut cfg = RunConfig::new(w, vec![mc.addr.clone()]);
+    cfg.requests = Some(600);
+    cfg.duration = Duration::from_secs(20);
+    cfg.conns = 2;
+    cfg.depth = 2;
+    cfg.reconnect_interval = Some(3);
+    let r = run_against(&cfg, &[&mc]);
+    assert_counts_match(&r);
+    let st = &r.stats;
+    assert_eq!(st.all().count, 600);
+    assert_eq!(st.timeouts + st.lost + st.conn_failures, 0);
+    // 200 connections of three requests: the first two were opened at the start.
+    assert!(
+        (198..=202).contains(&st.reconnects),
+        "{} reconnects",
+        st.reconnects
+    );
+    let opened = r.server.as_ref().expect("server")["total_connections"];
+    assert!(
+        (i64::try_from(st.reconnects).unwrap_or(0)..=i64::try_from(st.reconnects).unwrap_or(0) + 3)
+            .contains(&opened),
+        "server saw {opened} connections, kvblast reconnected {}",
+        st.reconnects
+    );
+    // A zero interval, or one with UDP, is refused.
+    let mut bad = cfg.clone();
+    bad.reconnect_interval = Some(0);
+    assert!(bad.validate().is_err());
+    bad.reconnect_interval = Some(1);
+    bad.servers = vec![format!("udp:{}", mc.addr)];
+    assert!(bad.validate().is_err());
+}
+
 #[test]
 fn binary_writes_json_report() {
     let mc = start_memcached();

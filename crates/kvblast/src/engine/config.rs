@@ -95,6 +95,9 @@ pub struct RunConfig {
     pub split_keys: bool,
     /// TLS to every TCP server (`--tls`).
     pub tls: Option<crate::transport::Tls>,
+    /// Close a connection after this many requests (load-phase sets not counted) and open a
+    /// new one (`--reconnect-interval`).
+    pub reconnect_interval: Option<u64>,
 }
 
 impl RunConfig {
@@ -127,6 +130,7 @@ impl RunConfig {
             participants: 1,
             split_keys: false,
             tls: None,
+            reconnect_interval: None,
         }
     }
 
@@ -169,6 +173,14 @@ impl RunConfig {
         }
         if self.duration.is_zero() && self.requests.is_none() {
             return Err("give a duration or a request count".into());
+        }
+        if self.reconnect_interval == Some(0) {
+            return Err("--reconnect-interval must be at least 1".into());
+        }
+        if self.reconnect_interval.is_some() && self.servers.iter().any(|s| s.starts_with("udp:")) {
+            return Err(
+                "--reconnect-interval applies to TCP servers (UDP has no connections)".into(),
+            );
         }
         if self.servers.iter().any(|s| s.starts_with("udp:")) {
             if self.protocol != Protocol::Text {
@@ -268,6 +280,7 @@ impl RunConfig {
         p.look_aside = false;
         p.seed = self.seed ^ 0x9E0B_E000;
         p.probe_rate = None;
+        p.reconnect_interval = None;
         // The probe is not part of the load: it samples the whole key space.
         p.split_keys = false;
         Some(p)

@@ -43,6 +43,9 @@ pub(super) struct Conn {
     pub(super) connecting_since: Option<Instant>,
     /// Datagram state, for a UDP "connection" (a connected UDP socket).
     pub(super) udp: Option<Box<UdpState>>,
+    /// Requests sent since it was opened (load-phase sets not counted), for
+    /// `--reconnect-interval`.
+    pub(super) sent: u64,
 }
 
 /// UDP framing: each request is one datagram with an 8-byte header; a reply may come in
@@ -64,6 +67,12 @@ impl Conn {
     /// Up, and not still connecting.
     pub(super) fn usable(&self) -> bool {
         self.alive && self.connecting_since.is_none()
+    }
+
+    /// Whether it has sent its `--reconnect-interval` requests: it takes no more, and is
+    /// closed and opened again once their replies are in.
+    pub(super) fn used_up(&self, interval: Option<u64>) -> bool {
+        interval.is_some_and(|n| self.sent >= n)
     }
 }
 
@@ -98,6 +107,9 @@ impl Worker {
             mark(&mut self.touched, key);
         }
         let conn = &mut self.conns[c];
+        if !load {
+            conn.sent += 1;
+        }
         self.keybuf.clear();
         shared.keyspace.write_key(key, &mut self.keybuf);
         let mut nkeys = 1u32;
@@ -292,6 +304,22 @@ impl Worker {
         }
     }
 
+    /// Close a connection that sent its `--reconnect-interval` requests and has every reply,
+    /// as a client that connects per request does; [`Worker::reconnect_due`] opens it again
+    /// at once (no backoff: this is not a failure).
+    pub(super) fn recycle(&mut self, c: usize, now: Instant) {
+        let conn = &mut self.conns[c];
+        if !conn.alive || !conn.inflight.is_empty() {
+            return;
+        }
+        conn.alive = false;
+        let _ = self.poll.registry().deregister(&mut conn.sock);
+        conn.sock.shutdown();
+        conn.retry_at = Some(now);
+        conn.connecting_since = None;
+        self.unsettled = true;
+    }
+
     /// Close a connection that failed or misbehaved; its outstanding requests are lost. It is
     /// opened again after its backoff by [`Worker::reconnect_due`].
     pub(super) fn fail(&mut self, c: usize) {
@@ -364,6 +392,7 @@ impl Worker {
                     conn.rpos = 0;
                     conn.rlen = 0;
                     conn.values = 0;
+                    conn.sent = 0;
                     if conn.udp.is_some() {
                         conn.udp = Some(UdpState::new());
                     }
@@ -452,7 +481,10 @@ impl Worker {
         for i in 0..n {
             let idx = list[(self.rr[server] + i) % n];
             let conn = &self.conns[idx];
-            if conn.usable() && conn.inflight.len() < cap {
+            if conn.usable()
+                && conn.inflight.len() < cap
+                && !conn.used_up(self.cfg.reconnect_interval)
+            {
                 self.rr[server] = (self.rr[server] + i + 1) % n;
                 return Some(idx);
             }

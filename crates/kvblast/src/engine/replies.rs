@@ -451,5 +451,8 @@ impl Worker {
                 }
             }
         }
+        if self.conns[c].used_up(self.cfg.reconnect_interval) {
+            self.recycle(c, now);
+        }
     }
 }

@@ -166,6 +166,7 @@ impl Worker {
                     backoff: RECONNECT_MIN,
                     connecting_since: None,
                     udp: addr.is_udp().then(UdpState::new),
+                    sent: 0,
                 });
             }
         }
@@ -268,6 +269,10 @@ impl Worker {
     /// Closed loop: one completion frees one slot on `c`.
     pub(super) fn refill_closed(&mut self, c: usize, now: Instant) {
         if self.stopping || now >= self.end || !self.quota_left() {
+            return;
+        }
+        if self.conns[c].used_up(self.cfg.reconnect_interval) {
+            // Reopened when its last reply is in (`complete`), then primed.
             return;
         }
         let measured = self.in_window(now);
