@@ -687,41 +687,27 @@ impl LogEngine {
     /// headers only, twice (a total, then the cut); a stream (no look-ahead) loads every
     /// image and shrinks afterwards.
     fn first_image_that_fits(&self, fr: &FrameReader<'_>) -> u64 {
-        let caps = |mut scan: FrameReader<'_>, mut f: Box<dyn FnMut(u64, usize) -> bool + '_>| {
-            loop {
+        // (frame number, memory) of each image ahead, read by a reader of its own; it
+        // stops at the end, at a damaged frame (the load itself reports it), or on a stream.
+        let images = || {
+            let mut scan = fr.fork();
+            std::iter::from_fn(move || {
+                let scan = scan.as_mut()?;
                 let no = scan.frames;
-                match scan.next_unchecked() {
-                    Ok(Some(frame)) if f(no, frame.payload.len().div_ceil(PAGE) * PAGE) => {}
-                    // The end, a damaged frame (the load itself reports it), or the cut.
-                    _ => return,
-                }
-            }
+                let frame = scan.next_unchecked().ok()??;
+                Some((no, frame.payload.len().div_ceil(PAGE) * PAGE))
+            })
         };
-        let (Some(scan), Some(again)) = (fr.fork(), fr.fork()) else {
-            return 0;
-        };
-        let mut total = 0usize;
-        caps(
-            scan,
-            Box::new(|_, cap| {
-                total = total.saturating_add(cap);
-                true
-            }),
-        );
+        let mut ahead = images().fold(0usize, |sum, (_, cap)| sum.saturating_add(cap));
         let budget = self.budget();
         let mut first = 0;
-        caps(
-            again,
-            Box::new(|no, cap| {
-                if total <= budget {
-                    first = no;
-                    return false;
-                }
-                total -= cap;
-                first = no + 1;
-                true
-            }),
-        );
+        for (no, cap) in images() {
+            if ahead <= budget {
+                return no;
+            }
+            ahead -= cap;
+            first = no + 1;
+        }
         first
     }
 
