@@ -672,6 +672,22 @@ fn restore_into_less_memory_keeps_the_newest() {
         }
     }
     std::fs::remove_file(&path).expect("remove the snapshot");
+    // A flipped bit in the oldest image, which does not fit: not read, so the load goes
+    // on; an engine with room for it refuses the file. One in the newest image is refused.
+    let mut oldest = file.clone();
+    oldest[4096 + 100] ^= 0x10;
+    assert!(LogEngine::new(small.clone())
+        .restore_bytes(&oldest, now)
+        .is_ok());
+    assert!(LogEngine::new(big.clone())
+        .restore_bytes(&oldest, now)
+        .is_err());
+    let mut newest = file.clone();
+    let at = newest.len() - 28 - 100;
+    newest[at] ^= 0x10;
+    assert!(LogEngine::new(small.clone())
+        .restore_bytes(&newest, now)
+        .is_err());
 }
 
 /// A snapshot file loaded with `restore_file` maps its segment images: the items are all
