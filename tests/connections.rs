@@ -920,6 +920,64 @@ fn reuseport_gives_each_worker_its_socket_and_cpu_affinity_pins_it() {
     assert_eq!(workers, 3);
 }
 
+/// `-o io_sqpoll_cpus=1:0` (kvcached's own): worker N's submission-queue polling thread may
+/// run only on the Nth CPU of the list, the server serves through it, and `stats settings`
+/// shows the list. Where the kernel gives no SQPOLL ring here (io_uring off, no CPU 1, a
+/// kernel that refuses), there is no such thread, and the server still serves.
+#[test]
+fn sqpoll_threads_run_on_the_cpus_given() {
+    let s = Server::start_verified(
+        Kind::Kvcached,
+        &["-t", "2", "-o", "io=auto,io_sqpoll_cpus=1:0"],
+    );
+    let mut c = s.connect();
+    let setting = |c: &mut common::Client, name: &str| {
+        c.stats("settings")
+            .into_iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v)
+    };
+    assert_eq!(setting(&mut c, "io_sqpoll_cpus").as_deref(), Some("1:0"));
+    assert_eq!(setting(&mut c, "io_sqpoll").as_deref(), Some("10"));
+    // Clients on both workers, and one that goes away at once.
+    drop(std::net::TcpStream::connect(("127.0.0.1", s.port)).expect("connect"));
+    let mut clients: Vec<_> = (0..6).map(|_| s.connect()).collect();
+    for (i, c) in clients.iter_mut().enumerate() {
+        assert_eq!(c.call(&format!("set k{i} 0 0 1\r\n{i}\r\n")), "STORED\r\n");
+    }
+    for (i, c) in clients.iter_mut().enumerate() {
+        assert_eq!(
+            c.call(&format!("get k{i}\r\n")),
+            format!("VALUE k{i} 0 1\r\n")
+        );
+        c.until("END\r\n");
+    }
+    let mut pinned = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{}/task", s.child.id()))
+        .expect("tasks")
+        .flatten()
+    {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if !comm.starts_with("iou-sqp") {
+            continue;
+        }
+        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        let cpus = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+            .map(str::trim)
+            .unwrap_or_default()
+            .to_string();
+        pinned.push(cpus);
+    }
+    if pinned.is_empty() {
+        eprintln!("no SQPOLL thread here (the kernel gave none): nothing pinned to check");
+        return;
+    }
+    pinned.sort();
+    assert_eq!(pinned, ["0", "1"], "each polling thread on its CPU");
+}
+
 /// `-o io=` (kvcached's own): the runtime asked for is the one `stats settings` reports,
 /// io_uring where the kernel allows it, and both serve the same requests. A bad value is
 /// refused at start-up.

@@ -451,6 +451,10 @@ fn settings(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
         Some(ms) => emit(sink, "io_sqpoll", ms),
         None => emit(sink, "io_sqpoll", "no"),
     }
+    if !c.io_sqpoll_cpus.is_empty() {
+        let cpus: Vec<String> = c.io_sqpoll_cpus.iter().map(u32::to_string).collect();
+        emit(sink, "io_sqpoll_cpus", cpus.join(":"));
+    }
     emit(sink, "evict_size_factor", c.evict_size_factor);
 }
 

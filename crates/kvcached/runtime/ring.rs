@@ -206,7 +206,7 @@ fn kernel_at_least(major: u32, minor: u32) -> bool {
 
 /// Whether this runtime can run here: an error saying why not.
 pub fn probe() -> io::Result<()> {
-    let mut ring = Reactor::new(None)?;
+    let mut ring = Reactor::new(None, None)?;
     // A submission with a timeout (IORING_FEAT_EXT_ARG) is what the worker's wait uses.
     ring.wait(Some(Duration::ZERO))?;
     Ok(())
@@ -363,10 +363,10 @@ impl Drop for Reactor {
 
 impl Reactor {
     /// A reactor; with `sqpoll`, whose submission queue a kernel thread polls, sleeping
-    /// after that many milliseconds without work (where the kernel refuses, the ring is
-    /// built without, and [`Reactor::sqpoll`] says so).
-    pub fn new(sqpoll: Option<u32>) -> io::Result<Reactor> {
-        let (ring, sqpoll) = match sqpoll.and_then(Self::build_sqpoll) {
+    /// after that many milliseconds without work, on CPU `sq_cpu` if given (where the
+    /// kernel refuses, the ring is built without, and [`Reactor::sqpoll`] says so).
+    pub fn new(sqpoll: Option<u32>, sq_cpu: Option<u32>) -> io::Result<Reactor> {
+        let (ring, sqpoll) = match sqpoll.and_then(|ms| Self::build_sqpoll(ms, sq_cpu)) {
             Some(ring) => (ring, true),
             None => (Self::build()?, false),
         };
@@ -406,10 +406,13 @@ impl Reactor {
     /// A ring whose submissions a kernel thread takes (SQPOLL), sleeping after `idle_ms`
     /// without any; for one thread where the kernel allows (`SINGLE_ISSUER`). Completions
     /// cannot be deferred to the worker's wait here (`DEFER_TASKRUN` excludes SQPOLL).
-    fn build_sqpoll(idle_ms: u32) -> Option<IoUring> {
+    fn build_sqpoll(idle_ms: u32, cpu: Option<u32>) -> Option<IoUring> {
         let ring = |single: bool| {
             let mut b = IoUring::builder();
             b.setup_sqpoll(idle_ms).setup_cqsize(ENTRIES * 2);
+            if let Some(cpu) = cpu {
+                b.setup_sqpoll_cpu(cpu);
+            }
             if single {
                 b.setup_single_issuer();
             }
@@ -863,7 +866,7 @@ mod tests {
 
     /// [`setup`] with the reactor's `sqpoll` setting.
     fn setup_with(sqpoll: Option<u32>) -> Option<(Reactor, RingSock, UnixStream)> {
-        let reactor = match Reactor::new(sqpoll) {
+        let reactor = match Reactor::new(sqpoll, None) {
             Ok(r) => r,
             Err(e) => {
                 eprintln!("io_uring unavailable here: {e}");

@@ -200,11 +200,14 @@ impl Worker {
     pub fn run(mut self, ready: &std::sync::Barrier) {
         if self.shared.config.io == IoChoice::Uring {
             let sqpoll = self.shared.config.io_sqpoll;
-            match Reactor::new(sqpoll) {
+            let cpus = &self.shared.config.io_sqpoll_cpus;
+            let sq_cpu = cpus.get(self.index % cpus.len().max(1)).copied();
+            match Reactor::new(sqpoll, sq_cpu) {
                 Ok(r) => {
                     if sqpoll.is_some() && !r.sqpoll() {
+                        let on = sq_cpu.map(|c| format!(" on CPU {c}")).unwrap_or_default();
                         tracing::warn!(
-                            "worker {}: the kernel refused an io_uring with SQPOLL; \
+                            "worker {}: the kernel refused an io_uring with SQPOLL{on}; \
                              running without",
                             self.index
                         );

@@ -408,6 +408,32 @@ where
     Ok(n)
 }
 
+/// A CPU list: numbers and ranges as taskset writes them, separated by `:` because `-o`
+/// separates suboptions with commas (`2:3`, `4-7:12`), each CPU below 4096, at most 1024
+/// in all.
+fn cpu_list(spelling: &str, value: &str) -> Result<Vec<u32>, String> {
+    const EXPECTED: &str =
+        "CPU numbers or ranges separated by ':', e.g. 2:3 or 4-7 (each below 4096)";
+    let mut cpus = Vec::new();
+    for part in value.split(':') {
+        let (lo, hi) = match part.split_once('-') {
+            Some((a, b)) => (
+                int_in(spelling, a, 0u32, 4095, EXPECTED)?,
+                int_in(spelling, b, 0u32, 4095, EXPECTED)?,
+            ),
+            None => {
+                let n = int_in(spelling, part, 0u32, 4095, EXPECTED)?;
+                (n, n)
+            }
+        };
+        if lo > hi || cpus.len() + (hi - lo) as usize >= 1024 {
+            return Err(bad(spelling, value, EXPECTED));
+        }
+        cpus.extend(lo..=hi);
+    }
+    Ok(cpus)
+}
+
 /// A finite decimal number.
 fn float(spelling: &str, value: &str, expected: &str) -> Result<f64, String> {
     let ok = !value.is_empty()
@@ -921,6 +947,10 @@ impl Builder {
                     None => DEFAULT_SQPOLL_IDLE_MS,
                 };
                 self.cfg.io_sqpoll = Some(ms);
+            }
+            "io_sqpoll_cpus" => {
+                self.cfg.io_sqpoll_cpus = cpu_list(sp, &need(val)?)?;
+                self.cfg.io_sqpoll.get_or_insert(DEFAULT_SQPOLL_IDLE_MS);
             }
             "maxconns_fast" => self.cfg.maxconns_fast = true,
             "no_maxconns_fast" => self.cfg.maxconns_fast = false,
@@ -1506,6 +1536,9 @@ Extended options: -o, --extended=OPT[,OPT=VALUE...]
                               without any (default 10); it spends a CPU while busy, so
                               it pays only where cores are spare (kvcached's own;
                               default off, or $KVCACHED_IO_SQPOLL milliseconds)
+  io_sqpoll_cpus=LIST         with io_sqpoll (on if not given): worker N's polling
+                              thread on the (N mod len)-th CPU of LIST (2:3 or 4-7), e.g.
+                              cores spare beside cpu_affinity's (kvcached's own)
   debug_clock                 TESTS ONLY: enable the debugtime command, which moves the
                               server clock. Never use in production.
 
@@ -1609,6 +1642,12 @@ mod tests {
             // io_uring's submission-queue polling thread, with its idle time.
             (&["-o", "io_sqpoll"], |c| c.io_sqpoll == Some(10)),
             (&["-o", "io_sqpoll=250"], |c| c.io_sqpoll == Some(250)),
+            (&["-o", "io_sqpoll_cpus=2:4-6"], |c| {
+                c.io_sqpoll == Some(10) && c.io_sqpoll_cpus == [2, 4, 5, 6]
+            }),
+            (&["-o", "io_sqpoll=250,io_sqpoll_cpus=1"], |c| {
+                c.io_sqpoll == Some(250) && c.io_sqpoll_cpus == [1]
+            }),
             // -U, and -U alone moving the TCP port too.
             (&["-U", "11300"], |c| {
                 c.udp_port == 11300 && c.tcp_port == 11300
@@ -1890,6 +1929,10 @@ mod tests {
             (&["-o", "engine=btree"], "unknown engine"),
             (&["-o", "io_sqpoll=0"], "1 to 60000"),
             (&["-o", "io_sqpoll=60001"], "1 to 60000"),
+            (&["-o", "io_sqpoll_cpus=3-1"], "CPU numbers or ranges"),
+            (&["-o", "io_sqpoll_cpus=4096"], "CPU numbers or ranges"),
+            (&["-o", "io_sqpoll_cpus=0-4095"], "CPU numbers or ranges"),
+            (&["-o", "io_sqpoll_cpus=a"], "CPU numbers or ranges"),
             (&["-p"], "-p needs a value"),
             (&["-vp"], "-p needs a value"),
             // Numbers.

@@ -168,6 +168,9 @@ pub struct Config {
     /// Under io_uring, a kernel thread per worker polls its submission queue, and sleeps
     /// after this many milliseconds without work (`-o io_sqpoll[=MS]`; kvcached's own).
     pub io_sqpoll: Option<u32>,
+    /// CPUs for the submission-queue polling threads: worker N's on the (N mod len)-th
+    /// (`-o io_sqpoll_cpus=LIST`; kvcached's own). Empty: wherever the worker may run.
+    pub io_sqpoll_cpus: Vec<u32>,
     /// Allow the commands that dump keys: `stats cachedump`, `stats detail dump`,
     /// `lru_crawler metadump` (`-X` turns them off).
     pub dump_enabled: bool,
@@ -260,6 +263,7 @@ impl Default for Config {
             cpu_affinity: false,
             io: IoChoice::default_from_env(),
             io_sqpoll: sqpoll_from_env(),
+            io_sqpoll_cpus: Vec::new(),
             no_evict: false,
             use_cas: true,
             max_connections: 1024,
