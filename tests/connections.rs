@@ -893,17 +893,28 @@ fn reuseport_gives_each_worker_its_socket_and_cpu_affinity_pins_it() {
         c.until("END\r\n");
     }
     // Each worker thread may run on exactly one CPU.
-    let pid = s.child.id();
-    let mut workers = 0;
+    let workers = thread_cpus(s.child.id(), "worker-");
+    for (comm, cpus) in &workers {
+        assert!(
+            !cpus.is_empty() && cpus.parse::<usize>().is_ok(),
+            "{comm}: allowed CPUs {cpus:?}"
+        );
+    }
+    assert_eq!(workers.len(), 3);
+}
+
+/// The threads of process `pid` whose name starts with `prefix`: each one's name and the
+/// CPUs it may run on (`Cpus_allowed_list` in its status).
+fn thread_cpus(pid: u32, prefix: &str) -> Vec<(String, String)> {
+    let mut found = Vec::new();
     for task in std::fs::read_dir(format!("/proc/{pid}/task"))
         .expect("tasks")
         .flatten()
     {
         let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
-        if !comm.starts_with("worker-") {
+        if !comm.starts_with(prefix) {
             continue;
         }
-        workers += 1;
         let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
         let cpus = status
             .lines()
@@ -911,13 +922,9 @@ fn reuseport_gives_each_worker_its_socket_and_cpu_affinity_pins_it() {
             .map(str::trim)
             .unwrap_or_default()
             .to_string();
-        assert!(
-            !cpus.is_empty() && cpus.parse::<usize>().is_ok(),
-            "{}: allowed CPUs {cpus:?}",
-            comm.trim()
-        );
+        found.push((comm.trim().to_string(), cpus));
     }
-    assert_eq!(workers, 3);
+    found
 }
 
 /// `-o io_sqpoll_cpus=1:0` (kvcached's own): worker N's submission-queue polling thread may
@@ -952,24 +959,10 @@ fn sqpoll_threads_run_on_the_cpus_given() {
         );
         c.until("END\r\n");
     }
-    let mut pinned = Vec::new();
-    for task in std::fs::read_dir(format!("/proc/{}/task", s.child.id()))
-        .expect("tasks")
-        .flatten()
-    {
-        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
-        if !comm.starts_with("iou-sqp") {
-            continue;
-        }
-        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
-        let cpus = status
-            .lines()
-            .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
-            .map(str::trim)
-            .unwrap_or_default()
-            .to_string();
-        pinned.push(cpus);
-    }
+    let mut pinned: Vec<String> = thread_cpus(s.child.id(), "iou-sqp")
+        .into_iter()
+        .map(|(_, cpus)| cpus)
+        .collect();
     if pinned.is_empty() {
         eprintln!("no SQPOLL thread here (the kernel gave none): nothing pinned to check");
         return;
