@@ -308,14 +308,19 @@ impl Worker {
     /// as a client that connects per request does; [`Worker::reconnect_due`] opens it again
     /// at once (no backoff: this is not a failure).
     pub(super) fn recycle(&mut self, c: usize, now: Instant) {
-        let conn = &mut self.conns[c];
-        if !conn.alive || !conn.inflight.is_empty() {
-            return;
+        let conn = &self.conns[c];
+        if conn.alive && conn.inflight.is_empty() {
+            self.close(c, now);
         }
+    }
+
+    /// Close live connection `c`, to be reopened at `retry_at` by [`Worker::reconnect_due`].
+    fn close(&mut self, c: usize, retry_at: Instant) {
+        let conn = &mut self.conns[c];
         conn.alive = false;
         let _ = self.poll.registry().deregister(&mut conn.sock);
         conn.sock.shutdown();
-        conn.retry_at = Some(now);
+        conn.retry_at = Some(retry_at);
         conn.connecting_since = None;
         self.unsettled = true;
     }
@@ -327,14 +332,10 @@ impl Worker {
         if !conn.alive {
             return;
         }
-        conn.alive = false;
-        let _ = self.poll.registry().deregister(&mut conn.sock);
-        conn.sock.shutdown();
-        let now = Instant::now();
-        conn.retry_at = Some(now + conn.backoff);
+        let retry_at = Instant::now() + conn.backoff;
+        self.close(c, retry_at);
+        let conn = &mut self.conns[c];
         conn.backoff = (conn.backoff * 2).min(RECONNECT_MAX);
-        conn.connecting_since = None;
-        self.unsettled = true;
         self.stats.conn_failures += 1;
         self.stats.lost += conn.inflight.len() as u64;
         self.shared.progress[self.t]
@@ -386,9 +387,13 @@ impl Worker {
                     conn.alive = true;
                     conn.retry_at = None;
                     conn.connecting_since = (!conn.sock.is_udp()).then_some(now);
-                    conn.wbuf = Vec::with_capacity(READ_CHUNK);
+                    // A recycled connection's buffers are kept (a failed one's were freed).
+                    conn.wbuf.clear();
+                    conn.wbuf.reserve(READ_CHUNK);
                     conn.wpos = 0;
-                    conn.rbuf = vec![0; READ_CHUNK];
+                    if conn.rbuf.len() < READ_CHUNK {
+                        conn.rbuf = vec![0; READ_CHUNK];
+                    }
                     conn.rpos = 0;
                     conn.rlen = 0;
                     conn.values = 0;
