@@ -738,6 +738,43 @@ fn replica_paused_past_the_backlog_resyncs_fully() {
     );
 }
 
+/// A <- B <- C, and B resynchronizes: paused past A's log while A deletes keys and
+/// wraps, B replaces its items on its full sync without logging what it dropped. C had
+/// caught up with B, so its position in B's log could still be valid; B must send it a
+/// reset, and C ends with A's items, not also the ones A deleted meanwhile.
+#[test]
+fn chained_replica_resyncs_when_its_upstream_does() {
+    let master = start_master(&["-m", "8"]);
+    let b = start_replica(master.port, &["-m", "8"]);
+    let c = start_replica(b.port, &["-m", "64"]);
+    let (mut m, mut cb, mut cc) = (master.connect(), b.connect(), c.connect());
+    let kept = items("kept", 1000, "k");
+    let gone = items("gone", 500, "g");
+    fill(&mut m, &kept);
+    fill(&mut m, &gone);
+    wait_same_digest(&mut m, &mut cc);
+    assert_eq!(repl_num(&mut cb, "full_syncs"), 1);
+    assert_eq!(repl_num(&mut cc, "full_syncs"), 1);
+
+    signal(&b, "STOP");
+    for (k, _) in &gone {
+        assert_eq!(m.call(&format!("delete {k}\r\n")), "DELETED\r\n");
+    }
+    // As in `replica_paused_past_the_backlog_resyncs_fully`: the log wraps three times.
+    let big: Vec<(String, Vec<u8>)> = (0..24_000)
+        .map(|i| (format!("during{i}"), vec![b'a' + (i % 26) as u8; 1024]))
+        .collect();
+    fill(&mut m, &big);
+    signal(&b, "CONT");
+
+    wait_same_digest(&mut m, &mut cb);
+    assert!(repl_num(&mut cb, "full_syncs") >= 2, "B did not resync");
+    wait_same_digest(&mut m, &mut cc);
+    assert!(repl_num(&mut cc, "full_syncs") >= 2, "C did not resync");
+    let keys = keys_of(&gone);
+    assert_eq!(dump(&mut cc, &keys).len(), 0, "C kept deleted items");
+}
+
 /// A replica paused (SIGSTOP) while whole segments of short-lived items expire on its
 /// master continues from its cursor when it resumes: the master keeps the segments it has
 /// not read (`held_segments`, kvcached's own) instead of freeing them, and frees them once

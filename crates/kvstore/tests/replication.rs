@@ -1202,3 +1202,73 @@ fn touches_on_two_threads_replicate_in_order() {
     let got = replica.peek_item(&key, now);
     assert_eq!(got.map(|i| i.2), Some(now + 300), "the last touch wins");
 }
+
+/// A chained replica (C pulls from B, B from M) when B resynchronizes: B's full sync
+/// replaces its items without logging a tombstone for what it dropped, so C must
+/// resynchronize too, from B's new contents. Here B fell behind M's retained log while
+/// M deleted some keys and evicted others. C either caught up with B before that (its
+/// cursor into B's log is still valid, and only a resync can tell it what B no longer
+/// holds) or was in the middle of its own full sync from B.
+#[test]
+fn chained_replica_resyncs_when_its_upstream_does() {
+    for c_in_snapshot in [false, true] {
+        let m = LogEngine::new(ops::config(1 << 20, false, true));
+        let b = LogEngine::new(ops::config(16 << 20, false, true));
+        let c = LogEngine::new(ops::config(16 << 20, false, true));
+        b.set_replica(true);
+        c.set_replica(true);
+        let (mut sb, mut sc) = (ReplicaState::new(), ReplicaState::new());
+        let now = START;
+        let value = [5u8; 40];
+        let set = |key: &str, flags: u32| {
+            let req = kvstore::StoreRequest {
+                mode: kvstore::StoreMode::Set,
+                key: key.as_bytes(),
+                value: &value,
+                flags,
+                exptime: 0,
+            };
+            m.store(req, now);
+        };
+        let keys: Vec<String> = (0..200)
+            .map(|i| format!("d{i}"))
+            .chain((0..5000).map(|i| format!("f{i}")))
+            .collect();
+        for i in 0..200u32 {
+            set(&format!("d{i}"), i);
+        }
+        catch_up(&m, &b, &mut sb, now);
+        if c_in_snapshot {
+            // The reset, then one snapshot batch of a few records.
+            pull(&b, &c, &mut sc, 200, now);
+            pull(&b, &c, &mut sc, 200, now);
+            assert!(c.peek_item(b"d0", now).is_some() && c.peek_item(b"d199", now).is_none());
+        } else {
+            catch_up(&b, &c, &mut sc, now);
+        }
+        assert_eq!((sb.full_syncs, sc.full_syncs), (1, 1));
+        // B stops pulling; M deletes the d keys and writes far more than it retains.
+        for i in 0..200 {
+            m.delete(format!("d{i}").as_bytes(), now);
+        }
+        for i in 0..60_000u32 {
+            set(&format!("f{}", i % 5000), i);
+        }
+        catch_up(&m, &b, &mut sb, now);
+        assert_eq!(sb.full_syncs, 2, "B should have resynchronized");
+        catch_up(&b, &c, &mut sc, now);
+        assert_eq!(
+            sc.full_syncs, 2,
+            "C should have resynchronized after B did (in snapshot: {c_in_snapshot})"
+        );
+        for key in &keys {
+            let want = m.peek_item(key.as_bytes(), now);
+            assert_eq!(want, b.peek_item(key.as_bytes(), now), "{key} on B");
+            assert_eq!(
+                want,
+                c.peek_item(key.as_bytes(), now),
+                "{key} on C (in snapshot: {c_in_snapshot})"
+            );
+        }
+    }
+}

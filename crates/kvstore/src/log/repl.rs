@@ -25,6 +25,9 @@
 //!   batch: its new cursor in this engine's log, from the latest checkpoint at or below its
 //!   upstream position. Records it already has come again and lose on version. A replica
 //!   ahead of this engine (writes it never got) gets a full sync instead.
+//! * **Chains.** A replica's own log can be served to replicas of its own. When it
+//!   resynchronizes, it drops its items without logging a tombstone for each, so every
+//!   cursor into its log from before then is answered with a reset.
 //! * **Versions.** A replica stores each item with the master's CAS and rewrite stamp and
 //!   keeps the record with the highest (CAS, stamp), so records may be applied in any
 //!   order. A tombstone removes the key's item if the item's CAS is lower. Because the
@@ -103,6 +106,10 @@ pub(super) struct ReplFlags {
     /// Maintenance passes that freed segments a replica still needed, because keeping
     /// them would have taken more than `1 / HOLD_SHARE` of the memory limit.
     pub(super) hold_dropped: AtomicU64,
+    /// Cursors whose `below` is under this number predate this engine's last full sync as
+    /// a replica (`wipe`), which replaced its items without logging what it dropped: their
+    /// replicas hold what this engine no longer has, so they get a reset, not the tail.
+    wiped_below: AtomicU64,
 }
 
 /// At most this share (1 / n) of the memory limit is kept in dead or expired segments for
@@ -622,7 +629,7 @@ impl LogEngine {
                     }
                 }
             }
-            Some(c) if matches!(c.phase, Phase::Snapshot { .. }) => {
+            Some(c) if matches!(c.phase, Phase::Snapshot { .. }) && !self.before_wipe(&c) => {
                 (self.serve_snapshot(&c, budget, out).0, c)
             }
             _ => self.serve_reset_cursor(out),
@@ -873,9 +880,13 @@ impl LogEngine {
         (served, next_pos)
     }
 
-    /// The tail for `c`, or None if the replica fell behind the retained log (or sent
-    /// an impossible cursor) and must resynchronize.
+    /// The tail for `c`, or None if the replica fell behind the retained log, its cursor
+    /// predates this engine's last full sync (`wiped_below`), or it sent an impossible
+    /// cursor: it must resynchronize.
     fn serve_tail(&self, c: &Cursor, budget: usize, out: &mut Vec<u8>) -> Option<Served> {
+        if self.before_wipe(c) {
+            return None;
+        }
         let (next, live) = self.numbered_segments();
         // Every segment numbered from `below` up to `next` must be live here or complete
         // there; a partly consumed one must be live.
@@ -1375,6 +1386,18 @@ impl LogEngine {
         // Nothing is kept for replicas of this engine: what it dropped must not be
         // shipped to them any more (they resynchronize).
         self.free_dead_segments(&Holds::new());
+        // Replicas of this engine resynchronize too: the drops above are in no log, so
+        // a replica whose cursor is still valid here (segments still open) would keep
+        // them. Every cursor made so far has `below` at most `seg_seq`; skipping a
+        // number makes every cursor made from here on start above it.
+        let _live = lock(&self.seq_lock);
+        let floor = self.seg_seq.fetch_add(1, Ordering::SeqCst) + 1;
+        self.repl.wiped_below.store(floor, Ordering::SeqCst);
+    }
+
+    /// Whether cursor `c` was made before this engine's last wipe (see `wiped_below`).
+    fn before_wipe(&self, c: &Cursor) -> bool {
+        c.below < self.repl.wiped_below.load(Ordering::SeqCst)
     }
 }
 
