@@ -16,7 +16,8 @@ mod number;
 
 pub use log::repl::{
     join_snapshot_frames, split_snapshot_frames, Applied, Digest, ReplError, ReplicaState, Served,
-    SnapshotError, SnapshotInfo, SnapshotSettings, SNAPSHOT_VERSION,
+    SnapshotError, SnapshotInfo, SnapshotSettings, SNAPSHOT_VERSION, WHY_CURSOR, WHY_FRESH,
+    WHY_IMPOSSIBLE, WHY_UNFINISHED_GONE, WHY_UNREAD_GONE, WHY_WIPED,
 };
 pub use log::tally::Band as SizeBand;
 pub use log::{EvictionObserver, LogEngine, DEFAULT_SIZE_FACTOR};

@@ -1272,3 +1272,218 @@ fn chained_replica_resyncs_when_its_upstream_does() {
         }
     }
 }
+
+/// A small deterministic generator (xorshift64*) for the chaos runs below.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n.max(1)
+    }
+}
+
+/// One random write of the chaos runs on `e`: sets (no expiry, or a few seconds), appends,
+/// deletes, touches and increments of `nkeys` keys.
+fn chaos_write(e: &LogEngine, rng: &mut Rng, nkeys: u64, now: Time) {
+    let key = format!("c{}", rng.below(nkeys));
+    let exp = [0, now + 2, now + 3600][rng.below(3) as usize];
+    match rng.below(10) {
+        0..=4 => {
+            // Mostly small values, some of a few KB, a few large (a segment of their own).
+            let len = match rng.below(100) {
+                0 => 100_000 + rng.below(200_000),
+                1..=20 => rng.below(4096),
+                _ => 1 + rng.below(60),
+            } as usize;
+            let value = format!("{}", rng.below(1 << 40)).repeat(len / 10 + 1);
+            let req = kvstore::StoreRequest {
+                mode: kvstore::StoreMode::Set,
+                key: key.as_bytes(),
+                value: value.as_bytes(),
+                flags: rng.below(1 << 16) as u32,
+                exptime: exp,
+            };
+            e.store(req, now);
+        }
+        5 | 6 => {
+            e.delete(key.as_bytes(), now);
+        }
+        7 => {
+            e.touch(key.as_bytes(), exp, now);
+        }
+        8 => {
+            e.arith(key.as_bytes(), true, rng.below(1000), now);
+        }
+        _ => {
+            let req = kvstore::StoreRequest {
+                mode: kvstore::StoreMode::Append,
+                key: key.as_bytes(),
+                value: b"7",
+                flags: 0,
+                exptime: 0,
+            };
+            e.store(req, now);
+        }
+    }
+}
+
+/// The chaos test's topology at engine level, with real threads: M with writers, P its
+/// replica, R2 chained behind P; then P promoted and written to, and O (the old master,
+/// empty) following P with full syncs forced at random points. Memory is small, so
+/// segments are evicted and items copied forward throughout. Every replica must end with
+/// P's items.
+fn chaos_engines(seed: u64) {
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+    const NKEYS: u64 = 3000;
+    let cfg = kvstore::EngineConfig {
+        max_bytes: 8 << 20,
+        max_item_size: 1 << 20,
+        no_evict: false,
+        use_cas: true,
+    };
+    // Replicas with more memory than their masters: they evict nothing on their own (an
+    // item a replica evicts is not an error), so every difference is one.
+    let big = kvstore::EngineConfig {
+        max_bytes: 64 << 20,
+        ..cfg.clone()
+    };
+    let m = LogEngine::new(cfg.clone());
+    let p = LogEngine::new(cfg);
+    let r2 = LogEngine::new(big.clone());
+    let o = LogEngine::new(big);
+    for e in [&p, &r2, &o] {
+        e.set_replica(true);
+    }
+    let (mut sp, mut s2, mut so) = (
+        ReplicaState::new(),
+        ReplicaState::new(),
+        ReplicaState::new(),
+    );
+    let clock = AtomicU32::new(START);
+    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let budgets = [64usize, 700, 4096, 1 << 16];
+    let run = |writes_to: &LogEngine,
+               phase: u64,
+               rng: &mut Rng,
+               pulls: &mut dyn FnMut(&mut Rng, Time)| {
+        let stop = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            for t in 0..2u64 {
+                let (stop, clock) = (&stop, &clock);
+                s.spawn(move || {
+                    let mut rng =
+                        Rng((seed ^ (phase << 8) ^ t).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+                    for _ in 0..200_000 {
+                        if stop.load(Ordering::Relaxed) {
+                            break;
+                        }
+                        chaos_write(writes_to, &mut rng, NKEYS, clock.load(Ordering::Relaxed));
+                    }
+                });
+            }
+            {
+                let (stop, clock) = (&stop, &clock);
+                let all = [&m, &p, &r2, &o];
+                s.spawn(move || {
+                    // As the server's maintenance thread does, much more often.
+                    for _ in 0..1_000_000 {
+                        if stop.load(Ordering::Relaxed) {
+                            break;
+                        }
+                        for e in all {
+                            e.maintain(clock.load(Ordering::Relaxed), true);
+                        }
+                        std::thread::yield_now();
+                    }
+                });
+            }
+            for i in 0..400u32 {
+                if i % 50 == 49 {
+                    clock.fetch_add(1, Ordering::Relaxed);
+                }
+                pulls(rng, clock.load(Ordering::Relaxed));
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+    };
+    // Phase 1: M written to; P follows M, R2 follows P.
+    run(&m, 1, &mut rng, &mut |rng, now| {
+        let b = budgets[rng.below(4) as usize];
+        pull(&m, &p, &mut sp, b, now);
+        let b = budgets[rng.below(4) as usize];
+        pull(&p, &r2, &mut s2, b, now);
+    });
+    let now = clock.load(Ordering::Relaxed);
+    catch_up(&m, &p, &mut sp, now);
+    // Phase 2: M is gone; P promoted and written to; R2 follows P; O syncs from P and
+    // now and then starts over (a full sync forced, as after a lost segment).
+    p.set_replica(false);
+    run(&p, 2, &mut rng, &mut |rng, now| {
+        let b = budgets[rng.below(4) as usize];
+        pull(&p, &r2, &mut s2, b, now);
+        let mut cursor = Vec::new();
+        so.cursor(&mut cursor);
+        let fresh = rng.below(40) == 0;
+        let mut batch = Vec::new();
+        p.repl_serve(
+            &cursor,
+            fresh,
+            false,
+            budgets[rng.below(4) as usize],
+            &mut batch,
+        );
+        o.repl_apply(&mut so, &batch, now)
+            .unwrap_or_else(|e| panic!("O rejected a batch: {e}"));
+    });
+    let now = clock.load(Ordering::Relaxed);
+    catch_up(&p, &r2, &mut s2, now);
+    catch_up(&p, &o, &mut so, now);
+    let mut bad = Vec::new();
+    for k in 0..NKEYS {
+        let key = format!("c{k}");
+        let want = p.peek_item(key.as_bytes(), now);
+        for (who, e) in [("R2", &r2), ("O", &o)] {
+            let got = e.peek_item(key.as_bytes(), now);
+            if got != want {
+                bad.push(format!("{key} on {who}: P {want:?}, {who} {got:?}"));
+            }
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "seed {seed}: {} differences (O full syncs {}, R2 {}; evictions P {} R2 {} O {}):\n{}",
+        bad.len(),
+        so.full_syncs,
+        s2.full_syncs,
+        p.stats().evictions,
+        r2.stats().evictions,
+        o.stats().evictions,
+        bad[..bad.len().min(10)].join("\n")
+    );
+}
+
+/// A few seeds of [`chaos_engines`] in every run (each found a difference in about one in
+/// fifty seeds before the fixes it came with); `chaos_engines_many_seeds` runs more.
+#[test]
+fn chaos_engines_end_equal() {
+    for seed in 0..3 {
+        chaos_engines(seed);
+    }
+}
+
+#[test]
+#[ignore = "a stress run: KVSTORE_CHAOS_SEEDS=N or A..B (release build advised)"]
+fn chaos_engines_many_seeds() {
+    // `N` (seeds 0 to N - 1) or `A..B`.
+    let spec = std::env::var("KVSTORE_CHAOS_SEEDS").unwrap_or_else(|_| "20".into());
+    let (a, b) = match spec.split_once("..") {
+        Some((a, b)) => (a.parse().unwrap_or(0), b.parse().unwrap_or(0)),
+        None => (0, spec.parse().unwrap_or(20)),
+    };
+    for seed in a..b {
+        chaos_engines(seed);
+    }
+}

@@ -99,7 +99,7 @@ impl LogEngine {
                     return true;
                 }
                 self.observe_eviction(slot, r, v, now);
-                self.note_eviction_in(notes, r.key, r.cas);
+                self.note_eviction_in(notes, r.key, (r.cas, r.stamp));
                 self.st().evictions.fetch_add(1, Ordering::Relaxed);
                 self.tally_evicted(self.rec_size(r));
                 if !index::fetched(v) {
@@ -136,10 +136,11 @@ impl LogEngine {
                     return true;
                 }
                 self.observe_eviction(slot, r, v, now);
-                self.note_eviction_in(&mut notes, r.key, r.cas);
+                self.note_eviction_in(&mut notes, r.key, (r.cas, r.stamp));
                 self.st().evictions.fetch_add(1, Ordering::Relaxed);
                 self.tally_evicted(self.rec_size(r));
             }
+            self.note_removed(r);
             slot.store(0, Ordering::Release);
             self.account_remove(v, r.len, self.rec_size(r));
             true
@@ -225,6 +226,7 @@ impl LogEngine {
             self.st().copied_forward.fetch_add(1, Ordering::Relaxed);
             return true;
         }
+        self.note_removed(&r);
         slot.store(0, Ordering::Release);
         self.account_remove(v, r.len, self.rec_size(&r));
         false

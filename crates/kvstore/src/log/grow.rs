@@ -227,7 +227,8 @@ impl LogEngine {
     pub(super) fn evict_index_slot(&self, slot: &AtomicU64, v: u64, replacement: u64) {
         // SAFETY: per the contract; the length is read before the slot is overwritten.
         let (len, size) = unsafe { self.rec(v) }.map_or((0, 0), |r| {
-            self.note_eviction(r.key, r.cas);
+            self.note_eviction(r.key, (r.cas, r.stamp));
+            self.note_removed(&r);
             (r.len, self.rec_size(&r))
         });
         slot.store(replacement, Ordering::Release);

@@ -1037,8 +1037,10 @@ impl LogEngine {
         let found = self.index.find(h, |x| x & IDENT_MASK == v & IDENT_MASK);
         if let Some((slot, cur)) = found {
             // SAFETY: we hold the stripe lock and `cur` is still in its slot.
-            let (len, size) =
-                unsafe { self.rec(cur) }.map_or((0, 0), |r| (r.len, self.rec_size(&r)));
+            let (len, size) = unsafe { self.rec(cur) }.map_or((0, 0), |r| {
+                self.note_removed(&r);
+                (r.len, self.rec_size(&r))
+            });
             slot.store(0, Ordering::Release);
             self.account_remove(cur, len, size);
         }

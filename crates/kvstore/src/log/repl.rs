@@ -16,9 +16,13 @@
 //!   retained log: the master answers with a reset and the replica resynchronizes.
 //! * **Full sync.** A new replica (or one after a reset) gets a *reset* batch holding a
 //!   starting cursor (the open segments and their lengths, and `below` = the next
-//!   sequence number), then a snapshot of the live items of every segment below that
-//!   cursor, walked segment by segment (resumable), then follows the tail from the
-//!   starting cursor. Items written meanwhile may arrive twice; versions decide.
+//!   sequence number), then a snapshot of the live items and the tombstones of every
+//!   segment below that cursor, walked segment by segment (resumable), then follows the
+//!   tail from the starting cursor. Items written meanwhile may arrive twice; versions
+//!   decide. The starting cursor is not one instant of the whole log (each segment's
+//!   length is read in turn, and a record is published just after its index entry), so
+//!   a record just after it may be older than a tombstone just before it: that is why the
+//!   snapshot carries tombstones, which the replica remembers as it does the tail's.
 //! * **Switch.** A replica keeps checkpoints: after each tail batch it applies, its position
 //!   in the upstream log and its own log's position. A fellow replica of the same upstream
 //!   that asks it (after a promotion, or to chain) with a cursor it has all of gets a switch
@@ -30,17 +34,21 @@
 //!   cursor into its log from before then is answered with a reset.
 //! * **Versions.** A replica stores each item with the master's CAS and rewrite stamp and
 //!   keeps the record with the highest (CAS, stamp), so records may be applied in any
-//!   order. A tombstone removes the key's item if the item's CAS is lower. Because the
-//!   segments are read one after another, a tombstone can arrive before the older item
-//!   it deletes (in another segment); the replica remembers tombstones until a batch
-//!   that was not cut short by the budget has been applied after them (by then every
-//!   record published before the tombstone has been shipped).
+//!   order. A tombstone has a version too and removes the key's item if the item's is
+//!   lower (`Version`). Because the segments are read one after another, a tombstone can
+//!   arrive before the older item it deletes (in another segment); the replica remembers
+//!   tombstones until a batch that was not cut short by the budget has been applied after
+//!   them (by then every record published before the tombstone has been shipped). It
+//!   remembers in the same way the versions of items it removes on its own (expired, or
+//!   evicted for lack of memory), so that an older copy arriving later does not bring
+//!   them back.
 //! * **Flush, expiry, eviction.** Every batch carries the master's flush watermarks;
 //!   items keep their absolute expiry. The master decides evictions: once a replica has
-//!   pulled, every eviction is noted and logged as a tombstone for the evicted version
-//!   (CAS + 1; written outside eviction's locks, by `maintain` or before a pull is
-//!   served), and every delete is logged, hit or miss. A replica with less memory than
-//!   its master also evicts on its own.
+//!   pulled, every eviction is noted and logged as a tombstone for the evicted record
+//!   (its CAS and its stamp + 1, so a newer copy of the same item survives it; written
+//!   outside eviction's locks, by `maintain` or before a pull is served), and every
+//!   delete is logged, hit or miss. A replica with less memory than its master also
+//!   evicts on its own, and logs those evictions in the same way for its own replicas.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -94,7 +102,7 @@ pub(super) struct ReplFlags {
     /// each tail batch it applied, with its position in the upstream log then. Lets a
     /// replica of the same upstream switch to this engine without a full sync.
     checkpoints: std::sync::Mutex<std::collections::VecDeque<Checkpoint>>,
-    /// Items evicted since replicas attached, (key, CAS), waiting to be logged as
+    /// Items evicted since replicas attached, (key, version), waiting to be logged as
     /// tombstones (eviction runs under locks a log append cannot take).
     evicted: std::sync::Mutex<EvictionNotes>,
     /// Per replica served with [`LogEngine::repl_serve_as`] (at most `MAX_HOLDS`), its
@@ -110,6 +118,16 @@ pub(super) struct ReplFlags {
     /// a replica (`wipe`), which replaced its items without logging what it dropped: their
     /// replicas hold what this engine no longer has, so they get a reset, not the tail.
     wiped_below: AtomicU64,
+    /// On a replica: the items it removed on its own (expired, flushed or evicted here,
+    /// not by a tombstone of its master), key → (version, `epoch` when removed). Records
+    /// arrive out of order, so an older version of such an item may still come; it must
+    /// lose as it would have to the removed one. Kept as tombstones are: until a batch
+    /// that was not cut short has been applied after the removal.
+    removed: std::sync::Mutex<Remembered>,
+    /// Entries in `removed` (read without its lock on every applied item).
+    removed_len: std::sync::atomic::AtomicUsize,
+    /// On a replica: the number of the batch being applied (or last applied).
+    epoch: AtomicU64,
 }
 
 /// At most this share (1 / n) of the memory limit is kept in dead or expired segments for
@@ -130,6 +148,14 @@ struct Checkpoint {
     own: Cursor,
 }
 
+/// Why a replica gets a full sync ([`Served::reset_why`]).
+pub const WHY_FRESH: &str = "it asked for one (a new replica, or one of another log)";
+pub const WHY_CURSOR: &str = "its position could not be read";
+pub const WHY_WIPED: &str = "this server resynchronized since (its position predates that)";
+pub const WHY_UNFINISHED_GONE: &str = "a segment it had not finished was freed or evicted";
+pub const WHY_UNREAD_GONE: &str = "segments it had not read were freed or evicted";
+pub const WHY_IMPOSSIBLE: &str = "its position is beyond this server's log";
+
 /// Checkpoints kept (one per tail batch that brought records).
 const CHECKPOINTS: usize = 4096;
 
@@ -143,6 +169,8 @@ pub struct Served {
     pub shipped: usize,
     /// The batch starts a full sync (new replica, or it fell behind the retained log).
     pub reset: bool,
+    /// Why it does (with `reset`), for the server's log: one of the `WHY_` constants.
+    pub reset_why: &'static str,
     /// The replica is in the snapshot of a full sync.
     pub snapshot: bool,
     /// The replica followed this engine's upstream and continues here without a full
@@ -202,8 +230,8 @@ pub struct ReplicaState {
     phase: Phase,
     below: u64,
     entries: BTreeMap<u64, Pos>,
-    /// Recent tombstones: key → (CAS, batch number it arrived in).
-    tombs: HashMap<Box<[u8]>, (u64, u64)>,
+    /// Recent tombstones: key → (version, batch number it arrived in).
+    tombs: Remembered,
     batches: u64,
     /// Record bytes received since the last full sync started.
     pub applied_bytes: u64,
@@ -614,26 +642,34 @@ impl LogEngine {
             }
         }
         let cur = if fresh {
-            None
+            Err(WHY_FRESH)
         } else {
-            Cursor::decode(cursor).ok()
+            Cursor::decode(cursor).map_err(|_| WHY_CURSOR)
         };
-        match cur {
-            Some(c) if c.phase == Phase::Tail => {
+        let why = match cur {
+            Ok(c) if c.phase == Phase::Tail => {
                 let mark = out.len();
                 match self.serve_tail(&c, budget, out) {
-                    Some(s) => (s, c),
-                    None => {
+                    Ok(s) => return (s, c),
+                    Err(why) => {
                         out.truncate(mark);
-                        self.serve_reset_cursor(out)
+                        why
                     }
                 }
             }
-            Some(c) if matches!(c.phase, Phase::Snapshot { .. }) && !self.before_wipe(&c) => {
-                (self.serve_snapshot(&c, budget, out).0, c)
+            Ok(c) if matches!(c.phase, Phase::Snapshot { .. }) => {
+                if self.before_wipe(&c) {
+                    WHY_WIPED
+                } else {
+                    return (self.serve_snapshot(&c, budget, out).0, c);
+                }
             }
-            _ => self.serve_reset_cursor(out),
-        }
+            Ok(_) => WHY_FRESH,
+            Err(why) => why,
+        };
+        let (mut served, c) = self.serve_reset_cursor(out);
+        served.reset_why = why;
+        (served, c)
     }
 
     /// Keep holding what the replicas `keep` chooses have not read (those a server still
@@ -756,6 +792,7 @@ impl LogEngine {
             lag_bytes: lag,
             shipped: 0,
             reset: true,
+            reset_why: WHY_FRESH,
             snapshot: true,
             switched: false,
             log_offset,
@@ -791,7 +828,9 @@ impl LogEngine {
             off: from_off,
         } = c.phase
         else {
-            return (self.serve_reset_cursor(out).0, None);
+            let mut served = self.serve_reset_cursor(out).0;
+            served.reset_why = WHY_CURSOR;
+            return (served, None);
         };
         let live = self.live_segments();
         let (at, log_offset) = self.batch_header(KIND_SNAPSHOT, out);
@@ -841,10 +880,18 @@ impl LogEngine {
                 };
                 let here = off;
                 off += r.len;
-                if r.kind != KIND_ITEM || self.vis(&r, now) != Vis::Live {
-                    continue;
-                }
-                if self.indexed_at(r.key, id, here) {
+                // Live items, and every tombstone: the starting cursor is not one instant
+                // of every segment (each length is read in turn, and a record is published
+                // after its index entry), so a record after it in the tail may be older
+                // than a tombstone before it. The replica remembers these tombstones until
+                // it has applied a tail batch that was not cut short (by then every such
+                // record has arrived), as it does tail tombstones.
+                let ship = match r.kind {
+                    KIND_TOMBSTONE => true,
+                    KIND_ITEM => self.vis(&r, now) == Vis::Live && self.indexed_at(r.key, id, here),
+                    _ => false,
+                };
+                if ship {
                     // SAFETY: `here .. here + r.len` is the published record just read.
                     let bytes =
                         unsafe { std::slice::from_raw_parts(ptr.as_ptr().add(here), r.len) };
@@ -873,6 +920,7 @@ impl LogEngine {
             lag_bytes: lag,
             shipped,
             reset: false,
+            reset_why: "",
             snapshot: true,
             switched: false,
             log_offset,
@@ -883,23 +931,28 @@ impl LogEngine {
     /// The tail for `c`, or None if the replica fell behind the retained log, its cursor
     /// predates this engine's last full sync (`wiped_below`), or it sent an impossible
     /// cursor: it must resynchronize.
-    fn serve_tail(&self, c: &Cursor, budget: usize, out: &mut Vec<u8>) -> Option<Served> {
+    fn serve_tail(
+        &self,
+        c: &Cursor,
+        budget: usize,
+        out: &mut Vec<u8>,
+    ) -> Result<Served, &'static str> {
         if self.before_wipe(c) {
-            return None;
+            return Err(WHY_WIPED);
         }
         let (next, live) = self.numbered_segments();
         // Every segment numbered from `below` up to `next` must be live here or complete
         // there; a partly consumed one must be live.
-        let span = next.checked_sub(c.below)?;
+        let span = next.checked_sub(c.below).ok_or(WHY_IMPOSSIBLE)?;
         if span > (live.len() + c.entries.len()) as u64 {
-            return None;
+            return Err(WHY_UNREAD_GONE);
         }
         let is_live = |seq: u64| live.binary_search_by_key(&seq, |&(s, _)| s).is_ok();
         if c.entries
             .iter()
             .any(|&(seq, p)| !p.complete && !is_live(seq))
         {
-            return None;
+            return Err(WHY_UNFINISHED_GONE);
         }
         let mut li = live.iter().peekable();
         for seq in c.below..next {
@@ -909,7 +962,7 @@ impl LogEngine {
             let is_live = li.peek().is_some_and(|&&(s, _)| s == seq);
             let complete = c.get(seq).is_some_and(|p| p.complete);
             if !is_live && !complete {
-                return None;
+                return Err(WHY_UNREAD_GONE);
             }
         }
         let (at, log_offset) = self.batch_header(KIND_TAIL, out);
@@ -925,25 +978,26 @@ impl LogEngine {
             if pos.is_some_and(|p| p.complete) {
                 continue;
             }
-            let seg = self.segs.get(id)?;
+            let seg = self.segs.get(id).ok_or(WHY_UNREAD_GONE)?;
             let sealed = seg.mem.0.sealed.load(Ordering::Acquire);
             let used = seg.mem.0.used.load(Ordering::Acquire);
             if seg.mem.0.seq.load(Ordering::Acquire) != seq {
                 // Retired since the check: unless it was new to the replica, part of it
                 // is lost.
                 if pos.is_some() {
-                    return None;
+                    return Err(WHY_UNFINISHED_GONE);
                 }
                 continue;
             }
             let start = pos.map_or(SEG_HDR, |p| (p.off as usize).max(SEG_HDR));
             if start > used {
-                return None;
+                return Err(WHY_IMPOSSIBLE);
             }
             if start == used && !sealed {
                 continue;
             }
-            let ptr = std::ptr::NonNull::new(seg.mem.0.ptr.load(Ordering::Acquire))?;
+            let ptr = std::ptr::NonNull::new(seg.mem.0.ptr.load(Ordering::Acquire))
+                .ok_or(WHY_UNREAD_GONE)?;
             // SAFETY: pinned and still live, as in `serve_snapshot`.
             let base = unsafe { format::seg_cas_base(ptr.as_ptr()) };
             let mut end = start;
@@ -984,10 +1038,11 @@ impl LogEngine {
         if let Some(f) = out.get_mut(at + B_FLAGS) {
             *f = if complete { FLAG_COMPLETE } else { 0 };
         }
-        Some(Served {
+        Ok(Served {
             lag_bytes: lag,
             shipped,
             reset: false,
+            reset_why: "",
             snapshot: false,
             switched: false,
             log_offset,
@@ -995,14 +1050,21 @@ impl LogEngine {
     }
 }
 
-/// Remember a tombstone (`key`, `cas`) applied in batch `batch_no`, so that an older item
-/// of the key arriving later loses to it; see [`MAX_TOMBS`] for what is forgotten.
-fn remember_tombstone(
-    tombs: &mut HashMap<Box<[u8]>, (u64, u64)>,
-    key: &[u8],
-    cas: u64,
-    batch_no: u64,
-) {
+/// A record's version: (CAS, rewrite stamp), compared in that order. A tombstone removes
+/// the versions of its key below its own: a delete's has the stamp 0 and a CAS above the
+/// deleted item's, so it removes every copy of that item; an eviction's has the evicted
+/// record's CAS and a stamp one above its stamp, so it removes that record and older
+/// copies of the item, but not a newer copy (a rewrite or a copy forward on the master)
+/// that a replica which evicted on its own may receive later.
+pub(super) type Version = (u64, u64);
+
+/// Versions a replica remembers by key, with the number of the batch each came with.
+type Remembered = HashMap<Box<[u8]>, (Version, u64)>;
+
+/// Remember a tombstone (`key`, version `ver`) applied in batch `batch_no`, so that an
+/// older item of the key arriving later loses to it; see [`MAX_TOMBS`] for what is
+/// forgotten.
+fn remember_tombstone(tombs: &mut Remembered, key: &[u8], ver: Version, batch_no: u64) {
     if tombs.len() >= MAX_TOMBS && !tombs.contains_key(key) {
         tombs.retain(|_, &mut (_, n)| n == batch_no);
         if tombs.len() >= MAX_TOMBS {
@@ -1011,8 +1073,8 @@ fn remember_tombstone(
     }
     // An older tombstone of the key can arrive after a newer one (from a segment shipped
     // later): the newest is what later items must beat.
-    let t = tombs.entry(key.into()).or_insert((cas, batch_no));
-    *t = (t.0.max(cas), batch_no);
+    let t = tombs.entry(key.into()).or_insert((ver, batch_no));
+    *t = (t.0.max(ver), batch_no);
 }
 
 /// Whether segment `seq`, sealed with all its items dead or expired, must stay for a
@@ -1024,8 +1086,8 @@ pub(super) fn held_for_replica(holds: &Holds, seq: u64) -> bool {
     })
 }
 
-/// Evicted items (key, CAS) waiting to be logged as tombstones for replicas.
-pub(super) type EvictionNotes = Vec<(Box<[u8]>, u64)>;
+/// Evicted items (key, version) waiting to be logged as tombstones for replicas.
+pub(super) type EvictionNotes = Vec<(Box<[u8]>, Version)>;
 
 /// Replica side.
 impl LogEngine {
@@ -1066,6 +1128,7 @@ impl LogEngine {
         };
         st.batches += 1;
         let batch_no = st.batches;
+        self.repl.epoch.store(batch_no, Ordering::SeqCst);
         match kind {
             KIND_RESET => {
                 let below = r.u64()?;
@@ -1090,6 +1153,7 @@ impl LogEngine {
                 }
                 self.wipe();
                 lock(&self.repl.checkpoints).clear();
+                self.forget_removed(u64::MAX);
                 st.restart();
                 st.phase = Phase::Snapshot { seq: 0, off: 0 };
                 st.below = below;
@@ -1148,6 +1212,7 @@ impl LogEngine {
                 st.advance();
                 if flags & FLAG_COMPLETE != 0 {
                     st.tombs.retain(|_, &mut (_, n)| n == batch_no);
+                    self.forget_removed(batch_no);
                 }
                 if !applied.idle {
                     let cp = Checkpoint {
@@ -1259,8 +1324,9 @@ impl LogEngine {
                     stamp = stamp.max(rec.stamp);
                 }
                 KIND_TOMBSTONE => {
-                    self.apply_tombstone(rec.key, rec.cas, now);
-                    remember_tombstone(&mut st.tombs, rec.key, rec.cas, batch_no);
+                    let ver = (rec.cas, rec.stamp);
+                    self.apply_tombstone(rec.key, ver);
+                    remember_tombstone(&mut st.tombs, rec.key, ver, batch_no);
                 }
                 _ => return Err(ReplError("unknown record kind")),
             }
@@ -1272,7 +1338,18 @@ impl LogEngine {
 
     /// Store replicated item `r`, whose key hashes to `h`.
     fn apply_item(&self, st: &ReplicaState, r: &Rec<'_>, h: u64, now: Time) {
-        if st.tombs.get(r.key).is_some_and(|&(tc, _)| r.cas < tc) {
+        if st
+            .tombs
+            .get(r.key)
+            .is_some_and(|&(t, _)| (r.cas, r.stamp) < t)
+        {
+            return;
+        }
+        if self.repl.removed_len.load(Ordering::Acquire) != 0
+            && lock(&self.repl.removed)
+                .get(r.key)
+                .is_some_and(|&(v, _)| (r.cas, r.stamp) <= v)
+        {
             return;
         }
         let c = Commit {
@@ -1297,28 +1374,60 @@ impl LogEngine {
         self.commit(&c, now, None);
     }
 
-    /// Remove `key`'s item if it is older than the tombstone, and log the tombstone (for
-    /// this engine's own replicas).
-    fn apply_tombstone(&self, key: &[u8], cas: u64, now: Time) {
-        let _ = now;
-        self.cas.observe(cas);
-        self.write_tombstone(key, self.hash(key), Some(cas));
+    /// On a replica, remember the version of record `r`, whose item this engine removes
+    /// on its own (see `ReplFlags::removed`). The caller holds the key's stripe lock, so
+    /// a batch that brought the item was numbered before this reads `epoch`.
+    pub(super) fn note_removed(&self, r: &Rec<'_>) {
+        if !self.repl.replica.load(Ordering::Relaxed) {
+            return;
+        }
+        let epoch = self.repl.epoch.load(Ordering::SeqCst);
+        let mut m = lock(&self.repl.removed);
+        if m.len() >= MAX_TOMBS && !m.contains_key(r.key) {
+            // As for tombstones: the oldest go first.
+            m.retain(|_, &mut (_, e)| e >= epoch);
+            if m.len() >= MAX_TOMBS {
+                m.clear();
+            }
+        }
+        let e = m.entry(r.key.into()).or_insert(((r.cas, r.stamp), epoch));
+        *e = (e.0.max((r.cas, r.stamp)), epoch);
+        self.repl.removed_len.store(m.len(), Ordering::Release);
+    }
+
+    /// Forget the removals noted before batch `batch_no` (all with `u64::MAX`): a batch
+    /// that was not cut short has been applied since, so every older record of them has
+    /// arrived.
+    fn forget_removed(&self, batch_no: u64) {
+        if self.repl.removed_len.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let mut m = lock(&self.repl.removed);
+        m.retain(|_, &mut (_, e)| e >= batch_no);
+        self.repl.removed_len.store(m.len(), Ordering::Release);
+    }
+
+    /// Remove `key`'s item if it is older than the tombstone (version `ver`), and log the
+    /// tombstone (for this engine's own replicas).
+    fn apply_tombstone(&self, key: &[u8], ver: Version) {
+        self.cas.observe(ver.0);
+        self.write_tombstone(key, self.hash(key), Some(ver));
     }
 
     /// With replicas attached, remember an eviction so that it is logged as a tombstone
     /// (see `repl_log_evictions`): the master decides evictions, and its replicas drop the
     /// same items instead of keeping what it no longer has. Called under eviction's locks.
-    pub(super) fn note_eviction(&self, key: &[u8], cas: u64) {
+    pub(super) fn note_eviction(&self, key: &[u8], ver: Version) {
         let mut one = EvictionNotes::default();
-        self.note_eviction_in(&mut one, key, cas);
+        self.note_eviction_in(&mut one, key, ver);
         self.note_evictions(one);
     }
 
     /// [`LogEngine::note_eviction`] into a local batch, for [`LogEngine::note_evictions`]
     /// to hand over at once (eviction notes a whole segment's items).
-    pub(super) fn note_eviction_in(&self, notes: &mut EvictionNotes, key: &[u8], cas: u64) {
+    pub(super) fn note_eviction_in(&self, notes: &mut EvictionNotes, key: &[u8], ver: Version) {
         if self.repl.active.load(Ordering::Relaxed) && notes.len() < MAX_PENDING_EVICTIONS {
-            notes.push((key.into(), cas));
+            notes.push((key.into(), ver));
         }
     }
 
@@ -1332,13 +1441,18 @@ impl LogEngine {
         q.extend(notes.into_iter().take(room));
     }
 
-    /// Log the evictions noted since the last call as tombstones that remove exactly the
-    /// evicted version (CAS + 1: a later version of the key has a higher CAS). Called by
+    /// Log the evictions noted since the last call as tombstones that remove the evicted
+    /// record and older ones (its CAS, its stamp + 1: a later version of the key has a
+    /// higher CAS, a later copy of the item a higher stamp). Called by
     /// the maintenance tick and before serving a pull, never under the engine's locks.
     pub fn repl_log_evictions(&self) {
         let pending = std::mem::take(&mut *lock(&self.repl.evicted));
-        for (key, cas) in pending {
-            self.write_tombstone(&key, self.hash(&key), Some(cas.saturating_add(1)));
+        for (key, (cas, stamp)) in pending {
+            let ver = match stamp.checked_add(1) {
+                Some(s) => (cas, s),
+                None => (cas.saturating_add(1), 0),
+            };
+            self.write_tombstone(&key, self.hash(&key), Some(ver));
         }
     }
 
@@ -1352,7 +1466,7 @@ impl LogEngine {
 
     /// Append a tombstone for `key` (CAS `cas`, else the next unique) and remove an older
     /// item of the key. Without room for it (no_evict and full) only the removal happens.
-    fn write_tombstone(&self, key: &[u8], h: u64, cas: Option<u64>) {
+    fn write_tombstone(&self, key: &[u8], h: u64, ver: Option<Version>) {
         let need = HDR_MAX + key.len();
         let shard = &self.shards[tid() % self.shards.len()];
         let mut sh = lock(&shard.0);
@@ -1361,17 +1475,17 @@ impl LogEngine {
         let mut g = self.index.lock(h);
         // Without a version: above everything reserved, so every version a replica may
         // hold goes. The stripe's floor keeps the key's next version at or above it.
-        let cas = cas.unwrap_or_else(|| self.cas.reserved());
+        let (cas, stamp) = ver.unwrap_or_else(|| (self.cas.reserved(), 0));
         *g = (*g).max(cas);
         // SAFETY: we hold `h`'s stripe lock.
         if let Some((slot, v, r)) = unsafe { self.lookup(h, key) } {
-            if r.cas < cas {
+            if (r.cas, r.stamp) < (cas, stamp) {
                 slot.store(0, Ordering::Release);
                 self.account_remove(v, r.len, self.rec_size(&r));
             }
         }
         if let (Some(o), Some(d)) = (open, dest) {
-            self.append_tombstone(&mut sh, o, &d, key, cas);
+            self.append_tombstone(&mut sh, o, &d, key, (cas, stamp));
         }
     }
 
@@ -1442,14 +1556,14 @@ mod tests {
         let mut tombs = HashMap::new();
         let key = |i: usize| format!("k{i}").into_bytes();
         for i in 0..5 {
-            remember_tombstone(&mut tombs, &key(i), 10, 1);
+            remember_tombstone(&mut tombs, &key(i), (10, 0), 1);
         }
         // A newer tombstone of a remembered key replaces it without forgetting others.
-        remember_tombstone(&mut tombs, &key(0), 20, 2);
-        remember_tombstone(&mut tombs, &key(0), 15, 2);
-        assert_eq!(tombs.get(key(0).as_slice()), Some(&(20, 2)));
+        remember_tombstone(&mut tombs, &key(0), (20, 0), 2);
+        remember_tombstone(&mut tombs, &key(0), (15, 0), 2);
+        assert_eq!(tombs.get(key(0).as_slice()), Some(&((20, 0), 2)));
         for i in 5..12 {
-            remember_tombstone(&mut tombs, &key(i), 10, 2);
+            remember_tombstone(&mut tombs, &key(i), (10, 0), 2);
             assert!(tombs.len() <= MAX_TOMBS);
         }
         // The memory filled during batch 2: batch 1's tombstones went, all of batch 2's stay.
@@ -1467,7 +1581,7 @@ mod tests {
         }
         // One batch with more tombstones than fit: the memory stays bounded.
         for i in 100..100 + 3 * MAX_TOMBS {
-            remember_tombstone(&mut tombs, &key(i), 10, 3);
+            remember_tombstone(&mut tombs, &key(i), (10, 0), 3);
             assert!(tombs.len() <= MAX_TOMBS);
         }
     }

@@ -671,6 +671,7 @@ impl LogEngine {
         let vis = self.vis(&r, now);
         if vis != Vis::Live {
             self.count_dead(vis);
+            self.note_removed(&r);
             slot.store(0, Ordering::Release);
             self.account_remove(v, r.len, self.rec_size(&r));
             return Some(false);
@@ -678,15 +679,19 @@ impl LogEngine {
         if want.is_some_and(|w| w != v & IDENT_MASK) {
             return None;
         }
-        if let (Some(o), Some(d)) = (open, dest) {
-            // Not a new version: a tombstone removes versions below this one, and the
-            // stripe's floor makes the next set of the key draw this value or a later one.
-            let cas = (*g).max(r.cas.saturating_add(1));
-            *g = cas;
-            self.append_tombstone(&mut sh, o, &d, key, cas);
-        }
+        // Not a new version: a tombstone removes versions below this one, and the
+        // stripe's floor makes the next set of the key draw this value or a later one.
+        let cas = (*g).max(r.cas.saturating_add(1));
+        *g = cas;
+        let (len, size) = (r.len, self.rec_size(&r));
+        // The item leaves the index before its tombstone is published: a replica's full
+        // sync that starts after the tombstone (its snapshot range holds it, and a
+        // snapshot ships no tombstones) must not find the item still indexed.
         slot.store(0, Ordering::Release);
-        self.account_remove(v, r.len, self.rec_size(&r));
+        if let (Some(o), Some(d)) = (open, dest) {
+            self.append_tombstone(&mut sh, o, &d, key, (cas, 0));
+        }
+        self.account_remove(v, len, size);
         Some(true)
     }
 
@@ -699,7 +704,7 @@ impl LogEngine {
         o: Open,
         d: &Dest,
         key: &[u8],
-        cas: u64,
+        (cas, stamp): super::repl::Version,
     ) {
         let spec = Spec {
             kind: KIND_TOMBSTONE,
@@ -707,7 +712,7 @@ impl LogEngine {
             parts: [&[], &[]],
             flags: 0,
             exptime: 0,
-            stamp: 0,
+            stamp,
             cas,
             meta: 0,
             explicit_cas: None,
