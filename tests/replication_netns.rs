@@ -296,8 +296,9 @@ impl Net {
             .sum()
     }
 
-    /// Start kvcached in `side`'s namespace (`-v`, log in a temp file), listening on the
-    /// link's address and on 127.0.0.1, and wait until it accepts connections.
+    /// Start kvcached in `side`'s namespace (`-v`, log in a temp file, appended to, so a
+    /// restarted server's log follows its predecessor's), listening on the link's address
+    /// and on 127.0.0.1, and wait until it accepts connections.
     fn start(&mut self, side: Side, extra: &[&str]) {
         let bin = env!("CARGO_BIN_EXE_kvcached");
         let role = if side == Side::A { "master" } else { "replica" };
@@ -310,7 +311,13 @@ impl Net {
             .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(File::create(&log).expect("create the server's log file"));
+            .stderr(
+                OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&log)
+                    .expect("open the server's log file"),
+            );
         let child = cmd.spawn().expect("spawn ip netns exec kvcached");
         self.servers[side.i()] = Some(NsServer { child, log });
         let deadline = Instant::now() + TIMEOUT;
@@ -1263,6 +1270,26 @@ fn digest(c: &mut Client) -> (u64, String) {
     (get("digest_items").parse().unwrap_or(0), get("digest"))
 }
 
+/// The live items (`lru_crawler metadump all`) by key: their expiry, CAS and size.
+fn live_items(c: &mut Client) -> std::collections::BTreeMap<String, String> {
+    c.send(b"lru_crawler metadump all\r\n");
+    let dump = c.until("END\r\n");
+    dump.lines()
+        .filter_map(|l| {
+            let mut key = None;
+            let mut rest = Vec::new();
+            for f in l.split_whitespace() {
+                match f.split_once('=') {
+                    Some(("key", k)) => key = Some(k.to_string()),
+                    Some(("exp" | "cas" | "size" | "flags", _)) => rest.push(f),
+                    _ => {}
+                }
+            }
+            Some((key?, rest.join(" ")))
+        })
+        .collect()
+}
+
 /// Full and partial syncs a replica made (`stats replication`).
 fn syncs(c: &mut Client) -> (u64, u64) {
     (repl_num(c, "full_syncs"), repl_num(c, "partial_syncs"))
@@ -1411,24 +1438,45 @@ fn chaos_under_load_every_replica_ends_equal() {
     // replica holds exactly what the new master holds.
     let mut r2 = net.client_at(Side::B, R2_PORT);
     let mut old = net.client(Side::A);
-    let mut last = String::new();
-    poll_until(
-        "every replica's digest to equal the master's",
-        Duration::from_secs(120),
-        || {
-            let want = digest(&mut master);
-            let (a, b) = (digest(&mut r2), digest(&mut old));
-            last = format!(
-                "master {} items {}, replica2 {} {}, old master {} {}",
-                want.0, want.1, b.0, b.1, a.0, a.1
+    let mut last: String;
+    let until = Instant::now() + Duration::from_secs(120);
+    loop {
+        let want = digest(&mut master);
+        let (d2, dold) = (digest(&mut r2), digest(&mut old));
+        last = format!(
+            "master {} items {}, replica2 {} {}, old master {} {}",
+            want.0, want.1, d2.0, d2.1, dold.0, dold.1
+        );
+        if d2 == want && dold == want {
+            break;
+        }
+        if Instant::now() >= until {
+            // Which items differ, for the report.
+            let m = live_items(&mut master);
+            let diff = |who: &str, c: &mut Client| {
+                let r = live_items(c);
+                let mut lines = Vec::new();
+                for k in m.keys().chain(r.keys().filter(|k| !m.contains_key(*k))) {
+                    if m.get(k) != r.get(k) {
+                        lines.push(format!(
+                            "  {k}: master {:?}, {who} {:?}",
+                            m.get(k),
+                            r.get(k)
+                        ));
+                    }
+                }
+                let n = lines.len();
+                lines.truncate(20);
+                format!("{n} items differ on the {who}:\n{}", lines.join("\n"))
+            };
+            let (d2, dold) = (diff("replica2", &mut r2), diff("old master", &mut old));
+            panic!(
+                "{test}: timed out after 120 s waiting for every replica's digest to equal \
+                 the master's: {last}\n{d2}\n{dold}"
             );
-            if a == want && b == want {
-                Ok(())
-            } else {
-                Err(last.clone())
-            }
-        },
-    );
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let (items, _) = digest(&mut master);
     assert!(items > 100, "{test}: only {items} live items at the end");
     let (r2_full, r2_partial) = syncs(&mut r2);

@@ -89,6 +89,13 @@ fn serve_batch(shared: &Shared, replid: &[u8], name: &[u8], cursor: &[u8], out: 
     // The engine keeps what this replica has not read from the maintenance pass until it
     // has, or until it is forgotten (`Replication::forget_followers`).
     let served = log.repl_serve_as(Some(&peer), cursor, fresh, upstream, BATCH_BUDGET, out);
+    if served.reset {
+        tracing::info!(
+            replica = %peer,
+            "replication: full sync for replica {peer}: {}",
+            served.reset_why
+        );
+    }
     {
         let now = Instant::now();
         let mut f = lock(&repl.followers);

@@ -430,7 +430,8 @@ fn follow_link(
         match applied {
             Ok(a) => {
                 if a.reset {
-                    repl.full_syncs.fetch_add(1, Ordering::Relaxed);
+                    let n = repl.full_syncs.fetch_add(1, Ordering::Relaxed) + 1;
+                    tracing::info!("replication: full sync {n} from the master begins");
                 } else if first {
                     repl.partial_syncs.fetch_add(1, Ordering::Relaxed);
                 }
