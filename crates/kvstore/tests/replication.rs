@@ -1285,12 +1285,21 @@ impl Rng {
     }
 }
 
-/// One random write of the chaos runs on `e`: sets (no expiry, or a few seconds), appends,
-/// deletes, touches and increments of `nkeys` keys.
+/// One random operation of the chaos runs on `e`: sets (no expiry, or a few seconds),
+/// appends, deletes, touches, increments and reads of `nkeys` keys.
 fn chaos_write(e: &LogEngine, rng: &mut Rng, nkeys: u64, now: Time) {
     let key = format!("c{}", rng.below(nkeys));
     let exp = [0, now + 2, now + 3600][rng.below(3) as usize];
-    match rng.below(10) {
+    match rng.below(14) {
+        10..=13 => {
+            // Reads, so that eviction gives items second chances (copies them forward).
+            e.get(
+                key.as_bytes(),
+                now,
+                kvstore::ReadOptions::default(),
+                &mut |_| {},
+            );
+        }
         0..=4 => {
             // Mostly small values, some of a few KB, a few large (a segment of their own).
             let len = match rng.below(100) {

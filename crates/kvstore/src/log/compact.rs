@@ -261,10 +261,9 @@ impl LogEngine {
                 self.account_remove(v, r.len, self.rec_size(r));
                 return true;
             }
-            let Some(new_v) = self.copy_verbatim(c, r, v) else {
+            if self.copy_verbatim(c, r, v, slot).is_none() {
                 return false;
-            };
-            self.relocate(slot, new_v);
+            }
             self.account_remove(v, r.len, self.rec_size(r));
             true
         });
@@ -275,13 +274,21 @@ impl LogEngine {
     }
 
     /// Write a copy of live record `r` (slot value `v`) into the compactor's segment: the
-    /// same item (CAS, stamp, flags, expiry, marks); its new slot value, access bits kept.
-    fn copy_verbatim(&self, c: &mut Compactor, r: &Rec<'_>, v: u64) -> Option<u64> {
+    /// same item (CAS, stamp, flags, expiry, marks), and point `slot` at it (access bits
+    /// kept); None when it does not fit.
+    fn copy_verbatim(
+        &self,
+        c: &mut Compactor,
+        r: &Rec<'_>,
+        v: u64,
+        slot: &AtomicU64,
+    ) -> Option<()> {
         let spec = verbatim(r);
         let need = format::encoded_len(&spec, c.dest?.base);
-        let (seg, off) = self.append_copy(&mut c.dest, &spec, need)?;
-        let fresh = index::pack(index::slot_tag(v), seg, off, 0, false);
-        Some(fresh | (v & !index::IDENT_MASK))
+        self.append_copy(&mut c.dest, &spec, need, |seg, off| {
+            let fresh = index::pack(index::slot_tag(v), seg, off, 0, false);
+            self.relocate(slot, fresh | (v & !index::IDENT_MASK));
+        })
     }
 
     /// The victim's items have all moved: retire it, wait out its readers, and keep it as

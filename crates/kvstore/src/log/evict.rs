@@ -128,9 +128,8 @@ impl LogEngine {
         let unit = self.mean_record();
         self.for_live(id, |slot, r, v| {
             if self.evict_item(slot, r, v, now, &mut notes, unit) {
-                let copied = self.copy_forward(&mut lock(&self.evictor), r, v);
-                if let Some(new_v) = copied {
-                    self.relocate(slot, new_v);
+                let copied = self.copy_forward(&mut lock(&self.evictor), r, v, slot);
+                if copied {
                     self.account_remove(v, r.len, self.rec_size(r));
                     self.st().copied_forward.fetch_add(1, Ordering::Relaxed);
                     return true;
@@ -148,9 +147,25 @@ impl LogEngine {
         self.note_evictions(notes);
     }
 
-    /// Copy a second-chance item into the evictor's segment; its new slot value (access
-    /// counter decremented), or None when there is no room without evicting.
-    pub(super) fn copy_forward(&self, ev: &mut Evictor, r: &Rec<'_>, v: u64) -> Option<u64> {
+    /// Copy a second-chance item into the evictor's segment and point its `slot` at the
+    /// copy (access counter decremented); false when there is no room without evicting.
+    pub(super) fn copy_forward(
+        &self,
+        ev: &mut Evictor,
+        r: &Rec<'_>,
+        v: u64,
+        slot: &AtomicU64,
+    ) -> bool {
+        self.try_copy_forward(ev, r, v, slot).is_some()
+    }
+
+    fn try_copy_forward(
+        &self,
+        ev: &mut Evictor,
+        r: &Rec<'_>,
+        v: u64,
+        slot: &AtomicU64,
+    ) -> Option<()> {
         let need = HDR_MAX + r.key.len() + r.value.len();
         let fits = ev.dest.is_some_and(|o| o.used + need <= o.cap);
         if !fits {
@@ -180,15 +195,16 @@ impl LogEngine {
             meta: r.meta,
             explicit_cas: r.explicit_cas,
         };
-        let (seg, off) = self.append_copy(&mut ev.dest, &spec, need)?;
-        let new_v = index::pack(
-            index::slot_tag(v),
-            seg,
-            off,
-            index::freq(v) - 1,
-            index::fetched(v),
-        ) | (v & index::WIN);
-        Some(new_v)
+        self.append_copy(&mut ev.dest, &spec, need, |seg, off| {
+            let new_v = index::pack(
+                index::slot_tag(v),
+                seg,
+                off,
+                index::freq(v) - 1,
+                index::fetched(v),
+            ) | (v & index::WIN);
+            self.relocate(slot, new_v);
+        })
     }
 
     /// A large segment reached the FIFO head: true if its item gets a second chance (it

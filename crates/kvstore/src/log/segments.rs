@@ -488,13 +488,17 @@ impl LogEngine {
 
     /// Append `spec`, a copy of a live item, to the open segment `slot` holds (the evictor's
     /// or the compactor's, under its lock), if `need` bytes (at least the record's length)
-    /// are free there; count it live. Its segment and offset.
+    /// are free there; count it live. `install` is given its segment and offset once it is
+    /// written and before it is published: the index must point at a copy before a log
+    /// reader can see it (a full sync's snapshot finds a copy published before its starting
+    /// cursor through the index only, and may have passed the old place already).
     pub(super) fn append_copy(
         &self,
         slot: &mut Option<Open>,
         spec: &Spec<'_>,
         need: usize,
-    ) -> Option<(u32, u32)> {
+        install: impl FnOnce(u32, u32),
+    ) -> Option<()> {
         let o = (*slot)?;
         let d = self.dest(&o)?;
         if need > d.room {
@@ -505,9 +509,10 @@ impl LogEngine {
         // free from `d.off`. The source record lives in a segment being evicted or
         // compacted, not in this one.
         let len = unsafe { format::write(d.ptr.as_ptr().add(d.off), spec, d.base) };
+        install(o.id, d.off as u32);
         self.advance(slot, o, len);
         self.account_add(o.id, len, self.spec_size(spec), spec.exptime);
-        Some((o.id, d.off as u32))
+        Some(())
     }
 
     /// Make sure `slot` holds an open segment with `need` free bytes.
