@@ -99,6 +99,16 @@ impl NsServer {
     }
 }
 
+/// A server's log file, opened to append (a restarted server's log follows its
+/// predecessor's).
+fn append_to(log: &std::path::Path) -> File {
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .expect("open the server's log file")
+}
+
 /// Two namespaces joined by one link, and the servers in them. Dropping it kills the servers,
 /// stops the user-space link (if any) and deletes the namespaces.
 struct Net {
@@ -311,13 +321,7 @@ impl Net {
             .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(
-                OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(&log)
-                    .expect("open the server's log file"),
-            );
+            .stderr(append_to(&log));
         let child = cmd.spawn().expect("spawn ip netns exec kvcached");
         self.servers[side.i()] = Some(NsServer { child, log });
         let deadline = Instant::now() + TIMEOUT;
@@ -363,13 +367,7 @@ impl Net {
             .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(
-                OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(&log)
-                    .expect("open the server's log file"),
-            )
+            .stderr(append_to(&log))
             .spawn()
             .expect("spawn ip netns exec kvcached");
         self.extra.retain(|(r, _)| r != role);
