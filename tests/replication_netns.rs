@@ -1268,7 +1268,7 @@ fn digest(c: &mut Client) -> (u64, String) {
     (get("digest_items").parse().unwrap_or(0), get("digest"))
 }
 
-/// The live items (`lru_crawler metadump all`) by key: their expiry, CAS and size.
+/// The live items (`lru_crawler metadump all`) by key: their expiry, CAS, size and flags.
 fn live_items(c: &mut Client) -> std::collections::BTreeMap<String, String> {
     c.send(b"lru_crawler metadump all\r\n");
     let dump = c.until("END\r\n");

@@ -129,7 +129,7 @@ impl LogEngine {
         self.for_live(id, |slot, r, v| {
             if self.evict_item(slot, r, v, now, &mut notes, unit) {
                 let copied = self.copy_forward(&mut lock(&self.evictor), r, v, slot);
-                if copied {
+                if copied.is_some() {
                     self.account_remove(v, r.len, self.rec_size(r));
                     self.st().copied_forward.fetch_add(1, Ordering::Relaxed);
                     return true;
@@ -148,18 +148,8 @@ impl LogEngine {
     }
 
     /// Copy a second-chance item into the evictor's segment and point its `slot` at the
-    /// copy (access counter decremented); false when there is no room without evicting.
+    /// copy (access counter decremented); None when there is no room without evicting.
     pub(super) fn copy_forward(
-        &self,
-        ev: &mut Evictor,
-        r: &Rec<'_>,
-        v: u64,
-        slot: &AtomicU64,
-    ) -> bool {
-        self.try_copy_forward(ev, r, v, slot).is_some()
-    }
-
-    fn try_copy_forward(
         &self,
         ev: &mut Evictor,
         r: &Rec<'_>,

@@ -1061,12 +1061,12 @@ pub(super) type Version = (u64, u64);
 /// Versions a replica remembers by key, with the number of the batch each came with.
 type Remembered = HashMap<Box<[u8]>, (Version, u64)>;
 
-/// Remember a tombstone (`key`, version `ver`) applied in batch `batch_no`, so that an
-/// older item of the key arriving later loses to it; see [`MAX_TOMBS`] for what is
-/// forgotten.
+/// Remember version `ver` of `key` (a tombstone applied, or an item removed) in batch
+/// `batch_no`, the latest so far, so that an older item of the key arriving later loses
+/// to it; see [`MAX_TOMBS`] for what is forgotten.
 fn remember_tombstone(tombs: &mut Remembered, key: &[u8], ver: Version, batch_no: u64) {
     if tombs.len() >= MAX_TOMBS && !tombs.contains_key(key) {
-        tombs.retain(|_, &mut (_, n)| n == batch_no);
+        forget_before(tombs, batch_no);
         if tombs.len() >= MAX_TOMBS {
             tombs.clear();
         }
@@ -1075,6 +1075,11 @@ fn remember_tombstone(tombs: &mut Remembered, key: &[u8], ver: Version, batch_no
     // later): the newest is what later items must beat.
     let t = tombs.entry(key.into()).or_insert((ver, batch_no));
     *t = (t.0.max(ver), batch_no);
+}
+
+/// Forget what was remembered before batch `batch_no`.
+fn forget_before(tombs: &mut Remembered, batch_no: u64) {
+    tombs.retain(|_, &mut (_, n)| n >= batch_no);
 }
 
 /// Whether segment `seq`, sealed with all its items dead or expired, must stay for a
@@ -1211,7 +1216,7 @@ impl LogEngine {
                 }
                 st.advance();
                 if flags & FLAG_COMPLETE != 0 {
-                    st.tombs.retain(|_, &mut (_, n)| n == batch_no);
+                    forget_before(&mut st.tombs, batch_no);
                     self.forget_removed(batch_no);
                 }
                 if !applied.idle {
@@ -1383,15 +1388,7 @@ impl LogEngine {
         }
         let epoch = self.repl.epoch.load(Ordering::SeqCst);
         let mut m = lock(&self.repl.removed);
-        if m.len() >= MAX_TOMBS && !m.contains_key(r.key) {
-            // As for tombstones: the oldest go first.
-            m.retain(|_, &mut (_, e)| e >= epoch);
-            if m.len() >= MAX_TOMBS {
-                m.clear();
-            }
-        }
-        let e = m.entry(r.key.into()).or_insert(((r.cas, r.stamp), epoch));
-        *e = (e.0.max((r.cas, r.stamp)), epoch);
+        remember_tombstone(&mut m, r.key, (r.cas, r.stamp), epoch);
         self.repl.removed_len.store(m.len(), Ordering::Release);
     }
 
@@ -1403,7 +1400,7 @@ impl LogEngine {
             return;
         }
         let mut m = lock(&self.repl.removed);
-        m.retain(|_, &mut (_, e)| e >= batch_no);
+        forget_before(&mut m, batch_no);
         self.repl.removed_len.store(m.len(), Ordering::Release);
     }
 

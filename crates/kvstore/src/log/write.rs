@@ -684,9 +684,9 @@ impl LogEngine {
         let cas = (*g).max(r.cas.saturating_add(1));
         *g = cas;
         let (len, size) = (r.len, self.rec_size(&r));
-        // The item leaves the index before its tombstone is published: a replica's full
-        // sync that starts after the tombstone (its snapshot range holds it, and a
-        // snapshot ships no tombstones) must not find the item still indexed.
+        // The item leaves the index before its tombstone is published (as a write enters
+        // it before its record is): a replica's full sync whose snapshot range holds the
+        // tombstone must not find the item still indexed.
         slot.store(0, Ordering::Release);
         if let (Some(o), Some(d)) = (open, dest) {
             self.append_tombstone(&mut sh, o, &d, key, (cas, 0));
