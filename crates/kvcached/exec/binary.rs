@@ -13,6 +13,7 @@ use kvstore::{
 
 use crate::exec::ops::{self, Proto};
 use crate::exec::session::{Ctx, Session, Step};
+use crate::exec::splice::{self, Splices};
 use crate::exec::stats_report;
 use crate::state::replication::Access;
 
@@ -42,11 +43,25 @@ pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
     }
     match req.command {
         Command::Get { with_key } => {
-            get(ctx, out, &req, with_key, None);
+            get(
+                ctx,
+                out,
+                splices(&mut s.spliced, s.splice_ok),
+                &req,
+                with_key,
+                None,
+            );
         }
         Command::GetAndTouch { with_key, exptime } => {
             let at = shared.clock.expiry(exptime);
-            get(ctx, out, &req, with_key, Some(at));
+            get(
+                ctx,
+                out,
+                splices(&mut s.spliced, s.splice_ok),
+                &req,
+                with_key,
+                Some(at),
+            );
         }
         Command::Touch { exptime } => {
             let at = Some(shared.clock.expiry(exptime));
@@ -159,13 +174,34 @@ pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
     Step::Next
 }
 
-fn get(ctx: &Ctx<'_>, out: &mut Vec<u8>, req: &Request<'_>, with_key: bool, touch: Option<u32>) {
+/// The session's splice queue if its replies may splice values.
+fn splices(q: &mut Splices, ok: bool) -> Option<&mut Splices> {
+    ok.then_some(q)
+}
+
+/// A get-family command; a large value is spliced into the output when `spliced` is given.
+fn get(
+    ctx: &Ctx<'_>,
+    out: &mut Vec<u8>,
+    mut spliced: Option<&mut Splices>,
+    req: &Request<'_>,
+    with_key: bool,
+    touch: Option<u32>,
+) {
     let key = if with_key { Some(req.key) } else { None };
     let now = ctx.shared.clock.now();
     let hit = ops::read(ctx, req.key, now, touch, &mut |item| {
-        bin::write_get_hit(
-            out, req.opcode, req.opaque, item.cas, item.flags, key, item.value,
-        );
+        let (op, opaque) = (req.opcode, req.opaque);
+        let lease = spliced
+            .as_deref_mut()
+            .and_then(|q| Some((splice::lease_large(true, &item)?, q)));
+        match lease {
+            Some((value, q)) => {
+                bin::write_get_hit_header(out, op, opaque, item.cas, item.flags, key, value.len());
+                q.push(out.len(), value);
+            }
+            None => bin::write_get_hit(out, op, opaque, item.cas, item.flags, key, item.value),
+        }
     });
     ctx.shared.detail.record_get(req.key, hit);
     if !hit && !req.quiet {

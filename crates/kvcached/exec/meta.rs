@@ -40,6 +40,7 @@ use kvstore::{
 use crate::exec::items::size_and_class;
 use crate::exec::ops::{self, Proto};
 use crate::exec::session::{Ctx, Session, Step};
+use crate::exec::splice::{self, Splices};
 use crate::state::replication::Access;
 
 /// Execute one meta request, appending its reply to `s.out`.
@@ -179,9 +180,10 @@ fn get(ctx: &mut Ctx<'_>, s: &mut Session, args: &MetaArgs<'_>) -> Step {
         new_cas: args.new_cas(),
         binary_key: key.is_base64(),
     };
-    let out = &mut s.out;
+    let (out, spliced) = (&mut s.out, &mut s.spliced);
+    let mut spliced = if s.splice_ok { Some(spliced) } else { None };
     let result = ops::meta_read(ctx, k, now, opts, &mut |mi: MetaItem<'_>| {
-        write_hit(out, args, &mi, now);
+        write_hit(out, spliced.as_deref_mut(), args, &mi, now);
     });
     if result == MetaGet::Miss && !args.quiet() {
         echo(MetaReply::en(&mut s.out), args, k).finish();
@@ -189,8 +191,15 @@ fn get(ctx: &mut Ctx<'_>, s: &mut Session, args: &MetaArgs<'_>) -> Step {
     Step::Next
 }
 
-/// The `mg` reply for a found or created item.
-fn write_hit(out: &mut Vec<u8>, args: &MetaArgs<'_>, mi: &MetaItem<'_>, now: Time) {
+/// The `mg` reply for a found or created item; a large value is spliced into the output
+/// when `spliced` is given.
+fn write_hit(
+    out: &mut Vec<u8>,
+    spliced: Option<&mut Splices>,
+    args: &MetaArgs<'_>,
+    mi: &MetaItem<'_>,
+    now: Time,
+) {
     let it = &mi.item;
     let value = args.value() && args.compare_cas() != Some(it.cas);
     let mut r = if value {
@@ -220,7 +229,14 @@ fn write_hit(out: &mut Vec<u8>, args: &MetaArgs<'_>, mi: &MetaItem<'_>, now: Tim
         r = r.flag(b'W');
     }
     if value {
-        r.finish_value(it.value);
+        match spliced.and_then(|q| Some((splice::lease_large(true, it)?, q))) {
+            Some((lease, q)) => {
+                let out = r.finish_before_value();
+                q.push(out.len(), lease);
+                out.extend_from_slice(b"\r\n");
+            }
+            None => r.finish_value(it.value),
+        }
     } else {
         r.finish();
     }

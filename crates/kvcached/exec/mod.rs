@@ -11,5 +11,6 @@ pub mod meta;
 pub mod ops;
 pub mod replication;
 pub mod session;
+pub mod splice;
 pub mod stats_report;
 pub mod text;

@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use crate::exec::splice::Splices;
 use crate::state::credentials::ConnAuth;
 use crate::state::shared::Shared;
 use crate::state::stats::WorkerStats;
@@ -18,9 +19,15 @@ const IDLE_KEEP: usize = 4 * 1024;
 
 /// Per-connection protocol state that request execution reads and writes.
 pub struct Session {
-    /// Replies not yet written; `out[out_pos..]` is pending.
+    /// Replies not yet written; `out[out_pos..]` is pending, with the values in `spliced`
+    /// written between its bytes.
     pub out: Vec<u8>,
     pub out_pos: usize,
+    /// Large values to write from the log rather than copies in `out` ([`Splices`]).
+    pub spliced: Splices,
+    /// Whether this connection's replies may splice values: a plain TCP or unix stream
+    /// (not TLS, which copies into its records anyway, and not UDP).
+    pub splice_ok: bool,
     /// Bytes of an oversize data block still to discard.
     pub swallow: usize,
     /// Keys of the multiget at the front of the input that were already answered.
@@ -83,6 +90,8 @@ impl Session {
         Session {
             out: Vec::new(),
             out_pos: 0,
+            spliced: Splices::default(),
+            splice_ok: false,
             swallow: 0,
             get_progress: 0,
             resume: Resume::Start,
@@ -110,9 +119,15 @@ impl Session {
         self.yield_now
     }
 
-    /// Bytes of output waiting to be written.
+    /// Bytes of output waiting to be written (spliced values included).
     pub fn pending(&self) -> usize {
-        self.out.len() - self.out_pos
+        self.out.len() - self.out_pos + self.spliced.bytes()
+    }
+
+    /// Cut the output back to `len` bytes (a reply being built is replaced by an error).
+    pub fn truncate_out(&mut self, len: usize) {
+        self.out.truncate(len);
+        self.spliced.truncate(len);
     }
 
     /// Give the output buffer back when nothing is pending and it is larger than

@@ -11,7 +11,7 @@ use kvstore::{
 
 use crate::exec::ops::{self, Proto};
 use crate::exec::session::{Ctx, Session, Step, OUTPUT_HIGH_WATER};
-use crate::exec::{items, stats_report};
+use crate::exec::{items, splice, stats_report};
 use crate::state::replication::Access;
 
 /// What `req` does to items, for replication's refusals.
@@ -394,7 +394,7 @@ impl GetFraming for Stream {
         // memcached drops the replies it built for this get and sends only the error.
         ctx.stats.response_obj_oom.incr();
         if let Some(start) = start {
-            s.out.truncate(start);
+            s.truncate_out(start);
         }
         s.get_progress = 0;
         s.out
@@ -438,11 +438,19 @@ fn get<F: GetFraming>(
             return step;
         }
         last = s.out.len();
-        let out = &mut s.out;
+        let (out, spliced) = (&mut s.out, &mut s.spliced);
+        let splice_ok = s.splice_ok;
         let hit = ops::read(ctx, key, now, touch, &mut |item| {
             if !rejected {
                 let cas = if with_cas { Some(item.cas) } else { None };
-                proto::write_value(out, item.key, item.flags, item.value, cas);
+                match splice::lease_large(splice_ok, &item) {
+                    Some(value) => {
+                        proto::write_value_header(out, item.key, item.flags, value.len(), cas);
+                        spliced.push(out.len(), value);
+                        out.extend_from_slice(b"\r\n");
+                    }
+                    None => proto::write_value(out, item.key, item.flags, item.value, cas),
+                }
             }
         });
         ctx.shared.detail.record_get(key, hit);

@@ -21,6 +21,9 @@
 //!   [`OUTPUT_HIGH_WATER`] bytes the connection stops executing requests (and so stops
 //!   reading) until the client has read enough: a client that sends without reading is held
 //!   back by TCP flow control, not by server memory. A multiget pauses between keys.
+//!   Values of 16 KiB or more are not copied into it but leased from the engine and
+//!   written from the log (`exec/splice.rs`); they count towards the high-water mark, and
+//!   what leases hold is bounded by the engine (an eighth of `-m`).
 
 use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
@@ -32,6 +35,7 @@ use kvproto::text::{self as proto, Parse};
 
 use crate::exec::binary;
 use crate::exec::session::{Ctx, Protocol, Session, Step, OUTPUT_HIGH_WATER};
+use crate::exec::splice::MAX_SLICES;
 use crate::exec::text;
 use crate::runtime::ring::RingSock;
 use crate::setup::config::ProtocolChoice;
@@ -188,6 +192,14 @@ impl Write for Stream {
             Stream::Ring(s) => s.write(buf),
         }
     }
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => s.write_vectored(bufs),
+            Stream::Unix(s) => s.write_vectored(bufs),
+            Stream::Tls(s) => s.write_vectored(bufs),
+            Stream::Ring(s) => s.write_vectored(bufs),
+        }
+    }
     /// Send what TLS still holds (a no-op for plain sockets); what the socket does not take
     /// waits for writability ([`Stream::owes`]).
     fn flush(&mut self) -> io::Result<()> {
@@ -257,6 +269,9 @@ enum Received {
 
 impl Conn {
     pub fn new(stream: Stream, info: Arc<ConnInfo>, fd: i32) -> Conn {
+        let mut session = Session::for_stream();
+        // TLS copies every byte into its records: nothing to gain from splicing values.
+        session.splice_ok = !matches!(stream, Stream::Tls(_));
         Conn {
             stream,
             fd,
@@ -264,7 +279,7 @@ impl Conn {
             input: Vec::new(),
             input_pos: 0,
             no_newline: 0,
-            session: Session::for_stream(),
+            session,
             write_interest: false,
             hangup: false,
             eof: false,
@@ -777,19 +792,27 @@ impl Conn {
         let s = &mut self.session;
         if let Stream::Ring(ring) = &mut self.stream {
             // io_uring: the output buffer itself becomes the send buffer (no copy, and no
-            // memory beyond what the output buffer was allowed to take).
-            if s.out_pos < s.out.len() {
-                if let Some(n) = ring.hand_over(&mut s.out, s.out_pos) {
+            // memory beyond what the output buffer was allowed to take), with its spliced
+            // values.
+            if s.pending() > 0 {
+                if let Some(n) = ring.hand_over(&mut s.out, s.out_pos, &mut s.spliced) {
                     stats.bytes_written.add(n as u64);
                     s.out_pos = 0;
                 }
             }
         }
-        while s.out_pos < s.out.len() {
-            match self.stream.write(&s.out[s.out_pos..]) {
+        while s.pending() > 0 {
+            let wrote = if s.spliced.is_empty() {
+                self.stream.write(&s.out[s.out_pos..])
+            } else {
+                // One writev of the buffer's bytes and the values between them.
+                let slices = s.spliced.gather(&s.out, s.out_pos, MAX_SLICES);
+                self.stream.write_vectored(&slices)
+            };
+            match wrote {
                 Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),
                 Ok(n) => {
-                    s.out_pos += n;
+                    s.out_pos = s.spliced.advance(s.out.len(), s.out_pos, n);
                     stats.bytes_written.add(n as u64);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),

@@ -24,7 +24,9 @@
 //!   stream of large requests neither crowds the shared buffers nor goes through them
 //!   4 KiB at a time.
 //! - **Sending.** A plain connection hands its output buffer over as the send buffer (the
-//!   two swap, nothing is copied); TLS writes its records into it, up to [`STAGE_MAX`].
+//!   two swap, nothing is copied), with the leased values spliced between its bytes
+//!   (`exec/splice.rs`), which then go in one `sendmsg` whose iovecs point into the buffer
+//!   and the log; TLS writes its records into it, up to [`STAGE_MAX`].
 //!   Neither is a system call. After the drive, a send of everything in it is queued. The buffer
 //!   is not touched again until the send completes, so meanwhile a write says `WouldBlock`
 //!   and the output waits in the connection's own buffer, as it waits for writability under
@@ -64,7 +66,9 @@
 //! while the server is busy: it pays where cores are spare, not on a small machine (see
 //! BENCHMARKS.md). Completions then cannot wait for the worker (`DEFER_TASKRUN`).
 //!
-//! Not done yet: zero-copy sends.
+//! Large values are sent from the log without a copy in user space (spliced, above); the
+//! kernel still copies them into the socket. Not done: `IORING_OP_SEND_ZC`, which would
+//! spare that copy on a NIC but not on loopback or veth, where the receiver copies anyway.
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
@@ -73,6 +77,8 @@ use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Duration;
 
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
+
+use crate::exec::splice::{Splices, MAX_SLICES};
 
 /// Bytes of one provided receive buffer: a request line, a pipelined batch or a small set
 /// fits; a larger request switches the connection to a receive buffer of its own.
@@ -516,21 +522,41 @@ impl Reactor {
             sock.recv_direct = sock.direct;
             sock.recv_cancelled = false;
         }
-        if !sock.send_inflight && sock.sent < sock.sending.len() && sock.err.is_none() {
+        if !sock.send_inflight && sock.unsent() && sock.err.is_none() {
             self.push_send(sock, slot)?;
         }
         Ok(())
     }
 
     fn push_send(&mut self, sock: &mut RingSock, slot: usize) -> io::Result<()> {
-        let rest = &sock.sending[sock.sent..];
-        let e = opcode::Send::new(
-            types::Fd(sock.fd.as_raw_fd()),
-            rest.as_ptr(),
-            rest.len().min(u32::MAX as usize) as u32,
-        )
-        .flags(libc::MSG_NOSIGNAL)
-        .build()
+        let e = if sock.spliced.is_empty() {
+            let rest = &sock.sending[sock.sent..];
+            opcode::Send::new(
+                types::Fd(sock.fd.as_raw_fd()),
+                rest.as_ptr(),
+                rest.len().min(u32::MAX as usize) as u32,
+            )
+            .flags(libc::MSG_NOSIGNAL)
+            .build()
+        } else {
+            // The buffer's bytes and the spliced values between them, in one sendmsg. The
+            // slices point into `sending` and the leases, which stay put until the send
+            // completes (neither is touched while `send_inflight`); the iovecs and the
+            // header are the socket's, on the heap, so they do not move either.
+            let g = &mut *sock.gather;
+            g.iov.clear();
+            for slice in sock.spliced.gather(&sock.sending, sock.sent, MAX_SLICES) {
+                g.iov.push(libc::iovec {
+                    iov_base: slice.as_ptr() as *mut libc::c_void,
+                    iov_len: slice.len(),
+                });
+            }
+            g.hdr.msg_iov = g.iov.as_mut_ptr();
+            g.hdr.msg_iovlen = g.iov.len() as _;
+            opcode::SendMsg::new(types::Fd(sock.fd.as_raw_fd()), &g.hdr)
+                .flags(libc::MSG_NOSIGNAL as u32)
+                .build()
+        }
         .user_data(user_data(OP_SEND, sock.gen, slot));
         self.push(&e)?;
         sock.send_inflight = true;
@@ -661,8 +687,10 @@ impl Reactor {
                     sock.err = Some(-c.result);
                     return true;
                 }
-                sock.sent += c.result as usize;
-                if sock.sent < sock.sending.len() {
+                sock.sent = sock
+                    .spliced
+                    .advance(sock.sending.len(), sock.sent, c.result as usize);
+                if sock.unsent() {
                     // A short send: the rest goes next turn, from the same buffer.
                     if self.push_send(sock, c.slot).is_err() {
                         sock.err = Some(libc::EIO);
@@ -730,8 +758,34 @@ pub struct RingSock {
     /// it, so it is not touched until the completion.
     sending: Vec<u8>,
     sent: usize,
+    /// Values sent from the log between the bytes of `sending` (`exec/splice.rs`).
+    spliced: Splices,
+    /// The `sendmsg` of a send with spliced values: its iovecs and header.
+    gather: Box<Gather>,
     send_inflight: bool,
 }
+
+/// A `sendmsg` header (no address, no control data) and the iovecs it points at, filled
+/// when a send with spliced values is queued.
+struct Gather {
+    iov: Vec<libc::iovec>,
+    hdr: libc::msghdr,
+}
+
+impl Default for Gather {
+    fn default() -> Gather {
+        Gather {
+            iov: Vec::new(),
+            // SAFETY: all-zero is a valid msghdr (null pointers, zero lengths).
+            hdr: unsafe { std::mem::zeroed() },
+        }
+    }
+}
+
+// SAFETY: the pointers lead into the socket's own send buffer and leases, and to these
+// iovecs, which all travel with the socket; the kernel reads them only while its send is in
+// flight.
+unsafe impl Send for Gather {}
 
 impl std::fmt::Debug for RingSock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -757,6 +811,8 @@ impl RingSock {
             recv_direct: false,
             sending: Vec::new(),
             sent: 0,
+            spliced: Splices::default(),
+            gather: Box::default(),
             send_inflight: false,
         }
     }
@@ -776,7 +832,7 @@ impl RingSock {
 
     /// Output the kernel has not taken yet.
     pub fn owes(&self) -> bool {
-        self.err.is_none() && (self.sent < self.sending.len() || self.send_inflight)
+        self.err.is_none() && (self.unsent() || self.send_inflight)
     }
 
     /// Bytes of buffer memory it holds (for `-o read_buf_mem_limit` and the gauges).
@@ -795,15 +851,28 @@ impl RingSock {
     /// Take `out[from..]` to send, by swapping buffers, when no output waits here: `out`
     /// gets back an empty buffer. Returns the bytes taken (`None`: output still waits; the
     /// caller keeps its own, as a socket that would block).
-    pub fn hand_over(&mut self, out: &mut Vec<u8>, from: usize) -> Option<usize> {
-        if self.send_inflight || self.sent < self.sending.len() || self.err.is_some() {
+    /// `spliced`, the values to send between `out`'s bytes, come along (`spliced` is left
+    /// empty).
+    pub fn hand_over(
+        &mut self,
+        out: &mut Vec<u8>,
+        from: usize,
+        spliced: &mut Splices,
+    ) -> Option<usize> {
+        if self.send_inflight || self.unsent() || self.err.is_some() {
             return None;
         }
-        let n = out.len().saturating_sub(from);
+        let n = out.len().saturating_sub(from) + spliced.bytes();
         std::mem::swap(&mut self.sending, out);
+        std::mem::swap(&mut self.spliced, spliced);
         self.sent = from.min(self.sending.len());
         out.clear();
         Some(n)
+    }
+
+    /// Output is queued here that the kernel has not taken yet.
+    fn unsent(&self) -> bool {
+        self.sent < self.sending.len() || !self.spliced.is_empty()
     }
 }
 
@@ -939,6 +1008,85 @@ mod tests {
         }
     }
 
+    /// Output with spliced values goes out as one stream, in order, through `sendmsg`, also
+    /// when the socket takes it a part at a time (a unix socket's buffer is far smaller than
+    /// the values); the leases are dropped once sent.
+    #[test]
+    fn sends_spliced_values_in_order() {
+        use kvstore::{Engine, EngineConfig, LogEngine, ReadOptions, StoreMode, StoreRequest};
+        let Some((mut r, mut sock, mut peer)) = setup() else {
+            return;
+        };
+        let e = LogEngine::new(EngineConfig {
+            max_bytes: 64 << 20,
+            max_item_size: 1 << 20,
+            no_evict: false,
+            use_cas: true,
+        });
+        let values: Vec<Vec<u8>> = (0..3u8)
+            .map(|i| {
+                (0..300_000 + i as usize * 1000)
+                    .map(|j| (j % 251) as u8 ^ i)
+                    .collect()
+            })
+            .collect();
+        let mut spliced = Splices::default();
+        let mut out = Vec::new();
+        let mut expect = Vec::new();
+        for (i, v) in values.iter().enumerate() {
+            let key = format!("k{i}");
+            e.store(
+                StoreRequest {
+                    mode: StoreMode::Set,
+                    key: key.as_bytes(),
+                    value: v,
+                    flags: 0,
+                    exptime: 0,
+                },
+                1,
+            );
+            let head = format!("VALUE {key} 0 {}\r\n", v.len());
+            out.extend_from_slice(head.as_bytes());
+            expect.extend_from_slice(head.as_bytes());
+            e.get(key.as_bytes(), 1, ReadOptions::default(), &mut |item| {
+                spliced.push(out.len(), item.lease().expect("leasable"));
+            });
+            out.extend_from_slice(b"\r\n");
+            expect.extend_from_slice(v);
+            expect.extend_from_slice(b"\r\n");
+        }
+        out.extend_from_slice(b"END\r\n");
+        expect.extend_from_slice(b"END\r\n");
+        assert_eq!(
+            e.stats_detail("slabs")
+                .iter()
+                .find(|(k, _)| k == "leased_bytes")
+                .map(|(_, v)| v != "0"),
+            Some(true)
+        );
+        let n = expect.len();
+        assert_eq!(sock.hand_over(&mut out, 0, &mut spliced), Some(n));
+        assert!(spliced.is_empty() && out.is_empty());
+        let reader = std::thread::spawn(move || {
+            let mut got = vec![0u8; n];
+            peer.read_exact(&mut got).map(|_| got)
+        });
+        r.arm(&mut sock, 3).unwrap();
+        let mut sends = 0;
+        while sock.owes() {
+            until(&mut r, &mut sock, |c| c.op == Op::Send);
+            sends += 1;
+        }
+        let got = reader.join().unwrap().unwrap();
+        assert!(got == expect, "the stream differs");
+        assert!(sends > 1, "one send took it all: no short send was tested");
+        let leased = e
+            .stats_detail("slabs")
+            .into_iter()
+            .find(|(k, _)| k == "leased_bytes");
+        assert_eq!(leased.map(|(_, v)| v), Some("0".to_string()));
+    }
+
     /// The same with a kernel thread polling the submission queue (`-o io_sqpoll`), where
     /// the kernel allows one; and with a full submission queue, which then waits for the
     /// thread to take entries rather than submitting them itself.
@@ -975,7 +1123,10 @@ mod tests {
 
         // A reply handed over is sent by the next turn; meanwhile writes wait.
         let mut out = b"VALUE a 0 1\r\nx\r\nEND\r\n".to_vec();
-        assert_eq!(sock.hand_over(&mut out, 0), Some(21));
+        assert_eq!(
+            sock.hand_over(&mut out, 0, &mut Splices::default()),
+            Some(21)
+        );
         assert!(out.is_empty());
         assert!(sock.owes());
         r.arm(&mut sock, 3).unwrap();
@@ -983,7 +1134,10 @@ mod tests {
             sock.write(b"more").unwrap_err().kind(),
             io::ErrorKind::WouldBlock
         );
-        assert_eq!(sock.hand_over(&mut b"more".to_vec(), 0), None);
+        assert_eq!(
+            sock.hand_over(&mut b"more".to_vec(), 0, &mut Splices::default()),
+            None
+        );
         until(&mut r, &mut sock, |c| c.op == Op::Send);
         assert!(!sock.owes());
         let mut got = [0u8; 21];
@@ -1136,7 +1290,9 @@ mod tests {
         // read, larger than the socket buffers take.
         r.arm(&mut sock, 3).unwrap();
         let mut out = vec![b'x'; 8 << 20];
-        assert!(sock.hand_over(&mut out, 0).is_some());
+        assert!(sock
+            .hand_over(&mut out, 0, &mut Splices::default())
+            .is_some());
         r.arm(&mut sock, 3).unwrap();
         // Let the send go as far as it can (short sends go on from where they stopped).
         for _ in 0..10 {
@@ -1192,7 +1348,9 @@ mod tests {
         };
         drop(peer);
         let mut out = b"END\r\n".to_vec();
-        assert!(sock.hand_over(&mut out, 0).is_some());
+        assert!(sock
+            .hand_over(&mut out, 0, &mut Splices::default())
+            .is_some());
         r.arm(&mut sock, 3).unwrap();
         until(&mut r, &mut sock, |c| c.op == Op::Send);
         assert!(sock.failed());

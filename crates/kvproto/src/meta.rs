@@ -957,6 +957,13 @@ impl<'o> MetaReply<'o> {
         self.out.extend_from_slice(b"\r\n");
     }
 
+    /// Ends the line before a data block that the caller writes itself, followed by
+    /// `\r\n` (after [`va`](Self::va)): the output to write it to.
+    pub fn finish_before_value(self) -> &'o mut Vec<u8> {
+        self.out.extend_from_slice(b"\r\n");
+        self.out
+    }
+
     /// Ends the line and appends the data block and its `\r\n` (after [`va`](Self::va)).
     pub fn finish_value(self, data: &[u8]) {
         self.out.reserve(data.len() + 4);

@@ -14,6 +14,7 @@ mod log;
 pub mod model;
 mod number;
 
+pub use log::lease::{LeaseSite, ValueLease};
 pub use log::repl::{
     join_snapshot_frames, split_snapshot_frames, Applied, Digest, ReplError, ReplicaState, Served,
     SnapshotError, SnapshotInfo, SnapshotSettings, SNAPSHOT_VERSION, WHY_CURSOR, WHY_FRESH,
@@ -62,6 +63,19 @@ pub struct ItemView<'a> {
     /// Absolute expiry time, 0 for never.
     pub exptime: Time,
     pub cas: u64,
+    /// Where the value lives, if it can be leased ([`ItemView::lease`]).
+    pub site: Option<LeaseSite<'a>>,
+}
+
+impl ItemView<'_> {
+    /// Hold the value past the callback, without copying it: its bytes stay readable and
+    /// unchanged until the lease is dropped, whatever happens to the item meanwhile (a
+    /// server sends a large value from the cache's memory this way). `None` when this view
+    /// cannot be leased (the reference model, a write's view) or the memory leases may
+    /// hold is taken (at most an eighth of the limit): copy the value instead.
+    pub fn lease(&self) -> Option<ValueLease> {
+        self.site.as_ref()?.lease(self.value)
+    }
 }
 
 /// How a store request treats an existing item.

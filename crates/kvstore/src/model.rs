@@ -253,6 +253,7 @@ impl Engine for Model {
             flags: it.flags,
             exptime: it.exptime,
             cas: self.cas(it),
+            site: None,
         });
         true
     }
@@ -303,6 +304,7 @@ impl Engine for Model {
                     flags: it.flags,
                     exptime: it.exptime,
                     cas: self.cas(it),
+                    site: None,
                 },
                 exptime_before,
                 last_access,
@@ -339,6 +341,7 @@ impl Engine for Model {
                 flags: 0,
                 exptime,
                 cas: self.cas(&it),
+                site: None,
             },
             exptime_before: 0,
             last_access: now,

@@ -33,7 +33,7 @@ impl Engine for LogEngine {
                         );
                     }
                     self.index.set_atime(slot, now);
-                    found(self.view(key, &r));
+                    found(self.view_leasable(key, &r, v));
                     return true;
                 }
                 vis => (v, vis),
@@ -152,6 +152,7 @@ impl Engine for LogEngine {
                     "index_overflow_buckets_used",
                     self.index.overflow_used() as u64,
                 );
+                put("leased_bytes", self.leased_bytes() as u64);
                 put(
                     "total_malloced",
                     self.allocated.load(Ordering::Relaxed) as u64,

@@ -71,7 +71,7 @@ impl LogEngine {
                         self.index.set_atime(slot, now);
                     }
                     found(MetaItem {
-                        item: self.view(key, &r),
+                        item: self.view_leasable(key, &r, v),
                         exptime_before: r.exptime,
                         last_access,
                         fetched: index::fetched(v),

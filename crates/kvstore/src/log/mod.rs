@@ -155,6 +155,7 @@ mod evict;
 mod format;
 mod grow;
 mod index;
+pub(crate) mod lease;
 mod mem;
 mod meta;
 pub mod repl;
@@ -172,7 +173,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{
     AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
 };
-use std::sync::{Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard};
 
 use crate::{
     DebugItem, Engine, EngineConfig, EngineStats, ItemView, MetaArith, MetaArithResult, MetaDelete,
@@ -412,8 +413,11 @@ pub struct LogEngine {
     cas: cas::CasClock,
     seg_seq: AtomicU64,
     max_bytes: AtomicUsize,
-    /// Bytes of segment memory mapped.
-    allocated: AtomicUsize,
+    /// Bytes of segment memory mapped (shared with lease blocks, whose detached mappings
+    /// stay counted until their last holder unmaps them).
+    allocated: Arc<AtomicUsize>,
+    /// Bytes of segments that leases hold (`lease.rs`).
+    leased: Arc<AtomicUsize>,
     /// Highest `now` seen (eviction's idea of the time).
     clock: AtomicU32,
     flush_deadline: AtomicU32,
@@ -512,7 +516,8 @@ impl LogEngine {
             cas: cas::CasClock::new(),
             seg_seq: AtomicU64::new(1),
             max_bytes: AtomicUsize::new(max_bytes),
-            allocated: AtomicUsize::new(0),
+            allocated: Arc::new(AtomicUsize::new(0)),
+            leased: Arc::new(AtomicUsize::new(0)),
             clock: AtomicU32::new(0),
             flush_deadline: AtomicU32::new(0),
             flush_mark: AtomicU64::new(0),
@@ -944,6 +949,19 @@ impl LogEngine {
             flags: r.flags,
             exptime: r.exptime,
             cas: self.rec_cas(r),
+            site: None,
+        }
+    }
+
+    /// [`LogEngine::view`] of the record slot value `v` points at, which the caller may
+    /// lease ([`ItemView::lease`]): only under the pin taken before `v` was loaded.
+    fn view_leasable<'a>(&'a self, key: &'a [u8], r: &Rec<'a>, v: u64) -> ItemView<'a> {
+        ItemView {
+            site: self
+                .segs
+                .get(index::slot_seg(v))
+                .map(|seg| lease::LeaseSite { engine: self, seg }),
+            ..self.view(key, r)
         }
     }
 

@@ -23,6 +23,8 @@ pub(super) struct SegMem {
     pub(super) seq: AtomicU64,
     /// Sealed: `used` is final (release-stored before this flag).
     pub(super) sealed: AtomicBool,
+    /// The lease block of this mapping, once a value in it was leased (`lease.rs`).
+    pub(super) lease: AtomicPtr<super::lease::Block>,
 }
 
 #[derive(Default)]
@@ -246,6 +248,8 @@ impl LogEngine {
     /// may hold a pin from before its last slot was unlinked (or it was never visible).
     pub(super) fn release(&self, p: &mut Pool, id: u32) {
         if let Some(seg) = self.segs.get(id) {
+            // Leased: the mapping goes with its holders (and stays counted until then).
+            self.detach_leases(seg);
             let ptr = seg.mem.0.ptr.swap(std::ptr::null_mut(), Ordering::AcqRel);
             let cap = seg.mem.0.cap.swap(0, Ordering::Relaxed);
             seg.mem.0.file.store(false, Ordering::Relaxed);
@@ -397,7 +401,10 @@ impl LogEngine {
     /// of the one they come from, so they take exactly the bytes they took there).
     pub(super) fn open_segment_at(&self, id: u32, base: Option<u64>) -> Option<Open> {
         let seg = self.segs.get(id)?;
-        if seg.mem.0.file.load(Ordering::Relaxed)
+        // A leased mapping stays with its holders; the segment gets a fresh one.
+        let leased = self.detach_leases(seg);
+        if leased
+            || seg.mem.0.file.load(Ordering::Relaxed)
             || seg.mem.0.cap.load(Ordering::Relaxed) != self.seg_size
         {
             self.remap(seg)?;

@@ -1,0 +1,415 @@
+//! Leases: a reader's hold on a value's bytes past its lookup, so that a server can send a
+//! large value straight from the log (the socket reads the segment) instead of copying it
+//! into an output buffer first (memcached sends from the item, holding a reference, too).
+//!
+//! A pin keeps a segment's memory only while it is held, and a reply may take a while to
+//! leave (a slow client). So a segment that was leased gets a *lease block* (created by
+//! the first lease, found through [`SegMem::lease`]): a count of holders and the mapping's
+//! address. The engine frees a segment's memory only after the pin barrier that follows
+//! its last unlink, and it *detaches* the block there first ([`LogEngine::detach_leases`]):
+//! - no holder: the block goes, and the memory is reused or unmapped as before;
+//! - holders: the mapping becomes the block's. The segment is reused with a fresh mapping
+//!   (or left without one), and the last holder to let go unmaps the old one. Its bytes
+//!   stay counted as allocated until then, so the memory limit holds them too.
+//!
+//! No lease can start after the detach: a lease is taken under a pin, on a record reached
+//! through a slot, and the segment had no slot left before the barrier that came first.
+//! The block's state is one word (holders × 2, plus `DETACHED`), so exactly one of "the
+//! detach" and "the last release" sees the other and frees the block.
+//!
+//! Leased memory is bounded: a lease that would make a segment leased while the leased
+//! segments already take [`LEASE_SHARE`] of the memory limit is refused (the caller copies
+//! instead), so clients that stop reading can hold at most that share of the cache.
+
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use super::segments::Seg;
+use super::{mem, LogEngine};
+
+/// At most `1 / LEASE_SHARE` of the memory limit may be held by leases (whole segments).
+pub(super) const LEASE_SHARE: usize = 8;
+
+const DETACHED: usize = 1;
+const HOLDER: usize = 2;
+
+/// A leased segment's mapping and who holds it.
+pub(super) struct Block {
+    state: AtomicUsize,
+    ptr: NonNull<u8>,
+    cap: usize,
+    /// The engine's bytes of mapped segment memory (a detached mapping stays counted in it
+    /// until its last holder unmaps it) and of leased segments.
+    allocated: Arc<AtomicUsize>,
+    leased: Arc<AtomicUsize>,
+}
+
+/// A held value: its bytes stay readable and unchanged until the lease is dropped. Cheap to
+/// keep (two words and a pointer), `Send`, and independent of the engine's lifetime.
+pub struct ValueLease {
+    block: NonNull<Block>,
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the bytes a lease names are never written while it lives (published records are
+// immutable and the mapping is not reused before every holder let go), and the block is
+// only touched through atomics (and freed by exactly one party, see the module comment).
+unsafe impl Send for ValueLease {}
+// SAFETY: as above; a shared lease only reads.
+unsafe impl Sync for ValueLease {}
+
+impl ValueLease {
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr .. ptr + len` lies in the block's mapping (checked when the lease
+        // was made), which stays mapped and unmodified while this lease holds the block.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl std::ops::Deref for ValueLease {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.as_slice()
+    }
+}
+
+impl std::fmt::Debug for ValueLease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ValueLease")
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl Drop for ValueLease {
+    fn drop(&mut self) {
+        // SAFETY: this lease counts as a holder, so the block is alive until the update
+        // below, and whoever takes the count to zero after the detach frees it.
+        let b = unsafe { self.block.as_ref() };
+        let prev = b.state.fetch_sub(HOLDER, Ordering::AcqRel);
+        if prev >> 1 == 1 {
+            b.leased.fetch_sub(b.cap, Ordering::Relaxed);
+            if prev & DETACHED != 0 {
+                // The last holder of a detached block: the mapping and the block are ours.
+                b.allocated.fetch_sub(b.cap, Ordering::Relaxed);
+                // SAFETY: the engine gave the mapping (`cap` bytes from `mem::map` or
+                // `mem::map_file`) to the block at the detach and no lease is left.
+                unsafe {
+                    mem::unmap(b.ptr, b.cap);
+                    drop(Box::from_raw(self.block.as_ptr()));
+                }
+            }
+        }
+    }
+}
+
+/// Where an item's value lives, for [`crate::ItemView::lease`]: the engine and the segment
+/// that holds the record.
+#[derive(Clone, Copy)]
+pub struct LeaseSite<'a> {
+    pub(super) engine: &'a LogEngine,
+    pub(super) seg: &'a Seg,
+}
+
+impl std::fmt::Debug for LeaseSite<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LeaseSite")
+    }
+}
+
+impl PartialEq for LeaseSite<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self.seg, other.seg)
+    }
+}
+
+impl Eq for LeaseSite<'_> {}
+
+impl LeaseSite<'_> {
+    /// Hold `value` (bytes of the record this site was made for) past the lookup. `None`
+    /// when the leased memory is at its bound or `value` is not in the segment: the
+    /// caller copies it instead.
+    ///
+    /// Must be called while the lookup's pin is held: the callback of a read is.
+    pub(crate) fn lease(&self, value: &[u8]) -> Option<ValueLease> {
+        let e = self.engine;
+        let mem = &self.seg.mem.0;
+        let ptr = NonNull::new(mem.ptr.load(Ordering::Acquire))?;
+        let cap = mem.cap.load(Ordering::Relaxed);
+        let start = (value.as_ptr() as usize).checked_sub(ptr.as_ptr() as usize)?;
+        if start.checked_add(value.len())? > cap {
+            return None;
+        }
+        let limit = e.max_bytes.load(Ordering::Relaxed) / LEASE_SHARE;
+        let mut block = mem.lease.load(Ordering::Acquire);
+        if block.is_null() {
+            let fresh = Box::into_raw(Box::new(Block {
+                state: AtomicUsize::new(0),
+                ptr,
+                cap,
+                allocated: Arc::clone(&e.allocated),
+                leased: Arc::clone(&e.leased),
+            }));
+            block = match mem.lease.compare_exchange(
+                std::ptr::null_mut(),
+                fresh,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => fresh,
+                Err(theirs) => {
+                    // SAFETY: ours, never shared.
+                    drop(unsafe { Box::from_raw(fresh) });
+                    theirs
+                }
+            };
+        }
+        // SAFETY: a block stays while it is the segment's (it is detached and freed only
+        // after the barrier that waits for our pin).
+        let b = unsafe { &*block };
+        if b.state.load(Ordering::Relaxed) < HOLDER
+            && e.leased.load(Ordering::Relaxed).saturating_add(cap) > limit
+        {
+            return None;
+        }
+        if b.state.fetch_add(HOLDER, Ordering::AcqRel) >> 1 == 0 {
+            e.leased.fetch_add(cap, Ordering::Relaxed);
+        }
+        Some(ValueLease {
+            block: NonNull::new(block)?,
+            // SAFETY: in bounds, checked above.
+            ptr: unsafe { NonNull::new_unchecked(ptr.as_ptr().add(start)) },
+            len: value.len(),
+        })
+    }
+}
+
+impl LogEngine {
+    /// A segment no reader can reach any more (after the barrier that followed its last
+    /// unlink) is about to be reused or unmapped: end its lease block. True if holders
+    /// still read its memory: the mapping is theirs now (they unmap it, and it stays
+    /// counted as allocated until they do), and the segment is left without one.
+    pub(super) fn detach_leases(&self, seg: &Seg) -> bool {
+        let block = seg.mem.0.lease.swap(std::ptr::null_mut(), Ordering::AcqRel);
+        let Some(block) = NonNull::new(block) else {
+            return false;
+        };
+        // SAFETY: the block is alive until it is detached and its holders are gone.
+        let prev = unsafe { block.as_ref() }
+            .state
+            .fetch_or(DETACHED, Ordering::AcqRel);
+        if prev >> 1 == 0 {
+            // No holder, and none can come (see the module comment).
+            // SAFETY: nobody else refers to it.
+            drop(unsafe { Box::from_raw(block.as_ptr()) });
+            return false;
+        }
+        seg.mem.0.ptr.store(std::ptr::null_mut(), Ordering::Release);
+        seg.mem.0.cap.store(0, Ordering::Relaxed);
+        seg.mem.0.used.store(0, Ordering::Relaxed);
+        true
+    }
+
+    /// Bytes of segments that leases hold (`stats slabs`: `leased_bytes`).
+    pub(super) fn leased_bytes(&self) -> usize {
+        self.leased.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Engine, EngineConfig, ReadOptions, StoreMode, StoreRequest, StoreResult};
+
+    fn engine(max_bytes: usize) -> LogEngine {
+        LogEngine::new(EngineConfig {
+            max_bytes,
+            max_item_size: 1 << 20,
+            no_evict: false,
+            use_cas: true,
+        })
+    }
+
+    fn set(e: &LogEngine, key: &[u8], value: &[u8]) {
+        let r = e.store(
+            StoreRequest {
+                mode: StoreMode::Set,
+                key,
+                value,
+                flags: 0,
+                exptime: 0,
+            },
+            1,
+        );
+        assert!(matches!(r, StoreResult::Stored(_)), "{r:?}");
+    }
+
+    fn lease(e: &LogEngine, key: &[u8]) -> Option<ValueLease> {
+        let mut held = None;
+        e.get(key, 1, ReadOptions::default(), &mut |v| held = v.lease());
+        held
+    }
+
+    /// A value whose bytes say which key and version wrote it.
+    fn value(key: u32, version: u32, len: usize) -> Vec<u8> {
+        let mut v = vec![(key ^ version) as u8; len];
+        v[..4].copy_from_slice(&key.to_le_bytes());
+        v[4..8].copy_from_slice(&version.to_le_bytes());
+        v
+    }
+
+    #[test]
+    fn a_leased_value_outlives_overwrite_eviction_and_reuse() {
+        let e = engine(16 << 20);
+        let len = e.segment_size() / 4;
+        let first = value(0, 0, len);
+        set(&e, b"k", &first);
+        let held = lease(&e, b"k").expect("leased");
+        assert_eq!(held.len(), len);
+        assert_eq!(e.leased_bytes(), e.segment_size());
+        // Overwrite it, then write ten times the memory: every segment of the start is
+        // evicted and reused (or unmapped) meanwhile.
+        set(&e, b"k", &value(0, 1, len));
+        for i in 1..(10 * (16 << 20) / len) as u32 {
+            set(&e, format!("other{i}").as_bytes(), &value(i, 0, len));
+        }
+        assert!(held[..] == first[..], "the leased bytes changed");
+        // The detached mapping is still counted; dropping the lease unmaps it.
+        let before = e.allocated.load(Ordering::Relaxed);
+        drop(held);
+        assert_eq!(e.leased_bytes(), 0);
+        assert_eq!(
+            e.allocated.load(Ordering::Relaxed),
+            before - e.segment_size()
+        );
+        assert!(e.allocated.load(Ordering::Relaxed) <= e.budget());
+    }
+
+    #[test]
+    fn leases_of_an_unchanged_segment_share_its_block() {
+        let e = engine(16 << 20);
+        set(&e, b"a", &value(1, 0, 1000));
+        set(&e, b"b", &value(2, 0, 1000));
+        let a = lease(&e, b"a").expect("leased");
+        let b = lease(&e, b"b").expect("leased");
+        let a2 = lease(&e, b"a").expect("leased");
+        assert_eq!(e.leased_bytes(), e.segment_size());
+        assert_eq!(&a[..], &value(1, 0, 1000)[..]);
+        assert_eq!(&b[..], &value(2, 0, 1000)[..]);
+        drop((a, b));
+        assert_eq!(e.leased_bytes(), e.segment_size());
+        drop(a2);
+        assert_eq!(e.leased_bytes(), 0);
+        // Not detached: the segment is still in use, with its memory.
+        let again = lease(&e, b"a").expect("leased");
+        assert_eq!(&again[..], &value(1, 0, 1000)[..]);
+    }
+
+    #[test]
+    fn leases_take_at_most_their_share_of_memory() {
+        let max = 16 << 20;
+        let e = engine(max);
+        let seg = e.segment_size();
+        // Each value more than half a segment: one per segment.
+        let n = max / LEASE_SHARE / seg;
+        assert!(n >= 1);
+        for i in 0..=n as u32 {
+            set(&e, format!("k{i}").as_bytes(), &value(i, 0, seg / 2 + 1));
+        }
+        let mut held: Vec<_> = (0..n)
+            .map(|i| lease(&e, format!("k{i}").as_bytes()).expect("within the share"))
+            .collect();
+        assert_eq!(e.leased_bytes(), n * seg);
+        let last = format!("k{n}");
+        assert!(lease(&e, last.as_bytes()).is_none(), "over the share");
+        // A segment already leased takes more leases.
+        assert!(lease(&e, b"k0").is_some());
+        held.pop();
+        assert!(lease(&e, last.as_bytes()).is_some());
+    }
+
+    #[test]
+    fn views_without_a_site_do_not_lease() {
+        let m = crate::model::Model::new(EngineConfig {
+            max_bytes: 1 << 20,
+            max_item_size: 1 << 20,
+            no_evict: false,
+            use_cas: true,
+        });
+        let _ = m.store(
+            StoreRequest {
+                mode: StoreMode::Set,
+                key: b"k",
+                value: b"v",
+                flags: 0,
+                exptime: 0,
+            },
+            1,
+        );
+        let mut leased = None;
+        assert!(m.get(b"k", 1, ReadOptions::default(), &mut |v| {
+            leased = Some(v.lease().is_some())
+        }));
+        assert_eq!(leased, Some(false));
+    }
+
+    /// Readers lease values and check them after a delay while writers overwrite, evict
+    /// and reuse every segment: no leased byte ever changes.
+    #[test]
+    fn concurrent_leases_never_see_reused_memory() {
+        let e = engine(8 << 20);
+        let len = e.segment_size() / 8;
+        let keys = 64u32;
+        for k in 0..keys {
+            set(&e, &k.to_le_bytes(), &value(k, 0, len));
+        }
+        let rounds = 300u32;
+        std::thread::scope(|s| {
+            for w in 0..2u32 {
+                let e = &e;
+                s.spawn(move || {
+                    for r in 1..=rounds {
+                        for k in (w..keys).step_by(2) {
+                            set(e, &k.to_le_bytes(), &value(k, r, len));
+                        }
+                    }
+                });
+            }
+            for t in 0..2u32 {
+                let e = &e;
+                s.spawn(move || {
+                    let mut held: std::collections::VecDeque<(u32, ValueLease)> =
+                        Default::default();
+                    let mut leased = 0;
+                    for i in 0..20_000u32 {
+                        let k = (i * 7 + t) % keys;
+                        if let Some(l) = lease(e, &k.to_le_bytes()) {
+                            leased += 1;
+                            held.push_back((k, l));
+                        }
+                        if held.len() > 8 {
+                            let (k, l) = held.pop_front().expect("held");
+                            let version = u32::from_le_bytes(l[4..8].try_into().expect("4"));
+                            assert!(
+                                l[..] == value(k, version, len)[..],
+                                "key {k}: leased bytes changed"
+                            );
+                        }
+                    }
+                    assert!(leased > 0);
+                });
+            }
+        });
+        assert_eq!(e.leased_bytes(), 0);
+    }
+}

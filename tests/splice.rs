@@ -1,0 +1,244 @@
+//! Large values sent from the log (crates/kvcached/exec/splice.rs, crates/kvstore/src/log/lease.rs):
+//! a value of 16 KiB or more is not copied into the connection's output but leased from the
+//! engine and written with the reply's other bytes in one vectored write. These tests run
+//! the real server with clients that read slowly, leave in the middle of a value, or do not
+//! read at all, while the leased items are overwritten and their segments evicted and reused.
+
+mod common;
+
+use common::{Client, Server};
+use std::io::{BufRead, Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+const KEYS: usize = 24;
+const TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Key `k`'s value at version `ver`: `"<k>:<ver>:"`, then one byte that depends on both.
+fn body(k: usize, ver: usize) -> Vec<u8> {
+    let len = 16 * 1024 + k * 4099;
+    let mut v = format!("{k}:{ver}:").into_bytes();
+    v.resize(len, b'a' + ((k * 7 + ver) % 26) as u8);
+    v
+}
+
+/// Check a value read back: it must be exactly some version of key `k`.
+fn check(k: usize, value: &[u8]) {
+    let text = String::from_utf8_lossy(&value[..value.len().min(24)]).into_owned();
+    let mut parts = text.splitn(3, ':');
+    let (Some(got_k), Some(ver)) = (parts.next(), parts.next()) else {
+        panic!("key {k}: no version prefix in {text:?}");
+    };
+    assert_eq!(got_k, k.to_string(), "key {k}: value of another key");
+    let ver: usize = ver
+        .parse()
+        .unwrap_or_else(|_| panic!("key {k}: bad prefix {text:?}"));
+    assert!(value == body(k, ver), "key {k} version {ver}: bytes differ");
+}
+
+fn set(c: &mut Client, key: &str, value: &[u8]) {
+    c.send(format!("set {key} 0 0 {}\r\n", value.len()).as_bytes());
+    c.send(value);
+    c.send(b"\r\n");
+    assert_eq!(c.line(), "STORED\r\n");
+}
+
+fn stat_slabs(c: &mut Client, name: &str) -> u64 {
+    c.stats("slabs")
+        .into_iter()
+        .find(|(k, _)| k == name)
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in stats slabs"))
+}
+
+/// Poll `stats slabs` until `ok(leased_bytes)`, up to TIMEOUT; the last value seen.
+fn wait_leased(c: &mut Client, ok: impl Fn(u64) -> bool) -> u64 {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let v = stat_slabs(c, "leased_bytes");
+        if ok(v) || Instant::now() >= deadline {
+            return v;
+        }
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn large_values_arrive_intact_while_overwritten_and_evicted() {
+    let server = Server::kvcached(&["-m", "16"]);
+    let mut w = server.connect();
+    for k in 0..KEYS {
+        set(&mut w, &format!("k{k}"), &body(k, 0));
+    }
+    let keys: Vec<String> = (0..KEYS).map(|k| format!("k{k}")).collect();
+    let get_line = format!("get {}\r\n", keys.join(" "));
+    let mut mon = server.connect();
+    let filler = vec![b'f'; 100 * 1024];
+    let mut r = server.connect();
+    let mut hits = 0;
+    for ver in 1..=4 {
+        // The reader asks for every value many times over and reads nothing yet: the
+        // server's output stops with values leased in it.
+        let rounds = 12;
+        for round in 0..rounds {
+            r.send(get_line.as_bytes());
+            for k in (round % 3..KEYS).step_by(3) {
+                r.send(format!("mg k{k} v k\r\n").as_bytes());
+            }
+        }
+        assert!(wait_leased(&mut mon, |v| v > 0) > 0, "nothing leased");
+        // Meanwhile ten times the memory goes through the cache (the segments the values
+        // were leased from are evicted and reused), and every key is written again.
+        for j in 0..(10 * 16 * 1024 / 100) {
+            set(&mut w, &format!("fill{ver}_{j}"), &filler);
+        }
+        for k in 0..KEYS {
+            set(&mut w, &format!("k{k}"), &body(k, ver));
+        }
+        // Now read it all, slowly: every value is one version of its key, whole.
+        for round in 0..rounds {
+            loop {
+                let line = r.line();
+                if line == "END\r\n" {
+                    break;
+                }
+                let f: Vec<&str> = line.split_whitespace().collect();
+                assert_eq!(f.first(), Some(&"VALUE"), "{line:?}");
+                let k: usize = f[1][1..].parse().expect("key");
+                let len: usize = f[3].parse().expect("length");
+                let v = slow_exact(&mut r, len + 2);
+                assert_eq!(&v[len..], b"\r\n");
+                check(k, &v[..len]);
+                hits += 1;
+            }
+            for _ in (round % 3..KEYS).step_by(3) {
+                let line = r.line();
+                if line.starts_with("EN") {
+                    continue; // evicted meanwhile
+                }
+                let f: Vec<&str> = line.split_whitespace().collect();
+                assert_eq!(f.first(), Some(&"VA"), "{line:?}");
+                let len: usize = f[1].parse().expect("length");
+                let k: usize = f[2][2..].parse().expect("key");
+                let v = slow_exact(&mut r, len + 2);
+                assert_eq!(&v[len..], b"\r\n");
+                check(k, &v[..len]);
+                hits += 1;
+            }
+        }
+    }
+    assert!(hits > 0);
+    assert_eq!(wait_leased(&mut mon, |v| v == 0), 0, "leases left behind");
+}
+
+/// Read `n` bytes a little at a time (a slow client: the server's write stops part way
+/// through values).
+fn slow_exact(c: &mut Client, n: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        let buf = c.reader.fill_buf().expect("read");
+        assert!(!buf.is_empty(), "closed after {} of {n} bytes", out.len());
+        let take = buf.len().min(n - out.len()).min(1500);
+        out.extend_from_slice(&buf[..take]);
+        c.reader.consume(take);
+    }
+    out
+}
+
+#[test]
+fn a_client_that_leaves_mid_value_releases_its_leases() {
+    let server = Server::kvcached(&["-m", "64"]);
+    let mut w = server.connect();
+    for k in 0..KEYS {
+        set(&mut w, &format!("k{k}"), &body(k, 0));
+    }
+    let keys: Vec<String> = (0..KEYS).map(|k| format!("k{k}")).collect();
+    let get_line = format!("get {}\r\n", keys.join(" "));
+    let mut mon = server.connect();
+    for how in ["close", "reset", "shutdown"] {
+        let mut c = TcpStream::connect(server.addr()).expect("connect");
+        c.set_read_timeout(Some(TIMEOUT)).expect("timeout");
+        // Far more than the socket buffers take: the server stops with values leased.
+        for _ in 0..40 {
+            c.write_all(get_line.as_bytes()).expect("send");
+        }
+        let held = wait_leased(&mut mon, |v| v > 0);
+        assert!(
+            held > 0,
+            "{how}: nothing leased while the client does not read"
+        );
+        let mut part = vec![0; 20_000];
+        c.read_exact(&mut part).expect("read a part");
+        match how {
+            "reset" => {
+                socket2::SockRef::from(&c)
+                    .set_linger(Some(Duration::ZERO))
+                    .expect("SO_LINGER 0");
+                drop(c);
+            }
+            "shutdown" => {
+                c.shutdown(std::net::Shutdown::Both).expect("shutdown");
+                drop(c);
+            }
+            _ => drop(c),
+        }
+        assert_eq!(wait_leased(&mut mon, |v| v == 0), 0, "{how}: leases kept");
+    }
+    // The data and the server are fine.
+    let mut c = server.connect();
+    c.send(b"get k3\r\n");
+    let line = c.line();
+    let len: usize = line
+        .split_whitespace()
+        .nth(3)
+        .and_then(|l| l.parse().ok())
+        .expect("a hit");
+    let v = c.exact(len + 2);
+    check(3, &v[..len]);
+    assert_eq!(c.line(), "END\r\n");
+}
+
+#[test]
+fn clients_that_do_not_read_hold_at_most_an_eighth_of_memory() {
+    let server = Server::kvcached(&["-m", "64"]);
+    let mut w = server.connect();
+    // 96 values of 16-110 KiB: about 6 MiB, in several segments.
+    for k in 0..96 {
+        set(&mut w, &format!("k{k}"), &body(k % KEYS, k));
+    }
+    let mut stalled = Vec::new();
+    for c in 0..16 {
+        let mut s = TcpStream::connect(server.addr()).expect("connect");
+        // Each asks for the values in another order and never reads.
+        let keys: Vec<String> = (0..96)
+            .map(|k| format!("k{}", (k * 5 + c * 11) % 96))
+            .collect();
+        let line = format!("get {}\r\n", keys.join(" "));
+        for _ in 0..8 {
+            s.write_all(line.as_bytes()).expect("send");
+        }
+        stalled.push(s);
+    }
+    let mut mon = server.connect();
+    let held = wait_leased(&mut mon, |v| v > 0);
+    let segment = stat_slabs(&mut mon, "segment_size");
+    let threads: u64 = mon
+        .stat("threads")
+        .and_then(|t| t.parse().ok())
+        .expect("threads");
+    // The bound is checked before a segment's first lease, so each worker may pass it by
+    // one segment.
+    let bound = (64 << 20) / 8 + threads * segment;
+    assert!(held > 0 && held <= bound, "leased {held}, bound {bound}");
+    // Writes and reads still work for others meanwhile.
+    let fresh = vec![b'z'; 50 * 1024];
+    for i in 0..200 {
+        set(&mut w, &format!("new{i}"), &fresh);
+    }
+    w.send(b"get new199\r\n");
+    assert_eq!(w.line(), format!("VALUE new199 0 {}\r\n", fresh.len()));
+    assert_eq!(w.exact(fresh.len() + 2)[..fresh.len()], fresh[..]);
+    assert_eq!(w.line(), "END\r\n");
+    drop(stalled);
+    assert_eq!(wait_leased(&mut mon, |v| v == 0), 0, "leases kept");
+}
