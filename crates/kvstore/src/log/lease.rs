@@ -118,7 +118,8 @@ impl Drop for ValueLease {
 #[derive(Clone, Copy)]
 pub struct LeaseSite<'a> {
     pub(super) engine: &'a LogEngine,
-    pub(super) seg: &'a Seg,
+    /// The segment's id (looked up only if a lease is asked for).
+    pub(super) seg: u32,
 }
 
 impl std::fmt::Debug for LeaseSite<'_> {
@@ -129,7 +130,7 @@ impl std::fmt::Debug for LeaseSite<'_> {
 
 impl PartialEq for LeaseSite<'_> {
     fn eq(&self, other: &Self) -> bool {
-        std::ptr::eq(self.seg, other.seg)
+        std::ptr::eq(self.engine, other.engine) && self.seg == other.seg
     }
 }
 
@@ -143,7 +144,7 @@ impl LeaseSite<'_> {
     /// Must be called while the lookup's pin is held: the callback of a read is.
     pub(crate) fn lease(&self, value: &[u8]) -> Option<ValueLease> {
         let e = self.engine;
-        let mem = &self.seg.mem.0;
+        let mem = &e.segs.get(self.seg)?.mem.0;
         let ptr = NonNull::new(mem.ptr.load(Ordering::Acquire))?;
         let cap = mem.cap.load(Ordering::Relaxed);
         let start = (value.as_ptr() as usize).checked_sub(ptr.as_ptr() as usize)?;

@@ -957,10 +957,10 @@ impl LogEngine {
     /// lease ([`ItemView::lease`]): only under the pin taken before `v` was loaded.
     fn view_leasable<'a>(&'a self, key: &'a [u8], r: &Rec<'a>, v: u64) -> ItemView<'a> {
         ItemView {
-            site: self
-                .segs
-                .get(index::slot_seg(v))
-                .map(|seg| lease::LeaseSite { engine: self, seg }),
+            site: Some(lease::LeaseSite {
+                engine: self,
+                seg: index::slot_seg(v),
+            }),
             ..self.view(key, r)
         }
     }
