@@ -1,6 +1,7 @@
 //! The Architecture Invariants about dependencies, checked on the source: no module of a crate
 //! imports another that imports it back (directly or through others), and the server's
-//! layers point one way (ARCHITECTURE.md): setup → state → exec::session → features →
+//! layers point one way (ARCHITECTURE.md): setup → state → exec::session (and its output's
+//! exec::splice) → features →
 //! executors → runtime → server → main.
 //!
 //! A module's dependencies are the `crate::...` paths in its code (in `use` lines and inline,
@@ -213,10 +214,11 @@ fn the_graph_reader_finds_a_circle() {
 
 /// The server's layer of a module: a module may use modules of its own layer or below.
 fn layer(module: &str) -> usize {
-    let order: [(&str, usize); 8] = [
+    let order: [(&str, usize); 9] = [
         ("setup", 0),
         ("state", 1),
         ("exec::session", 2),
+        ("exec::splice", 2),
         ("features", 3),
         ("exec", 4),
         ("runtime", 5),

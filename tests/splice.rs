@@ -230,6 +230,16 @@ fn clients_that_do_not_read_hold_at_most_an_eighth_of_memory() {
     // one segment.
     let bound = (64 << 20) / 8 + threads * segment;
     assert!(held > 0 && held <= bound, "leased {held}, bound {bound}");
+    // The values wait in the log, not in the connections' buffers (copied, they would
+    // take up to 512 KiB a connection).
+    let buffers: u64 = mon
+        .stat("response_obj_bytes")
+        .and_then(|b| b.parse().ok())
+        .expect("response_obj_bytes");
+    assert!(
+        buffers <= 16 * 32 * 1024,
+        "output buffers hold {buffers} bytes"
+    );
     // Writes and reads still work for others meanwhile.
     let fresh = vec![b'z'; 50 * 1024];
     for i in 0..200 {

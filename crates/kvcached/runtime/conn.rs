@@ -795,9 +795,15 @@ impl Conn {
             // memory beyond what the output buffer was allowed to take), with its spliced
             // values.
             if s.pending() > 0 {
-                if let Some(n) = ring.hand_over(&mut s.out, s.out_pos, &mut s.spliced) {
-                    stats.bytes_written.add(n as u64);
-                    s.out_pos = 0;
+                match ring.hand_over(&mut s.out, s.out_pos, &mut s.spliced) {
+                    Some(n) => {
+                        stats.bytes_written.add(n as u64);
+                        s.out_pos = 0;
+                    }
+                    // A send is queued or in flight: the spliced values wait here for it
+                    // (a write would copy them into its buffer).
+                    None if !s.spliced.is_empty() => return ring.error(),
+                    None => {}
                 }
             }
         }

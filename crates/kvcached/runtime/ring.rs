@@ -835,6 +835,14 @@ impl RingSock {
         self.err.is_none() && (self.unsent() || self.send_inflight)
     }
 
+    /// The error a receive or send failed with, if one did (reads and writes fail with it).
+    pub fn error(&self) -> io::Result<()> {
+        match self.err {
+            Some(e) => Err(io::Error::from_raw_os_error(e)),
+            None => Ok(()),
+        }
+    }
+
     /// Bytes of buffer memory it holds (for `-o read_buf_mem_limit` and the gauges).
     pub fn held(&self) -> usize {
         self.rx.capacity() + self.sending.capacity()
