@@ -782,7 +782,23 @@ fn chained_replica_resyncs_when_its_upstream_does() {
 /// poll: the pause lasts until the master reports segments kept.
 #[test]
 fn replica_paused_while_items_expire_continues_without_full_sync() {
-    let master = start_master(&["-m", "64"]);
+    // About 4 MiB of items living one second: several whole 1 MiB segments, within the
+    // default backlog (a sixteenth of -m).
+    paused_replica_continues(&[], 4000, 4 << 20);
+}
+
+/// The same with ten times as many short-lived items, which the default backlog (4 MiB at
+/// `-m 64`) could not keep, and `--repl-backlog=24` (engine-level, the default's drop is
+/// `expired_segments_are_kept_for_a_paused_replica` in crates/kvstore/tests/replication.rs).
+#[test]
+fn a_larger_repl_backlog_keeps_more_for_a_paused_replica() {
+    paused_replica_continues(&["--repl-backlog", "24"], 10_000, 24 << 20);
+}
+
+fn paused_replica_continues(master_args: &[&str], short_items: usize, backlog: u64) {
+    let mut args = vec!["-m", "64"];
+    args.extend_from_slice(master_args);
+    let master = start_master(&args);
     let replica = start_replica(master.port, &["-m", "64"]);
     let mut m = master.connect();
     let mut r = replica.connect();
@@ -791,9 +807,9 @@ fn replica_paused_while_items_expire_continues_without_full_sync() {
     assert_eq!(repl_num(&mut r, "full_syncs"), 1);
     wait_stat(&mut m, "master", "replica0_lag_bytes", "0");
 
+    assert_eq!(repl_num(&mut m, "repl_backlog_bytes"), backlog);
     signal(&replica, "STOP");
-    // About 4 MiB of items living one second: several whole 1 MiB segments.
-    let short: Vec<(String, Vec<u8>)> = (0..4000)
+    let short: Vec<(String, Vec<u8>)> = (0..short_items)
         .map(|i| (format!("short{i}"), vec![b'e'; 1000]))
         .collect();
     fill_expiring(&mut m, &short, 1);

@@ -45,6 +45,7 @@ pub fn build_engine(config: &Config) -> LogEngine {
     };
     let engine = LogEngine::new(ec);
     engine.set_size_factor(config.evict_size_factor);
+    engine.set_repl_backlog(config.repl_backlog);
     // Per-class `stats items`/`stats slabs`, and `stats sizes` with -o track_sizes. Items
     // a warm restart loads later are counted as they are indexed.
     engine.tally_sizes(&config.slab_classes, config.track_sizes);

@@ -94,6 +94,8 @@ pub fn emit_group(ctx: &Ctx<'_>, group: Group, sink: &mut Sink<'_>) -> bool {
             let (held, dropped) = ctx.shared.engine.repl_hold_stats();
             emit(sink, "held_segments", held);
             emit(sink, "held_segments_dropped", dropped);
+            // The most they may take (`--repl-backlog`).
+            emit(sink, "repl_backlog_bytes", ctx.shared.engine.repl_backlog());
         }
         Group::Digest => {
             let d = ctx.shared.engine.digest(ctx.shared.clock.now());

@@ -569,6 +569,12 @@ fn registry(
         "Maintenance passes that freed segments a replica still needed, at the cap (kvcached's own)",
         num(repl, "held_segments_dropped"),
     );
+    gauge(
+        &mut r,
+        "kvcached_replication_backlog_bytes",
+        "The most memory dead or expired segments may take for replicas, --repl-backlog (kvcached's own)",
+        num(repl, "repl_backlog_bytes"),
+    );
     let lag_bytes = Family::<Vec<(String, String)>, Gauge>::default();
     let lag_seconds = Family::<Vec<(String, String)>, Gauge<f64, AtomicU64>>::default();
     for i in 0..int(repl, "connected_replicas").unwrap_or(0) {

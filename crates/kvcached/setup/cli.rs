@@ -144,7 +144,11 @@ const OPTIONS: &[OptSpec] = &[
     spec(REPLICA_TLS_CERT, "replica-tls-cert", HasArg::Required),
     spec(REPLICA_TLS_KEY, "replica-tls-key", HasArg::Required),
     spec(REPLICA_TLS_NAME, "replica-tls-name", HasArg::Required),
+    spec(REPL_BACKLOG, "repl-backlog", HasArg::Required),
 ];
+
+/// The option code of `--repl-backlog` (long form only).
+const REPL_BACKLOG: u8 = 12;
 
 /// The option codes of `--replica-tls` and its settings (long form only).
 const REPLICA_TLS: u8 = 7;
@@ -868,6 +872,10 @@ impl Builder {
                     _ => return Err(bad(sp, value, "yes or no")),
                 }
             }
+            REPL_BACKLOG => {
+                let mb: usize = int_in(sp, value, 1, 1 << 24, "a number of megabytes 1-16777216")?;
+                self.cfg.repl_backlog = mb << 20;
+            }
             MIN_REPLICAS_MAX_LAG => {
                 let secs: u64 = int_in(sp, value, 1, 86_400, "a number of seconds 1-86400")?;
                 self.cfg.min_replicas_max_lag = Duration::from_secs(secs);
@@ -1482,6 +1490,11 @@ Replication (kvcached's own)
       --min-replicas-max-lag=SECONDS
                               in sync: pulled within, and lagging at most, SECONDS
                               (default 10)
+      --repl-backlog=MEGABYTES
+                              the most memory (within -m) a master keeps in segments whose
+                              items all expired or died, for replicas that have not read
+                              them yet, so they continue without a full sync (default: a
+                              sixteenth of -m)
       --replica-serve-stale=yes|no
                               a replica whose link is down or that is in a full sync
                               answers reads (yes, default) or refuses them (no)
@@ -2292,7 +2305,7 @@ mod tests {
                 b'l' => "127.0.0.1",
                 REPLICA_OF => "127.0.0.1:11211",
                 REPLICA_AUTH => "/etc/kvcached/replica-auth",
-                MIN_REPLICAS | MIN_REPLICAS_MAX_LAG => "1",
+                MIN_REPLICAS | MIN_REPLICAS_MAX_LAG | REPL_BACKLOG => "1",
                 REPLICA_SERVE_STALE => "no",
                 REPLICA_AUTH_MECH => "sasl",
                 REPLICA_TLS_CA | REPLICA_TLS_CERT | REPLICA_TLS_KEY => "/etc/kvcached/x.pem",
@@ -2311,6 +2324,17 @@ mod tests {
                 (_, other) => panic!("{flag}: {other:?}"),
             }
             assert_eq!(short_spec(o.short).unwrap().long, o.long);
+        }
+    }
+
+    #[test]
+    fn repl_backlog_is_megabytes() {
+        assert_eq!(cfg(&[]).repl_backlog, 0);
+        assert_eq!(cfg(&["--repl-backlog=32"]).repl_backlog, 32 << 20);
+        assert_eq!(cfg(&["--repl-backlog", "1"]).repl_backlog, 1 << 20);
+        for bad in ["0", "-1", "x", "16777217"] {
+            let e = parse_strs(&["--repl-backlog", bad]).unwrap_err();
+            assert!(e.contains("megabytes"), "{bad}: {e}");
         }
     }
 

@@ -237,6 +237,9 @@ pub struct Config {
     pub min_replicas: usize,
     /// In sync: pulled and lagging at most this long (`--min-replicas-max-lag`, seconds).
     pub min_replicas_max_lag: Duration,
+    /// The most bytes of dead or expired segments a master keeps for replicas that have
+    /// not read them (`--repl-backlog`, megabytes; 0: a sixteenth of the memory limit).
+    pub repl_backlog: usize,
     /// A replica answers reads while its link is down or it is in a full sync
     /// (`--replica-serve-stale yes|no`, default yes).
     pub replica_serve_stale: bool,
@@ -302,6 +305,7 @@ impl Default for Config {
             replica_auth_sasl: false,
             min_replicas: 0,
             min_replicas_max_lag: Duration::from_secs(10),
+            repl_backlog: 0,
             replica_serve_stale: true,
             ssl: SslConfig::default(),
             replica_tls: None,

@@ -351,15 +351,27 @@ fn stat(e: &LogEngine, group: &str, name: &str) -> u64 {
 /// A replica that stops pulling while whole segments of short-lived items expire on its
 /// master continues from its cursor when the master keeps those segments for it
 /// (`repl_hold`, as a server does for the replicas it expects back). Without the hold, or
-/// when keeping them would take more than a sixteenth of the memory limit, the master
-/// frees them and the replica needs a full sync. Either way it ends with the master's
-/// items.
+/// when keeping them would take more than the backlog (by default a sixteenth of the
+/// memory limit, `set_repl_backlog`), the master frees them and the replica needs a full
+/// sync. Either way it ends with the master's items.
 #[test]
 fn expired_segments_are_kept_for_a_paused_replica() {
-    // (hold, bytes of short-lived items written while the replica pauses, full syncs)
-    for (hold, ttl_bytes, syncs) in [(true, 2 << 20, 1), (false, 2 << 20, 2), (true, 8 << 20, 2)] {
+    // (hold, bytes of short-lived items written while the replica pauses, backlog (0: the
+    // default, 4 MiB here), full syncs)
+    for (hold, ttl_bytes, backlog, syncs) in [
+        (true, 2 << 20, 0, 1),
+        (false, 2 << 20, 0, 2),
+        (true, 8 << 20, 0, 2),
+        (true, 8 << 20, 16 << 20, 1),
+        (true, 2 << 20, 1 << 20, 2),
+    ] {
         let cfg = ops::config(64 << 20, false, true);
         let master = LogEngine::new(cfg.clone());
+        master.set_repl_backlog(backlog);
+        assert_eq!(
+            master.repl_backlog(),
+            if backlog == 0 { 4 << 20 } else { backlog }
+        );
         let replica = LogEngine::new(cfg);
         replica.set_replica(true);
         let mut st = ReplicaState::new();
@@ -408,7 +420,7 @@ fn expired_segments_are_kept_for_a_paused_replica() {
         catch_up_holding(&master, &replica, &mut st, later, hold);
         assert_eq!(
             st.full_syncs, syncs,
-            "hold {hold}, {ttl_bytes} bytes of short-lived items"
+            "hold {hold}, {ttl_bytes} bytes of short-lived items, backlog {backlog}"
         );
         // Once the replica has read them, they go.
         master.maintain(later, true);

@@ -134,7 +134,8 @@
 //! * A replica whose cursor still needs a segment that left the log resynchronizes fully,
 //!   whatever made it leave. The maintenance pass, which frees segments whose items all
 //!   expired or died, keeps those a replica served with `repl_serve_as` has not read (up
-//!   to `1 / HOLD_SHARE` of the limit, `repl_hold`); eviction and compaction, which free
+//!   to the backlog, by default a sixteenth of the limit, `repl_hold`, `set_repl_backlog`);
+//!   eviction and compaction, which free
 //!   memory a write needs, do not wait. Skipping a gap instead would need tombstones for
 //!   every item of the segment that was still current, and for its tombstones until every
 //!   replica had read them.

@@ -111,8 +111,11 @@ pub(super) struct ReplFlags {
     pub(super) holds: std::sync::Mutex<Holds>,
     /// Segments kept for replicas at the last maintenance pass.
     pub(super) held: AtomicU64,
+    /// The most bytes of segments kept for replicas (`set_repl_backlog`); 0: the default,
+    /// `1 / HOLD_SHARE` of the memory limit.
+    pub(super) backlog: std::sync::atomic::AtomicUsize,
     /// Maintenance passes that freed segments a replica still needed, because keeping
-    /// them would have taken more than `1 / HOLD_SHARE` of the memory limit.
+    /// them would have taken more than the backlog (`repl_backlog`).
     pub(super) hold_dropped: AtomicU64,
     /// Cursors whose `below` is under this number predate this engine's last full sync as
     /// a replica (`wipe`), which replaced its items without logging what it dropped: their
@@ -130,8 +133,8 @@ pub(super) struct ReplFlags {
     epoch: AtomicU64,
 }
 
-/// At most this share (1 / n) of the memory limit is kept in dead or expired segments for
-/// replicas that have not read them yet.
+/// By default at most this share (1 / n) of the memory limit is kept in dead or expired
+/// segments for replicas that have not read them yet (`set_repl_backlog` changes it).
 pub(super) const HOLD_SHARE: usize = 16;
 /// Replicas' names and positions, for [`held_for_replica`].
 pub(super) type Holds = Vec<(Box<str>, Cursor)>;
@@ -679,10 +682,27 @@ impl LogEngine {
     /// while (a pause, a brief network cut) then continues from its cursor instead of a
     /// full sync, even where items with short times to live expired meanwhile and took
     /// whole segments with them. Only the maintenance pass waits: eviction and
-    /// compaction, which free memory a write needs, do not; and at most `1 / HOLD_SHARE`
-    /// of the memory limit is kept so.
+    /// compaction, which free memory a write needs, do not; and at most the backlog
+    /// ([`LogEngine::set_repl_backlog`]) is kept so.
     pub fn repl_hold(&self, keep: impl Fn(&str) -> bool) {
         lock(&self.repl.holds).retain(|h| keep(&h.0));
+    }
+
+    /// The most memory the maintenance pass keeps in dead or expired segments for
+    /// replicas that have not read them ([`LogEngine::repl_hold`]), in bytes; 0 restores
+    /// the default, a sixteenth of the memory limit. Held segments are part of the memory
+    /// limit, so a larger backlog leaves less for items while a replica lags; eviction
+    /// never waits for it.
+    pub fn set_repl_backlog(&self, bytes: usize) {
+        self.repl.backlog.store(bytes, Ordering::Relaxed);
+    }
+
+    /// The backlog in force (see [`LogEngine::set_repl_backlog`]).
+    pub fn repl_backlog(&self) -> usize {
+        match self.repl.backlog.load(Ordering::Relaxed) {
+            0 => self.max_bytes.load(Ordering::Relaxed) / HOLD_SHARE,
+            b => b,
+        }
     }
 
     /// Segments kept for replicas at the last maintenance pass, and how many passes had to

@@ -1,7 +1,7 @@
 //! Segments: their headers (`SegTable`), the free pool, the two FIFOs sealed segments wait
 //! in, and taking, opening, sealing, releasing and retiring a segment.
 
-use super::repl::{held_for_replica, Holds, HOLD_SHARE};
+use super::repl::{held_for_replica, Holds};
 use super::*;
 
 #[derive(Default)]
@@ -698,7 +698,7 @@ impl LogEngine {
 
     /// The positions of the replicas the maintenance pass keeps segments for (see
     /// [`LogEngine::repl_hold`]): none when keeping every dead or expired segment one of
-    /// them has not read would take more than `1 / HOLD_SHARE` of the memory limit (the
+    /// them has not read would take more than the backlog (`repl_backlog`; the
     /// pass then frees them, and the replica that needed them will need a full sync;
     /// counted).
     pub(super) fn retire_holds(&self, now: Time) -> Holds {
@@ -721,7 +721,7 @@ impl LogEngine {
                 }
             }
         }
-        if bytes > self.max_bytes.load(Ordering::Relaxed) / HOLD_SHARE {
+        if bytes > self.repl_backlog() {
             self.repl.held.store(0, Ordering::Relaxed);
             self.repl.hold_dropped.fetch_add(1, Ordering::Relaxed);
             return Holds::new();
