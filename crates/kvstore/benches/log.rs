@@ -1,7 +1,8 @@
 //! Micro-benchmarks of `LogEngine`: gets, sets (without and with times to live, which go
 //! to their TTL class's segment) and a 90/10 get/set mix on 1 and 2 threads over 200k
 //! preloaded items (15-byte keys, 32-byte values); and sets of keys a full engine does not
-//! hold, with and without eviction's size factor (whose miss sketch counts each). Each iteration runs a batch
+//! hold, with and without eviction's size factor (whose miss sketch counts each); and
+//! hits of large values, copied or leased (`large_gets`). Each iteration runs a batch
 //! of `BATCH` operations, so throughput per thread is `BATCH / time`; with `threads = 2`
 //! divan runs the closure on both threads at once (total = 2 × per-thread throughput).
 //!
@@ -166,5 +167,56 @@ fn sets_of_absent_keys(b: Bencher, factor: u32) {
             let n = NEXT.fetch_add(1, Ordering::Relaxed);
             black_box(e.store(set_req(&key(n), &[b'w'; 32]), 100));
         }
+    });
+}
+
+/// An engine holding `LARGE_KEYS` values of each size `large_gets` measures.
+fn large(size: usize) -> &'static LogEngine {
+    static E: OnceLock<LogEngine> = OnceLock::new();
+    let e = E.get_or_init(|| {
+        LogEngine::new(EngineConfig {
+            max_bytes: 512 << 20,
+            max_item_size: 1 << 20,
+            no_evict: false,
+            use_cas: true,
+        })
+    });
+    let probe = format!("{size}:0");
+    if get(e, probe.as_bytes()) != size {
+        let value = vec![b'l'; size];
+        for i in 0..LARGE_KEYS {
+            e.store(set_req(format!("{size}:{i}").as_bytes(), &value), 100);
+        }
+    }
+    e
+}
+
+const LARGE_KEYS: u64 = 64;
+const LARGE_SIZES: [usize; 4] = [4 << 10, 16 << 10, 64 << 10, 256 << 10];
+
+/// What a server does with a large value on a hit: copy it into an output buffer (`copy`),
+/// or lease it and keep the lease until the reply is written (`lease`, what the server does
+/// from 16 KiB: crates/kvcached/exec/splice.rs). The crossover sets that threshold.
+#[divan::bench(args = LARGE_SIZES, consts = [false, true])]
+fn large_gets<const LEASE: bool>(b: Bencher, size: usize) {
+    let e = large(size);
+    let keys: Vec<Vec<u8>> = (0..LARGE_KEYS)
+        .map(|i| format!("{size}:{i}").into_bytes())
+        .collect();
+    let mut out: Vec<u8> = Vec::with_capacity(size * 2);
+    let mut held = Vec::with_capacity(keys.len());
+    let mut i = 0;
+    b.counter(ItemsCount::new(1usize)).bench_local(|| {
+        i = (i + 1) % keys.len();
+        out.clear();
+        held.clear();
+        e.get(&keys[i], 100, ReadOptions::default(), &mut |v| {
+            if LEASE {
+                held.extend(v.lease());
+            } else {
+                out.extend_from_slice(v.value);
+            }
+        });
+        black_box((out.len(), held.len()))
     });
 }
