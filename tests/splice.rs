@@ -36,6 +36,18 @@ fn check(k: usize, value: &[u8]) {
     assert!(value == body(k, ver), "key {k} version {ver}: bytes differ");
 }
 
+/// A server with `-m MEGABYTES` holding version 0 of every key, a client that stored them,
+/// and a `get` of all the keys.
+fn loaded(megabytes: &str) -> (Server, Client, String) {
+    let server = Server::kvcached(&["-m", megabytes]);
+    let mut w = server.connect();
+    for k in 0..KEYS {
+        set(&mut w, &format!("k{k}"), &body(k, 0));
+    }
+    let keys: Vec<String> = (0..KEYS).map(|k| format!("k{k}")).collect();
+    (server, w, format!("get {}\r\n", keys.join(" ")))
+}
+
 fn set(c: &mut Client, key: &str, value: &[u8]) {
     c.send(format!("set {key} 0 0 {}\r\n", value.len()).as_bytes());
     c.send(value);
@@ -65,13 +77,7 @@ fn wait_leased(c: &mut Client, ok: impl Fn(u64) -> bool) -> u64 {
 
 #[test]
 fn large_values_arrive_intact_while_overwritten_and_evicted() {
-    let server = Server::kvcached(&["-m", "16"]);
-    let mut w = server.connect();
-    for k in 0..KEYS {
-        set(&mut w, &format!("k{k}"), &body(k, 0));
-    }
-    let keys: Vec<String> = (0..KEYS).map(|k| format!("k{k}")).collect();
-    let get_line = format!("get {}\r\n", keys.join(" "));
+    let (server, mut w, get_line) = loaded("16");
     let mut mon = server.connect();
     let filler = vec![b'f'; 100 * 1024];
     let mut r = server.connect();
@@ -147,13 +153,7 @@ fn slow_exact(c: &mut Client, n: usize) -> Vec<u8> {
 
 #[test]
 fn a_client_that_leaves_mid_value_releases_its_leases() {
-    let server = Server::kvcached(&["-m", "64"]);
-    let mut w = server.connect();
-    for k in 0..KEYS {
-        set(&mut w, &format!("k{k}"), &body(k, 0));
-    }
-    let keys: Vec<String> = (0..KEYS).map(|k| format!("k{k}")).collect();
-    let get_line = format!("get {}\r\n", keys.join(" "));
+    let (server, _w, get_line) = loaded("64");
     let mut mon = server.connect();
     for how in ["close", "reset", "shutdown"] {
         let mut c = TcpStream::connect(server.addr()).expect("connect");

@@ -21,6 +21,8 @@ use crate::state::replication::Access;
 pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
     let shared = ctx.shared;
     let out = &mut s.out;
+    // Large values of the get family are spliced into the output (exec/splice.rs).
+    let spliced = s.splice_ok.then_some(&mut s.spliced);
     let (op, opaque) = (req.opcode, req.opaque);
     let access = match req.command {
         Command::GetAndTouch { .. }
@@ -42,26 +44,10 @@ pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
         return Step::Next;
     }
     match req.command {
-        Command::Get { with_key } => {
-            get(
-                ctx,
-                out,
-                splices(&mut s.spliced, s.splice_ok),
-                &req,
-                with_key,
-                None,
-            );
-        }
+        Command::Get { with_key } => get(ctx, out, spliced, &req, with_key, None),
         Command::GetAndTouch { with_key, exptime } => {
-            let at = shared.clock.expiry(exptime);
-            get(
-                ctx,
-                out,
-                splices(&mut s.spliced, s.splice_ok),
-                &req,
-                with_key,
-                Some(at),
-            );
+            let at = Some(shared.clock.expiry(exptime));
+            get(ctx, out, spliced, &req, with_key, at);
         }
         Command::Touch { exptime } => {
             let at = Some(shared.clock.expiry(exptime));
@@ -172,11 +158,6 @@ pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
         }
     }
     Step::Next
-}
-
-/// The session's splice queue if its replies may splice values.
-fn splices(q: &mut Splices, ok: bool) -> Option<&mut Splices> {
-    ok.then_some(q)
 }
 
 /// A get-family command; a large value is spliced into the output when `spliced` is given.

@@ -147,39 +147,42 @@ impl Splices {
     }
 }
 
+/// Leases of `values`, stored as `k0`, `k1`, ... in an engine of their own (a lease cannot
+/// be made without one), for tests.
+#[cfg(test)]
+pub fn test_leases(values: &[&[u8]]) -> (kvstore::LogEngine, Vec<ValueLease>) {
+    use kvstore::{Engine, EngineConfig, LogEngine, ReadOptions, StoreMode, StoreRequest};
+    let e = LogEngine::new(EngineConfig {
+        max_bytes: 64 << 20,
+        max_item_size: 1 << 20,
+        no_evict: false,
+        use_cas: true,
+    });
+    let mut out = Vec::new();
+    for (i, v) in values.iter().enumerate() {
+        let key = format!("k{i}");
+        e.store(
+            StoreRequest {
+                mode: StoreMode::Set,
+                key: key.as_bytes(),
+                value: v,
+                flags: 0,
+                exptime: 0,
+            },
+            1,
+        );
+        e.get(key.as_bytes(), 1, ReadOptions::default(), &mut |item| {
+            out.extend(item.lease());
+        });
+    }
+    assert_eq!(out.len(), values.len(), "every value leased");
+    (e, out)
+}
+
 #[cfg(test)]
 mod tests {
+    use super::test_leases as leases;
     use super::*;
-    use kvstore::{Engine, EngineConfig, LogEngine, ReadOptions, StoreMode, StoreRequest};
-
-    /// Leases of `values`, from a real engine (a lease cannot be made otherwise).
-    fn leases(values: &[&[u8]]) -> (LogEngine, Vec<ValueLease>) {
-        let e = LogEngine::new(EngineConfig {
-            max_bytes: 64 << 20,
-            max_item_size: 1 << 20,
-            no_evict: false,
-            use_cas: true,
-        });
-        let mut out = Vec::new();
-        for (i, v) in values.iter().enumerate() {
-            let key = format!("k{i}");
-            e.store(
-                StoreRequest {
-                    mode: StoreMode::Set,
-                    key: key.as_bytes(),
-                    value: v,
-                    flags: 0,
-                    exptime: 0,
-                },
-                1,
-            );
-            e.get(key.as_bytes(), 1, ReadOptions::default(), &mut |item| {
-                out.extend(item.lease());
-            });
-        }
-        assert_eq!(out.len(), values.len());
-        (e, out)
-    }
 
     fn flat(s: &Splices, buf: &[u8], pos: usize) -> Vec<u8> {
         s.gather(buf, pos, usize::MAX)

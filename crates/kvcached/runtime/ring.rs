@@ -1021,16 +1021,10 @@ mod tests {
     /// the values); the leases are dropped once sent.
     #[test]
     fn sends_spliced_values_in_order() {
-        use kvstore::{Engine, EngineConfig, LogEngine, ReadOptions, StoreMode, StoreRequest};
+        use kvstore::Engine;
         let Some((mut r, mut sock, mut peer)) = setup() else {
             return;
         };
-        let e = LogEngine::new(EngineConfig {
-            max_bytes: 64 << 20,
-            max_item_size: 1 << 20,
-            no_evict: false,
-            use_cas: true,
-        });
         let values: Vec<Vec<u8>> = (0..3u8)
             .map(|i| {
                 (0..300_000 + i as usize * 1000)
@@ -1038,27 +1032,16 @@ mod tests {
                     .collect()
             })
             .collect();
+        let refs: Vec<&[u8]> = values.iter().map(Vec::as_slice).collect();
+        let (e, leases) = crate::exec::splice::test_leases(&refs);
         let mut spliced = Splices::default();
         let mut out = Vec::new();
         let mut expect = Vec::new();
-        for (i, v) in values.iter().enumerate() {
-            let key = format!("k{i}");
-            e.store(
-                StoreRequest {
-                    mode: StoreMode::Set,
-                    key: key.as_bytes(),
-                    value: v,
-                    flags: 0,
-                    exptime: 0,
-                },
-                1,
-            );
-            let head = format!("VALUE {key} 0 {}\r\n", v.len());
+        for (i, (v, lease)) in values.iter().zip(leases).enumerate() {
+            let head = format!("VALUE k{i} 0 {}\r\n", v.len());
             out.extend_from_slice(head.as_bytes());
             expect.extend_from_slice(head.as_bytes());
-            e.get(key.as_bytes(), 1, ReadOptions::default(), &mut |item| {
-                spliced.push(out.len(), item.lease().expect("leasable"));
-            });
+            spliced.push(out.len(), lease);
             out.extend_from_slice(b"\r\n");
             expect.extend_from_slice(v);
             expect.extend_from_slice(b"\r\n");

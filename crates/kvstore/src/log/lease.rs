@@ -229,29 +229,16 @@ impl LogEngine {
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::cfg;
     use super::*;
-    use crate::{Engine, EngineConfig, ReadOptions, StoreMode, StoreRequest, StoreResult};
+    use crate::{Engine, ReadOptions, StoreMode, StoreRequest, StoreResult};
 
     fn engine(max_bytes: usize) -> LogEngine {
-        LogEngine::new(EngineConfig {
-            max_bytes,
-            max_item_size: 1 << 20,
-            no_evict: false,
-            use_cas: true,
-        })
+        LogEngine::new(cfg(max_bytes))
     }
 
     fn set(e: &LogEngine, key: &[u8], value: &[u8]) {
-        let r = e.store(
-            StoreRequest {
-                mode: StoreMode::Set,
-                key,
-                value,
-                flags: 0,
-                exptime: 0,
-            },
-            1,
-        );
+        let r = super::super::tests::set(e, key, value, 1);
         assert!(matches!(r, StoreResult::Stored(_)), "{r:?}");
     }
 
@@ -341,12 +328,7 @@ mod tests {
 
     #[test]
     fn views_without_a_site_do_not_lease() {
-        let m = crate::model::Model::new(EngineConfig {
-            max_bytes: 1 << 20,
-            max_item_size: 1 << 20,
-            no_evict: false,
-            use_cas: true,
-        });
+        let m = crate::model::Model::new(cfg(1 << 20));
         let _ = m.store(
             StoreRequest {
                 mode: StoreMode::Set,

@@ -3,7 +3,7 @@
 use super::*;
 use crate::{ArithResult, Engine, EngineConfig, ReadOptions, StoreMode, StoreRequest, StoreResult};
 
-fn cfg(max_bytes: usize) -> EngineConfig {
+pub(super) fn cfg(max_bytes: usize) -> EngineConfig {
     EngineConfig {
         max_bytes,
         max_item_size: 1 << 20,
@@ -12,7 +12,7 @@ fn cfg(max_bytes: usize) -> EngineConfig {
     }
 }
 
-fn set(e: &LogEngine, key: &[u8], value: &[u8], now: Time) -> StoreResult {
+pub(super) fn set(e: &LogEngine, key: &[u8], value: &[u8], now: Time) -> StoreResult {
     e.store(
         StoreRequest {
             mode: StoreMode::Set,
