@@ -252,3 +252,72 @@ fn clients_that_do_not_read_hold_at_most_an_eighth_of_memory() {
     drop(stalled);
     assert_eq!(wait_leased(&mut mon, |v| v == 0), 0, "leases kept");
 }
+
+/// Every command that splices large values (text get, gets, gat, mg with v, binary get,
+/// getk and gat) sends them whole, next to small ones it copies.
+#[test]
+fn every_get_form_sends_large_values_whole() {
+    let (server, mut c, _) = loaded("64");
+    set(&mut c, "small", b"tiny");
+    for k in (0..KEYS).step_by(5) {
+        let v = body(k, 0);
+        for cmd in ["get", "gets", "gat 0"] {
+            c.send(format!("{cmd} small k{k}\r\n").as_bytes());
+            assert!(c.line().starts_with("VALUE small 0 4"));
+            assert_eq!(c.exact(6), b"tiny\r\n");
+            let head = c.line();
+            assert!(
+                head.starts_with(&format!("VALUE k{k} 0 {}", v.len())),
+                "{head:?}"
+            );
+            let got = c.exact(v.len() + 2);
+            assert!(got[..v.len()] == v[..], "{cmd} k{k}");
+            assert_eq!(c.line(), "END\r\n");
+        }
+        c.send(format!("mg k{k} v s\r\n").as_bytes());
+        assert_eq!(c.line(), format!("VA {} s{}\r\n", v.len(), v.len()));
+        let got = c.exact(v.len() + 2);
+        assert!(
+            got[..v.len()] == v[..] && got[v.len()..] == *b"\r\n",
+            "mg k{k}"
+        );
+    }
+    // The binary protocol on a connection of its own: get (0x00), getk (0x0c), gat (0x1d).
+    let mut b = server.connect();
+    for k in (0..KEYS).step_by(5) {
+        let v = body(k, 0);
+        let key = format!("k{k}");
+        for (op, extras) in [
+            (0x00u8, &[][..]),
+            (0x0c, &[][..]),
+            (0x1d, &[0u8, 0, 0, 0][..]),
+        ] {
+            let mut req = vec![0x80, op];
+            req.extend_from_slice(&(key.len() as u16).to_be_bytes());
+            req.extend_from_slice(&[extras.len() as u8, 0, 0, 0]);
+            req.extend_from_slice(&((extras.len() + key.len()) as u32).to_be_bytes());
+            req.extend_from_slice(&7u32.to_be_bytes());
+            req.extend_from_slice(&[0; 8]);
+            req.extend_from_slice(extras);
+            req.extend_from_slice(key.as_bytes());
+            b.send(&req);
+            let h = b.exact(24);
+            assert_eq!(
+                (h[0], h[1], h[6], h[7]),
+                (0x81, op, 0, 0),
+                "status of {op:#x}"
+            );
+            let klen = usize::from(u16::from_be_bytes([h[2], h[3]]));
+            let elen = usize::from(h[4]);
+            let body_len = u32::from_be_bytes([h[8], h[9], h[10], h[11]]) as usize;
+            let got = b.exact(body_len);
+            assert_eq!(
+                &got[elen..elen + klen],
+                if op == 0x0c { key.as_bytes() } else { b"" }
+            );
+            assert!(got[elen + klen..] == v[..], "binary {op:#x} {key}");
+        }
+    }
+    let mut mon = server.connect();
+    assert_eq!(wait_leased(&mut mon, |v| v == 0), 0, "leases left behind");
+}

@@ -173,11 +173,8 @@ fn get(
     let now = ctx.shared.clock.now();
     let hit = ops::read(ctx, req.key, now, touch, &mut |item| {
         let (op, opaque) = (req.opcode, req.opaque);
-        let lease = spliced
-            .as_deref_mut()
-            .and_then(|q| Some((splice::lease_large(true, &item)?, q)));
-        match lease {
-            Some((value, q)) => {
+        match splice::lease_into(spliced.as_deref_mut(), &item) {
+            Some((q, value)) => {
                 bin::write_get_hit_header(out, op, opaque, item.cas, item.flags, key, value.len());
                 q.push(out.len(), value);
             }

@@ -180,8 +180,8 @@ fn get(ctx: &mut Ctx<'_>, s: &mut Session, args: &MetaArgs<'_>) -> Step {
         new_cas: args.new_cas(),
         binary_key: key.is_base64(),
     };
-    let (out, spliced) = (&mut s.out, &mut s.spliced);
-    let mut spliced = if s.splice_ok { Some(spliced) } else { None };
+    let out = &mut s.out;
+    let mut spliced = s.splice_ok.then_some(&mut s.spliced);
     let result = ops::meta_read(ctx, k, now, opts, &mut |mi: MetaItem<'_>| {
         write_hit(out, spliced.as_deref_mut(), args, &mi, now);
     });
@@ -229,8 +229,8 @@ fn write_hit(
         r = r.flag(b'W');
     }
     if value {
-        match spliced.and_then(|q| Some((splice::lease_large(true, it)?, q))) {
-            Some((lease, q)) => {
+        match splice::lease_into(spliced, it) {
+            Some((q, lease)) => {
                 let out = r.finish_before_value();
                 q.push(out.len(), lease);
                 out.extend_from_slice(b"\r\n");

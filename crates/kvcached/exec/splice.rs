@@ -18,15 +18,19 @@ use std::io::IoSlice;
 
 use kvstore::{ItemView, ValueLease};
 
-/// A lease of `item`'s value if it is to be spliced: the connection splices (`allowed`),
-/// the value is at least [`SPLICE_MIN`] bytes, and the engine can lease it. `None`: copy.
+/// The queue `q` and a lease of `item`'s value, if the value is to be spliced: the
+/// connection splices (`q` is given), the value is at least [`SPLICE_MIN`] bytes, and the
+/// engine can lease it. `None`: copy the value.
 #[inline]
-pub fn lease_large(allowed: bool, item: &ItemView<'_>) -> Option<ValueLease> {
-    if allowed && item.value.len() >= SPLICE_MIN {
-        item.lease()
-    } else {
-        None
+pub fn lease_into<'q>(
+    q: Option<&'q mut Splices>,
+    item: &ItemView<'_>,
+) -> Option<(&'q mut Splices, ValueLease)> {
+    if item.value.len() < SPLICE_MIN {
+        return None;
     }
+    let q = q?;
+    Some((q, item.lease()?))
 }
 
 /// Values at least this long are spliced rather than copied (when the engine can lease

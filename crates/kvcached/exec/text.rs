@@ -438,15 +438,15 @@ fn get<F: GetFraming>(
             return step;
         }
         last = s.out.len();
-        let (out, spliced) = (&mut s.out, &mut s.spliced);
-        let splice_ok = s.splice_ok;
+        let out = &mut s.out;
+        let mut spliced = s.splice_ok.then_some(&mut s.spliced);
         let hit = ops::read(ctx, key, now, touch, &mut |item| {
             if !rejected {
                 let cas = if with_cas { Some(item.cas) } else { None };
-                match splice::lease_large(splice_ok, &item) {
-                    Some(value) => {
+                match splice::lease_into(spliced.as_deref_mut(), &item) {
+                    Some((q, value)) => {
                         proto::write_value_header(out, item.key, item.flags, value.len(), cas);
-                        spliced.push(out.len(), value);
+                        q.push(out.len(), value);
                         out.extend_from_slice(b"\r\n");
                     }
                     None => proto::write_value(out, item.key, item.flags, item.value, cas),
