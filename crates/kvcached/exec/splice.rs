@@ -54,8 +54,11 @@ pub struct Splices {
 
 impl Splices {
     /// Queue `value` to be written just before `buf[at]` (`at` no less than any position
-    /// queued before).
+    /// queued before). An empty value has nothing to write and is not queued.
     pub fn push(&mut self, at: usize, value: ValueLease) {
+        if value.is_empty() {
+            return;
+        }
         self.bytes += value.len();
         self.q.push_back((at, value));
     }
@@ -84,34 +87,28 @@ impl Splices {
         }
     }
 
-    /// The pending output, `buf[pos..]` with the values spliced in, as at most `max`
-    /// slices (empty pieces left out).
-    pub fn gather<'a>(&'a self, buf: &'a [u8], pos: usize, max: usize) -> Vec<IoSlice<'a>> {
-        let mut out = Vec::with_capacity(max.min(2 * self.q.len() + 1));
+    /// The pending output, `buf[pos..]` with the values spliced in, as slices in `out`
+    /// (as many as fit, empty pieces left out); returns how many.
+    pub fn gather<'a>(&'a self, buf: &'a [u8], pos: usize, out: &mut [IoSlice<'a>]) -> usize {
+        let mut n = 0;
+        let mut put = |piece: &'a [u8]| match out.get_mut(n) {
+            Some(slot) if !piece.is_empty() => {
+                *slot = IoSlice::new(piece);
+                n += 1;
+            }
+            _ => {}
+        };
         let mut from = pos;
         for (i, (at, v)) in self.q.iter().enumerate() {
-            if out.len() >= max {
-                return out;
-            }
-            let at = (*at).min(buf.len());
-            if at > from {
-                out.push(IoSlice::new(&buf[from..at]));
-                from = at;
-            }
-            if out.len() >= max {
-                return out;
-            }
-            let skip = if i == 0 { self.done } else { 0 };
-            if let Some(rest) = v.get(skip..) {
-                if !rest.is_empty() {
-                    out.push(IoSlice::new(rest));
-                }
-            }
+            let at = (*at).clamp(from, buf.len());
+            put(&buf[from..at]);
+            from = at;
+            put(v
+                .get(if i == 0 { self.done } else { 0 }..)
+                .unwrap_or_default());
         }
-        if out.len() < max && from < buf.len() {
-            out.push(IoSlice::new(&buf[from..]));
-        }
-        out
+        put(buf.get(from..).unwrap_or_default());
+        n
     }
 
     /// A write took `n` bytes of the pending output `buf[pos..]` (of `buf_len` bytes) with
@@ -137,15 +134,6 @@ impl Splices {
                 self.q.pop_front();
                 self.done = 0;
             }
-        }
-        // Values that were written up to their end already (empty ones) go too.
-        while self
-            .q
-            .front()
-            .is_some_and(|(at, v)| *at <= pos && v.len() == self.done)
-        {
-            self.q.pop_front();
-            self.done = 0;
         }
         pos
     }
@@ -189,10 +177,9 @@ mod tests {
     use super::*;
 
     fn flat(s: &Splices, buf: &[u8], pos: usize) -> Vec<u8> {
-        s.gather(buf, pos, usize::MAX)
-            .iter()
-            .flat_map(|x| x.iter().copied())
-            .collect()
+        let mut slices = [IoSlice::new(&[]); 16];
+        let n = s.gather(buf, pos, &mut slices);
+        slices[..n].iter().flat_map(|x| x.iter().copied()).collect()
     }
 
     #[test]
@@ -232,7 +219,8 @@ mod tests {
             s.push(2 * i + 1, v);
         }
         let buf = b"0123456".to_vec();
-        assert_eq!(s.gather(&buf, 0, 3).len(), 3);
+        let mut three = [IoSlice::new(&[]); 3];
+        assert_eq!(s.gather(&buf, 0, &mut three), 3);
         assert_eq!(flat(&s, &buf, 0), b"0a12b34c56".to_vec());
     }
 

@@ -812,8 +812,9 @@ impl Conn {
                 self.stream.write(&s.out[s.out_pos..])
             } else {
                 // One writev of the buffer's bytes and the values between them.
-                let slices = s.spliced.gather(&s.out, s.out_pos, MAX_SLICES);
-                self.stream.write_vectored(&slices)
+                let mut slices = [io::IoSlice::new(&[]); MAX_SLICES];
+                let n = s.spliced.gather(&s.out, s.out_pos, &mut slices);
+                self.stream.write_vectored(&slices[..n])
             };
             match wrote {
                 Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),

@@ -545,7 +545,9 @@ impl Reactor {
             // header are the socket's, on the heap, so they do not move either.
             let g = &mut *sock.gather;
             g.iov.clear();
-            for slice in sock.spliced.gather(&sock.sending, sock.sent, MAX_SLICES) {
+            let mut slices = [io::IoSlice::new(&[]); MAX_SLICES];
+            let n = sock.spliced.gather(&sock.sending, sock.sent, &mut slices);
+            for slice in &slices[..n] {
                 g.iov.push(libc::iovec {
                     iov_base: slice.as_ptr() as *mut libc::c_void,
                     iov_len: slice.len(),
