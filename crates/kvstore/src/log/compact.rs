@@ -256,7 +256,7 @@ impl LogEngine {
                 if !index::fetched(v) {
                     self.st().expired_unfetched.fetch_add(1, Ordering::Relaxed);
                 }
-                self.note_removed(r);
+                self.note_removed(r, v);
                 slot.store(0, Ordering::Release);
                 self.account_remove(v, r.len, self.rec_size(r));
                 return true;

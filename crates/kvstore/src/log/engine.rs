@@ -468,7 +468,7 @@ impl Engine for LogEngine {
                 };
                 checked += 1;
                 if self.vis(&r, now) != Vis::Live {
-                    self.note_removed(&r);
+                    self.note_removed(&r, v);
                     slot.store(0, Ordering::Release);
                     self.account_remove(v, r.len, self.rec_size(&r));
                     self.st().reclaimed.fetch_add(1, Ordering::Relaxed);

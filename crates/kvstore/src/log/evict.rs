@@ -139,7 +139,7 @@ impl LogEngine {
                 self.st().evictions.fetch_add(1, Ordering::Relaxed);
                 self.tally_evicted(self.rec_size(r));
             }
-            self.note_removed(r);
+            self.note_removed(r, v);
             slot.store(0, Ordering::Release);
             self.account_remove(v, r.len, self.rec_size(r));
             true
@@ -232,7 +232,7 @@ impl LogEngine {
             self.st().copied_forward.fetch_add(1, Ordering::Relaxed);
             return true;
         }
-        self.note_removed(&r);
+        self.note_removed(&r, v);
         slot.store(0, Ordering::Release);
         self.account_remove(v, r.len, self.rec_size(&r));
         false

@@ -228,7 +228,7 @@ impl LogEngine {
         // SAFETY: per the contract; the length is read before the slot is overwritten.
         let (len, size) = unsafe { self.rec(v) }.map_or((0, 0), |r| {
             self.note_eviction(r.key, (r.cas, r.stamp));
-            self.note_removed(&r);
+            self.note_removed(&r, v);
             (r.len, self.rec_size(&r))
         });
         slot.store(replacement, Ordering::Release);

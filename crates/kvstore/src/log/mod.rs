@@ -1057,7 +1057,7 @@ impl LogEngine {
         if let Some((slot, cur)) = found {
             // SAFETY: we hold the stripe lock and `cur` is still in its slot.
             let (len, size) = unsafe { self.rec(cur) }.map_or((0, 0), |r| {
-                self.note_removed(&r);
+                self.note_removed(&r, cur);
                 (r.len, self.rec_size(&r))
             });
             slot.store(0, Ordering::Release);

@@ -16,13 +16,17 @@
 //!   retained log: the master answers with a reset and the replica resynchronizes.
 //! * **Full sync.** A new replica (or one after a reset) gets a *reset* batch holding a
 //!   starting cursor (the open segments and their lengths, and `below` = the next
-//!   sequence number), then a snapshot of the live items and the tombstones of every
-//!   segment below that cursor, walked segment by segment (resumable), then follows the
-//!   tail from the starting cursor. Items written meanwhile may arrive twice; versions
-//!   decide. The starting cursor is not one instant of the whole log (each segment's
-//!   length is read in turn, and a record is published just after its index entry), so
-//!   a record just after it may be older than a tombstone just before it: that is why the
-//!   snapshot carries tombstones, which the replica remembers as it does the tail's.
+//!   sequence number), then a snapshot of the live items of every segment below that
+//!   cursor, walked segment by segment (resumable), then follows the tail from the
+//!   starting cursor. Items written meanwhile may arrive twice; versions decide. The
+//!   starting cursor is not one instant of the whole log (each segment's length is read
+//!   in turn), so a record just after it may be older than a tombstone just before it:
+//!   that is why the snapshot also carries the tombstones of the segments that were open
+//!   when the cursor was taken (all of them are in it), which the replica remembers as it
+//!   does the tail's. A tombstone of a segment sealed before then needs no shipping: a
+//!   key's records and tombstones are published under its stripe lock in version order,
+//!   so every older record of its key is below the cursor, where only indexed items are
+//!   shipped.
 //! * **Switch.** A replica keeps checkpoints: after each tail batch it applies, its position
 //!   in the upstream log and its own log's position. A fellow replica of the same upstream
 //!   that asks it (after a promotion, or to chain) with a cursor it has all of gets a switch
@@ -129,6 +133,11 @@ pub(super) struct ReplFlags {
     removed: std::sync::Mutex<Remembered>,
     /// Entries in `removed` (read without its lock on every applied item).
     removed_len: std::sync::atomic::AtomicUsize,
+    /// On a replica: this engine's own log position just after it applied the last tail
+    /// batch that was not cut short (None before the first, and after a full sync
+    /// starts). Every record below it came with that batch or an earlier one, so every
+    /// older record of its key has arrived: removing it needs no entry in `removed`.
+    settled: std::sync::Mutex<Option<Cursor>>,
     /// On a replica: the number of the batch being applied (or last applied).
     epoch: AtomicU64,
 }
@@ -398,6 +407,12 @@ impl Cursor {
             below: st.below,
             entries: st.entries.iter().map(|(&s, &p)| (s, p)).collect(),
         }
+    }
+
+    /// Whether the byte at `off` of segment `seq` is below this position (a tail
+    /// position: every segment below `below` done, listed ones up to their offset).
+    fn has(&self, seq: u64, off: usize) -> bool {
+        seq < self.below && self.get(seq).is_none_or(|p| off < p.off as usize)
     }
 
     fn get(&self, seq: u64) -> Option<Pos> {
@@ -783,19 +798,30 @@ impl LogEngine {
     fn serve_reset_cursor(&self, out: &mut Vec<u8>) -> (Served, Cursor) {
         let (next, live) = self.numbered_segments();
         let (at, log_offset) = self.batch_header(KIND_RESET, out);
+        // First which segments are open, then (a second pass) their lengths. Every segment
+        // open when the first length is read is then in the cursor, even one sealed before
+        // its own length is read; the snapshot ships tombstones of these segments only
+        // (see `serve_snapshot`).
+        let unsealed: Vec<bool> = live
+            .iter()
+            .map(|&(_, id)| {
+                self.segs
+                    .get(id)
+                    .is_some_and(|seg| !seg.mem.0.sealed.load(Ordering::Acquire))
+            })
+            .collect();
         let mut open = Vec::new();
         let mut lag = 0;
-        for &(seq, id) in &live {
+        for (&(seq, id), &unsealed) in live.iter().zip(&unsealed) {
             let Some(seg) = self.segs.get(id) else {
                 continue;
             };
-            let sealed = seg.mem.0.sealed.load(Ordering::Acquire);
             let used = seg.mem.0.used.load(Ordering::Acquire);
             if seg.mem.0.seq.load(Ordering::Acquire) != seq {
                 continue;
             }
             lag += used as u64;
-            if !sealed {
+            if unsealed {
                 open.push((seq, used as u32));
             }
         }
@@ -870,7 +896,9 @@ impl LogEngine {
                 continue;
             }
             let used = seg.mem.0.used.load(Ordering::Acquire);
-            let limit = c.get(seq).map_or(used, |p| (p.off as usize).min(used));
+            let at_start = c.get(seq);
+            let in_cursor = at_start.is_some();
+            let limit = at_start.map_or(used, |p| (p.off as usize).min(used));
             let start = if seq == from_seq {
                 (from_off as usize).max(SEG_HDR)
             } else {
@@ -900,14 +928,20 @@ impl LogEngine {
                 };
                 let here = off;
                 off += r.len;
-                // Live items, and every tombstone: the starting cursor is not one instant
-                // of every segment (each length is read in turn, and a record is published
-                // after its index entry), so a record after it in the tail may be older
-                // than a tombstone before it. The replica remembers these tombstones until
-                // it has applied a tail batch that was not cut short (by then every such
-                // record has arrived), as it does tail tombstones.
+                // Live items, and the tombstones of the segments open when the starting
+                // cursor was taken. That cursor is not one instant of every segment (each
+                // length is read in turn), so a record after it in the tail may be older
+                // than a tombstone before it; such a tombstone was published after the
+                // first length was read, so in a segment open then, which the cursor lists
+                // (`serve_reset_cursor`). A key's records and tombstones are published
+                // under its stripe lock in version order, so a tombstone in a segment
+                // sealed before that has every older record of its key below the cursor,
+                // where the snapshot ships only what is still indexed. The replica
+                // remembers the tombstones shipped until it has applied a tail batch that
+                // was not cut short (by then every such record has arrived), as it does
+                // tail tombstones.
                 let ship = match r.kind {
-                    KIND_TOMBSTONE => true,
+                    KIND_TOMBSTONE => in_cursor,
                     KIND_ITEM => self.vis(&r, now) == Vis::Live && self.indexed_at(r.key, id, here),
                     _ => false,
                 };
@@ -1178,6 +1212,7 @@ impl LogEngine {
                 }
                 self.wipe();
                 lock(&self.repl.checkpoints).clear();
+                *lock(&self.repl.settled) = None;
                 self.forget_removed(u64::MAX);
                 st.restart();
                 st.phase = Phase::Snapshot { seq: 0, off: 0 };
@@ -1235,14 +1270,16 @@ impl LogEngine {
                     );
                 }
                 st.advance();
+                let own = self.own_position();
                 if flags & FLAG_COMPLETE != 0 {
                     forget_before(&mut st.tombs, batch_no);
+                    *lock(&self.repl.settled) = Some(own.clone());
                     self.forget_removed(batch_no);
                 }
                 if !applied.idle {
                     let cp = Checkpoint {
                         upstream: Cursor::from_state(st),
-                        own: self.own_position(),
+                        own,
                     };
                     let mut cps = lock(&self.repl.checkpoints);
                     if cps.len() >= CHECKPOINTS {
@@ -1399,12 +1436,25 @@ impl LogEngine {
         self.commit(&c, now, None);
     }
 
-    /// On a replica, remember the version of record `r`, whose item this engine removes
-    /// on its own (see `ReplFlags::removed`). The caller holds the key's stripe lock, so
-    /// a batch that brought the item was numbered before this reads `epoch`.
-    pub(super) fn note_removed(&self, r: &Rec<'_>) {
+    /// On a replica, remember the version of record `r`, which slot value `v` points at,
+    /// whose item this engine removes on its own (see `ReplFlags::removed`), unless it is
+    /// below the `settled` position (an older record of its key can no longer arrive).
+    /// The caller holds the key's stripe lock, so a batch that brought the item was
+    /// numbered before this reads `epoch`, and the record's segment is live.
+    pub(super) fn note_removed(&self, r: &Rec<'_>, v: u64) {
         if !self.repl.replica.load(Ordering::Relaxed) {
             return;
+        }
+        let seq = self
+            .segs
+            .get(index::slot_seg(v))
+            .map(|s| s.mem.0.seq.load(Ordering::Acquire))
+            // 0: retired (numbers start at 1); where it was is no longer known.
+            .filter(|&seq| seq != 0);
+        if let (Some(seq), Some(settled)) = (seq, &*lock(&self.repl.settled)) {
+            if settled.has(seq, index::slot_off(v)) {
+                return;
+            }
         }
         let epoch = self.repl.epoch.load(Ordering::SeqCst);
         let mut m = lock(&self.repl.removed);
@@ -1601,6 +1651,209 @@ mod tests {
             remember_tombstone(&mut tombs, &key(i), (10, 0), 3);
             assert!(tombs.len() <= MAX_TOMBS);
         }
+    }
+
+    /// One pull in a unit test: serve `st`'s cursor on `m`, apply the batch on `r`.
+    fn pull_once(m: &LogEngine, r: &LogEngine, st: &mut ReplicaState, now: Time) -> Served {
+        pull_budget(m, r, st, now, 1 << 20)
+    }
+
+    fn pull_budget(
+        m: &LogEngine,
+        r: &LogEngine,
+        st: &mut ReplicaState,
+        now: Time,
+        budget: usize,
+    ) -> Served {
+        let mut cursor = Vec::new();
+        st.cursor(&mut cursor);
+        let mut batch = Vec::new();
+        let served = m.repl_serve_as(None, &cursor, false, false, budget, &mut batch);
+        let applied = r.repl_apply(st, &batch, now);
+        assert!(applied.is_ok(), "replica rejected a batch: {applied:?}");
+        served
+    }
+
+    fn open_lengths(e: &LogEngine) -> BTreeMap<u64, u32> {
+        e.own_position()
+            .entries
+            .iter()
+            .map(|&(s, p)| (s, p.off))
+            .collect()
+    }
+
+    /// A full sync ships the tombstones of the segments open when its starting cursor was
+    /// taken, not those of sealed segments (whose older records are all below the cursor
+    /// and no longer indexed), so a master with more tombstones in its log than a replica
+    /// remembers (`MAX_TOMBS`) does not make it forget the ones it needs. The needed case
+    /// is staged: an item published into one open segment just after the cursor read that
+    /// segment's length, deleted at once by a tombstone in another open segment that the
+    /// cursor read later. The item arrives with the tail, after the tombstone.
+    #[test]
+    fn a_full_sync_ships_the_tombstones_of_open_segments_only() {
+        use crate::Engine as _;
+        let cfg = crate::EngineConfig {
+            max_bytes: 64 << 20,
+            max_item_size: 1 << 20,
+            no_evict: false,
+            use_cas: true,
+        };
+        let (m, r) = (LogEngine::new(cfg.clone()), LogEngine::new(cfg));
+        let now = 1_000;
+        let set = |key: &[u8], value: &[u8], exptime: Time| {
+            m.store(
+                crate::StoreRequest {
+                    mode: crate::StoreMode::Set,
+                    key,
+                    value,
+                    flags: 0,
+                    exptime,
+                },
+                now,
+            )
+        };
+        let old = |i: usize| format!("old{i}").into_bytes();
+        for i in 0..4 * MAX_TOMBS + 3 {
+            set(&old(i), b"v", 0);
+            assert!(m.delete(&old(i), now));
+        }
+        // Seal the segment that holds those tombstones.
+        let fill = vec![b'f'; 1000];
+        let first = open_lengths(&m);
+        for i in 0.. {
+            set(format!("fill{i}").as_bytes(), &fill, 0);
+            let open = open_lengths(&m);
+            if first.keys().all(|s| !open.contains_key(s)) {
+                break;
+            }
+            assert!(i < 100_000, "the first segment never sealed");
+        }
+        // The race: `k` goes to its TTL class's open segment, its tombstone to the
+        // shard's; the cursor will say the class segment was read before `k` was in.
+        set(b"z", b"opens the class segment", now + 100);
+        let before = open_lengths(&m);
+        set(b"k", b"deleted", now + 100);
+        let after = open_lengths(&m);
+        let grew: Vec<u64> = after
+            .iter()
+            .filter(|&(s, &off)| before.get(s).is_some_and(|&b| b != off))
+            .map(|(&s, _)| s)
+            .collect();
+        let [class_seg] = grew[..] else {
+            panic!("k did not go to exactly one open segment: {before:?} -> {after:?}");
+        };
+        assert!(m.delete(b"k", now));
+        let shard_seg = open_lengths(&m)
+            .iter()
+            .find(|&(s, &off)| after.get(s).is_some_and(|&a| a != off))
+            .map(|(&s, _)| s);
+        assert!(
+            shard_seg.is_some_and(|s| s != class_seg),
+            "k's tombstone is not in another open segment"
+        );
+
+        let mut st = ReplicaState::new();
+        assert!(pull_once(&m, &r, &mut st, now).reset);
+        let Some(p) = st.entries.get_mut(&class_seg) else {
+            panic!("the class segment is not in the starting cursor");
+        };
+        p.off = before[&class_seg];
+        while st.phase() == "snapshot" {
+            pull_once(&m, &r, &mut st, now);
+        }
+        assert!(
+            st.tombs.contains_key(b"k".as_slice()),
+            "k's tombstone not shipped"
+        );
+        for i in 0..4 * MAX_TOMBS + 3 {
+            assert!(
+                !st.tombs.contains_key(old(i).as_slice()),
+                "a tombstone of a sealed segment was shipped"
+            );
+        }
+        for _ in 0..100 {
+            if pull_once(&m, &r, &mut st, now).lag_bytes == 0 {
+                break;
+            }
+        }
+        let has = |key: &[u8]| r.get(key, now, crate::ReadOptions::default(), &mut |_| {});
+        assert!(!has(b"k"), "k came back");
+        assert!(has(b"z"));
+        assert_eq!(r.digest(now), m.digest(now));
+    }
+
+    /// A replica remembers an item it removes on its own (here: expired) only while an
+    /// older record of its key may still arrive: not once a tail batch that was not cut
+    /// short has been applied after the item's. A million items expiring at once on a
+    /// caught-up replica used to cost a map entry each (about 80 MB).
+    #[test]
+    fn a_replica_remembers_its_own_removals_only_while_older_records_may_come() {
+        use crate::Engine as _;
+        let cfg = crate::EngineConfig {
+            max_bytes: 16 << 20,
+            max_item_size: 1 << 20,
+            no_evict: false,
+            use_cas: true,
+        };
+        let (m, r) = (LogEngine::new(cfg.clone()), LogEngine::new(cfg));
+        r.set_replica(true);
+        let now = 1_000;
+        let set = |key: &[u8], exptime: Time| {
+            m.store(
+                crate::StoreRequest {
+                    mode: crate::StoreMode::Set,
+                    key,
+                    value: &[b'v'; 100],
+                    flags: 0,
+                    exptime,
+                },
+                now,
+            )
+        };
+        let get = |key: &[u8], at: Time| r.get(key, at, crate::ReadOptions::default(), &mut |_| {});
+        let removed = || r.repl.removed_len.load(Ordering::Acquire);
+        let mut st = ReplicaState::new();
+        // Settled: a full sync, then the tail caught up (its last batch complete).
+        for i in 0..100 {
+            set(format!("a{i}").as_bytes(), now + 10);
+        }
+        for _ in 0..100 {
+            let served = pull_once(&m, &r, &mut st, now);
+            if st.phase() == "tail" && served.lag_bytes == 0 {
+                break;
+            }
+        }
+        for i in 0..100 {
+            set(format!("b{i}").as_bytes(), now + 10);
+        }
+        let served = pull_once(&m, &r, &mut st, now);
+        assert_eq!(served.lag_bytes, 0);
+        for i in 0..100 {
+            assert!(!get(format!("a{i}").as_bytes(), now + 20));
+            assert!(!get(format!("b{i}").as_bytes(), now + 20));
+        }
+        assert_eq!(
+            removed(),
+            0,
+            "removals below the settled position were remembered"
+        );
+
+        // Items of a batch cut short by the budget: remembered when removed, forgotten
+        // after the next complete batch.
+        for i in 0..100 {
+            set(format!("c{i}").as_bytes(), now + 10);
+        }
+        let served = pull_budget(&m, &r, &mut st, now, 1000);
+        assert!(served.lag_bytes > 0);
+        for i in 0..100 {
+            assert!(!get(format!("c{i}").as_bytes(), now + 20));
+        }
+        assert!(
+            removed() > 0,
+            "a removal that an older record may follow was forgotten"
+        );
+        pull_once(&m, &r, &mut st, now);
+        assert_eq!(removed(), 0);
     }
 
     /// `own_position` reads only the open segments; it must give what a scan of every

@@ -671,7 +671,7 @@ impl LogEngine {
         let vis = self.vis(&r, now);
         if vis != Vis::Live {
             self.count_dead(vis);
-            self.note_removed(&r);
+            self.note_removed(&r, v);
             slot.store(0, Ordering::Release);
             self.account_remove(v, r.len, self.rec_size(&r));
             return Some(false);
