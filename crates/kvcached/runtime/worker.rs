@@ -93,9 +93,8 @@ pub struct Worker {
     ring_accept: bool,
     accept_armed: Vec<bool>,
     /// The open-file limit the ring's accepts were armed under (the kernel keeps the one in
-    /// force at arming), and when it was last compared with the process's.
+    /// force at arming).
     accept_limit: Option<u64>,
-    limit_checked: u32,
     /// The ring's accepts were armed again after a pause: unless one fails for want of
     /// descriptors in the next turn, accepting has resumed.
     accept_resume: bool,
@@ -167,7 +166,6 @@ impl Worker {
             ring_accept: false,
             accept_armed,
             accept_limit: None,
-            limit_checked: 0,
             accept_resume: false,
             udp,
             udp_ready: Vec::new(),
@@ -253,9 +251,7 @@ impl Worker {
             self.arm_accepts();
         }
         while !self.shared.shutting_down() {
-            // With the ring's accepts, a turn at least once a second compares the open-file
-            // limit (`turn_end`).
-            let timeout = self.timeout(idle.is_some() || handshake.is_some() || self.ring_accept);
+            let timeout = self.timeout(idle.is_some() || handshake.is_some());
             let Some(ring) = self.ring.as_mut() else {
                 break;
             };
@@ -440,11 +436,6 @@ impl Worker {
             // it was taken) starts again.
             self.arm_accepts();
         }
-        // (Server time: a new second costs no clock read here.)
-        if self.ring_accept && self.limit_checked != self.now {
-            self.limit_checked = self.now;
-            self.check_accept_limit();
-        }
         if (idle.is_some() || handshake.is_some()) && last_sweep.elapsed() >= Duration::from_secs(1)
         {
             *last_sweep = Instant::now();
@@ -624,7 +615,10 @@ impl Worker {
     /// An armed accept takes descriptors up to the open-file limit of when it was armed.
     /// If the limit changed since (`prlimit` on the running server), the accepts end and
     /// are armed again under the new one, so a lowered limit pauses accepting as it does
-    /// under epoll.
+    /// under epoll. Checked after each accepted connection (one `getrlimit`), not on a
+    /// timer that would wake an idle worker: a lowered limit lets at most one more
+    /// connection in, and a raised one is found when the old one runs out (EMFILE pauses,
+    /// and the retry arms under the new limit).
     fn check_accept_limit(&mut self) {
         let now = crate::setup::daemon::open_file_limit();
         if now == self.accept_limit {
@@ -676,6 +670,7 @@ impl Worker {
         }
         // SAFETY: the kernel made this descriptor for this accept; nothing else owns it.
         let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(res) };
+        self.check_accept_limit();
         self.next_gen = self.next_gen.wrapping_add(1);
         let sock = RingSock::new(fd, self.next_gen);
         let made = match &self.listeners[index] {
