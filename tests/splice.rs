@@ -155,17 +155,26 @@ fn slow_exact(c: &mut Client, n: usize) -> Vec<u8> {
 fn a_client_that_leaves_mid_value_releases_its_leases() {
     let (server, _w, get_line) = loaded("64");
     let mut mon = server.connect();
-    for how in ["close", "reset", "shutdown"] {
+    // gat and `mg ... T` lease the item they rewrote (under its stripe lock).
+    let gat_line = get_line.replacen("get", "gat 0", 1);
+    let mg_lines: String = (0..KEYS).map(|k| format!("mg k{k} v T0\r\n")).collect();
+    for (how, line) in [
+        ("close", &get_line),
+        ("reset", &gat_line),
+        ("shutdown", &mg_lines),
+        ("close", &gat_line),
+    ] {
+        let what = line.split(' ').next().unwrap_or_default();
         let mut c = TcpStream::connect(server.addr()).expect("connect");
         c.set_read_timeout(Some(TIMEOUT)).expect("timeout");
         // Far more than the socket buffers take: the server stops with values leased.
         for _ in 0..40 {
-            c.write_all(get_line.as_bytes()).expect("send");
+            c.write_all(line.as_bytes()).expect("send");
         }
         let held = wait_leased(&mut mon, |v| v > 0);
         assert!(
             held > 0,
-            "{how}: nothing leased while the client does not read"
+            "{how} after {what}: nothing leased while the client does not read"
         );
         let mut part = vec![0; 20_000];
         c.read_exact(&mut part).expect("read a part");
@@ -182,7 +191,11 @@ fn a_client_that_leaves_mid_value_releases_its_leases() {
             }
             _ => drop(c),
         }
-        assert_eq!(wait_leased(&mut mon, |v| v == 0), 0, "{how}: leases kept");
+        assert_eq!(
+            wait_leased(&mut mon, |v| v == 0),
+            0,
+            "{how} after {what}: leases kept"
+        );
     }
     // The data and the server are fine.
     let mut c = server.connect();

@@ -270,7 +270,7 @@ impl Engine for LogEngine {
                     ..MetaW::default()
                 },
             };
-            let mut show = |_: Option<(&AtomicU64, u64)>, r: &Rec<'_>| {
+            let mut show = |_: Option<(&AtomicU64, u64)>, r: &Rec<'_>, _: u64| {
                 found(MetaItem {
                     item: self.view(key, r),
                     exptime_before: 0,

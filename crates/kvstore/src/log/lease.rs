@@ -141,7 +141,12 @@ impl LeaseSite<'_> {
     /// when the leased memory is at its bound or `value` is not in the segment: the
     /// caller copies it instead.
     ///
-    /// Must be called while the lookup's pin is held: the callback of a read is.
+    /// Must be called while the lookup's pin is held (the callback of a read is), or under
+    /// the stripe lock of the key whose indexed record holds `value` (the callback of a
+    /// touch or gat is): every path that frees a segment first unlinks its indexed records
+    /// under their stripe locks (eviction, compaction) or waits until it has none
+    /// (`live_items`), so the segment is not released, and its lease block not detached,
+    /// before the lease is counted in the block.
     pub(crate) fn lease(&self, value: &[u8]) -> Option<ValueLease> {
         let e = self.engine;
         let mem = &e.segs.get(self.seg)?.mem.0;
@@ -248,6 +253,17 @@ mod tests {
         held
     }
 
+    /// A lease of the item a `gat` rewrote (its view comes under the stripe lock).
+    fn lease_touched(e: &LogEngine, key: &[u8]) -> Option<ValueLease> {
+        let mut held = None;
+        let opts = ReadOptions {
+            touch: Some(0),
+            ..ReadOptions::default()
+        };
+        e.get(key, 1, opts, &mut |v| held = v.lease());
+        held
+    }
+
     /// A value whose bytes say which key and version wrote it.
     fn value(key: u32, version: u32, len: usize) -> Vec<u8> {
         let mut v = vec![(key ^ version) as u8; len];
@@ -327,6 +343,20 @@ mod tests {
     }
 
     #[test]
+    fn gat_leases_the_item_it_rewrote() {
+        let e = engine(8 << 20);
+        let v = value(1, 7, 40_000);
+        set(&e, b"k", &v);
+        let Some(l) = lease_touched(&e, b"k") else {
+            panic!("gat's value was not leased");
+        };
+        assert!(l[..] == v[..]);
+        assert!(e.leased_bytes() > 0);
+        drop(l);
+        assert_eq!(e.leased_bytes(), 0);
+    }
+
+    #[test]
     fn views_without_a_site_do_not_lease() {
         let m = crate::model::Model::new(cfg(1 << 20));
         let _ = m.store(
@@ -376,7 +406,13 @@ mod tests {
                     let mut leased = 0;
                     for i in 0..20_000u32 {
                         let k = (i * 7 + t) % keys;
-                        if let Some(l) = lease(e, &k.to_le_bytes()) {
+                        // Every third a gat, whose view is leased under the stripe lock.
+                        let l = if i % 3 == 0 {
+                            lease_touched(e, &k.to_le_bytes())
+                        } else {
+                            lease(e, &k.to_le_bytes())
+                        };
+                        if let Some(l) = l {
                             leased += 1;
                             held.push_back((k, l));
                         }

@@ -132,7 +132,7 @@ impl LogEngine {
                 ..MetaW::default()
             },
         };
-        let mut show = |prev: Option<(&AtomicU64, u64)>, r: &Rec<'_>| {
+        let mut show = |prev: Option<(&AtomicU64, u64)>, r: &Rec<'_>, v: u64| {
             let (mut win, mut fetched, mut last_access) = (Win::None, false, now);
             if let Some((slot, x)) = prev {
                 win = if x & index::WIN != 0 {
@@ -149,7 +149,8 @@ impl LogEngine {
                 }
             }
             found(MetaItem {
-                item: self.view(key, r),
+                // Under the stripe lock of the item just written (see `lease`).
+                item: self.view_leasable(key, r, v),
                 exptime_before: p.exptime,
                 last_access,
                 fetched,

@@ -955,7 +955,9 @@ impl LogEngine {
     }
 
     /// [`LogEngine::view`] of the record slot value `v` points at, which the caller may
-    /// lease ([`ItemView::lease`]): only under the pin taken before `v` was loaded.
+    /// lease ([`ItemView::lease`]): only under the pin taken before `v` was loaded, or
+    /// under the key's stripe lock with `v` in its slot (touch and gat, which show the
+    /// item they rewrote).
     fn view_leasable<'a>(&'a self, key: &'a [u8], r: &Rec<'a>, v: u64) -> ItemView<'a> {
         ItemView {
             site: Some(lease::LeaseSite {

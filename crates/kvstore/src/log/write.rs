@@ -85,7 +85,7 @@ pub(super) struct MetaW {
 /// The callback of a write that shows its result (gat, mg with T, mg with N): the slot and
 /// the value it held before (when the write replaced a live item in place) and the new
 /// record, all under the key's stripe lock.
-pub(super) type ShowFn<'s> = &'s mut dyn FnMut(Option<(&AtomicU64, u64)>, &Rec<'_>);
+pub(super) type ShowFn<'s> = &'s mut dyn FnMut(Option<(&AtomicU64, u64)>, &Rec<'_>, u64);
 
 /// A stripe lock still held after a write, with the slot value written.
 pub(super) struct Held<'a> {
@@ -302,7 +302,7 @@ impl LogEngine {
         if let (Some(held), Some(cb)) = (held, view) {
             // SAFETY: `held.v` is in its slot and we hold the stripe lock (`held._g`).
             if let Some(r) = unsafe { self.rec(held.v) } {
-                cb(held.prev, &r);
+                cb(held.prev, &r, held.v);
             }
         }
     }
@@ -622,9 +622,10 @@ impl LogEngine {
                     ..MetaW::default()
                 },
             };
-            let mut show = |_: Option<(&AtomicU64, u64)>, r: &Rec<'_>| {
+            let mut show = |_: Option<(&AtomicU64, u64)>, r: &Rec<'_>, v: u64| {
                 if let Some(f) = found.as_mut() {
-                    f(self.view(key, r));
+                    // Under the stripe lock of the item just written (see `lease`).
+                    f(self.view_leasable(key, r, v));
                 }
             };
             match self.commit(&c, now, Some(&mut show)) {
