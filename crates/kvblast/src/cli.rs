@@ -134,7 +134,7 @@ pub struct Args {
         help_heading = "Workload (a preset, then overrides)"
     )]
     pub popularity: Option<String>,
-    /// Request mix, e.g. get=0.9,set=0.1 (kinds: get set delete touch incr)
+    /// Request mix, e.g. get=0.9,set=0.1 (kinds: get set delete touch incr gat)
     #[arg(
         long,
         value_name = "SPEC",

@@ -99,7 +99,7 @@ impl OpStats {
 /// Everything one thread (or, merged, the whole run) counted.
 #[derive(Debug, Clone)]
 pub struct Stats {
-    pub ops: [OpStats; 5],
+    pub ops: [OpStats; Op::COUNT],
     /// Open loop: how late each measured request was sent after its intended time, in ns.
     pub send_lag: Histogram<u64>,
     /// Open loop: measured requests sent more than [`late_send_ns`] after their time.
@@ -548,6 +548,8 @@ impl Report {
         let del = st.op(Op::Delete);
         let touch = st.op(Op::Touch);
         let incr = st.op(Op::Incr);
+        // memcached counts a gat under touch only (cmd_touch, touch_hits/misses).
+        let gat = st.op(Op::Gat);
         vec![
             ("cmd_get", get.total_keys as i64),
             ("get_hits", get.total_hits as i64),
@@ -557,7 +559,7 @@ impl Report {
             ),
             ("cmd_set", (set.total + st.loaded) as i64),
             ("delete_hits+misses", del.total as i64 - del.errors as i64),
-            ("cmd_touch", touch.total as i64),
+            ("cmd_touch", (touch.total + gat.total) as i64),
             ("incr_hits+misses", incr.total as i64 - incr.errors as i64),
         ]
     }

@@ -29,10 +29,14 @@ pub enum Op {
     Delete,
     Touch,
     Incr,
+    /// `gat`: a get that also sets the expiry (binary GAT; classic `gat` under meta).
+    Gat,
 }
 
 impl Op {
-    pub const ALL: [Op; 5] = [Op::Get, Op::Set, Op::Delete, Op::Touch, Op::Incr];
+    pub const ALL: [Op; 6] = [Op::Get, Op::Set, Op::Delete, Op::Touch, Op::Incr, Op::Gat];
+    /// How many kinds there are.
+    pub const COUNT: usize = Op::ALL.len();
 
     pub fn name(self) -> &'static str {
         match self {
@@ -41,6 +45,7 @@ impl Op {
             Op::Delete => "delete",
             Op::Touch => "touch",
             Op::Incr => "incr",
+            Op::Gat => "gat",
         }
     }
 
@@ -53,28 +58,28 @@ impl Op {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Mix {
     /// Cumulative thresholds in [`Op::ALL`] order.
-    cum: [f64; 5],
+    cum: [f64; Op::COUNT],
 }
 
 impl Mix {
-    pub fn new(fractions: [f64; 5]) -> Result<Mix, String> {
+    pub fn new(fractions: [f64; Op::COUNT]) -> Result<Mix, String> {
         let total: f64 = fractions.iter().sum();
         if !(total > 0.0 && total.is_finite()) || fractions.iter().any(|f| f.is_nan() || *f < 0.0) {
             return Err("mix fractions must be non-negative and not all zero".into());
         }
-        let mut cum = [0.0; 5];
+        let mut cum = [0.0; Op::COUNT];
         let mut acc = 0.0;
         for (i, f) in fractions.iter().enumerate() {
             acc += f / total;
             cum[i] = acc;
         }
-        cum[4] = 1.0;
+        cum[Op::COUNT - 1] = 1.0;
         Ok(Mix { cum })
     }
 
     pub fn get_set(get: f64) -> Mix {
         Mix {
-            cum: [get, 1.0, 1.0, 1.0, 1.0],
+            cum: [get, 1.0, 1.0, 1.0, 1.0, 1.0],
         }
     }
 
@@ -85,7 +90,7 @@ impl Mix {
 
     /// Parse `get=0.9,set=0.1` (names from [`Op`]; missing kinds are 0; percentages work too).
     pub fn parse(spec: &str) -> Result<Mix, String> {
-        let mut f = [0.0; 5];
+        let mut f = [0.0; Op::COUNT];
         for part in spec.split(',').filter(|p| !p.trim().is_empty()) {
             let (name, v) = part
                 .split_once('=')
@@ -209,7 +214,7 @@ impl Workload {
                 let mix = match name {
                     "kvcache-a" => Mix::get_set(1.0),
                     "kvcache-b" => Mix::get_set(0.9677),
-                    _ => Mix::new([0.70, 0.25, 0.05, 0.0, 0.0])?,
+                    _ => Mix::new([0.70, 0.25, 0.05, 0.0, 0.0, 0.0])?,
                 };
                 w(
                     1_000_000,

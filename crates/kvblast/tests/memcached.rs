@@ -146,7 +146,7 @@ fn closed_loop_counts_match_memcached_stats() {
     let mut w = Workload::preset("etc").expect("etc");
     w.keys = 2000;
     w.value_size.max = 4000;
-    w.mix = Mix::parse("get=0.7,set=0.2,delete=0.05,touch=0.05").expect("mix");
+    w.mix = Mix::parse("get=0.65,set=0.2,delete=0.05,touch=0.05,gat=0.05").expect("mix");
     let mut cfg = RunConfig::new(w, vec![mc.addr.clone()]);
     cfg.threads = 2;
     cfg.conns = 2;
@@ -177,6 +177,10 @@ fn closed_loop_counts_match_memcached_stats() {
         get.count
     );
     assert!(!get.hist.is_empty());
+    // gat: a get's reply, counted by memcached as a touch (cmd_touch, reconciled above).
+    let gat = st.op(kvblast::workload::Op::Gat);
+    assert!(gat.count > 0 && gat.hits > 0, "{}", r.table());
+    assert_eq!(gat.errors, 0);
 }
 
 #[test]
@@ -580,7 +584,8 @@ fn meta_and_binary_protocol_counts_match() {
             w.keys = 2000;
             w.multiget = multiget;
             if preset == "kvcache-c" {
-                w.mix = Mix::parse("get=0.6,set=0.2,delete=0.1,touch=0.05,incr=0.05").expect("mix");
+                w.mix = Mix::parse("get=0.55,set=0.2,delete=0.1,touch=0.05,incr=0.05,gat=0.05")
+                    .expect("mix");
             }
             let mut cfg = RunConfig::new(w, vec![mc.addr.clone()]);
             cfg.protocol = protocol;
@@ -599,6 +604,10 @@ fn meta_and_binary_protocol_counts_match() {
                 r.table()
             );
             assert_eq!(r.stats.conn_failures, 0, "{what}: {}", r.table());
+            if preset == "kvcache-c" {
+                let gat = r.stats.op(kvblast::workload::Op::Gat);
+                assert!(gat.count > 0 && gat.hits > 0, "{what}: {}", r.table());
+            }
             // Only incr on the non-numeric values errs.
             let errors = r.stats.all().errors - r.stats.op(kvblast::workload::Op::Incr).errors;
             assert_eq!(errors, 0, "{what}: {}", r.table());

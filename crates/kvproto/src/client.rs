@@ -165,6 +165,15 @@ pub fn touch(buf: &mut Vec<u8>, key: &[u8], exptime: i64, noreply: bool) {
     push_noreply(buf, noreply);
 }
 
+/// `gat <exptime> <key>\r\n`: get the item and set its expiry (a `get`'s reply).
+pub fn gat(buf: &mut Vec<u8>, exptime: i64, key: &[u8]) {
+    buf.extend_from_slice(b"gat ");
+    push_i64(buf, exptime);
+    buf.push(b' ');
+    buf.extend_from_slice(key);
+    buf.extend_from_slice(b"\r\n");
+}
+
 /// `incr <key> <delta> [noreply]\r\n`, or `decr` when `incr` is false.
 pub fn arith(buf: &mut Vec<u8>, incr: bool, key: &[u8], delta: u64, noreply: bool) {
     buf.extend_from_slice(if incr { b"incr " } else { b"decr " });
@@ -598,6 +607,11 @@ pub mod binary {
         request(buf, opcode::TOUCH, key, &exptime.to_be_bytes(), &[], opaque);
     }
 
+    /// Get and touch: a get that also sets the expiration time.
+    pub fn gat(buf: &mut Vec<u8>, key: &[u8], exptime: u32, opaque: u32) {
+        request(buf, opcode::GAT, key, &exptime.to_be_bytes(), &[], opaque);
+    }
+
     /// Increment by `delta`; with `create` false (exptime 0xffffffff) a missing key is
     /// KEY_NOT_FOUND, as text `incr` behaves.
     pub fn increment(buf: &mut Vec<u8>, key: &[u8], delta: u64, create: bool, opaque: u32) {
@@ -726,6 +740,7 @@ mod tests {
             (composed(|b| delete(b, b"k", false)), b"delete k\r\n"),
             (composed(|b| delete(b, b"k", true)), b"delete k noreply\r\n"),
             (composed(|b| touch(b, b"k", 60, false)), b"touch k 60\r\n"),
+            (composed(|b| gat(b, -1, b"k")), b"gat -1 k\r\n"),
             (
                 composed(|b| arith(b, true, b"n", 7, false)),
                 b"incr n 7\r\n",
@@ -1089,6 +1104,11 @@ CLIENT_ERROR bad command line format\r\nERROR\r\n";
         binary::increment(&mut b, b"n", 1, false, 0);
         assert_eq!(b.len(), 24 + 20 + 1);
         assert_eq!(&b[24 + 16..24 + 20], &[0xff; 4]);
+        let mut b = Vec::new();
+        binary::gat(&mut b, b"k", 60, 5);
+        assert_eq!(b.len(), 24 + 4 + 1);
+        assert_eq!((b[1], b[4]), (binary::opcode::GAT, 4));
+        assert_eq!(&b[24..], &[0, 0, 0, 60, b'k']);
         let mut b = Vec::new();
         binary::noop(&mut b, 9);
         assert_eq!(b.len(), 24);

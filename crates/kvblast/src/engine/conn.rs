@@ -116,7 +116,7 @@ impl Worker {
         let wire = match self.cfg.protocol {
             Protocol::Text => Wire::Text,
             Protocol::Binary => Wire::Binary,
-            // Meta has no touch or plain incr of its own here: those stay classic.
+            // Meta has no touch, gat or plain incr of its own here: those stay classic.
             Protocol::Meta if matches!(op, Op::Get | Op::Set | Op::Delete) => Wire::Meta,
             Protocol::Meta => Wire::Text,
         };
@@ -228,6 +228,10 @@ impl Worker {
             Op::Incr => match wire {
                 Wire::Binary => proto::binary::increment(wb, kb, 1, false, 0),
                 _ => proto::arith(wb, true, kb, 1, false),
+            },
+            Op::Gat => match wire {
+                Wire::Binary => proto::binary::gat(wb, kb, bin_exptime, 0),
+                _ => proto::gat(wb, exptime, kb),
             },
         }
         if let Some(u) = &mut conn.udp {

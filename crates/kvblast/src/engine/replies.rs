@@ -44,8 +44,8 @@ impl Got {
     pub(super) fn of_binary(r: &binary::Response<'_>) -> Got {
         use binary::{opcode, status};
         match (r.opcode, r.status) {
-            (opcode::GET | opcode::GETQ, status::SUCCESS) => Got::Value,
-            (opcode::GET, status::KEY_NOT_FOUND) => Got::En,
+            (opcode::GET | opcode::GETQ | opcode::GAT, status::SUCCESS) => Got::Value,
+            (opcode::GET | opcode::GAT, status::KEY_NOT_FOUND) => Got::En,
             (opcode::NOOP, status::SUCCESS) => Got::Mn,
             (opcode::INCREMENT, status::SUCCESS) => Got::Number,
             (opcode::SET | opcode::DELETE | opcode::TOUCH, status::SUCCESS) => Got::Hd,
@@ -331,10 +331,15 @@ impl Worker {
                 return false;
             };
             let outcome = match (front.op, got) {
-                // A single meta or binary get: a value is the hit, EN / not found the miss.
-                (Op::Get, Got::Value) if front.wire != Wire::Text && front.nkeys == 1 => hit(),
-                (Op::Get, Got::En) if front.wire != Wire::Text && front.nkeys == 1 => miss(),
-                (Op::Get, Got::Value) => {
+                // A single meta or binary get (or binary gat): a value is the hit, EN / not
+                // found the miss.
+                (Op::Get | Op::Gat, Got::Value) if front.wire != Wire::Text && front.nkeys == 1 => {
+                    hit()
+                }
+                (Op::Get | Op::Gat, Got::En) if front.wire != Wire::Text && front.nkeys == 1 => {
+                    miss()
+                }
+                (Op::Get | Op::Gat, Got::Value) => {
                     conn.values += 1;
                     if conn.values > front.nkeys {
                         self.bad_reply(c, now);
@@ -342,7 +347,7 @@ impl Worker {
                     }
                     continue;
                 }
-                (Op::Get, Got::End) | (Op::Get, Got::Mn) => {
+                (Op::Get | Op::Gat, Got::End) | (Op::Get, Got::Mn) => {
                     if (got == Got::Mn) != (front.wire != Wire::Text && front.nkeys > 1) {
                         self.bad_reply(c, now);
                         return false;
