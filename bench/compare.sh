@@ -4,7 +4,8 @@
 # Each server runs with one worker thread pinned to one core; the load generator is pinned to
 # the other core. The same load runs against each server in turn, ROUNDS times, alternating
 # (memcached, kvcached, memcached, ...) so that a noisy neighbour hurts both alike. For each run
-# it reports requests/s (from the server's own cmd_get + cmd_set counters), the server's CPU
+# it reports requests/s (from the server's own cmd_get + cmd_set + cmd_touch counters; a gat
+# counts as a touch), the server's CPU
 # time per request (user + system, from /proc) and how busy its core was, and the load
 # generator's CPU time per request; then the kvcached/memcached ratios of the medians. It also
 # reports the server core's busy time per request (core_us/req, from /proc/stat): the process's
@@ -144,11 +145,11 @@ for round in $(seq 1 "$rounds"); do
                 --mix set=1 --popularity sequential -c 8 -d 8 -n 100000 "$bench_host:$port" >/dev/null
         fi
         t0=$(cpu_ticks $pid); b0=$(cpu_busy $server_core)
-        g0=$(stat "$sport" cmd_get); s0=$(stat "$sport" cmd_set)
+        g0=$(stat "$sport" cmd_get); s0=$(( $(stat "$sport" cmd_set) + $(stat "$sport" cmd_touch) ))
         start=$(date +%s.%N)
         load_cpu=$(run_load "$port" "$mode")
         end=$(date +%s.%N)
-        g1=$(stat "$sport" cmd_get); s1=$(stat "$sport" cmd_set)
+        g1=$(stat "$sport" cmd_get); s1=$(( $(stat "$sport" cmd_set) + $(stat "$sport" cmd_touch) ))
         t1=$(cpu_ticks $pid); b1=$(cpu_busy $server_core)
         kill "$pid"; wait "$pid" 2>/dev/null || true; pid=
         label=$server
