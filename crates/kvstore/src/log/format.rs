@@ -155,12 +155,15 @@ pub(crate) fn encoded_len(spec: &Spec<'_>, base: u64) -> usize {
     encode_header(spec, base, &mut buf) + spec.key.len() + spec.parts[0].len() + spec.parts[1].len()
 }
 
-/// Write the record for `spec` at `dst` and publish it; returns its length.
+/// Write the record for `spec` at `dst` and publish it; returns its length. If `room`
+/// leaves a byte after it, that byte is set to 0 before the record is published: the next
+/// record's state byte, so that a scanner that goes by state bytes (rather than the
+/// segment's published length) stops there, although a reused segment is not cleared.
 ///
 /// # Safety
-/// `dst` must be valid for writes of `encoded_len(spec, base)` bytes, no other thread may
-/// access those bytes during the call, and `spec.key.len()` must be at most 255.
-pub(crate) unsafe fn write(dst: *mut u8, spec: &Spec<'_>, base: u64) -> usize {
+/// `dst` must be valid for writes of `room >= encoded_len(spec, base)` bytes, no other
+/// thread may access those bytes during the call, and `spec.key.len()` must be at most 255.
+pub(crate) unsafe fn write(dst: *mut u8, room: usize, spec: &Spec<'_>, base: u64) -> usize {
     let mut hdr = [0u8; HDR_MAX];
     let hlen = encode_header(spec, base, &mut hdr);
     let mut at = 1;
@@ -176,6 +179,9 @@ pub(crate) unsafe fn write(dst: *mut u8, spec: &Spec<'_>, base: u64) -> usize {
         for part in spec.parts {
             std::ptr::copy_nonoverlapping(part.as_ptr(), dst.add(at), part.len());
             at += part.len();
+        }
+        if at < room {
+            dst.add(at).write(0);
         }
         // Publish: the state byte goes last, with release ordering, so that a log
         // scanner that sees PUBLISHED with acquire also sees the whole record.
@@ -340,10 +346,16 @@ mod tests {
 
     fn roundtrip(spec: Spec<'_>, base: u64) {
         let len = encoded_len(&spec, base);
-        let mut buf = vec![0u8; len + 8];
+        // Old bytes, as in a reused segment.
+        let mut buf = vec![0xffu8; len + 8];
         // SAFETY: `buf` holds `len + 8` writable bytes that only this test touches.
-        let n = unsafe { write(buf.as_mut_ptr(), &spec, base) };
+        let n = unsafe { write(buf.as_mut_ptr(), buf.len(), &spec, base) };
         assert_eq!(n, len);
+        // The next state byte is cleared: a scan by state bytes stops after the record.
+        assert_eq!(buf[len], 0);
+        assert!(buf[len + 1..].iter().all(|&b| b == 0xff));
+        // SAFETY: as below.
+        assert!(unsafe { read(buf.as_ptr(), buf.len(), len, base) }.is_none());
         // SAFETY: `buf` is alive and unmodified while `r` is used.
         let r = unsafe { read(buf.as_ptr(), buf.len(), 0, base) }.expect("parses");
         assert_eq!(r.kind, spec.kind);
@@ -437,8 +449,9 @@ mod tests {
         };
         let len = encoded_len(&spec, 0);
         let mut buf = vec![0u8; len];
-        // SAFETY: `buf` holds exactly `len` writable bytes.
-        unsafe { write(buf.as_mut_ptr(), &spec, 0) };
+        // SAFETY: `buf` holds exactly `len` writable bytes (no room for the next state
+        // byte: none is written).
+        unsafe { write(buf.as_mut_ptr(), buf.len(), &spec, 0) };
         for end in 0..len {
             // SAFETY: `buf` outlives the call; `end <= buf.len()`.
             assert!(

@@ -216,7 +216,8 @@ impl LogEngine {
         // `HDR_MAX + key + value <= dest.room` bytes (checked above). The parts borrow
         // the old record, which the stripe lock keeps in place, and cannot overlap the
         // unpublished destination.
-        let len = unsafe { format::write(dest.ptr.as_ptr().add(dest.off), &spec, dest.base) };
+        let len =
+            unsafe { format::write(dest.ptr.as_ptr().add(dest.off), dest.room, &spec, dest.base) };
         let fresh = index::pack(index::tag_of(c.h), dest.id, dest.off as u32, 0, false);
         // The new slot value, from the value the slot holds when it is replaced: readers
         // may set access or win bits until then (by compare-exchange), and a write that
@@ -720,7 +721,7 @@ impl LogEngine {
         };
         // SAFETY: per this function's contract `HDR_MAX + key` bytes at `d.off` are
         // reserved in the open segment only the caller appends to.
-        let len = unsafe { format::write(d.ptr.as_ptr().add(d.off), &spec, d.base) };
+        let len = unsafe { format::write(d.ptr.as_ptr().add(d.off), d.room, &spec, d.base) };
         self.advance(sh, o, len);
         self.st().tombstones.fetch_add(1, Ordering::Relaxed);
     }
