@@ -45,9 +45,14 @@ fuzz_target!(|input: &[u8]| {
             "parse is not deterministic"
         );
         let start = out.len();
+        // The buffer-sizing hint never panics and is a storage request's length.
+        let hint = binary::request_len_hint(rest);
         match parsed {
             Parse::Request(request, n) => {
                 assert!(n >= HEADER_LEN && n <= rest.len(), "bad request length {n}");
+                if let Some(h) = hint {
+                    assert_eq!(h, n, "request_len_hint of a storage request");
+                }
                 assert!(request.key.len() <= MAX_KEY_LEN, "key too long");
                 assert!(request.value.len() <= limits.max_value, "value too large");
                 reply(&mut out, &request);

@@ -27,7 +27,10 @@ fuzz_target!(|input: &[u8]| {
     // The prefetch hint's keys: tokens of whole lines, never more than 64 lines' worth.
     for key in text::read_keys(stream).take(100_000) {
         assert!(!key.is_empty() && key.len() <= stream.len(), "bad hint key");
-        assert!(!key.contains(&b' ') && !key.contains(&b'\n'), "bad hint key bytes");
+        assert!(
+            !key.contains(&b' ') && !key.contains(&b'\n'),
+            "bad hint key bytes"
+        );
     }
     let mut out = Vec::new();
     let mut rest = stream;
@@ -48,9 +51,14 @@ fuzz_target!(|input: &[u8]| {
             text::parse(rest, &limits),
             "parse is not deterministic"
         );
+        // The buffer-sizing hint never panics and, for a storage request, is its length.
+        let hint = text::request_len_hint(rest);
         match parsed {
             Parse::Request(request, n) => {
                 assert!(n > 0 && n <= rest.len(), "bad request length {n}");
+                if matches!(request, Request::Store { .. }) {
+                    assert_eq!(hint, Some(n), "request_len_hint of a storage request");
+                }
                 reply(&mut out, &request, &limits);
                 rest = &rest[n..];
             }

@@ -152,7 +152,9 @@ fuzz_target!(|input: &[u8]| {
             panic!("the handshake failed: {:?}", server.failure());
         }
         let mut buf = [0u8; 64];
-        let _ = client.read(&mut buf).map(|n| ignored.extend_from_slice(&buf[..n]));
+        let _ = client
+            .read(&mut buf)
+            .map(|n| ignored.extend_from_slice(&buf[..n]));
     }
     assert!(server.established() && client.established(), "no handshake");
     // The client's plaintext, in chunks.

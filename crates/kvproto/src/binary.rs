@@ -373,6 +373,18 @@ enum Body {
     Value(usize),
 }
 
+/// How many bytes the storage request (set, add, replace, append, prepend, or a quiet one)
+/// at the front of `buf` takes, header and body, once its header is there and names a body
+/// the parser could accept (`MAX_BODY_LEN`), so that a server can size the buffer for its
+/// value in one step. None for other requests. Only a hint: the parser decides.
+pub fn request_len_hint(buf: &[u8]) -> Option<usize> {
+    use opcode::*;
+    let h = Header::decode(buf.get(..HEADER_LEN)?.try_into().ok()?);
+    let storage = matches!(unquiet(h.opcode).0, SET | ADD | REPLACE | APPEND | PREPEND);
+    (h.magic == REQUEST_MAGIC && storage && h.bodylen <= MAX_BODY_LEN)
+        .then(|| HEADER_LEN + h.bodylen as usize)
+}
+
 /// Parse one request from the front of `buf`.
 pub fn parse<'a>(buf: &'a [u8], limits: &Limits) -> Parse<'a> {
     let Some(Ok(h)) = buf.get(..HEADER_LEN).map(<&[u8; HEADER_LEN]>::try_from) else {

@@ -195,6 +195,25 @@ pub fn read_keys(buf: &[u8]) -> ReadKeys<'_> {
     }
 }
 
+/// How many bytes the request at the front of `buf` takes, once its command line is there:
+/// for a storage command (`set`, `add`, `replace`, `append`, `prepend`, `cas`) whose data has
+/// not all arrived, the line, the data and its `\r\n`, so that a server can size the buffer
+/// for the rest in one step. None for anything else or an unfinished line. Only a hint, as
+/// [`read_keys`]: the parser decides when the request runs.
+pub fn request_len_hint(buf: &[u8]) -> Option<usize> {
+    let scan = buf.get(..MAX_LINE_LEN).unwrap_or(buf);
+    let line_len = scan.iter().position(|&b| b == b'\n')? + 1;
+    let line = buf.get(..line_len)?;
+    let body = line.strip_suffix(b"\n").unwrap_or(line);
+    let mut tokens = Tokens::new(body.strip_suffix(b"\r").unwrap_or(body));
+    let (b"set" | b"add" | b"replace" | b"append" | b"prepend" | b"cas") = tokens.next()? else {
+        return None;
+    };
+    let vlen = tokens.nth(3).and_then(tok_i32)?;
+    let vlen = usize::try_from(vlen).ok()?;
+    line_len.checked_add(vlen)?.checked_add(2)
+}
+
 /// The most bytes [`read_keys`] looks at.
 pub const READ_KEYS_SPAN: usize = 8 * 1024;
 

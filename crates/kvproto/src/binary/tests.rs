@@ -1530,3 +1530,21 @@ fn parse_response_rejects() {
     short_body[3] = 1; // a 1-byte key in a 0-byte body
     assert_eq!(parse_response(&short_body), ResponseParse::Invalid);
 }
+
+#[test]
+fn request_len_hint_sizes_storage_requests_only() {
+    let mut set = Vec::new();
+    crate::client::binary::set(&mut set, b"key", 0, 0, &[b'v'; 1000], 1);
+    // The header alone tells the whole request's length.
+    assert_eq!(request_len_hint(&set[..HEADER_LEN]), Some(set.len()));
+    assert_eq!(request_len_hint(&set[..HEADER_LEN - 1]), None);
+    let mut get = Vec::new();
+    crate::client::binary::get(&mut get, b"key", false, 1);
+    assert_eq!(request_len_hint(&get), None);
+    let mut huge = set.clone();
+    huge[8..12].copy_from_slice(&u32::MAX.to_be_bytes());
+    assert_eq!(request_len_hint(&huge), None, "beyond MAX_BODY_LEN");
+    let mut response = set.clone();
+    response[0] = RESPONSE_MAGIC;
+    assert_eq!(request_len_hint(&response), None);
+}

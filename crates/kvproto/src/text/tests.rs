@@ -1251,3 +1251,39 @@ fn read_keys_looks_at_a_bounded_span() {
     batch.extend_from_slice(&long);
     assert_eq!(read_keys(&batch).collect::<Vec<_>>(), [&b"a"[..]]);
 }
+
+#[test]
+fn request_len_hint_sizes_storage_requests_only() {
+    let limits = Limits {
+        max_value: 1 << 20,
+        flush_enabled: true,
+        shutdown_enabled: false,
+    };
+    for line in [
+        "set k 0 0 5\r\n",
+        "add k 1 2 5 noreply\r\n",
+        "cas k 0 0 5 77\r\n",
+        "append k 0 0 5\n",
+    ] {
+        let whole = format!("{line}hello\r\n");
+        // The line alone tells the length the parser takes once all of it is there.
+        assert_eq!(
+            request_len_hint(line.as_bytes()),
+            Some(whole.len()),
+            "{line:?}"
+        );
+        match parse(whole.as_bytes(), &limits) {
+            Parse::Request(Request::Store { .. }, n) => assert_eq!(n, whole.len(), "{line:?}"),
+            other => panic!("{line:?}: {other:?}"),
+        }
+    }
+    for other in [
+        "set k 0 0",
+        "get k\r\n",
+        "set k 0 0 -1\r\n",
+        "set k 0 0 x\r\n",
+        "ms k 5\r\n",
+    ] {
+        assert_eq!(request_len_hint(other.as_bytes()), None, "{other:?}");
+    }
+}
