@@ -233,6 +233,11 @@ pub struct Conn {
     input: Vec<u8>,
     input_pos: usize,
     input_len: usize,
+    /// The length of the unfinished request at the front of `input` (`input_pos` 0), once
+    /// its head told it (`request_len_hint`) and the parser found it incomplete; 0 when not
+    /// known. Until that many bytes are in, the request is not parsed again after every
+    /// read (under io_uring a large value arrives in receive buffers of a few KiB).
+    input_need: usize,
     /// How many bytes at the front of the unfinished input are known to hold no line end
     /// (text protocol; 0: unknown), so that a long line arriving in pieces is not scanned
     /// again from its start after every read.
@@ -283,6 +288,7 @@ impl Conn {
             input: Vec::new(),
             input_pos: 0,
             input_len: 0,
+            input_need: 0,
             no_newline: 0,
             session,
             write_interest: false,
@@ -380,13 +386,17 @@ impl Conn {
             }
 
             // 2. Execute the whole requests already buffered.
-            if self.buffered() > 0 && !self.line_still_unfinished() {
+            let waiting = self.input_pos == 0 && self.input_len < self.input_need;
+            if self.buffered() > 0 && !waiting && !self.line_still_unfinished() {
                 let data = std::mem::take(&mut self.input);
                 let start = self.input_pos;
                 let end = self.input_len.min(data.len());
                 let (consumed, step) = self.execute(ctx, &data[start..end], budget);
                 self.input = data;
                 self.input_pos += consumed;
+                if consumed > 0 {
+                    self.input_need = 0;
+                }
                 if self.input_pos == self.input_len {
                     self.input_len = 0;
                     self.input_pos = 0;
@@ -512,6 +522,7 @@ impl Conn {
         self.input.extend_from_slice(rest);
         self.input_len = rest.len();
         self.input_pos = 0;
+        self.input_need = 0;
         true
     }
 
@@ -558,6 +569,7 @@ impl Conn {
             self.input = Vec::new();
             self.input_pos = 0;
             self.input_len = 0;
+            self.input_need = 0;
         }
     }
 
@@ -570,6 +582,7 @@ impl Conn {
             let result = if self.buffered() == 0 {
                 self.input_len = 0;
                 self.input_pos = 0;
+                self.input_need = 0;
                 let scratch: &mut Vec<u8> = ctx.scratch;
                 let room = scratch.len();
                 self.stream
@@ -587,17 +600,23 @@ impl Conn {
                     return Err(io::Error::other("request exceeds the largest allowed"));
                 }
                 // Small steps first: a dribbling client (slowloris) holds a few KiB, not a
-                // read-sized buffer; a large value still arrives in O(log n) reads. A request
+                // read-sized buffer, and a client holds at most twice what it sent (not
+                // what it announced: memcached allocates the item when the line arrives,
+                // but from -m); a large value still arrives in O(log n) reads. A request
                 // whose length its head tells (a storage command's line, a binary header)
-                // gets room for all of it at once, as memcached allocates the item when the
-                // line arrives: no step copies or clears what an earlier one did.
+                // grows no further than that.
+                // (Reached with input buffered only when the parser found the request at
+                // its front incomplete: see step 2 of `run`.)
                 let hint = match self.session.protocol {
+                    _ if self.session.swallow > 0 => None,
                     Some(Protocol::Binary) => bin::request_len_hint(&self.input[..have]),
                     _ => proto::request_len_hint(&self.input[..have]),
                 };
+                self.input_need = hint.filter(|&total| total > have).unwrap_or(0);
+                let step = (have + INPUT_STEP).max(have * 2);
                 let want = match hint {
-                    Some(total) if total > have => total,
-                    _ => (have + INPUT_STEP).max(have * 2),
+                    Some(total) if total > have => step.min(total),
+                    _ => step,
                 }
                 .min(limit);
                 if want > self.input.capacity()

@@ -375,8 +375,9 @@ enum Body {
 
 /// How many bytes the storage request (set, add, replace, append, prepend, or a quiet one)
 /// at the front of `buf` takes, header and body, once its header is there and names a body
-/// the parser could accept (`MAX_BODY_LEN`), so that a server can size the buffer for its
-/// value in one step. None for other requests. Only a hint: the parser decides.
+/// the parser could accept (`MAX_BODY_LEN`), so that a server need not grow its buffer past
+/// it nor parse the request again before it is whole. None for other requests. Only a hint:
+/// the parser decides.
 pub fn request_len_hint(buf: &[u8]) -> Option<usize> {
     use opcode::*;
     let h = Header::decode(buf.get(..HEADER_LEN)?.try_into().ok()?);

@@ -197,8 +197,9 @@ pub fn read_keys(buf: &[u8]) -> ReadKeys<'_> {
 
 /// How many bytes the request at the front of `buf` takes, once its command line is there:
 /// for a storage command (`set`, `add`, `replace`, `append`, `prepend`, `cas`) whose data has
-/// not all arrived, the line, the data and its `\r\n`, so that a server can size the buffer
-/// for the rest in one step. None for anything else or an unfinished line. Only a hint, as
+/// not all arrived, the line, the data and its `\r\n`, so that a server need not grow its
+/// buffer past it nor parse the request again before it is whole. None for anything else or
+/// an unfinished line. Only a hint, as
 /// [`read_keys`]: the parser decides when the request runs.
 pub fn request_len_hint(buf: &[u8]) -> Option<usize> {
     let scan = buf.get(..MAX_LINE_LEN).unwrap_or(buf);
