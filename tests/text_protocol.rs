@@ -674,8 +674,6 @@ fn noreply_everywhere(kind: Kind) {
     run_table(kind, &[], &rows);
 }
 
-// KVCACHED FAILS (as of 07:23 UTC): `incr s 1 noreply` / `decr s 1 noreply` on a non-numeric value
-// answer "CLIENT_ERROR cannot increment or decrement non-numeric value"; both memcacheds are silent.
 fn noreply_error_paths(kind: Kind) {
     let bad = "CLIENT_ERROR bad command line format\r\n";
     let rows = vec![
@@ -1182,8 +1180,6 @@ fn stats_counters(kind: Kind) {
     assert_eq!(s["curr_connections"], curr0);
 }
 
-// KVCACHED FAILS (as of 07:23 UTC): incr/decr of a non-numeric value count as incr_hits/decr_hits
-// (memcached counts neither a hit nor a miss).
 fn stats_counters_touch_expiry_errors(kind: Kind) {
     // A background sweep (memcached's LRU crawler, kvcached's expiry sweep) may reclaim the
     // expired item before the get sees it, which would make get_expired 0 now and then:
@@ -1879,10 +1875,11 @@ fn evicts_when_full(kind: Kind) {
     );
 }
 
-// KVCACHED FAILS (as of 07:23 UTC): often-read keys are evicted like never-read ones (not LRU).
 fn recently_read_items_survive_eviction(kind: Kind) {
-    // An LRU cache: 20 MB of sets through a 4 MB cache, reading key0 and key1 every few sets.
-    // They stay; key2, never read, is evicted.
+    // An LRU cache: 20 MB of sets through a 4 MB cache, reading key0 and key1 every other
+    // set. They stay; key2, never read, is evicted. (memcached moves a read item out of its
+    // cold LRU in its maintainer thread; reads every five sets lost key0 once on a loaded
+    // machine.)
     let server = Server::start_verified(kind, &["-m", "4"]);
     let mut c = server.connect();
     let size = 50_000;
@@ -1904,7 +1901,7 @@ fn recently_read_items_survive_eviction(kind: Kind) {
         req.extend_from_slice(b"\r\n");
         c.send(&req);
         assert_eq!(c.line(), "STORED\r\n");
-        if i % 5 == 0 {
+        if i % 2 == 0 {
             get(&mut c, "key0");
             get(&mut c, "key1");
         }
