@@ -1399,3 +1399,49 @@ fn cas_deltas_are_centred_in_their_segment() {
         "{per_item:.2} bytes per record"
     );
 }
+
+/// A touch or gat that leaves the expiry as it is rewrites nothing (it is an access, as a
+/// get is); one that changes it rewrites the item at the log's head, same CAS.
+#[test]
+fn a_touch_that_keeps_the_expiry_rewrites_nothing() {
+    let e = LogEngine::new(cfg(16 << 20));
+    let now = 1_000;
+    // Where the item's record is.
+    let written = |e: &LogEngine| -> u64 { e.peek(e.hash(b"k"), b"k", now).map_or(0, |p| p.ident) };
+    assert!(matches!(
+        set(&e, b"k", b"value", now),
+        StoreResult::Stored(_)
+    ));
+    let (_, _, _, cas) = get(&e, b"k", now).expect("stored");
+    let before = written(&e);
+    let gat = |e: &LogEngine, exptime: Time| {
+        let mut out = None;
+        let opts = ReadOptions {
+            touch: Some(exptime),
+            ..ReadOptions::default()
+        };
+        e.get(b"k", now, opts, &mut |v| {
+            out = Some((v.value.to_vec(), v.exptime, v.cas))
+        });
+        out
+    };
+    for _ in 0..3 {
+        assert_eq!(gat(&e, 0), Some((b"value".to_vec(), 0, cas)));
+        assert!(e.touch(b"k", 0, now));
+    }
+    assert_eq!(written(&e), before, "an unchanged expiry was rewritten");
+    assert_ne!(before, 0);
+    // Counted as an access: the item was fetched.
+    let mut fetched = None;
+    e.meta_get(b"k", now, crate::MetaRead::default(), &mut |m| {
+        fetched = Some(m.fetched)
+    });
+    assert_eq!(fetched, Some(true));
+    // A new expiry is written.
+    assert_eq!(gat(&e, now + 60), Some((b"value".to_vec(), now + 60, cas)));
+    assert_ne!(written(&e), before, "a new expiry was not written");
+    assert_eq!(
+        get(&e, b"k", now).map(|g| (g.2, g.3)),
+        Some((now + 60, cas))
+    );
+}

@@ -606,6 +606,35 @@ impl LogEngine {
             let Some(p) = self.peek(h, key, now) else {
                 return false;
             };
+            if p.exptime == exptime {
+                // The expiry stays as it is: nothing the log holds changes (nothing to
+                // rewrite or replicate), so this is an access, as a get is. (A gat that
+                // slides a time to live gives each key one new expiry a second at most.)
+                let _pin = self.pin();
+                // SAFETY: pinned while `r` is used (the callback included).
+                match unsafe { self.lookup(h, key) } {
+                    Some((slot, v, r))
+                        if v & IDENT_MASK == p.ident && self.vis(&r, now) == Vis::Live =>
+                    {
+                        if index::freq(v) < index::FREQ_MAX || !index::fetched(v) {
+                            // Losing this race to a writer only loses one access mark.
+                            let _ = slot.compare_exchange(
+                                v,
+                                index::bumped(v),
+                                Ordering::Relaxed,
+                                Ordering::Relaxed,
+                            );
+                        }
+                        self.index.set_atime(slot, now);
+                        if let Some(f) = found.as_mut() {
+                            f(self.view_leasable(key, &r, v));
+                        }
+                        return true;
+                    }
+                    // Changed meanwhile: look again.
+                    _ => continue,
+                }
+            }
             let c = Commit {
                 key,
                 h,
