@@ -6,7 +6,8 @@
 # each server's resident set (VmRSS) and curr_items, and reports bytes per item, total and
 # above the empty server's RSS, and the kvcached/memcached ratio. Then, with the items in
 # place and no client, it measures the CPU each server uses for IDLE seconds (-i, default
-# 10; 0 skips it): what a full but quiet cache costs its machine (background threads).
+# 10; 0 skips it): what a full but quiet cache costs its machine (background threads), and
+# how often its threads were switched to in that time (context switches per second).
 #
 # usage: bench/memory.sh [-n ITEMS] [-k KEY] [-v VALUE] [-m MEGABYTES] [-i IDLE] [-- KVCACHED ARGS]
 #   MEMCACHED=/path/to/memcached  the reference (default /usr/bin/memcached)
@@ -39,9 +40,11 @@ kvcached=${KVCACHED:-target/release/kvcached}
 hz=$(getconf CLK_TCK)
 
 rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$1/status"; }
+# switches PID: context switches of all its threads so far (each one a wakeup or a preemption).
+switches() { cat /proc/"$1"/task/*/status 2>/dev/null | awk '/ctxt_switches/ {s += $2} END {print s}'; }
 
 echo "items: $items, key $key bytes, value $value bytes, -m $mem; $(nproc) cores"
-printf '%-10s %12s %12s %12s %14s %14s %12s\n' server curr_items rss_empty_MiB rss_full_MiB bytes/item "above empty" "idle_cpu_%"
+printf '%-10s %12s %12s %12s %14s %14s %12s %14s\n' server curr_items rss_empty_MiB rss_full_MiB bytes/item "above empty" "idle_cpu_%" "idle_switch/s"
 declare -A per_item
 for server in memcached kvcached; do
     port=$(free_port)
@@ -59,9 +62,11 @@ for server in memcached kvcached; do
     n=$(stat "$port" curr_items)
     full=$(rss_kib $pid)
     cpu=-
+    wakes=-
     if [ "$idle" != 0 ]; then
-        t0=$(cpu_ticks $pid); sleep "$idle"; t1=$(cpu_ticks $pid)
+        t0=$(cpu_ticks $pid); w0=$(switches $pid); sleep "$idle"; t1=$(cpu_ticks $pid); w1=$(switches $pid)
         cpu=$(python3 -c "print(f'{($t1 - $t0) / $hz / $idle * 100:.1f}')")
+        wakes=$(python3 -c "print(f'{($w1 - $w0) / $idle:.1f}')")
     fi
     kill $pid; wait $pid 2>/dev/null || true
     line=$(python3 -c "
@@ -69,7 +74,7 @@ n, e, f = $n, $empty, $full
 print(f'{n} {e/1024:.1f} {f/1024:.1f} {f*1024/max(n,1):.2f} {(f-e)*1024/max(n,1):.2f}')")
     read -r n e f b a <<<"$line"
     per_item[$server]=$b
-    printf '%-10s %12s %12s %12s %14s %14s %12s\n' "$server" "$n" "$e" "$f" "$b" "$a" "$cpu"
+    printf '%-10s %12s %12s %12s %14s %14s %12s %14s\n' "$server" "$n" "$e" "$f" "$b" "$a" "$cpu" "$wakes"
 done
 python3 -c "print(f'kvcached/memcached bytes per item: {${per_item[kvcached]}/${per_item[memcached]}:.2f}')"
 echo "memcached: $("$memcached" -V); kvcached: $("$kvcached" -V)"
