@@ -23,16 +23,7 @@ impl Engine for LogEngine {
             };
             match self.vis(&r, now) {
                 Vis::Live => {
-                    if index::freq(v) < index::FREQ_MAX || !index::fetched(v) {
-                        // Losing this race to a writer only loses one access mark.
-                        let _ = slot.compare_exchange(
-                            v,
-                            index::bumped(v),
-                            Ordering::Relaxed,
-                            Ordering::Relaxed,
-                        );
-                    }
-                    self.index.set_atime(slot, now);
+                    self.mark_access(slot, v, now);
                     found(self.view_leasable(key, &r, v));
                     return true;
                 }

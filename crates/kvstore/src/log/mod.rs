@@ -943,6 +943,18 @@ impl LogEngine {
         Some((slot, v, out?))
     }
 
+    /// Record a read of the live item slot `slot` holds as `v`: its access counter and
+    /// fetched bit (unless already at their most) and its access time.
+    #[inline]
+    fn mark_access(&self, slot: &AtomicU64, v: u64, now: Time) {
+        if index::freq(v) < index::FREQ_MAX || !index::fetched(v) {
+            // Losing this race to a writer only loses one access mark.
+            let _ =
+                slot.compare_exchange(v, index::bumped(v), Ordering::Relaxed, Ordering::Relaxed);
+        }
+        self.index.set_atime(slot, now);
+    }
+
     fn view<'a>(&self, key: &'a [u8], r: &Rec<'a>) -> ItemView<'a> {
         ItemView {
             key,

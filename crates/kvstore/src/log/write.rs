@@ -616,16 +616,7 @@ impl LogEngine {
                     Some((slot, v, r))
                         if v & IDENT_MASK == p.ident && self.vis(&r, now) == Vis::Live =>
                     {
-                        if index::freq(v) < index::FREQ_MAX || !index::fetched(v) {
-                            // Losing this race to a writer only loses one access mark.
-                            let _ = slot.compare_exchange(
-                                v,
-                                index::bumped(v),
-                                Ordering::Relaxed,
-                                Ordering::Relaxed,
-                            );
-                        }
-                        self.index.set_atime(slot, now);
+                        self.mark_access(slot, v, now);
                         if let Some(f) = found.as_mut() {
                             f(self.view_leasable(key, &r, v));
                         }
