@@ -256,10 +256,7 @@ mod tests {
     /// A lease of the item a `gat` rewrote (its view comes under the stripe lock).
     fn lease_touched(e: &LogEngine, key: &[u8]) -> Option<ValueLease> {
         let mut held = None;
-        let opts = ReadOptions {
-            touch: Some(0),
-            ..ReadOptions::default()
-        };
+        let opts = ReadOptions { touch: Some(0) };
         e.get(key, 1, opts, &mut |v| held = v.lease());
         held
     }

@@ -1418,7 +1418,6 @@ fn a_touch_that_keeps_the_expiry_rewrites_nothing() {
         let mut out = None;
         let opts = ReadOptions {
             touch: Some(exptime),
-            ..ReadOptions::default()
         };
         e.get(b"k", now, opts, &mut |v| {
             out = Some((v.value.to_vec(), v.exptime, v.cas))
