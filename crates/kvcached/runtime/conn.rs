@@ -612,13 +612,10 @@ impl Conn {
                     Some(Protocol::Binary) => bin::request_len_hint(&self.input[..have]),
                     _ => proto::request_len_hint(&self.input[..have]),
                 };
-                self.input_need = hint.filter(|&total| total > have).unwrap_or(0);
+                let need = hint.filter(|&total| total > have);
+                self.input_need = need.unwrap_or(0);
                 let step = (have + INPUT_STEP).max(have * 2);
-                let want = match hint {
-                    Some(total) if total > have => step.min(total),
-                    _ => step,
-                }
-                .min(limit);
+                let want = step.min(need.unwrap_or(step)).min(limit);
                 if want > self.input.capacity()
                     && !ctx.buffers.allows(want + self.session.out.capacity())
                 {
@@ -629,7 +626,7 @@ impl Conn {
                     self.input.resize(want, 0);
                 }
                 // Room already initialized (by an earlier, larger request) is used too.
-                let end = self.input.len().min(limit.max(want));
+                let end = self.input.len().min(limit);
                 let r = self.stream.read(&mut self.input[have..end]);
                 let n = *r.as_ref().unwrap_or(&0);
                 self.input_len = have + n;

@@ -1692,12 +1692,7 @@ mod tests {
     #[test]
     fn a_full_sync_ships_the_tombstones_of_open_segments_only() {
         use crate::Engine as _;
-        let cfg = crate::EngineConfig {
-            max_bytes: 64 << 20,
-            max_item_size: 1 << 20,
-            no_evict: false,
-            use_cas: true,
-        };
+        let cfg = super::super::tests::cfg(64 << 20);
         let (m, r) = (LogEngine::new(cfg.clone()), LogEngine::new(cfg));
         let now = 1_000;
         let set = |key: &[u8], value: &[u8], exptime: Time| {
@@ -1789,12 +1784,7 @@ mod tests {
     #[test]
     fn a_replica_remembers_its_own_removals_only_while_older_records_may_come() {
         use crate::Engine as _;
-        let cfg = crate::EngineConfig {
-            max_bytes: 16 << 20,
-            max_item_size: 1 << 20,
-            no_evict: false,
-            use_cas: true,
-        };
+        let cfg = super::super::tests::cfg(16 << 20);
         let (m, r) = (LogEngine::new(cfg.clone()), LogEngine::new(cfg));
         r.set_replica(true);
         let now = 1_000;
