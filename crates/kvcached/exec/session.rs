@@ -173,6 +173,118 @@ impl BufferLimit {
     }
 }
 
+/// Input buffers that connections gave back after a large request, kept by their worker for
+/// the next one: a stream of large sets then reads each value into a buffer already of its
+/// size, rather than growing a new one by doubling (a copy of what arrived at each step) and
+/// clearing it. memcached keeps its read buffers per thread likewise.
+///
+/// At most [`Spares::MAX_BUFS`] buffers and [`Spares::MAX_BYTES`] bytes per worker (a
+/// quarter of the worker's share of `-o read_buf_mem_limit`, if that is less); they count
+/// in `read_buf_count` and `read_buf_bytes`, and in `read_buf_bytes_free`. A spare keeps
+/// its initialized length, so that refilling it clears nothing.
+#[derive(Debug)]
+pub struct Spares {
+    bufs: Vec<Vec<u8>>,
+    bytes: usize,
+    max_bytes: usize,
+}
+
+impl Default for Spares {
+    fn default() -> Spares {
+        Spares::new(0)
+    }
+}
+
+impl Spares {
+    pub const MAX_BUFS: usize = 4;
+    pub const MAX_BYTES: usize = 4 << 20;
+    /// Smaller buffers are not worth keeping: growing one costs little.
+    pub const MIN_BYTES: usize = 16 * 1024;
+
+    /// Spares for a worker whose connections may hold `buffer_limit` bytes (0: no limit).
+    pub fn new(buffer_limit: usize) -> Spares {
+        let max_bytes = match buffer_limit {
+            0 => Self::MAX_BYTES,
+            limit => Self::MAX_BYTES.min(limit / 4),
+        };
+        Spares {
+            bufs: Vec::new(),
+            bytes: 0,
+            max_bytes,
+        }
+    }
+
+    /// Keep `buf` (its contents are dead) if it is worth it and there is room; when full, a
+    /// larger buffer replaces the smallest.
+    pub fn put(&mut self, buf: Vec<u8>, stats: &WorkerStats) {
+        let cap = buf.capacity();
+        if !(Self::MIN_BYTES..=self.max_bytes).contains(&cap) {
+            return;
+        }
+        if self.bufs.len() == Self::MAX_BUFS || self.bytes + cap > self.max_bytes {
+            let Some((i, smallest)) = self
+                .bufs
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, b)| b.capacity())
+                .map(|(i, b)| (i, b.capacity()))
+            else {
+                return;
+            };
+            if smallest >= cap || self.bytes - smallest + cap > self.max_bytes {
+                return;
+            }
+            let old = self.bufs.swap_remove(i);
+            self.bytes -= smallest;
+            stats.buffers.spare(old.capacity(), false);
+        }
+        self.bytes += cap;
+        stats.buffers.spare(cap, true);
+        self.bufs.push(buf);
+    }
+
+    /// A spare for a request of `need` bytes, for a connection whose buffer has `cap` bytes: the smallest that holds the request, else the largest if it is larger
+    /// than `cap`. `allows` says whether the connection may hold a buffer of so many bytes.
+    pub fn take(
+        &mut self,
+        need: usize,
+        cap: usize,
+        allows: impl Fn(usize) -> bool,
+        stats: &WorkerStats,
+    ) -> Option<Vec<u8>> {
+        let fits = self
+            .bufs
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.capacity() >= need)
+            .min_by_key(|(_, b)| b.capacity());
+        let pick = match fits {
+            Some((i, _)) => i,
+            None => {
+                self.bufs
+                    .iter()
+                    .enumerate()
+                    .max_by_key(|(_, b)| b.capacity())
+                    .filter(|(_, b)| b.capacity() > cap)?
+                    .0
+            }
+        };
+        if !allows(self.bufs[pick].capacity()) {
+            return None;
+        }
+        let buf = self.bufs.swap_remove(pick);
+        self.bytes -= buf.capacity();
+        stats.buffers.spare(buf.capacity(), false);
+        Some(buf)
+    }
+
+    /// Bytes kept.
+    #[cfg(test)]
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
 /// Worker-owned context for driving connections.
 pub struct Ctx<'a> {
     pub shared: &'a Shared,
@@ -187,4 +299,80 @@ pub struct Ctx<'a> {
     pub worker: usize,
     /// The socket of the connection being served (`cfd` in `watch` lines); -1 for none.
     pub cfd: i32,
+    /// The worker's spare input buffers.
+    pub spares: &'a mut Spares,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn buf(cap: usize) -> Vec<u8> {
+        Vec::with_capacity(cap)
+    }
+
+    #[test]
+    fn spares_keep_large_buffers_within_their_bounds_and_count_them() {
+        let stats = WorkerStats::default();
+        let mut spares = Spares::new(0);
+        spares.put(buf(Spares::MIN_BYTES - 1), &stats);
+        assert_eq!(spares.bytes(), 0, "too small to keep");
+        spares.put(buf(Spares::MAX_BYTES + 1), &stats);
+        assert_eq!(spares.bytes(), 0, "too large to keep");
+        for _ in 0..Spares::MAX_BUFS + 2 {
+            spares.put(buf(64 * 1024), &stats);
+        }
+        let kept = Spares::MAX_BUFS * 64 * 1024;
+        assert!(spares.bytes() >= kept);
+        assert_eq!(spares.bufs.len(), Spares::MAX_BUFS);
+        // When full, a larger buffer replaces the smallest; a smaller one is dropped.
+        spares.put(buf(128 * 1024), &stats);
+        assert_eq!(spares.bufs.len(), Spares::MAX_BUFS);
+        assert_eq!(
+            spares.bytes(),
+            spares.bufs.iter().map(Vec::capacity).sum::<usize>()
+        );
+        let b = stats.buffers.read_buf_bytes_free.get() as usize;
+        assert_eq!(b, spares.bytes(), "read_buf_bytes_free");
+        assert_eq!(stats.buffers.read_buf_bytes.get() as usize, spares.bytes());
+        assert_eq!(
+            stats.buffers.read_buf_count.get() as usize,
+            Spares::MAX_BUFS
+        );
+    }
+
+    #[test]
+    fn a_spare_is_the_smallest_that_holds_the_request_else_the_largest() {
+        let stats = WorkerStats::default();
+        let mut spares = Spares::new(0);
+        for cap in [32 * 1024, 300 * 1024, 1 << 20] {
+            spares.put(buf(cap), &stats);
+        }
+        let yes = |_| true;
+        let got = spares.take(200 * 1024, 0, yes, &stats).unwrap();
+        assert!(got.capacity() >= 300 * 1024 && got.capacity() < 1 << 20);
+        let got = spares.take(2 << 20, 0, yes, &stats).unwrap();
+        assert!(got.capacity() >= 1 << 20);
+        // Nothing larger than the connection's own buffer: nothing.
+        assert!(spares.take(2 << 20, 64 * 1024, yes, &stats).is_none());
+        // A spare the buffer limit does not allow stays.
+        assert!(spares.take(1024, 0, |_| false, &stats).is_none());
+        assert!(spares.take(1024, 0, yes, &stats).is_some());
+        assert_eq!(spares.bytes(), 0);
+        assert_eq!(stats.buffers.read_buf_bytes_free.get(), 0);
+        assert_eq!(stats.buffers.read_buf_count.get(), 0);
+    }
+
+    #[test]
+    fn spares_take_at_most_a_quarter_of_the_buffer_limit() {
+        let stats = WorkerStats::default();
+        let mut spares = Spares::new(256 * 1024);
+        spares.put(buf(64 * 1024), &stats);
+        spares.put(buf(64 * 1024), &stats);
+        assert!(
+            spares.bytes() <= 64 * 1024 + 1024,
+            "kept {}",
+            spares.bytes()
+        );
+    }
 }

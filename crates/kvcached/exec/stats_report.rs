@@ -271,8 +271,8 @@ fn general(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
     emit(sink, "response_obj_bytes", b.response_obj_bytes);
     emit(sink, "read_buf_count", b.read_buf_count);
     emit(sink, "read_buf_bytes", b.read_buf_bytes);
-    // Buffers are returned to the allocator when empty: none is kept free.
-    emit(sink, "read_buf_bytes_free", 0);
+    // The workers' spare input buffers (kept for the next large request).
+    emit(sink, "read_buf_bytes_free", b.read_buf_bytes_free);
     emit(sink, "read_buf_oom", t.read_buf_oom);
     // Descriptors kept beyond -c for listeners and files.
     emit(sink, "reserved_fds", crate::setup::daemon::FD_RESERVE);

@@ -48,6 +48,11 @@ const KEEP_CAPACITY: usize = 64 * 1024;
 /// The first growth step of a connection's own input buffer (an unfinished request).
 const INPUT_STEP: usize = 2 * 1024;
 
+/// Under io_uring, the rest of a request whose length is known is received straight into
+/// the connection's input buffer (not through the ring's provided buffers, then copied)
+/// when at least this much room is ready for it.
+const LEND_MIN: usize = crate::runtime::ring::RX_BUF;
+
 /// The socket of a connection.
 pub enum Stream {
     Tcp(mio::net::TcpStream),
@@ -166,6 +171,11 @@ impl Stream {
         self.ring().map_or(0, RingSock::held)
     }
 
+    /// Bytes of the connection's input buffer, lent to the io_uring socket for a receive.
+    pub fn lent(&self) -> usize {
+        self.ring().map_or(0, RingSock::lent_capacity)
+    }
+
     /// A TLS session whose handshake has not completed.
     pub fn handshaking(&self) -> bool {
         matches!(self, Stream::Tls(s) if s.is_handshaking())
@@ -238,6 +248,10 @@ pub struct Conn {
     /// known. Until that many bytes are in, the request is not parsed again after every
     /// read (under io_uring a large value arrives in receive buffers of a few KiB).
     input_need: usize,
+    /// Under io_uring, `input` is lent to the socket for a receive straight into it (the
+    /// rest of a request whose length is known): `input` is empty meanwhile, and
+    /// `input_len` counts the bytes it held.
+    input_lent: bool,
     /// How many bytes at the front of the unfinished input are known to hold no line end
     /// (text protocol; 0: unknown), so that a long line arriving in pieces is not scanned
     /// again from its start after every read.
@@ -289,6 +303,7 @@ impl Conn {
             input_pos: 0,
             input_len: 0,
             input_need: 0,
+            input_lent: false,
             no_newline: 0,
             session,
             write_interest: false,
@@ -303,7 +318,7 @@ impl Conn {
     /// Bytes of buffer memory the connection holds now: its input and its output buffer.
     pub fn buffer_split(&self) -> (usize, usize) {
         (
-            self.input.capacity(),
+            self.input.capacity() + self.stream.lent(),
             self.session.out.capacity() + self.stream.held(),
         )
     }
@@ -401,7 +416,7 @@ impl Conn {
                     self.input_len = 0;
                     self.input_pos = 0;
                     if self.input.capacity() > KEEP_CAPACITY {
-                        self.input = Vec::new();
+                        self.release_input(ctx);
                     }
                 }
                 match step {
@@ -434,7 +449,7 @@ impl Conn {
 
             // 4. Read more.
             if drained {
-                self.idle();
+                self.idle(ctx);
                 return Drive::Wait;
             }
             let source = match self.read(ctx) {
@@ -449,7 +464,7 @@ impl Conn {
                     continue;
                 }
                 Ok(Received::WouldBlock) => {
-                    self.idle();
+                    self.idle(ctx);
                     return Drive::Wait;
                 }
                 Err(e) => {
@@ -554,6 +569,10 @@ impl Conn {
     /// Whether the unfinished input holds a whole command line (or binary header) whose
     /// data is still coming.
     fn partial_has_command(&self) -> bool {
+        if self.input_lent {
+            // Lent only for the rest of a request whose head told its length.
+            return true;
+        }
         let rest = &self.input[self.input_pos..self.input_len];
         match self.session.protocol {
             Some(Protocol::Binary) => rest.len() >= bin::HEADER_LEN,
@@ -561,12 +580,87 @@ impl Conn {
         }
     }
 
+    /// Move the unfinished request (`have` bytes) into one of the worker's spare buffers,
+    /// if one is larger than this connection's, to read the rest of its `need` bytes into.
+    fn take_spare(&mut self, ctx: &mut Ctx<'_>, need: usize, have: usize) {
+        let out = self.session.out.capacity();
+        let buffers = ctx.buffers;
+        let Some(mut spare) = ctx.spares.take(
+            need,
+            self.input.capacity(),
+            |cap| buffers.allows(cap + out),
+            ctx.stats,
+        ) else {
+            return;
+        };
+        if spare.len() < have {
+            spare.resize(have, 0);
+        }
+        spare[..have].copy_from_slice(&self.input[..have]);
+        let old = std::mem::replace(&mut self.input, spare);
+        ctx.spares.put(old, ctx.stats);
+    }
+
+    /// Under io_uring, a connection that sends large requests and has nothing unfinished
+    /// lends one of the worker's spare buffers to its socket, to receive its next request
+    /// straight into (rather than into the socket's own buffer and then copy it here).
+    fn lend_spare(&mut self, ctx: &mut Ctx<'_>, limit: usize) -> bool {
+        let Stream::Ring(ring) = &self.stream else {
+            return false;
+        };
+        if !ring.direct() || !ring.can_lend() || self.session.swallow > 0 {
+            return false;
+        }
+        let out = self.session.out.capacity();
+        let buffers = ctx.buffers;
+        let Some(mut buf) = ctx.spares.take(
+            crate::runtime::ring::DIRECT_BUF,
+            0,
+            |cap| buffers.allows(cap + out),
+            ctx.stats,
+        ) else {
+            return false;
+        };
+        if buf.len() < crate::runtime::ring::DIRECT_BUF {
+            buf.resize(crate::runtime::ring::DIRECT_BUF.min(buf.capacity()), 0);
+        }
+        let end = buf.len().min(limit);
+        self.release_input(ctx);
+        let Stream::Ring(ring) = &mut self.stream else {
+            return false; // not reached: the stream is the one above
+        };
+        ring.lend(buf, 0, end);
+        self.input_lent = true;
+        true
+    }
+
+    /// The input buffer of a connection that is closing (none while the kernel may still
+    /// write into it).
+    pub fn take_input(&mut self) -> Vec<u8> {
+        if self.input_lent {
+            return match self.stream.ring_mut().and_then(RingSock::reclaim) {
+                Some((buf, _)) => {
+                    self.input_lent = false;
+                    buf
+                }
+                None => Vec::new(),
+            };
+        }
+        std::mem::take(&mut self.input)
+    }
+
+    /// Give the input buffer back: to the worker's spares if it is large (its next large
+    /// request then needs no growing).
+    fn release_input(&mut self, ctx: &mut Ctx<'_>) {
+        ctx.spares.put(std::mem::take(&mut self.input), ctx.stats);
+    }
+
     /// The client has nothing more for now: give back the buffers that hold nothing (an
     /// idle connection holds no buffers).
-    fn idle(&mut self) {
+    fn idle(&mut self, ctx: &mut Ctx<'_>) {
         self.session.release_idle();
         if self.input_pos == self.input_len && self.input.capacity() > 0 {
-            self.input = Vec::new();
+            self.release_input(ctx);
             self.input_pos = 0;
             self.input_len = 0;
             self.input_need = 0;
@@ -578,11 +672,31 @@ impl Conn {
     /// memory limit (an error closes the connection).
     fn read(&mut self, ctx: &mut Ctx<'_>) -> io::Result<Received> {
         let limit = ctx.shared.max_request_len();
+        if self.input_lent {
+            match self.stream.ring_mut().and_then(RingSock::reclaim) {
+                None => return Ok(Received::WouldBlock),
+                Some((buf, got)) => {
+                    self.input = buf;
+                    self.input_lent = false;
+                    if got > 0 {
+                        self.input_len += got;
+                        ctx.stats.bytes_read.add(got as u64);
+                        // Not `drained`: the connection lends its buffer again for the rest
+                        // rather than wait for a receive of another kind.
+                        return Ok(Received::Data(Source::Input, true));
+                    }
+                    // End of file or an error: the read below says which.
+                }
+            }
+        }
         loop {
             let result = if self.buffered() == 0 {
                 self.input_len = 0;
                 self.input_pos = 0;
                 self.input_need = 0;
+                if self.lend_spare(ctx, limit) {
+                    return Ok(Received::WouldBlock);
+                }
                 let scratch: &mut Vec<u8> = ctx.scratch;
                 let room = scratch.len();
                 self.stream
@@ -616,6 +730,9 @@ impl Conn {
                 self.input_need = need.unwrap_or(0);
                 let step = (have + INPUT_STEP).max(have * 2);
                 let want = step.min(need.unwrap_or(step)).min(limit);
+                if let Some(total) = need.filter(|_| want > self.input.capacity()) {
+                    self.take_spare(ctx, total.min(limit), have);
+                }
                 if want > self.input.capacity()
                     && !ctx.buffers.allows(want + self.session.out.capacity())
                 {
@@ -627,6 +744,14 @@ impl Conn {
                 }
                 // Room already initialized (by an earlier, larger request) is used too.
                 let end = self.input.len().min(limit);
+                if let (Some(_), Stream::Ring(ring)) = (need, &mut self.stream) {
+                    if ring.can_lend() && end - have >= LEND_MIN {
+                        // io_uring: the kernel receives the rest straight into this buffer.
+                        ring.lend(std::mem::take(&mut self.input), have, end);
+                        self.input_lent = true;
+                        return Ok(Received::WouldBlock);
+                    }
+                }
                 let r = self.stream.read(&mut self.input[have..end]);
                 let n = *r.as_ref().unwrap_or(&0);
                 self.input_len = have + n;

@@ -23,6 +23,14 @@
 //!   its own of [`DIRECT_BUF`] bytes, until one comes back less than half full, so a
 //!   stream of large requests neither crowds the shared buffers nor goes through them
 //!   4 KiB at a time.
+//! - **Receiving into the connection's buffer.** Better still, a plain connection lends its
+//!   own input buffer ([`RingSock::lend`]): for the rest of a request whose length its head
+//!   told (a set's value), and, while it sends large requests, one of the worker's spare
+//!   buffers for whatever comes next. One receive goes straight into the lent room, and
+//!   the connection takes the buffer back ([`RingSock::reclaim`]) once it has completed:
+//!   the value is not copied out of a provided buffer or the socket's own one, then again
+//!   into the connection's. The buffer is the socket's meanwhile, parked with it if the
+//!   connection closes. TLS connections read through rustls and do not lend.
 //! - **Sending.** A plain connection hands its output buffer over as the send buffer (the
 //!   two swap, nothing is copied), with the leased values spliced between its bytes
 //!   (`exec/splice.rs`), which then go in one `sendmsg` whose iovecs point into the buffer
@@ -499,9 +507,17 @@ impl Reactor {
     /// Queue what connection `slot` needs from the kernel: a receive when its input is empty,
     /// a send when it has staged output and none in flight.
     pub fn arm(&mut self, sock: &mut RingSock, slot: usize) -> io::Result<()> {
-        if sock.wants_recv() {
+        // A lent buffer takes one receive; then it waits to be reclaimed.
+        let lent_done = sock.lent.as_ref().is_some_and(|l| l.done);
+        if sock.wants_recv() && !lent_done {
             let fd = types::Fd(sock.fd.as_raw_fd());
-            let e = if sock.direct {
+            let e = if let Some(l) = sock.lent.as_mut() {
+                // The lent buffer is the socket's until the completion (`reclaim` refuses it
+                // meanwhile, and a closed connection's socket is parked with it), and its
+                // heap memory does not move with the socket.
+                let room = &mut l.buf[l.from..l.to];
+                opcode::Recv::new(fd, room.as_mut_ptr(), room.len() as u32).build()
+            } else if sock.direct {
                 // The input queue is empty (`wants_recv`); it is not touched again until the
                 // completion, so its spare room stays where the kernel writes.
                 sock.rx.clear();
@@ -519,7 +535,8 @@ impl Reactor {
             };
             self.push(&e.user_data(user_data(OP_RECV, sock.gen, slot)))?;
             sock.recv_inflight = true;
-            sock.recv_direct = sock.direct;
+            sock.recv_lent = sock.lent.is_some();
+            sock.recv_direct = sock.direct && !sock.recv_lent;
             sock.recv_cancelled = false;
         }
         if !sock.send_inflight && sock.unsent() && sock.err.is_none() {
@@ -639,6 +656,11 @@ impl Reactor {
                 let more = c.more();
                 if !more {
                     sock.recv_inflight = false;
+                    if sock.recv_lent {
+                        if let Some(l) = sock.lent.as_mut() {
+                            l.done = true;
+                        }
+                    }
                 }
                 if c.result > 0 {
                     let n = c.result as usize;
@@ -664,6 +686,14 @@ impl Reactor {
                         {
                             self.cancel(OP_RECV, sock.gen, c.slot);
                             sock.recv_cancelled = true;
+                        }
+                    } else if sock.recv_lent {
+                        if let Some(l) = sock.lent.as_mut() {
+                            l.got = n.min(l.to - l.from);
+                            // The rest of a large request: the next may be large too. A
+                            // buffer lent for whatever comes next: large while it comes in
+                            // large pieces, as the socket's own buffer below.
+                            sock.direct = l.from > 0 || n >= DIRECT_BUF / 2;
                         }
                     } else if sock.recv_direct {
                         let room = sock.rx.capacity() - sock.rx.len();
@@ -756,6 +786,10 @@ pub struct RingSock {
     /// whether the receive in flight does.
     direct: bool,
     recv_direct: bool,
+    /// The connection's own input buffer, lent for a receive straight into it (the rest of a
+    /// request whose length is known), and whether the receive in flight goes there.
+    lent: Option<Lent>,
+    recv_lent: bool,
     /// Output to send, and how much of it went; while a send is in flight the kernel reads
     /// it, so it is not touched until the completion.
     sending: Vec<u8>,
@@ -765,6 +799,16 @@ pub struct RingSock {
     /// The `sendmsg` of a send with spliced values: its iovecs and header.
     gather: Box<Gather>,
     send_inflight: bool,
+}
+
+/// An input buffer lent by its connection: the kernel receives into `buf[from..to]`; once
+/// that receive is `done`, `got` bytes came.
+struct Lent {
+    buf: Vec<u8>,
+    from: usize,
+    to: usize,
+    got: usize,
+    done: bool,
 }
 
 /// A `sendmsg` header (no address, no control data) and the iovecs it points at, filled
@@ -811,6 +855,8 @@ impl RingSock {
             recv_cancelled: false,
             direct: false,
             recv_direct: false,
+            lent: None,
+            recv_lent: false,
             sending: Vec::new(),
             sent: 0,
             spliced: Splices::default(),
@@ -825,6 +871,48 @@ impl RingSock {
 
     fn wants_recv(&self) -> bool {
         !self.recv_inflight && self.rx_pos == self.rx.len() && !self.eof && self.err.is_none()
+    }
+
+    /// The connection sends large requests (see `direct`): its next bytes had better go
+    /// straight into a buffer of its own.
+    pub fn direct(&self) -> bool {
+        self.direct
+    }
+
+    /// Whether the connection's next bytes may go straight into a buffer of its own: nothing
+    /// is queued or on its way to a provided buffer, and no buffer is lent already.
+    pub fn can_lend(&self) -> bool {
+        self.wants_recv() && self.lent.is_none()
+    }
+
+    /// Lend `buf` to receive the connection's next bytes into `buf[from..to]` (the receive is
+    /// queued with the connection's others). Bytes already in `buf` stay; `buf` comes back
+    /// with [`RingSock::reclaim`] once the receive has completed.
+    pub fn lend(&mut self, buf: Vec<u8>, from: usize, to: usize) {
+        let to = to.min(buf.len());
+        let from = from.min(to);
+        self.lent = Some(Lent {
+            buf,
+            from,
+            to,
+            got: 0,
+            done: false,
+        });
+    }
+
+    /// The lent buffer and how many bytes were received into it, once its receive has
+    /// completed (`None`: it is still the kernel's). With 0 bytes, the connection reads as
+    /// usual next: the receive ended with end of file or an error.
+    pub fn reclaim(&mut self) -> Option<(Vec<u8>, usize)> {
+        if self.recv_inflight && self.recv_lent {
+            return None;
+        }
+        self.lent.take().map(|l| (l.buf, l.got))
+    }
+
+    /// Bytes of a buffer lent by the connection (its input buffer, counted as such).
+    pub fn lent_capacity(&self) -> usize {
+        self.lent.as_ref().map_or(0, |l| l.buf.capacity())
     }
 
     /// A receive or a send failed: the connection must be driven to close.
@@ -1266,6 +1354,70 @@ mod tests {
         assert_eq!(read_all(&mut sock), b"version\r\n");
         assert!(!sock.direct);
         assert!(sock.held() <= KEEP_RX + KEEP, "held {}", sock.held());
+    }
+
+    #[test]
+    fn a_lent_buffer_takes_the_bytes_after_those_it_holds() {
+        for multishot in [false, true] {
+            let Some((mut r, mut sock, mut peer)) = setup_mode(multishot) else {
+                return;
+            };
+            assert!(sock.can_lend());
+            let mut buf = b"set k 0 0 8\r\n".to_vec();
+            let have = buf.len();
+            buf.resize(have + 64, 0);
+            sock.lend(buf, have, have + 10);
+            assert!(!sock.can_lend(), "one buffer at a time");
+            r.arm(&mut sock, 3).unwrap();
+            assert!(sock.recv_inflight && sock.recv_lent);
+            assert!(
+                sock.reclaim().is_none(),
+                "the kernel's until the receive completes"
+            );
+            // More than the room lent: the rest waits in the socket for the next receive.
+            peer.write_all(b"12345678\r\nget k\r\n").unwrap();
+            until(&mut r, &mut sock, |c| c.op == Op::Recv);
+            // Arming again queues nothing for a buffer that waits to be reclaimed.
+            let queued = r.ring.submission().len();
+            r.arm(&mut sock, 3).unwrap();
+            assert_eq!(r.ring.submission().len(), queued);
+            let (buf, got) = sock.reclaim().unwrap();
+            assert_eq!(got, 10);
+            assert_eq!(&buf[..have + got], b"set k 0 0 8\r\n12345678\r\n");
+            assert!(sock.reclaim().is_none());
+            // A lent buffer's receive leaves the socket's own input empty; the rest comes
+            // through the usual receive.
+            assert_eq!(sock.rx.len(), 0);
+            r.arm(&mut sock, 3).unwrap();
+            until(&mut r, &mut sock, |c| c.op == Op::Recv);
+            assert_eq!(read_all(&mut sock), b"get k\r\n");
+        }
+    }
+
+    #[test]
+    fn a_connection_closed_with_a_lent_buffer_is_kept_until_its_receive_ends() {
+        let Some((mut r, mut sock, _peer)) = setup() else {
+            return;
+        };
+        sock.lend(vec![0; 4096], 0, 4096);
+        r.arm(&mut sock, 3).unwrap();
+        assert!(sock.recv_inflight);
+        r.retire(3, sock);
+        assert_eq!(
+            r.parked.len(),
+            1,
+            "the buffer is the kernel's: parked with it"
+        );
+        for _ in 0..100 {
+            let done: Vec<Completion> = r.wait(Some(Duration::from_secs(1))).unwrap().to_vec();
+            for c in &done {
+                r.complete(c, None);
+            }
+            if r.parked.is_empty() {
+                break;
+            }
+        }
+        assert!(r.parked.is_empty(), "the receive never ended");
     }
 
     #[test]

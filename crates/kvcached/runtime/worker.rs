@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use mio::{Events, Interest, Poll, Token, Waker};
 
-use crate::exec::session::{BufferLimit, Ctx};
+use crate::exec::session::{BufferLimit, Ctx, Spares};
 use crate::runtime::conn::{Conn, Drive, Sock, Stream};
 use crate::runtime::listener::Listener;
 use crate::runtime::ring::{Completion, Op, Reactor, RingSock};
@@ -120,6 +120,8 @@ pub struct Worker {
     ring: Option<Reactor>,
     /// The generation of the next connection under io_uring.
     next_gen: u32,
+    /// Input buffers kept for the next large request.
+    spares: Spares,
 }
 
 impl Worker {
@@ -179,6 +181,7 @@ impl Worker {
             now: 0,
             ring: None,
             next_gen: 0,
+            spares: Spares::new(buffer_limit),
         })
     }
 
@@ -488,6 +491,7 @@ impl Worker {
             buffers: BufferLimit::default(),
             worker: self.index,
             cfd: sock.as_raw_fd(),
+            spares: &mut Spares::default(),
         };
         if crate::runtime::udp::serve(sock, &mut ctx, buffers) && !self.udp_ready.contains(&index) {
             self.udp_ready.push(index);
@@ -509,6 +513,7 @@ impl Worker {
             },
             worker: self.index,
             cfd: conn.fd,
+            spares: &mut self.spares,
         };
         let drive = conn.drive(&mut ctx);
         self.account(slot);
@@ -924,6 +929,8 @@ impl Worker {
         }
         self.buffers_held -= conn.accounted;
         self.stats.buffers.update(&mut conn.gauged, 0, 0);
+        // A large input buffer serves the worker's next large request.
+        self.spares.put(conn.take_input(), &self.stats);
         self.shared.unregister(fd);
         self.shared.curr_conns.fetch_sub(1, Ordering::AcqRel);
         tracing::debug!(fd, "<{fd} connection closed.");

@@ -124,9 +124,20 @@ pub struct BufferGauges {
     pub read_buf_bytes: Gauge,
     pub response_obj_count: Gauge,
     pub response_obj_bytes: Gauge,
+    /// Of the read buffers, the worker's spare input buffers (`read_buf_bytes_free`).
+    pub read_buf_bytes_free: Gauge,
 }
 
 impl BufferGauges {
+    /// A spare input buffer of `bytes` is kept (`true`) or taken back (`false`).
+    pub fn spare(&self, bytes: usize, kept: bool) {
+        let (old, new) = if kept { (0, bytes) } else { (bytes, 0) };
+        self.read_buf_count
+            .adjust(usize::from(old > 0), usize::from(new > 0));
+        self.read_buf_bytes.adjust(old, new);
+        self.read_buf_bytes_free.adjust(old, new);
+    }
+
     /// Count the worker's scratch buffer (once, when the worker starts).
     pub fn set_scratch(&self, bytes: usize) {
         self.read_buf_count.adjust(0, 1);
@@ -181,6 +192,7 @@ pub struct BufferTotals {
     pub read_buf_bytes: u64,
     pub response_obj_count: u64,
     pub response_obj_bytes: u64,
+    pub read_buf_bytes_free: u64,
 }
 
 impl ServerStats {
@@ -193,6 +205,7 @@ impl ServerStats {
             t.read_buf_bytes += b.read_buf_bytes.get();
             t.response_obj_count += b.response_obj_count.get();
             t.response_obj_bytes += b.response_obj_bytes.get();
+            t.read_buf_bytes_free += b.read_buf_bytes_free.get();
         }
         t
     }

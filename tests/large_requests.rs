@@ -1,0 +1,192 @@
+//! Large requests however they arrive: sets of values from a few bytes to over 1 MiB, in text
+//! and binary, pipelined and written in pieces split at random points, with gets of what was
+//! just set between them. Under io_uring the rest of a request whose length is known goes
+//! straight into the connection's buffer (a buffer lent to the ring, `runtime/ring.rs`), and
+//! the buffers of large requests are kept as the worker's spares (`exec/session.rs`); these
+//! tests run against memcached too (the reference), and under both runtimes in CI.
+
+mod common;
+
+use common::{Kind, Server};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+
+common::both!(large_sets_arrive_intact_however_they_are_split);
+
+struct XorShift(u64);
+
+impl XorShift {
+    fn next(&mut self) -> u64 {
+        let mut x = self.0 | 1;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// A value length: small, a few tens of KiB, or large (up to past 1 MiB).
+fn length(rng: &mut XorShift) -> usize {
+    match rng.below(3) {
+        0 => rng.below(3000) as usize,
+        1 => 16 * 1024 + rng.below(60 * 1024) as usize,
+        _ => 200 * 1024 + rng.below(1100 * 1024) as usize,
+    }
+}
+
+fn value(rng: &mut XorShift, len: usize) -> Vec<u8> {
+    let seed = rng.next();
+    (0..len)
+        .map(|i| b'a' + ((seed as usize + i * 7 + i / 4096) % 26) as u8)
+        .collect()
+}
+
+fn bin_header(opcode: u8, key: &[u8], extras: usize, value: usize, opaque: u32) -> Vec<u8> {
+    let mut h = vec![0x80, opcode];
+    h.extend((key.len() as u16).to_be_bytes());
+    h.extend([extras as u8, 0, 0, 0]);
+    h.extend(((extras + key.len() + value) as u32).to_be_bytes());
+    h.extend(opaque.to_be_bytes());
+    h.extend([0; 8]);
+    h
+}
+
+/// One client's pipeline of `count` requests (sets, and gets of keys it set), and the bytes
+/// the server must answer with. Binary replies carry no CAS check here: the comparison
+/// skips the 8 CAS bytes of each binary reply header (`cas_at` lists where they are).
+fn pipeline(
+    rng: &mut XorShift,
+    client: u64,
+    binary: bool,
+    count: usize,
+) -> (Vec<u8>, Vec<u8>, Vec<usize>) {
+    let mut req = Vec::new();
+    let mut want = Vec::new();
+    let mut cas_at = Vec::new();
+    let mut set: Vec<(String, u32, Vec<u8>)> = Vec::new();
+    for i in 0..count {
+        if !set.is_empty() && rng.below(3) == 0 {
+            let (key, flags, v) = &set[rng.below(set.len() as u64) as usize];
+            if binary {
+                req.extend(bin_header(0x00, key.as_bytes(), 0, 0, i as u32));
+                req.extend(key.as_bytes());
+                let mut h = vec![0x81, 0x00, 0, 0, 4, 0, 0, 0];
+                h.extend(((4 + v.len()) as u32).to_be_bytes());
+                h.extend((i as u32).to_be_bytes());
+                cas_at.push(want.len() + 16);
+                h.extend([0; 8]);
+                want.extend(h);
+                want.extend(flags.to_be_bytes());
+                want.extend(v);
+            } else {
+                req.extend(format!("get {key}\r\n").bytes());
+                want.extend(format!("VALUE {key} {flags} {}\r\n", v.len()).bytes());
+                want.extend(v);
+                want.extend(b"\r\nEND\r\n");
+            }
+            continue;
+        }
+        let key = format!("c{client}k{}", rng.below(6));
+        let flags = rng.below(1 << 16) as u32;
+        let len = length(rng);
+        let v = value(rng, len);
+        if binary {
+            req.extend(bin_header(0x01, key.as_bytes(), 8, len, i as u32));
+            req.extend(flags.to_be_bytes());
+            req.extend(0u32.to_be_bytes());
+            req.extend(key.as_bytes());
+            req.extend(&v);
+            let mut h = vec![0x81, 0x01, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+            h.extend((i as u32).to_be_bytes());
+            cas_at.push(want.len() + 16);
+            h.extend([0; 8]);
+            want.extend(h);
+        } else {
+            req.extend(format!("set {key} {flags} 0 {len}\r\n").bytes());
+            req.extend(&v);
+            req.extend(b"\r\n");
+            want.extend(b"STORED\r\n");
+        }
+        set.retain(|(k, _, _)| *k != key);
+        set.push((key, flags, v));
+    }
+    (req, want, cas_at)
+}
+
+/// Write `req` in pieces of random sizes (a few bytes to a few hundred KiB) from a thread of
+/// its own, while this thread reads the replies; compare them with `want`.
+fn exchange(stream: TcpStream, rng: &mut XorShift, req: Vec<u8>, want: &[u8], cas_at: &[usize]) {
+    stream.set_nodelay(true).unwrap();
+    stream.set_read_timeout(Some(common::TIMEOUT)).unwrap();
+    let mut pieces = Vec::new();
+    let mut at = 0;
+    while at < req.len() {
+        let n = match rng.below(4) {
+            0 => 1 + rng.below(64),
+            1 => 1 + rng.below(5000),
+            _ => 1 + rng.below(300 * 1024),
+        } as usize;
+        pieces.push(at..(at + n).min(req.len()));
+        at += n;
+    }
+    let mut w = stream.try_clone().unwrap();
+    let writer = std::thread::spawn(move || {
+        for p in pieces {
+            w.write_all(&req[p]).unwrap();
+        }
+    });
+    let mut got = vec![0; want.len()];
+    let mut r = stream;
+    r.read_exact(&mut got).expect("the replies");
+    writer.join().unwrap();
+    for &c in cas_at {
+        got[c..c + 8].copy_from_slice(&[0; 8]);
+    }
+    if got != want {
+        let at = got.iter().zip(want).position(|(a, b)| a != b).unwrap_or(0);
+        panic!(
+            "replies differ at byte {at} of {}: got {:?}, want {:?}",
+            want.len(),
+            String::from_utf8_lossy(&got[at.saturating_sub(40)..(at + 40).min(got.len())]),
+            String::from_utf8_lossy(&want[at.saturating_sub(40)..(at + 40).min(want.len())]),
+        );
+    }
+}
+
+fn large_sets_arrive_intact_however_they_are_split(kind: Kind) {
+    let server = Server::start_verified(kind, &["-t", "1", "-m", "64", "-I", "2m"]);
+    let port = server.port;
+    let clients: Vec<_> = (0..3u64)
+        .map(|client| {
+            std::thread::spawn(move || {
+                let mut rng = XorShift(0x5DEE_CE66_D1CE_4E5B ^ (client + 1));
+                for _round in 0..4 {
+                    let stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+                    let (req, want, cas_at) = pipeline(&mut rng, client, client == 2, 10);
+                    exchange(stream, &mut rng, req, &want, &cas_at);
+                }
+            })
+        })
+        .collect();
+    for c in clients {
+        c.join().expect("a client failed");
+    }
+    let mut c = server.connect();
+    c.send(b"version\r\n");
+    assert!(c.line().starts_with("VERSION "));
+    if kind == Kind::Kvcached {
+        // The buffers of the large requests are kept for the next ones, and counted.
+        let stat = |c: &mut common::Client, name: &str| -> u64 {
+            c.stat(name).and_then(|v| v.parse().ok()).unwrap_or(0)
+        };
+        let free = stat(&mut c, "read_buf_bytes_free");
+        assert!(free >= 200 * 1024, "read_buf_bytes_free {free}");
+        assert!(free <= 4 << 20, "read_buf_bytes_free {free}");
+        assert!(stat(&mut c, "read_buf_bytes") >= free);
+    }
+}
