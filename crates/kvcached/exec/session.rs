@@ -196,7 +196,7 @@ impl Default for Spares {
 }
 
 impl Spares {
-    pub const MAX_BUFS: usize = 4;
+    pub const MAX_BUFS: usize = 16;
     pub const MAX_BYTES: usize = 4 << 20;
     /// Smaller buffers are not worth keeping: growing one costs little.
     pub const MIN_BYTES: usize = 16 * 1024;

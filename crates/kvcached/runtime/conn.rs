@@ -48,10 +48,14 @@ const KEEP_CAPACITY: usize = 64 * 1024;
 /// The first growth step of a connection's own input buffer (an unfinished request).
 const INPUT_STEP: usize = 2 * 1024;
 
-/// Under io_uring, the rest of a request whose length is known is received straight into
-/// the connection's input buffer (not through the ring's provided buffers, then copied)
-/// when at least this much room is ready for it.
+/// Under io_uring, a connection whose last request was large reads its next straight into
+/// a spare buffer; if less than this came, its next requests are likely small again.
 const LEND_MIN: usize = crate::runtime::ring::RX_BUF;
+
+/// A request at least this long makes the connection read its next one straight into a
+/// spare buffer under io_uring: a client that sends one large set likely sends more, and
+/// the ring's provided buffers would take each 4 KiB at a time.
+const LARGE_REQUEST: usize = 32 * 1024;
 
 /// The socket of a connection.
 pub enum Stream {
@@ -252,6 +256,9 @@ pub struct Conn {
     /// rest of a request whose length is known): `input` is empty meanwhile, and
     /// `input_len` counts the bytes it held.
     input_lent: bool,
+    /// The last request whose length its head told was large: the next one is read straight
+    /// into a spare buffer under io_uring (see `lend_spare`).
+    large: bool,
     /// How many bytes at the front of the unfinished input are known to hold no line end
     /// (text protocol; 0: unknown), so that a long line arriving in pieces is not scanned
     /// again from its start after every read.
@@ -304,6 +311,7 @@ impl Conn {
             input_len: 0,
             input_need: 0,
             input_lent: false,
+            large: false,
             no_newline: 0,
             session,
             write_interest: false,
@@ -601,14 +609,15 @@ impl Conn {
         ctx.spares.put(old, ctx.stats);
     }
 
-    /// Under io_uring, a connection that sends large requests and has nothing unfinished
-    /// lends one of the worker's spare buffers to its socket, to receive its next request
-    /// straight into (rather than into the socket's own buffer and then copy it here).
+    /// Under io_uring, a connection whose last request was large and that has nothing
+    /// unfinished lends one of the worker's spare buffers to its socket, to receive its next
+    /// request straight into (rather than into provided buffers or the socket's own, and
+    /// then copy it here).
     fn lend_spare(&mut self, ctx: &mut Ctx<'_>, limit: usize) -> bool {
         let Stream::Ring(ring) = &self.stream else {
             return false;
         };
-        if !ring.direct() || !ring.can_lend() || self.session.swallow > 0 {
+        if !self.large || !ring.can_lend() || self.session.swallow > 0 {
             return false;
         }
         let out = self.session.out.capacity();
@@ -678,6 +687,11 @@ impl Conn {
                 Some((buf, got)) => {
                     self.input = buf;
                     self.input_lent = false;
+                    if self.input_len == 0 && got < LEND_MIN {
+                        // What came after a large request is small: most likely a small
+                        // request, read as usual from now on.
+                        self.large = false;
+                    }
                     if got > 0 {
                         self.input_len += got;
                         ctx.stats.bytes_read.add(got as u64);
@@ -728,6 +742,9 @@ impl Conn {
                 };
                 let need = hint.filter(|&total| total > have);
                 self.input_need = need.unwrap_or(0);
+                if let Some(total) = need {
+                    self.large = total >= LARGE_REQUEST;
+                }
                 let step = (have + INPUT_STEP).max(have * 2);
                 let want = step.min(need.unwrap_or(step)).min(limit);
                 if let Some(total) = need.filter(|_| want > self.input.capacity()) {
@@ -745,7 +762,7 @@ impl Conn {
                 // Room already initialized (by an earlier, larger request) is used too.
                 let end = self.input.len().min(limit);
                 if let (Some(_), Stream::Ring(ring)) = (need, &mut self.stream) {
-                    if ring.can_lend() && end - have >= LEND_MIN {
+                    if ring.can_lend() && end > have {
                         // io_uring: the kernel receives the rest straight into this buffer.
                         ring.lend(std::mem::take(&mut self.input), have, end);
                         self.input_lent = true;

@@ -690,10 +690,6 @@ impl Reactor {
                     } else if sock.recv_lent {
                         if let Some(l) = sock.lent.as_mut() {
                             l.got = n.min(l.to - l.from);
-                            // The rest of a large request: the next may be large too. A
-                            // buffer lent for whatever comes next: large while it comes in
-                            // large pieces, as the socket's own buffer below.
-                            sock.direct = l.from > 0 || n >= DIRECT_BUF / 2;
                         }
                     } else if sock.recv_direct {
                         let room = sock.rx.capacity() - sock.rx.len();
@@ -871,12 +867,6 @@ impl RingSock {
 
     fn wants_recv(&self) -> bool {
         !self.recv_inflight && self.rx_pos == self.rx.len() && !self.eof && self.err.is_none()
-    }
-
-    /// The connection sends large requests (see `direct`): its next bytes had better go
-    /// straight into a buffer of its own.
-    pub fn direct(&self) -> bool {
-        self.direct
     }
 
     /// Whether the connection's next bytes may go straight into a buffer of its own: nothing
