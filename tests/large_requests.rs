@@ -7,28 +7,11 @@
 
 mod common;
 
-use common::{Kind, Server};
+use common::{Kind, Server, XorShift};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 
 common::both!(large_sets_arrive_intact_however_they_are_split);
-
-struct XorShift(u64);
-
-impl XorShift {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0 | 1;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 /// A value length: small, a few tens of KiB, or large (up to past 1 MiB).
 fn length(rng: &mut XorShift) -> usize {

@@ -18,7 +18,7 @@
 
 mod common;
 
-use common::{Client, Kind, Server};
+use common::{Client, Kind, Server, XorShift};
 use std::io::{BufRead, ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::sync::{Arc, Barrier};
@@ -2035,24 +2035,6 @@ fn chunked_pipelines_from_many_clients(kind: Kind) {
         .collect();
     for h in handles {
         h.join().unwrap();
-    }
-}
-
-/// A small deterministic PRNG (xorshift64*), so failures reproduce.
-struct XorShift(u64);
-
-impl XorShift {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0 | 1;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
     }
 }
 

@@ -1070,6 +1070,19 @@ mod tests {
         panic!("no completion came");
     }
 
+    /// Wait (at most 100 waits of 1 s) until the parked connections' operations have ended.
+    fn drain_parked(r: &mut Reactor) {
+        for _ in 0..100 {
+            let done: Vec<Completion> = r.wait(Some(Duration::from_secs(1))).unwrap().to_vec();
+            for c in &done {
+                r.complete(c, None);
+            }
+            if r.parked.is_empty() {
+                return;
+            }
+        }
+    }
+
     fn read_all(sock: &mut RingSock) -> Vec<u8> {
         let mut out = Vec::new();
         let mut buf = [0u8; 1000];
@@ -1398,15 +1411,7 @@ mod tests {
             1,
             "the buffer is the kernel's: parked with it"
         );
-        for _ in 0..100 {
-            let done: Vec<Completion> = r.wait(Some(Duration::from_secs(1))).unwrap().to_vec();
-            for c in &done {
-                r.complete(c, None);
-            }
-            if r.parked.is_empty() {
-                break;
-            }
-        }
+        drain_parked(&mut r);
         assert!(r.parked.is_empty(), "the receive never ended");
     }
 
@@ -1439,15 +1444,7 @@ mod tests {
         assert!(sock.recv_inflight && sock.send_inflight);
         r.retire(3, sock);
         assert_eq!(r.parked.len(), 1);
-        for _ in 0..100 {
-            let done: Vec<Completion> = r.wait(Some(Duration::from_secs(1))).unwrap().to_vec();
-            for c in &done {
-                r.complete(c, None);
-            }
-            if r.parked.is_empty() {
-                break;
-            }
-        }
+        drain_parked(&mut r);
         assert!(
             r.parked.is_empty(),
             "the closed connection was never let go"
