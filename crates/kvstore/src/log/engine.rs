@@ -229,7 +229,7 @@ impl Engine for LogEngine {
         for _ in 0..RETRIES {
             let step = match opts.touch {
                 Some(t) => self.meta_touch(key, h, t, now, &opts, found),
-                None => self.meta_read(key, h, now, &opts, found),
+                None => self.meta_read(key, h, now, &opts, None, found),
             };
             match step {
                 Step::Done(r) => return r,

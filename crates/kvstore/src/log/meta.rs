@@ -35,12 +35,15 @@ impl LogEngine {
 
     /// `mg` without `T`: a pinned read; the win mark and the access bits change by one
     /// compare-exchange on the slot, so exactly one reader wins a token.
+    /// With `touched`, the read stands for a touch to that expiry: an item whose expiry is
+    /// not already that one is left to the touch (`Retry`).
     pub(super) fn meta_read(
         &self,
         key: &[u8],
         h: u64,
         now: Time,
         opts: &MetaRead,
+        touched: Option<Time>,
         found: &mut dyn FnMut(MetaItem<'_>),
     ) -> Step {
         let dead = {
@@ -50,6 +53,7 @@ impl LogEngine {
                 return Step::Missing;
             };
             match self.vis(&r, now) {
+                Vis::Live if touched.is_some_and(|t| t != r.exptime) => return Step::Retry,
                 Vis::Live => {
                     let stale = r.meta & META_STALE != 0;
                     let recache = opts
@@ -105,6 +109,11 @@ impl LogEngine {
         let Some(p) = self.peek(h, key, now) else {
             return Step::Missing;
         };
+        if p.exptime == exptime {
+            // The expiry stays as it is: nothing the log holds changes, so this is a read
+            // (win mark and access included), as for a classic touch (`touch_inner`).
+            return self.meta_read(key, h, now, opts, Some(exptime), found);
+        }
         let compared = if opts.recache_after_touch {
             exptime
         } else {

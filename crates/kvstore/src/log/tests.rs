@@ -1436,6 +1436,35 @@ fn a_touch_that_keeps_the_expiry_rewrites_nothing() {
         fetched = Some(m.fetched)
     });
     assert_eq!(fetched, Some(true));
+    // Nor does `mg ... T` with the item's own expiry; its win token still goes to one reader.
+    assert!(e.touch(b"k", now + 100, now));
+    let before = written(&e);
+    let mg = |e: &LogEngine, recache: Option<Time>| {
+        let opts = crate::MetaRead {
+            touch: Some(now + 100),
+            recache,
+            ..Default::default()
+        };
+        let mut out = None;
+        e.meta_get(b"k", now, opts, &mut |m| {
+            out = Some((m.item.exptime, m.item.cas, m.win))
+        });
+        out
+    };
+    assert_eq!(mg(&e, None), Some((now + 100, cas, crate::Win::None)));
+    assert_eq!(
+        mg(&e, Some(now + 200)),
+        Some((now + 100, cas, crate::Win::Won))
+    );
+    assert_eq!(
+        mg(&e, Some(now + 200)),
+        Some((now + 100, cas, crate::Win::AlreadySent))
+    );
+    assert_eq!(
+        written(&e),
+        before,
+        "mg T with an unchanged expiry rewrote the item"
+    );
     // A new expiry is written.
     assert_eq!(gat(&e, now + 60), Some((b"value".to_vec(), now + 60, cas)));
     assert_ne!(written(&e), before, "a new expiry was not written");
