@@ -267,8 +267,11 @@ fn trim_heap() {
 /// Reclaim expired items in the background, a bounded amount each tick, until shutdown;
 /// with `-m auto`, follow the memory available once a second (`memory::adjust`).
 fn maintenance_loop(shared: &Shared) {
-    // Sleep in short slices so that shutdown is noticed promptly.
-    let slice = std::time::Duration::from_millis(50);
+    // One tick every 200 ms (the expiry sweep's pace); the once-a-second tasks every fifth.
+    // Between ticks the thread is parked, and a shutdown unparks it: an idle server's
+    // maintenance wakes 5 times a second, not more.
+    let tick = std::time::Duration::from_millis(200);
+    shared.set_maintenance(std::thread::current());
     let mut n = 0u32;
     let auto = shared.config.memory_limit == MemoryLimit::Auto;
     let mut trimmed_at = 0u64;
@@ -284,14 +287,12 @@ fn maintenance_loop(shared: &Shared) {
         });
     }
     while !shared.shutting_down() {
-        if n % 4 == 0 {
-            shared
-                .engine
-                .maintain(shared.clock.now(), shared.config.lru_crawler);
-        }
+        shared
+            .engine
+            .maintain(shared.clock.now(), shared.config.lru_crawler);
         shared.repl.check_min_replicas(&shared.config);
         shared.repl.forget_followers(&shared.engine);
-        if n % 20 == 0 {
+        if n % 5 == 0 {
             // Connections closed since the last look: give the memory their buffers held
             // back to the system (glibc keeps freed memory below the top of its heaps).
             let closed = shared
@@ -303,7 +304,7 @@ fn maintenance_loop(shared: &Shared) {
                 trim_heap();
             }
         }
-        if let Some(sizer) = sizer.as_ref().filter(|_| n % 20 == 0) {
+        if let Some(sizer) = sizer.as_ref().filter(|_| n % 5 == 0) {
             let limit = shared.engine.stats().limit_maxbytes as usize;
             let next = sizer.next(limit);
             if next != limit {
@@ -319,7 +320,15 @@ fn maintenance_loop(shared: &Shared) {
             }
         }
         n = n.wrapping_add(1);
-        std::thread::sleep(slice);
+        // Parked until the next tick (a spurious or early wake parks again).
+        let next = std::time::Instant::now() + tick;
+        while !shared.shutting_down() {
+            let left = next.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            std::thread::park_timeout(left);
+        }
     }
 }
 

@@ -56,6 +56,8 @@ pub struct Shared {
     /// Sockets by file descriptor, for `stats conns`; written on accept and close only.
     registry: Mutex<BTreeMap<i32, (ConnKind, Arc<ConnInfo>)>>,
     wakers: OnceLock<Vec<Arc<mio::Waker>>>,
+    /// The maintenance thread, which a shutdown unparks (it sleeps between its ticks).
+    maintenance: OnceLock<std::thread::Thread>,
     /// The `Arc` this state lives in, for threads started from a request (`replicaof`).
     me: OnceLock<Weak<Shared>>,
 }
@@ -96,6 +98,7 @@ impl Shared {
             shutdown: AtomicBool::new(false),
             registry: Mutex::new(BTreeMap::new()),
             wakers: OnceLock::new(),
+            maintenance: OnceLock::new(),
             me: OnceLock::new(),
             config,
         }
@@ -104,6 +107,11 @@ impl Shared {
     /// Worker `index`'s waker (to wake it when a watcher it serves has lines to send).
     pub fn worker_waker(&self, index: usize) -> Option<Arc<mio::Waker>> {
         self.wakers.get().and_then(|w| w.get(index)).cloned()
+    }
+
+    /// The maintenance thread (set by itself when it starts), which a shutdown wakes.
+    pub fn set_maintenance(&self, thread: std::thread::Thread) {
+        let _ = self.maintenance.set(thread);
     }
 
     /// The workers' wakers, which a shutdown wakes; set once, when the workers exist.
@@ -148,6 +156,9 @@ impl Shared {
             for w in wakers {
                 let _ = w.wake();
             }
+        }
+        if let Some(t) = self.maintenance.get() {
+            t.unpark();
         }
     }
 
