@@ -52,6 +52,10 @@ const INPUT_STEP: usize = 2 * 1024;
 /// a spare buffer; if less than this came, its next requests are likely small again.
 const LEND_MIN: usize = crate::runtime::ring::RX_BUF;
 
+/// Of a spare buffer taken for the next request, at least this much is ready to read into
+/// (all of its initialized length is used).
+const SPARE_READ: usize = crate::runtime::ring::DIRECT_BUF;
+
 /// A request at least this long makes the connection read its next one straight into a
 /// spare buffer under io_uring: a client that sends one large set likely sends more, and
 /// the ring's provided buffers would take each 4 KiB at a time.
@@ -609,30 +613,35 @@ impl Conn {
         ctx.spares.put(old, ctx.stats);
     }
 
-    /// Under io_uring, a connection whose last request was large and that has nothing
-    /// unfinished lends one of the worker's spare buffers to its socket, to receive its next
-    /// request straight into (rather than into provided buffers or the socket's own, and
-    /// then copy it here).
-    fn lend_spare(&mut self, ctx: &mut Ctx<'_>, limit: usize) -> bool {
-        let Stream::Ring(ring) = &self.stream else {
-            return false;
-        };
-        if !self.large || !ring.can_lend() || self.session.swallow > 0 {
-            return false;
+    /// A spare buffer to read the next request straight into, for a connection whose last
+    /// request was large and that has nothing unfinished (`None`: read as usual, into the
+    /// worker's scratch buffer or the socket's receive buffers). Its first
+    /// [`SPARE_READ`] bytes at least are initialized.
+    fn spare_for_next(&mut self, ctx: &mut Ctx<'_>) -> Option<Vec<u8>> {
+        if !self.large || self.session.swallow > 0 {
+            return None;
         }
         let out = self.session.out.capacity();
         let buffers = ctx.buffers;
-        let Some(mut buf) = ctx.spares.take(
-            crate::runtime::ring::DIRECT_BUF,
-            0,
-            |cap| buffers.allows(cap + out),
-            ctx.stats,
-        ) else {
+        let mut buf = ctx
+            .spares
+            .take(SPARE_READ, 0, |cap| buffers.allows(cap + out), ctx.stats)?;
+        if buf.len() < SPARE_READ {
+            buf.resize(SPARE_READ.min(buf.capacity()), 0);
+        }
+        Some(buf)
+    }
+
+    /// Under io_uring, lend a spare buffer (`spare_for_next`) to the socket, to receive the
+    /// next request straight into, rather than into provided buffers or the socket's own
+    /// and then copy it here.
+    fn lend_spare(&mut self, ctx: &mut Ctx<'_>, limit: usize) -> bool {
+        if !matches!(&self.stream, Stream::Ring(ring) if ring.can_lend()) {
+            return false;
+        }
+        let Some(buf) = self.spare_for_next(ctx) else {
             return false;
         };
-        if buf.len() < crate::runtime::ring::DIRECT_BUF {
-            buf.resize(crate::runtime::ring::DIRECT_BUF.min(buf.capacity()), 0);
-        }
         let end = buf.len().min(limit);
         self.release_input(ctx);
         let Stream::Ring(ring) = &mut self.stream else {
@@ -640,6 +649,21 @@ impl Conn {
         };
         ring.lend(buf, 0, end);
         self.input_lent = true;
+        true
+    }
+
+    /// Other sockets: make a spare buffer (`spare_for_next`) the input buffer, to read the
+    /// next request straight into rather than into the scratch buffer and copy what is
+    /// unfinished of it.
+    fn adopt_spare(&mut self, ctx: &mut Ctx<'_>) -> bool {
+        if matches!(self.stream, Stream::Ring(_)) {
+            return false;
+        }
+        let Some(buf) = self.spare_for_next(ctx) else {
+            return false;
+        };
+        let old = std::mem::replace(&mut self.input, buf);
+        ctx.spares.put(old, ctx.stats);
         true
     }
 
@@ -711,11 +735,24 @@ impl Conn {
                 if self.lend_spare(ctx, limit) {
                     return Ok(Received::WouldBlock);
                 }
-                let scratch: &mut Vec<u8> = ctx.scratch;
-                let room = scratch.len();
-                self.stream
-                    .read(&mut scratch[..])
-                    .map(|n| (n, true, n == room))
+                if self.adopt_spare(ctx) {
+                    let end = self.input.len().min(limit);
+                    let r = self.stream.read(&mut self.input[..end]);
+                    if let Ok(n) = r {
+                        self.input_len = n;
+                        if n > 0 && n < LEND_MIN {
+                            // As for a lent buffer (see `read`'s start).
+                            self.large = false;
+                        }
+                    }
+                    r.map(|n| (n, false, n == end))
+                } else {
+                    let scratch: &mut Vec<u8> = ctx.scratch;
+                    let room = scratch.len();
+                    self.stream
+                        .read(&mut scratch[..])
+                        .map(|n| (n, true, n == room))
+                }
             } else {
                 // Make room: drop consumed bytes, then grow within the request limit.
                 if self.input_pos > 0 {
