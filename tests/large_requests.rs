@@ -173,3 +173,92 @@ fn large_sets_arrive_intact_however_they_are_split(kind: Kind) {
         assert!(stat(&mut c, "read_buf_bytes") >= free);
     }
 }
+
+/// Clients that leave in the middle of large values, every way a client can (a reset, a
+/// close, a half close), while their rest may be in a buffer lent to the ring: once they are
+/// gone, the server's read buffers are what they were (the spares, within their bound,
+/// aside), and large values are stored and read back whole.
+#[test]
+fn clients_that_leave_mid_value_leave_no_buffer_behind() {
+    let server = Server::start_verified(Kind::Kvcached, &["-t", "1", "-m", "64", "-I", "2m"]);
+    let mut c = server.connect();
+    let stat = |c: &mut common::Client, name: &str| -> u64 {
+        c.stat(name).and_then(|v| v.parse().ok()).unwrap_or(0)
+    };
+    let held = |c: &mut common::Client| {
+        stat(c, "read_buf_bytes").saturating_sub(stat(c, "read_buf_bytes_free"))
+    };
+    let before = held(&mut c);
+    let mut rng = XorShift(0xC0FF_EE00_D15C_0B0B);
+    for i in 0..30u64 {
+        let mut s = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+        s.set_nodelay(true).unwrap();
+        let len = 300_000 + rng.below(1_500_000) as usize;
+        // A whole large set first (the next request is then read into a spare), then the
+        // head of another and part of its value.
+        let v: Vec<u8> = vec![b'v'; len];
+        s.write_all(format!("set whole{i} 0 0 {len}\r\n").as_bytes())
+            .unwrap();
+        s.write_all(&v).unwrap();
+        s.write_all(b"\r\n").unwrap();
+        let mut reply = [0u8; 8];
+        s.read_exact(&mut reply).unwrap();
+        assert_eq!(&reply, b"STORED\r\n");
+        s.write_all(format!("set part{i} 0 0 {len}\r\n").as_bytes())
+            .unwrap();
+        let sent = rng.below(len as u64) as usize;
+        let mut at = 0;
+        while at < sent {
+            let n = (1 + rng.below(200_000) as usize).min(sent - at);
+            s.write_all(&v[at..at + n]).unwrap();
+            at += n;
+        }
+        match i % 3 {
+            0 => {
+                socket2::SockRef::from(&s)
+                    .set_linger(Some(std::time::Duration::ZERO))
+                    .unwrap();
+                drop(s);
+            }
+            1 => drop(s),
+            _ => {
+                s.shutdown(std::net::Shutdown::Write).unwrap();
+                let mut rest = Vec::new();
+                let _ = s.read_to_end(&mut rest);
+                assert!(rest.is_empty(), "a reply to an unfinished set: {rest:?}");
+            }
+        }
+    }
+    // Every one of them closed (a poll with a deadline: the server closes them as it sees
+    // their ends).
+    let deadline = std::time::Instant::now() + common::TIMEOUT;
+    while stat(&mut c, "curr_connections") > 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "connections left open"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(
+        held(&mut c),
+        before,
+        "read buffers held after the clients left"
+    );
+    let free = stat(&mut c, "read_buf_bytes_free");
+    assert!(free <= 4 << 20, "read_buf_bytes_free {free}");
+    // The server is fine: a large value is stored and read back whole.
+    let len = 1_500_000;
+    let mut req = format!("set after 7 0 {len}\r\n").into_bytes();
+    req.extend((0..len).map(|i| b'a' + (i % 26) as u8));
+    req.extend_from_slice(b"\r\n");
+    c.send(&req);
+    assert_eq!(c.line(), "STORED\r\n");
+    c.send(b"get after\r\n");
+    assert_eq!(c.line(), format!("VALUE after 7 {len}\r\n"));
+    let got = c.exact(len + 2);
+    assert!(got[..len]
+        .iter()
+        .enumerate()
+        .all(|(i, &b)| b == b'a' + (i % 26) as u8));
+    assert_eq!(c.line(), "END\r\n");
+}
