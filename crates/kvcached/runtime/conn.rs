@@ -48,8 +48,8 @@ const KEEP_CAPACITY: usize = 64 * 1024;
 /// The first growth step of a connection's own input buffer (an unfinished request).
 const INPUT_STEP: usize = 2 * 1024;
 
-/// Under io_uring, a connection whose last request was large reads its next straight into
-/// a spare buffer; if less than this came, its next requests are likely small again.
+/// A connection whose last request was large reads its next straight into a spare buffer;
+/// if less than this came first, its requests are likely small again.
 const LEND_MIN: usize = crate::runtime::ring::RX_BUF;
 
 /// Of a spare buffer taken for the next request, at least this much is ready to read into
@@ -57,8 +57,9 @@ const LEND_MIN: usize = crate::runtime::ring::RX_BUF;
 const SPARE_READ: usize = crate::runtime::ring::DIRECT_BUF;
 
 /// A request at least this long makes the connection read its next one straight into a
-/// spare buffer under io_uring: a client that sends one large set likely sends more, and
-/// the ring's provided buffers would take each 4 KiB at a time.
+/// spare buffer: a client that sends one large set likely sends more, and the scratch
+/// buffer (or, under io_uring, the ring's provided buffers, 4 KiB at a time) would take it
+/// only to have it copied again.
 const LARGE_REQUEST: usize = 32 * 1024;
 
 /// The socket of a connection.
@@ -261,7 +262,7 @@ pub struct Conn {
     /// `input_len` counts the bytes it held.
     input_lent: bool,
     /// The last request whose length its head told was large: the next one is read straight
-    /// into a spare buffer under io_uring (see `lend_spare`).
+    /// into a spare buffer (`spare_for_next`).
     large: bool,
     /// How many bytes at the front of the unfinished input are known to hold no line end
     /// (text protocol; 0: unknown), so that a long line arriving in pieces is not scanned
