@@ -1877,9 +1877,12 @@ fn evicts_when_full(kind: Kind) {
 
 fn recently_read_items_survive_eviction(kind: Kind) {
     // An LRU cache: 20 MB of sets through a 4 MB cache, reading key0 and key1 every other
-    // set. They stay; key2, never read, is evicted. (memcached moves a read item out of its
-    // cold LRU in its maintainer thread; reads every five sets lost key0 once on a loaded
-    // machine.)
+    // set. They stay; key2, never read, is evicted. memcached moves an item read in its cold
+    // LRU out of it in its LRU maintainer thread, after the read has been answered: whether
+    // key0 survives there depends on that thread keeping up with the sets (it lost key0 on a
+    // loaded machine, twice, reading every fifth and every other set), which a test must not
+    // depend on. So memcached is held only to what does not: the key never read is evicted
+    // and the newest is there. kvcached marks a read before answering it.
     let server = Server::start_verified(kind, &["-m", "4"]);
     let mut c = server.connect();
     let size = 50_000;
@@ -1911,8 +1914,9 @@ fn recently_read_items_survive_eviction(kind: Kind) {
         get(&mut c, "key1"),
         get(&mut c, "key2"),
     );
+    let kept = k0 && k1 || kind == Kind::Memcached;
     assert!(
-        k0 && k1 && !k2,
+        kept && !k2,
         "{kind:?}: after 400 sets into -m 4: key0 (read often) present={k0}, key1 (read often) \
          present={k1}, key2 (never read) present={k2}"
     );
