@@ -326,7 +326,10 @@ fn settled(t: &Target, probe: &mut Sock, base: Books, made: u64, what: &str) -> 
     loop {
         let now = books(t, probe);
         let waiting = t.close_wait();
-        if now.curr == base.curr && now.fds <= base.fds && waiting == 0 {
+        // `<=`: the baseline may count a start-up probe the server was closing when it was
+        // taken (memcached once counted one in `curr_connections` after it had left
+        // `stats conns`); a connection that is never let go still shows as more.
+        if now.curr <= base.curr && now.fds <= base.fds && waiting == 0 {
             assert_eq!(
                 now.total,
                 base.total + made,
