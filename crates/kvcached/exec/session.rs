@@ -243,8 +243,9 @@ impl Spares {
         self.bufs.push(buf);
     }
 
-    /// A spare for a request of `need` bytes, for a connection whose buffer has `cap` bytes: the smallest that holds the request, else the largest if it is larger
-    /// than `cap`. `allows` says whether the connection may hold a buffer of so many bytes.
+    /// A spare for a request of `need` bytes, for a connection whose buffer has `cap` bytes:
+    /// the smallest that holds the request, else the largest if it is larger than `cap`.
+    /// `allows` says whether the connection may hold a buffer of so many bytes.
     pub fn take(
         &mut self,
         need: usize,

@@ -596,14 +596,7 @@ impl Conn {
     /// Move the unfinished request (`have` bytes) into one of the worker's spare buffers,
     /// if one is larger than this connection's, to read the rest of its `need` bytes into.
     fn take_spare(&mut self, ctx: &mut Ctx<'_>, need: usize, have: usize) {
-        let out = self.session.out.capacity();
-        let buffers = ctx.buffers;
-        let Some(mut spare) = ctx.spares.take(
-            need,
-            self.input.capacity(),
-            |cap| buffers.allows(cap + out),
-            ctx.stats,
-        ) else {
+        let Some(mut spare) = self.spare(ctx, need, self.input.capacity()) else {
             return;
         };
         if spare.len() < have {
@@ -614,6 +607,15 @@ impl Conn {
         ctx.spares.put(old, ctx.stats);
     }
 
+    /// One of the worker's spares for a request of `need` bytes (see [`crate::exec::session::Spares::take`]),
+    /// within the buffer memory this connection may hold with its output buffer.
+    fn spare(&self, ctx: &mut Ctx<'_>, need: usize, cap: usize) -> Option<Vec<u8>> {
+        let out = self.session.out.capacity();
+        let buffers = ctx.buffers;
+        ctx.spares
+            .take(need, cap, |c| buffers.allows(c + out), ctx.stats)
+    }
+
     /// A spare buffer to read the next request straight into, for a connection whose last
     /// request was large and that has nothing unfinished (`None`: read as usual, into the
     /// worker's scratch buffer or the socket's receive buffers). Its first
@@ -622,11 +624,7 @@ impl Conn {
         if !self.large || self.session.swallow > 0 {
             return None;
         }
-        let out = self.session.out.capacity();
-        let buffers = ctx.buffers;
-        let mut buf = ctx
-            .spares
-            .take(SPARE_READ, 0, |cap| buffers.allows(cap + out), ctx.stats)?;
+        let mut buf = self.spare(ctx, SPARE_READ, 0)?;
         if buf.len() < SPARE_READ {
             buf.resize(SPARE_READ.min(buf.capacity()), 0);
         }

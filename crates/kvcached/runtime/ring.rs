@@ -508,7 +508,7 @@ impl Reactor {
     /// a send when it has staged output and none in flight.
     pub fn arm(&mut self, sock: &mut RingSock, slot: usize) -> io::Result<()> {
         // A lent buffer takes one receive; then it waits to be reclaimed.
-        let lent_done = sock.lent.as_ref().is_some_and(|l| l.done);
+        let lent_done = sock.lent.as_ref().is_some_and(|l| l.received.is_some());
         if sock.wants_recv() && !lent_done {
             let fd = types::Fd(sock.fd.as_raw_fd());
             let e = if let Some(l) = sock.lent.as_mut() {
@@ -658,7 +658,10 @@ impl Reactor {
                     sock.recv_inflight = false;
                     if sock.recv_lent {
                         if let Some(l) = sock.lent.as_mut() {
-                            l.done = true;
+                            // A lent buffer's one receive: what came (nothing after an end
+                            // of file, an error or a cancellation).
+                            let n = usize::try_from(c.result).unwrap_or(0);
+                            l.received = Some(n.min(l.to - l.from));
                         }
                     }
                 }
@@ -686,10 +689,6 @@ impl Reactor {
                         {
                             self.cancel(OP_RECV, sock.gen, c.slot);
                             sock.recv_cancelled = true;
-                        }
-                    } else if sock.recv_lent {
-                        if let Some(l) = sock.lent.as_mut() {
-                            l.got = n.min(l.to - l.from);
                         }
                     } else if sock.recv_direct {
                         let room = sock.rx.capacity() - sock.rx.len();
@@ -797,14 +796,13 @@ pub struct RingSock {
     send_inflight: bool,
 }
 
-/// An input buffer lent by its connection: the kernel receives into `buf[from..to]`; once
-/// that receive is `done`, `got` bytes came.
+/// An input buffer lent by its connection: the kernel receives into `buf[from..to]`, and
+/// once that receive has completed, `received` says how many bytes came.
 struct Lent {
     buf: Vec<u8>,
     from: usize,
     to: usize,
-    got: usize,
-    done: bool,
+    received: Option<usize>,
 }
 
 /// A `sendmsg` header (no address, no control data) and the iovecs it points at, filled
@@ -885,8 +883,7 @@ impl RingSock {
             buf,
             from,
             to,
-            got: 0,
-            done: false,
+            received: None,
         });
     }
 
@@ -897,7 +894,7 @@ impl RingSock {
         if self.recv_inflight && self.recv_lent {
             return None;
         }
-        self.lent.take().map(|l| (l.buf, l.got))
+        self.lent.take().map(|l| (l.buf, l.received.unwrap_or(0)))
     }
 
     /// Bytes of a buffer lent by the connection (its input buffer, counted as such).
