@@ -13,11 +13,13 @@ use std::net::TcpStream;
 
 common::both!(large_sets_arrive_intact_however_they_are_split);
 
-/// A value length: small, a few tens of KiB, or large (up to past 1 MiB).
+/// A value length: small, a few KiB (more than one 4 KiB receive buffer), a few tens of
+/// KiB, or large (up to past 1 MiB).
 fn length(rng: &mut XorShift) -> usize {
-    match rng.below(3) {
+    match rng.below(4) {
         0 => rng.below(3000) as usize,
-        1 => 16 * 1024 + rng.below(60 * 1024) as usize,
+        1 => 4 * 1024 + rng.below(12 * 1024) as usize,
+        2 => 16 * 1024 + rng.below(60 * 1024) as usize,
         _ => 200 * 1024 + rng.below(1100 * 1024) as usize,
     }
 }
@@ -260,5 +262,70 @@ fn clients_that_leave_mid_value_leave_no_buffer_behind() {
         .iter()
         .enumerate()
         .all(|(i, &b)| b == b'a' + (i % 26) as u8));
+    assert_eq!(c.line(), "END\r\n");
+}
+
+/// A connection whose last request did not fit one receive buffer waits for its next with a
+/// buffer of its own (under io_uring, lent to the kernel), but at most 16 connections of a
+/// worker do: many clients that each sent one mid-size set and then went quiet hold a
+/// bounded number of buffers, and each is served as before when it speaks again.
+#[test]
+fn quiet_clients_after_mid_size_sets_hold_a_bounded_number_of_buffers() {
+    const CLIENTS: usize = 48;
+    let server = Server::start_verified(Kind::Kvcached, &["-t", "1", "-m", "64"]);
+    let mut c = server.connect();
+    let stat = |c: &mut common::Client, name: &str| -> u64 {
+        c.stat(name).and_then(|v| v.parse().ok()).unwrap_or(0)
+    };
+    let count_before = stat(&mut c, "read_buf_count");
+    let bytes_before = stat(&mut c, "read_buf_bytes");
+    let value = |i: usize, len: usize| -> Vec<u8> {
+        (0..len).map(|j| b'a' + ((i + j) % 26) as u8).collect()
+    };
+    let set = |s: &mut TcpStream, key: &str, v: &[u8]| {
+        let mut req = format!("set {key} 0 0 {}\r\n", v.len()).into_bytes();
+        req.extend_from_slice(v);
+        req.extend_from_slice(b"\r\n");
+        s.write_all(&req).unwrap();
+        let mut reply = [0u8; 8];
+        s.read_exact(&mut reply).unwrap();
+        assert_eq!(&reply, b"STORED\r\n");
+    };
+    let mut quiet: Vec<TcpStream> = (0..CLIENTS)
+        .map(|i| {
+            let mut s = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+            set(&mut s, &format!("mid{i}"), &value(i, 6000));
+            s
+        })
+        .collect();
+    // The replies came after each request was served, and this request after all of them
+    // (one worker): the buffers the quiet clients hold are counted now.
+    let held = stat(&mut c, "read_buf_count").saturating_sub(count_before);
+    // At most 16 waiting with a lent buffer, and at most 16 spares kept.
+    assert!(
+        held <= 32,
+        "{held} read buffers held for {CLIENTS} quiet clients"
+    );
+    let bytes = stat(&mut c, "read_buf_bytes").saturating_sub(bytes_before);
+    assert!(
+        bytes <= 32 * 64 * 1024,
+        "{bytes} bytes of read buffers held"
+    );
+    // Each is served as before: a get of its value, then another set of a few sizes.
+    for (i, s) in quiet.iter_mut().enumerate() {
+        let v = value(i, 6000);
+        s.write_all(format!("get mid{i}\r\n").as_bytes()).unwrap();
+        let mut want = format!("VALUE mid{i} 0 6000\r\n").into_bytes();
+        want.extend_from_slice(&v);
+        want.extend_from_slice(b"\r\nEND\r\n");
+        let mut got = vec![0u8; want.len()];
+        s.read_exact(&mut got).unwrap();
+        assert!(got == want, "client {i}: a wrong reply to its get");
+        set(s, &format!("mid{i}"), &value(i + 1, 100 + 300 * i));
+    }
+    drop(quiet);
+    c.send(b"get mid47\r\n");
+    assert_eq!(c.line(), format!("VALUE mid47 0 {}\r\n", 100 + 300 * 47));
+    assert_eq!(c.exact(100 + 300 * 47 + 2)[..5], value(48, 5)[..]);
     assert_eq!(c.line(), "END\r\n");
 }

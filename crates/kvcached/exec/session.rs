@@ -182,11 +182,19 @@ impl BufferLimit {
 /// quarter of the worker's share of `-o read_buf_mem_limit`, if that is less); they count
 /// in `read_buf_count` and `read_buf_bytes`, and in `read_buf_bytes_free`. A spare keeps
 /// its initialized length, so that refilling it clears nothing.
+///
+/// They also serve a connection whose last request did not fit one receive buffer: it reads
+/// its next request straight into one ([`Spares::for_next`]; a new buffer of
+/// [`Spares::MIN_BYTES`] when none is kept). Under io_uring the buffer is lent to the
+/// kernel while the connection waits; at most [`Spares::MAX_BUFS`] connections of a worker
+/// wait so ([`Spares::lend`]), so idle connections hold a bounded number of buffers.
 #[derive(Debug)]
 pub struct Spares {
     bufs: Vec<Vec<u8>>,
     bytes: usize,
     max_bytes: usize,
+    /// Buffers lent to connections waiting for their next request.
+    lent: usize,
 }
 
 impl Default for Spares {
@@ -211,6 +219,7 @@ impl Spares {
             bufs: Vec::new(),
             bytes: 0,
             max_bytes,
+            lent: 0,
         }
     }
 
@@ -277,6 +286,43 @@ impl Spares {
         self.bytes -= buf.capacity();
         stats.buffers.spare(buf.capacity(), false);
         Some(buf)
+    }
+
+    /// A buffer to read a connection's next request into, when its last did not fit a
+    /// receive buffer: a spare (the smallest that holds `need` bytes, else the largest), or
+    /// a new buffer of [`Spares::MIN_BYTES`] (zeroed) when none is kept. Given back with
+    /// [`Spares::put`] like any input buffer, it then serves the next such request.
+    pub fn for_next(
+        &mut self,
+        need: usize,
+        allows: impl Fn(usize) -> bool,
+        stats: &WorkerStats,
+    ) -> Option<Vec<u8>> {
+        if let Some(buf) = self.take(need, 0, &allows, stats) {
+            return Some(buf);
+        }
+        allows(Self::MIN_BYTES).then(|| vec![0; Self::MIN_BYTES])
+    }
+
+    /// Whether one more connection may wait for its next request with a buffer lent to the
+    /// kernel (counted until [`Spares::lend_end`]).
+    pub fn lend(&mut self) -> bool {
+        if self.lent >= Self::MAX_BUFS {
+            return false;
+        }
+        self.lent += 1;
+        true
+    }
+
+    /// A connection that waited with a lent buffer ([`Spares::lend`]) has it back, or closed.
+    pub fn lend_end(&mut self) {
+        self.lent = self.lent.saturating_sub(1);
+    }
+
+    /// Connections waiting with a lent buffer.
+    #[cfg(test)]
+    pub fn lent(&self) -> usize {
+        self.lent
     }
 
     /// Bytes kept.
@@ -362,6 +408,38 @@ mod tests {
         assert_eq!(spares.bytes(), 0);
         assert_eq!(stats.buffers.read_buf_bytes_free.get(), 0);
         assert_eq!(stats.buffers.read_buf_count.get(), 0);
+    }
+
+    #[test]
+    fn a_buffer_for_the_next_request_is_a_spare_or_a_new_one_and_lends_are_bounded() {
+        let stats = WorkerStats::default();
+        let mut spares = Spares::new(0);
+        let yes = |_| true;
+        // None kept: a new, zeroed buffer of the smallest size kept, not counted as a spare.
+        let fresh = spares.for_next(64 * 1024, yes, &stats).unwrap();
+        assert_eq!(fresh.len(), Spares::MIN_BYTES);
+        assert!(fresh.iter().all(|&b| b == 0));
+        assert_eq!(stats.buffers.read_buf_count.get(), 0);
+        // Not even that when the buffer limit refuses it.
+        assert!(spares.for_next(64 * 1024, |_| false, &stats).is_none());
+        // Given back, it is the next one's.
+        let ptr = fresh.as_ptr();
+        spares.put(fresh, &stats);
+        let again = spares.for_next(64 * 1024, yes, &stats).unwrap();
+        assert_eq!(again.as_ptr(), ptr);
+        assert_eq!(spares.bytes(), 0);
+        // At most MAX_BUFS connections wait with a lent buffer; one that ends makes room.
+        for _ in 0..Spares::MAX_BUFS {
+            assert!(spares.lend());
+        }
+        assert!(!spares.lend());
+        spares.lend_end();
+        assert_eq!(spares.lent(), Spares::MAX_BUFS - 1);
+        assert!(spares.lend());
+        for _ in 0..Spares::MAX_BUFS + 3 {
+            spares.lend_end();
+        }
+        assert_eq!(spares.lent(), 0);
     }
 
     #[test]

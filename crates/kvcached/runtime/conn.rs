@@ -34,7 +34,7 @@ use kvproto::binary as bin;
 use kvproto::text::{self as proto, Parse};
 
 use crate::exec::binary;
-use crate::exec::session::{Ctx, Protocol, Session, Step, OUTPUT_HIGH_WATER};
+use crate::exec::session::{Ctx, Protocol, Session, Spares, Step, OUTPUT_HIGH_WATER};
 use crate::exec::splice::MAX_SLICES;
 use crate::exec::text;
 use crate::runtime::ring::RingSock;
@@ -59,8 +59,10 @@ const SPARE_READ: usize = crate::runtime::ring::DIRECT_BUF;
 /// A request at least this long makes the connection read its next one straight into a
 /// spare buffer: a client that sends one large set likely sends more, and the scratch
 /// buffer (or, under io_uring, the ring's provided buffers, 4 KiB at a time) would take it
-/// only to have it copied again.
-const LARGE_REQUEST: usize = 32 * 1024;
+/// only to have it copied again. It is the first length that does not fit one provided
+/// buffer: such a request arrived in two receives or more, and the connection's own
+/// buffer took the rest after a copy of the start.
+const LARGE_REQUEST: usize = crate::runtime::ring::RX_BUF + 1;
 
 /// The socket of a connection.
 pub enum Stream {
@@ -264,6 +266,9 @@ pub struct Conn {
     /// The last request whose length its head told was large: the next one is read straight
     /// into a spare buffer (`spare_for_next`).
     large: bool,
+    /// Under io_uring, `input_lent` is a spare lent for the next request, counted in the
+    /// worker's [`Spares::lend`] until it comes back (or the connection closes).
+    lent_next: bool,
     /// How many bytes at the front of the unfinished input are known to hold no line end
     /// (text protocol; 0: unknown), so that a long line arriving in pieces is not scanned
     /// again from its start after every read.
@@ -317,6 +322,7 @@ impl Conn {
             input_need: 0,
             input_lent: false,
             large: false,
+            lent_next: false,
             no_newline: 0,
             session,
             write_interest: false,
@@ -624,7 +630,11 @@ impl Conn {
         if !self.large || self.session.swallow > 0 {
             return None;
         }
-        let mut buf = self.spare(ctx, SPARE_READ, 0)?;
+        let out = self.session.out.capacity();
+        let buffers = ctx.buffers;
+        let mut buf = ctx
+            .spares
+            .for_next(SPARE_READ, |c| buffers.allows(c + out), ctx.stats)?;
         if buf.len() < SPARE_READ {
             buf.resize(SPARE_READ.min(buf.capacity()), 0);
         }
@@ -635,10 +645,14 @@ impl Conn {
     /// next request straight into, rather than into provided buffers or the socket's own
     /// and then copy it here.
     fn lend_spare(&mut self, ctx: &mut Ctx<'_>, limit: usize) -> bool {
-        if !matches!(&self.stream, Stream::Ring(ring) if ring.can_lend()) {
+        if !matches!(&self.stream, Stream::Ring(ring) if ring.can_lend()) || !self.large {
+            return false;
+        }
+        if !ctx.spares.lend() {
             return false;
         }
         let Some(buf) = self.spare_for_next(ctx) else {
+            ctx.spares.lend_end();
             return false;
         };
         let end = buf.len().min(limit);
@@ -648,7 +662,15 @@ impl Conn {
         };
         ring.lend(buf, 0, end);
         self.input_lent = true;
+        self.lent_next = true;
         true
+    }
+
+    /// The spare lent for the next request is back (or the connection is closing).
+    fn end_lend_next(&mut self, spares: &mut Spares) {
+        if std::mem::take(&mut self.lent_next) {
+            spares.lend_end();
+        }
     }
 
     /// Other sockets: make a spare buffer (`spare_for_next`) the input buffer, to read the
@@ -668,7 +690,8 @@ impl Conn {
 
     /// The input buffer of a connection that is closing (none while the kernel may still
     /// write into it).
-    pub fn take_input(&mut self) -> Vec<u8> {
+    pub fn take_input(&mut self, spares: &mut Spares) -> Vec<u8> {
+        self.end_lend_next(spares);
         if self.input_lent {
             return match self.stream.ring_mut().and_then(RingSock::reclaim) {
                 Some((buf, _)) => {
@@ -710,6 +733,7 @@ impl Conn {
                 Some((buf, got)) => {
                     self.input = buf;
                     self.input_lent = false;
+                    self.end_lend_next(ctx.spares);
                     if self.input_len == 0 && got < LEND_MIN {
                         // What came after a large request is small: most likely a small
                         // request, read as usual from now on.

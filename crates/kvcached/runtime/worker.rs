@@ -930,7 +930,8 @@ impl Worker {
         self.buffers_held -= conn.accounted;
         self.stats.buffers.update(&mut conn.gauged, 0, 0);
         // A large input buffer serves the worker's next large request.
-        self.spares.put(conn.take_input(), &self.stats);
+        let input = conn.take_input(&mut self.spares);
+        self.spares.put(input, &self.stats);
         self.shared.unregister(fd);
         self.shared.curr_conns.fetch_sub(1, Ordering::AcqRel);
         tracing::debug!(fd, "<{fd} connection closed.");
