@@ -78,6 +78,9 @@ const MAX_ENTRIES: usize = 1 << 16;
 /// (the oldest), and the current batch's are kept; all of them only if the current batch
 /// alone has this many. A tombstone is needed only until a complete batch has been
 /// applied after it, so the map grows only during a catch-up of budget-limited batches.
+/// One forgotten before then leaves a floor behind ([`Remembered`]): until that complete
+/// batch, an arriving item at or below the highest version forgotten is dropped (a miss),
+/// since it may be older than a forgotten tombstone of its key (a deleted item back).
 const MAX_TOMBS: usize = if cfg!(test) { 8 } else { 1 << 20 };
 
 const KIND_TAIL: u8 = 0;
@@ -131,7 +134,8 @@ pub(super) struct ReplFlags {
     /// lose as it would have to the removed one. Kept as tombstones are: until a batch
     /// that was not cut short has been applied after the removal.
     removed: std::sync::Mutex<Remembered>,
-    /// Entries in `removed` (read without its lock on every applied item).
+    /// Entries in `removed`, plus one while it has a floor (read without its lock on every
+    /// applied item: 0 when it can drop nothing).
     removed_len: std::sync::atomic::AtomicUsize,
     /// On a replica: this engine's own log position just after it applied the last tail
     /// batch that was not cut short (None before the first, and after a full sync
@@ -264,7 +268,7 @@ impl ReplicaState {
             phase: Phase::Fresh,
             below: 0,
             entries: BTreeMap::new(),
-            tombs: HashMap::new(),
+            tombs: Remembered::default(),
             batches: 0,
             applied_bytes: 0,
             full_syncs: 0,
@@ -1112,28 +1116,81 @@ impl LogEngine {
 /// that a replica which evicted on its own may receive later.
 pub(super) type Version = (u64, u64);
 
-/// Versions a replica remembers by key, with the number of the batch each came with.
-type Remembered = HashMap<Box<[u8]>, (Version, u64)>;
+/// Versions a replica remembers by key, with the number of the batch each came with, and
+/// what it had to forget too early.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Remembered {
+    map: HashMap<Box<[u8]>, (Version, u64)>,
+    /// The highest version forgotten before a complete batch came after it (the memory was
+    /// full), and the latest batch such a version came with. Until a complete batch after
+    /// that one, an item at or below it is taken as outdated: a tombstone of its key may
+    /// have been among those forgotten, and a cache may miss but must not bring a deleted
+    /// item back.
+    floor: Option<(Version, u64)>,
+}
+
+impl Remembered {
+    /// Whether an arriving item of `key` at version `ver` is outdated: below (or, with
+    /// `or_equal`, at) the version remembered for its key, or at or below the floor.
+    fn outdated(&self, key: &[u8], ver: Version, or_equal: bool) -> bool {
+        self.floor.is_some_and(|(f, _)| ver <= f)
+            || self
+                .map
+                .get(key)
+                .is_some_and(|&(v, _)| ver < v || or_equal && ver == v)
+    }
+
+    /// Entries, plus one for a floor: 0 when nothing can be taken as outdated.
+    fn weight(&self) -> usize {
+        self.map.len() + usize::from(self.floor.is_some())
+    }
+
+    fn clear(&mut self) {
+        self.map.clear();
+        self.floor = None;
+    }
+
+    /// Forget the entries `drop` picks before their time, raising the floor to them.
+    fn forget_early(&mut self, mut drop: impl FnMut(u64) -> bool) {
+        let mut floor = self.floor;
+        self.map.retain(|_, &mut (v, n)| {
+            if !drop(n) {
+                return true;
+            }
+            floor = Some(match floor {
+                Some((f, b)) => (f.max(v), b.max(n)),
+                None => (v, n),
+            });
+            false
+        });
+        self.floor = floor;
+    }
+}
 
 /// Remember version `ver` of `key` (a tombstone applied, or an item removed) in batch
 /// `batch_no`, the latest so far, so that an older item of the key arriving later loses
-/// to it; see [`MAX_TOMBS`] for what is forgotten.
+/// to it; see [`MAX_TOMBS`] for what is forgotten when the memory is full.
 fn remember_tombstone(tombs: &mut Remembered, key: &[u8], ver: Version, batch_no: u64) {
-    if tombs.len() >= MAX_TOMBS && !tombs.contains_key(key) {
-        forget_before(tombs, batch_no);
-        if tombs.len() >= MAX_TOMBS {
-            tombs.clear();
+    if tombs.map.len() >= MAX_TOMBS && !tombs.map.contains_key(key) {
+        tombs.forget_early(|n| n < batch_no);
+        if tombs.map.len() >= MAX_TOMBS {
+            tombs.forget_early(|_| true);
         }
     }
     // An older tombstone of the key can arrive after a newer one (from a segment shipped
     // later): the newest is what later items must beat.
-    let t = tombs.entry(key.into()).or_insert((ver, batch_no));
+    let t = tombs.map.entry(key.into()).or_insert((ver, batch_no));
     *t = (t.0.max(ver), batch_no);
 }
 
-/// Forget what was remembered before batch `batch_no`.
+/// A batch numbered `batch_no` that was not cut short has been applied: forget what was
+/// remembered before it (every record older than those has arrived), and the floor if
+/// everything under it came before it too.
 fn forget_before(tombs: &mut Remembered, batch_no: u64) {
-    tombs.retain(|_, &mut (_, n)| n >= batch_no);
+    tombs.map.retain(|_, &mut (_, n)| n >= batch_no);
+    if tombs.floor.is_some_and(|(_, n)| n < batch_no) {
+        tombs.floor = None;
+    }
 }
 
 /// Whether segment `seq`, sealed with all its items dead or expired, must stay for a
@@ -1400,17 +1457,12 @@ impl LogEngine {
 
     /// Store replicated item `r`, whose key hashes to `h`.
     fn apply_item(&self, st: &ReplicaState, r: &Rec<'_>, h: u64, now: Time) {
-        if st
-            .tombs
-            .get(r.key)
-            .is_some_and(|&(t, _)| (r.cas, r.stamp) < t)
-        {
+        let ver = (r.cas, r.stamp);
+        if st.tombs.outdated(r.key, ver, false) {
             return;
         }
         if self.repl.removed_len.load(Ordering::Acquire) != 0
-            && lock(&self.repl.removed)
-                .get(r.key)
-                .is_some_and(|&(v, _)| (r.cas, r.stamp) <= v)
+            && lock(&self.repl.removed).outdated(r.key, ver, true)
         {
             return;
         }
@@ -1459,7 +1511,7 @@ impl LogEngine {
         let epoch = self.repl.epoch.load(Ordering::SeqCst);
         let mut m = lock(&self.repl.removed);
         remember_tombstone(&mut m, r.key, (r.cas, r.stamp), epoch);
-        self.repl.removed_len.store(m.len(), Ordering::Release);
+        self.repl.removed_len.store(m.weight(), Ordering::Release);
     }
 
     /// Forget the removals noted before batch `batch_no` (all with `u64::MAX`): a batch
@@ -1471,7 +1523,7 @@ impl LogEngine {
         }
         let mut m = lock(&self.repl.removed);
         forget_before(&mut m, batch_no);
-        self.repl.removed_len.store(m.len(), Ordering::Release);
+        self.repl.removed_len.store(m.weight(), Ordering::Release);
     }
 
     /// Remove `key`'s item if it is older than the tombstone (version `ver`), and log the
@@ -1619,38 +1671,65 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_full_tombstone_memory_forgets_the_oldest_batches_first() {
-        let mut tombs = HashMap::new();
+    fn a_full_tombstone_memory_forgets_the_oldest_batches_first_and_leaves_a_floor() {
+        let mut tombs = Remembered::default();
         let key = |i: usize| format!("k{i}").into_bytes();
         for i in 0..5 {
-            remember_tombstone(&mut tombs, &key(i), (10, 0), 1);
+            remember_tombstone(&mut tombs, &key(i), (10 + i as u64, 0), 1);
         }
+        assert!(tombs.floor.is_none());
         // A newer tombstone of a remembered key replaces it without forgetting others.
         remember_tombstone(&mut tombs, &key(0), (20, 0), 2);
         remember_tombstone(&mut tombs, &key(0), (15, 0), 2);
-        assert_eq!(tombs.get(key(0).as_slice()), Some(&((20, 0), 2)));
+        assert_eq!(tombs.map.get(key(0).as_slice()), Some(&((20, 0), 2)));
         for i in 5..12 {
-            remember_tombstone(&mut tombs, &key(i), (10, 0), 2);
-            assert!(tombs.len() <= MAX_TOMBS);
+            remember_tombstone(&mut tombs, &key(i), (30, 0), 2);
+            assert!(tombs.map.len() <= MAX_TOMBS);
         }
         // The memory filled during batch 2: batch 1's tombstones went, all of batch 2's stay.
         for i in 1..5 {
             assert!(
-                !tombs.contains_key(key(i).as_slice()),
+                !tombs.map.contains_key(key(i).as_slice()),
                 "k{i} of batch 1 kept"
             );
         }
         for i in std::iter::once(0).chain(5..12) {
             assert!(
-                tombs.contains_key(key(i).as_slice()),
+                tombs.map.contains_key(key(i).as_slice()),
                 "k{i} of batch 2 forgotten"
             );
         }
-        // One batch with more tombstones than fit: the memory stays bounded.
+        // What went leaves a floor: the highest version forgotten (k4's 14) and its batch.
+        assert_eq!(tombs.floor, Some(((14, 0), 1)));
+        // An item of a forgotten key below its tombstone is still outdated, through the
+        // floor (so is any item that old); one above the floor is not.
+        assert!(tombs.outdated(&key(3), (12, 0), false));
+        assert!(tombs.outdated(b"other", (14, 0), false));
+        assert!(!tombs.outdated(&key(3), (15, 0), false));
+        assert!(!tombs.outdated(b"other", (15, 0), false));
+        // The remembered keys are compared as before.
+        assert!(tombs.outdated(&key(5), (29, 0), false));
+        assert!(!tombs.outdated(&key(5), (30, 0), false));
+        assert!(tombs.outdated(&key(5), (30, 0), true));
+        // A complete batch 2: batch 1's records have all arrived, the floor goes; batch
+        // 2's tombstones stay.
+        forget_before(&mut tombs, 2);
+        assert!(tombs.floor.is_none());
+        assert!(!tombs.outdated(b"other", (14, 0), false));
+        assert!(tombs.outdated(&key(5), (29, 0), false));
+        // One batch with more tombstones than fit: the memory stays bounded, and every
+        // one forgotten is under the floor until a complete batch after it.
         for i in 100..100 + 3 * MAX_TOMBS {
-            remember_tombstone(&mut tombs, &key(i), (10, 0), 3);
-            assert!(tombs.len() <= MAX_TOMBS);
+            remember_tombstone(&mut tombs, &key(i), (100 + i as u64, 0), 3);
+            assert!(tombs.map.len() <= MAX_TOMBS);
         }
+        for i in 100..100 + 3 * MAX_TOMBS {
+            assert!(tombs.outdated(&key(i), (99 + i as u64, 0), false), "k{i}");
+        }
+        forget_before(&mut tombs, 3);
+        assert!(tombs.floor.is_some(), "batch 3's own went: the floor stays");
+        forget_before(&mut tombs, 4);
+        assert_eq!(tombs.weight(), 0);
     }
 
     /// One pull in a unit test: serve `st`'s cursor on `m`, apply the batch on `r`.
@@ -1757,12 +1836,12 @@ mod tests {
             pull_once(&m, &r, &mut st, now);
         }
         assert!(
-            st.tombs.contains_key(b"k".as_slice()),
+            st.tombs.map.contains_key(b"k".as_slice()),
             "k's tombstone not shipped"
         );
         for i in 0..4 * MAX_TOMBS + 3 {
             assert!(
-                !st.tombs.contains_key(old(i).as_slice()),
+                !st.tombs.map.contains_key(old(i).as_slice()),
                 "a tombstone of a sealed segment was shipped"
             );
         }
