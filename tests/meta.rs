@@ -259,6 +259,47 @@ fn mg_flags() {
     )]);
 }
 
+/// memcached applies `T`, and `N` on an item it creates, while it writes the return flags,
+/// in request order; `R` compares with the TTL at its place. (Both 1.6.18 and the newest.)
+#[test]
+fn mg_applies_ttl_flags_in_request_order() {
+    both(&[(
+        "flag order",
+        &[
+            // A `t` before `T` shows the TTL from before it; the item has the new one.
+            r("ms a 1 T100\r\nx\r\n", "HD\r\n"),
+            r("mg a t T300\r\n", "HD t100\r\n"),
+            r("mg a t\r\n", "HD t300\r\n"),
+            r("ms f 1\r\nx\r\n", "HD\r\n"),
+            r("mg f t T300 R400\r\n", "HD t-1 W\r\n"),
+            r("mg f t\r\n", "HD t300 Z\r\n"),
+            // `R` before `T` compares with the old TTL (100 < 200: a win)...
+            r("ms c 1 T100\r\nx\r\n", "HD\r\n"),
+            r("mg c R200 T500 t\r\n", "HD t500 W\r\n"),
+            // ... after it, with the new one (500: no win; 150: a win).
+            r("ms d 1 T100\r\nx\r\n", "HD\r\n"),
+            r("mg d T500 R200 t\r\n", "HD t500\r\n"),
+            r("ms e 1 T100\r\nx\r\n", "HD\r\n"),
+            r("mg e T150 R200 t\r\n", "HD t150 W\r\n"),
+            // A created item keeps the TTL of the later of `N` and `T`; a `t` shows the TTL
+            // at its place (none before either).
+            r("mg n1 N100 T300 t\r\n", "HD t300 W\r\n"),
+            r("mg n1 t\r\n", "HD t300 Z\r\n"),
+            r("mg n2 T300 N100 t\r\n", "HD t100 W\r\n"),
+            r("mg n2 t\r\n", "HD t100 Z\r\n"),
+            r("mg n3 t N100 T300\r\n", "HD t-1 W\r\n"),
+            r("mg n3 t\r\n", "HD t300 Z\r\n"),
+            r("mg n4 N100 t T300\r\n", "HD t100 W\r\n"),
+            r("mg n4 t\r\n", "HD t300 Z\r\n"),
+            r("mg n5 T300 t N100\r\n", "HD t300 W\r\n"),
+            r("mg n5 t\r\n", "HD t100 Z\r\n"),
+            // `R` never wins on a created item.
+            r("mg n6 N100 R200 t\r\n", "HD t100 W\r\n"),
+            r("mg n6 t\r\n", "HD t100 Z\r\n"),
+        ],
+    )]);
+}
+
 #[test]
 fn mg_counters() {
     // memcached counts a mg hit as a get, or with T as a touch; a miss as a get miss.

@@ -20,11 +20,11 @@
 //! `q` leaves out only the "as expected" reply (`mg` `EN`, `ms`/`md` `HD`, `ma` `HD`/`VA`);
 //! errors never reach here (the parser reports them, unsilenced).
 //!
-//! Flag order: memcached applies `T` and `N` while it writes the return flags, so a `t` written
-//! before `T` shows the old TTL, and `R` before `T` compares against the old TTL. The parsed
-//! request (`MetaArgs`) does not expose where `T`/`N`/`R` stood among the return flags, so
-//! here `t` always shows the TTL after `T`/`N`, and `R` compares against the TTL before `T`
-//! (and on a created item, `T` wins over `N`).
+//! Flag order (`mg`): memcached applies `T`, and `N` on an item it created, while it writes
+//! the return flags, in request order. So a `t` before `T` shows the TTL from before it, `R`
+//! compares with the TTL set by a `T` before it (else the old one), and a created item keeps
+//! the TTL of whichever of `T` and `N` came last. The same here ([`MetaArgs::position`]).
+//! (`ma` still shows the TTL after `T`/`N`: docs/COMPATIBILITY.md.)
 
 use kvproto::meta::{
     write_debug, ArithMode, DebugInfo, KeyBuf, MetaArgs, MetaReply, MetaRequest, ReturnFlag,
@@ -170,20 +170,25 @@ fn get(ctx: &mut Ctx<'_>, s: &mut Session, args: &MetaArgs<'_>) -> Step {
     let key = args.key();
     let k = key.bytes(&mut buf);
     let touch = expiry(ctx, args.ttl());
+    let vivify = expiry(ctx, args.vivify());
     let opts = MetaRead {
         touch,
         no_bump: args.no_bump(),
-        // On a created item `T` applies after `N` (see the module docs).
-        vivify: expiry(ctx, args.vivify()).map(|v| touch.unwrap_or(v)),
+        // A created item keeps the TTL of the later of `N` and `T` (see the module docs).
+        vivify: vivify.map(|v| match touch {
+            Some(t) if args.before(b'N', b'T') => t,
+            _ => v,
+        }),
         recache: expiry(ctx, args.recache()),
-        recache_after_touch: false,
+        recache_after_touch: args.before(b'T', b'R'),
         new_cas: args.new_cas(),
         binary_key: key.is_base64(),
     };
     let out = &mut s.out;
     let mut spliced = s.splice_ok.then_some(&mut s.spliced);
     let result = ops::meta_read(ctx, k, now, opts, &mut |mi: MetaItem<'_>| {
-        write_hit(out, spliced.as_deref_mut(), args, &mi, now);
+        let shown = ttl_shown(args, &mi, touch, vivify);
+        write_hit(out, spliced.as_deref_mut(), args, &mi, shown, now);
     });
     if result == MetaGet::Miss && !args.quiet() {
         echo(MetaReply::en(&mut s.out), args, k).finish();
@@ -191,13 +196,34 @@ fn get(ctx: &mut Ctx<'_>, s: &mut Session, args: &MetaArgs<'_>) -> Step {
     Step::Next
 }
 
-/// The `mg` reply for a found or created item; a large value is spliced into the output
-/// when `spliced` is given.
+/// The expiry `mg`'s `t` shows: as memcached applies `T`, and `N` on a created item, while
+/// it writes the return flags, the one set by the last of them before `t`, else the item's
+/// expiry before the request (0 for a created item).
+fn ttl_shown(
+    args: &MetaArgs<'_>,
+    mi: &MetaItem<'_>,
+    touch: Option<Time>,
+    vivify: Option<Time>,
+) -> Time {
+    let Some(t) = args.position(b't') else {
+        return mi.item.exptime;
+    };
+    let at = |flag: u8, value: Option<Time>| {
+        value.and_then(|v| args.position(flag).filter(|&p| p < t).map(|p| (p, v)))
+    };
+    let by_t = at(b'T', touch);
+    let by_n = at(b'N', vivify.filter(|_| mi.created));
+    by_t.max(by_n).map_or(mi.exptime_before, |(_, v)| v)
+}
+
+/// The `mg` reply for a found or created item, `t` showing `ttl` ([`ttl_shown`]); a large
+/// value is spliced into the output when `spliced` is given.
 fn write_hit(
     out: &mut Vec<u8>,
     spliced: Option<&mut Splices>,
     args: &MetaArgs<'_>,
     mi: &MetaItem<'_>,
+    ttl: Time,
     now: Time,
 ) {
     let it = &mi.item;
@@ -210,7 +236,7 @@ fn write_hit(
     for flag in args.return_flags() {
         r = match flag {
             ReturnFlag::Size => r.num(b's', it.value.len() as u64),
-            ReturnFlag::Ttl => put_ttl(r, it.exptime, now),
+            ReturnFlag::Ttl => put_ttl(r, ttl, now),
             ReturnFlag::Cas => r.num(b'c', it.cas),
             ReturnFlag::ClientFlags => r.num(b'f', u64::from(it.flags)),
             ReturnFlag::LastAccess => r.num(b'l', u64::from(now.wrapping_sub(mi.last_access))),

@@ -457,6 +457,18 @@ impl<'a> MetaArgs<'a> {
         self.get(b'D', self.delta)
     }
 
+    /// Where `flag` stands among the flag tokens (0 for the first), if it was given.
+    /// memcached applies `mg`'s `T`, `N` and `R` while it writes the return flags, in this
+    /// order: a `t` before `T` shows the TTL from before it, for one.
+    pub fn position(&self, flag: u8) -> Option<usize> {
+        Tokens::new(self.section).position(|t| t.first() == Some(&flag))
+    }
+
+    /// Whether flags `a` and `b` were both given, `a` first.
+    pub fn before(&self, a: u8, b: u8) -> bool {
+        matches!((self.position(a), self.position(b)), (Some(x), Some(y)) if x < y)
+    }
+
     /// The flags that put something in the reply, in the order given (memcached writes them
     /// in request order). What each command writes, for each status:
     ///

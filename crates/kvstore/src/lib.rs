@@ -228,6 +228,8 @@ pub struct MetaItem<'a> {
     pub item: ItemView<'a>,
     /// Its expiry before this read (0 for a created item).
     pub exptime_before: Time,
+    /// `N` created it (an empty item).
+    pub created: bool,
     /// When it was last stored or accessed, before this read.
     pub last_access: Time,
     /// Whether it had been fetched before this read.

@@ -820,6 +820,26 @@ fn return_flags_in_request_order() {
 }
 
 #[test]
+fn flag_positions_tell_which_came_first() {
+    let Parse::Request(Request::Meta(req), _) = text_parse(b"mg k t R30 v T5 N9\r\n", &LIMITS)
+    else {
+        panic!("no request");
+    };
+    let args = req.args().unwrap();
+    assert_eq!(args.position(b't'), Some(0));
+    assert_eq!(args.position(b'T'), Some(3));
+    assert_eq!(args.position(b'N'), Some(4));
+    assert_eq!(args.position(b'c'), None);
+    assert!(args.before(b't', b'T'));
+    assert!(args.before(b'R', b'T'));
+    assert!(!args.before(b'N', b'T'));
+    assert!(args.before(b'T', b'N'));
+    // Not when either is missing.
+    assert!(!args.before(b'c', b'T'));
+    assert!(!args.before(b'T', b'c'));
+}
+
+#[test]
 fn set_mode_to_store_mode() {
     assert_eq!(SetMode::Set.store_mode(false), StoreMode::Set);
     assert_eq!(SetMode::Set.store_mode(true), StoreMode::Cas);

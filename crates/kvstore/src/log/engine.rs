@@ -265,6 +265,7 @@ impl Engine for LogEngine {
                 found(MetaItem {
                     item: self.view(key, r),
                     exptime_before: 0,
+                    created: true,
                     last_access: now,
                     fetched: false,
                     stale: false,

@@ -77,6 +77,7 @@ impl LogEngine {
                     found(MetaItem {
                         item: self.view_leasable(key, &r, v),
                         exptime_before: r.exptime,
+                        created: false,
                         last_access,
                         fetched: index::fetched(v),
                         stale,
@@ -161,6 +162,7 @@ impl LogEngine {
                 // Under the stripe lock of the item just written (see `lease`).
                 item: self.view_leasable(key, r, v),
                 exptime_before: p.exptime,
+                created: false,
                 last_access,
                 fetched,
                 stale: r.meta & META_STALE != 0,
