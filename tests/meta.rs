@@ -259,10 +259,11 @@ fn mg_flags() {
     )]);
 }
 
-/// memcached applies `T`, and `N` on an item it creates, while it writes the return flags,
-/// in request order; `R` compares with the TTL at its place. (Both 1.6.18 and the newest.)
+/// memcached applies `T`, and `N` on an item it creates, while it writes the return flags
+/// of `mg` and `ma`, in request order; `R` compares with the TTL at its place. (Both 1.6.18
+/// and the newest.)
 #[test]
-fn mg_applies_ttl_flags_in_request_order() {
+fn ttl_flags_apply_in_request_order() {
     both(&[(
         "flag order",
         &[
@@ -296,6 +297,19 @@ fn mg_applies_ttl_flags_in_request_order() {
             // `R` never wins on a created item.
             r("mg n6 N100 R200 t\r\n", "HD t100 W\r\n"),
             r("mg n6 t\r\n", "HD t100 Z\r\n"),
+            // `ma` the same way.
+            r("ms ma 1 T100\r\n5\r\n", "HD\r\n"),
+            r("ma ma t T300\r\n", "HD t100\r\n"),
+            r("mg ma t\r\n", "HD t300\r\n"),
+            r("ms mf 1\r\n5\r\n", "HD\r\n"),
+            r("ma mf t T300 v\r\n", "VA 1 t-1\r\n6\r\n"),
+            r("mg mf t\r\n", "HD t300\r\n"),
+            r("ma m2 T300 N100 t\r\n", "HD t100\r\n"),
+            r("mg m2 t\r\n", "HD t100\r\n"),
+            r("ma m3 t N100 T300\r\n", "HD t-1\r\n"),
+            r("mg m3 t\r\n", "HD t300\r\n"),
+            r("ma m4 N100 t T300\r\n", "HD t100\r\n"),
+            r("mg m4 t\r\n", "HD t300\r\n"),
         ],
     )]);
 }

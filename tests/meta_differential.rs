@@ -213,9 +213,6 @@ impl Meta {
             .find(|f| f.letter == l)
             .and_then(|f| f.lit_arg())
     }
-    fn pos(&self, l: u8) -> Option<usize> {
-        self.flags.iter().position(|f| f.letter == l)
-    }
     fn ms_mode(&self) -> u8 {
         self.arg(b'M')
             .and_then(|a| a.first().copied())
@@ -445,21 +442,6 @@ const EXPECTED_DIFFERENCES: &[ExpectedDifference] = &[
         name: "K2 ma with T or E",
         why: Why::Kvcached,
         matches: |m| m.cmd == "ma" && (m.has(b'T') || m.has(b'E')),
-    },
-    ExpectedDifference {
-        // COMPAT "Where kvcached differs": flag order for `ma`'s `T`/`N` (memcached applies
-        // them while writing return flags; `mg` follows that order, `ma` not yet).
-        name: "K3 ma: t before T/N, R with T, N with T",
-        why: Why::Kvcached,
-        matches: |m| {
-            let t = m.pos(b't');
-            let before = |l| m.pos(l).is_some_and(|p| t.is_some_and(|t| t < p));
-            m.cmd == "ma"
-                && (before(b'T')
-                    || before(b'N')
-                    || (m.has(b'R') && m.has(b'T'))
-                    || (m.has(b'N') && m.has(b'T')))
-        },
     },
     ExpectedDifference {
         // crates/kvproto/src/meta.rs, "Deliberate differences": an over-long opaque is

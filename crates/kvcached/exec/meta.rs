@@ -20,11 +20,12 @@
 //! `q` leaves out only the "as expected" reply (`mg` `EN`, `ms`/`md` `HD`, `ma` `HD`/`VA`);
 //! errors never reach here (the parser reports them, unsilenced).
 //!
-//! Flag order (`mg`): memcached applies `T`, and `N` on an item it created, while it writes
-//! the return flags, in request order. So a `t` before `T` shows the TTL from before it, `R`
-//! compares with the TTL set by a `T` before it (else the old one), and a created item keeps
-//! the TTL of whichever of `T` and `N` came last. The same here ([`MetaArgs::position`]).
-//! (`ma` still shows the TTL after `T`/`N`: docs/COMPATIBILITY.md.)
+//! Flag order (`mg`, `ma`): memcached applies `T`, and `N` on an item it created, while it
+//! writes the return flags, in request order. So a `t` before `T` shows the TTL from before
+//! it, `R` compares with the TTL set by a `T` before it (else the old one), and a created
+//! item keeps the TTL of whichever of `T` and `N` came last. The same here
+//! ([`MetaArgs::position`]). (An `ma` whose number grows longer is the exception memcached
+//! makes: docs/COMPATIBILITY.md.)
 
 use kvproto::meta::{
     write_debug, ArithMode, DebugInfo, KeyBuf, MetaArgs, MetaReply, MetaRequest, ReturnFlag,
@@ -175,10 +176,7 @@ fn get(ctx: &mut Ctx<'_>, s: &mut Session, args: &MetaArgs<'_>) -> Step {
         touch,
         no_bump: args.no_bump(),
         // A created item keeps the TTL of the later of `N` and `T` (see the module docs).
-        vivify: vivify.map(|v| match touch {
-            Some(t) if args.before(b'N', b'T') => t,
-            _ => v,
-        }),
+        vivify: vivify.map(|v| vivified_expiry(args, touch, v)),
         recache: expiry(ctx, args.recache()),
         recache_after_touch: args.before(b'T', b'R'),
         new_cas: args.new_cas(),
@@ -187,7 +185,7 @@ fn get(ctx: &mut Ctx<'_>, s: &mut Session, args: &MetaArgs<'_>) -> Step {
     let out = &mut s.out;
     let mut spliced = s.splice_ok.then_some(&mut s.spliced);
     let result = ops::meta_read(ctx, k, now, opts, &mut |mi: MetaItem<'_>| {
-        let shown = ttl_shown(args, &mi, touch, vivify);
+        let shown = ttl_shown(args, mi.exptime_before, mi.created, touch, vivify);
         write_hit(out, spliced.as_deref_mut(), args, &mi, shown, now);
     });
     if result == MetaGet::Miss && !args.quiet() {
@@ -201,19 +199,28 @@ fn get(ctx: &mut Ctx<'_>, s: &mut Session, args: &MetaArgs<'_>) -> Step {
 /// expiry before the request (0 for a created item).
 fn ttl_shown(
     args: &MetaArgs<'_>,
-    mi: &MetaItem<'_>,
+    exptime_before: Time,
+    created: bool,
     touch: Option<Time>,
     vivify: Option<Time>,
 ) -> Time {
     let Some(t) = args.position(b't') else {
-        return mi.item.exptime;
+        return exptime_before;
     };
     let at = |flag: u8, value: Option<Time>| {
         value.and_then(|v| args.position(flag).filter(|&p| p < t).map(|p| (p, v)))
     };
     let by_t = at(b'T', touch);
-    let by_n = at(b'N', vivify.filter(|_| mi.created));
-    by_t.max(by_n).map_or(mi.exptime_before, |(_, v)| v)
+    let by_n = at(b'N', vivify.filter(|_| created));
+    by_t.max(by_n).map_or(exptime_before, |(_, v)| v)
+}
+
+/// The expiry of an item `N` creates when `T` is given too: the later of the two.
+fn vivified_expiry(args: &MetaArgs<'_>, touch: Option<Time>, vivify: Time) -> Time {
+    match touch {
+        Some(t) if args.before(b'N', b'T') => t,
+        _ => vivify,
+    }
 }
 
 /// The `mg` reply for a found or created item, `t` showing `ttl` ([`ttl_shown`]); a large
@@ -383,14 +390,14 @@ fn arith(ctx: &mut Ctx<'_>, s: &mut Session, args: &MetaArgs<'_>, mode: ArithMod
     let k = key.bytes(&mut buf);
     let incr = mode == ArithMode::Incr;
     let touch = expiry(ctx, args.ttl());
+    let vivify = expiry(ctx, args.vivify());
     let req = MetaArith {
         incr,
         delta: args.delta().unwrap_or(1),
         compare_cas: args.compare_cas(),
         new_cas: args.new_cas(),
-        // On a created item `T` applies after `N` (see the module docs).
-        vivify: expiry(ctx, args.vivify())
-            .map(|v| (touch.unwrap_or(v), args.initial().unwrap_or(0))),
+        // A created item keeps the TTL of the later of `N` and `T` (see the module docs).
+        vivify: vivify.map(|v| (vivified_expiry(args, touch, v), args.initial().unwrap_or(0))),
         touch,
         binary_key: key.is_base64(),
     };
@@ -398,9 +405,11 @@ fn arith(ctx: &mut Ctx<'_>, s: &mut Session, args: &MetaArgs<'_>, mode: ArithMod
         MetaArithResult::Value {
             value,
             cas,
-            exptime,
+            exptime_before,
+            created,
             ..
         } => {
+            let exptime = ttl_shown(args, exptime_before, created, touch, vivify);
             if args.quiet() {
                 return Step::Next;
             }

@@ -319,7 +319,8 @@ pub struct MetaArith {
     pub incr: bool,
     pub delta: u64,
     /// `C`: a non-zero value that differs from the item's CAS is [`MetaArithResult::Exists`]
-    /// (checked after an empty value is found non-numeric, before the number is parsed).
+    /// (checked after an empty value, or one memcached would store in chunks, is found
+    /// non-numeric, before the number is parsed).
     pub compare_cas: Option<u64>,
     /// `E`: the CAS unique of the changed or created item.
     pub new_cas: Option<u64>,

@@ -521,15 +521,13 @@ impl Engine for Model {
                 created: true,
             };
         };
-        if it.value.is_empty() {
+        // memcached calls an empty value, and an item it stores in chunks (over 512 KiB),
+        // non-numeric before it compares the CAS.
+        if it.value.is_empty() || crate::number::chunked(key.len(), it.value.len(), it.flags) {
             return MetaArithResult::NonNumeric;
         }
         if req.compare_cas.is_some_and(|c| c != 0 && c != self.cas(it)) {
             return MetaArithResult::Exists;
-        }
-        // memcached stores items over 512 KiB in chunks and calls them non-numeric.
-        if 48 + key.len() + 1 + it.value.len() + 2 + 8 > 512 * 1024 {
-            return MetaArithResult::NonNumeric;
         }
         let Some(cur) = strtoull(&it.value) else {
             return MetaArithResult::NonNumeric;

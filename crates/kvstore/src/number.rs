@@ -15,14 +15,22 @@ fn is_c_space(b: u8) -> bool {
 
 /// memcached stores an item whose total size is over its largest slab chunk (512 KiB by
 /// default) in chunks, and `do_add_delta` calls every chunked item non-numeric, whatever
-/// it holds. The total, with CAS on: a 48-byte header, the key and a NUL, the value and
-/// "\r\n", 8 bytes of CAS.
+/// it holds, before it compares a CAS. The total, with CAS on: a 48-byte header, the key
+/// and a NUL, 4 bytes of client flags unless they are 0, the value and "\r\n", 8 bytes of
+/// CAS.
 const CHUNKED_ITEM: usize = 512 * 1024;
+
+/// Whether memcached would store an item of this key, value length and client flags in
+/// chunks, and so call it non-numeric before anything else (see [`CHUNKED_ITEM`]).
+pub(crate) fn chunked(key_len: usize, value_len: usize, flags: u32) -> bool {
+    let suffix = if flags != 0 { 4 } else { 0 };
+    48 + key_len + 1 + suffix + value_len + 2 + 8 > CHUNKED_ITEM
+}
 
 /// The number in the stored value of `key`, or `None` if memcached would call it
 /// non-numeric (including a value so large that memcached stores it chunked).
-pub(crate) fn parse_item(key: &[u8], value: &[u8]) -> Option<u64> {
-    if 48 + key.len() + 1 + value.len() + 2 + 8 > CHUNKED_ITEM {
+pub(crate) fn parse_item(key: &[u8], value: &[u8], flags: u32) -> Option<u64> {
+    if chunked(key.len(), value.len(), flags) {
         return None;
     }
     parse(value)

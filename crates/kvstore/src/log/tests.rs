@@ -1473,3 +1473,52 @@ fn a_touch_that_keeps_the_expiry_rewrites_nothing() {
         Some((now + 60, cas))
     );
 }
+
+/// `ma` with a wrong CAS: memcached calls an empty value, and one it stores in chunks (an
+/// item over 512 KiB with its header, key, client flags and CAS), non-numeric before it
+/// compares the CAS; any other value fails the comparison first. The model agrees.
+#[test]
+fn arith_calls_chunked_values_non_numeric_before_comparing_cas() {
+    let now: Time = 1_000_000;
+    let model = crate::model::Model::new(cfg(64 << 20));
+    let engine = LogEngine::new(cfg(64 << 20));
+    let engines: [&dyn Engine; 2] = [&engine, &model];
+    // Keys of 7 bytes ("x524222"): 48 + 8 + 524222 + 2 + 8 = 524288 bytes, the most that
+    // is not chunked; with client flags 4 bytes more count.
+    let cases: [(usize, u32, MetaArithResult); 6] = [
+        (0, 0, MetaArithResult::NonNumeric),
+        (3, 0, MetaArithResult::Exists),
+        (524_222, 0, MetaArithResult::Exists),
+        (524_223, 0, MetaArithResult::NonNumeric),
+        (524_218, 5, MetaArithResult::Exists),
+        (524_219, 5, MetaArithResult::NonNumeric),
+    ];
+    for e in engines {
+        for (len, flags, want) in cases {
+            let key = format!("x{len:06}");
+            let value = vec![b'7'; len];
+            let stored = e.store(
+                StoreRequest {
+                    mode: StoreMode::Set,
+                    key: key.as_bytes(),
+                    value: &value,
+                    flags,
+                    exptime: 0,
+                },
+                now,
+            );
+            assert!(matches!(stored, StoreResult::Stored(_)), "{stored:?}");
+            let req = crate::MetaArith {
+                incr: true,
+                delta: 1,
+                compare_cas: Some(999_999),
+                ..crate::MetaArith::default()
+            };
+            assert_eq!(
+                e.meta_arith(key.as_bytes(), now, req),
+                want,
+                "{len} bytes, flags {flags}"
+            );
+        }
+    }
+}

@@ -762,14 +762,15 @@ impl LogEngine {
                     Some((_, v, r)) if self.vis(&r, now) == Vis::Live => Some((
                         v & IDENT_MASK,
                         r.value.len(),
-                        number::parse_item(key, r.value),
+                        number::parse_item(key, r.value, r.flags),
+                        number::chunked(key.len(), r.value.len(), r.flags),
                         self.rec_cas(&r),
                         r.exptime,
                     )),
                     _ => None,
                 }
             };
-            let Some((ident, old_len, n, cas, exptime_before)) = read else {
+            let Some((ident, old_len, n, chunked, cas, exptime_before)) = read else {
                 // Count and unlink a dead item as a lookup would.
                 if self.peek(h, key, now).is_some() {
                     continue;
@@ -814,7 +815,9 @@ impl LogEngine {
                     Outcome::NoMemory | Outcome::TooLarge => return MetaArithResult::NoMemory,
                 }
             };
-            if old_len == 0 {
+            // As memcached: an empty value, or one it stores in chunks, is non-numeric
+            // before the CAS is compared; other values after.
+            if old_len == 0 || chunked {
                 return MetaArithResult::NonNumeric;
             }
             if req.compare_cas.is_some_and(|c| c != 0 && c != cas) {
