@@ -616,10 +616,16 @@ impl Conn {
     /// One of the worker's spares for a request of `need` bytes (see [`crate::exec::session::Spares::take`]),
     /// within the buffer memory this connection may hold with its output buffer.
     fn spare(&self, ctx: &mut Ctx<'_>, need: usize, cap: usize) -> Option<Vec<u8>> {
+        let allows = self.input_allowed(ctx);
+        ctx.spares.take(need, cap, allows, ctx.stats)
+    }
+
+    /// Whether this connection may hold an input buffer of so many bytes beside its output
+    /// buffer, within the worker's buffer memory.
+    fn input_allowed(&self, ctx: &Ctx<'_>) -> impl Fn(usize) -> bool {
         let out = self.session.out.capacity();
         let buffers = ctx.buffers;
-        ctx.spares
-            .take(need, cap, |c| buffers.allows(c + out), ctx.stats)
+        move |c| buffers.allows(c + out)
     }
 
     /// A spare buffer to read the next request straight into, for a connection whose last
@@ -630,11 +636,8 @@ impl Conn {
         if !self.large || self.session.swallow > 0 {
             return None;
         }
-        let out = self.session.out.capacity();
-        let buffers = ctx.buffers;
-        let mut buf = ctx
-            .spares
-            .for_next(SPARE_READ, |c| buffers.allows(c + out), ctx.stats)?;
+        let allows = self.input_allowed(ctx);
+        let mut buf = ctx.spares.for_next(SPARE_READ, allows, ctx.stats)?;
         if buf.len() < SPARE_READ {
             buf.resize(SPARE_READ.min(buf.capacity()), 0);
         }

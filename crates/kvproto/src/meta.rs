@@ -458,8 +458,8 @@ impl<'a> MetaArgs<'a> {
     }
 
     /// Where `flag` stands among the flag tokens (0 for the first), if it was given.
-    /// memcached applies `mg`'s `T`, `N` and `R` while it writes the return flags, in this
-    /// order: a `t` before `T` shows the TTL from before it, for one.
+    /// memcached applies `T` and `N` (`mg`, `ma`) and `R` (`mg`) while it writes the return
+    /// flags, in this order: a `t` before `T` shows the TTL from before it, for one.
     pub fn position(&self, flag: u8) -> Option<usize> {
         Tokens::new(self.section).position(|t| t.first() == Some(&flag))
     }
