@@ -176,6 +176,23 @@ fn large_sets_arrive_intact_however_they_are_split(kind: Kind) {
     }
 }
 
+/// Wait until `c` is the server's only connection: a poll with a deadline, as the server
+/// closes the others when it sees their ends.
+fn only_this_connection_left(c: &mut common::Client) {
+    let deadline = std::time::Instant::now() + common::TIMEOUT;
+    while c
+        .stat("curr_connections")
+        .and_then(|v| v.parse::<u64>().ok())
+        .is_none_or(|n| n > 1)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "connections left open"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
 /// Clients that leave in the middle of large values, every way a client can (a reset, a
 /// close, a half close), while their rest may be in a buffer lent to the ring: once they are
 /// gone, the server's read buffers are what they were (the spares, within their bound,
@@ -231,16 +248,8 @@ fn clients_that_leave_mid_value_leave_no_buffer_behind() {
             }
         }
     }
-    // Every one of them closed (a poll with a deadline: the server closes them as it sees
-    // their ends).
-    let deadline = std::time::Instant::now() + common::TIMEOUT;
-    while stat(&mut c, "curr_connections") > 1 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "connections left open"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    // Every one of them closed.
+    only_this_connection_left(&mut c);
     assert_eq!(
         held(&mut c),
         before,
@@ -336,14 +345,7 @@ fn quiet_clients_after_mid_size_sets_hold_a_bounded_number_of_buffers() {
         }
         drop(s);
     }
-    let deadline = std::time::Instant::now() + common::TIMEOUT;
-    while stat(&mut c, "curr_connections") > 1 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "connections left open"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
+    only_this_connection_left(&mut c);
     let uring = c
         .stats("settings")
         .iter()
