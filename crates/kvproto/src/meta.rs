@@ -461,6 +461,9 @@ impl<'a> MetaArgs<'a> {
     /// memcached applies `T` and `N` (`mg`, `ma`) and `R` (`mg`) while it writes the return
     /// flags, in this order: a `t` before `T` shows the TTL from before it, for one.
     pub fn position(&self, flag: u8) -> Option<usize> {
+        if !self.has(flag) {
+            return None; // most requests: no scan of the tokens
+        }
         Tokens::new(self.section).position(|t| t.first() == Some(&flag))
     }
 
