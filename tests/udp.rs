@@ -294,3 +294,113 @@ fn udp_gets_queue_like_newest_memcached() {
         vec![b"CLIENT_ERROR bad command line format\r\n".to_vec()]
     );
 }
+
+/// A burst of datagrams sent before the server reads any, so that one receive takes many of
+/// them: reads of keys present and absent, several keys at once, garbage, binary, frames
+/// too short or announcing several datagrams (dropped), and a set. kvcached looks at a
+/// batch's keys before it runs any of its requests (to prefetch them); whatever a datagram
+/// holds, every request must get memcached's reply. Replies by request id, until a sentinel.
+fn burst(kind: Kind) -> Vec<(u16, Vec<u8>)> {
+    let (_server, port) = start_with(kind, &["-t", "1"]);
+    let sock = client();
+    for i in 0..8u16 {
+        let set = format!("set k{i} {i} 0 3\r\nv{i:02}\r\n");
+        assert_eq!(
+            payload(&request(&sock, port, i, set.as_bytes())),
+            b"STORED\r\n"
+        );
+    }
+    let mut frames: Vec<Vec<u8>> = Vec::new();
+    for i in 0..96u16 {
+        let id = 100 + i;
+        let body: Vec<u8> = match i % 12 {
+            0 => format!("get k{}\r\n", i % 8).into_bytes(),
+            1 => format!("get absent{i}\r\n").into_bytes(),
+            2 => b"get k1 k2 absent k3\r\n".to_vec(),
+            3 => vec![0xff, 0x00, b'g', b'e', b't', b' ', 0x80, b'\r', b'\n'],
+            4 => bin_get(0x00, b"k4", u32::from(i)),
+            5 => b"get".to_vec(),
+            6 => format!("mg k{} v f c\r\n", i % 8).into_bytes(),
+            7 => b"delete absent\r\nget k1 \r\n".to_vec(),
+            8 => format!("gets k{} k{}\r\n", i % 8, (i + 3) % 8).into_bytes(),
+            9 => b"get k5\r\nget k6\r\nget k7\r\n".to_vec(),
+            10 => format!("set k{} 0 0 2\r\nzz\r\n", i % 8).into_bytes(),
+            _ => format!("touch k{} 0\r\nincr absent 1\r\n", i % 8).into_bytes(),
+        };
+        frames.push(frame(id, 0, 1, &body));
+        if i % 24 == 5 {
+            frames.push(frame(id + 1000, 0, 2, b"get k1\r\n")); // two-datagram request
+            frames.push(id.to_be_bytes().to_vec()); // shorter than a header
+        }
+    }
+    frames.push(frame(0x7fff, 0, 1, b"mn\r\n"));
+    for f in &frames {
+        sock.send_to(f, (Ipv4Addr::LOCALHOST, port)).expect("send");
+    }
+    let mut got: Vec<(u16, Vec<u8>)> = Vec::new();
+    let mut buf = [0u8; 65536];
+    loop {
+        let n = sock.recv(&mut buf).expect("reply datagram");
+        assert!((8..=1400).contains(&n), "datagram of {n} bytes");
+        let rid = u16::from_be_bytes([buf[0], buf[1]]);
+        if rid == 0x7fff {
+            break;
+        }
+        let mut d = buf[8..n].to_vec();
+        blank_cas(&mut d);
+        got.push((rid, d));
+    }
+    got.sort();
+    got
+}
+
+/// CAS uniques differ between servers: zero a binary reply's, and replace the CAS field of
+/// each `VALUE key flags bytes cas` line and each meta `c` flag with `C`.
+fn blank_cas(d: &mut Vec<u8>) {
+    if d.first() == Some(&0x81) {
+        for b in d.iter_mut().skip(16).take(8) {
+            *b = 0;
+        }
+        return;
+    }
+    let text = String::from_utf8_lossy(d).into_owned();
+    let mut out = String::new();
+    for line in text.split_inclusive("\r\n") {
+        let fields: Vec<&str> = line.trim_end_matches("\r\n").split(' ').collect();
+        if fields.len() == 5 && fields[0] == "VALUE" {
+            out.push_str(&format!(
+                "VALUE {} {} {} C\r\n",
+                fields[1], fields[2], fields[3]
+            ));
+        } else if fields[0] == "VA" || fields[0] == "HD" {
+            let kept: Vec<&str> = fields
+                .iter()
+                .map(|f| if f.starts_with('c') { "cC" } else { f })
+                .collect();
+            out.push_str(&kept.join(" "));
+            out.push_str("\r\n");
+        } else {
+            out.push_str(line);
+        }
+    }
+    *d = out.into_bytes();
+}
+
+#[test]
+fn udp_burst_of_mixed_datagrams_matches_memcached() {
+    let want = burst(Kind::Memcached);
+    let got = burst(Kind::Kvcached);
+    assert!(
+        want.len() > 80,
+        "memcached answered {} requests",
+        want.len()
+    );
+    let show = |r: &[(u16, Vec<u8>)]| -> Vec<String> {
+        r.iter()
+            .map(|(id, d)| format!("{id}: {}", String::from_utf8_lossy(d).escape_debug()))
+            .collect()
+    };
+    let (got, want) = (show(&got), show(&want));
+    let first = got.iter().zip(&want).position(|(g, w)| g != w);
+    assert_eq!(got, want, "first difference at reply {first:?}");
+}
