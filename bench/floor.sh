@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# The kernel's floor under a GET server, beside kvcached and the reference, in one run.
+#
+# examples/floor.rs answers every get with a canned value and does nothing else, through the
+# same interfaces kvcached uses (UDP: recvmmsg/sendmmsg; TCP: io_uring with multishot accept
+# and receive into provided buffers, one submission per loop iteration). Its CPU per request
+# is what the kernel's network path costs alone: no server on these interfaces goes below it.
+# The three servers run in turn, ROUNDS times, each pinned to core 1 with one thread, the
+# load generator (kvblast, closed loop) on core 0. Requests are kvblast's count for the
+# measured window; CPU is the server's user + system time over that window (a TCP load's
+# keys are set before it, except on the floor, which stores nothing).
+#
+# usage: bench/floor.sh [-u] [-d SECONDS] [-r ROUNDS] [-c CONNS] [-v VALUE_BYTES] [-- LOAD ARGS]
+#   -u: UDP (default load: the USR workload's GETs over 100,000 keys, 2-byte values)
+#   TCP default load: --mix get=1 --value-size 32 --keys 100000 --popularity uniform --depth 1
+#   -v: the floor's value size (default: 32 over TCP, 2 over UDP; match LOAD ARGS)
+# The reference is $MEMCACHED (default: Debian's /usr/bin/memcached); $KVCACHED runs another
+# kvcached build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. bench/lib.sh
+
+duration=5
+rounds=5
+conns=50
+udp=0
+vbytes=
+while getopts "ud:r:c:v:" opt; do
+    case $opt in
+        u) udp=1 ;;
+        d) duration=$OPTARG ;;
+        r) rounds=$OPTARG ;;
+        c) conns=$OPTARG ;;
+        v) vbytes=$OPTARG ;;
+        *) echo "usage: $0 [-u] [-d SECONDS] [-r ROUNDS] [-c CONNS] [-v VALUE_BYTES] [-- LOAD ARGS]" >&2; exit 2 ;;
+    esac
+done
+shift $((OPTIND - 1))
+extra=("$@")
+keys=100000
+if [ $udp = 1 ]; then
+    mode=udp
+    [ ${#extra[@]} -gt 0 ] || extra=(--workload usr --keys $keys --mix get=1)
+    vbytes=${vbytes:-2}
+    fill=(--workload usr)
+else
+    mode=tcp
+    [ ${#extra[@]} -gt 0 ] || extra=(--mix get=1 --value-size 32 --keys $keys --popularity uniform --depth 1)
+    vbytes=${vbytes:-32}
+    fill=(--value-size "$vbytes")
+fi
+
+bench_binaries
+cargo build --release -q --example floor
+floor=${CARGO_TARGET_DIR:-target}/release/examples/floor
+mc_version=$("$memcached" -V | awk '{print $2}')
+
+results=$(mktemp)
+ready=$(mktemp)
+trap 'rm -f "$results" "$ready"; [ -n "${pid:-}" ] && kill "$pid" 2>/dev/null' EXIT
+hz=$(getconf CLK_TCK)
+
+for round in $(seq 1 "$rounds"); do
+    for server in floor kvcached memcached; do
+        port=$(free_port)
+        target=$bench_host:$port
+        [ $udp = 1 ] && target=udp:$target
+        case $server in
+            floor)
+                : >"$ready"
+                taskset -c $server_core "$floor" $mode "$port" "$vbytes" >"$ready" &
+                pid=$!
+                for _ in $(seq 1 200); do
+                    grep -q ready "$ready" && break
+                    sleep 0.05
+                done
+                grep -q ready "$ready" || { echo "the floor server did not start" >&2; exit 1; } ;;
+            *)
+                bin=$memcached
+                [ $server = kvcached ] && bin=$kvcached
+                udp_args=()
+                [ $udp = 1 ] && udp_args=(-U "$port")
+                taskset -c $server_core "$bin" "${user_args[@]}" -l "$bench_host" -p "$port" "${udp_args[@]}" \
+                    -t 1 -m 1024 -c 4096 &
+                pid=$!
+                wait_port "$port"
+                "$kvblast" run -q --no-server-stats "${fill[@]}" --keys $keys --mix set=1 \
+                    --popularity sequential -c 8 -d 8 -n $keys "$bench_host:$port" >/dev/null ;;
+        esac
+        t0=$(cpu_ticks $pid)
+        out=$(timeout $((duration + 30)) taskset -c $load_core "$kvblast" run --no-server-stats \
+            -c "$conns" -D "${duration}s" "${extra[@]}" "$target" 2>&1)
+        t1=$(cpu_ticks $pid)
+        kill "$pid"; wait "$pid" 2>/dev/null || true; pid=
+        n=$(awk '$1 == "all" {print $2}' <<<"$out")
+        errs=$(awk '$1 == "all" {print $6}' <<<"$out")
+        [ -n "$n" ] && [ "$n" -gt 0 ] || { echo "no requests counted against $server:" >&2; echo "$out" >&2; exit 1; }
+        echo "$server $round $n $((t1 - t0)) ${errs:-0}" >>"$results"
+    done
+done
+
+echo "load: kvblast over ${mode^^} on loopback, $conns connections, ${duration}s per run, $rounds rounds; $(nproc) cores; server on core $server_core, load on core $load_core"
+echo "floor: examples/floor.rs ($mode, $vbytes-byte canned value); kvcached: $($kvcached -V); reference: $memcached $mc_version (1 worker thread each)"
+python3 - "$results" "$duration" "$hz" <<'EOF'
+import sys, statistics
+rows = [l.split() for l in open(sys.argv[1])]
+secs, hz = float(sys.argv[2]), int(sys.argv[3])
+print(f"{'server':<10} {'round':>5} {'requests':>10} {'req/s':>9} {'cpu_us/req':>11} {'cpu_%':>6} {'errors':>6}")
+per = {}
+for s, r, n, ticks, errs in rows:
+    n, cpu = int(n), int(ticks) / hz
+    us = cpu / n * 1e6
+    per.setdefault(s, []).append((n / secs, us))
+    print(f"{s:<10} {r:>5} {n:>10} {n / secs:>9.0f} {us:>11.3f} {cpu / secs * 100:>6.0f} {errs:>6}")
+med = {s: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)) for s, v in per.items()}
+ref = med["memcached"][1]
+for s in ("floor", "kvcached", "memcached"):
+    rps, us = med[s]
+    print(f"median {s}: {rps:.0f} req/s, {us:.3f} cpu_us/req, {us / ref:.2f} of the reference's CPU per request")
+print(f"kvcached over the floor: {med['kvcached'][1] / med['floor'][1]:.2f}")
+EOF
