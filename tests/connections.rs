@@ -452,6 +452,45 @@ fn many_simultaneous_connections(kind: Kind) {
             format!("VALUE m{i} {i} 1\r\nx\r\nEND\r\n")
         );
     }
+    // One read in flight on each connection, all at once (kvcached's io_uring worker looks
+    // at a batch of such receives before it runs them): a `get` or a `gets`, some of them
+    // sent in two pieces around the others' whole lines, each answered on its own socket.
+    for (i, c) in conns.iter_mut().enumerate() {
+        let line = match i % 3 {
+            0 => format!("gets m{i}\r\n"),
+            _ => format!("get m{i}\r\n"),
+        };
+        let cut = if i % 7 == 0 { 5 } else { line.len() };
+        c.send(&line.as_bytes()[..cut]);
+    }
+    for (i, c) in conns.iter_mut().enumerate().filter(|(i, _)| i % 7 == 0) {
+        let line = if i % 3 == 0 {
+            format!("gets m{i}\r\n")
+        } else {
+            format!("get m{i}\r\n")
+        };
+        c.send(&line.as_bytes()[5..]);
+    }
+    for (i, c) in conns.iter_mut().enumerate() {
+        let header = c.line();
+        if i % 3 == 0 {
+            assert!(
+                header.starts_with(&format!("VALUE m{i} {i} 1 ")),
+                "{kind:?}: {header:?}"
+            );
+        } else {
+            assert_eq!(
+                header,
+                format!("VALUE m{i} {i} 1\r\n"),
+                "{kind:?}: connection {i}"
+            );
+        }
+        assert_eq!(
+            c.until("END\r\n"),
+            "x\r\nEND\r\n",
+            "{kind:?}: connection {i}"
+        );
+    }
     let curr: usize = conns[0].stat("curr_connections").unwrap().parse().unwrap();
     assert!(curr >= n, "{kind:?}: curr_connections {curr} with {n} open");
     // Drop them all; the count comes back down.

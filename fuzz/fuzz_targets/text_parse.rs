@@ -32,6 +32,13 @@ fuzz_target!(|input: &[u8]| {
             "bad hint key bytes"
         );
     }
+    // The cross-connection hint: one key of one whole read line, as read_keys sees it.
+    if let Some(key) = text::single_read_key(stream) {
+        assert!(
+            text::read_keys(stream).eq(std::iter::once(key)),
+            "single_read_key and read_keys disagree"
+        );
+    }
     let mut out = Vec::new();
     let mut rest = stream;
     let mut swallow = 0usize;

@@ -351,6 +351,19 @@ impl Conn {
             || matches!(&self.stream, Stream::Tls(t) if t.wants_write())
     }
 
+    /// Whether the next bytes this io_uring connection receives begin text requests, in the
+    /// clear: nothing unfinished before them (no part of a line or a value, nothing to
+    /// swallow), no TLS, the text protocol. The worker reads such bytes for a key to
+    /// prefetch before it runs the connection.
+    pub fn receives_text_requests(&self) -> bool {
+        matches!(&self.stream, Stream::Ring(s) if s.rx_empty())
+            && self.session.protocol == Some(Protocol::Text)
+            && self.session.swallow == 0
+            && self.session.watch.is_none()
+            && self.buffered() == 0
+            && !self.input_lent
+    }
+
     /// Bytes of unfinished input.
     fn buffered(&self) -> usize {
         self.input_len - self.input_pos

@@ -621,6 +621,16 @@ impl Reactor {
 
     /// Apply a receive's or a send's completion to its connection, live (`sock`) or parked.
     /// Returns whether `sock` should be driven.
+    /// The bytes a receive completion brought in a provided buffer, before
+    /// [`Reactor::complete`] takes them (None for anything else).
+    pub fn received(&self, c: &Completion) -> Option<&[u8]> {
+        if c.op != Op::Recv || c.result <= 0 {
+            return None;
+        }
+        let bid = cqueue::buffer_select(c.flags)?;
+        Some(self.bufs.data(bid, c.result as usize))
+    }
+
     pub fn complete(&mut self, c: &Completion, sock: Option<&mut RingSock>) -> bool {
         match sock {
             Some(sock) => self.apply(c, sock),
@@ -861,6 +871,11 @@ impl RingSock {
 
     pub fn fd(&self) -> RawFd {
         self.fd.as_raw_fd()
+    }
+
+    /// Whether every byte received so far has been taken.
+    pub fn rx_empty(&self) -> bool {
+        self.rx_pos == self.rx.len()
     }
 
     fn wants_recv(&self) -> bool {

@@ -272,7 +272,20 @@ impl Worker {
                 }
             }
             self.now = self.shared.clock.now();
-            for c in &batch {
+            let (ahead, n) = self.prefetch_buckets(&batch);
+            // ahead[next] is the first single read after this completion, and the records of
+            // ahead[..loaded] are loading: each read's record starts loading (its bucket came
+            // in a while ago) once the read before it is handled, so the completions in
+            // between hide the miss.
+            let (mut next, mut loaded) = (0, 0);
+            for (i, c) in batch.iter().enumerate() {
+                while next < n && ahead[next].0 <= i {
+                    next += 1;
+                }
+                if next < n && loaded <= next {
+                    self.shared.engine.prefetch_records(ahead[next].1);
+                    loaded = next + 1;
+                }
                 match c.op {
                     Op::Poll => {
                         if !c.more() {
@@ -301,6 +314,41 @@ impl Worker {
             self.turn_end(&mut scratch, &mut udp, idle, handshake, &mut last_sweep);
         }
         self.close_all();
+    }
+
+    /// Start loading the index buckets of the batch's single reads, across its connections,
+    /// before any of them runs: with one request in flight per connection each receive
+    /// brings one `get`, and taken together their misses overlap instead of following one
+    /// another (MICA's batched prefetch, across connections; `run_ring` then loads each
+    /// one's record while the completion before it is handled). Returns (completion index,
+    /// key hash) of up to 32 of them. A receive of several requests is left to its
+    /// connection, which prefetches a pipelined batch itself (`Conn::execute`). Only hints.
+    fn prefetch_buckets(&self, batch: &[Completion]) -> ([(usize, u64); 32], usize) {
+        let mut ahead = [(0usize, 0u64); 32];
+        let mut n = 0;
+        let Some(ring) = self.ring.as_ref() else {
+            return (ahead, n);
+        };
+        for (i, c) in batch.iter().enumerate() {
+            if n == ahead.len() {
+                break;
+            }
+            let Some(key) = ring.received(c).and_then(kvproto::text::single_read_key) else {
+                continue;
+            };
+            let text = self
+                .conns
+                .get(c.slot)
+                .and_then(|x| x.as_ref())
+                .is_some_and(|conn| {
+                    conn.stream.ring_gen() == Some(c.gen) && conn.receives_text_requests()
+                });
+            if text {
+                ahead[n] = (i, self.shared.engine.prefetch_bucket(key));
+                n += 1;
+            }
+        }
+        (ahead, n)
     }
 
     /// A receive or a send completed: update the connection, drive it if that lets it go

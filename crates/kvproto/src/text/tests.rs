@@ -1236,6 +1236,32 @@ fn read_keys_of_a_pipelined_batch() {
 }
 
 #[test]
+fn single_read_key_of_one_request() {
+    assert_eq!(single_read_key(b"get a\r\n"), Some(&b"a"[..]));
+    assert_eq!(single_read_key(b"gets key:1\n"), Some(&b"key:1"[..]));
+    // Anything else, or more: none (the connection's own prefetch sees batches).
+    for buf in [
+        &b"get a b\r\n"[..],
+        b"get a\r\nget b\r\n",
+        b"get a",
+        b"get a\r",
+        b"get \r\n",
+        b"get  a\r\n",
+        b"get a \r\n",
+        b"mg a v\r\n",
+        b"set a 0 0 1\r\n",
+        b"GET a\r\n",
+        b"\n",
+        b"",
+    ] {
+        assert_eq!(single_read_key(buf), None, "{buf:?}");
+    }
+    // A key as read_keys would yield it, never past the span.
+    let long = [b"get ".as_slice(), &[b'k'; READ_KEYS_SPAN], b"\r\n"].concat();
+    assert_eq!(single_read_key(&long), None);
+}
+
+#[test]
 fn read_keys_looks_at_a_bounded_span() {
     // A long line without its end (a huge multiget still arriving) is not scanned past the
     // span, and nothing of it is yielded.

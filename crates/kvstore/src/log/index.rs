@@ -711,6 +711,26 @@ impl Index {
         }
     }
 
+    /// Start loading the cache line of `h`'s main bucket's slots alone (its link and access
+    /// times: [`Index::prefetch_side`]), so that a batch keeps fewer loads in flight.
+    #[inline]
+    pub(crate) fn prefetch_slots(&self, h: u64) {
+        let b = addr(h, self.state.load(Ordering::Relaxed));
+        if let Some(bucket) = self.buckets.get(b) {
+            prefetch(std::ptr::from_ref(bucket).cast());
+        }
+    }
+
+    /// Start loading `h`'s main bucket's link and access times.
+    #[inline]
+    pub(crate) fn prefetch_side(&self, h: u64) {
+        let b = addr(h, self.state.load(Ordering::Relaxed));
+        if let (Some(next), Some(time)) = (self.next.get(b), self.times.get(b * SLOTS)) {
+            prefetch(std::ptr::from_ref(next).cast());
+            prefetch(std::ptr::from_ref(time).cast());
+        }
+    }
+
     /// The slot values in `h`'s main bucket with its tag (for prefetching records: no
     /// chain walk, no moved-slot handling, a hint may miss).
     #[inline]

@@ -905,21 +905,46 @@ impl LogEngine {
             n += 1;
         }
         for &h in &hashes[..n] {
-            self.index.tagged_in_main(h, |v| {
-                if let Some(seg) = self.segs.get(index::slot_seg(v)) {
-                    let p = seg.mem.0.ptr.load(Ordering::Relaxed);
-                    let cap = seg.mem.0.cap.load(Ordering::Relaxed);
-                    let off = index::slot_off(v);
-                    if !p.is_null() && off < cap {
-                        // Address arithmetic only (a prefetch reads nothing observable):
-                        // `off < cap` keeps it inside the mapping.
-                        let at = p.wrapping_add(off);
-                        index::prefetch(at.cast());
-                        index::prefetch(at.wrapping_add(64).cast());
-                    }
-                }
-            });
+            self.prefetch_record_lines(h);
         }
+    }
+
+    /// A hint that `key` is about to be read, a few keys from now: start loading the cache
+    /// line of its index bucket's slots (the rest waits for [`LogEngine::prefetch_records`],
+    /// so that a batch keeps fewer loads in flight). Returns the key's hash.
+    #[inline]
+    pub fn prefetch_bucket(&self, key: &[u8]) -> u64 {
+        let h = self.hash(key);
+        self.index.prefetch_slots(h);
+        h
+    }
+
+    /// A hint that the key of hash `h` is about to be read: start loading its bucket's link
+    /// and access times and the first two cache lines of the records its slots with its tag
+    /// point to. Reads the bucket's slots (a miss unless [`LogEngine::prefetch_bucket`]
+    /// loaded them a while ago), nothing through the prefetches.
+    pub fn prefetch_records(&self, h: u64) {
+        self.index.prefetch_side(h);
+        self.prefetch_record_lines(h);
+    }
+
+    /// Start loading the first two cache lines of the records `h`'s main bucket's slots with
+    /// its tag point to.
+    fn prefetch_record_lines(&self, h: u64) {
+        self.index.tagged_in_main(h, |v| {
+            if let Some(seg) = self.segs.get(index::slot_seg(v)) {
+                let p = seg.mem.0.ptr.load(Ordering::Relaxed);
+                let cap = seg.mem.0.cap.load(Ordering::Relaxed);
+                let off = index::slot_off(v);
+                if !p.is_null() && off < cap {
+                    // Address arithmetic only (a prefetch reads nothing observable):
+                    // `off < cap` keeps it inside the mapping.
+                    let at = p.wrapping_add(off);
+                    index::prefetch(at.cast());
+                    index::prefetch(at.wrapping_add(64).cast());
+                }
+            }
+        });
     }
 
     /// The slot holding `key`'s current record, if any.
