@@ -455,21 +455,17 @@ fn many_simultaneous_connections(kind: Kind) {
     // One read in flight on each connection, all at once (kvcached's io_uring worker looks
     // at a batch of such receives before it runs them): a `get` or a `gets`, some of them
     // sent in two pieces around the others' whole lines, each answered on its own socket.
+    let read = |i: usize| match i % 3 {
+        0 => format!("gets m{i}\r\n"),
+        _ => format!("get m{i}\r\n"),
+    };
     for (i, c) in conns.iter_mut().enumerate() {
-        let line = match i % 3 {
-            0 => format!("gets m{i}\r\n"),
-            _ => format!("get m{i}\r\n"),
-        };
+        let line = read(i);
         let cut = if i % 7 == 0 { 5 } else { line.len() };
         c.send(&line.as_bytes()[..cut]);
     }
     for (i, c) in conns.iter_mut().enumerate().filter(|(i, _)| i % 7 == 0) {
-        let line = if i % 3 == 0 {
-            format!("gets m{i}\r\n")
-        } else {
-            format!("get m{i}\r\n")
-        };
-        c.send(&line.as_bytes()[5..]);
+        c.send(&read(i).as_bytes()[5..]);
     }
     for (i, c) in conns.iter_mut().enumerate() {
         let header = c.line();

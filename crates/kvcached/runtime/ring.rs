@@ -619,8 +619,6 @@ impl Reactor {
         Ok(&self.done)
     }
 
-    /// Apply a receive's or a send's completion to its connection, live (`sock`) or parked.
-    /// Returns whether `sock` should be driven.
     /// The bytes a receive completion brought in a provided buffer, before
     /// [`Reactor::complete`] takes them (None for anything else).
     pub fn received(&self, c: &Completion) -> Option<&[u8]> {
@@ -631,6 +629,8 @@ impl Reactor {
         Some(self.bufs.data(bid, c.result as usize))
     }
 
+    /// Apply a receive's or a send's completion to its connection, live (`sock`) or parked.
+    /// Returns whether `sock` should be driven.
     pub fn complete(&mut self, c: &Completion, sock: Option<&mut RingSock>) -> bool {
         match sock {
             Some(sock) => self.apply(c, sock),

@@ -699,16 +699,8 @@ impl Index {
     /// access times), for a caller that will look it up a few keys from now.
     #[inline]
     pub(crate) fn prefetch(&self, h: u64) {
-        let b = addr(h, self.state.load(Ordering::Relaxed));
-        if let (Some(bucket), Some(next), Some(time)) = (
-            self.buckets.get(b),
-            self.next.get(b),
-            self.times.get(b * SLOTS),
-        ) {
-            prefetch(std::ptr::from_ref(bucket).cast());
-            prefetch(std::ptr::from_ref(next).cast());
-            prefetch(std::ptr::from_ref(time).cast());
-        }
+        self.prefetch_slots(h);
+        self.prefetch_side(h);
     }
 
     /// Start loading the cache line of `h`'s main bucket's slots alone (its link and access
