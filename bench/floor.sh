@@ -10,8 +10,10 @@
 # measured window; CPU is the server's user + system time over that window (a TCP load's
 # keys are set before it, except on the floor, which stores nothing).
 #
-# usage: bench/floor.sh [-u] [-d SECONDS] [-r ROUNDS] [-c CONNS] [-v VALUE_BYTES] [-- LOAD ARGS]
+# usage: bench/floor.sh [-u] [-n] [-d SECONDS] [-r ROUNDS] [-c CONNS] [-v VALUE_BYTES] [-- LOAD ARGS]
 #   -u: UDP (default load: the USR workload's GETs over 100,000 keys, 2-byte values)
+#   -n: as two machines (root): across a veth pair between two network namespaces, each
+#       side's receive work on its own core (netns_setup in bench/lib.sh), not loopback
 #   TCP default load: --mix get=1 --value-size 32 --keys 100000 --popularity uniform --depth 1
 #   -v: the floor's value size (default: 32 over TCP, 2 over UDP; match LOAD ARGS)
 # The reference is $MEMCACHED (default: Debian's /usr/bin/memcached); $KVCACHED runs another
@@ -24,15 +26,17 @@ duration=5
 rounds=5
 conns=50
 udp=0
+netns=0
 vbytes=
-while getopts "ud:r:c:v:" opt; do
+while getopts "und:r:c:v:" opt; do
     case $opt in
         u) udp=1 ;;
+        n) netns=1 ;;
         d) duration=$OPTARG ;;
         r) rounds=$OPTARG ;;
         c) conns=$OPTARG ;;
         v) vbytes=$OPTARG ;;
-        *) echo "usage: $0 [-u] [-d SECONDS] [-r ROUNDS] [-c CONNS] [-v VALUE_BYTES] [-- LOAD ARGS]" >&2; exit 2 ;;
+        *) echo "usage: $0 [-u] [-n] [-d SECONDS] [-r ROUNDS] [-c CONNS] [-v VALUE_BYTES] [-- LOAD ARGS]" >&2; exit 2 ;;
     esac
 done
 shift $((OPTIND - 1))
@@ -57,8 +61,12 @@ mc_version=$("$memcached" -V | awk '{print $2}')
 
 results=$(mktemp)
 ready=$(mktemp)
-trap 'rm -f "$results" "$ready"; [ -n "${pid:-}" ] && kill "$pid" 2>/dev/null' EXIT
+trap 'rm -f "$results" "$ready"; [ -n "${pid:-}" ] && kill "$pid" 2>/dev/null; netns_teardown' EXIT
 hz=$(getconf CLK_TCK)
+if [ $netns = 1 ]; then
+    [ "$(nproc)" -ge 2 ] || { echo "-n needs two cores" >&2; exit 2; }
+    netns_setup $server_core $load_core
+fi
 
 for round in $(seq 1 "$rounds"); do
     for server in floor kvcached memcached; do
@@ -68,7 +76,7 @@ for round in $(seq 1 "$rounds"); do
         case $server in
             floor)
                 : >"$ready"
-                taskset -c $server_core "$floor" $mode "$port" "$vbytes" >"$ready" &
+                "${in_srv[@]}" taskset -c $server_core "$floor" $mode "$port" "$vbytes" "$bench_host" >"$ready" &
                 pid=$!
                 for _ in $(seq 1 200); do
                     grep -q ready "$ready" && break
@@ -80,15 +88,15 @@ for round in $(seq 1 "$rounds"); do
                 [ $server = kvcached ] && bin=$kvcached
                 udp_args=()
                 [ $udp = 1 ] && udp_args=(-U "$port")
-                taskset -c $server_core "$bin" "${user_args[@]}" -l "$bench_host" -p "$port" "${udp_args[@]}" \
+                "${in_srv[@]}" taskset -c $server_core "$bin" "${user_args[@]}" -l "$bench_host" -p "$port" "${udp_args[@]}" \
                     -t 1 -m 1024 -c 4096 &
                 pid=$!
                 wait_port "$port"
-                "$kvblast" run -q --no-server-stats "${fill[@]}" --keys $keys --mix set=1 \
+                "${in_load[@]}" "$kvblast" run -q --no-server-stats "${fill[@]}" --keys $keys --mix set=1 \
                     --popularity sequential -c 8 -d 8 -n $keys "$bench_host:$port" >/dev/null ;;
         esac
         t0=$(cpu_ticks $pid)
-        out=$(timeout $((duration + 30)) taskset -c $load_core "$kvblast" run --no-server-stats \
+        out=$("${in_load[@]}" timeout $((duration + 30)) taskset -c $load_core "$kvblast" run --no-server-stats \
             -c "$conns" -D "${duration}s" "${extra[@]}" "$target" 2>&1)
         t1=$(cpu_ticks $pid)
         kill "$pid"; wait "$pid" 2>/dev/null || true; pid=
@@ -99,7 +107,9 @@ for round in $(seq 1 "$rounds"); do
     done
 done
 
-echo "load: kvblast over ${mode^^} on loopback, $conns connections, ${duration}s per run, $rounds rounds; $(nproc) cores; server on core $server_core, load on core $load_core"
+link=loopback
+[ $netns = 1 ] && link="a veth pair between two network namespaces (-n)"
+echo "load: kvblast over ${mode^^} on $link, $conns connections, ${duration}s per run, $rounds rounds; $(nproc) cores; server on core $server_core, load on core $load_core"
 echo "floor: examples/floor.rs ($mode, $vbytes-byte canned value); kvcached: $($kvcached -V); reference: $memcached $mc_version (1 worker thread each)"
 python3 - "$results" "$duration" "$hz" <<'EOF'
 import sys, statistics

@@ -4,11 +4,11 @@
 //! runs it beside kvcached and the reference: its CPU per request is what the kernel's
 //! network path costs alone, so no server built on these interfaces can go below it.
 //!
-//! usage: floor udp PORT VALUE_BYTES   (recvmmsg/sendmmsg, 64 datagrams per call, one socket)
-//!        floor tcp PORT VALUE_BYTES   (io_uring: multishot accept and receive into provided
-//!                                      buffers, one submission per loop iteration)
+//! usage: floor udp PORT VALUE_BYTES [ADDR]   (recvmmsg/sendmmsg, 64 datagrams per call)
+//!        floor tcp PORT VALUE_BYTES [ADDR]   (io_uring: multishot accept and receive into
+//!                                             provided buffers, one submission per loop)
 //!
-//! It listens on 127.0.0.1, prints `ready` once bound, and runs until killed. TCP answers
+//! It listens on ADDR (default 127.0.0.1), prints `ready` once bound, and runs until killed. TCP answers
 //! `get KEY` with the value and `set KEY F E N` (after its N bytes) with `STORED`; anything
 //! else closes the connection. A benchmark tool only: it trusts its load generator.
 
@@ -22,13 +22,19 @@ use io_uring::{cqueue, opcode, squeue, types, IoUring};
 fn main() -> io::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let (Some(mode), Some(port), Some(value)) = (args.get(1), args.get(2), args.get(3)) else {
-        return Err(io::Error::other("usage: floor udp|tcp PORT VALUE_BYTES"));
+        return Err(io::Error::other(
+            "usage: floor udp|tcp PORT VALUE_BYTES [ADDR]",
+        ));
     };
     let port: u16 = port.parse().map_err(io::Error::other)?;
     let value = vec![b'x'; value.parse::<usize>().map_err(io::Error::other)?];
+    let addr: std::net::IpAddr = match args.get(4) {
+        Some(a) => a.parse().map_err(io::Error::other)?,
+        None => std::net::Ipv4Addr::LOCALHOST.into(),
+    };
     match mode.as_str() {
-        "udp" => udp(port, &value),
-        "tcp" => tcp(port, &value),
+        "udp" => udp((addr, port), &value),
+        "tcp" => tcp((addr, port), &value),
         _ => Err(io::Error::other("mode is udp or tcp")),
     }
 }
@@ -51,8 +57,8 @@ fn reply(out: &mut Vec<u8>, key: &[u8], value: &[u8]) {
 const BATCH: usize = 64;
 const DGRAM: usize = 1500;
 
-fn udp(port: u16, value: &[u8]) -> io::Result<()> {
-    let sock = UdpSocket::bind(("127.0.0.1", port))?;
+fn udp(addr: (std::net::IpAddr, u16), value: &[u8]) -> io::Result<()> {
+    let sock = UdpSocket::bind(addr)?;
     ready()?;
     let fd = sock.as_raw_fd();
     let mut input = vec![[0u8; DGRAM]; BATCH];
@@ -144,8 +150,8 @@ struct Conn {
     recv_armed: bool,
 }
 
-fn tcp(port: u16, value: &[u8]) -> io::Result<()> {
-    let listener = TcpListener::bind(("127.0.0.1", port))?;
+fn tcp(addr: (std::net::IpAddr, u16), value: &[u8]) -> io::Result<()> {
+    let listener = TcpListener::bind(addr)?;
     let mut ring: IoUring = IoUring::builder()
         .setup_single_issuer()
         .setup_defer_taskrun()
