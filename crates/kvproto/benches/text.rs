@@ -54,6 +54,22 @@ fn parse_pipeline_16_gets(bencher: Bencher) {
     });
 }
 
+/// The prefetch hint's scan of the same batch (`read_keys`, run before the batch executes).
+#[divan::bench]
+fn read_keys_pipeline_16_gets(bencher: Bencher) {
+    let buf: Vec<u8> = (0..16)
+        .flat_map(|i| format!("get key:{i:04}\r\n").into_bytes())
+        .collect();
+    bencher.bench(|| text::read_keys(black_box(&buf[..])).count());
+}
+
+/// The cross-connection hint's test of one receive (`single_read_key`).
+#[divan::bench]
+fn single_read_key(bencher: Bencher) {
+    let buf = b"get user:1234567890:profile\r\n";
+    bencher.bench(|| text::single_read_key(black_box(&buf[..])).map_or(0, <[u8]>::len));
+}
+
 #[divan::bench]
 fn write_value_with_cas(bencher: Bencher) {
     let mut out = Vec::with_capacity(4096);
