@@ -145,10 +145,10 @@ pub fn serve(sock: &mio::net::UdpSocket, ctx: &mut Ctx<'_>, b: &mut Buffers) -> 
             prefetch(ctx, b, n);
         }
         for slot in 0..n {
-            let len = b.lens.get(slot).copied().unwrap_or(0);
-            ctx.stats.bytes_read.add(len as u64);
-            let start = slot * RECV_SLOT;
-            let Some(datagram) = b.recv.get(start..start + len) else {
+            ctx.stats
+                .bytes_read
+                .add(b.lens.get(slot).copied().unwrap_or(0) as u64);
+            let Some(datagram) = datagram(&b.recv, &b.lens, slot) else {
                 continue;
             };
             let Some((header, payload)) = frame::parse_frame(datagram) else {
@@ -178,14 +178,16 @@ pub fn serve(sock: &mio::net::UdpSocket, ctx: &mut Ctx<'_>, b: &mut Buffers) -> 
 /// that is malformed or holds no read adds nothing.
 fn prefetch(ctx: &Ctx<'_>, b: &Buffers, n: usize) {
     let keys = (0..n)
-        .filter_map(|slot| {
-            let len = b.lens.get(slot).copied().unwrap_or(0);
-            let start = slot * RECV_SLOT;
-            let datagram = b.recv.get(start..start + len)?;
-            frame::parse_frame(datagram).map(|(_, payload)| payload)
-        })
+        .filter_map(|slot| datagram(&b.recv, &b.lens, slot))
+        .filter_map(|d| frame::parse_frame(d).map(|(_, payload)| payload))
         .flat_map(proto::read_keys);
     ctx.shared.engine.prefetch(keys);
+}
+
+/// The datagram `recvmmsg` left in receive slot `slot` (None past the slots).
+fn datagram<'a>(recv: &'a [u8], lens: &[usize], slot: usize) -> Option<&'a [u8]> {
+    let start = slot * RECV_SLOT;
+    recv.get(start..start + lens.get(slot).copied().unwrap_or(0))
 }
 
 /// `recvmmsg` into the receive slots; returns how many datagrams arrived (0: none waiting).
