@@ -355,3 +355,23 @@ fn config_file_is_read_like_debians_memcached_conf() {
     assert!(r.stderr.contains("cannot read"), "{}", r.stderr);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The harness's ports (tests/common/ports.rs): distinct within a process, free for TCP and
+/// UDP when handed out, and outside the kernel's ephemeral range, from which a test's own
+/// outgoing connections could otherwise take a port between its check and a server's bind.
+#[test]
+fn harness_ports_are_distinct_and_outside_the_ephemeral_range() {
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap();
+    let low: u16 = range.split_whitespace().next().unwrap().parse().unwrap();
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..200 {
+        let port = common::free_port();
+        assert!(seen.insert(port), "port {port} handed out twice");
+        if low >= 22_000 {
+            assert!(
+                (20_000..low).contains(&port),
+                "{port} in the ephemeral range"
+            );
+        }
+    }
+}

@@ -17,7 +17,6 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::net::{Ipv4Addr, UdpSocket};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -346,20 +345,14 @@ fn unix_binary_matches_memcached() {
     assert_same("unix binary", &memcached, &kvcached);
 }
 
-/// A UDP port on 127.0.0.1 that was free a moment ago.
-fn free_udp_port() -> u16 {
-    let s = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind udp");
-    s.local_addr().expect("addr").port()
-}
-
 /// `kind` with UDP on (`-U`), and its UDP port.
 fn start_udp(kind: Kind) -> (Server, u16) {
     for _ in 0..5 {
-        let port = free_udp_port();
+        let port = common::free_port();
         let p = port.to_string();
         let mut s = Server::start_verified(kind, &["-U", &p]);
-        // -U may have failed to bind if the port was taken meanwhile: the server then exits.
-        std::thread::sleep(Duration::from_millis(30));
+        // -U may have failed to bind if the port was taken meanwhile: the server then exits
+        // before it answers on TCP (both bind before serving), so start_verified retries.
         if s.child.try_wait().map(|st| st.is_none()).unwrap_or(false) {
             return (s, port);
         }

@@ -8,19 +8,13 @@ use std::net::{Ipv4Addr, UdpSocket};
 
 use common::{Kind, Server};
 
-/// A UDP port on 127.0.0.1 that was free a moment ago.
-fn free_udp_port() -> u16 {
-    let s = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind udp");
-    s.local_addr().expect("addr").port()
-}
-
 fn start(kind: Kind) -> (Server, u16) {
     start_with(kind, &[])
 }
 
 fn start_with(kind: Kind, args: &[&str]) -> (Server, u16) {
     for _ in 0..5 {
-        let port = free_udp_port();
+        let port = common::free_port();
         let p = port.to_string();
         let mut all = vec!["-U", &p];
         all.extend_from_slice(args);

@@ -4,10 +4,13 @@
 
 pub mod diff;
 pub mod netns;
+pub mod ports;
 pub mod repl;
 
+pub use ports::free_port;
+
 use std::io::{self, BufRead, BufReader, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -56,12 +59,6 @@ pub struct Server {
 
 /// Keep at most this much of a server's stderr (the tail).
 const LOG_KEEP: usize = 1 << 20;
-
-/// A TCP port on 127.0.0.1 that was free a moment ago.
-pub fn free_port() -> u16 {
-    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind an ephemeral port");
-    l.local_addr().expect("local addr").port()
-}
 
 /// Path of Debian's memcached binary (the differential tests' reference).
 pub fn memcached_path() -> PathBuf {

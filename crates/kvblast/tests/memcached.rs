@@ -13,6 +13,11 @@ use kvblast::engine::{self, LoadModel, Protocol, RunConfig};
 use kvblast::stats::{server_delta, server_stats, Report};
 use kvblast::workload::{Mix, Workload};
 
+// The workspace's port allocator for test servers (std only).
+#[path = "../../../tests/common/ports.rs"]
+mod ports;
+use ports::free_port;
+
 struct Memcached {
     child: Child,
     addr: String,
@@ -29,11 +34,6 @@ fn memcached_path() -> PathBuf {
     std::env::var_os("MEMCACHED")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/usr/bin/memcached"))
-}
-
-fn free_port() -> u16 {
-    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind an ephemeral port");
-    l.local_addr().expect("local addr").port()
 }
 
 fn start_memcached() -> Memcached {
