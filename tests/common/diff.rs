@@ -1,9 +1,8 @@
 //! Shared by the randomized differential tests (`differential.rs`, `meta_differential.rs`):
 //! which server is compared with memcached, starting it, and printing protocol bytes.
 
-use super::{memcached_path, Client, Kind, Server, TIMEOUT};
+use super::{memcached_path, Kind, Server, TIMEOUT};
 use std::fmt::Write as _;
-use std::io::BufRead;
 use std::net::{Ipv4Addr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -57,15 +56,30 @@ pub fn spawn(kind: Kind, program: &Path, args: &[&str]) -> Server {
         let deadline = Instant::now() + TIMEOUT;
         loop {
             if let Ok(stream) = TcpStream::connect((Ipv4Addr::LOCALHOST, port)) {
-                // Two servers started at once can be handed the same free port; make sure
-                // the one answering is ours (its `stats` pid), else try another port.
-                if answers_as(stream, child.id()) {
-                    let _ = std::fs::remove_file(&log);
-                    return Server::new(kind, port, child, None);
+                // Another process may hold the port (the harness only checked it was free
+                // a moment ago): make sure the one answering is ours (its `stats` pid),
+                // else try another port. A failed exchange retries too, never leaving the
+                // child running.
+                match super::stats_pid(stream)
+                    .map(|p| p.is_none_or(|p| p == child.id().to_string()))
+                {
+                    Ok(true) => {
+                        let _ = std::fs::remove_file(&log);
+                        return Server::new(kind, port, child, None);
+                    }
+                    Ok(false) => last_err = "another process answered on its port".into(),
+                    Err(e) => {
+                        let status = child.try_wait().ok().flatten();
+                        let err = std::fs::read_to_string(&log).unwrap_or_default();
+                        last_err = format!(
+                            "port {port}: the first exchange failed ({e}); server status \
+                             {status:?}, its stderr: {err}"
+                        );
+                        eprintln!("{}: {last_err}", program.display());
+                    }
                 }
                 let _ = child.kill();
                 let _ = child.wait();
-                last_err = "another process answered on its port".into();
                 break;
             }
             if let Ok(Some(status)) = child.try_wait() {
@@ -84,26 +98,6 @@ pub fn spawn(kind: Kind, program: &Path, args: &[&str]) -> Server {
         let _ = std::fs::remove_file(&log);
     }
     panic!("{} did not start: {last_err}", program.display());
-}
-
-/// Whether the server on `stream` reports process id `pid` (or reports none).
-fn answers_as(stream: TcpStream, pid: u32) -> bool {
-    let mut c = Client::new(stream);
-    c.send(b"stats\r\n");
-    let mut line = String::new();
-    loop {
-        line.clear();
-        match c.reader.read_line(&mut line) {
-            Ok(0) | Err(_) => return false,
-            Ok(_) => {}
-        }
-        if line == "END\r\n" || line.starts_with("ERROR") {
-            return true;
-        }
-        if let Some(p) = line.strip_prefix("STAT pid ") {
-            return p.trim() == pid.to_string();
-        }
-    }
 }
 
 /// Printable form of protocol bytes, shortened in the middle when long.

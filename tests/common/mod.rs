@@ -436,19 +436,28 @@ impl Client {
 /// The `pid` that whatever answers on `addr` reports in `stats`, or None on any failure (the
 /// other end may be another test's server that is going away and resets the connection).
 fn probe_pid(addr: SocketAddr) -> Option<String> {
-    let stream = TcpStream::connect(addr).ok()?;
-    stream.set_read_timeout(Some(TIMEOUT)).ok()?;
-    stream.set_write_timeout(Some(TIMEOUT)).ok()?;
+    stats_pid(TcpStream::connect(addr).ok()?).ok().flatten()
+}
+
+/// The process id the server on `stream` gives in `stats` (`STAT pid`): None when it gives
+/// none (its stats end without one, or it refuses the command); an error when the exchange
+/// fails (the connection was reset or closed).
+pub fn stats_pid(stream: TcpStream) -> io::Result<Option<String>> {
+    stream.set_read_timeout(Some(TIMEOUT))?;
+    stream.set_write_timeout(Some(TIMEOUT))?;
     let mut reader = BufReader::new(stream);
-    reader.get_mut().write_all(b"stats\r\n").ok()?;
+    reader.get_mut().write_all(b"stats\r\n")?;
     let mut line = String::new();
     loop {
         line.clear();
-        if reader.read_line(&mut line).ok()? == 0 || line == "END\r\n" {
-            return None;
+        if reader.read_line(&mut line)? == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        if line == "END\r\n" || line.starts_with("ERROR") {
+            return Ok(None);
         }
         if let Some(pid) = line.strip_prefix("STAT pid ") {
-            return Some(pid.trim_end().to_string());
+            return Ok(Some(pid.trim_end().to_string()));
         }
     }
 }
