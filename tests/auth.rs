@@ -308,11 +308,16 @@ fn ascii_auth_file_reloads_on_sighup() {
         login(&mut c, "alice", "secret"),
         "CLIENT_ERROR authentication failure\r\n"
     );
-    // A malformed file on reload keeps the old entries.
+    // A malformed file on reload keeps the old entries (checked once the server has said
+    // so: the reload runs on its signal thread).
     std::fs::write(&path, b"nocolon\n").expect("rewrite");
     // SAFETY: as above.
     unsafe { kill(server.child.id() as i32, 1) };
-    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        server.wait_stderr("keeping the old entries", 1),
+        "no failed reload logged: {}",
+        server.stderr_so_far()
+    );
     let mut c = server.connect();
     assert_eq!(login(&mut c, "dave", "newpass"), "STORED\r\n");
     let _ = std::fs::remove_file(path);

@@ -517,11 +517,12 @@ impl Run {
         self.release_of(name, server, before);
     }
 
-    /// After a pattern's connections closed: poll (up to 3 s) for RSS to come back within
-    /// RETENTION_SLACK of `reference`, the RSS before they were opened.
+    /// After a pattern's connections closed: poll (up to `common::TIMEOUT`, which a busy
+    /// machine may need) for RSS to come back within RETENTION_SLACK of `reference`, the
+    /// RSS before they were opened.
     fn release_of(&mut self, name: &str, server: &Server, reference: u64) {
         let limit = reference + RETENTION_SLACK;
-        let deadline = Instant::now() + Duration::from_secs(3);
+        let deadline = Instant::now() + common::TIMEOUT;
         let mut now = server.rss_kib() * KIB;
         while now > limit && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(50));

@@ -52,9 +52,11 @@ pub struct Server {
     pub child: Child,
     /// The unix socket path, when the server listens on one.
     pub socket: Option<PathBuf>,
-    /// Drains the server's stderr so that a chatty server never blocks on a full pipe
-    /// (memcached writes accept errors there during a connection storm).
-    log: Option<std::thread::JoinHandle<String>>,
+    /// Drains the server's stderr into `logged` so that a chatty server never blocks on a
+    /// full pipe (memcached writes accept errors there during a connection storm).
+    log: Option<std::thread::JoinHandle<()>>,
+    /// What the server wrote to stderr so far (its last MiB or two).
+    logged: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
 }
 
 /// Keep at most this much of a server's stderr (the tail).
@@ -80,22 +82,24 @@ extern "C" {
 impl Server {
     /// Wrap a started server: from now on its stderr is read on a thread until it exits.
     pub fn new(kind: Kind, port: u16, mut child: Child, socket: Option<PathBuf>) -> Server {
+        let logged = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let log = child.stderr.take().map(|mut e| {
+            let logged = logged.clone();
             std::thread::spawn(move || {
-                let mut kept: Vec<u8> = Vec::new();
                 let mut buf = [0u8; 8192];
                 loop {
                     match e.read(&mut buf) {
                         Ok(0) | Err(_) => break,
                         Ok(n) => {
+                            let mut kept = logged.lock().unwrap_or_else(|p| p.into_inner());
                             kept.extend_from_slice(&buf[..n]);
                             if kept.len() > 2 * LOG_KEEP {
-                                kept.drain(..kept.len() - LOG_KEEP);
+                                let cut = kept.len() - LOG_KEEP;
+                                kept.drain(..cut);
                             }
                         }
                     }
                 }
-                String::from_utf8_lossy(&kept).into_owned()
             })
         });
         Server {
@@ -104,6 +108,7 @@ impl Server {
             child,
             socket,
             log,
+            logged,
         }
     }
 
@@ -221,10 +226,31 @@ impl Server {
     /// Whatever the server wrote to stderr, up to its last MiB (waits for EOF: call after
     /// it exited).
     pub fn stderr(&mut self) -> String {
-        self.log
-            .take()
-            .and_then(|h| h.join().ok())
-            .unwrap_or_default()
+        if let Some(h) = self.log.take() {
+            let _ = h.join();
+        }
+        self.stderr_so_far()
+    }
+
+    /// What the server has written to stderr so far (up to its last MiB or two).
+    pub fn stderr_so_far(&self) -> String {
+        let kept = self.logged.lock().unwrap_or_else(|p| p.into_inner());
+        String::from_utf8_lossy(&kept).into_owned()
+    }
+
+    /// Wait until the server has written `needle` to stderr `times` times in all (at most
+    /// [`TIMEOUT`]); whether it did.
+    pub fn wait_stderr(&self, needle: &str, times: usize) -> bool {
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            if self.stderr_so_far().matches(needle).count() >= times {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 }
 
