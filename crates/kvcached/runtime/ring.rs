@@ -1056,6 +1056,15 @@ mod tests {
         Some((r, sock, peer))
     }
 
+    /// Bytes waiting to be read on the socket `fd` (`FIONREAD`).
+    fn queued(fd: RawFd) -> usize {
+        let mut n: libc::c_int = 0;
+        // SAFETY: FIONREAD writes one int through the pointer, which points at `n`.
+        let r = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n) };
+        assert_eq!(r, 0, "FIONREAD: {}", io::Error::last_os_error());
+        usize::try_from(n).unwrap_or(0)
+    }
+
     /// [`setup`] with single receives (what kernels before 6.0 get) or multishot ones.
     fn setup_mode(multishot: bool) -> Option<(Reactor, RingSock, UnixStream)> {
         let (mut r, sock, peer) = setup()?;
@@ -1345,12 +1354,29 @@ mod tests {
         let Some((mut r, mut sock, mut peer)) = setup_mode(multishot) else {
             return;
         };
-        let big: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+        // Four times what the ring's provided buffers hold: a multishot receive cannot take
+        // it all before it is cancelled for the switch, so receives of the connection's own
+        // follow.
+        let len = 4 * RX_BUF * usize::from(RX_BUFS);
+        let big: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
         let writer = {
             let big = big.clone();
             let mut peer = peer.try_clone().unwrap();
             std::thread::spawn(move || peer.write_all(&big).unwrap())
         };
+        // A receive switches to the connection's own buffer after a full provided buffer.
+        // Wait until a full one's worth is queued before the first receive is armed: on a
+        // busy machine the writer may have sent only a little by then, and a multishot
+        // receive would take each piece as it came.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while queued(sock.fd()) < RX_BUF {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the writer sent {} bytes in 10 s",
+                queued(sock.fd())
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
         let mut got = Vec::new();
         let mut direct_seen = false;
         while got.len() < big.len() {
