@@ -669,9 +669,11 @@ impl Worker {
     /// If the limit changed since (`prlimit` on the running server), the accepts end and
     /// are armed again under the new one, so a lowered limit pauses accepting as it does
     /// under epoll. Checked after each accepted connection (one `getrlimit`), not on a
-    /// timer that would wake an idle worker: a lowered limit lets at most one more
-    /// connection in, and a raised one is found when the old one runs out (EMFILE pauses,
-    /// and the retry arms under the new limit).
+    /// timer that would wake an idle worker. A lowered limit lets in what the accepts armed
+    /// before it take until the worker sees their completions: one connection each when
+    /// the worker keeps up, more when the kernel accepts a queue of them first (under
+    /// SQPOLL, with the worker not running). A raised one is found when the old one runs
+    /// out (EMFILE pauses, and the retry arms under the new limit).
     fn check_accept_limit(&mut self) {
         let now = crate::setup::daemon::open_file_limit();
         if now == self.accept_limit {
