@@ -27,7 +27,7 @@
 
 mod common;
 
-use common::diff::{show, spawn, target, Totals};
+use common::diff::{seeds, show, spawn, target, Totals};
 use common::{memcached_path, Client, Kind, Server};
 use rand::rngs::StdRng;
 use rand::{Rng, RngExt, SeedableRng};
@@ -49,19 +49,9 @@ const ITEM_MAX: usize = 1 << 20;
 const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The seeds CI runs: 32 per mode (seeds 1 to 999 of both modes pass against 1.6.18).
-const SEQ_SEEDS: [u64; 32] = seeds_from(1);
+const SEQ_SEEDS: std::ops::Range<u64> = 1..33;
 const SEQ_STEPS: usize = 1000;
-const PIPE_SEEDS: [u64; 32] = seeds_from(101);
-
-const fn seeds_from(first: u64) -> [u64; 32] {
-    let mut seeds = [0; 32];
-    let mut i = 0;
-    while i < seeds.len() {
-        seeds[i] = first + i as u64;
-        i += 1;
-    }
-    seeds
-}
+const PIPE_SEEDS: std::ops::Range<u64> = 101..133;
 const PIPE_BATCHES: usize = 40;
 const PIPE_BATCH_MAX: usize = 24;
 
@@ -1271,21 +1261,6 @@ impl Run {
     }
 }
 
-/// The seeds to run: `KVCACHED_DIFF_SEED` (`N` or a range `A..B`), else `default`.
-fn seeds(default: &[u64]) -> Vec<u64> {
-    match std::env::var("KVCACHED_DIFF_SEED") {
-        Ok(s) => match s.split_once("..") {
-            Some((a, b)) => {
-                let a: u64 = a.parse().expect("KVCACHED_DIFF_SEED=A..B");
-                let b: u64 = b.parse().expect("KVCACHED_DIFF_SEED=A..B");
-                (a..b).collect()
-            }
-            None => vec![s.parse().expect("KVCACHED_DIFF_SEED is a number or A..B")],
-        },
-        Err(_) => default.to_vec(),
-    }
-}
-
 fn finish(what: &str, totals: Totals) {
     let avoided: usize = totals.avoided.iter().sum();
     // Straight to the stderr handle, so the count shows even when the harness captures.
@@ -1326,7 +1301,7 @@ fn differential_sequential() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(SEQ_STEPS);
     let mut totals = Totals::default();
-    for seed in seeds(&SEQ_SEEDS) {
+    for seed in seeds("KVCACHED_DIFF_SEED", SEQ_SEEDS) {
         let mut gen = Gen::new(seed);
         let mut run = Run::start(seed, "sequential");
         totals.sequences += 1;
@@ -1347,7 +1322,7 @@ fn differential_sequential() {
 #[test]
 fn differential_pipelined() {
     let mut totals = Totals::default();
-    for seed in seeds(&PIPE_SEEDS) {
+    for seed in seeds("KVCACHED_DIFF_SEED", PIPE_SEEDS) {
         let mut gen = Gen::new(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
         gen.pipelined = true;
         let mut run = Run::start(seed, "pipelined");

@@ -56,7 +56,7 @@
 
 mod common;
 
-use common::diff::{show, spawn, target, Totals};
+use common::diff::{seeds, show, spawn, target, Totals};
 use common::{memcached_path, Client, Kind, Server};
 use rand::rngs::StdRng;
 use rand::{Rng, RngExt, SeedableRng};
@@ -1489,16 +1489,6 @@ fn mark_blind(bytes: &[u8]) -> (Vec<u8>, Vec<&'static str>) {
     (out, keys)
 }
 
-fn env_seeds(default: std::ops::Range<u64>) -> Vec<u64> {
-    match std::env::var("KVCACHED_METADIFF_SEED") {
-        Ok(s) => match s.split_once("..") {
-            Some((a, b)) => (a.parse().expect("A..B")..b.parse().expect("A..B")).collect(),
-            None => vec![s.parse().expect("KVCACHED_METADIFF_SEED is N or A..B")],
-        },
-        Err(_) => default.collect(),
-    }
-}
-
 /// `KVCACHED_METADIFF_EACH_SEED=1`: after a mismatch, go on with the next seed.
 fn each_seed() -> bool {
     std::env::var_os("KVCACHED_METADIFF_EACH_SEED").is_some()
@@ -1551,7 +1541,7 @@ fn add_avoided(totals: &mut Totals, gen: &Gen) {
 #[test]
 fn meta_differential_sequential() {
     let mut totals = Totals::default();
-    for seed in env_seeds(SEQ_SEEDS) {
+    for seed in seeds("KVCACHED_METADIFF_SEED", SEQ_SEEDS) {
         let mut run = Run::start(seed, "sequential");
         let mut gen = run.generator(seed);
         totals.sequences += 1;
@@ -1572,7 +1562,7 @@ fn meta_differential_sequential() {
 #[test]
 fn meta_differential_pipelined() {
     let mut totals = Totals::default();
-    for seed in env_seeds(PIPE_SEEDS) {
+    for seed in seeds("KVCACHED_METADIFF_SEED", PIPE_SEEDS) {
         let mut run = Run::start(seed, "pipelined");
         let mut gen = run.generator(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
         gen.pipelined = true;

@@ -345,22 +345,6 @@ fn unix_binary_matches_memcached() {
     assert_same("unix binary", &memcached, &kvcached);
 }
 
-/// `kind` with UDP on (`-U`), and its UDP port.
-fn start_udp(kind: Kind) -> (Server, u16) {
-    for _ in 0..5 {
-        let port = common::free_port();
-        let p = port.to_string();
-        let mut s = Server::start_verified(kind, &["-U", &p]);
-        // -U may have failed to bind if the port was taken meanwhile: the server then exits
-        // before it answers on TCP (both bind before serving), so start_verified retries.
-        if s.child.try_wait().map(|st| st.is_none()).unwrap_or(false) {
-            return (s, port);
-        }
-        let _ = s.terminate();
-    }
-    panic!("{kind:?}: could not start with UDP");
-}
-
 const DATAGRAM: Caps = Caps {
     multi_get: false,
     // One request datagram; the reply spans several 1400-byte datagrams.
@@ -368,7 +352,7 @@ const DATAGRAM: Caps = Caps {
 };
 
 fn udp_binary(kind: Kind) -> Vec<String> {
-    let (_server, port) = start_udp(kind);
+    let (_server, port) = Server::start_udp(kind, &[]);
     let c = client(&format!("memcache+udp://127.0.0.1:{port}?protocol=binary"));
     round_trip(&c, &c, &DATAGRAM)
 }
@@ -381,7 +365,7 @@ fn udp_binary_matches_memcached() {
 }
 
 fn udp_text(kind: Kind) -> Vec<String> {
-    let (server, port) = start_udp(kind);
+    let (server, port) = Server::start_udp(kind, &[]);
     let w = client(&format!(
         "memcache://127.0.0.1:{port}?udp=true&protocol=ascii"
     ));

@@ -9,25 +9,7 @@ use std::net::{Ipv4Addr, UdpSocket};
 use common::{Kind, Server};
 
 fn start(kind: Kind) -> (Server, u16) {
-    start_with(kind, &[])
-}
-
-fn start_with(kind: Kind, args: &[&str]) -> (Server, u16) {
-    for _ in 0..5 {
-        let port = common::free_port();
-        let p = port.to_string();
-        let mut all = vec!["-U", &p];
-        all.extend_from_slice(args);
-        let server = Server::start_verified(kind, &all);
-        // The harness picked the TCP port; -U may have failed to bind if the UDP port was
-        // taken meanwhile, in which case the server exited.
-        let mut s = server;
-        if s.child.try_wait().map(|st| st.is_none()).unwrap_or(false) {
-            return (s, port);
-        }
-        let _ = s.terminate();
-    }
-    panic!("{kind:?}: could not start with UDP");
+    Server::start_udp(kind, &[])
 }
 
 fn client() -> UdpSocket {
@@ -179,7 +161,7 @@ fn bin_get(opcode: u8, key: &[u8], opaque: u32) -> Vec<u8> {
 /// (`END` with the last; a missed key an empty message, sent as a bare header only when
 /// nothing was sent before it), and each request of a datagram is its own message.
 fn multi_session(kind: Kind) -> Vec<Vec<Vec<u8>>> {
-    let (server, port) = start_with(kind, &["-t", "1"]);
+    let (server, port) = Server::start_udp(kind, &["-t", "1"]);
     let mut tcp = server.connect();
     let big = vec![b'x'; 3000];
     let mut sets = b"set a 1 0 2\r\nhi\r\nset b 2 0 3\r\nbee\r\nset big 0 0 3000\r\n".to_vec();
@@ -259,7 +241,7 @@ fn udp_multi_message_replies_match_memcached() {
 /// queue is no datagram at all. kvcached follows the newest; checked against kvcached alone.
 #[test]
 fn udp_gets_queue_like_newest_memcached() {
-    let (_server, port) = start_with(Kind::Kvcached, &["-t", "1"]);
+    let (_server, port) = Server::start_udp(Kind::Kvcached, &["-t", "1"]);
     let sock = client();
     let hit = b"VALUE a 1 2\r\nhi\r\nEND\r\n";
     let set = frame(1, 0, 1, b"set a 1 0 2\r\nhi\r\n");
@@ -295,7 +277,7 @@ fn udp_gets_queue_like_newest_memcached() {
 /// batch's keys before it runs any of its requests (to prefetch them); whatever a datagram
 /// holds, every request must get memcached's reply. Replies by request id, until a sentinel.
 fn burst(kind: Kind) -> Vec<(u16, Vec<u8>)> {
-    let (_server, port) = start_with(kind, &["-t", "1"]);
+    let (_server, port) = Server::start_udp(kind, &["-t", "1"]);
     let sock = client();
     for i in 0..8u16 {
         let set = format!("set k{i} {i} 0 3\r\nv{i:02}\r\n");

@@ -100,6 +100,23 @@ pub fn spawn(kind: Kind, program: &Path, args: &[&str]) -> Server {
     panic!("{} did not start: {last_err}", program.display());
 }
 
+/// The seeds to run: the environment variable `var` (`N` or a range `A..B`), else `default`.
+pub fn seeds(var: &str, default: std::ops::Range<u64>) -> Vec<u64> {
+    let Ok(s) = std::env::var(var) else {
+        return default.collect();
+    };
+    match s.split_once("..") {
+        Some((a, b)) => {
+            let a: u64 = a.parse().unwrap_or_else(|_| panic!("{var}=A..B"));
+            let b: u64 = b.parse().unwrap_or_else(|_| panic!("{var}=A..B"));
+            (a..b).collect()
+        }
+        None => vec![s
+            .parse()
+            .unwrap_or_else(|_| panic!("{var} is a number or A..B"))],
+    }
+}
+
 /// Printable form of protocol bytes, shortened in the middle when long.
 pub fn show(bytes: &[u8]) -> String {
     const MAX: usize = 600;

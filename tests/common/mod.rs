@@ -508,6 +508,24 @@ impl Server {
         panic!("{kind:?}: could not start a server that answers on its own port");
     }
 
+    /// [`Server::start_verified`] with UDP on (`-U`) as well, and its UDP port. A server
+    /// that cannot bind the UDP port exits before it answers on TCP (kvcached and memcached
+    /// both bind UDP first), so the start is verified, or tried again on other ports.
+    pub fn start_udp(kind: Kind, args: &[&str]) -> (Server, u16) {
+        for _ in 0..5 {
+            let port = free_port();
+            let p = port.to_string();
+            let mut all = vec!["-U", &p];
+            all.extend_from_slice(args);
+            let mut s = Server::start_verified(kind, &all);
+            if s.child.try_wait().map(|st| st.is_none()).unwrap_or(false) {
+                return (s, port);
+            }
+            let _ = s.terminate();
+        }
+        panic!("{kind:?}: could not start with UDP");
+    }
+
     /// The server's resident set size in KiB (`VmRSS` in /proc/<pid>/status).
     pub fn rss_kib(&self) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
