@@ -330,7 +330,7 @@ fn wait_listening(child: &mut Child, port: u16) -> Result<(), String> {
 
 /// Whether process `pid` holds a socket listening on TCP port `port` (from /proc: the
 /// listening sockets' inodes in /proc/net/tcp and tcp6, and the process's descriptors).
-fn listens(pid: u32, port: u16) -> bool {
+pub fn listens(pid: u32, port: u16) -> bool {
     let suffix = format!(":{port:04X}");
     let mut inodes = Vec::new();
     for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
