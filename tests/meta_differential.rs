@@ -71,7 +71,10 @@ const SERVER_ARGS: &[&str] = &["-m", "64", "-I", "1m", "-t", "1"];
 /// (see tests/differential.rs).
 const MEMCACHED_EXTRA_ARGS: &[&str] = &["-o", "no_lru_crawler,no_lru_maintainer"];
 const ITEM_MAX: usize = 1 << 20;
-const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long to wait for one step's reply before calling it a hang. No step expects a hang
+/// (one always fails), so this is the harness's reply timeout, long enough for a loaded
+/// machine.
+const REPLY_TIMEOUT: Duration = common::TIMEOUT;
 /// Remaining TTLs of the two servers may differ by this many seconds.
 const TTL_SLACK: i64 = 2;
 

@@ -673,6 +673,28 @@ fn signal(server: &Server, sig: &str) {
     assert!(ok, "kill -{sig} failed");
 }
 
+/// Poll until the master counts `n` connected replicas, each past its full sync (`online`
+/// in `stats replication`, not `sync`).
+fn wait_replicas_online(m: &mut Client, n: usize) {
+    let want = n.to_string();
+    poll_until(&format!("{n} replicas online"), SYNC, || {
+        let st = m.stats("replication");
+        let connected = st
+            .iter()
+            .find(|(k, _)| k == "connected_replicas")
+            .map(|(_, v)| v.as_str());
+        let online = st
+            .iter()
+            .filter(|(k, v)| k.ends_with("_state") && v.as_str() == "online")
+            .count();
+        if connected == Some(want.as_str()) && online == n {
+            Ok(())
+        } else {
+            Err(format!("{st:?}"))
+        }
+    });
+}
+
 /// Poll until the replica's `stats digest` (kvcached's own: the live items' count and
 /// digest) equals the master's, with the master holding items.
 fn wait_same_digest(m: &mut Client, r: &mut Client) {
@@ -722,11 +744,13 @@ fn replica_paused_past_the_backlog_resyncs_fully() {
     wait_same_digest(&mut m, &mut r);
     // At least one full resync; sometimes a second one (seen in 1 of 13 runs here): the master
     // logs a tombstone for each of its 24,000 evictions for its replicas right after the
-    // wrap, and that can push the first resync's position out of the log again.
-    let resynced = repl_num(&mut r, "full_syncs");
-    assert!(resynced >= 2, "no full resync after the pause");
+    // wrap, and that can push the first resync's position out of the log again. So the count
+    // is read once the replica is at the end of the log (lag 0), not as soon as the digests
+    // agree, which a second resync still in the making can follow.
     wait_stat(&mut r, "replica", "master_link_status", "up");
     wait_stat(&mut m, "master", "replica0_lag_bytes", "0");
+    let resynced = repl_num(&mut r, "full_syncs");
+    assert!(resynced >= 2, "no full resync after the pause");
     // It follows the tail again afterwards: new writes arrive without another full sync.
     let after = items("after", 500, "c");
     fill(&mut m, &after);
@@ -746,8 +770,12 @@ fn replica_paused_past_the_backlog_resyncs_fully() {
 fn chained_replica_resyncs_when_its_upstream_does() {
     let master = start_master(&["-m", "8"]);
     let b = start_replica(master.port, &["-m", "8"]);
+    let mut m = master.connect();
+    // B past its own first full sync before C follows it: that sync wipes B, and a cursor
+    // C took from B before then would cost C a second full sync (B slow to start).
+    wait_replicas_online(&mut m, 1);
     let c = start_replica(b.port, &["-m", "64"]);
-    let (mut m, mut cb, mut cc) = (master.connect(), b.connect(), c.connect());
+    let (mut cb, mut cc) = (b.connect(), c.connect());
     let kept = items("kept", 1000, "k");
     let gone = items("gone", 500, "g");
     fill(&mut m, &kept);
@@ -907,6 +935,10 @@ fn fellow_replica_follows_the_promoted_one_without_full_sync() {
     let a = start_replica(master.port, &[]);
     let b = start_replica(master.port, &[]);
     let mut mc = master.connect();
+    // Both past their first (empty) full sync before the writes, so that the writes reach
+    // them in tail batches: a replica keeps checkpoints only of those, and b's switch to a
+    // needs one. A replica slow to start could otherwise get them all in its snapshot.
+    wait_replicas_online(&mut mc, 2);
     let data = items("fell", 800, "m");
     fill(&mut mc, &data);
     let keys = keys_of(&data);

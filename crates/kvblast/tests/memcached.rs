@@ -18,6 +18,10 @@ use kvblast::workload::{Mix, Workload};
 mod ports;
 use ports::free_port;
 
+/// How long a test waits for a server to listen, or for its reply (the workspace's tests use
+/// the same 10 s): time a loaded machine stays within.
+const TIMEOUT: Duration = Duration::from_secs(10);
+
 struct Memcached {
     child: Child,
     addr: String,
@@ -89,12 +93,12 @@ fn start_memcached_with(
             child,
             addr: format!("127.0.0.1:{port}"),
         };
-        let deadline = Instant::now() + Duration::from_secs(5);
+        let deadline = Instant::now() + TIMEOUT;
         while Instant::now() < deadline {
             if TcpStream::connect(&mc.addr).is_ok() {
                 // Parallel tests can pick the same free port: then ours failed to bind and
                 // exited, and what answered is another test's server. Keep it only if it is ours.
-                let pid = server_stats(&mc.addr, Duration::from_secs(5), tls)
+                let pid = server_stats(&mc.addr, TIMEOUT, tls)
                     .ok()
                     .and_then(|s| s.get("pid").copied());
                 if pid == Some(i64::from(mc.child.id())) {
@@ -115,7 +119,7 @@ fn start_memcached_with(
 fn stats_of(servers: &[&Memcached]) -> Vec<std::collections::BTreeMap<String, i64>> {
     servers
         .iter()
-        .map(|m| server_stats(&m.addr, Duration::from_secs(5), None).expect("stats"))
+        .map(|m| server_stats(&m.addr, TIMEOUT, None).expect("stats"))
         .collect()
 }
 
@@ -264,7 +268,10 @@ fn request_count_limit_stops_the_run() {
     w.keys = 10_000;
     let mut cfg = RunConfig::new(w, vec![mc.addr.clone()]);
     cfg.requests = Some(3000);
-    cfg.duration = Duration::from_secs(3);
+    // Far more time than 3000 requests take on any machine, so that only the count can end
+    // the run (a slow machine reached a 3 s bound first); a count that failed to stop the
+    // run would still show, as more than 3000 requests.
+    cfg.duration = Duration::from_secs(20);
     cfg.conns = 2;
     cfg.depth = 2;
     let r = run_against(&cfg, &[&mc]);
@@ -670,7 +677,7 @@ fn unix_socket_server() {
         child,
         addr: format!("unix:{}", path.display()),
     };
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + TIMEOUT;
     while std::os::unix::net::UnixStream::connect(&path).is_err() {
         assert!(
             Instant::now() < deadline,
@@ -692,7 +699,9 @@ fn unix_socket_server() {
 }
 
 /// A fake server that answers every request with `reply`, then keeps the connection open.
-/// Stops when `stop` is set, or after 1.5 s at the latest.
+/// Stops when `stop` is set, or after [`TIMEOUT`] at the latest (a backstop should the test
+/// fail before it sets `stop`: a bound near the run's length would end the server while
+/// kvblast still connects to it, on a slow machine).
 fn hostile(
     reply: &'static [u8],
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -701,7 +710,7 @@ fn hostile(
     let addr = l.local_addr().expect("addr").to_string();
     l.set_nonblocking(true).expect("nonblocking");
     let h = std::thread::spawn(move || {
-        let deadline = Instant::now() + Duration::from_millis(1500);
+        let deadline = Instant::now() + TIMEOUT;
         let mut conns = Vec::new();
         while Instant::now() < deadline && !stop.load(std::sync::atomic::Ordering::Relaxed) {
             if let Ok((s, _)) = l.accept() {
@@ -971,8 +980,7 @@ fn agents_split_the_key_space() {
         }
         let table = r.table();
         eprintln!("{mode}:\n{table}");
-        let items =
-            server_stats(&mc.addr, Duration::from_secs(5), None).expect("stats")["curr_items"];
+        let items = server_stats(&mc.addr, TIMEOUT, None).expect("stats")["curr_items"];
         let keys: Vec<u64> = r
             .participants
             .iter()
@@ -1030,7 +1038,7 @@ fn udp_load_phase_finishes_and_loads_every_key() {
         r.table()
     );
     assert_eq!(r.stats.loaded, 20_000, "{}", r.table());
-    let items = server_stats(&mc.addr, Duration::from_secs(5), None).expect("stats");
+    let items = server_stats(&mc.addr, TIMEOUT, None).expect("stats");
     assert_eq!(items.get("curr_items").copied(), Some(20_000));
     assert!(
         r.stats.op(kvblast::workload::Op::Get).hits > 0,
@@ -1097,8 +1105,10 @@ fn udp_load_phase_sends_lost_sets_again() {
     assert_eq!(keys.len(), 500, "every key reached the server");
 }
 
-/// A TCP proxy on loopback in front of `upstream`. At `cut_after` it closes every connection
-/// it carries; afterwards it accepts new ones if `reopen`, else it closes its listener too.
+/// A TCP proxy on loopback in front of `upstream`. At `cut_after` after the first connection
+/// it accepts (not after it starts: kvblast's own start would eat into the time before the
+/// cut on a slow machine) it closes every connection it carries; afterwards it accepts new
+/// ones if `reopen`, else it closes its listener too.
 /// Everything stops when `stop` is set, or after 8 s at the latest. The thread returns the
 /// bytes it passed from the server to clients over connections accepted after the cut.
 fn cutting_proxy(
@@ -1120,6 +1130,7 @@ fn cutting_proxy(
         let mut open: Vec<TcpStream> = Vec::new();
         let mut pumps = Vec::new();
         let mut cut = false;
+        let mut first_accept: Option<Instant> = None;
         // Copy one direction until EOF, an error, the stop flag or the deadline.
         let pump = |mut from: TcpStream,
                     mut to: TcpStream,
@@ -1151,7 +1162,7 @@ fn cutting_proxy(
             })
         };
         while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
-            if !cut && started.elapsed() >= cut_after {
+            if !cut && first_accept.is_some_and(|t| t.elapsed() >= cut_after) {
                 cut = true;
                 for s in open.drain(..) {
                     let _ = s.shutdown(std::net::Shutdown::Both);
@@ -1161,6 +1172,9 @@ fn cutting_proxy(
                 }
             }
             if let Some(Ok((client, _))) = listener.as_ref().map(|l| l.accept()) {
+                if first_accept.is_none() {
+                    first_accept = Some(Instant::now());
+                }
                 let Ok(up) = TcpStream::connect(&upstream) else {
                     continue;
                 };
@@ -1276,8 +1290,7 @@ fn run_ends_at_its_deadline_when_the_server_is_gone() {
 /// The value lengths memcached holds for `keys` (one multiget; missing keys are left out).
 fn value_lengths(addr: &str, keys: &[String]) -> Vec<usize> {
     let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(5)))
-        .expect("timeout");
+    s.set_read_timeout(Some(TIMEOUT)).expect("timeout");
     s.write_all(format!("get {}\r\n", keys.join(" ")).as_bytes())
         .expect("send get");
     let mut buf = Vec::new();
@@ -1455,7 +1468,7 @@ fn tls_runs_against_memcached_with_tls() {
     assert_eq!(st.timeouts + st.lost + st.conn_failures, 0);
     assert!(st.all().count >= 3000);
     assert_eq!(st.all().errors, 0);
-    let stats = server_stats(&mc.addr, Duration::from_secs(5), Some(&tls)).expect("stats");
+    let stats = server_stats(&mc.addr, TIMEOUT, Some(&tls)).expect("stats");
     assert!(stats["cmd_get"] >= st.op(kvblast::workload::Op::Get).count as i64);
 
     // A client that trusts another CA never gets a request through.
