@@ -1172,12 +1172,15 @@ mod tests {
         let n = expect.len();
         assert_eq!(sock.hand_over(&mut out, 0, &mut spliced), Some(n));
         assert!(spliced.is_empty() && out.is_empty());
+        r.arm(&mut sock, 3).unwrap();
+        // The first send goes before the peer reads, so it stops at what the socket buffer
+        // holds: a short send however quickly a reader would have drained the socket.
+        until(&mut r, &mut sock, |c| c.op == Op::Send);
+        let mut sends = 1;
         let reader = std::thread::spawn(move || {
             let mut got = vec![0u8; n];
             peer.read_exact(&mut got).map(|_| got)
         });
-        r.arm(&mut sock, 3).unwrap();
-        let mut sends = 0;
         while sock.owes() {
             until(&mut r, &mut sock, |c| c.op == Op::Send);
             sends += 1;

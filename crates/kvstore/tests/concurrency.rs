@@ -176,20 +176,28 @@ fn hammer_under_eviction_stays_within_memory() {
         use_cas: true,
     }));
     let stop = Arc::new(AtomicBool::new(false));
+    // The monitor starts with the workers (at their barrier) and samples at least once, also
+    // when they are done before it is first scheduled: `samples` counts what it checked, not
+    // how the threads happened to interleave.
+    let barrier = Arc::new(Barrier::new(THREADS + 1));
     let monitor = {
-        let (e, stop) = (e.clone(), stop.clone());
+        let (e, stop, barrier) = (e.clone(), stop.clone(), barrier.clone());
         thread::spawn(move || {
             let mut samples = 0u64;
-            while !stop.load(Ordering::Relaxed) {
+            barrier.wait();
+            loop {
+                let done = stop.load(Ordering::Relaxed);
                 let b = e.stats().bytes;
                 assert!(b <= max as u64, "bytes {b} > max {max}");
                 samples += 1;
+                if done {
+                    break;
+                }
                 thread::yield_now();
             }
             samples
         })
     };
-    let barrier = Arc::new(Barrier::new(THREADS));
     let handles: Vec<_> = (0..THREADS)
         .map(|t| {
             let (e, barrier) = (e.clone(), barrier.clone());

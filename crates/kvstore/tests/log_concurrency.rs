@@ -489,10 +489,13 @@ fn log_index_growth_never_hides_a_present_key() {
     let writers_done = AtomicU64::new(0);
     let lookups = AtomicU64::new(0);
     let fresh = 150_000 * scale() as u64;
+    // Writers and readers start together, so that the lookups overlap the growth.
+    let go = std::sync::Barrier::new(4);
     std::thread::scope(|s| {
         for t in 0..2u64 {
-            let (e, done) = (&e, &writers_done);
+            let (e, done, go) = (&e, &writers_done, &go);
             s.spawn(move || {
+                go.wait();
                 for i in 0..fresh / 2 {
                     let k = format!("fresh:{t}:{i}");
                     store(e, StoreMode::Set, k.as_bytes(), b"x", 0);
@@ -501,12 +504,14 @@ fn log_index_growth_never_hides_a_present_key() {
             });
         }
         for r in 0..2u64 {
-            let (e, done, lookups) = (&e, &writers_done, &lookups);
+            let (e, done, lookups, go) = (&e, &writers_done, &lookups, &go);
             s.spawn(move || {
                 let mut rng = Rng(0x5eed + r);
-                // Bounded: until both writers are done, and at most 20 million lookups.
+                go.wait();
+                // Bounded: until both writers are done, and at most 20 million lookups; the
+                // first 1024 in any case (fast writers may be done before a reader's first).
                 for n in 0..20_000_000u64 {
-                    if n % 1024 == 0 && done.load(Ordering::SeqCst) == 2 {
+                    if n > 0 && n % 1024 == 0 && done.load(Ordering::SeqCst) == 2 {
                         break;
                     }
                     let i = rng.below(stable);
