@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs every check the project has, in order, and stops at the first failure:
+# Runs every check the project has, in order, and runs each one even when an earlier one
+# failed, so that one failure never hides the state of the rest:
 #
 #   1. scripts/install-deps.sh   (Debian's memcached for the differential tests, tools, ...)
 #   2. cargo fmt --all -- --check
@@ -11,9 +12,11 @@
 #                                (the Debian package and the container's command line)
 #   6. scripts/fuzz.sh 30        (each fuzz target for 30 s)
 #
-# then prints one summary line. Environment: FUZZ_SECONDS (default 30; 0 skips fuzzing),
-# and anything cargo reads (CARGO_TARGET_DIR, ...).
-set -euo pipefail
+# At the end it prints one line per step (ok or FAILED, its time, and for test steps the
+# counts and the names of the failed tests), then a total line; it exits 0 only if every
+# step passed. Environment: FUZZ_SECONDS (default 30; 0 skips fuzzing), and anything cargo
+# reads (CARGO_TARGET_DIR, ...).
+set -uo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -23,8 +26,40 @@ fuzz_seconds="${FUZZ_SECONDS:-30}"
 test_log="$(mktemp)"
 trap 'rm -f "$test_log"' EXIT
 
-step() { printf '\n==> %s\n' "$*"; }
-elapsed() { printf '%dm%02ds' $(((SECONDS - started) / 60)) $(((SECONDS - started) % 60)); }
+# One entry per step, in order: its label, "ok" or "FAILED", its time, and a detail line.
+labels=()
+results=()
+times=()
+details=()
+failed_steps=0
+passed=0
+failed=0
+ignored=0
+
+mmss() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
+
+# record LABEL STATUS SECONDS [DETAIL]
+record() {
+    labels+=("$1")
+    if (($2 == 0)); then
+        results+=(ok)
+    else
+        results+=(FAILED)
+        failed_steps=$((failed_steps + 1))
+    fi
+    times+=("$(mmss "$3")")
+    details+=("${4:-}")
+}
+
+# step LABEL COMMAND...: run a command as one step and record its result.
+step() {
+    local label=$1 status=0 t0=$SECONDS
+    shift
+    printf '\n==> %s\n' "$label"
+    "$@" || status=$?
+    ((status == 0)) || echo "test.sh: $label failed (exit $status)"
+    record "$label" "$status" $((SECONDS - t0))
+}
 
 # Sum libtest's "test result:" lines: passed, failed, ignored.
 counts() {
@@ -38,36 +73,43 @@ counts() {
          END { printf "%d %d %d\n", p, f, g }' "$test_log"
 }
 
-step "install dependencies"
-scripts/install-deps.sh
+# The names libtest lists under its closing "failures:" heading, space-separated.
+failures() {
+    awk '/^failures:$/ { list = 1; next }
+         list && /^    [^ ]+$/ { sub(/^    /, ""); names[$0] = 1; next }
+         { list = 0 }
+         END { for (n in names) printf "%s ", n }' "$test_log"
+}
 
-step "cargo fmt --all -- --check"
-cargo fmt --all -- --check
-
-step "cargo clippy --workspace --all-targets -- -D warnings"
-cargo clippy --workspace --all-targets --quiet -- -D warnings
-
-# tests LABEL COMMAND...: run a cargo test command, add its counts to the totals, and stop
-# with the summary line if it failed.
-passed=0
-ignored=0
+# tests LABEL COMMAND...: a cargo test command as one step; its counts go into the totals
+# and its failed tests' names into the summary.
 tests() {
-    local label=$1 status=0 p f g
+    local label=$1 status=0 t0=$SECONDS p f g detail
     shift
-    step "$label"
+    printf '\n==> %s\n' "$label"
     : >"$test_log"
     "$@" 2>&1 | tee "$test_log" || status=$?
     read -r p f g < <(counts)
+    # A build failure or a crashed test binary fails the step without a "failed" count.
+    ((status == 0 || f > 0)) || f=1
     passed=$((passed + p))
+    failed=$((failed + f))
     ignored=$((ignored + g))
+    detail="$p passed, $f failed, $g skipped"
     if ((status != 0)); then
-        ((f > 0)) || f=1
-        echo
-        echo "test.sh: $label failed after $(elapsed)"
-        echo "test.sh: $passed passed, $f failed, $ignored skipped"
-        exit "$status"
+        local names
+        names="$(failures)"
+        [[ -z $names ]] || detail+="; failed: ${names% }"
     fi
+    record "$label" "$status" $((SECONDS - t0)) "$detail"
 }
+
+step "install dependencies" scripts/install-deps.sh
+
+step "cargo fmt --all -- --check" cargo fmt --all -- --check
+
+step "cargo clippy --workspace --all-targets -- -D warnings" \
+    cargo clippy --workspace --all-targets --quiet -- -D warnings
 
 tests "cargo test --workspace" cargo test --workspace --no-fail-fast --quiet
 
@@ -85,16 +127,26 @@ tests "cargo test -p kvcached (protocols, connections), KVCACHED_IO_SQPOLL=10" \
     --test text_protocol --test binary --test meta --test connections \
     --test hostile_clients --test lifecycle --test tls
 
-step "scripts/package.sh --profile dev --check"
-scripts/package.sh --profile dev --check
+step "scripts/package.sh --profile dev --check" scripts/package.sh --profile dev --check
 
-fuzz_note="fuzz skipped"
 if ((fuzz_seconds > 0)) && [[ -x scripts/fuzz.sh ]]; then
-    step "scripts/fuzz.sh $fuzz_seconds"
-    scripts/fuzz.sh "$fuzz_seconds"
-    fuzz_note="fuzz ${fuzz_seconds}s per target"
+    step "scripts/fuzz.sh $fuzz_seconds" scripts/fuzz.sh "$fuzz_seconds"
+else
+    labels+=("fuzz")
+    results+=(skipped)
+    times+=("-")
+    details+=("FUZZ_SECONDS=$fuzz_seconds")
 fi
 
 echo
-echo "test.sh: fmt, clippy, tests, package check and $fuzz_note all passed in $(elapsed)"
-echo "test.sh: $passed passed, 0 failed, $ignored skipped"
+echo "test.sh: summary after $(mmss $((SECONDS - started)))"
+for i in "${!labels[@]}"; do
+    printf '  %-7s %-7s %s\n' "${results[$i]}" "${times[$i]}" "${labels[$i]}"
+    [[ -z ${details[$i]} ]] || printf '                  %s\n' "${details[$i]}"
+done
+echo "test.sh: $passed passed, $failed failed, $ignored skipped"
+if ((failed_steps > 0)); then
+    echo "test.sh: $failed_steps of ${#labels[@]} steps failed"
+    exit 1
+fi
+echo "test.sh: all ${#labels[@]} steps passed"
