@@ -734,25 +734,7 @@ impl LogEngine {
 
     #[inline]
     fn hash(&self, key: &[u8]) -> u64 {
-        const K0: u64 = 0x9e37_79b9_7f4a_7c15;
-        const K1: u64 = 0xd6e8_feb8_6659_fd93;
-        #[inline]
-        fn mix(a: u64, b: u64) -> u64 {
-            let r = u128::from(a) * u128::from(b);
-            (r as u64) ^ ((r >> 64) as u64)
-        }
-        let mut h = self.seed ^ (key.len() as u64).wrapping_mul(K0);
-        let mut chunks = key.chunks_exact(8);
-        for c in &mut chunks {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(c);
-            h = mix(h ^ u64::from_le_bytes(w), K1);
-        }
-        let rem = chunks.remainder();
-        let mut w = [0u8; 8];
-        w[..rem.len()].copy_from_slice(rem);
-        h = mix(h ^ u64::from_le_bytes(w), K0);
-        mix(h, K1 ^ h.rotate_left(29))
+        key_hash(self.seed, key)
     }
 
     /// memcached's -I rule: the item as memcached would size it exceeds the limit.
@@ -1139,4 +1121,39 @@ impl Drop for LogEngine {
             self.release(&mut p, id);
         }
     }
+}
+
+/// The index's key hash: a seeded multiply-fold (each 8-byte word folded into the state by a
+/// 64×64→128-bit multiply whose halves are xored), finished by one more fold that mixes the
+/// high bits into the low ones. The index takes its bucket from the low bits and its tag from
+/// the top 16.
+///
+/// Written by hand rather than taken from a crate because it sits on every request's path and
+/// must inline into the lookup. It resists flooding because `seed` is drawn at random per
+/// engine (from the standard library's `RandomState`) and never leaves the process: keys a
+/// client chooses without knowing it spread over the buckets as random keys do. The test
+/// `adversarial_keys_spread_over_the_buckets` (in `tests.rs`) holds it to that for families
+/// of keys a client could choose: sequential, sharing long prefixes, of equal lengths, and
+/// differing only in single bytes or in the high bits of one word.
+#[inline]
+fn key_hash(seed: u64, key: &[u8]) -> u64 {
+    const K0: u64 = 0x9e37_79b9_7f4a_7c15;
+    const K1: u64 = 0xd6e8_feb8_6659_fd93;
+    #[inline]
+    fn mix(a: u64, b: u64) -> u64 {
+        let r = u128::from(a) * u128::from(b);
+        (r as u64) ^ ((r >> 64) as u64)
+    }
+    let mut h = seed ^ (key.len() as u64).wrapping_mul(K0);
+    let mut chunks = key.chunks_exact(8);
+    for c in &mut chunks {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(c);
+        h = mix(h ^ u64::from_le_bytes(w), K1);
+    }
+    let rem = chunks.remainder();
+    let mut w = [0u8; 8];
+    w[..rem.len()].copy_from_slice(rem);
+    h = mix(h ^ u64::from_le_bytes(w), K0);
+    mix(h, K1 ^ h.rotate_left(29))
 }

@@ -1522,3 +1522,130 @@ fn arith_calls_chunked_values_non_numeric_before_comparing_cas() {
         }
     }
 }
+
+/// Keys a client could choose to crowd one bucket, `n` per family: sequential numbers,
+/// numbers after a long shared prefix, equal lengths (15 bytes, as memtier's and kvblast's
+/// keys), and binary keys that differ only in the high bits of their second 8-byte word
+/// (what a multiply-based hash mixes least), or only in single bytes spread over the key.
+fn adversarial_keys(n: usize) -> Vec<(&'static str, Vec<Vec<u8>>)> {
+    let prefix = "tenant:0001:user:profile:settings:".repeat(3);
+    vec![
+        (
+            "sequential",
+            (0..n).map(|i| i.to_string().into_bytes()).collect(),
+        ),
+        (
+            "shared prefix",
+            (0..n)
+                .map(|i| format!("{prefix}{i}").into_bytes())
+                .collect(),
+        ),
+        (
+            "equal lengths",
+            (0..n)
+                .map(|i| format!("key:{i:011}").into_bytes())
+                .collect(),
+        ),
+        (
+            "high bits of one word",
+            (0..n)
+                .map(|i| {
+                    let mut k = vec![0u8; 16];
+                    k[8..].copy_from_slice(&((i as u64) << 40).to_le_bytes());
+                    k
+                })
+                .collect(),
+        ),
+        (
+            "single bytes",
+            (0..n)
+                .map(|i| {
+                    // Three bytes of the index, at positions 3, 11 and 19 of a 24-byte key.
+                    let mut k = vec![b'x'; 24];
+                    k[3] = i as u8;
+                    k[11] = (i >> 8) as u8;
+                    k[19] = (i >> 16) as u8;
+                    k
+                })
+                .collect(),
+        ),
+    ]
+}
+
+/// Flood resistance of the index's key hash (issue 42): whatever keys a client picks without
+/// knowing the engine's seed, they spread over the buckets as random keys do, so no chain
+/// grows long. For each family of [`adversarial_keys`] and several seeds, 250,000 keys go into
+/// 2^15 buckets (7.6 per bucket on average, as the index's load): the fullest holds at most
+/// 32 (random keys: about 20; a count of 32 or more has odds under 1e-9 per bucket), the top
+/// 16 bits (the tag) are spread too, and no two keys share their whole hash.
+#[test]
+fn adversarial_keys_spread_over_the_buckets() {
+    const LEVEL: u32 = 15;
+    let n = 250_000;
+    let random = std::collections::hash_map::RandomState::new().hash_one(1u64);
+    for (family, keys) in adversarial_keys(n) {
+        for seed in [0, 1, 0x0123_4567_89ab_cdef, random] {
+            let mut buckets = vec![0u32; 1 << LEVEL];
+            let mut tags = vec![0u32; 1 << 16];
+            let mut hashes: Vec<u64> = keys.iter().map(|k| key_hash(seed, k)).collect();
+            for &h in &hashes {
+                buckets[(h & ((1 << LEVEL) - 1)) as usize] += 1;
+                tags[index::tag_of(h) as usize] += 1;
+            }
+            let fullest = buckets.iter().copied().max().unwrap_or(0);
+            assert!(
+                fullest <= 32,
+                "{family}, seed {seed:#x}: a bucket of {fullest} (mean {:.1})",
+                n as f64 / f64::from(1u32 << LEVEL)
+            );
+            // 3.8 keys per tag on average: the most common tag is far from a pile-up.
+            let top_tag = tags.iter().copied().max().unwrap_or(0);
+            assert!(
+                top_tag <= 24,
+                "{family}, seed {seed:#x}: a tag {top_tag} times"
+            );
+            hashes.sort_unstable();
+            hashes.dedup();
+            assert_eq!(hashes.len(), n, "{family}, seed {seed:#x}: equal hashes");
+        }
+    }
+}
+
+/// The same through the engine: 1,000,000 adversarial keys (200,000 of each family) stored,
+/// the index grown to them, and its longest chain no longer than random keys give (the main
+/// buckets hold 8 at the load the index grows at, buckets not yet split up to twice that);
+/// every key is still found, and none was dropped because a chain was full.
+#[test]
+fn a_million_adversarial_keys_make_no_long_chain() {
+    let e = LogEngine::new(cfg(512 << 20));
+    let families = adversarial_keys(200_000);
+    for (_, keys) in &families {
+        for k in keys {
+            assert!(matches!(set(&e, k, b"v", 1), StoreResult::Stored(_)));
+        }
+    }
+    e.maintain(1, true);
+    let mut longest = 0;
+    let mut items = 0;
+    for b in 0..e.index.nmain() {
+        let mut chain = 0;
+        e.index
+            .for_each_in_chain(b, |_, v| chain += usize::from(index::is_item(v)));
+        longest = longest.max(chain);
+        items += chain;
+    }
+    eprintln!(
+        "1,000,000 adversarial keys: {} main buckets, longest chain {longest}",
+        e.index.nmain()
+    );
+    assert_eq!(items, 1_000_000);
+    assert!(longest <= 48, "longest chain {longest}");
+    let st: std::collections::HashMap<_, _> = e.stats_detail("items").into_iter().collect();
+    assert_eq!(st["items:1:evicted_index_full"], "0");
+    assert_eq!(st["items:1:evicted"], "0");
+    for (family, keys) in &families {
+        for k in keys.iter().step_by(97) {
+            assert!(get(&e, k, 1).is_some(), "{family}: {k:?} lost");
+        }
+    }
+}
