@@ -12,23 +12,31 @@
 # 600 ms every 2 s; at 30% of the run replica2 is SIGKILLed and restarted; at 60% the master
 # is SIGKILLed, replica1 promoted, and the old master restarted as its replica.
 #
-#   bench/chaos.sh [-d SECONDS]      (default 120; needs root and iproute2)
+#   bench/chaos.sh [-d SECONDS] [-t]      (default 120; needs root and iproute2)
+#
+# -t: times to live of 1-10 s on every expiring write, link cuts of 3 s every 5 s, and
+# masters that keep at most 1 MiB of expired or dead segments for a lagging replica
+# (--repl-backlog 1): a cut-off replica falls behind past what its master keeps while whole
+# segments expire, and must still continue without a full sync (the run fails if any
+# replica resynchronizes fully after its first sync).
 #
 # The test suite runs the same test for 30 s.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 duration=120
-while getopts "d:" opt; do
+ttl=0
+while getopts "d:t" opt; do
     case $opt in
         d) duration=$OPTARG ;;
-        *) echo "usage: $0 [-d SECONDS]" >&2; exit 2 ;;
+        t) ttl=1 ;;
+        *) echo "usage: $0 [-d SECONDS] [-t]" >&2; exit 2 ;;
     esac
 done
 echo "machine: $(nproc) cores; $(uname -r); $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 # The test runs kvblast from next to the kvcached binary it tests.
 cargo build --release -q -p kvblast
 set +e
-KVCACHED_CHAOS_SECS=$duration cargo test --release -q --test replication_netns \
+KVCACHED_CHAOS_SECS=$duration KVCACHED_CHAOS_TTL=$ttl cargo test --release -q --test replication_netns \
     chaos_under_load_every_replica_ends_equal -- --nocapture 2>&1 |
     grep -E '^(chaos|SKIP|test |thread )|panicked|digest'
 status=${PIPESTATUS[0]}

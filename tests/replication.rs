@@ -823,6 +823,66 @@ fn a_larger_repl_backlog_keeps_more_for_a_paused_replica() {
     paused_replica_continues(&["--repl-backlog", "24"], 10_000, 24 << 20);
 }
 
+/// Issue 42, item 3: past the backlog too. With `--repl-backlog=1` the master cannot keep
+/// the 10 MB of short-lived items a paused replica has not read; when they expire it frees
+/// their segments anyway (`held_segments_dropped`), but first logs anew what the replica
+/// would miss by skipping them (`relogged_segments`), and the replica skips them instead of
+/// resynchronizing fully. Items it had that the master overwrote with short-lived versions,
+/// or deleted, while it was paused are gone from it too.
+#[test]
+fn a_replica_paused_past_the_backlog_skips_what_expired_without_full_sync() {
+    let master = start_master(&["-m", "64", "--repl-backlog", "1"]);
+    let replica = start_replica(master.port, &["-m", "64"]);
+    let mut m = master.connect();
+    let mut r = replica.connect();
+    let kept = items("kept", 500, "k");
+    fill(&mut m, &kept);
+    wait_same_digest(&mut m, &mut r);
+    assert_eq!(repl_num(&mut r, "full_syncs"), 1);
+    wait_stat(&mut m, "master", "replica0_lag_bytes", "0");
+
+    signal(&replica, "STOP");
+    // A fifth of the replica's items get short-lived versions, a fifth are deleted.
+    let renewed: Vec<(String, Vec<u8>)> = kept[..100]
+        .iter()
+        .map(|(k, _)| (k.clone(), b"short-lived".to_vec()))
+        .collect();
+    fill_expiring(&mut m, &renewed, 1);
+    for (k, _) in &kept[100..200] {
+        assert_eq!(m.call(&format!("delete {k}\r\n")), "DELETED\r\n");
+    }
+    let short: Vec<(String, Vec<u8>)> = (0..10_000)
+        .map(|i| (format!("short{i}"), vec![b'e'; 1000]))
+        .collect();
+    fill_expiring(&mut m, &short, 1);
+    poll_until(
+        "the master to free expired segments the replica needs, logged anew",
+        SYNC,
+        || match repl_num(&mut m, "relogged_segments") {
+            0 => Err("none yet".into()),
+            _ => Ok(()),
+        },
+    );
+    assert!(repl_num(&mut m, "held_segments_dropped") > 0);
+    fill(&mut m, &items("later", 200, "l"));
+    signal(&replica, "CONT");
+
+    wait_same_digest(&mut m, &mut r);
+    wait_stat(&mut m, "master", "replica0_lag_bytes", "0");
+    assert_eq!(
+        repl_num(&mut r, "full_syncs"),
+        1,
+        "the replica resynchronized fully after the pause"
+    );
+    let gone = keys_of(&kept[..200]);
+    assert_eq!(dump(&mut m, &gone).len(), 0);
+    assert_eq!(
+        dump(&mut r, &gone).len(),
+        0,
+        "the replica kept what the master lost"
+    );
+}
+
 fn paused_replica_continues(master_args: &[&str], short_items: usize, backlog: u64) {
     let mut args = vec!["-m", "64"];
     args.extend_from_slice(master_args);

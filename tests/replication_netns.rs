@@ -1130,6 +1130,15 @@ fn promoted_replica_ignores_its_old_master_after_a_partition() {
 }
 
 /// Seconds the chaos test runs (`KVCACHED_CHAOS_SECS`, default 30; `bench/chaos.sh -d`).
+/// `KVCACHED_CHAOS_TTL=1` (bench/chaos.sh -t): the chaos run with times to live of 1-10 s
+/// on every expiring write, a master that keeps at most 1 MiB of segments for a lagging
+/// replica (`--repl-backlog 1`), and link cuts of 3 s every 5 s, so that a cut-off replica
+/// falls behind past what its master keeps while whole segments expire (issue 42, item 3).
+/// Then no replica may resynchronize fully after its first sync.
+fn chaos_ttl() -> bool {
+    std::env::var("KVCACHED_CHAOS_TTL").is_ok_and(|v| v == "1")
+}
+
 fn chaos_secs() -> u64 {
     std::env::var("KVCACHED_CHAOS_SECS")
         .ok()
@@ -1141,12 +1150,16 @@ fn chaos_secs() -> u64 {
 /// One write on the current master: a set (no expiry, 2 s or an hour; values up to 4 KB), a
 /// delete, a touch, an incr or an append of one of `nkeys` keys. Any reply a master gives
 /// to it is fine; an error or a closed connection is not.
-fn chaos_op(c: &mut Client, rng: &mut Rng, nkeys: u64) -> Result<(), String> {
+fn chaos_op(c: &mut Client, rng: &mut Rng, nkeys: u64, ttl: bool) -> Result<(), String> {
     let key = format!("c{}", rng.below(nkeys));
     let (req, ok): (String, &[&str]) = match rng.below(10) {
         0..=4 => {
             let v = rng.value();
-            let exp = [0, 2, 3600][rng.below(3) as usize];
+            let exp = if ttl {
+                [0, 1 + rng.below(10)][rng.below(2) as usize]
+            } else {
+                [0, 2, 3600][rng.below(3) as usize]
+            };
             let flags = rng.below(1 << 16);
             (
                 format!("set {key} {flags} {exp} {}\r\n{v}\r\n", v.len()),
@@ -1158,7 +1171,11 @@ fn chaos_op(c: &mut Client, rng: &mut Rng, nkeys: u64) -> Result<(), String> {
             &["DELETED\r\n", "NOT_FOUND\r\n"],
         ),
         7 => {
-            let exp = [2, 3600][rng.below(2) as usize];
+            let exp = if ttl {
+                1 + rng.below(10)
+            } else {
+                [2, 3600][rng.below(2) as usize]
+            };
             (
                 format!("touch {key} {exp}\r\n"),
                 &["TOUCHED\r\n", "NOT_FOUND\r\n"],
@@ -1203,6 +1220,12 @@ fn kvblast_bin() -> Option<PathBuf> {
 fn kvblast_load(kvblast: &std::path::Path, ns: &str, port: u16, secs: u64) -> Child {
     let kvblast = kvblast.to_string_lossy().into_owned();
     let (d, server) = (format!("{secs}s"), format!("127.0.0.1:{port}"));
+    // Times to live of 1-10 s with KVCACHED_CHAOS_TTL.
+    let expiry: &[&str] = if chaos_ttl() {
+        &["--exptime", "1", "--exptime-max", "10"]
+    } else {
+        &["--exptime", "2"]
+    };
     Command::new("ip")
         .args([
             "netns",
@@ -1221,17 +1244,8 @@ fn kvblast_load(kvblast: &std::path::Path, ns: &str, port: u16, secs: u64) -> Ch
             "--mix",
             "set=5,delete=3,touch=1,get=1",
         ])
-        .args([
-            "--exptime",
-            "2",
-            "--rate",
-            "3000",
-            "-c",
-            "4",
-            "-D",
-            &d,
-            &server,
-        ])
+        .args(expiry)
+        .args(["--rate", "3000", "-c", "4", "-D", &d, &server])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -1311,6 +1325,7 @@ fn chaos_under_load_every_replica_ends_equal() {
         return;
     };
     let secs = chaos_secs();
+    let ttl = chaos_ttl();
     let mut rng = Rng::new(0xC4A0_5EED ^ secs);
     let delay = Duration::from_millis(20 + rng.below(81));
     let loss = 1 + rng.below(5) as u32;
@@ -1322,11 +1337,29 @@ fn chaos_under_load_every_replica_ends_equal() {
     } else {
         String::new()
     };
-    eprintln!("chaos: {secs} s; {how}{loss_how}");
+    // With KVCACHED_CHAOS_TTL: longer cuts, and a master that keeps little for a lagging
+    // replica (its replacement after the failover too).
+    let (cut_for, cut_every) = if ttl {
+        (Duration::from_secs(3), Duration::from_secs(5))
+    } else {
+        (Duration::from_millis(600), Duration::from_secs(2))
+    };
+    let backlog: &[&str] = if ttl { &["--repl-backlog", "1"] } else { &[] };
+    eprintln!(
+        "chaos: {secs} s; {how}{loss_how}; link cut for {:.1} s every {:.1} s{}",
+        cut_for.as_secs_f64(),
+        cut_every.as_secs_f64(),
+        if ttl {
+            "; times to live 1-10 s, --repl-backlog 1"
+        } else {
+            ""
+        }
+    );
     const R2_PORT: u16 = 11212;
     let (a_ip, b_ip) = (net.ip[0].clone(), net.ip[1].clone());
-    net.start(Side::A, &[]);
-    net.start(Side::B, &["--replica-of", &format!("{a_ip}:{PORT}")]);
+    net.start(Side::A, backlog);
+    let of_a = format!("{a_ip}:{PORT}");
+    net.start(Side::B, &[&["--replica-of", &of_a][..], backlog].concat());
     let chained = format!("127.0.0.1:{PORT}");
     net.start_extra("replica2", Side::B, R2_PORT, &["--replica-of", &chained]);
     let mut master = net.client(Side::A);
@@ -1350,16 +1383,17 @@ fn chaos_under_load_every_replica_ends_equal() {
         }
     };
     let mut cut: Option<Instant> = None;
-    let mut next_cut = Duration::from_secs(2);
+    let mut next_cut = cut_every;
     let mut r2_killed: Option<Instant> = None;
     let mut r2_back = false;
     let mut master_killed: Option<Instant> = None;
     let mut old_master_back = false;
     let (mut ops, mut cuts) = (0u64, 0u32);
+    let mut r1_full = 0;
     // Bounded by time, and by count in case the clock misbehaves.
     while start.elapsed() < Duration::from_secs(secs) && ops < 50_000_000 {
         for _ in 0..20 {
-            chaos_op(&mut master, &mut rng, 3000)
+            chaos_op(&mut master, &mut rng, 3000, ttl)
                 .unwrap_or_else(|e| panic!("{test}: operation {ops}: {e}"));
             ops += 1;
         }
@@ -1370,10 +1404,10 @@ fn chaos_under_load_every_replica_ends_equal() {
                 cut = Some(Instant::now());
                 cuts += 1;
             }
-            Some(since) if since.elapsed() >= Duration::from_millis(600) => {
+            Some(since) if since.elapsed() >= cut_for => {
                 net.set_link(true);
                 cut = None;
-                next_cut = t + Duration::from_secs(2);
+                next_cut = t + cut_every;
             }
             _ => {}
         }
@@ -1392,10 +1426,15 @@ fn chaos_under_load_every_replica_ends_equal() {
             if let Some(child) = blast.take() {
                 kvblast_done(test, "master", child);
             }
+            if ttl {
+                let relogged = repl_num(&mut master, "relogged_segments");
+                eprintln!("chaos: segments the master skipped for its replica: {relogged}");
+            }
             net.kill(Side::A);
             let mut r1 = net.client(Side::B);
             let (full, partial) = syncs(&mut r1);
             eprintln!("chaos: resyncs: replica1 {full} full, {partial} partial (as a replica)");
+            r1_full = full;
             assert_eq!(r1.call("replicaof no one\r\n"), "OK\r\n", "promote r1");
             master = r1;
             eprintln!(
@@ -1490,6 +1529,21 @@ fn chaos_under_load_every_replica_ends_equal() {
         "chaos: resyncs: replica2 {r2_full} full, {r2_partial} partial (since its restart); \
          old master {old_full} full, {old_partial} partial (since it came back)"
     );
+    if ttl {
+        let relogged = repl_num(&mut master, "relogged_segments");
+        eprintln!(
+            "chaos: full syncs after the first: replica1 {}, replica2 {}, old master {}; \
+             segments the promoted master skipped for its replicas: {relogged}",
+            r1_full.saturating_sub(1),
+            r2_full.saturating_sub(1),
+            old_full.saturating_sub(1)
+        );
+        assert_eq!(
+            (r1_full, r2_full, old_full),
+            (1, 1, 1),
+            "{test}: a replica resynchronized fully after its first sync"
+        );
+    }
     if let Some(relay) = &net.relay {
         let (forwarded, dropped) = relay.counts();
         eprintln!("chaos: user-space link forwarded {forwarded} packets, dropped {dropped}");

@@ -94,6 +94,13 @@ pub fn emit_group(ctx: &Ctx<'_>, group: Group, sink: &mut Sink<'_>) -> bool {
             let (held, dropped) = ctx.shared.engine.repl_hold_stats();
             emit(sink, "held_segments", held);
             emit(sink, "held_segments_dropped", dropped);
+            // Segments freed anyway, whose records a replica would miss were logged anew so
+            // that it skips them instead of resynchronizing fully.
+            emit(
+                sink,
+                "relogged_segments",
+                ctx.shared.engine.repl_relogged_segments(),
+            );
             // The most they may take (`--repl-backlog`).
             emit(sink, "repl_backlog_bytes", ctx.shared.engine.repl_backlog());
         }

@@ -570,6 +570,12 @@ fn registry(
         "Maintenance passes that freed segments a replica still needed, at the cap (kvcached's own)",
         num(repl, "held_segments_dropped"),
     );
+    counter(
+        &mut r,
+        "kvcached_replication_relogged_segments",
+        "Segments freed before a replica read them, logged anew so that it skips them (kvcached's own)",
+        num(repl, "relogged_segments"),
+    );
     gauge(
         &mut r,
         "kvcached_replication_backlog_bytes",

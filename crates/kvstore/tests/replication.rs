@@ -348,22 +348,125 @@ fn stat(e: &LogEngine, group: &str, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("no stat {name}"))
 }
 
+/// What a skipped segment held reaches the replica anyway (issue 42, item 3). While a replica
+/// pauses, its master overwrites items the replica has with short-lived versions and
+/// deletes others, then lets the log run past its backlog: the segments with the new
+/// versions expire whole, those with the old versions and the delete tombstones die, and
+/// the maintenance pass frees them all before the replica has read them. The replica skips
+/// them without a full sync, and keeps none of the old versions or deleted items (the
+/// master logged a tombstone for each expired current item and each tombstone again).
+#[test]
+fn a_replica_skips_freed_segments_and_keeps_nothing_the_master_lost() {
+    let cfg = ops::config(64 << 20, false, true);
+    let master = LogEngine::new(cfg.clone());
+    master.set_repl_backlog(1 << 20);
+    let replica = LogEngine::new(cfg);
+    replica.set_replica(true);
+    let mut st = ReplicaState::new();
+    let now = START;
+    let store = |key: &str, value: &[u8], exptime: Time| {
+        let req = kvstore::StoreRequest {
+            mode: kvstore::StoreMode::Set,
+            key: key.as_bytes(),
+            value,
+            flags: 0,
+            exptime,
+        };
+        assert!(matches!(
+            master.store(req, now),
+            kvstore::StoreResult::Stored(_)
+        ));
+    };
+    let n = 2000;
+    for i in 0..n {
+        store(&format!("old{i}"), b"first version", 0);
+        store(&format!("del{i}"), b"to be deleted", 0);
+    }
+    catch_up_holding(&master, &replica, &mut st, now, true);
+    assert_eq!(st.full_syncs, 1);
+    assert!(replica.peek_item(b"old7", now).is_some() && replica.peek_item(b"del7", now).is_some());
+
+    // The replica pauses.
+    for i in 0..n {
+        store(&format!("old{i}"), b"short-lived version", now + 2);
+        assert!(master.delete(format!("del{i}").as_bytes(), now));
+    }
+    // Fillers seal the segments that hold the old versions and the tombstones, then are
+    // overwritten so that their segments die too; short-lived items fill whole segments.
+    for round in 0..2 {
+        for j in 0..20_000 {
+            store(&format!("fill{j}"), &[round as u8; 40], 0);
+        }
+    }
+    for j in 0..60_000 {
+        store(&format!("t{j}"), &[7u8; 40], now + 2);
+    }
+    let later = now + 100;
+    for _ in 0..8 {
+        master.maintain(later, true);
+    }
+    let (_, dropped) = master.repl_hold_stats();
+    assert!(
+        dropped > 0,
+        "the backlog held everything: nothing was freed"
+    );
+    let relogged = master.repl_relogged_segments();
+    assert!(relogged >= 4, "relogged {relogged}");
+
+    catch_up_holding(&master, &replica, &mut st, later, true);
+    assert_eq!(st.full_syncs, 1, "the replica resynchronized");
+    for i in 0..n {
+        for key in [format!("old{i}"), format!("del{i}")] {
+            assert_eq!(
+                master.peek_item(key.as_bytes(), later),
+                None,
+                "{key} on the master"
+            );
+            assert_eq!(
+                replica.peek_item(key.as_bytes(), later),
+                None,
+                "{key} kept by the replica"
+            );
+        }
+    }
+    for j in (0..20_000).step_by(7) {
+        let key = format!("fill{j}");
+        assert_eq!(
+            master.peek_item(key.as_bytes(), later),
+            replica.peek_item(key.as_bytes(), later),
+            "{key}"
+        );
+    }
+    assert_eq!(master.digest(later), replica.digest(later));
+    // It follows the tail afterwards, and the master forgets the skipped segments once no
+    // replica needs them.
+    store("after", b"x", 0);
+    catch_up_holding(&master, &replica, &mut st, later, true);
+    assert_eq!(
+        replica.peek_item(b"after", later).map(|i| i.0),
+        Some(b"x".to_vec())
+    );
+    assert_eq!(st.full_syncs, 1);
+}
+
 /// A replica that stops pulling while whole segments of short-lived items expire on its
 /// master continues from its cursor when the master keeps those segments for it
-/// (`repl_hold`, as a server does for the replicas it expects back). Without the hold, or
-/// when keeping them would take more than the backlog (by default a sixteenth of the
-/// memory limit, `set_repl_backlog`), the master frees them and the replica needs a full
-/// sync. Either way it ends with the master's items.
+/// (`repl_hold`, as a server does for the replicas it expects back). When keeping them would
+/// take more than the backlog (by default a sixteenth of the memory limit,
+/// `set_repl_backlog`), the master frees them, but first logs anew what the replica would
+/// miss by skipping them (`repl_relogged_segments`), and the replica skips them: still no
+/// full sync. Only a replica the master does not know (no hold) needs a full sync. Either
+/// way it ends with the master's items.
 #[test]
-fn expired_segments_are_kept_for_a_paused_replica() {
+fn expired_segments_are_kept_or_skipped_for_a_paused_replica() {
     // (hold, bytes of short-lived items written while the replica pauses, backlog (0: the
     // default, 4 MiB here), full syncs)
     for (hold, ttl_bytes, backlog, syncs) in [
         (true, 2 << 20, 0, 1),
         (false, 2 << 20, 0, 2),
-        (true, 8 << 20, 0, 2),
+        (true, 8 << 20, 0, 1),
         (true, 8 << 20, 16 << 20, 1),
-        (true, 2 << 20, 1 << 20, 2),
+        (true, 2 << 20, 1 << 20, 1),
     ] {
         let cfg = ops::config(64 << 20, false, true);
         let master = LogEngine::new(cfg.clone());
@@ -405,16 +508,23 @@ fn expired_segments_are_kept_for_a_paused_replica() {
         }
         let expired_before = stat(&master, "items", "items:1:segments_expired");
         let (held, dropped) = master.repl_hold_stats();
-        match (hold, syncs) {
-            (true, 1) => {
+        let relogged = master.repl_relogged_segments();
+        let within = ttl_bytes < master.repl_backlog();
+        match (hold, within) {
+            (true, true) => {
                 assert!(held >= 2, "held {held}");
-                assert_eq!(dropped, 0);
-                assert_eq!(expired_before, 0);
+                assert_eq!((dropped, relogged, expired_before), (0, 0, 0));
             }
             _ => {
                 assert_eq!(held, 0);
                 assert_eq!(dropped > 0, hold);
                 assert!(expired_before >= 2, "expired {expired_before}");
+                // Every segment freed while the replica needed it was logged anew.
+                if hold {
+                    assert!(relogged >= 2, "relogged {relogged}");
+                } else {
+                    assert_eq!(relogged, 0);
+                }
             }
         }
         catch_up_holding(&master, &replica, &mut st, later, hold);

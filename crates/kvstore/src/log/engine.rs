@@ -474,12 +474,16 @@ impl Engine for LogEngine {
         let st = self.st();
         st.crawler_checked.fetch_add(checked, Ordering::Relaxed);
         st.crawler_reclaimed.fetch_add(n, Ordering::Relaxed);
+        // The segments kept for replicas, and every replica's position (what is freed
+        // while one still needs it is logged anew so that it can skip it).
         let holds = self.retire_holds(now);
+        let wanted = lock(&self.repl.holds).clone();
         if sweep {
             self.seal_aged(now);
-            self.expire_segments(&holds);
+            self.expire_segments(&holds, &wanted);
         }
-        self.free_dead_segments(&holds);
+        self.free_dead_segments(&holds, &wanted);
+        self.prune_skippable(&wanted);
         self.grow(true);
         n
     }

@@ -131,14 +131,13 @@
 //!   without one (a log reader would miss it). Flushes are not logged.
 //! * Flushes travel to replicas as watermarks in every batch, not as log records (see
 //!   `repl.rs`); warm restart (`dump`/`restore`) writes the live items, not the log.
-//! * A replica whose cursor still needs a segment that left the log resynchronizes fully,
-//!   whatever made it leave. The maintenance pass, which frees segments whose items all
-//!   expired or died, keeps those a replica served with `repl_serve_as` has not read (up
-//!   to the backlog, by default a sixteenth of the limit, `repl_hold`, `set_repl_backlog`);
-//!   eviction and compaction, which free
-//!   memory a write needs, do not wait. Skipping a gap instead would need tombstones for
-//!   every item of the segment that was still current, and for its tombstones until every
-//!   replica had read them.
+//! * A replica whose cursor still needs a segment that eviction or compaction took out of
+//!   the log resynchronizes fully (they free memory a write needs, and do not wait). The
+//!   maintenance pass, which frees segments whose items all expired or died, keeps those a
+//!   replica served with `repl_serve_as` has not read (up to the backlog, by default a
+//!   sixteenth of the limit, `repl_hold`, `set_repl_backlog`); past the backlog it frees
+//!   them after logging anew a tombstone for each of their items whose key has no newer
+//!   item and each of their tombstones (`relog_for_skip`), and the replica skips them.
 //! * The index never shrinks, and its largest size is fixed by the starting `-m` (one main
 //!   slot per 32 bytes): raising the limit later (`cache_memlimit`) adds segments only.
 //! * A reader that records an access (or a last-access time) on a slot while a split or

@@ -13,7 +13,11 @@
 //! * **Tail.** The master ships, for each live segment at or above `below`, the
 //!   published records after the replica's offset, verbatim, up to a byte budget. If a
 //!   segment the replica had not finished is gone (evicted), the replica fell behind the
-//!   retained log: the master answers with a reset and the replica resynchronizes.
+//!   retained log: the master answers with a reset and the replica resynchronizes. A
+//!   segment the maintenance pass freed while a known replica still needed it (expired
+//!   whole or dead, past the backlog) is the exception: the master logged anew what a
+//!   replica skipping it would miss (`relog_for_skip`), and tells the replica it is
+//!   complete (an empty chunk).
 //! * **Full sync.** A new replica (or one after a reset) gets a *reset* batch holding a
 //!   starting cursor (the open segments and their lengths, and `below` = the next
 //!   sequence number), then a snapshot of the live items of every segment below that
@@ -124,6 +128,14 @@ pub(super) struct ReplFlags {
     /// Maintenance passes that freed segments a replica still needed, because keeping
     /// them would have taken more than the backlog (`repl_backlog`).
     pub(super) hold_dropped: AtomicU64,
+    /// Sequence numbers of segments the maintenance pass freed while a replica of `holds`
+    /// still needed them, after logging anew what a replica could miss by skipping them
+    /// (`relog_for_skip`): a cursor that still needs one is told it is complete instead of
+    /// getting a reset. Kept while some replica of `holds` may still need them, at most
+    /// `MAX_SKIPPABLE`.
+    skippable: std::sync::Mutex<std::collections::BTreeSet<u64>>,
+    /// Segments added to `skippable` so far.
+    pub(super) relogged: AtomicU64,
     /// Cursors whose `below` is under this number predate this engine's last full sync as
     /// a replica (`wipe`), which replaced its items without logging what it dropped: their
     /// replicas hold what this engine no longer has, so they get a reset, not the tail.
@@ -156,6 +168,11 @@ const MAX_HOLDS: usize = 64;
 
 /// Evictions waiting to be logged at most; beyond, replicas keep those items (counted).
 const MAX_PENDING_EVICTIONS: usize = 1 << 20;
+/// Freed segments a cursor may skip, remembered at most (beyond, a replica that needed a
+/// segment freed then gets a full sync, as before there were skips).
+const MAX_SKIPPABLE: usize = 1 << 16;
+/// Skipped segments one tail batch tells a replica of at most (the rest in the next).
+const MAX_SKIPS_PER_BATCH: usize = 4096;
 
 /// This engine's own log position (`own`) when its position in the upstream log was
 /// `upstream`: every upstream record up to `upstream` is in the own log up to `own`.
@@ -468,6 +485,15 @@ fn put_chunk_header(out: &mut Vec<u8>, seq: u64, base: u64, start: u32, end: u32
 /// Chunk header: seq, base, start, end, flags, data length.
 const CHUNK_HDR: usize = 8 + 8 + 4 + 4 + 1 + 4;
 
+/// An empty chunk that completes segment `seq` where a replica at `pos` in it stands: the
+/// segment was freed, and what the replica could miss by skipping it was logged anew.
+fn skip_chunk(out: &mut Vec<u8>, seq: u64, pos: Option<Pos>) {
+    let at = pos.map_or(SEG_HDR as u32, |p| p.off.max(SEG_HDR as u32));
+    let chunk = out.len();
+    put_chunk_header(out, seq, 0, at, at, CHUNK_COMPLETE);
+    finish_chunk(out, chunk);
+}
+
 fn finish_chunk(out: &mut [u8], at: usize) {
     let len = (out.len() - at - CHUNK_HDR) as u32;
     if let Some(d) = out.get_mut(at + CHUNK_HDR - 4..at + CHUNK_HDR) {
@@ -731,6 +757,13 @@ impl LogEngine {
             self.repl.held.load(Ordering::Relaxed),
             self.repl.hold_dropped.load(Ordering::Relaxed),
         )
+    }
+
+    /// Segments the maintenance pass freed before a replica had read them, after logging
+    /// anew what it would miss by skipping them, so that it skipped them instead of
+    /// resynchronizing fully (`relog_for_skip`), since the engine started.
+    pub fn repl_relogged_segments(&self) -> u64 {
+        self.repl.relogged.load(Ordering::Relaxed)
     }
 
     /// A switch batch for a replica at `c` in this engine's upstream log, or None if this
@@ -999,16 +1032,27 @@ impl LogEngine {
             return Err(WHY_WIPED);
         }
         let (next, live) = self.numbered_segments();
-        // Every segment numbered from `below` up to `next` must be live here or complete
-        // there; a partly consumed one must be live.
+        // Segments freed before the replica read them, whose records that it could miss
+        // were logged anew (`relog_for_skip`): it may skip them. Read after the live list:
+        // a segment retired in between was remembered here before it was retired.
+        let skippable: Vec<u64> = {
+            let low = c.entries.first().map_or(c.below, |&(s, _)| s.min(c.below));
+            lock(&self.repl.skippable)
+                .range(low..next)
+                .copied()
+                .collect()
+        };
+        let can_skip = |seq: u64| skippable.binary_search(&seq).is_ok();
+        // Every segment numbered from `below` up to `next` must be live here, complete
+        // there, or skippable; a partly consumed one must be live or skippable.
         let span = next.checked_sub(c.below).ok_or(WHY_IMPOSSIBLE)?;
-        if span > (live.len() + c.entries.len()) as u64 {
+        if span > (live.len() + c.entries.len() + skippable.len()) as u64 {
             return Err(WHY_UNREAD_GONE);
         }
         let is_live = |seq: u64| live.binary_search_by_key(&seq, |&(s, _)| s).is_ok();
         if c.entries
             .iter()
-            .any(|&(seq, p)| !p.complete && !is_live(seq))
+            .any(|&(seq, p)| !p.complete && !is_live(seq) && !can_skip(seq))
         {
             return Err(WHY_UNFINISHED_GONE);
         }
@@ -1019,7 +1063,7 @@ impl LogEngine {
             }
             let is_live = li.peek().is_some_and(|&&(s, _)| s == seq);
             let complete = c.get(seq).is_some_and(|p| p.complete);
-            if !is_live && !complete {
+            if !is_live && !complete && !can_skip(seq) {
                 return Err(WHY_UNREAD_GONE);
             }
         }
@@ -1027,6 +1071,21 @@ impl LogEngine {
         let mut shipped = 0;
         let mut lag = 0u64;
         let mut complete = true;
+        // The skipped segments first: each as an empty chunk that completes it where the
+        // replica stands in it.
+        let mut skips = 0;
+        for &seq in &skippable {
+            let pos = c.get(seq);
+            if is_live(seq) || pos.is_some_and(|p| p.complete) || (pos.is_none() && seq < c.below) {
+                continue;
+            }
+            if skips == MAX_SKIPS_PER_BATCH {
+                complete = false;
+                break;
+            }
+            skip_chunk(out, seq, pos);
+            skips += 1;
+        }
         let _pin = self.pin();
         let wanted = live
             .iter()
@@ -1041,8 +1100,10 @@ impl LogEngine {
             let used = seg.mem.0.used.load(Ordering::Acquire);
             if seg.mem.0.seq.load(Ordering::Acquire) != seq {
                 // Retired since the check: unless it was new to the replica, part of it
-                // is lost.
-                if pos.is_some() {
+                // is lost, unless it may be skipped (remembered before it was retired).
+                if lock(&self.repl.skippable).contains(&seq) {
+                    skip_chunk(out, seq, pos);
+                } else if pos.is_some() {
                     return Err(WHY_UNFINISHED_GONE);
                 }
                 continue;
@@ -1202,8 +1263,20 @@ pub(super) fn held_for_replica(holds: &Holds, seq: u64) -> bool {
     })
 }
 
-/// Evicted items (key, version) waiting to be logged as tombstones for replicas.
+/// Tombstones waiting to be logged for replicas, (key, the tombstone's version): for
+/// evicted items, and for what a segment freed before a replica read it held
+/// (`relog_for_skip`).
 pub(super) type EvictionNotes = Vec<(Box<[u8]>, Version)>;
+
+/// The version of the tombstone that removes record version `ver` and older copies of its
+/// item, but no later copy (a rewrite or copy forward has a higher stamp, a later version
+/// of the key a higher CAS).
+fn eviction_tombstone((cas, stamp): Version) -> Version {
+    match stamp.checked_add(1) {
+        Some(s) => (cas, s),
+        None => (cas.saturating_add(1), 0),
+    }
+}
 
 /// Replica side.
 impl LogEngine {
@@ -1546,7 +1619,7 @@ impl LogEngine {
     /// to hand over at once (eviction notes a whole segment's items).
     pub(super) fn note_eviction_in(&self, notes: &mut EvictionNotes, key: &[u8], ver: Version) {
         if self.repl.active.load(Ordering::Relaxed) && notes.len() < MAX_PENDING_EVICTIONS {
-            notes.push((key.into(), ver));
+            notes.push((key.into(), eviction_tombstone(ver)));
         }
     }
 
@@ -1560,18 +1633,86 @@ impl LogEngine {
         q.extend(notes.into_iter().take(room));
     }
 
-    /// Log the evictions noted since the last call as tombstones that remove the evicted
-    /// record and older ones (its CAS, its stamp + 1: a later version of the key has a
-    /// higher CAS, a later copy of the item a higher stamp). Called by
-    /// the maintenance tick and before serving a pull, never under the engine's locks.
+    /// Log the tombstones noted since the last call: for an evicted record, one that
+    /// removes it and older copies ([`eviction_tombstone`]); for a tombstone of a freed
+    /// segment, the same tombstone again. Called by the maintenance tick and before
+    /// serving a pull, never under the engine's locks.
     pub fn repl_log_evictions(&self) {
         let pending = std::mem::take(&mut *lock(&self.repl.evicted));
-        for (key, (cas, stamp)) in pending {
-            let ver = match stamp.checked_add(1) {
-                Some(s) => (cas, s),
-                None => (cas.saturating_add(1), 0),
-            };
+        for (key, ver) in pending {
             self.write_tombstone(&key, self.hash(&key), Some(ver));
+        }
+    }
+
+    /// Sealed segment `id` (ours, out of the FIFO, not yet cleaned) is about to be freed
+    /// by the maintenance pass while a replica still needs it: log anew what a replica
+    /// that skips it would miss, so that it can skip it instead of resynchronizing fully.
+    /// That is a tombstone for each item of the segment whose key has no newer item now
+    /// (it expired, was flushed, or is the one the index still points at: the replica may
+    /// hold an older version of its key, which the master no longer has; one unlinked
+    /// already by the sweep or a read counts too), and each tombstone of the segment (the
+    /// replica may hold the item it deleted). An item whose key has a newer one needs
+    /// nothing: the replica reads the newer one where it is. Then `seq` is remembered as
+    /// skippable. Nothing is remembered if the tombstones do not all fit the queue (the
+    /// replica then resynchronizes, as before).
+    pub(super) fn relog_for_skip(&self, id: u32, seq: u64) {
+        let Some(seg) = self.segs.get(id) else {
+            return;
+        };
+        let Some(ptr) = std::ptr::NonNull::new(seg.mem.0.ptr.load(Ordering::Acquire)) else {
+            return;
+        };
+        let used = seg.mem.0.used.load(Ordering::Acquire);
+        let mut notes = EvictionNotes::default();
+        let mut note = |r: &Rec<'_>| {
+            if notes.len() >= MAX_PENDING_EVICTIONS {
+                return false;
+            }
+            if r.kind != KIND_TOMBSTONE && r.kind != KIND_ITEM {
+                return true;
+            }
+            let h = self.hash(r.key);
+            let newer = {
+                let _g = self.index.lock(h);
+                // SAFETY: we hold `h`'s stripe lock while the record is used.
+                unsafe { self.lookup(h, r.key) }
+                    .is_some_and(|(_, _, cur)| (cur.cas, cur.stamp) > (r.cas, r.stamp))
+            };
+            if !newer {
+                let ver = if r.kind == KIND_TOMBSTONE {
+                    (r.cas, r.stamp)
+                } else {
+                    eviction_tombstone((r.cas, r.stamp))
+                };
+                notes.push((r.key.into(), ver));
+            }
+            true
+        };
+        // SAFETY: a sealed segment taken out of the FIFO (the caller's contract): ours,
+        // mapped and not reused until we free it; `used` is its published length.
+        let whole = unsafe { super::compact::for_records(ptr, used, |_, r| note(r)) };
+        if !whole {
+            return;
+        }
+        {
+            let mut q = lock(&self.repl.evicted);
+            if q.len() + notes.len() > MAX_PENDING_EVICTIONS {
+                return;
+            }
+            q.extend(notes);
+        }
+        let mut skippable = lock(&self.repl.skippable);
+        if skippable.len() < MAX_SKIPPABLE {
+            skippable.insert(seq);
+            self.repl.relogged.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Forget the skippable segments no replica of `wanted` needs any more.
+    pub(super) fn prune_skippable(&self, wanted: &Holds) {
+        let mut skippable = lock(&self.repl.skippable);
+        if !skippable.is_empty() {
+            skippable.retain(|&seq| held_for_replica(wanted, seq));
         }
     }
 
@@ -1618,7 +1759,7 @@ impl LogEngine {
         });
         // Nothing is kept for replicas of this engine: what it dropped must not be
         // shipped to them any more (they resynchronize).
-        self.free_dead_segments(&Holds::new());
+        self.free_dead_segments(&Holds::new(), &Holds::new());
         // Replicas of this engine resynchronize too: the drops above are in no log, so
         // a replica whose cursor is still valid here (segments still open) would keep
         // them. Every cursor made so far has `below` at most `seg_seq`; skipping a

@@ -596,7 +596,9 @@ impl LogEngine {
 
     /// Free sealed segments that hold no live item any more, except those a replica of
     /// `holds` has not read (see [`LogEngine::retire_holds`]).
-    pub(super) fn free_dead_segments(&self, holds: &Holds) -> usize {
+    /// One a replica of `wanted` (every replica's position, kept or not) still needs is
+    /// logged anew first, so that the replica can skip it (`relog_for_skip`).
+    pub(super) fn free_dead_segments(&self, holds: &Holds, wanted: &Holds) -> usize {
         let dead = self.take_sealed(|s| {
             s.acct.0.live_items.load(Ordering::Acquire) == 0
                 && !held_for_replica(holds, s.mem.0.seq.load(Ordering::Acquire))
@@ -605,6 +607,7 @@ impl LogEngine {
             return 0;
         }
         for &id in &dead {
+            self.relog_if_wanted(id, wanted);
             self.retire(id);
         }
         self.free_retired(&dead);
@@ -670,7 +673,8 @@ impl LogEngine {
     /// their segments' items expire together.
     ///
     /// Segments a replica of `holds` has not read stay (see [`LogEngine::retire_holds`]).
-    pub(super) fn expire_segments(&self, holds: &Holds) -> usize {
+    /// One a replica of `wanted` still needs is logged anew first (`relog_for_skip`).
+    pub(super) fn expire_segments(&self, holds: &Holds, wanted: &Holds) -> usize {
         let now = self.clock.load(Ordering::Relaxed);
         let expired = self.take_sealed(|s| {
             expired_whole(s, now) && !held_for_replica(holds, s.mem.0.seq.load(Ordering::Acquire))
@@ -682,6 +686,7 @@ impl LogEngine {
             let Some(seg) = self.segs.get(id) else {
                 continue;
             };
+            self.relog_if_wanted(id, wanted);
             // Every item in it is dead: cleaning unlinks the ones still indexed and
             // copies none forward.
             if seg.acct.0.live_items.load(Ordering::Acquire) != 0 {
@@ -698,6 +703,24 @@ impl LogEngine {
             .fetch_add(expired.len() as u64, Ordering::Relaxed);
         self.free_retired(&expired);
         expired.len()
+    }
+
+    /// Segment `id` (ours, out of the FIFO, about to be freed): if a replica of `wanted`
+    /// has not read all of it, log anew what that replica would miss by skipping it.
+    fn relog_if_wanted(&self, id: u32, wanted: &Holds) {
+        if wanted.is_empty() {
+            return;
+        }
+        let Some(seq) = self
+            .segs
+            .get(id)
+            .map(|s| s.mem.0.seq.load(Ordering::Acquire))
+        else {
+            return;
+        };
+        if seq != 0 && held_for_replica(wanted, seq) {
+            self.relog_for_skip(id, seq);
+        }
     }
 
     /// The positions of the replicas the maintenance pass keeps segments for (see
