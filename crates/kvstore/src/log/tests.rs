@@ -788,14 +788,19 @@ fn a_view_stays_valid_while_its_segment_is_evicted() {
             }
             // While we hold the pin, that evictor cannot finish; if it could (a broken
             // barrier), the writer would go on evicting and reusing segments, the
-            // victim's first, and the value would change under us.
+            // victim's first, and the value would change under us. Held for 200,000
+            // yields to the writer, or half a second where each yield gives the CPU away
+            // for long (one CPU shared with a busy neighbour: 200,000 yields took minutes).
+            let held = std::time::Instant::now();
             for _ in 0..200_000 {
                 std::thread::yield_now();
                 assert!(
                     r.value == &pattern[..],
                     "the value changed under a pinned reader"
                 );
-                if e.totals().segments_evicted > 64 {
+                if e.totals().segments_evicted > 64
+                    || held.elapsed() > std::time::Duration::from_millis(500)
+                {
                     break;
                 }
             }
