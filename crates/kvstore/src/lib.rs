@@ -16,11 +16,15 @@ mod number;
 
 pub use log::lease::{LeaseSite, ValueLease};
 pub use log::repl::{
-    join_snapshot_frames, split_snapshot_frames, Applied, Digest, ReplError, ReplicaState, Served,
-    SnapshotError, SnapshotInfo, SnapshotSettings, SNAPSHOT_VERSION, WHY_CURSOR, WHY_FRESH,
-    WHY_IMPOSSIBLE, WHY_UNFINISHED_GONE, WHY_UNREAD_GONE, WHY_WIPED,
+    Applied, ReplError, ReplicaState, Served, WHY_CURSOR, WHY_FRESH, WHY_IMPOSSIBLE,
+    WHY_UNFINISHED_GONE, WHY_UNREAD_GONE, WHY_WIPED,
+};
+pub use log::snapshot::{
+    join_snapshot_frames, split_snapshot_frames, SnapshotError, SnapshotInfo, SnapshotSettings,
+    SNAPSHOT_VERSION,
 };
 pub use log::tally::Band as SizeBand;
+pub use log::walk::Digest;
 pub use log::{EvictionObserver, LogEngine, DEFAULT_SIZE_FACTOR};
 
 /// Unix time in whole seconds.

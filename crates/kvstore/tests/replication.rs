@@ -1,4 +1,4 @@
-//! Replication of `LogEngine` (log shipping, `log/repl.rs`): a replica that pulls batches
+//! Replication of `LogEngine` (log shipping, `log/repl/`): a replica that pulls batches
 //! from a master at random points of a random operation sequence, with random byte budgets,
 //! ends with exactly the master's items (value, flags, expiry, CAS), whether it followed
 //! from the start or joined late with a full sync.

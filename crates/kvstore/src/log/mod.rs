@@ -9,7 +9,8 @@
 //! `segments.rs` (segment headers, the free pool, the FIFOs), `write.rs` (the write path
 //! and the commands built on it), `grow.rs` (index growth), `evict.rs` (segment eviction
 //! and copy-forward), `meta.rs` (meta reads), `engine.rs` (the `Engine` trait's entry
-//! points), `repl.rs` (log shipping and snapshots), `format.rs` (the record format),
+//! points), `repl/` (log shipping), `snapshot.rs` (warm restart), `walk.rs` (`digest`,
+//! `scan`), `format.rs` (the record format),
 //! `index.rs` (the slot index), `mem.rs` (mappings), `sketch.rs` (the miss sketch).
 //!
 //! # Layout
@@ -130,7 +131,7 @@
 //! * Delete appends a tombstone; with `no_evict` and full memory the delete happens
 //!   without one (a log reader would miss it). Flushes are not logged.
 //! * Flushes travel to replicas as watermarks in every batch, not as log records (see
-//!   `repl.rs`); warm restart (`dump`/`restore`) writes the live items, not the log.
+//!   `repl/`); warm restart (`dump`/`restore`) writes the live items, not the log.
 //! * A replica whose cursor still needs a segment that eviction or compaction took out of
 //!   the log resynchronizes fully (they free memory a write needs, and do not wait). The
 //!   maintenance pass, which frees segments whose items all expired or died, keeps those a
@@ -161,7 +162,9 @@ mod meta;
 pub mod repl;
 mod segments;
 mod sketch;
+pub mod snapshot;
 pub mod tally;
+pub mod walk;
 mod write;
 use crate::number;
 #[cfg(test)]

@@ -20,9 +20,19 @@
 use std::borrow::Cow;
 use std::io::{Read, Write};
 
-use super::super::{compact, mem, segments::Seg, Insert, Queue, Rec, MAX_KEY, PAGE};
-use super::*;
+use super::repl::apply::PREFETCH;
+use super::repl::wire::{Phase, ReplicaState, FLAG_DONE, KIND_RESET, KIND_SNAPSHOT};
+use super::repl::ReplError;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::format::{self, KIND_ITEM, SEG_HDR};
+use super::{
+    compact, index, lock, mem, segments::Seg, tid, Insert, LogEngine, Queue, Rec, Vis, MAX_KEY,
+    PAGE,
+};
 use crate::Engine;
+use crate::Time;
 
 /// File magic (7 bytes) and format version (the 8th).
 const MAGIC: &[u8; 7] = b"KVSNAP\x00";
@@ -814,7 +824,7 @@ impl LogEngine {
             // unwritten leaves it shared with the file.
             let mut live = lock(&self.seq_lock);
             let seq = self.seg_seq.fetch_add(1, Ordering::Relaxed);
-            super::super::segments::publish_live(&mut live, seq, id);
+            super::segments::publish_live(&mut live, seq, id);
             seg.mem.0.used.store(len, Ordering::Release);
             seg.mem.0.sealed.store(true, Ordering::Release);
             seg.mem.0.seq.store(seq, Ordering::Release);

@@ -1,0 +1,465 @@
+//! The replica's side: applying a master's batches in any order, with the versions that
+//! decide between copies, and what it remembers meanwhile (tombstones, its own removals).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::Ordering;
+
+use super::super::format::{
+    self, Rec, KIND_ITEM, KIND_TOMBSTONE, META_BINARY_KEY, META_STALE, SEG_HDR,
+};
+use super::super::{index, lock, Commit, Cond, LogEngine, MetaW, Src};
+use super::wire::{
+    chunk, Cursor, Phase, Pos, Reader, ReplicaState, BATCH_HDR, BATCH_MAGIC, CHUNK_COMPLETE,
+    FLAG_COMPLETE, FLAG_DONE, KIND_RESET, KIND_SNAPSHOT, KIND_SWITCH, KIND_TAIL, MAX_ENTRIES,
+    VERSION,
+};
+use super::{Applied, Checkpoint, Holds, ReplError, Version, CHECKPOINTS};
+use crate::Time;
+
+/// Tombstones a replica remembers at most. Beyond, those of earlier batches are forgotten
+/// (the oldest), and the current batch's are kept; all of them only if the current batch
+/// alone has this many. A tombstone is needed only until a complete batch has been
+/// applied after it, so the map grows only during a catch-up of budget-limited batches.
+/// One forgotten before then leaves a floor behind ([`Remembered`]): until that complete
+/// batch, an arriving item at or below the highest version forgotten is dropped (a miss),
+/// since it may be older than a forgotten tombstone of its key (a deleted item back).
+pub(in crate::log) const MAX_TOMBS: usize = if cfg!(test) { 8 } else { 1 << 20 };
+
+/// Records of a replicated chunk whose index buckets are loaded ahead of their turn.
+pub(in crate::log) const PREFETCH: usize = 8;
+
+/// Versions a replica remembers by key, with the number of the batch each came with, and
+/// what it had to forget too early.
+#[derive(Debug, Clone, Default)]
+pub(in crate::log) struct Remembered {
+    pub(super) map: HashMap<Box<[u8]>, (Version, u64)>,
+    /// The highest version forgotten before a complete batch came after it (the memory was
+    /// full), and the latest batch such a version came with. Until a complete batch after
+    /// that one, an item at or below it is taken as outdated: a tombstone of its key may
+    /// have been among those forgotten, and a cache may miss but must not bring a deleted
+    /// item back.
+    pub(super) floor: Option<(Version, u64)>,
+}
+
+impl Remembered {
+    /// Whether an arriving item of `key` at version `ver` is outdated: below (or, with
+    /// `or_equal`, at) the version remembered for its key, or at or below the floor.
+    pub(in crate::log) fn outdated(&self, key: &[u8], ver: Version, or_equal: bool) -> bool {
+        self.floor.is_some_and(|(f, _)| ver <= f)
+            || self
+                .map
+                .get(key)
+                .is_some_and(|&(v, _)| ver < v || or_equal && ver == v)
+    }
+
+    /// Entries, plus one for a floor: 0 when nothing can be taken as outdated.
+    pub(in crate::log) fn weight(&self) -> usize {
+        self.map.len() + usize::from(self.floor.is_some())
+    }
+
+    pub(in crate::log) fn clear(&mut self) {
+        self.map.clear();
+        self.floor = None;
+    }
+
+    /// Forget the entries `drop` picks before their time, raising the floor to them.
+    pub(in crate::log) fn forget_early(&mut self, mut drop: impl FnMut(u64) -> bool) {
+        let mut floor = self.floor;
+        self.map.retain(|_, &mut (v, n)| {
+            if !drop(n) {
+                return true;
+            }
+            floor = Some(match floor {
+                Some((f, b)) => (f.max(v), b.max(n)),
+                None => (v, n),
+            });
+            false
+        });
+        self.floor = floor;
+    }
+}
+
+/// Remember version `ver` of `key` (a tombstone applied, or an item removed) in batch
+/// `batch_no`, the latest so far, so that an older item of the key arriving later loses
+/// to it; see [`MAX_TOMBS`] for what is forgotten when the memory is full.
+pub(in crate::log) fn remember_tombstone(
+    tombs: &mut Remembered,
+    key: &[u8],
+    ver: Version,
+    batch_no: u64,
+) {
+    if tombs.map.len() >= MAX_TOMBS && !tombs.map.contains_key(key) {
+        tombs.forget_early(|n| n < batch_no);
+        if tombs.map.len() >= MAX_TOMBS {
+            tombs.forget_early(|_| true);
+        }
+    }
+    // An older tombstone of the key can arrive after a newer one (from a segment shipped
+    // later): the newest is what later items must beat.
+    let t = tombs.map.entry(key.into()).or_insert((ver, batch_no));
+    *t = (t.0.max(ver), batch_no);
+}
+
+/// A batch numbered `batch_no` that was not cut short has been applied: forget what was
+/// remembered before it (every record older than those has arrived), and the floor if
+/// everything under it came before it too.
+pub(in crate::log) fn forget_before(tombs: &mut Remembered, batch_no: u64) {
+    tombs.map.retain(|_, &mut (_, n)| n >= batch_no);
+    if tombs.floor.is_some_and(|(_, n)| n < batch_no) {
+        tombs.floor = None;
+    }
+}
+
+/// Replica side.
+impl LogEngine {
+    /// Follow a master (true) or stop (false: promotion). A replica keeps the master's
+    /// versions; after promotion new writes draw versions above every one it holds.
+    pub fn set_replica(&self, on: bool) {
+        self.repl.replica.store(on, Ordering::SeqCst);
+    }
+
+    /// Apply one batch from the master to this engine and advance `st`.
+    pub fn repl_apply(
+        &self,
+        st: &mut ReplicaState,
+        batch: &[u8],
+        now: Time,
+    ) -> Result<Applied, ReplError> {
+        self.tick(now);
+        let mut r = Reader(batch);
+        if r.take(4)? != BATCH_MAGIC {
+            return Err(ReplError("bad batch magic"));
+        }
+        if r.u8()? != VERSION {
+            return Err(ReplError("unknown batch version"));
+        }
+        let kind = r.u8()?;
+        let flags = r.u8()?;
+        r.u8()?;
+        let _next_seq = r.u64()?;
+        let flush_mark = r.u64()?;
+        let delayed_mark = r.u64()?;
+        let next_cas = r.u64()?;
+        let deadline = r.u32()?;
+        let master_offset = r.u64()?;
+        debug_assert_eq!(batch.len() - r.0.len(), BATCH_HDR + 8);
+        let mut applied = Applied {
+            master_offset,
+            ..Applied::default()
+        };
+        st.batches += 1;
+        let batch_no = st.batches;
+        self.repl.epoch.store(batch_no, Ordering::SeqCst);
+        match kind {
+            KIND_RESET => {
+                let below = r.u64()?;
+                let n = r.u32()? as usize;
+                if n > MAX_ENTRIES || r.0.len() != n * 12 {
+                    return Err(ReplError("bad reset length"));
+                }
+                let mut entries = BTreeMap::new();
+                for _ in 0..n {
+                    let seq = r.u64()?;
+                    let off = r.u32()?;
+                    if seq >= below {
+                        return Err(ReplError("reset entry beyond its cursor"));
+                    }
+                    entries.insert(
+                        seq,
+                        Pos {
+                            off,
+                            complete: false,
+                        },
+                    );
+                }
+                self.wipe();
+                lock(&self.repl.checkpoints).clear();
+                *lock(&self.repl.settled) = None;
+                self.forget_removed(u64::MAX);
+                st.restart();
+                st.phase = Phase::Snapshot { seq: 0, off: 0 };
+                st.below = below;
+                st.entries = entries;
+                st.applied_bytes = 0;
+                st.full_syncs += 1;
+                applied.reset = true;
+            }
+            KIND_SNAPSHOT => {
+                if !matches!(st.phase, Phase::Snapshot { .. }) {
+                    return Err(ReplError("snapshot batch outside a full sync"));
+                }
+                let pseq = r.u64()?;
+                let poff = r.u32()?;
+                while !r.0.is_empty() {
+                    let (seq, base, _start, _end, _f, data) = chunk(&mut r)?;
+                    if seq >= st.below {
+                        return Err(ReplError("snapshot chunk beyond its cursor"));
+                    }
+                    self.apply_records(st, base, data, batch_no, now, &mut applied)?;
+                }
+                st.phase = if flags & FLAG_DONE != 0 {
+                    Phase::Tail
+                } else {
+                    Phase::Snapshot {
+                        seq: pseq,
+                        off: poff,
+                    }
+                };
+            }
+            KIND_TAIL => {
+                if st.phase != Phase::Tail {
+                    return Err(ReplError("tail batch before the full sync finished"));
+                }
+                applied.idle = r.0.is_empty();
+                while !r.0.is_empty() {
+                    let (seq, base, start, end, f, data) = chunk(&mut r)?;
+                    let have = st.entries.get(&seq).copied();
+                    let expect = have.map_or(SEG_HDR as u32, |p| p.off.max(SEG_HDR as u32));
+                    let known = seq >= st.below || have.is_some();
+                    if !known || have.is_some_and(|p| p.complete) || start != expect {
+                        return Err(ReplError("tail chunk does not continue the cursor"));
+                    }
+                    if end as usize != start as usize + data.len() {
+                        return Err(ReplError("tail chunk length"));
+                    }
+                    self.apply_records(st, base, data, batch_no, now, &mut applied)?;
+                    st.entries.insert(
+                        seq,
+                        Pos {
+                            off: end,
+                            complete: f & CHUNK_COMPLETE != 0,
+                        },
+                    );
+                }
+                st.advance();
+                let own = self.own_position();
+                if flags & FLAG_COMPLETE != 0 {
+                    forget_before(&mut st.tombs, batch_no);
+                    *lock(&self.repl.settled) = Some(own.clone());
+                    self.forget_removed(batch_no);
+                }
+                if !applied.idle {
+                    let cp = Checkpoint {
+                        upstream: Cursor::from_state(st),
+                        own,
+                    };
+                    let mut cps = lock(&self.repl.checkpoints);
+                    if cps.len() >= CHECKPOINTS {
+                        cps.pop_front();
+                    }
+                    cps.push_back(cp);
+                }
+            }
+            KIND_SWITCH => {
+                if st.phase != Phase::Tail {
+                    return Err(ReplError("switch batch outside the tail"));
+                }
+                let below = r.u64()?;
+                let n = r.u32()? as usize;
+                if n > MAX_ENTRIES || r.0.len() != n * 12 {
+                    return Err(ReplError("bad switch length"));
+                }
+                let mut entries = BTreeMap::new();
+                for _ in 0..n {
+                    let seq = r.u64()?;
+                    let off = r.u32()?;
+                    entries.insert(
+                        seq,
+                        Pos {
+                            off,
+                            complete: false,
+                        },
+                    );
+                }
+                // The new master's log from here on holds everything this replica lacks;
+                // checkpoints of the old upstream no longer describe what it follows.
+                lock(&self.repl.checkpoints).clear();
+                st.below = below;
+                st.entries = entries;
+                applied.switched = true;
+            }
+            _ => return Err(ReplError("unknown batch kind")),
+        }
+        // The master's flush state and version counter (items carry its versions).
+        {
+            let _f = lock(&self.flush_lock);
+            self.flush_mark.store(flush_mark, Ordering::SeqCst);
+            self.delayed_mark.store(delayed_mark, Ordering::SeqCst);
+            self.flush_deadline.store(deadline, Ordering::Release);
+        }
+        self.cas.observe(next_cas);
+        Ok(applied)
+    }
+
+    pub(in crate::log) fn apply_records(
+        &self,
+        st: &mut ReplicaState,
+        base: u64,
+        data: &[u8],
+        batch_no: u64,
+        now: Time,
+        applied: &mut Applied,
+    ) -> Result<(), ReplError> {
+        let mut off = 0;
+        // The highest version seen, published once per chunk rather than per record (two
+        // restore threads would fight over the counter's cache line).
+        let (mut cas, mut stamp) = (0, 0);
+        // The keys of the next PREFETCH records are hashed ahead and their buckets loaded
+        // while this one is applied: an index lookup is a cache miss otherwise (most of a
+        // warm restart's time). `hashes` holds them in record order.
+        let mut hashes = [0u64; PREFETCH];
+        let (mut ahead, mut queued, mut done) = (0, 0, 0usize);
+        while off < data.len() {
+            while queued < PREFETCH && ahead < data.len() {
+                // SAFETY: as below.
+                let Some(r) = (unsafe { format::read(data.as_ptr(), data.len(), ahead, base) })
+                else {
+                    // Reported when the main loop gets there.
+                    ahead = data.len();
+                    break;
+                };
+                ahead += r.len;
+                let h = self.hash(r.key);
+                self.index.prefetch(h);
+                hashes[(done + queued) % PREFETCH] = h;
+                queued += 1;
+            }
+            // SAFETY: `data` is a live slice of `data.len()` bytes that nobody writes;
+            // `read` checks every length against it.
+            let rec = unsafe { format::read(data.as_ptr(), data.len(), off, base) };
+            let Some(rec) = rec else {
+                return Err(ReplError("bad record"));
+            };
+            let h = if queued > 0 {
+                queued -= 1;
+                hashes[done % PREFETCH]
+            } else {
+                self.hash(rec.key)
+            };
+            done += 1;
+            off += rec.len;
+            applied.records += 1;
+            applied.bytes += rec.len as u64;
+            st.applied_bytes += rec.len as u64;
+            match rec.kind {
+                KIND_ITEM => {
+                    self.apply_item(st, &rec, h, now);
+                    cas = cas.max(rec.cas.saturating_add(1));
+                    stamp = stamp.max(rec.stamp);
+                }
+                KIND_TOMBSTONE => {
+                    let ver = (rec.cas, rec.stamp);
+                    self.apply_tombstone(rec.key, ver);
+                    remember_tombstone(&mut st.tombs, rec.key, ver, batch_no);
+                }
+                _ => return Err(ReplError("unknown record kind")),
+            }
+        }
+        self.cas.observe(cas);
+        self.stamps.observe(stamp.saturating_add(1));
+        Ok(())
+    }
+
+    /// Store replicated item `r`, whose key hashes to `h`.
+    pub(in crate::log) fn apply_item(&self, st: &ReplicaState, r: &Rec<'_>, h: u64, now: Time) {
+        let ver = (r.cas, r.stamp);
+        if st.tombs.outdated(r.key, ver, false) {
+            return;
+        }
+        if self.repl.removed_len.load(Ordering::Acquire) != 0
+            && lock(&self.repl.removed).outdated(r.key, ver, true)
+        {
+            return;
+        }
+        let c = Commit {
+            key: r.key,
+            h,
+            cond: Cond::Newer(r.cas, r.stamp),
+            src: Src::Bytes(r.value),
+            old_len: 0,
+            flags: Some(r.flags),
+            exptime: Some(r.exptime),
+            keep_cas: false,
+            keep_access: false,
+            access: false,
+            meta: MetaW {
+                explicit_cas: r.explicit_cas,
+                stale: Some(r.meta & META_STALE != 0),
+                binary_key: Some(r.meta & META_BINARY_KEY != 0),
+                win: Some(false),
+                keep_atime: false,
+            },
+        };
+        self.commit(&c, now, None);
+    }
+
+    /// On a replica, remember the version of record `r`, which slot value `v` points at,
+    /// whose item this engine removes on its own (see `ReplFlags::removed`), unless it is
+    /// below the `settled` position (an older record of its key can no longer arrive).
+    /// The caller holds the key's stripe lock, so a batch that brought the item was
+    /// numbered before this reads `epoch`, and the record's segment is live.
+    pub(in crate::log) fn note_removed(&self, r: &Rec<'_>, v: u64) {
+        if !self.repl.replica.load(Ordering::Relaxed) {
+            return;
+        }
+        let seq = self
+            .segs
+            .get(index::slot_seg(v))
+            .map(|s| s.mem.0.seq.load(Ordering::Acquire))
+            // 0: retired (numbers start at 1); where it was is no longer known.
+            .filter(|&seq| seq != 0);
+        if let (Some(seq), Some(settled)) = (seq, &*lock(&self.repl.settled)) {
+            if settled.has(seq, index::slot_off(v)) {
+                return;
+            }
+        }
+        let epoch = self.repl.epoch.load(Ordering::SeqCst);
+        let mut m = lock(&self.repl.removed);
+        remember_tombstone(&mut m, r.key, (r.cas, r.stamp), epoch);
+        self.repl.removed_len.store(m.weight(), Ordering::Release);
+    }
+
+    /// Forget the removals noted before batch `batch_no` (all with `u64::MAX`): a batch
+    /// that was not cut short has been applied since, so every older record of them has
+    /// arrived.
+    pub(in crate::log) fn forget_removed(&self, batch_no: u64) {
+        if self.repl.removed_len.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let mut m = lock(&self.repl.removed);
+        forget_before(&mut m, batch_no);
+        self.repl.removed_len.store(m.weight(), Ordering::Release);
+    }
+
+    /// Remove `key`'s item if it is older than the tombstone (version `ver`), and log the
+    /// tombstone (for this engine's own replicas).
+    pub(in crate::log) fn apply_tombstone(&self, key: &[u8], ver: Version) {
+        self.cas.observe(ver.0);
+        self.write_tombstone(key, self.hash(key), Some(ver));
+    }
+
+    /// Drop every item (a full sync starts from nothing).
+    pub(in crate::log) fn wipe(&self) {
+        self.for_each_indexed(|slot, v| {
+            // SAFETY: we hold the chain's stripe lock and `v` is in its slot.
+            let (len, size) = unsafe { self.rec(v) }.map_or((0, 0), |r| (r.len, self.rec_size(&r)));
+            slot.store(0, Ordering::Release);
+            self.account_remove(v, len, size);
+        });
+        // Nothing is kept for replicas of this engine: what it dropped must not be
+        // shipped to them any more (they resynchronize).
+        self.free_dead_segments(&Holds::new(), &Holds::new());
+        // Replicas of this engine resynchronize too: the drops above are in no log, so
+        // a replica whose cursor is still valid here (segments still open) would keep
+        // them. Every cursor made so far has `below` at most `seg_seq`; skipping a
+        // number makes every cursor made from here on start above it.
+        let _live = lock(&self.seq_lock);
+        let floor = self.seg_seq.fetch_add(1, Ordering::SeqCst) + 1;
+        self.repl.wiped_below.store(floor, Ordering::SeqCst);
+    }
+
+    /// Whether cursor `c` was made before this engine's last wipe (see `wiped_below`).
+    pub(in crate::log) fn before_wipe(&self, c: &Cursor) -> bool {
+        c.below < self.repl.wiped_below.load(Ordering::SeqCst)
+    }
+}
