@@ -5,6 +5,8 @@
 //! - [`client`]: client configurations for kvblast and a replica's link to its master.
 //! - [`stream`]: [`TlsStream`], a TLS session over a non-blocking (or blocking) socket that
 //!   reads and writes like the socket itself.
+//! - [`x509`]: the outline of a certificate of any X.509 version, for the server's own
+//!   (webpki, which rustls checks certificates with, reads version 3 only).
 //!
 //! This crate does I/O only through the socket it is given; it knows nothing of memcached's
 //! protocols or of the server.
@@ -16,6 +18,7 @@ pub mod stream;
 pub mod testcert;
 #[cfg(any(test, feature = "testcert"))]
 pub mod testpair;
+pub mod x509;
 
 pub use stream::{Failure, TlsStream};
 

@@ -31,6 +31,26 @@ impl CertKey {
     pub fn key_der_bytes(&self) -> Vec<u8> {
         self.key.serialize_der()
     }
+    /// An EC key as SEC1 (`ECPrivateKey`, what `EC PRIVATE KEY` PEM blocks hold): the one
+    /// inside its PKCS#8 encoding.
+    pub fn key_sec1_der(&self) -> Vec<u8> {
+        let pkcs8 = self.key.serialize_der();
+        let sec1 = (|| {
+            let (info, _) = crate::x509::element(&pkcs8)?;
+            let (_, rest) = crate::x509::element(info.contents)?;
+            let (_, rest) = crate::x509::element(rest)?;
+            let (key, _) = crate::x509::element(rest)?;
+            (key.tag == 0x04).then(|| key.contents.to_vec())
+        })();
+        match sec1 {
+            Some(der) => der,
+            None => panic!("test certificate: not an EC key's PKCS#8"),
+        }
+    }
+    /// The public key, DER-encoded (a `SubjectPublicKeyInfo`).
+    pub fn public_key_der(&self) -> Vec<u8> {
+        self.key.public_key_der()
+    }
 }
 
 /// A certificate authority that issues test certificates.
@@ -89,6 +109,124 @@ impl Ca {
             ca_pem: self.cert_pem(),
         }
     }
+
+    /// A server certificate for `name` for a key made elsewhere (PKCS#8 PEM: an RSA key from
+    /// `openssl genpkey`, which ring cannot generate).
+    pub fn issue_for_key(&self, name: &str, pkcs8_pem: &str) -> CertKey {
+        let key = must(KeyPair::from_pem(pkcs8_pem));
+        let mut params = must(CertificateParams::new(vec![name.to_string()]));
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        let cert = must(params.signed_by(&key, &self.cert, &self.key));
+        CertKey {
+            cert: cert.der().clone(),
+            cert_pem: cert.pem(),
+            key,
+            ca: self.cert(),
+            ca_pem: self.cert_pem(),
+        }
+    }
+
+    /// An X.509 version 1 certificate for `name` (no extensions: no subject alternative name,
+    /// no key usage), as `openssl x509 -req` makes without `-extfile`. rcgen makes version 3
+    /// only, so the certificate is put together here and signed with the CA's key.
+    pub fn issue_v1(&self, name: &str) -> CertKey {
+        let key = must(KeyPair::generate());
+        let ca_der = self.cert();
+        let issuer = must(crate::x509::outline(&ca_der)).subject.to_vec();
+        // ecdsa-with-SHA256 (1.2.840.10045.4.3.2): rcgen's keys are P-256.
+        let sig_alg = der(
+            0x30,
+            &der(0x06, &[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x04, 0x03, 0x02]),
+        );
+        // CN (2.5.4.3) as a UTF8String.
+        let cn = der(
+            0x30,
+            &[der(0x06, &[0x55, 0x04, 0x03]), der(0x0c, name.as_bytes())].concat(),
+        );
+        let subject = der(0x30, &der(0x31, &cn));
+        let validity = der(
+            0x30,
+            &[der(0x17, b"000101000000Z"), der(0x17, b"491231235959Z")].concat(),
+        );
+        let tbs = der(
+            0x30,
+            &[
+                der(0x02, &[0x01]),
+                sig_alg.clone(),
+                issuer,
+                validity,
+                subject,
+                key.public_key_der(),
+            ]
+            .concat(),
+        );
+        let signer = must(rustls::crypto::ring::sign::any_supported_type(
+            &PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(self.key.serialize_der())),
+        ));
+        let signer = match signer.choose_scheme(&[rustls::SignatureScheme::ECDSA_NISTP256_SHA256]) {
+            Some(s) => s,
+            None => panic!("test certificate: the CA's key cannot sign with ECDSA P-256"),
+        };
+        let signature = must(signer.sign(&tbs));
+        let mut bits = vec![0u8];
+        bits.extend_from_slice(&signature);
+        let cert = der(0x30, &[tbs, sig_alg, der(0x03, &bits)].concat());
+        CertKey {
+            cert_pem: pem("CERTIFICATE", &cert),
+            cert: CertificateDer::from(cert),
+            key,
+            ca: ca_der,
+            ca_pem: self.cert_pem(),
+        }
+    }
+}
+
+/// A DER element: `tag`, the length, `contents`.
+fn der(tag: u8, contents: &[u8]) -> Vec<u8> {
+    let mut out = vec![tag];
+    let len = contents.len();
+    if len < 0x80 {
+        out.push(len as u8);
+    } else {
+        let bytes: Vec<u8> = len
+            .to_be_bytes()
+            .into_iter()
+            .skip_while(|&b| b == 0)
+            .collect();
+        out.push(0x80 | bytes.len() as u8);
+        out.extend_from_slice(&bytes);
+    }
+    out.extend_from_slice(contents);
+    out
+}
+
+/// `bytes` in PEM armour under `label`.
+pub fn pem(label: &str, bytes: &[u8]) -> String {
+    const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut text = String::new();
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            chunk.get(1).copied().unwrap_or(0),
+            chunk.get(2).copied().unwrap_or(0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                text.push(char::from(B64[((n >> (18 - 6 * i)) & 63) as usize]));
+            } else {
+                text.push('=');
+            }
+        }
+    }
+    let mut out = format!("-----BEGIN {label}-----\n");
+    for line in text.as_bytes().chunks(64) {
+        out.push_str(&String::from_utf8_lossy(line));
+        out.push('\n');
+    }
+    out.push_str(&format!("-----END {label}-----\n"));
+    out
 }
 
 /// A server certificate for `name` from a fresh CA (`.ca` is what a client trusts).
