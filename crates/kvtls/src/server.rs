@@ -12,12 +12,15 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
+use rustls::client::danger::HandshakeSignatureValid;
 use rustls::crypto::CryptoProvider;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::pem::{PemObject, SectionKind};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::{NoServerSessionStorage, ServerSessionMemoryCache, StoresServerSessions};
 use rustls::server::{ServerConfig, ServerConnection, WebPkiClientVerifier};
-use rustls::RootCertStore;
+use rustls::sign::{CertifiedKey, SigningKey, SingleCertAndKey};
+use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureScheme};
 
 /// memcached's `ssl_verify_mode`: whether and how client certificates are checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -129,7 +132,7 @@ pub enum Peer {
 /// The certificates and key read from the files.
 pub struct Material {
     chain: Vec<CertificateDer<'static>>,
-    key: PrivateKeyDer<'static>,
+    key: Arc<dyn SigningKey>,
     roots: Option<Arc<RootCertStore>>,
 }
 
@@ -153,6 +156,18 @@ pub fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
     Ok(certs)
 }
 
+/// Read the server's certificate chain: PEM certificates of any X.509 version (OpenSSL serves
+/// version 1 certificates; webpki, which rustls would check them with, takes version 3 only),
+/// each of which must at least be shaped as a certificate.
+fn read_chain(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs = read_certs(path)?;
+    for (i, cert) in certs.iter().enumerate() {
+        crate::x509::outline(cert)
+            .map_err(|e| format!("{}: certificate {}: {e}", path.display(), i + 1))?;
+    }
+    Ok(certs)
+}
+
 fn pem_error(path: &Path, e: rustls::pki_types::pem::Error) -> String {
     match e {
         rustls::pki_types::pem::Error::Io(e) => format!("{}: {e}", path.display()),
@@ -160,14 +175,86 @@ fn pem_error(path: &Path, e: rustls::pki_types::pem::Error) -> String {
     }
 }
 
-fn read_key(path: &Path, format: KeyFormat) -> Result<PrivateKeyDer<'static>, String> {
-    match format {
-        KeyFormat::Pem => PrivateKeyDer::from_pem_file(path).map_err(|e| pem_error(path, e)),
-        KeyFormat::Der => {
-            let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-            PrivateKeyDer::try_from(bytes)
-                .map_err(|e| format!("{}: not a DER private key: {e}", path.display()))
+/// The first private key of a PEM file, whatever its label says it is.
+struct PemKey {
+    kind: SectionKind,
+    der: Vec<u8>,
+}
+
+impl PemObject for PemKey {
+    fn from_pem(kind: SectionKind, der: Vec<u8>) -> Option<Self> {
+        match kind {
+            SectionKind::PrivateKey | SectionKind::RsaPrivateKey | SectionKind::EcPrivateKey => {
+                Some(PemKey { kind, der })
+            }
+            _ => None,
         }
+    }
+}
+
+/// Load a private key from its DER, trying PKCS#8, PKCS#1 and SEC1 in turn, the one the PEM
+/// label names (`hint`) first. OpenSSL loads a PKCS#8 key under an `RSA PRIVATE KEY` or `EC
+/// PRIVATE KEY` label (some tools write them so); here the label does not matter at all.
+/// The error is the provider's, for the encoding the label named (PKCS#8 without one).
+fn decode_key(der: Vec<u8>, hint: Option<SectionKind>) -> Result<Arc<dyn SigningKey>, String> {
+    let provider = rustls::crypto::ring::default_provider();
+    let order: [fn(Vec<u8>) -> PrivateKeyDer<'static>; 3] = match hint {
+        Some(SectionKind::RsaPrivateKey) => [pkcs1, pkcs8, sec1],
+        Some(SectionKind::EcPrivateKey) => [sec1, pkcs8, pkcs1],
+        _ => [pkcs8, pkcs1, sec1],
+    };
+    let mut first_error = None;
+    for make in order {
+        match provider.key_provider.load_private_key(make(der.clone())) {
+            Ok(key) => return Ok(key),
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    Err(match first_error {
+        Some(e) => format!("not a usable private key: {e}"),
+        None => "not a usable private key".into(),
+    })
+}
+
+fn pkcs8(der: Vec<u8>) -> PrivateKeyDer<'static> {
+    PrivateKeyDer::Pkcs8(der.into())
+}
+fn pkcs1(der: Vec<u8>) -> PrivateKeyDer<'static> {
+    PrivateKeyDer::Pkcs1(der.into())
+}
+fn sec1(der: Vec<u8>) -> PrivateKeyDer<'static> {
+    PrivateKeyDer::Sec1(der.into())
+}
+
+fn read_key(path: &Path, format: KeyFormat) -> Result<Arc<dyn SigningKey>, String> {
+    let (der, hint) = match format {
+        KeyFormat::Pem => {
+            let key = PemKey::from_pem_file(path).map_err(|e| pem_error(path, e))?;
+            (key.der, Some(key.kind))
+        }
+        KeyFormat::Der => (
+            std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?,
+            None,
+        ),
+    };
+    decode_key(der, hint).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// That `key` is the private key of `chain`'s first certificate (OpenSSL's
+/// `SSL_CTX_check_private_key`), compared by public key, as rustls compares them but for a
+/// certificate of any version. A key that cannot tell its public key passes, as in rustls.
+fn check_key(chain: &[CertificateDer<'_>], key: &dyn SigningKey) -> Result<(), String> {
+    let Some(public) = key.public_key() else {
+        return Ok(());
+    };
+    let cert = chain.first().ok_or("no certificate")?;
+    let outline = crate::x509::outline(cert)?;
+    if outline.spki == public.as_ref() {
+        Ok(())
+    } else {
+        Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch).to_string())
     }
 }
 
@@ -177,7 +264,7 @@ pub fn load(settings: &Settings) -> Result<Material, String> {
         .chain_cert
         .as_deref()
         .ok_or("Error loading the certificate chain: ssl_chain_cert is not set")?;
-    let chain = read_certs(chain_path).map_err(|e| {
+    let chain = read_chain(chain_path).map_err(|e| {
         format!(
             "Error loading the certificate chain: {} : {e}",
             chain_path.display()
@@ -186,6 +273,8 @@ pub fn load(settings: &Settings) -> Result<Material, String> {
     let key_path = settings.key.as_deref().unwrap_or(chain_path);
     let key = read_key(key_path, settings.key_format)
         .map_err(|e| format!("Error loading the key: {} : {e}", key_path.display()))?;
+    check_key(&chain, key.as_ref())
+        .map_err(|e| format!("Error validating the certificate: {e}"))?;
     let roots = match &settings.ca_cert {
         None => None,
         Some(path) => {
@@ -293,14 +382,21 @@ pub fn build(
         Peer::Require => VerifyMode::Require,
         Peer::Default => settings.verify_mode,
     };
-    let builder = match verify {
-        VerifyMode::None => builder.with_no_client_auth(),
-        mode => {
-            let roots = material.roots.clone().ok_or_else(|| {
-                "verifying client certificates (ssl_verify_mode 1-3 or an mtls: listener) \
+    let builder = match (verify, material.roots.clone()) {
+        (VerifyMode::None, _) => builder.with_no_client_auth(),
+        // memcached with SSL_VERIFY_PEER and no CA: a certificate is asked for, a client
+        // without one is served, and one that sends one is refused (nothing to verify it by).
+        (VerifyMode::Request, None) => {
+            builder.with_client_cert_verifier(Arc::new(NoTrustedIssuers { provider }))
+        }
+        (_, None) => {
+            return Err(
+                "verifying client certificates (ssl_verify_mode 2-3 or an mtls: listener) \
                  needs ssl_ca_cert"
-                    .to_string()
-            })?;
+                    .to_string(),
+            )
+        }
+        (mode, Some(roots)) => {
             let mut v = WebPkiClientVerifier::builder_with_provider(roots, provider);
             if mode == VerifyMode::Request {
                 v = v.allow_unauthenticated();
@@ -311,9 +407,10 @@ pub fn build(
             builder.with_client_cert_verifier(verifier)
         }
     };
-    let mut config = builder
-        .with_single_cert(material.chain.clone(), material.key.clone_key())
-        .map_err(|e| format!("Error validating the certificate: {e}"))?;
+    // The key was checked against the certificate when read (`load`); rustls's own check
+    // (`with_single_cert`) would refuse a version 1 certificate, which OpenSSL serves.
+    let certified = CertifiedKey::new(material.chain.clone(), material.key.clone());
+    let mut config = builder.with_cert_resolver(Arc::new(SingleCertAndKey::from(certified)));
     config.session_storage = sessions;
     if !settings.session_cache {
         // No resumption at all, as memcached with its session cache off.
@@ -330,6 +427,10 @@ pub fn config_from_der(
     settings: &Settings,
     peer: Peer,
 ) -> Result<Arc<ServerConfig>, String> {
+    let key = rustls::crypto::ring::default_provider()
+        .key_provider
+        .load_private_key(key)
+        .map_err(|e| format!("Error loading the key: {e}"))?;
     let material = Material {
         chain,
         key,
@@ -341,6 +442,74 @@ pub fn config_from_der(
         peer,
         Arc::new(NoServerSessionStorage {}),
     )
+}
+
+/// Client certificates under `ssl_verify_mode=1` without `ssl_ca_cert`, as OpenSSL treats
+/// them with `SSL_VERIFY_PEER` and an empty trust store: one is asked for (with no CA names),
+/// a client without one is served, and every certificate sent is refused as from an unknown
+/// issuer (the `unknown_ca` alert, as OpenSSL sends).
+#[derive(Debug)]
+struct NoTrustedIssuers {
+    provider: Arc<CryptoProvider>,
+}
+
+impl ClientCertVerifier for NoTrustedIssuers {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        false
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        &[]
+    }
+
+    fn verify_client_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        Err(rustls::Error::InvalidCertificate(
+            rustls::CertificateError::UnknownIssuer,
+        ))
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
 }
 
 /// memcached's TLS counters (`stats`: `ssl_handshake_errors`, `ssl_proto_errors`,
@@ -505,6 +674,127 @@ mod tests {
         let many = tls12_suites("HIGH:!aNULL:!MD5", &all).expect("keyword");
         assert!(many.len() > 1);
         assert!(tls12_suites("RC4-MD5", &all).is_err());
+    }
+
+    /// A temporary directory for one test, removed when dropped.
+    struct Dir(std::path::PathBuf);
+
+    impl Dir {
+        fn new(name: &str) -> Dir {
+            let dir = std::env::temp_dir().join(format!("kvtls-{name}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).expect("dir");
+            Dir(dir)
+        }
+        fn write(&self, name: &str, bytes: &[u8]) -> PathBuf {
+            let p = self.0.join(name);
+            std::fs::write(&p, bytes).expect("write");
+            p
+        }
+    }
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// PKCS#8 and SEC1 keys load under any private-key PEM label, and as DER; what is no key
+    /// at all still gives memcached's "Error loading the key".
+    #[test]
+    fn keys_load_whatever_their_pem_label_says() {
+        let dir = Dir::new("labels");
+        let ck = crate::testcert::self_signed("localhost");
+        let cert = dir.write("cert.pem", ck.cert_pem().as_bytes());
+        let pkcs8 = ck.key_der_bytes();
+        let sec1 = ck.key_sec1_der();
+        let mut s = Settings {
+            chain_cert: Some(cert),
+            ..Settings::default()
+        };
+        for (body, what) in [(&pkcs8, "pkcs8"), (&sec1, "sec1")] {
+            for label in ["PRIVATE KEY", "RSA PRIVATE KEY", "EC PRIVATE KEY"] {
+                let pem = crate::testcert::pem(label, body);
+                s.key = Some(dir.write("key.pem", pem.as_bytes()));
+                s.key_format = KeyFormat::Pem;
+                let tls = ServerTls::new(s.clone());
+                assert!(tls.is_ok(), "{what} under {label}: {:?}", tls.err());
+            }
+            s.key = Some(dir.write("key.der", body));
+            s.key_format = KeyFormat::Der;
+            let tls = ServerTls::new(s.clone());
+            assert!(tls.is_ok(), "{what} as DER: {:?}", tls.err());
+        }
+        // Garbage under a key label, and as DER.
+        let pem = crate::testcert::pem("RSA PRIVATE KEY", b"\x30\x03\x02\x01\x00");
+        s.key = Some(dir.write("bad.pem", pem.as_bytes()));
+        s.key_format = KeyFormat::Pem;
+        let e = ServerTls::new(s.clone()).err().expect("not a key");
+        assert!(e.starts_with("Error loading the key: "), "{e}");
+        s.key = Some(dir.write("bad.der", b"not a key"));
+        s.key_format = KeyFormat::Der;
+        let e = ServerTls::new(s).err().expect("not a key");
+        assert!(e.starts_with("Error loading the key: "), "{e}");
+    }
+
+    /// A version 1 certificate is served (its key still checked against it); a PEM
+    /// certificate whose contents are not a certificate gives memcached's message.
+    #[test]
+    fn version_1_certificates_load_and_malformed_ones_do_not() {
+        let dir = Dir::new("v1");
+        let ca = crate::testcert::Ca::new("v1 CA");
+        let v1 = ca.issue_v1("localhost");
+        assert_eq!(crate::x509::outline(&v1.cert).expect("outline").version, 1);
+        let mut s = Settings {
+            chain_cert: Some(dir.write("cert.pem", v1.cert_pem().as_bytes())),
+            key: Some(dir.write("key.pem", v1.key_pem().as_bytes())),
+            ..Settings::default()
+        };
+        let tls = ServerTls::new(s.clone()).expect("a v1 certificate is served");
+        assert!(tls.accept(Peer::Default).is_ok());
+        // The same checks as for any certificate: a key that is not its own is refused.
+        let other = ca.issue_v1("localhost");
+        s.key = Some(dir.write("other.pem", other.key_pem().as_bytes()));
+        let e = ServerTls::new(s.clone()).err().expect("mismatch");
+        assert!(e.starts_with("Error validating the certificate: "), "{e}");
+        // A CERTIFICATE block that holds no certificate.
+        let junk = crate::testcert::pem("CERTIFICATE", b"\x30\x03\x02\x01\x00");
+        s.chain_cert = Some(dir.write("junk.pem", junk.as_bytes()));
+        let e = ServerTls::new(s.clone()).err().expect("junk");
+        assert!(
+            e.starts_with("Error loading the certificate chain: ") && e.contains("not an X.509"),
+            "{e}"
+        );
+        // A junk certificate after a good one in the chain file.
+        let chain = format!("{}{junk}", v1.cert_pem());
+        s.chain_cert = Some(dir.write("chain.pem", chain.as_bytes()));
+        s.key = Some(dir.write("key.pem", v1.key_pem().as_bytes()));
+        let e = ServerTls::new(s).err().expect("junk in the chain");
+        assert!(e.contains("certificate 2: not an X.509"), "{e}");
+    }
+
+    /// `ssl_verify_mode=1` without `ssl_ca_cert` builds (memcached starts with it); 2 and 3
+    /// still need a CA.
+    #[test]
+    fn request_mode_without_a_ca_builds() {
+        let dir = Dir::new("request");
+        let ck = crate::testcert::self_signed("localhost");
+        let mut s = Settings {
+            chain_cert: Some(dir.write("cert.pem", ck.cert_pem().as_bytes())),
+            key: Some(dir.write("key.pem", ck.key_pem().as_bytes())),
+            verify_mode: VerifyMode::Request,
+            ..Settings::default()
+        };
+        let tls = ServerTls::new(s.clone()).expect("mode 1 without a CA");
+        assert!(
+            tls.supports(Peer::Require).is_err(),
+            "mtls: still needs a CA"
+        );
+        for mode in [VerifyMode::Require, VerifyMode::Once] {
+            s.verify_mode = mode;
+            let e = ServerTls::new(s.clone()).err().expect("no CA");
+            assert!(e.contains("ssl_ca_cert"), "{e}");
+        }
     }
 
     #[test]
