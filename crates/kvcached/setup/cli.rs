@@ -1344,11 +1344,25 @@ impl Builder {
                         .into(),
                 );
             }
+            if cfg.ssl.settings.verify_mode == kvtls::server::VerifyMode::Request
+                && cfg.ssl.settings.ca_cert.is_none()
+            {
+                self.notes.push(
+                    "-o ssl_verify_mode=1 without ssl_ca_cert: client certificates are asked \
+                     for but none can be verified; clients without one are served, clients \
+                     that send one are refused (as memcached does)"
+                        .into(),
+                );
+            }
         }
-        if cfg.sasl && cfg.auth_file.is_some() {
-            return Err("-S (SASL, binary protocol) and -Y (ASCII authentication) \
-                        cannot be used together"
-                .into());
+        // -S with -Y: as in memcached, -S makes the default protocol binary, then -Y makes it
+        // ASCII (and refuses an explicit -B binary), so SASL applies to no listener.
+        if cfg.sasl && cfg.auth_file.is_some() && !self.protocol_specified {
+            self.notes.push(
+                "-S with -Y: every listener speaks the ASCII protocol and authenticates with \
+                 the -Y file, as in memcached; SASL (binary protocol) is not served"
+                    .into(),
+            );
         }
         if cfg.sasl {
             if !self.protocol_specified {
@@ -1792,6 +1806,13 @@ mod tests {
                 c.auth_file.is_some()
             }),
             (&["--auth-file=/etc/kv.auth"], |c| c.auth_file.is_some()),
+            // -S with -Y: ASCII with the -Y file, as memcached ends up.
+            (&["-S", "-Y", "/etc/kv.auth"], |c| {
+                c.sasl && c.auth_file.is_some() && c.protocol == ProtocolChoice::Ascii
+            }),
+            (&["-Y", "/etc/kv.auth", "-S"], |c| {
+                c.sasl && c.auth_file.is_some() && c.protocol == ProtocolChoice::Ascii
+            }),
             (&["-e", "/dev/shm/kv"], |c| {
                 c.memory_file.as_deref() == Some(std::path::Path::new("/dev/shm/kv"))
             }),
@@ -2043,7 +2064,12 @@ mod tests {
             (&["-S", "-U", "11211"], "UDP"),
             (&["-Y", "/a", "-B", "binary"], "-Y"),
             (&["-Y", "/a", "-U", "5"], "UDP"),
-            (&["-S", "-Y", "/a"], "together"),
+            (
+                &["-S", "-Y", "/a", "-B", "binary"],
+                "-Y: ASCII authentication needs -B ascii",
+            ),
+            (&["-S", "-Y", "/a", "-B", "ascii"], "-S: SASL"),
+            (&["-S", "-Y", "/a", "-U", "5"], "-S: UDP"),
             // -o.
             (&["-o", "badopt"], "unknown -o suboption \"badopt\""),
             (&["-o", "MODERN"], "unknown -o suboption"),
@@ -2156,6 +2182,37 @@ mod tests {
         assert_eq!(notes.len(), 1, "{notes:?}");
         let (_, notes) = run(&["-o", "idle_timeout=5,debug_clock", "-t", "64"]).unwrap();
         assert!(notes.is_empty(), "{notes:?}");
+    }
+
+    /// Settings memcached accepts that do less than they seem to start with a warning.
+    #[test]
+    fn surprising_combinations_are_noted() {
+        let rows: &[(&[&str], &str)] = &[
+            (&["-S", "-Y", "/a"], "-S with -Y"),
+            (
+                &["-Z", "-o", "ssl_chain_cert=/c,ssl_verify_mode=1"],
+                "ssl_verify_mode=1 without ssl_ca_cert",
+            ),
+        ];
+        for (args, want) in rows {
+            let (_, notes) = run(args).unwrap_or_else(|e| panic!("{args:?} rejected: {e}"));
+            assert!(
+                notes.iter().any(|n| n.contains(want)),
+                "{args:?}: notes {notes:?} lack {want:?}"
+            );
+        }
+        for args in [
+            &["-Y", "/a"][..],
+            &["-S"],
+            &[
+                "-Z",
+                "-o",
+                "ssl_chain_cert=/c,ssl_verify_mode=1,ssl_ca_cert=/ca",
+            ],
+        ] {
+            let (_, notes) = run(args).unwrap_or_else(|e| panic!("{args:?} rejected: {e}"));
+            assert!(notes.is_empty(), "{args:?}: {notes:?}");
+        }
     }
 
     /// Every suboption memcached 1.6 knows (1.6.18 and the newest release), with a value

@@ -182,7 +182,8 @@ impl Auth {
             auth.sasl_pwdb = std::env::var_os(PWDB_ENV)
                 .filter(|v| !v.is_empty())
                 .map(PathBuf::from);
-            if auth.sasl_pwdb.is_none() {
+            // (With -Y, no listener speaks the binary protocol: SASL is never used.)
+            if auth.sasl_pwdb.is_none() && config.auth_file.is_none() {
                 tracing::warn!(
                     "-S without {PWDB_ENV}: no SASL user can authenticate \
                      (set it to a file of user:password lines)"
