@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use common::{Server, TIMEOUT};
+use kvtls::rustls::pki_types::pem::PemObject;
 use kvtls::testcert::{Ca, CertKey};
 
 /// A directory of PEM files for one test, removed when dropped.
@@ -442,6 +443,20 @@ fn unusable_files_refuse_to_start() {
             pki.server_opts(&format!("ssl_ca_cert={}", missing.display())),
             "Error loading the CA certificate",
         ),
+        // PEM armour around something that is not a certificate (any X.509 version is
+        // served, but it must be a certificate).
+        (
+            format!(
+                "ssl_chain_cert={},ssl_key={}",
+                pki.write(
+                    "junk.pem",
+                    &kvtls::testcert::pem("CERTIFICATE", b"\x30\x03\x02\x01\x00")
+                )
+                .display(),
+                pki.path("server.key").display()
+            ),
+            "Error loading the certificate chain",
+        ),
     ];
     for (opts, want) in cases {
         let out = std::process::Command::new(bin)
@@ -461,6 +476,450 @@ fn unusable_files_refuse_to_start() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(64), "{opts}: {err}");
         assert!(err.contains(want), "{opts}: {err}");
+    }
+}
+
+/// Start `kind` on a free loopback port with these arguments and environment variables (for
+/// memcached's Cyrus SASL configuration); `None`, with its stderr, if it exits instead.
+fn start_with_env(
+    kind: common::Kind,
+    args: &[&str],
+    envs: &[(&str, &std::ffi::OsStr)],
+) -> Result<Server, String> {
+    let program = match kind {
+        common::Kind::Kvcached => PathBuf::from(env!("CARGO_BIN_EXE_kvcached")),
+        common::Kind::Memcached => common::memcached_path(),
+    };
+    let mut last = String::new();
+    for _ in 0..5 {
+        let port = common::free_port();
+        let mut cmd = std::process::Command::new(&program);
+        cmd.args(["-l", "127.0.0.1", "-p", &port.to_string()]);
+        if common::running_as_root() {
+            cmd.args(["-u", "root"]);
+        }
+        cmd.args(args)
+            .envs(envs.iter().copied())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn server");
+        let deadline = std::time::Instant::now() + TIMEOUT;
+        let up = loop {
+            if common::listens(child.id(), port) {
+                break true;
+            }
+            if std::time::Instant::now() > deadline || matches!(child.try_wait(), Ok(Some(_))) {
+                break false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
+        if up && matches!(child.try_wait(), Ok(None)) {
+            return Ok(Server::new(kind, port, child, None));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        last.clear();
+        if let Some(mut e) = child.stderr.take() {
+            let _ = e.read_to_string(&mut last);
+        }
+    }
+    Err(last)
+}
+
+/// Whether a client without a certificate, with `good.pem` (from the test CA) and with
+/// `stranger.pem` (from another CA) is served, each on a new session made by `config`.
+fn outcomes(
+    port: u16,
+    config: impl Fn(Option<&str>) -> Arc<kvtls::rustls::ClientConfig>,
+) -> [bool; 3] {
+    [None, Some("good"), Some("stranger")]
+        .map(|cert| connect_with(port, &config(cert)).is_ok_and(|mut c| c.works()))
+}
+
+impl Pki {
+    /// `good` (from this CA) and `stranger` (from another) client certificates.
+    fn with_clients(self) -> Pki {
+        self.save("good", &self.ca.issue("client", true, false));
+        self.save(
+            "stranger",
+            &Ca::new("another CA").issue("client", true, false),
+        );
+        self
+    }
+
+    fn client_config(&self, cert: Option<&str>) -> Arc<kvtls::rustls::ClientConfig> {
+        self.client(cert).config().expect("client config")
+    }
+}
+
+/// `ssl_verify_mode=1` without `ssl_ca_cert`, which memcached accepts: a certificate is asked
+/// for, clients without one are served, and one that sends any certificate is refused (no CA
+/// to verify it by: OpenSSL's "unknown ca"). kvcached starts, warns, and does the same.
+#[test]
+fn verify_mode_1_without_a_ca_serves_clients_without_a_certificate() {
+    let pki = Pki::new("request-no-ca").with_clients();
+    let opts = pki.server_opts("ssl_verify_mode=1");
+    for kind in [common::Kind::Memcached, common::Kind::Kvcached] {
+        let server = Server::start(kind, &["-Z", "-o", &opts]);
+        assert_eq!(
+            outcomes(server.port, |c| pki.client_config(c)),
+            [true, false, false],
+            "{kind:?}: no certificate, the CA's, another CA's"
+        );
+        if kind == common::Kind::Kvcached {
+            assert!(
+                server.wait_stderr("ssl_verify_mode=1 without ssl_ca_cert", 1),
+                "{}",
+                server.stderr_so_far()
+            );
+            // Both refusals are counted (a refused client reads the alert a moment before
+            // the server counts it: poll within the harness's deadline).
+            let mut c = connect(server.port, &pki.client(None)).expect("handshake");
+            let deadline = std::time::Instant::now() + TIMEOUT;
+            let mut errors = c.stat("ssl_handshake_errors");
+            while errors.as_deref() != Some("2") && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                errors = c.stat("ssl_handshake_errors");
+            }
+            assert_eq!(errors.as_deref(), Some("2"));
+            assert_eq!(c.call("set k 0 0 1\r\nv\r\n"), "STORED\r\n");
+        }
+    }
+}
+
+/// Private keys whose PEM label names another encoding than the one inside. OpenSSL loads a
+/// PKCS#8 key under `RSA PRIVATE KEY` or `EC PRIVATE KEY`; kvcached loads PKCS#8, PKCS#1 and
+/// SEC1 whatever the label. With each, the server starts and serves (`ssl_verify_mode=1` with
+/// a CA): a client without a certificate and one with the CA's, not one with another CA's.
+/// RSA keys come from the openssl command (ring cannot generate them): skipped without it.
+#[test]
+fn keys_under_another_pem_label_are_loaded() {
+    let pki = Pki::new("key-labels").with_clients();
+    let relabel = |pem: &str, from: &str, to: &str| {
+        pem.replace(&format!("BEGIN {from}"), &format!("BEGIN {to}"))
+            .replace(&format!("END {from}"), &format!("END {to}"))
+    };
+    // (name, certificate, key file contents, whether memcached (OpenSSL) loads it too)
+    let mut cases: Vec<(&str, CertKey, String, bool)> = Vec::new();
+    let ec = pki.ca.issue("localhost", false, false);
+    let ec_pkcs8 = ec.key_pem();
+    assert!(ec_pkcs8.starts_with("-----BEGIN PRIVATE KEY-----"));
+    let ec_sec1 = kvtls::testcert::pem("EC PRIVATE KEY", &ec.key_sec1_der());
+    cases.push((
+        "ec-pkcs8-as-ec",
+        pki.ca.issue_for_key("localhost", &ec_pkcs8),
+        relabel(&ec_pkcs8, "PRIVATE KEY", "EC PRIVATE KEY"),
+        true,
+    ));
+    cases.push((
+        "ec-pkcs8-as-rsa",
+        pki.ca.issue_for_key("localhost", &ec_pkcs8),
+        relabel(&ec_pkcs8, "PRIVATE KEY", "RSA PRIVATE KEY"),
+        false,
+    ));
+    cases.push((
+        "ec-sec1-as-pkcs8",
+        pki.ca.issue_for_key("localhost", &ec_pkcs8),
+        relabel(&ec_sec1, "EC PRIVATE KEY", "PRIVATE KEY"),
+        false,
+    ));
+    let rsa = std::process::Command::new("openssl")
+        .args([
+            "genpkey",
+            "-algorithm",
+            "RSA",
+            "-pkeyopt",
+            "rsa_keygen_bits:2048",
+        ])
+        .output();
+    match rsa {
+        Ok(out) if out.status.success() => {
+            let rsa_pkcs8 = String::from_utf8_lossy(&out.stdout).into_owned();
+            let pkcs8_file = pki.write("rsa-pkcs8.key", &rsa_pkcs8);
+            let pkcs1 = std::process::Command::new("openssl")
+                .args(["pkey", "-traditional", "-in"])
+                .arg(&pkcs8_file)
+                .output()
+                .expect("openssl pkey");
+            assert!(pkcs1.status.success(), "openssl pkey -traditional");
+            let rsa_pkcs1 = String::from_utf8_lossy(&pkcs1.stdout).into_owned();
+            assert!(rsa_pkcs1.starts_with("-----BEGIN RSA PRIVATE KEY-----"));
+            cases.push((
+                "rsa-pkcs8-as-rsa",
+                pki.ca.issue_for_key("localhost", &rsa_pkcs8),
+                relabel(&rsa_pkcs8, "PRIVATE KEY", "RSA PRIVATE KEY"),
+                true,
+            ));
+            cases.push((
+                "rsa-pkcs1-as-pkcs8",
+                pki.ca.issue_for_key("localhost", &rsa_pkcs8),
+                relabel(&rsa_pkcs1, "RSA PRIVATE KEY", "PRIVATE KEY"),
+                false,
+            ));
+        }
+        _ => {
+            println!("SKIP keys_under_another_pem_label_are_loaded: RSA cases (no openssl command)")
+        }
+    }
+    let ca = format!("ssl_ca_cert={}", pki.path("ca.pem").display());
+    for (name, cert, key, memcached_loads) in cases {
+        let cert_file = pki.write(&format!("{name}.pem"), &cert.cert_pem());
+        let key_file = pki.write(&format!("{name}.key"), &key);
+        let opts = format!(
+            "ssl_chain_cert={},ssl_key={},{ca},ssl_verify_mode=1",
+            cert_file.display(),
+            key_file.display()
+        );
+        let mut kinds = vec![common::Kind::Kvcached];
+        if memcached_loads {
+            kinds.push(common::Kind::Memcached);
+        }
+        for kind in kinds {
+            let server = Server::start(kind, &["-Z", "-o", &opts]);
+            assert_eq!(
+                outcomes(server.port, |c| pki.client_config(c)),
+                [true, true, false],
+                "{kind:?} {name}: no certificate, the CA's, another CA's"
+            );
+        }
+    }
+}
+
+/// Accepts exactly one server certificate (pinned), checking the handshake's TLS 1.3
+/// signature with its public key: webpki, which rustls's verifiers use, parses X.509
+/// version 3 only, so a rustls client cannot otherwise talk to a server with a version 1
+/// certificate.
+#[derive(Debug)]
+struct Pinned {
+    cert: Vec<u8>,
+    provider: Arc<kvtls::rustls::crypto::CryptoProvider>,
+}
+
+impl kvtls::rustls::client::danger::ServerCertVerifier for Pinned {
+    fn verify_server_cert(
+        &self,
+        end_entity: &kvtls::rustls::pki_types::CertificateDer<'_>,
+        _intermediates: &[kvtls::rustls::pki_types::CertificateDer<'_>],
+        _server_name: &kvtls::rustls::pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: kvtls::rustls::pki_types::UnixTime,
+    ) -> Result<kvtls::rustls::client::danger::ServerCertVerified, kvtls::rustls::Error> {
+        if end_entity.as_ref() == self.cert.as_slice() {
+            Ok(kvtls::rustls::client::danger::ServerCertVerified::assertion())
+        } else {
+            Err(kvtls::rustls::Error::InvalidCertificate(
+                kvtls::rustls::CertificateError::UnknownIssuer,
+            ))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        _message: &[u8],
+        _cert: &kvtls::rustls::pki_types::CertificateDer<'_>,
+        _dss: &kvtls::rustls::DigitallySignedStruct,
+    ) -> Result<kvtls::rustls::client::danger::HandshakeSignatureValid, kvtls::rustls::Error> {
+        Err(kvtls::rustls::Error::General("TLS 1.3 only".into()))
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &kvtls::rustls::pki_types::CertificateDer<'_>,
+        dss: &kvtls::rustls::DigitallySignedStruct,
+    ) -> Result<kvtls::rustls::client::danger::HandshakeSignatureValid, kvtls::rustls::Error> {
+        let outline =
+            kvtls::x509::outline(cert).map_err(|e| kvtls::rustls::Error::General(e.clone()))?;
+        let spki = kvtls::rustls::pki_types::SubjectPublicKeyInfoDer::from(outline.spki);
+        kvtls::rustls::crypto::verify_tls13_signature_with_raw_key(
+            message,
+            &spki,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<kvtls::rustls::SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// An X.509 version 1 server certificate (what `openssl x509 -req` makes without
+/// extensions), which OpenSSL serves: kvcached serves it too, to a client without a
+/// certificate and one with the CA's (not another CA's) under `ssl_verify_mode=1`, as
+/// memcached does; and pymemcache, with Python's ssl (OpenSSL), verifies it against the CA.
+#[test]
+fn version_1_server_certificate_is_served() {
+    let pki = Pki::new("v1").with_clients();
+    let v1 = pki.ca.issue_v1("localhost");
+    assert_eq!(kvtls::x509::outline(&v1.cert).expect("outline").version, 1);
+    pki.save("v1", &v1);
+    let opts = format!(
+        "ssl_chain_cert={},ssl_key={},ssl_ca_cert={},ssl_verify_mode=1",
+        pki.path("v1.pem").display(),
+        pki.path("v1.key").display(),
+        pki.path("ca.pem").display()
+    );
+    let pinned = |cert: Option<&str>| {
+        let provider = kvtls::server::provider();
+        let builder = kvtls::rustls::ClientConfig::builder_with_provider(provider.clone())
+            .with_protocol_versions(&[&kvtls::rustls::version::TLS13])
+            .expect("TLS 1.3")
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(Pinned {
+                cert: v1.cert.to_vec(),
+                provider,
+            }));
+        let config = match cert {
+            None => builder.with_no_client_auth(),
+            Some(name) => {
+                let chain = kvtls::server::read_certs(&pki.path(&format!("{name}.pem")))
+                    .expect("client certificate");
+                let key = kvtls::rustls::pki_types::PrivateKeyDer::from_pem_file(
+                    pki.path(&format!("{name}.key")),
+                )
+                .expect("client key");
+                builder
+                    .with_client_auth_cert(chain, key)
+                    .expect("client auth")
+            }
+        };
+        Arc::new(config)
+    };
+    for kind in [common::Kind::Memcached, common::Kind::Kvcached] {
+        let server = Server::start(kind, &["-Z", "-o", &opts]);
+        assert_eq!(
+            outcomes(server.port, pinned),
+            [true, true, false],
+            "{kind:?}: no certificate, the CA's, another CA's"
+        );
+        let c = connect_with(server.port, &pinned(None)).expect("handshake");
+        let served = c.r.get_ref().connection().peer_certificates();
+        assert_eq!(
+            served.and_then(|chain| chain.first()).map(|c| c.to_vec()),
+            Some(v1.cert.to_vec()),
+            "{kind:?} serves the version 1 certificate"
+        );
+    }
+    let server = Server::kvcached(&["-Z", "-o", &opts]);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/tls.py");
+    let out = std::process::Command::new("/usr/bin/python3")
+        .arg(script)
+        .arg(server.port.to_string())
+        .arg(pki.path("ca.pem"))
+        .output()
+        .expect("run /usr/bin/python3 (scripts/install-deps.sh installs pymemcache)");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && text.contains("pymemcache tls: ok"),
+        "{text}"
+    );
+}
+
+/// `-S` with `-Y` (over TLS, as client libraries' TLS tests run it): memcached accepts it and
+/// ends up serving ASCII only, authenticated with the `-Y` file (`-S` makes the default
+/// protocol binary, then `-Y` makes it ASCII); `stats settings` says both are enabled. Compared
+/// with Debian's memcached (built with SASL, given a Cyrus SASL configuration): skipped if it
+/// cannot start with `-S`. A valid SASL PLAIN request in binary does not authenticate.
+#[test]
+fn sasl_with_an_ascii_auth_file_serves_ascii_authentication() {
+    let pki = Pki::new("sasl-ascii");
+    let auth = pki.write("auth", "user:pass\n");
+    let pwdb = pki.write("pwdb", "suser:spass\n");
+    let conf = pki.path("sasl");
+    std::fs::create_dir_all(&conf).expect("mkdir");
+    pki.write(
+        "sasl/memcached.conf",
+        "mech_list: plain\npwcheck_method: alwaystrue\n",
+    );
+    let opts = pki.server_opts("");
+    let auth_arg = auth.to_str().expect("utf-8 path");
+    let args = ["-Z", "-o", opts.as_str(), "-S", "-Y", auth_arg];
+    let envs = [
+        ("SASL_CONF_PATH", conf.as_os_str()),
+        ("MEMCACHED_SASL_PWDB", pwdb.as_os_str()),
+    ];
+    // The first line of the reply to each request, each on a new session.
+    let sasl_plain = {
+        let body = b"PLAIN\0suser\0spass";
+        let mut p = vec![0x80, 0x21, 0, 5, 0, 0, 0, 0];
+        p.extend_from_slice(&(body.len() as u32).to_be_bytes());
+        p.extend_from_slice(&[0; 12]);
+        p.extend_from_slice(body);
+        p.extend_from_slice(b"\r\n");
+        p
+    };
+    let requests: Vec<Vec<u8>> = vec![
+        b"get k\r\n".to_vec(),
+        b"set a 0 0 9\r\nuser nope\r\n".to_vec(),
+        b"set a 0 0 9\r\nuser pass\r\n".to_vec(),
+        sasl_plain.clone(),
+    ];
+    let transcript = |server: &Server| -> Vec<String> {
+        let mut out: Vec<String> = requests
+            .iter()
+            .map(|req| {
+                let mut c = connect(server.port, &pki.client(None)).expect("handshake");
+                c.send(req);
+                c.try_line().unwrap_or_else(|e| format!("error: {e}"))
+            })
+            .collect();
+        // Authenticated: commands work, and stats settings names both mechanisms.
+        let mut c = connect(server.port, &pki.client(None)).expect("handshake");
+        assert_eq!(c.call("set a 0 0 9\r\nuser pass\r\n"), "STORED\r\n");
+        out.push(c.call("set k 0 0 1\r\nv\r\n"));
+        c.send(b"get k\r\n");
+        out.push(c.until("END\r\n"));
+        c.send(b"stats settings\r\n");
+        let settings = c.until("END\r\n");
+        for name in [
+            "binding_protocol",
+            "auth_enabled_sasl",
+            "auth_enabled_ascii",
+        ] {
+            let line = settings
+                .lines()
+                .find(|l| l.starts_with(&format!("STAT {name} ")));
+            out.push(line.unwrap_or("missing").to_string());
+        }
+        out
+    };
+    let kv = start_with_env(common::Kind::Kvcached, &args, &envs).expect("kvcached starts");
+    let got = transcript(&kv);
+    assert_eq!(got[0], "CLIENT_ERROR unauthenticated\r\n");
+    assert_eq!(got[1], "CLIENT_ERROR authentication failure\r\n");
+    assert_eq!(got[2], "STORED\r\n");
+    assert_eq!(got[3], "CLIENT_ERROR unauthenticated\r\n");
+    assert_eq!(got[4], "STORED\r\n");
+    assert_eq!(got[5], "VALUE k 0 1\r\nv\r\nEND\r\n");
+    assert_eq!(
+        &got[6..],
+        [
+            "STAT binding_protocol ascii",
+            "STAT auth_enabled_sasl yes",
+            &format!("STAT auth_enabled_ascii {auth_arg}"),
+        ]
+    );
+    // The SASL request, though its credentials are in MEMCACHED_SASL_PWDB, did not
+    // authenticate its session.
+    let mut c = connect(kv.port, &pki.client(None)).expect("handshake");
+    c.send(&sasl_plain);
+    assert_eq!(c.line(), "CLIENT_ERROR unauthenticated\r\n");
+    assert_eq!(c.call("get k\r\n"), "CLIENT_ERROR unauthenticated\r\n");
+    assert!(kv.wait_stderr("-S with -Y", 1), "{}", kv.stderr_so_far());
+    match start_with_env(common::Kind::Memcached, &args, &envs) {
+        Ok(mc) => assert_eq!(got, transcript(&mc), "kvcached, then memcached"),
+        Err(e) => println!(
+            "SKIP sasl_with_an_ascii_auth_file_serves_ascii_authentication: memcached \
+             comparison (memcached -S did not start: {e})"
+        ),
     }
 }
 
