@@ -6,7 +6,8 @@
 //! - [`stream`]: [`TlsStream`], a TLS session over a non-blocking (or blocking) socket that
 //!   reads and writes like the socket itself.
 //! - [`x509`]: the outline of a certificate of any X.509 version, for the server's own
-//!   (webpki, which rustls checks certificates with, reads version 3 only).
+//!   (webpki, which rustls checks certificates with, reads version 3 only), read with
+//!   RustCrypto's `x509-cert`.
 //!
 //! This crate does I/O only through the socket it is given; it knows nothing of memcached's
 //! protocols or of the server.

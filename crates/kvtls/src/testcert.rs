@@ -3,6 +3,7 @@
 
 use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use x509_cert::der::{self, Reader};
 
 /// A certificate and its private key.
 pub struct CertKey {
@@ -35,17 +36,24 @@ impl CertKey {
     /// inside its PKCS#8 encoding.
     pub fn key_sec1_der(&self) -> Vec<u8> {
         let pkcs8 = self.key.serialize_der();
-        let sec1 = (|| {
-            let (info, _) = crate::x509::element(&pkcs8)?;
-            let (_, rest) = crate::x509::element(info.contents)?;
-            let (_, rest) = crate::x509::element(rest)?;
-            let (key, _) = crate::x509::element(rest)?;
-            (key.tag == 0x04).then(|| key.contents.to_vec())
+        // PrivateKeyInfo ::= SEQUENCE { version INTEGER, privateKeyAlgorithm
+        //     AlgorithmIdentifier, privateKey OCTET STRING, [0] attributes, [1] publicKey }
+        let sec1 = (|| -> der::Result<Vec<u8>> {
+            let mut reader = der::SliceReader::new(&pkcs8)?;
+            reader.sequence(|r| {
+                r.decode::<u8>()?;
+                r.decode::<der::AnyRef<'_>>()?;
+                let key = r
+                    .decode::<&der::asn1::OctetStringRef>()?
+                    .as_bytes()
+                    .to_vec();
+                while !r.is_finished() {
+                    r.decode::<der::AnyRef<'_>>()?;
+                }
+                Ok(key)
+            })
         })();
-        match sec1 {
-            Some(der) => der,
-            None => panic!("test certificate: not an EC key's PKCS#8"),
-        }
+        must(sec1)
     }
     /// The public key, DER-encoded (a `SubjectPublicKeyInfo`).
     pub fn public_key_der(&self) -> Vec<u8> {
@@ -133,7 +141,7 @@ impl Ca {
     pub fn issue_v1(&self, name: &str) -> CertKey {
         let key = must(KeyPair::generate());
         let ca_der = self.cert();
-        let issuer = must(crate::x509::outline(&ca_der)).subject.to_vec();
+        let issuer = must(crate::x509::outline(&ca_der)).subject;
         // ecdsa-with-SHA256 (1.2.840.10045.4.3.2): rcgen's keys are P-256.
         let sig_alg = der(
             0x30,
