@@ -18,8 +18,16 @@
 //!
 //! Lock order: shard → compactor → bucket stripe → evictor → pool / FIFO.
 
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::format::{self, Rec, Spec, KIND_ITEM, SEG_HDR};
+use super::segments::{Open, Queue};
+use super::write::{Commit, Outcome};
+use super::{index, lock, LogEngine, Vis};
+use crate::Time;
+
 use super::write::ShowFn;
-use super::*;
 
 #[derive(Default)]
 pub(super) struct Compactor {

@@ -1,6 +1,16 @@
 //! The `Engine` trait implemented on the log: each command's entry point.
 
-use super::*;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::format::{Rec, SEG_HDR};
+use super::meta::Step;
+use super::write::{Commit, Cond, Fail, MetaW, Outcome, Src};
+use super::{index, lock, LogEngine, Vis, MAINTAIN_BUCKETS, MAX_KEY, RETRIES};
+use crate::{
+    DebugItem, Engine, EngineStats, ItemView, MetaArith, MetaArithResult, MetaDelete,
+    MetaDeleteResult, MetaGet, MetaItem, MetaRead, MetaStoreRequest, MetaStored, ReadOptions,
+    StoreMode, StoreResult, Time, Win,
+};
 
 impl Engine for LogEngine {
     fn get(

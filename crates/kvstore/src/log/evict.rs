@@ -1,7 +1,14 @@
 //! Eviction: whole segments, oldest first, from the two FIFOs; items read since they were
 //! written are copied forward (CLOCK second chance), the rest dropped.
 
-use super::*;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::format::{self, Rec, Spec, HDR_MAX, KIND_ITEM, SEG_HDR};
+use super::repl::EvictionNotes;
+use super::segments::{Evicted, Open, Queue};
+use super::{index, lock, LogEngine, Vis};
+use crate::Time;
 
 #[derive(Default)]
 pub(super) struct Evictor {
@@ -10,13 +17,6 @@ pub(super) struct Evictor {
     /// A free segment kept for the next `dest`: when eviction runs the free list is empty,
     /// and the segment being cleaned is not free until it is done.
     pub(super) spare: Option<u32>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Evicted {
-    Nothing,
-    Kept,
-    Freed,
 }
 
 impl LogEngine {

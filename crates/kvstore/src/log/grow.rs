@@ -1,7 +1,9 @@
 //! Index growth: linear hashing, a batch of bucket splits between pin barriers, then a sweep
 //! that compacts chains and releases overflow buckets.
 
-use super::*;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::{index, lock, LogEngine, GROW_BATCH, LOAD_DEN, LOAD_NUM, SWEEP_SCAN};
 
 /// Where index growth stands (see [`LogEngine::grow`]).
 #[derive(Default)]

@@ -6,7 +6,7 @@
 //! leave (a slow client). So a segment that was leased gets a *lease block* (created by
 //! the first lease, found through [`SegMem::lease`]): a count of holders and the mapping's
 //! address. The engine frees a segment's memory only after the pin barrier that follows
-//! its last unlink, and it *detaches* the block there first ([`LogEngine::detach_leases`]):
+//! its last unlink, and it *detaches* the block there first ([`detach`]):
 //! - no holder: the block goes, and the memory is reused or unmapped as before;
 //! - holders: the mapping becomes the block's. The segment is reused with a fresh mapping
 //!   (or left without one), and the last holder to let go unmaps the old one. Its bytes
@@ -22,10 +22,9 @@
 //! instead), so clients that stop reading can hold at most that share of the cache.
 
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use super::segments::Seg;
 use super::{mem, LogEngine};
 
 /// At most `1 / LEASE_SHARE` of the memory limit may be held by leases (whole segments).
@@ -200,32 +199,30 @@ impl LeaseSite<'_> {
     }
 }
 
-impl LogEngine {
-    /// A segment no reader can reach any more (after the barrier that followed its last
-    /// unlink) is about to be reused or unmapped: end its lease block. True if holders
-    /// still read its memory: the mapping is theirs now (they unmap it, and it stays
-    /// counted as allocated until they do), and the segment is left without one.
-    pub(super) fn detach_leases(&self, seg: &Seg) -> bool {
-        let block = seg.mem.0.lease.swap(std::ptr::null_mut(), Ordering::AcqRel);
-        let Some(block) = NonNull::new(block) else {
-            return false;
-        };
-        // SAFETY: the block is alive until it is detached and its holders are gone.
-        let prev = unsafe { block.as_ref() }
-            .state
-            .fetch_or(DETACHED, Ordering::AcqRel);
-        if prev >> 1 == 0 {
-            // No holder, and none can come (see the module comment).
-            // SAFETY: nobody else refers to it.
-            drop(unsafe { Box::from_raw(block.as_ptr()) });
-            return false;
-        }
-        seg.mem.0.ptr.store(std::ptr::null_mut(), Ordering::Release);
-        seg.mem.0.cap.store(0, Ordering::Relaxed);
-        seg.mem.0.used.store(0, Ordering::Relaxed);
-        true
+/// End the lease block in `slot` (a segment's, see [`Block`]), if it has one: the segment no
+/// reader can reach any more (after the barrier that followed its last unlink) is about to
+/// be reused or unmapped. True if holders still read its memory: the mapping is theirs now
+/// (they unmap it, and it stays counted as allocated until they do), and the caller must
+/// leave the segment without it.
+pub(super) fn detach(slot: &AtomicPtr<Block>) -> bool {
+    let block = slot.swap(std::ptr::null_mut(), Ordering::AcqRel);
+    let Some(block) = NonNull::new(block) else {
+        return false;
+    };
+    // SAFETY: the block is alive until it is detached and its holders are gone.
+    let prev = unsafe { block.as_ref() }
+        .state
+        .fetch_or(DETACHED, Ordering::AcqRel);
+    if prev >> 1 == 0 {
+        // No holder, and none can come (see the module comment).
+        // SAFETY: nobody else refers to it.
+        drop(unsafe { Box::from_raw(block.as_ptr()) });
+        return false;
     }
+    true
+}
 
+impl LogEngine {
     /// Bytes of segments that leases hold (`stats slabs`: `leased_bytes`).
     pub(super) fn leased_bytes(&self) -> usize {
         self.leased.load(Ordering::Relaxed)

@@ -1,6 +1,11 @@
 //! Meta reads (`mg`): win tokens, stale items, touch and vivify in one lookup.
 
-use super::*;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::format::{Rec, META_BINARY_KEY, META_STALE};
+use super::write::{Commit, Cond, Fail, MetaW, Outcome, Src};
+use super::{index, LogEngine, Vis};
+use crate::{MetaGet, MetaItem, MetaRead, Time, Win};
 
 /// One attempt of a meta read.
 pub(super) enum Step {

@@ -164,33 +164,22 @@ mod segments;
 mod sketch;
 pub mod snapshot;
 pub mod tally;
-pub mod walk;
-mod write;
-use crate::number;
 #[cfg(test)]
 mod tests;
+pub mod walk;
+mod write;
 
-use std::collections::VecDeque;
 use std::hash::BuildHasher;
-use std::ptr::NonNull;
-use std::sync::atomic::{
-    AtomicBool, AtomicI64, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
-};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard};
 
-use crate::{
-    DebugItem, Engine, EngineConfig, EngineStats, ItemView, MetaArith, MetaArithResult, MetaDelete,
-    MetaDeleteResult, MetaGet, MetaItem, MetaRead, MetaStoreRequest, MetaStored, ReadOptions,
-    StoreMode, StoreResult, Time, Win,
-};
-use evict::{Evicted, Evictor};
-use format::{Rec, Spec, HDR_MAX, KIND_ITEM, KIND_TOMBSTONE, META_BINARY_KEY, META_STALE, SEG_HDR};
+use crate::{EngineConfig, ItemView, Time};
+use evict::Evictor;
+use format::{Rec, Spec, KIND_ITEM, META_BINARY_KEY, META_STALE};
 use grow::Grow;
 use index::{Index, Insert, IDENT_MASK};
-use meta::Step;
-use repl::EvictionNotes;
 use segments::{Fifo, Open, Pool, Queue, SegTable};
-use write::{Commit, Cond, Dest, Fail, MetaW, Outcome, Src};
+use write::{Commit, Cond, MetaW, Src};
 
 /// Largest segment (offsets must fit the slot's offset field).
 const MAX_SEG_SIZE: usize = 1 << 20;

@@ -1,8 +1,35 @@
 //! Segments: their headers (`SegTable`), the free pool, the two FIFOs sealed segments wait
 //! in, and taking, opening, sealing, releasing and retiring a segment.
 
+use std::collections::VecDeque;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::OnceLock;
+
+use super::format::{self, Spec, SEG_HDR};
+use super::{index, lock, mem, LogEngine, Padded, CHUNK};
+use crate::Time;
+
 use super::repl::{held_for_replica, Holds};
-use super::*;
+
+/// Where a record goes: an open segment at `off`.
+pub(super) struct Dest {
+    pub(super) id: u32,
+    pub(super) ptr: NonNull<u8>,
+    pub(super) off: usize,
+    pub(super) base: u64,
+    /// Bytes writable from `off`.
+    pub(super) room: usize,
+}
+
+/// What one eviction did (`evict_one`): found nothing to evict, gave the oldest segment a
+/// second chance whole, or freed it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Evicted {
+    Nothing,
+    Kept,
+    Freed,
+}
 
 #[derive(Default)]
 pub(super) struct SegMem {
@@ -193,6 +220,19 @@ impl Fifo {
 }
 
 impl LogEngine {
+    /// A segment no reader can reach any more is about to be reused or unmapped: end its
+    /// lease block ([`super::lease::detach`]). True if holders still read its memory: the
+    /// mapping is theirs now, and the segment is left without one.
+    pub(super) fn detach_leases(&self, seg: &Seg) -> bool {
+        if !super::lease::detach(&seg.mem.0.lease) {
+            return false;
+        }
+        seg.mem.0.ptr.store(std::ptr::null_mut(), Ordering::Release);
+        seg.mem.0.cap.store(0, Ordering::Relaxed);
+        seg.mem.0.used.store(0, Ordering::Relaxed);
+        true
+    }
+
     pub(super) fn new_segment(
         &self,
         p: &mut Pool,

@@ -1,7 +1,12 @@
 //! Unit tests of the log engine.
 
 use super::*;
-use crate::{ArithResult, Engine, EngineConfig, ReadOptions, StoreMode, StoreRequest, StoreResult};
+use std::ptr::NonNull;
+
+use crate::{
+    ArithResult, Engine, EngineConfig, MetaArithResult, ReadOptions, StoreMode, StoreRequest,
+    StoreResult,
+};
 
 pub(super) fn cfg(max_bytes: usize) -> EngineConfig {
     EngineConfig {

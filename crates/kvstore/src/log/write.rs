@@ -1,7 +1,19 @@
 //! The write path: a `Commit` (what to check, what to append) applied under the key's stripe
 //! lock, large items in their own segments, and store, touch, delete and incr/decr built on it.
 
-use super::*;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::MutexGuard;
+
+use super::format::{
+    self, Rec, Spec, HDR_MAX, KIND_ITEM, KIND_TOMBSTONE, META_BINARY_KEY, META_STALE, SEG_HDR,
+};
+use super::index::{Insert, IDENT_MASK};
+use super::segments::{Dest, Evicted, Open, Queue};
+use super::{index, lock, segments, tid, LogEngine, Vis, GROW_EVERY, MAX_KEY, PAGE, RETRIES};
+use crate::{
+    number, ItemView, MetaArith, MetaArithResult, MetaStoreRequest, StoreMode, StoreResult, Time,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Cond {
@@ -93,16 +105,6 @@ pub(super) struct Held<'a> {
     /// The slot and its value before the write, when a live item was replaced.
     pub(super) prev: Option<(&'a AtomicU64, u64)>,
     pub(super) v: u64,
-}
-
-/// Where a record goes: an open segment at `off`.
-pub(super) struct Dest {
-    pub(super) id: u32,
-    pub(super) ptr: NonNull<u8>,
-    pub(super) off: usize,
-    pub(super) base: u64,
-    /// Bytes writable from `off`.
-    pub(super) room: usize,
 }
 
 impl LogEngine {

@@ -67,6 +67,7 @@
 
 pub(super) mod apply;
 mod notes;
+mod remembered;
 mod serve;
 #[cfg(test)]
 mod tests;
@@ -75,7 +76,7 @@ pub(super) mod wire;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::AtomicU64;
 
-use apply::Remembered;
+use remembered::Remembered;
 pub(super) use wire::Cursor;
 pub use wire::ReplicaState;
 

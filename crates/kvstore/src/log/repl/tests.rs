@@ -3,7 +3,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
 use super::super::{lock, LogEngine};
-use super::apply::*;
+use super::remembered::*;
 use super::wire::{Cursor, Phase, Pos, ReplicaState};
 use super::{held_for_replica, Holds, Served, MAX_HOLDS};
 use crate::Time;

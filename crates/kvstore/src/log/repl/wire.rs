@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use super::super::format::SEG_HDR;
-use super::apply::Remembered;
+use super::remembered::Remembered;
 use super::ReplError;
 
 pub(in crate::log) const CURSOR_MAGIC: [u8; 4] = *b"KVRC";
