@@ -28,7 +28,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{tid, Padded};
+use super::sync::{tid, Padded};
 
 /// Uniques a thread reserves at a time.
 const RANGE: u64 = 64;

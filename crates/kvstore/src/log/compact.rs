@@ -23,8 +23,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::format::{self, Rec, Spec, KIND_ITEM, SEG_HDR};
 use super::segments::{Open, Queue};
+use super::sync::lock;
 use super::write::{Commit, Outcome};
-use super::{index, lock, LogEngine, Vis};
+use super::{index, LogEngine, Vis};
 use crate::Time;
 
 use super::write::ShowFn;

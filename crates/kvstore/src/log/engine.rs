@@ -4,8 +4,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::format::{Rec, SEG_HDR};
 use super::meta::Step;
+use super::sync::lock;
 use super::write::{Commit, Cond, Fail, MetaW, Outcome, Src};
-use super::{index, lock, LogEngine, Vis, MAINTAIN_BUCKETS, MAX_KEY, RETRIES};
+use super::{index, LogEngine, Vis, MAINTAIN_BUCKETS, MAX_KEY, RETRIES};
 use crate::{
     DebugItem, Engine, EngineStats, ItemView, MetaArith, MetaArithResult, MetaDelete,
     MetaDeleteResult, MetaGet, MetaItem, MetaRead, MetaStoreRequest, MetaStored, ReadOptions,
@@ -57,15 +58,7 @@ impl Engine for LogEngine {
 
     fn flush_all(&self, at: Time, now: Time) {
         self.tick(now);
-        let _f = lock(&self.flush_lock);
-        self.delayed_mark.store(0, Ordering::SeqCst);
-        if at <= now || at == 1 {
-            self.flush_deadline.store(0, Ordering::Release);
-            self.flush_mark
-                .fetch_max(self.cas.issued(), Ordering::SeqCst);
-        } else {
-            self.flush_deadline.store(at - 1, Ordering::Release);
-        }
+        self.flush.flush_all(at, now, || self.cas.issued());
     }
 
     fn set_max_bytes(&self, max_bytes: usize, now: Time) {
@@ -426,10 +419,7 @@ impl Engine for LogEngine {
         // has come, or anywhere during the first pass after a flush (an idle cache of items
         // without times to live costs the sweep no reads of the log).
         let every = {
-            let marks = (
-                self.flush_mark.load(Ordering::Acquire),
-                self.delayed_mark.load(Ordering::Acquire),
-            );
+            let marks = self.flush.marks();
             let mut s = lock(&self.sweep_marks);
             if s.marks != marks {
                 s.marks = marks;
@@ -437,8 +427,7 @@ impl Engine for LogEngine {
             }
             let every = s.scanned < nmain;
             s.scanned = s.scanned.saturating_add(chunk);
-            let d = self.flush_deadline.load(Ordering::Acquire);
-            every || (d != 0 && now >= d)
+            every || self.flush.deadline_passed(now)
         };
         // Nothing to look for at all (no segment's earliest expiry has come): the index is
         // not walked. A segment header each is far less than a walk of the index.

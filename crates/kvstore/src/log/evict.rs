@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::format::{self, Rec, Spec, HDR_MAX, KIND_ITEM, SEG_HDR};
 use super::repl::EvictionNotes;
 use super::segments::{Evicted, Open, Queue};
-use super::{index, lock, LogEngine, Vis};
+use super::sync::lock;
+use super::{index, LogEngine, Vis};
 use crate::Time;
 
 #[derive(Default)]

@@ -3,7 +3,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{index, lock, LogEngine, GROW_BATCH, LOAD_DEN, LOAD_NUM, SWEEP_SCAN};
+use super::sync::lock;
+use super::{index, LogEngine, GROW_BATCH, LOAD_DEN, LOAD_NUM, SWEEP_SCAN};
 
 /// Where index growth stands (see [`LogEngine::grow`]).
 #[derive(Default)]

@@ -57,15 +57,12 @@
 //! # Concurrency
 //!
 //! Locks, in the only order they are ever taken: shard → compactor → bucket stripe → evictor →
-//! pool / FIFO (shard locks of other threads are only ever `try_lock`ed). Readers take none of them: a reader holds a *pin* (the read side of one
-//! of `NPINS` reader-writer locks, picked by thread) while it loads slots and reads
-//! records. Memory is reused only after eviction has (1) unlinked every slot into the
-//! segment, each under its bucket stripe lock, and then (2) taken and released the write
-//! side of every pin lock. A reader that loaded a slot into the segment did so under a
-//! pin taken before (1) finished, so (2) waits for it; a reader that pins after (2)
-//! passed its lock synchronizes with the release and sees the unlinked slot. Records are
-//! never modified once published, and a segment is never written below its append
-//! offset, so the `&[u8]` a reader hands to its callback cannot change under it.
+//! pool / FIFO (shard locks of other threads are only ever `try_lock`ed). Readers take none
+//! of them: a reader holds a *pin* while it loads slots and reads records, and memory is
+//! reused only after every slot into it was unlinked and a barrier waited out the pins
+//! taken before (`sync.rs`, [`sync::Pins`], owns that invariant). Records are never
+//! modified once published, and a segment is never written below its append offset, so
+//! the `&[u8]` a reader hands to its callback cannot change under it.
 //!
 //! Writers (store, delete, incr/decr, touch) reserve room under their shard lock, then
 //! take the key's bucket stripe lock, check the mode's condition against the current
@@ -98,13 +95,8 @@
 //!
 //! # Flush
 //!
-//! An immediate `flush_all` records a CAS watermark (every item with a smaller CAS is
-//! dead, for good). A delayed one records its deadline `at - 1`; while the clock is at the
-//! deadline every item is dead, and the first operation after it turns the deadline into
-//! a second watermark, which a later delayed flush replaces (memcached keeps a single
-//! `oldest_live`, so items not yet removed come back until the new deadline; the model
-//! does the same). With a non-decreasing clock this is exactly "stored or accessed at or
-//! before `at - 1`": an item stored before the deadline cannot be accessed after it.
+//! `flush.rs` ([`flush::Flush`]): watermarks of CAS uniques and a pending deadline that every
+//! read consults.
 //!
 //! # Memory
 //!
@@ -153,6 +145,7 @@ mod cas;
 mod compact;
 mod engine;
 mod evict;
+mod flush;
 mod format;
 mod grow;
 mod index;
@@ -163,6 +156,7 @@ pub mod repl;
 mod segments;
 mod sketch;
 pub mod snapshot;
+mod sync;
 pub mod tally;
 #[cfg(test)]
 mod tests;
@@ -171,22 +165,22 @@ mod write;
 
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::{EngineConfig, ItemView, Time};
 use evict::Evictor;
+use flush::Flush;
 use format::{Rec, Spec, KIND_ITEM, META_BINARY_KEY, META_STALE};
 use grow::Grow;
 use index::{Index, Insert, IDENT_MASK};
 use segments::{Fifo, Open, Pool, Queue, SegTable};
+use sync::{lock, tid, Padded, Pins};
 use write::{Commit, Cond, MetaW, Src};
 
 /// Largest segment (offsets must fit the slot's offset field).
 const MAX_SEG_SIZE: usize = 1 << 20;
 const MIN_SEG_SIZE: usize = 4 << 10;
 const _: () = assert!(MAX_SEG_SIZE <= index::MAX_OFFSET);
-/// Reader pin locks (threads share them round-robin beyond this).
-const NPINS: usize = 64;
 /// The index may grow to one main slot per this many bytes of `-m` (it is sized to the
 /// items it holds; beyond this many items it becomes lossy).
 const BYTES_PER_SLOT: usize = 32;
@@ -266,10 +260,6 @@ fn ttl_classes(segments: usize, shards: usize) -> (Box<[u32]>, usize) {
     let ways = (open / bounds.len()).clamp(1, shards);
     (bounds.into_boxed_slice(), ways)
 }
-
-#[derive(Default)]
-#[repr(align(64))]
-struct Padded<T>(T);
 
 /// The engine's event counters, one set per thread (see [`LogEngine::st`]): a write or a
 /// read that counts something touches its own thread's cache line, not one every thread
@@ -356,19 +346,6 @@ struct Peek<'a> {
     stale: bool,
 }
 
-static NEXT_TID: AtomicUsize = AtomicUsize::new(0);
-thread_local! {
-    static TID: usize = NEXT_TID.fetch_add(1, Ordering::Relaxed);
-}
-
-fn tid() -> usize {
-    TID.try_with(|t| *t).unwrap_or(0)
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// The log-structured storage engine. See the module documentation.
 pub struct LogEngine {
     max_item_size: usize,
@@ -400,7 +377,8 @@ pub struct LogEngine {
     live: Box<[Padded<AtomicI64>]>,
     /// Index growth, one thread at a time, and its pending steps.
     grow_lock: Mutex<Grow>,
-    pins: Box<[Padded<RwLock<()>>]>,
+    /// Readers' pins, and the barrier reclaiming memory waits on (`sync.rs`).
+    pins: Pins,
     /// CAS uniques (see `cas`).
     cas: cas::CasClock,
     seg_seq: AtomicU64,
@@ -412,14 +390,8 @@ pub struct LogEngine {
     leased: Arc<AtomicUsize>,
     /// Highest `now` seen (eviction's idea of the time).
     clock: AtomicU32,
-    flush_deadline: AtomicU32,
-    /// Items with a smaller CAS were flushed by an immediate flush (for good).
-    flush_mark: AtomicU64,
-    /// Items with a smaller CAS were flushed by the last delayed flush once it passed;
-    /// a newer delayed flush replaces it (memcached keeps one `oldest_live`).
-    delayed_mark: AtomicU64,
-    /// Serializes flush_all and the turning of a passed deadline into `delayed_mark`.
-    flush_lock: Mutex<()>,
+    /// `flush_all`'s watermarks and pending deadline (`flush.rs`).
+    flush: Flush,
     maint_cursor: AtomicUsize,
     /// The flush watermarks the sweep last saw, and the buckets it has scanned since they
     /// changed (see `maintain`).
@@ -504,17 +476,14 @@ impl LogEngine {
             shard_items: (0..nshards).map(|_| Padded::default()).collect(),
             live: (0..nshards).map(|_| Padded::default()).collect(),
             grow_lock: Mutex::new(Grow::default()),
-            pins: (0..NPINS).map(|_| Padded::default()).collect(),
+            pins: Pins::new(),
             cas: cas::CasClock::new(),
             seg_seq: AtomicU64::new(1),
             max_bytes: AtomicUsize::new(max_bytes),
             allocated: Arc::new(AtomicUsize::new(0)),
             leased: Arc::new(AtomicUsize::new(0)),
             clock: AtomicU32::new(0),
-            flush_deadline: AtomicU32::new(0),
-            flush_mark: AtomicU64::new(0),
-            delayed_mark: AtomicU64::new(0),
-            flush_lock: Mutex::new(()),
+            flush: Flush::default(),
             maint_cursor: AtomicUsize::new(0),
             sweep_marks: Mutex::new(SweepMarks {
                 marks: (0, 0),
@@ -782,28 +751,14 @@ impl LogEngine {
     /// Advance the clock and turn a passed delayed flush into a watermark.
     #[inline]
     fn tick(&self, now: Time) {
-        let d = self.flush_deadline.load(Ordering::Acquire);
-        if d != 0 && now > d {
-            let _f = lock(&self.flush_lock);
-            if self.flush_deadline.load(Ordering::Acquire) == d {
-                // Every item stored so far was stored or accessed at or before `d`.
-                self.delayed_mark.store(self.cas.issued(), Ordering::SeqCst);
-                self.flush_deadline.store(0, Ordering::Release);
-            }
-        }
+        self.flush.tick(now, || self.cas.issued());
         if now > self.clock.load(Ordering::Relaxed) {
             self.clock.fetch_max(now, Ordering::Relaxed);
         }
     }
 
     fn vis(&self, r: &Rec<'_>, now: Time) -> Vis {
-        if r.cas < self.flush_mark.load(Ordering::Acquire)
-            || r.cas < self.delayed_mark.load(Ordering::Acquire)
-        {
-            return Vis::Flushed;
-        }
-        let d = self.flush_deadline.load(Ordering::Acquire);
-        if d != 0 && now >= d {
+        if self.flush.flushed(r.cas, now) {
             return Vis::Flushed;
         }
         if r.exptime != 0 && r.exptime <= now {
@@ -812,33 +767,20 @@ impl LogEngine {
         Vis::Live
     }
 
-    fn pin(&self) -> RwLockReadGuard<'_, ()> {
-        let p = &self.pins[tid() % NPINS].0;
-        p.read().unwrap_or_else(|e| e.into_inner())
+    /// Pin this thread's reader lock (see [`Pins`]).
+    #[inline]
+    fn pin(&self) -> sync::Pin<'_> {
+        self.pins.pin()
     }
 
-    /// [`LogEngine::barrier`], or (unless `block`) false at once if a reader still holds
-    /// a pin lock (the caller tries again later: every lock taken once still counts).
+    /// [`Pins::try_barrier`].
     fn try_barrier(&self, block: bool) -> bool {
-        if block {
-            self.barrier();
-            return true;
-        }
-        for p in self.pins.iter() {
-            match p.0.try_write() {
-                Ok(g) => drop(g),
-                Err(std::sync::TryLockError::Poisoned(e)) => drop(e.into_inner()),
-                Err(std::sync::TryLockError::WouldBlock) => return false,
-            }
-        }
-        true
+        self.pins.try_barrier(block)
     }
 
-    /// Wait until every reader that pinned before this call has unpinned.
+    /// [`Pins::barrier`].
     fn barrier(&self) {
-        for p in self.pins.iter() {
-            drop(p.0.write().unwrap_or_else(|e| e.into_inner()));
-        }
+        self.pins.barrier();
     }
 
     /// The record a slot value points at.

@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize
 use std::sync::OnceLock;
 
 use super::format::{self, Spec, SEG_HDR};
-use super::{index, lock, mem, LogEngine, Padded, CHUNK};
+use super::sync::{lock, Padded};
+use super::{index, mem, LogEngine, CHUNK};
 use crate::Time;
 
 use super::repl::{held_for_replica, Holds};

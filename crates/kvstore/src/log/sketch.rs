@@ -12,7 +12,7 @@
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use super::mem::ZeroedSlice;
-use super::{tid, Padded};
+use super::sync::{tid, Padded};
 
 /// Additions between halvings: this fraction of the counters, so that at most a quarter
 /// of them is nonzero for each key seen once, and a key never seen has both its counters

@@ -27,9 +27,9 @@ use super::repl::ReplError;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::format::{self, KIND_ITEM, SEG_HDR};
+use super::sync::{lock, tid};
 use super::{
-    compact, index, lock, mem, segments::Seg, tid, Insert, LogEngine, Queue, Rec, Vis, MAX_KEY,
-    PAGE,
+    compact, index, mem, segments::Seg, Insert, LogEngine, Queue, Rec, Vis, MAX_KEY, PAGE,
 };
 use crate::Engine;
 use crate::Time;

@@ -9,7 +9,7 @@
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
-use super::{tid, Padded};
+use super::sync::{tid, Padded};
 
 /// Size bands at most (memcached's classes are 1 to 63).
 pub const MAX_BANDS: usize = 64;

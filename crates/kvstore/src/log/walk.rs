@@ -3,7 +3,8 @@
 //! `lru_crawler metadump` streams from).
 
 use super::format::KIND_ITEM;
-use super::{lock, LogEngine, Vis};
+use super::sync::lock;
+use super::{LogEngine, Vis};
 use crate::Time;
 
 /// What [`LogEngine::digest`] returns.

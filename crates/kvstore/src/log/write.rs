@@ -10,7 +10,8 @@ use super::format::{
 };
 use super::index::{Insert, IDENT_MASK};
 use super::segments::{Dest, Evicted, Open, Queue};
-use super::{index, lock, segments, tid, LogEngine, Vis, GROW_EVERY, MAX_KEY, PAGE, RETRIES};
+use super::sync::{lock, tid};
+use super::{index, segments, LogEngine, Vis, GROW_EVERY, MAX_KEY, PAGE, RETRIES};
 use crate::{
     number, ItemView, MetaArith, MetaArithResult, MetaStoreRequest, StoreMode, StoreResult, Time,
 };
@@ -183,9 +184,7 @@ impl LogEngine {
             _ => {
                 // At or above the stripe's floor (the key's records and tombstones) and
                 // the flush marks (a store after a flush survives it).
-                let floor = (*g)
-                    .max(self.flush_mark.load(Ordering::Acquire))
-                    .max(self.delayed_mark.load(Ordering::Acquire));
+                let floor = (*g).max(self.flush.floor());
                 (
                     self.cas.draw(floor),
                     0,

@@ -7,7 +7,8 @@ use std::sync::atomic::Ordering;
 use super::super::format::{
     self, Rec, KIND_ITEM, KIND_TOMBSTONE, META_BINARY_KEY, META_STALE, SEG_HDR,
 };
-use super::super::{index, lock, Commit, Cond, LogEngine, MetaW, Src};
+use super::super::sync::lock;
+use super::super::{index, Commit, Cond, LogEngine, MetaW, Src};
 use super::remembered::{forget_before, remember_tombstone};
 use super::wire::{
     chunk, Cursor, Phase, Pos, Reader, ReplicaState, BATCH_HDR, BATCH_MAGIC, CHUNK_COMPLETE,
@@ -191,12 +192,7 @@ impl LogEngine {
             _ => return Err(ReplError("unknown batch kind")),
         }
         // The master's flush state and version counter (items carry its versions).
-        {
-            let _f = lock(&self.flush_lock);
-            self.flush_mark.store(flush_mark, Ordering::SeqCst);
-            self.delayed_mark.store(delayed_mark, Ordering::SeqCst);
-            self.flush_deadline.store(deadline, Ordering::Release);
-        }
+        self.flush.adopt(flush_mark, delayed_mark, deadline);
         self.cas.observe(next_cas);
         Ok(applied)
     }

@@ -6,7 +6,8 @@
 use std::sync::atomic::Ordering;
 
 use super::super::format::{Rec, HDR_MAX, KIND_ITEM, KIND_TOMBSTONE};
-use super::super::{lock, tid, LogEngine};
+use super::super::sync::{lock, tid};
+use super::super::LogEngine;
 use super::{held_for_replica, EvictionNotes, Holds, Version};
 
 /// Evictions waiting to be logged at most; beyond, replicas keep those items (counted).

@@ -4,7 +4,8 @@
 use std::sync::atomic::Ordering;
 
 use super::super::format::{self, KIND_ITEM, KIND_TOMBSTONE, SEG_HDR};
-use super::super::{index, lock, LogEngine, Vis};
+use super::super::sync::lock;
+use super::super::{index, LogEngine, Vis};
 use super::wire::{
     finish_chunk, put_chunk_header, skip_chunk, Cursor, Phase, Pos, BATCH_MAGIC, B_FLAGS,
     CHUNK_COMPLETE, FLAG_COMPLETE, FLAG_DONE, KIND_RESET, KIND_SNAPSHOT, KIND_SWITCH, KIND_TAIL,
@@ -61,10 +62,11 @@ impl LogEngine {
         out.push(0);
         out.push(0);
         out.extend_from_slice(&self.seg_seq.load(Ordering::SeqCst).to_le_bytes());
-        out.extend_from_slice(&self.flush_mark.load(Ordering::SeqCst).to_le_bytes());
-        out.extend_from_slice(&self.delayed_mark.load(Ordering::SeqCst).to_le_bytes());
+        let (mark, delayed) = self.flush.shipped_marks();
+        out.extend_from_slice(&mark.to_le_bytes());
+        out.extend_from_slice(&delayed.to_le_bytes());
         out.extend_from_slice(&self.cas.reserved().to_le_bytes());
-        out.extend_from_slice(&self.flush_deadline.load(Ordering::Acquire).to_le_bytes());
+        out.extend_from_slice(&self.flush.deadline().to_le_bytes());
         let offset = self.log_offset();
         out.extend_from_slice(&offset.to_le_bytes());
         (at, offset)

@@ -2,7 +2,8 @@ use std::collections::BTreeMap;
 
 use std::sync::atomic::Ordering;
 
-use super::super::{lock, LogEngine};
+use super::super::sync::lock;
+use super::super::LogEngine;
 use super::remembered::*;
 use super::wire::{Cursor, Phase, Pos, ReplicaState};
 use super::{held_for_replica, Holds, Served, MAX_HOLDS};
