@@ -28,7 +28,7 @@
 //!   are spread over shards round-robin), so writers of different shards never share an
 //!   append lock.
 //! * **TTL classes**: an item with a time to live goes instead to the open segment of its
-//!   TTL class (geometric classes from 1 s to `TTL_SPAN`, see [`ttl_classes`]), so the
+//!   TTL class (`ttl.rs`: geometric classes from 1 s to 36 hours), so the
 //!   items of a segment expire about together. A segment keeps the latest expiry it was
 //!   given (`SegAcct::max_exp`), and the earliest (`SegAcct::min_exp`: `maintain`'s sweep
 //!   of the index reads no record of a segment before it, see [`SweepMarks`]);
@@ -160,6 +160,7 @@ mod sync;
 pub mod tally;
 #[cfg(test)]
 mod tests;
+mod ttl;
 pub mod walk;
 mod write;
 
@@ -175,6 +176,7 @@ use grow::Grow;
 use index::{Index, Insert, IDENT_MASK};
 use segments::{Fifo, Open, Pool, Queue, SegTable};
 use sync::{lock, tid, Padded, Pins};
+use ttl::TtlClasses;
 use write::{Commit, Cond, MetaW, Src};
 
 /// Largest segment (offsets must fit the slot's offset field).
@@ -234,33 +236,6 @@ struct SweepMarks {
 
 /// Main buckets `maintain` scans per call (each a cache line of 8 slots).
 const MAINTAIN_BUCKETS: usize = 1 << 16;
-/// TTL classes cover times to live from 1 s to this many seconds (36 h), in geometric
-/// steps; items that live longer (or forever) go to their shard's segment.
-const TTL_SPAN: u32 = 1 << 17;
-/// At most this many TTL classes (a ratio of 1.097 between neighbours).
-const MAX_TTL_CLASSES: usize = 128;
-
-/// The TTL classes for an engine of `segments` segments and `shards` shards: their upper
-/// bounds and the open segments per class. Their open segments take at most an eighth of
-/// the segments (as the shards' do), so a small cache gets few, coarse classes and a very
-/// small one none.
-fn ttl_classes(segments: usize, shards: usize) -> (Box<[u32]>, usize) {
-    let open = segments / 8;
-    let n = open.min(MAX_TTL_CLASSES);
-    if n < 2 {
-        return (Box::new([]), 1);
-    }
-    let mut bounds: Vec<u32> = Vec::with_capacity(n);
-    for i in 1..=n {
-        let b = f64::from(TTL_SPAN).powf(i as f64 / n as f64).ceil() as u32;
-        let b = b.max(bounds.last().map_or(2, |&l| l + 1));
-        bounds.push(b.min(TTL_SPAN));
-    }
-    bounds.dedup();
-    let ways = (open / bounds.len()).clamp(1, shards);
-    (bounds.into_boxed_slice(), ways)
-}
-
 /// The engine's event counters, one set per thread (see [`LogEngine::st`]): a write or a
 /// read that counts something touches its own thread's cache line, not one every thread
 /// writes. [`Totals`] sums them for `stats`.
@@ -363,15 +338,8 @@ pub struct LogEngine {
     /// no_evict only: compaction's segment and spare (see `compact.rs`).
     compactor: Mutex<compact::Compactor>,
     shards: Box<[Padded<Mutex<Option<Open>>>]>,
-    /// Open segments of items with a time to live, `ttl_ways` per TTL class (see
-    /// [`ttl_classes`]): items that expire about together share segments, so a segment
-    /// empties by expiry soon after its items' time is up instead of when its longest-lived
-    /// neighbour's is. Each plays a shard's part in the lock order.
-    ttl_open: Box<[Padded<Mutex<Option<Open>>>]>,
-    /// Exclusive upper bounds, in seconds, of the TTL classes (empty: no classes, the
-    /// memory is too small for their open segments).
-    ttl_bounds: Box<[u32]>,
-    ttl_ways: usize,
+    /// Open segments of items with a time to live, by how long they live (`ttl.rs`).
+    ttl: TtlClasses,
     shard_items: Box<[Padded<AtomicU64>]>,
     /// Items the index points at, summed over cells (a cell may go negative).
     live: Box<[Padded<AtomicI64>]>,
@@ -452,7 +420,6 @@ impl LogEngine {
         }
         let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
         let nshards = (cpus * 2).clamp(2, 16).min((budget / seg_size / 8).max(1));
-        let (ttl_bounds, ttl_ways) = ttl_classes(budget / seg_size, nshards);
         LogEngine {
             max_item_size: config.max_item_size,
             config: config.clone(),
@@ -468,11 +435,7 @@ impl LogEngine {
             evictor: Mutex::new(Evictor::default()),
             compactor: Mutex::new(compact::Compactor::default()),
             shards: (0..nshards).map(|_| Padded::default()).collect(),
-            ttl_open: (0..ttl_bounds.len() * ttl_ways)
-                .map(|_| Padded::default())
-                .collect(),
-            ttl_bounds,
-            ttl_ways,
+            ttl: TtlClasses::new(budget / seg_size, nshards),
             shard_items: (0..nshards).map(|_| Padded::default()).collect(),
             live: (0..nshards).map(|_| Padded::default()).collect(),
             grow_lock: Mutex::new(Grow::default()),

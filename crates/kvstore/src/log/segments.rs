@@ -394,8 +394,9 @@ impl LogEngine {
                 changed = true;
             }
         }
-        for shard in self.shards.iter().chain(self.ttl_open.iter()) {
-            if let Ok(mut sh) = shard.0.try_lock() {
+        let shards = self.shards.iter().map(|s| &s.0);
+        for shard in shards.chain(self.ttl.slots().map(|(s, _)| s)) {
+            if let Ok(mut sh) = shard.try_lock() {
                 if let Some(o) = sh.take() {
                     self.seal(o, Queue::Small);
                     changed = true;
@@ -694,9 +695,8 @@ impl LogEngine {
     /// Shard locks are only tried (a writer holding one is busy with it and will come
     /// back).
     pub(super) fn seal_aged(&self, now: Time) {
-        for (i, slot) in self.ttl_open.iter().enumerate() {
-            let longest = self.ttl_bounds.get(i / self.ttl_ways).copied().unwrap_or(1);
-            let Ok(mut sh) = slot.0.try_lock() else {
+        for (slot, longest) in self.ttl.slots() {
+            let Ok(mut sh) = slot.try_lock() else {
                 continue;
             };
             if let Some(o) = *sh {

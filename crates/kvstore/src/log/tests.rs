@@ -1107,21 +1107,21 @@ fn size_tally_counts_evictions_and_matches_curr_items() {
 #[test]
 fn ttl_classes_fit_the_memory() {
     // A very small cache has no classes; a larger one more, finer ones.
-    assert!(ttl_classes(15, 2).0.is_empty());
-    let (small, ways) = ttl_classes(56, 4);
+    assert!(super::ttl::ttl_classes(15, 2).0.is_empty());
+    let (small, ways) = super::ttl::ttl_classes(56, 4);
     assert_eq!((small.len(), ways), (7, 1));
-    let (large, ways) = ttl_classes(2048, 4);
-    assert_eq!((large.len(), ways), (MAX_TTL_CLASSES, 2));
+    let (large, ways) = super::ttl::ttl_classes(2048, 4);
+    assert_eq!((large.len(), ways), (super::ttl::MAX_TTL_CLASSES, 2));
     // From a ratio of 2 at the short end to under 1.1 at the long end.
     assert!(large[large.len() - 1] as f64 / (large[large.len() - 2] as f64) < 1.1);
     for b in [&small, &large] {
         assert!(b.windows(2).all(|w| w[0] < w[1]), "{b:?}");
         assert!(b[0] >= 2);
-        assert_eq!(b.last(), Some(&TTL_SPAN));
+        assert_eq!(b.last(), Some(&super::ttl::TTL_SPAN));
     }
     // The open segments of the classes take at most an eighth of the segments.
     for segs in [16, 56, 100, 1000, 100_000] {
-        let (b, w) = ttl_classes(segs, 16);
+        let (b, w) = super::ttl::ttl_classes(segs, 16);
         assert!(b.len() * w <= segs / 8, "{segs}: {} x {w}", b.len());
     }
 }
@@ -1129,7 +1129,7 @@ fn ttl_classes_fit_the_memory() {
 #[test]
 fn expired_segments_are_freed_whole() {
     let e = LogEngine::new(cfg(64 << 20));
-    assert!(!e.ttl_bounds.is_empty());
+    assert!(!e.ttl.bounds().is_empty());
     // Items that live 5 s fill a few segments of their class; items that never expire
     // and items that live an hour go elsewhere.
     let value = [7u8; 1000];
@@ -1162,7 +1162,7 @@ fn expired_segments_are_freed_whole() {
     // After it the full segments of the class go at once; the open one is sealed once
     // its first items have all expired (the class's longest time to live, 6 s, after it
     // was opened), and goes too.
-    assert_eq!(e.ttl_bounds[0], 6);
+    assert_eq!(e.ttl.bounds()[0], 6);
     e.maintain(106, true);
     let expired = e.totals().segments_expired;
     assert!(expired >= 3, "{expired} segments expired");
@@ -1273,13 +1273,12 @@ fn expired_items_hold_little_memory() {
     let e = LogEngine::new(cfg(16 << 20));
     let (worst, live) = ttl_workload(&e, 150, 3000, 2);
     let mut plain = LogEngine::new(cfg(16 << 20));
-    plain.ttl_bounds = Box::new([]);
-    plain.ttl_open = Box::new([]);
+    plain.ttl = super::ttl::TtlClasses::none();
     let (plain_worst, plain_live) = ttl_workload(&plain, 150, 3000, 2);
     println!(
         "TTL classes {:?}: expired bytes at most {:.1}% of the limit, {live:.0} live items; \
          without: {:.1}%, {plain_live:.0}",
-        e.ttl_bounds,
+        e.ttl.bounds(),
         worst * 100.0,
         plain_worst * 100.0
     );
@@ -1307,13 +1306,12 @@ fn ttl_workload_1g() {
     for classes in [true, false] {
         let mut e = LogEngine::new(cfg(1 << 30));
         if !classes {
-            e.ttl_bounds = Box::new([]);
-            e.ttl_open = Box::new([]);
+            e.ttl = super::ttl::TtlClasses::none();
         }
         let (worst, live) = ttl_workload(&e, 150, 200_000, 5);
         println!(
             "1 GiB, {} TTL classes: expired bytes at most {:.2}% of the limit, {live:.0} live items",
-            e.ttl_bounds.len(),
+            e.ttl.bounds().len(),
             worst * 100.0
         );
     }
@@ -1331,10 +1329,8 @@ fn busy_ttl_class_falls_back_to_the_shard() {
     assert!(matches!(e.store(ttl(b"a"), 100), StoreResult::Stored(_)));
     assert_eq!(e.totals().ttl_class_busy, 0);
     // Another writer holds every open segment of the class (10 s lives in class 1).
-    assert_eq!(e.ttl_bounds.partition_point(|&b| b <= 10), 1);
-    let held: Vec<_> = (0..e.ttl_ways)
-        .map(|w| lock(&e.ttl_open[e.ttl_ways + w].0))
-        .collect();
+    assert_eq!(e.ttl.bounds().partition_point(|&b| b <= 10), 1);
+    let held = e.ttl.lock_class(1);
     assert!(matches!(e.store(ttl(b"b"), 100), StoreResult::Stored(_)));
     assert_eq!(e.totals().ttl_class_busy, 1);
     drop(held);

@@ -11,6 +11,7 @@ use super::format::{
 use super::index::{Insert, IDENT_MASK};
 use super::segments::{Dest, Evicted, Open, Queue};
 use super::sync::{lock, tid};
+use super::ttl::Slot;
 use super::{index, segments, LogEngine, Vis, GROW_EVERY, MAX_KEY, PAGE, RETRIES};
 use crate::{
     number, ItemView, MetaArith, MetaArithResult, MetaStoreRequest, StoreMode, StoreResult, Time,
@@ -366,21 +367,12 @@ impl LogEngine {
     /// (it then expires with less company, and no writer ever waits for another's class).
     fn open_for(&self, exptime: Option<Time>, now: Time) -> MutexGuard<'_, Option<Open>> {
         if let Some(e) = exptime.filter(|&e| e > now) {
-            let class = self.ttl_bounds.partition_point(|&b| b <= e - now);
-            if class < self.ttl_bounds.len() {
-                let first = tid();
-                for w in 0..self.ttl_ways {
-                    let i = class * self.ttl_ways + (first + w) % self.ttl_ways;
-                    let Some(slot) = self.ttl_open.get(i) else {
-                        break;
-                    };
-                    match slot.0.try_lock() {
-                        Ok(g) => return g,
-                        Err(std::sync::TryLockError::Poisoned(p)) => return p.into_inner(),
-                        Err(std::sync::TryLockError::WouldBlock) => {}
-                    }
+            match self.ttl.try_open(e - now, tid()) {
+                Slot::Open(g) => return g,
+                Slot::Busy => {
+                    self.st().ttl_class_busy.fetch_add(1, Ordering::Relaxed);
                 }
-                self.st().ttl_class_busy.fetch_add(1, Ordering::Relaxed);
+                Slot::NoClass => {}
             }
         }
         lock(&self.shards[tid() % self.shards.len()].0)
