@@ -179,7 +179,7 @@ pub struct Served {
     /// The replica followed this engine's upstream and continues here without a full
     /// sync (a switch batch).
     pub switched: bool,
-    /// This engine's log offset when the batch was made ([`LogEngine::log_offset`]).
+    /// This engine's log offset when the batch was made ([`super::LogEngine::log_offset`]).
     pub log_offset: u64,
 }
 

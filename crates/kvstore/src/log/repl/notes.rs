@@ -61,7 +61,7 @@ impl LogEngine {
     }
 
     /// Log the tombstones noted since the last call: for an evicted record, one that
-    /// removes it and older copies ([`eviction_tombstone`]); for a tombstone of a freed
+    /// removes it and older copies (`eviction_tombstone`); for a tombstone of a freed
     /// segment, the same tombstone again. Called by the maintenance tick and before
     /// serving a pull, never under the engine's locks.
     pub fn repl_log_evictions(&self) {
