@@ -50,6 +50,12 @@ impl LogEngine {
             self.clean(id);
         }
         self.st().segments_evicted.fetch_add(1, Ordering::Relaxed);
+        // A replica that has not read it skips it, once what it held is logged anew (what
+        // was copied forward is in the log already).
+        if self.repl.active.load(Ordering::Relaxed) {
+            let wanted = lock(&self.repl.holds).clone();
+            self.relog_if_wanted(id, &wanted);
+        }
         self.retire(id);
         self.barrier();
         let over = self.allocated.load(Ordering::Relaxed) > self.budget();

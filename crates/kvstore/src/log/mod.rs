@@ -124,13 +124,13 @@
 //!   without one (a log reader would miss it). Flushes are not logged.
 //! * Flushes travel to replicas as watermarks in every batch, not as log records (see
 //!   `repl/`); warm restart (`dump`/`restore`) writes the live items, not the log.
-//! * A replica whose cursor still needs a segment that eviction or compaction took out of
-//!   the log resynchronizes fully (they free memory a write needs, and do not wait). The
-//!   maintenance pass, which frees segments whose items all expired or died, keeps those a
-//!   replica served with `repl_serve_as` has not read (up to the backlog, by default a
-//!   sixteenth of the limit, `repl_hold`, `set_repl_backlog`); past the backlog it frees
-//!   them after logging anew a tombstone for each of their items whose key has no newer
-//!   item and each of their tombstones (`relog_for_skip`), and the replica skips them.
+//! * A replica whose cursor still needs a segment that compaction (`no_evict`) took out of
+//!   the log resynchronizes fully. The maintenance pass, which frees segments whose items
+//!   all expired or died, keeps those a replica served with `repl_serve_as` has not read
+//!   (up to the backlog, by default a sixteenth of the limit, `repl_hold`,
+//!   `set_repl_backlog`); past the backlog, and whenever eviction (which does not wait)
+//!   frees one, a tombstone for each record whose key has no current item elsewhere is
+//!   logged anew first (`relog_for_skip`), and the replica skips the segment.
 //! * The index never shrinks, and its largest size is fixed by the starting `-m` (one main
 //!   slot per 32 bytes): raising the limit later (`cache_memlimit`) adds segments only.
 //! * A reader that records an access (or a last-access time) on a slot while a split or

@@ -746,9 +746,10 @@ impl LogEngine {
         expired.len()
     }
 
-    /// Segment `id` (ours, out of the FIFO, about to be freed): if a replica of `wanted`
-    /// has not read all of it, log anew what that replica would miss by skipping it.
-    fn relog_if_wanted(&self, id: u32, wanted: &Holds) {
+    /// Segment `id` (ours, out of the FIFO, about to be freed by the maintenance pass or by
+    /// eviction): if a replica of `wanted` has not read all of it, log anew what that
+    /// replica would miss by skipping it.
+    pub(super) fn relog_if_wanted(&self, id: u32, wanted: &Holds) {
         if wanted.is_empty() {
             return;
         }

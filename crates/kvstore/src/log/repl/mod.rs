@@ -14,10 +14,9 @@
 //!   published records after the replica's offset, verbatim, up to a byte budget. If a
 //!   segment the replica had not finished is gone (evicted), the replica fell behind the
 //!   retained log: the master answers with a reset and the replica resynchronizes. A
-//!   segment the maintenance pass freed while a known replica still needed it (expired
-//!   whole or dead, past the backlog) is the exception: the master logged anew what a
-//!   replica skipping it would miss (`relog_for_skip`), and tells the replica it is
-//!   complete (an empty chunk).
+//!   segment the maintenance pass or eviction freed while a known replica still needed it
+//!   is the exception: the master logged anew what a replica skipping it would miss
+//!   (`relog_for_skip`), and tells the replica it is complete (an empty chunk).
 //! * **Full sync.** A new replica (or one after a reset) gets a *reset* batch holding a
 //!   starting cursor (the open segments and their lengths, and `below` = the next
 //!   sequence number), then a snapshot of the live items of every segment below that

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 
 use super::super::format::{Rec, HDR_MAX, KIND_ITEM, KIND_TOMBSTONE};
 use super::super::sync::{lock, tid};
-use super::super::LogEngine;
+use super::super::{index, LogEngine};
 use super::{held_for_replica, EvictionNotes, Holds, Version};
 
 /// Evictions waiting to be logged at most; beyond, replicas keep those items (counted).
@@ -71,17 +71,18 @@ impl LogEngine {
         }
     }
 
-    /// Sealed segment `id` (ours, out of the FIFO, not yet cleaned) is about to be freed
-    /// by the maintenance pass while a replica still needs it: log anew what a replica
-    /// that skips it would miss, so that it can skip it instead of resynchronizing fully.
-    /// That is a tombstone for each item of the segment whose key has no newer item now
-    /// (it expired, was flushed, or is the one the index still points at: the replica may
-    /// hold an older version of its key, which the master no longer has; one unlinked
-    /// already by the sweep or a read counts too), and each tombstone of the segment (the
-    /// replica may hold the item it deleted). An item whose key has a newer one needs
-    /// nothing: the replica reads the newer one where it is. Then `seq` is remembered as
-    /// skippable. Nothing is remembered if the tombstones do not all fit the queue (the
-    /// replica then resynchronizes, as before).
+    /// Sealed segment `id` (ours, out of the FIFO) is about to be freed, by the maintenance
+    /// pass (before it unlinks the segment's expired items) or by eviction (after it copied
+    /// forward what it keeps), while a replica still needs it: log anew what a replica that
+    /// skips it would miss, so that it can skip it instead of resynchronizing fully. That is
+    /// a tombstone for each record of the segment whose key has no current item elsewhere:
+    /// for an item (expired, flushed, evicted, or the one the index still points at here),
+    /// one that removes it and older versions (the replica may hold an older version, which
+    /// the master no longer has); for a tombstone, the same tombstone (the replica may hold
+    /// the item it deleted). A key whose current item lies elsewhere needs nothing: the
+    /// replica reads that item where it is. Then `seq` is remembered as skippable. Nothing
+    /// is remembered if the tombstones do not all fit the queue (the replica then
+    /// resynchronizes, as before).
     pub(in crate::log) fn relog_for_skip(&self, id: u32, seq: u64) {
         let Some(seg) = self.segs.get(id) else {
             return;
@@ -91,7 +92,7 @@ impl LogEngine {
         };
         let used = seg.mem.0.used.load(Ordering::Acquire);
         let mut notes = EvictionNotes::default();
-        let mut note = |r: &Rec<'_>| {
+        let mut note = |here: usize, r: &Rec<'_>| {
             if notes.len() >= MAX_PENDING_EVICTIONS {
                 return false;
             }
@@ -99,13 +100,15 @@ impl LogEngine {
                 return true;
             }
             let h = self.hash(r.key);
-            let newer = {
+            let elsewhere = {
                 let _g = self.index.lock(h);
                 // SAFETY: we hold `h`'s stripe lock while the record is used.
                 unsafe { self.lookup(h, r.key) }
-                    .is_some_and(|(_, _, cur)| (cur.cas, cur.stamp) > (r.cas, r.stamp))
+                    .is_some_and(|(_, v, _)| index::slot_seg(v) != id || index::slot_off(v) != here)
             };
-            if !newer {
+            // The key's current item lies elsewhere (a later version, or a copy forward of
+            // this one, with an equal version on a replica): the replica reads it there.
+            if !elsewhere {
                 let ver = if r.kind == KIND_TOMBSTONE {
                     (r.cas, r.stamp)
                 } else {
@@ -117,7 +120,7 @@ impl LogEngine {
         };
         // SAFETY: a sealed segment taken out of the FIFO (the caller's contract): ours,
         // mapped and not reused until we free it; `used` is its published length.
-        let whole = unsafe { super::super::compact::for_records(ptr, used, |_, r| note(r)) };
+        let whole = unsafe { super::super::compact::for_records(ptr, used, &mut note) };
         if !whole {
             return;
         }
