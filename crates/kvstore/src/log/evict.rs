@@ -5,7 +5,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::format::{self, Rec, Spec, HDR_MAX, KIND_ITEM, SEG_HDR};
-use super::repl::EvictionNotes;
+use super::repl::{held_for_replica, EvictionNotes};
 use super::segments::{Evicted, Open, Queue};
 use super::sync::lock;
 use super::{index, LogEngine, Vis};
@@ -53,8 +53,7 @@ impl LogEngine {
         // A replica that has not read it skips it, once what it held is logged anew (what
         // was copied forward is in the log already).
         if self.repl.active.load(Ordering::Relaxed) {
-            let wanted = lock(&self.repl.holds).clone();
-            self.relog_if_wanted(id, &wanted);
+            self.relog_if_unread(id, |seq| held_for_replica(&lock(&self.repl.holds), seq));
         }
         self.retire(id);
         self.barrier();

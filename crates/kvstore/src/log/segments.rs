@@ -649,7 +649,7 @@ impl LogEngine {
             return 0;
         }
         for &id in &dead {
-            self.relog_if_wanted(id, wanted);
+            self.relog_if_unread(id, |seq| held_for_replica(wanted, seq));
             self.retire(id);
         }
         self.free_retired(&dead);
@@ -727,7 +727,7 @@ impl LogEngine {
             let Some(seg) = self.segs.get(id) else {
                 continue;
             };
-            self.relog_if_wanted(id, wanted);
+            self.relog_if_unread(id, |seq| held_for_replica(wanted, seq));
             // Every item in it is dead: cleaning unlinks the ones still indexed and
             // copies none forward.
             if seg.acct.0.live_items.load(Ordering::Acquire) != 0 {
@@ -747,12 +747,9 @@ impl LogEngine {
     }
 
     /// Segment `id` (ours, out of the FIFO, about to be freed by the maintenance pass or by
-    /// eviction): if a replica of `wanted` has not read all of it, log anew what that
-    /// replica would miss by skipping it.
-    pub(super) fn relog_if_wanted(&self, id: u32, wanted: &Holds) {
-        if wanted.is_empty() {
-            return;
-        }
+    /// eviction): if a replica has not read all of it (`unread` says so of its sequence
+    /// number), log anew what that replica would miss by skipping it.
+    pub(super) fn relog_if_unread(&self, id: u32, unread: impl FnOnce(u64) -> bool) {
         let Some(seq) = self
             .segs
             .get(id)
@@ -760,7 +757,7 @@ impl LogEngine {
         else {
             return;
         };
-        if seq != 0 && held_for_replica(wanted, seq) {
+        if seq != 0 && unread(seq) {
             self.relog_for_skip(id, seq);
         }
     }
