@@ -277,6 +277,36 @@ fn concurrent_writers_draw_unique_increasing_cas_and_replicate_exactly() {
     assert_same(&master, &replica, now);
 }
 
+/// A master and its replica, each of `max_bytes`, and the replica's position.
+fn master_and_replica(max_bytes: usize) -> (LogEngine, LogEngine, ReplicaState) {
+    let cfg = ops::config(max_bytes, false, true);
+    let master = LogEngine::new(cfg.clone());
+    let replica = LogEngine::new(cfg);
+    replica.set_replica(true);
+    (master, replica, ReplicaState::new())
+}
+
+/// `set` `key` on `e` (the test engine's `-I` takes values of up to about 50 bytes).
+fn set_item(
+    e: &LogEngine,
+    key: &str,
+    value: &[u8],
+    flags: u32,
+    exptime: Time,
+    now: Time,
+) -> kvstore::StoreResult {
+    e.store(
+        kvstore::StoreRequest {
+            mode: kvstore::StoreMode::Set,
+            key: key.as_bytes(),
+            value,
+            flags,
+            exptime,
+        },
+        now,
+    )
+}
+
 /// A replica the master knows (served with `repl_serve_as`, as a server does) that stops
 /// pulling while the master turns its whole memory over several times finds the segments
 /// it had not read evicted, but skips them: before freeing each, eviction logged anew what
@@ -284,23 +314,11 @@ fn concurrent_writers_draw_unique_increasing_cas_and_replicate_exactly() {
 /// included.
 #[test]
 fn lagging_replica_skips_what_eviction_freed() {
-    let cfg = ops::config(4 << 20, false, true);
-    let master = LogEngine::new(cfg.clone());
-    let replica = LogEngine::new(cfg);
-    replica.set_replica(true);
-    let mut st = ReplicaState::new();
+    let (master, replica, mut st) = master_and_replica(4 << 20);
     let now = START;
-    let value = [7u8; 40];
     let set = |key: &str| {
-        let req = kvstore::StoreRequest {
-            mode: kvstore::StoreMode::Set,
-            key: key.as_bytes(),
-            value: &value,
-            flags: 0,
-            exptime: 0,
-        };
         assert!(matches!(
-            master.store(req, now),
+            set_item(&master, key, &[7u8; 40], 0, 0, now),
             kvstore::StoreResult::Stored(_)
         ));
     };
@@ -333,24 +351,17 @@ fn lagging_replica_skips_what_eviction_freed() {
 /// a full sync and converges.
 #[test]
 fn lagging_replica_resyncs() {
-    let cfg = ops::config(1 << 20, false, true);
-    let master = LogEngine::new(cfg.clone());
-    let replica = LogEngine::new(cfg);
-    replica.set_replica(true);
-    let mut st = ReplicaState::new();
+    let (master, replica, mut st) = master_and_replica(1 << 20);
     let now = START;
-    // Items that fit the test engine's -I (120 bytes as memcached sizes them).
-    let value = [7u8; 40];
     let set = |i: usize| {
-        let key = format!("k{}", i % 5000);
-        let req = kvstore::StoreRequest {
-            mode: kvstore::StoreMode::Set,
-            key: key.as_bytes(),
-            value: &value[..40],
-            flags: i as u32,
-            exptime: 0,
-        };
-        master.store(req, now);
+        set_item(
+            &master,
+            &format!("k{}", i % 5000),
+            &[7u8; 40],
+            i as u32,
+            0,
+            now,
+        );
     };
     for i in 0..2000 {
         set(i);
@@ -410,23 +421,12 @@ fn stat(e: &LogEngine, group: &str, name: &str) -> u64 {
 /// master logged a tombstone for each expired current item and each tombstone again).
 #[test]
 fn a_replica_skips_freed_segments_and_keeps_nothing_the_master_lost() {
-    let cfg = ops::config(64 << 20, false, true);
-    let master = LogEngine::new(cfg.clone());
+    let (master, replica, mut st) = master_and_replica(64 << 20);
     master.set_repl_backlog(1 << 20);
-    let replica = LogEngine::new(cfg);
-    replica.set_replica(true);
-    let mut st = ReplicaState::new();
     let now = START;
     let store = |key: &str, value: &[u8], exptime: Time| {
-        let req = kvstore::StoreRequest {
-            mode: kvstore::StoreMode::Set,
-            key: key.as_bytes(),
-            value,
-            flags: 0,
-            exptime,
-        };
         assert!(matches!(
-            master.store(req, now),
+            set_item(&master, key, value, 0, exptime, now),
             kvstore::StoreResult::Stored(_)
         ));
     };
@@ -521,27 +521,15 @@ fn expired_segments_are_kept_or_skipped_for_a_paused_replica() {
         (true, 8 << 20, 16 << 20, 1),
         (true, 2 << 20, 1 << 20, 1),
     ] {
-        let cfg = ops::config(64 << 20, false, true);
-        let master = LogEngine::new(cfg.clone());
+        let (master, replica, mut st) = master_and_replica(64 << 20);
         master.set_repl_backlog(backlog);
         assert_eq!(
             master.repl_backlog(),
             if backlog == 0 { 4 << 20 } else { backlog }
         );
-        let replica = LogEngine::new(cfg);
-        replica.set_replica(true);
-        let mut st = ReplicaState::new();
         let now = START;
-        let value = [3u8; 40];
         let store = |key: &str, exptime: Time| {
-            let req = kvstore::StoreRequest {
-                mode: kvstore::StoreMode::Set,
-                key: key.as_bytes(),
-                value: &value,
-                flags: 0,
-                exptime,
-            };
-            master.store(req, now);
+            set_item(&master, key, &[3u8; 40], 0, exptime, now);
         };
         for i in 0..2000 {
             store(&format!("k{i}"), 0);
