@@ -711,6 +711,31 @@ fn wait_same_digest(m: &mut Client, r: &mut Client) {
     });
 }
 
+/// A master started with `master_args` and a replica of it with `-m replica_mem`, past the
+/// replica's first full sync with `data` on both and nothing left for the master to ship.
+fn synced_pair(
+    master_args: &[&str],
+    replica_mem: &str,
+    data: &[(String, Vec<u8>)],
+) -> (Server, Server, Client, Client) {
+    let master = start_master(master_args);
+    let replica = start_replica(master.port, &["-m", replica_mem]);
+    let mut m = master.connect();
+    let mut r = replica.connect();
+    fill(&mut m, data);
+    wait_same_digest(&mut m, &mut r);
+    assert_eq!(repl_num(&mut r, "full_syncs"), 1);
+    wait_stat(&mut m, "master", "replica0_lag_bytes", "0");
+    (master, replica, m, r)
+}
+
+/// `n` items of 1,000 bytes (`short0`, `short1`, ...), for `fill_expiring`.
+fn short_lived(n: usize) -> Vec<(String, Vec<u8>)> {
+    (0..n)
+        .map(|i| (format!("short{i}"), vec![b'e'; 1000]))
+        .collect()
+}
+
 /// A replica paused (SIGSTOP) while its master writes three times what its log holds finds,
 /// when it resumes, that the segments it had not read were evicted. Before issue 42 that cost
 /// a full resync (issue 11, item 3); now the master logs anew, before it frees such a
@@ -721,14 +746,8 @@ fn wait_same_digest(m: &mut Client, r: &mut Client) {
 /// writes, and every wait is a bounded poll.
 #[test]
 fn replica_paused_past_the_log_continues_without_full_sync() {
-    let master = start_master(&["-m", "8"]);
-    let replica = start_replica(master.port, &["-m", "8"]);
-    let mut m = master.connect();
-    let mut r = replica.connect();
     let first: Vec<(String, Vec<u8>)> = items("before", 2000, "b");
-    fill(&mut m, &first);
-    wait_same_digest(&mut m, &mut r);
-    assert_eq!(repl_num(&mut r, "full_syncs"), 1);
+    let (_master, replica, mut m, mut r) = synced_pair(&["-m", "8"], "8", &first);
     let evicted_before = m.stat("evictions").and_then(|v| v.parse::<u64>().ok());
 
     signal(&replica, "STOP");
@@ -835,15 +854,9 @@ fn a_larger_repl_backlog_keeps_more_for_a_paused_replica() {
 /// or deleted, while it was paused are gone from it too.
 #[test]
 fn a_replica_paused_past_the_backlog_skips_what_expired_without_full_sync() {
-    let master = start_master(&["-m", "64", "--repl-backlog", "1"]);
-    let replica = start_replica(master.port, &["-m", "64"]);
-    let mut m = master.connect();
-    let mut r = replica.connect();
     let kept = items("kept", 500, "k");
-    fill(&mut m, &kept);
-    wait_same_digest(&mut m, &mut r);
-    assert_eq!(repl_num(&mut r, "full_syncs"), 1);
-    wait_stat(&mut m, "master", "replica0_lag_bytes", "0");
+    let (_master, replica, mut m, mut r) =
+        synced_pair(&["-m", "64", "--repl-backlog", "1"], "64", &kept);
 
     signal(&replica, "STOP");
     // A fifth of the replica's items get short-lived versions, a fifth are deleted.
@@ -855,10 +868,7 @@ fn a_replica_paused_past_the_backlog_skips_what_expired_without_full_sync() {
     for (k, _) in &kept[100..200] {
         assert_eq!(m.call(&format!("delete {k}\r\n")), "DELETED\r\n");
     }
-    let short: Vec<(String, Vec<u8>)> = (0..10_000)
-        .map(|i| (format!("short{i}"), vec![b'e'; 1000]))
-        .collect();
-    fill_expiring(&mut m, &short, 1);
+    fill_expiring(&mut m, &short_lived(10_000), 1);
     poll_until(
         "the master to free expired segments the replica needs, logged anew",
         SYNC,
@@ -890,21 +900,11 @@ fn a_replica_paused_past_the_backlog_skips_what_expired_without_full_sync() {
 fn paused_replica_continues(master_args: &[&str], short_items: usize, backlog: u64) {
     let mut args = vec!["-m", "64"];
     args.extend_from_slice(master_args);
-    let master = start_master(&args);
-    let replica = start_replica(master.port, &["-m", "64"]);
-    let mut m = master.connect();
-    let mut r = replica.connect();
-    fill(&mut m, &items("kept", 500, "k"));
-    wait_same_digest(&mut m, &mut r);
-    assert_eq!(repl_num(&mut r, "full_syncs"), 1);
-    wait_stat(&mut m, "master", "replica0_lag_bytes", "0");
+    let (_master, replica, mut m, mut r) = synced_pair(&args, "64", &items("kept", 500, "k"));
 
     assert_eq!(repl_num(&mut m, "repl_backlog_bytes"), backlog);
     signal(&replica, "STOP");
-    let short: Vec<(String, Vec<u8>)> = (0..short_items)
-        .map(|i| (format!("short{i}"), vec![b'e'; 1000]))
-        .collect();
-    fill_expiring(&mut m, &short, 1);
+    fill_expiring(&mut m, &short_lived(short_items), 1);
     poll_until(
         "the master to keep expired segments",
         SYNC,
