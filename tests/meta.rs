@@ -697,15 +697,18 @@ fn clock_kvcached() {
         r("ms foo 3 T100\r\nbar\r\n", "HD\r\n"),
         r("debugtime 10\r\n", "OK\r\n"),
         r("mg foo l h t\r\n", "HD l10 h0 t90\r\n"),
-        r("mg foo l h\r\n", "HD l0 h1\r\n"),
+        // The last access is the last write: reads leave it (docs/COMPATIBILITY.md).
+        r("mg foo l h\r\n", "HD l10 h1\r\n"),
         r("debugtime 5\r\n", "OK\r\n"),
-        // u: no bump, so the access time stays.
-        r("mg foo l u\r\n", "HD l5\r\n"),
-        r("mg foo l\r\n", "HD l5\r\n"),
+        r("mg foo l u\r\n", "HD l15\r\n"),
+        r("mg foo l\r\n", "HD l15\r\n"),
         r(
             "me foo\r\n",
-            "ME foo exp=85 la=0 cas=# fetch=yes cls=1 size=65\r\n",
+            "ME foo exp=85 la=15 cas=# fetch=yes cls=1 size=65\r\n",
         ),
+        // A touch to a new expiry rewrites the item: its last access is now.
+        r("mg foo T90 l\r\n", "HD l0\r\n"),
+        r("mg foo l\r\n", "HD l0\r\n"),
         r("debugtime 100\r\n", "OK\r\n"),
         r("mg foo v\r\n", "EN\r\n"),
         r("me foo\r\n", "EN\r\n"),

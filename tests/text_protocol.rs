@@ -1030,13 +1030,13 @@ fn stats_general(kind: Kind) {
     assert_eq!(get("max_connections"), "1024");
     assert_eq!(get("curr_items"), "0");
     // Both report the hash table; kvcached's index starts small and has not grown:
-    // 2^level buckets of 84 bytes each (plus its lock stripes).
+    // 2^level buckets of 64 bytes each (plus its lock stripes).
     let level: u32 = get("hash_power_level").parse().expect("a number");
     let hash_bytes: u64 = get("hash_bytes").parse().expect("a number");
     assert_eq!(get("hash_is_expanding"), "0");
     if kind == Kind::Kvcached {
         assert!((4..=12).contains(&level), "hash_power_level {level}");
-        assert!(hash_bytes >= 84 << level, "hash_bytes {hash_bytes}");
+        assert!(hash_bytes >= 64 << level, "hash_bytes {hash_bytes}");
     } else {
         // memcached's default: 2^16 buckets of 8 bytes.
         assert_eq!((level, hash_bytes), (16, 8 << 16));

@@ -14,10 +14,13 @@
 //! * A version counter starting at 1 is drawn once per successful mutation (store, incr,
 //!   decr); it is the CAS unique when CAS is on (else CAS is 0). An immediate flush
 //!   invalidates every version drawn so far; a delayed flush at `at` invalidates items
-//!   whose last store/access time is at most `at - 1` once `now >= at - 1`
+//!   whose last write is at most `at - 1` once `now >= at - 1`
 //!   (items.c `item_is_flushed`); an immediate flush cancels a pending delayed one
 //!   (proto_text.c sets `oldest_live` either way).
-//! * `add` on a live item bumps its access time. A failed or too-large `set` removes the
+//! * An item's last access (meta `l`, `me`'s `la`) is when it was last written: a store, a
+//!   touch to a new expiry, `mg ... T` to a new expiry, `md ... I`, arithmetic; reads do
+//!   not change it (memcached's moves on the second read after a write: a log engine keeps
+//!   no per-item read time, docs/COMPATIBILITY.md). A failed or too-large `set` removes the
 //!   old item (proto_parser.c `process_update_cmd_start`).
 //! * `cas` on a missing item → NotFound; with unique 0 or a different unique → Exists.
 //! * An item larger than `max_item_size` as memcached counts it
@@ -49,7 +52,8 @@ pub struct ModelItem {
     pub exptime: Time,
     /// Version drawn when the item was last written (its CAS unique when CAS is on).
     pub version: u64,
-    /// Last store or access time.
+    /// When the item was last written (stored, touched to a new expiry, rewritten): the
+    /// engine keeps no per-item read time, so the meta protocol's last access is this.
     pub atime: Time,
     pub fetched: bool,
     /// Meta: marked stale (`md ... I`, or a stale `ms ... I`).
@@ -243,9 +247,12 @@ impl Engine for Model {
             return false;
         };
         if let Some(e) = opts.touch {
+            // A new expiry rewrites the item; the same one is only a read.
+            if e != it.exptime {
+                it.atime = now;
+            }
             it.exptime = e;
         }
-        it.atime = now;
         it.fetched = true;
         found(ItemView {
             key,
@@ -273,10 +280,13 @@ impl Engine for Model {
         let mut st = self.lock();
         if let Some(it) = st.live(key, now) {
             let exptime_before = it.exptime;
-            let (last_access, fetched) = (it.atime, it.fetched);
             if let Some(t) = opts.touch {
+                if t != it.exptime {
+                    it.atime = now;
+                }
                 it.exptime = t;
             }
+            let (last_access, fetched) = (it.atime, it.fetched);
             let compared = if opts.recache_after_touch {
                 opts.touch.unwrap_or(exptime_before)
             } else {
@@ -292,7 +302,6 @@ impl Engine for Model {
                 Win::None
             };
             if !opts.no_bump {
-                it.atime = now;
                 it.fetched = true;
             }
             let stale = it.stale;
@@ -368,12 +377,7 @@ impl Engine for Model {
             }
             return done(StoreResult::TooLarge);
         }
-        let old = st.live(key, now).map(|it| {
-            if req.mode == StoreMode::Add {
-                it.atime = now;
-            }
-            it.clone()
-        });
+        let old = st.live(key, now).map(|it| it.clone());
         let (mut stale, mut token_sent) = (false, false);
         let (value, flags, exptime) = match (req.mode, old) {
             (StoreMode::Add, Some(_)) => return done(StoreResult::NotStored),
@@ -476,6 +480,7 @@ impl Engine for Model {
             it.stale = true;
             it.token_sent = false;
             it.cas = self.explicit(req.new_cas);
+            it.atime = now;
         }
         it.version = version;
         st.next_version += 1;

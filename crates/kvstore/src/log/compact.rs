@@ -19,9 +19,10 @@
 //! Lock order: shard → compactor → bucket stripe → evictor → pool / FIFO.
 
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use super::format::{self, Rec, Spec, KIND_ITEM, SEG_HDR};
+use super::index::Slot;
 use super::segments::{Open, Queue};
 use super::sync::lock;
 use super::write::{Commit, Outcome};
@@ -228,7 +229,7 @@ impl LogEngine {
     pub(super) fn for_live(
         &self,
         id: u32,
-        mut f: impl FnMut(&AtomicU64, &Rec<'_>, u64) -> bool,
+        mut f: impl FnMut(Slot<'_>, &Rec<'_>, u64) -> bool,
     ) -> bool {
         let Some(seg) = self.segs.get(id) else {
             return true;
@@ -266,7 +267,7 @@ impl LogEngine {
                     self.st().expired_unfetched.fetch_add(1, Ordering::Relaxed);
                 }
                 self.note_removed(r, v);
-                slot.store(0, Ordering::Release);
+                slot.store(0);
                 self.account_remove(v, r.len, self.rec_size(r));
                 return true;
             }
@@ -285,13 +286,7 @@ impl LogEngine {
     /// Write a copy of live record `r` (slot value `v`) into the compactor's segment: the
     /// same item (CAS, stamp, flags, expiry, marks), and point `slot` at it (access bits
     /// kept); None when it does not fit.
-    fn copy_verbatim(
-        &self,
-        c: &mut Compactor,
-        r: &Rec<'_>,
-        v: u64,
-        slot: &AtomicU64,
-    ) -> Option<()> {
+    fn copy_verbatim(&self, c: &mut Compactor, r: &Rec<'_>, v: u64, slot: Slot<'_>) -> Option<()> {
         let spec = verbatim(r);
         let need = format::encoded_len(&spec, c.dest?.base);
         self.append_copy(&mut c.dest, &spec, need, |seg, off| {

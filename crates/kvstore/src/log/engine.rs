@@ -1,8 +1,9 @@
 //! The `Engine` trait implemented on the log: each command's entry point.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use super::format::{Rec, SEG_HDR};
+use super::index::Slot;
 use super::meta::Step;
 use super::sync::lock;
 use super::write::{Commit, Cond, Fail, MetaW, Outcome, Src};
@@ -34,7 +35,7 @@ impl Engine for LogEngine {
             };
             match self.vis(&r, now) {
                 Vis::Live => {
-                    self.mark_access(slot, v, now);
+                    self.mark_access(slot, v);
                     found(self.view_leasable(key, &r, v));
                     return true;
                 }
@@ -264,7 +265,7 @@ impl Engine for LogEngine {
                     ..MetaW::default()
                 },
             };
-            let mut show = |_: Option<(&AtomicU64, u64)>, r: &Rec<'_>, _: u64| {
+            let mut show = |_: Option<(Slot<'_>, u64)>, r: &Rec<'_>, _: u64| {
                 found(MetaItem {
                     item: self.view(key, r),
                     exptime_before: 0,
@@ -360,7 +361,6 @@ impl Engine for LogEngine {
                     stale: Some(req.invalidate),
                     binary_key: None,
                     win: Some(false),
-                    keep_atime: !req.remove_value,
                 },
             };
             match self.commit(&c, now, None) {
@@ -390,9 +390,9 @@ impl Engine for LogEngine {
         let dead = {
             let _pin = self.pin();
             // SAFETY: pinned while `r` is used.
-            let (slot, v, r) = unsafe { self.lookup(h, key) }?;
+            let (_, v, r) = unsafe { self.lookup(h, key) }?;
             match self.vis(&r, now) {
-                Vis::Live => return Some(self.describe(slot, &r, v, now)),
+                Vis::Live => return Some(self.describe(&r, v, now)),
                 vis => (v, vis),
             }
         };
@@ -460,7 +460,7 @@ impl Engine for LogEngine {
                 checked += 1;
                 if self.vis(&r, now) != Vis::Live {
                     self.note_removed(&r, v);
-                    slot.store(0, Ordering::Release);
+                    slot.store(0);
                     self.account_remove(v, r.len, self.rec_size(&r));
                     self.st().reclaimed.fetch_add(1, Ordering::Relaxed);
                     if !index::fetched(v) {

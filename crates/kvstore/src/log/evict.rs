@@ -2,9 +2,10 @@
 //! written are copied forward (CLOCK second chance), the rest dropped.
 
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use super::format::{self, Rec, Spec, HDR_MAX, KIND_ITEM, SEG_HDR};
+use super::index::Slot;
 use super::repl::{held_for_replica, EvictionNotes};
 use super::segments::{Evicted, Open, Queue};
 use super::sync::lock;
@@ -77,11 +78,11 @@ impl LogEngine {
 
     /// Tell the eviction observer, if any, of the live item in `slot` being evicted.
     #[inline]
-    fn observe_eviction(&self, slot: &AtomicU64, r: &Rec<'_>, v: u64, now: Time) {
+    fn observe_eviction(&self, r: &Rec<'_>, v: u64, now: Time) {
         if let Some(f) = self.on_evict.get() {
             let item = crate::ScanItem {
                 key: r.key,
-                meta: self.describe(slot, r, v, now),
+                meta: self.describe(r, v, now),
             };
             f(item, now);
         }
@@ -92,7 +93,6 @@ impl LogEngine {
     /// record `unit`: `keep_need`).
     pub(super) fn evict_item(
         &self,
-        slot: &AtomicU64,
         r: &Rec<'_>,
         v: u64,
         now: Time,
@@ -104,7 +104,7 @@ impl LogEngine {
                 if index::freq(v) >= self.keep_need(r.len, unit) {
                     return true;
                 }
-                self.observe_eviction(slot, r, v, now);
+                self.observe_eviction(r, v, now);
                 self.note_eviction_in(notes, r.key, (r.cas, r.stamp));
                 self.st().evictions.fetch_add(1, Ordering::Relaxed);
                 self.tally_evicted(self.rec_size(r));
@@ -133,20 +133,20 @@ impl LogEngine {
         let mut notes = EvictionNotes::default();
         let unit = self.mean_record();
         self.for_live(id, |slot, r, v| {
-            if self.evict_item(slot, r, v, now, &mut notes, unit) {
+            if self.evict_item(r, v, now, &mut notes, unit) {
                 let copied = self.copy_forward(&mut lock(&self.evictor), r, v, slot);
                 if copied.is_some() {
                     self.account_remove(v, r.len, self.rec_size(r));
                     self.st().copied_forward.fetch_add(1, Ordering::Relaxed);
                     return true;
                 }
-                self.observe_eviction(slot, r, v, now);
+                self.observe_eviction(r, v, now);
                 self.note_eviction_in(&mut notes, r.key, (r.cas, r.stamp));
                 self.st().evictions.fetch_add(1, Ordering::Relaxed);
                 self.tally_evicted(self.rec_size(r));
             }
             self.note_removed(r, v);
-            slot.store(0, Ordering::Release);
+            slot.store(0);
             self.account_remove(v, r.len, self.rec_size(r));
             true
         });
@@ -160,7 +160,7 @@ impl LogEngine {
         ev: &mut Evictor,
         r: &Rec<'_>,
         v: u64,
-        slot: &AtomicU64,
+        slot: Slot<'_>,
     ) -> Option<()> {
         let need = HDR_MAX + r.key.len() + r.value.len();
         let fits = ev.dest.is_some_and(|o| o.used + need <= o.cap);
@@ -228,7 +228,7 @@ impl LogEngine {
             return false;
         };
         let mut notes = EvictionNotes::default();
-        let again = self.evict_item(slot, &r, v, now, &mut notes, self.mean_record());
+        let again = self.evict_item(&r, v, now, &mut notes, self.mean_record());
         self.note_evictions(notes);
         if again {
             let f = index::freq(v) - 1;
@@ -239,7 +239,7 @@ impl LogEngine {
             return true;
         }
         self.note_removed(&r, v);
-        slot.store(0, Ordering::Release);
+        slot.store(0);
         self.account_remove(v, r.len, self.rec_size(&r));
         false
     }
@@ -248,10 +248,8 @@ impl LogEngine {
     /// lock). `new_v` was computed from a value loaded earlier; readers may since have set
     /// the fetched or win bit by compare-exchange, and those must survive (a lost win mark
     /// would let a second reader win the same token).
-    pub(super) fn relocate(&self, slot: &AtomicU64, new_v: u64) {
+    pub(super) fn relocate(&self, slot: Slot<'_>, new_v: u64) {
         let keep = index::FETCHED | index::WIN;
-        let _ = slot.fetch_update(Ordering::Release, Ordering::Relaxed, |x| {
-            Some(new_v | (x & keep))
-        });
+        slot.fetch_update(|x| new_v | (x & keep));
     }
 }

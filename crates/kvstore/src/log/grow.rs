@@ -1,8 +1,9 @@
 //! Index growth: linear hashing, a batch of bucket splits between pin barriers, then a sweep
 //! that compacts chains and releases overflow buckets.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
+use super::index::Slot;
 use super::sync::lock;
 use super::{index, LogEngine, GROW_BATCH, LOAD_DEN, LOAD_NUM, SWEEP_SCAN};
 
@@ -227,14 +228,14 @@ impl LogEngine {
     /// or a split's new bucket), putting `replacement` (a new item, or 0) in the slot.
     /// The caller holds the slot's stripe lock and `slot` still holds `v` (as an item or
     /// as a marker), so its record is live.
-    pub(super) fn evict_index_slot(&self, slot: &AtomicU64, v: u64, replacement: u64) {
+    pub(super) fn evict_index_slot(&self, slot: Slot<'_>, v: u64, replacement: u64) {
         // SAFETY: per the contract; the length is read before the slot is overwritten.
         let (len, size) = unsafe { self.rec(v) }.map_or((0, 0), |r| {
             self.note_eviction(r.key, (r.cas, r.stamp));
             self.note_removed(&r, v);
             (r.len, self.rec_size(&r))
         });
-        slot.store(replacement, Ordering::Release);
+        slot.store(replacement);
         self.account_remove(v, len, size);
         self.tally_evicted(size);
         self.count_index_eviction();

@@ -1,20 +1,39 @@
-//! The hash index: cache-line main buckets of eight tagged 64-bit slots, overflow buckets
-//! of four, grown by linear hashing.
+//! The hash index: cache-line main buckets of ten compact slots, overflow buckets of four
+//! (half a cache line), grown by linear hashing.
 //!
-//! A slot is `VALID | MOVED | win | fetched | freq(2) | tag(16) | segment(22) | offset(20)`,
-//! or 0 when empty. Readers load slots atomically and never lock; writers change the
-//! location bits only while holding the lock stripe of the key's bucket. Readers change
-//! only the `freq`/`fetched`/`win` bits, and only by compare-exchange, so they never undo a
-//! writer. `win` ("a win token was sent for this item", meta protocol) is set by a
-//! reader's compare-exchange, so exactly one reader sets it; a writer that keeps it (a
-//! rewrite of the same item) carries it over with a compare-exchange loop too, never with
-//! a plain store of a value it loaded earlier.
+//! # Slots
 //!
-//! Next to every slot the index keeps the item's last access time in a parallel table: the
-//! low 16 bits of the unix time (`AtomicU16`), written before the slot is published for a
-//! new item, and by readers (relaxed) on every access. It reads back as the latest time at
-//! or before `now` with those low bits: exact for items accessed within the last 18 hours
-//! (65536 s), the age modulo 65536 s beyond.
+//! A slot is two atomics side by side in its bucket: a 32-bit *location* (the low 12 bits
+//! of the segment id and the 20-bit offset; 0 when the slot is empty) and a 16-bit *meta*
+//! word: `MOVED | BUSY | win | fetched | freq(2) | tag(10 - ext) | seg_hi(ext)`. `ext`
+//! (fixed per index, from the most segments the engine may have) lends the low bits of
+//! the tag to the segment id: a cache of up to 4096 segments keeps a 10-bit tag, one of
+//! 64 times as many a 4-bit tag (more records are read for nothing on a lookup, no more
+//! memory is used). Six bytes a slot; a bucket's link to its overflow bucket shares its
+//! cache line. The engine sees a slot as one [`Slot`] handle and one logical `u64` value
+//! (`VALID | MOVED | win | fetched | freq | tag | segment | offset`, see [`pack`]): the
+//! handle turns the two words into that value and back.
+//!
+//! # Who writes what
+//!
+//! Writers change a slot only while holding the lock stripe of its bucket, so writers
+//! never race each other on a slot. Readers never lock: they load the location, then the
+//! meta word (both acquire), and change only the access bits (`freq`, `fetched`), by a
+//! compare-exchange of the meta word. A writer that replaces or clears an item first sets
+//! `BUSY` in the meta word (a `fetch_or`, which also returns every access bit a reader set
+//! before), then stores the location, then the final meta word (release). A reader's
+//! compare-exchange expects a meta word without `BUSY`, so it fails during that window and
+//! never lands on a value the writer is about to overwrite; a reader that loaded the new
+//! location sees at least the `BUSY` word (it was stored before), and a reader that loaded
+//! the old one reads the old record, which its pin keeps valid (the write is then not yet
+//! visible to it, a linearizable outcome). A slot being filled for the first time gets its
+//! meta word before its location, so a reader that sees the location sees the tag.
+//!
+//! An access mark that lands on the next item of a slot (a reader that loaded the old
+//! item, raced with a replacement that left the meta word as it was) only misplaces one
+//! access mark. The win mark of the meta protocol must not be misplaced: it is changed
+//! only under the stripe lock ([`Slot::compare_exchange`] under the lock, after checking
+//! that the slot still holds the item), by readers and writers alike.
 //!
 //! # Addressing and growth
 //!
@@ -24,18 +43,20 @@
 //! `h mod 2^(L+1)` when that is below `p`. Splitting bucket `p` moves the items whose bit
 //! `L` is set to the new bucket `p + 2^L`; buckets never move, so a slot's address stays
 //! valid. An empty index that is about to be bulk loaded (a warm restart, which knows its
-//! item count) is set to its final size at once instead (`presize`). The whole table (main and overflow buckets) is one mapping reserved up front for
-//! the most buckets the memory limit could need and touched only as it grows. The tag is
-//! the top 16 bits of the hash, the bucket the low bits, the lock stripe the low bits too
-//! (`h mod nlocks`, with `nlocks <= 2^L`), so a key's stripe never changes as the table
-//! grows and a split needs one stripe lock.
+//! item count) is set to its final size at once instead (`presize`). Main and overflow
+//! buckets each live in one mapping reserved up front for the most the memory limit could
+//! need and touched only as the index grows. The tag is the top bits of the hash, the
+//! bucket the low bits, the lock stripe the low bits too (`h mod nlocks`, with
+//! `nlocks <= 2^L`), so a key's stripe never changes as the table grows and a split needs
+//! one stripe lock.
 //!
 //! A split never lets a lock-free reader miss an item:
 //! 1. Under the stripe lock, the chain is flagged as being worked on (`work`); each moving
-//!    item's old slot is marked `MOVED` by an atomic `fetch_or`, which returns the item
-//!    with every access or win bit a reader set before (a reader's compare-exchange after
-//!    it fails), and the item is then stored into the new bucket (not yet addressable).
-//!    The state then advances, the work flag is cleared and the lock released.
+//!    item's old slot is marked `MOVED` by an atomic `fetch_or` of its meta word, which
+//!    returns the item with every access bit a reader set before (a reader's
+//!    compare-exchange fails after it), and the item is then stored into the new bucket
+//!    (not yet addressable). The state then advances, the work flag is cleared and the
+//!    lock released.
 //! 2. A reader skips `MOVED` slots. One that saw a `MOVED` slot with its tag and found
 //!    nothing waits while its chain is flagged, then reloads the state: if its key's bucket
 //!    changed it searches the new one; otherwise it rescans once (see 3).
@@ -47,29 +68,28 @@
 //!    unlinked; after a third they may be reused (a reader inside an unlinked bucket still
 //!    follows its intact `next` link back into the chain).
 //!
-//! Every key hashes to one main bucket; when its eight slots are taken the bucket chains to
-//! overflow buckets of four slots from a pool (reused once unlinked, see above): two of them
-//! share a cache line of the pool, each with its own link and its chain's stripe lock. When the pool is
+//! Every key hashes to one main bucket; when its slots are taken the bucket chains to
+//! overflow buckets from a pool (reused once unlinked, see above). When the pool is
 //! exhausted, or the table has reached its largest size, an insert replaces a slot of the
 //! chain (the index is lossy, as MICA's is: that item is evicted).
+//!
+//! Nothing here is `unsafe` but the reservation of the tables (all-zero bytes are valid
+//! empty buckets).
 
 use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-
-use crate::Time;
 use std::sync::{Mutex, MutexGuard};
 
 use super::mem::ZeroedSlice;
 
-pub(crate) const SLOTS: usize = 8;
-/// Bytes one more main bucket adds to the index (the bucket, its link, its time cells).
-pub(crate) const BUCKET_BYTES: usize = std::mem::size_of::<Bucket>() + 4 + SLOTS * 2;
-/// Slots of an overflow bucket: half a main bucket's (two share a cache line). Most
-/// chains that overflow do by a few items: at the load the index grows at (eight items
-/// per main bucket on average), 4-slot overflow buckets hold the same items in fewer
-/// bytes than 8-slot ones (`bench/memory.sh`: BENCHMARKS.md).
-pub(crate) const OVER_SLOTS: usize = SLOTS / 2;
-/// Bytes one more overflow bucket adds (its slots, link and time cells).
-const OVER_BYTES: usize = OVER_SLOTS * (8 + 2) + 4;
+/// Slots of a main bucket.
+pub(crate) const SLOTS: usize = 10;
+/// Slots of an overflow bucket (half a cache line). Most chains that overflow do by a few
+/// items (`bench/memory.sh`: BENCHMARKS.md).
+pub(crate) const OVER_SLOTS: usize = 4;
+/// Bytes one more main bucket adds to the index.
+pub(crate) const BUCKET_BYTES: usize = std::mem::size_of::<Main>();
+/// Bytes one more overflow bucket adds.
+const OVER_BYTES: usize = std::mem::size_of::<Over>();
 
 const OFF_BITS: u32 = 20;
 const SEG_BITS: u32 = 22;
@@ -86,16 +106,32 @@ pub(crate) const MOVED: u64 = 1 << 62;
 const VALID: u64 = 1 << 63;
 /// The bits that name an item's location (everything but the access and win bits).
 pub(crate) const IDENT_MASK: u64 = !(FREQ_MASK | FETCHED | WIN);
-/// Largest segment id a slot can name.
-pub(crate) const MAX_SEGMENTS: usize = 1 << SEG_BITS;
 /// Largest in-segment offset + 1 a slot can name.
 pub(crate) const MAX_OFFSET: usize = 1 << OFF_BITS;
+/// Segment id bits a location word holds; the rest (`ext`) go into the meta word.
+const LOC_SEG_BITS: u32 = 32 - OFF_BITS;
+/// Bits of the meta word shared by the tag and the segment id's high bits.
+const META_TAG_BITS: u32 = 10;
+/// Most segment-id bits the meta word may take from the tag.
+const MAX_EXT: u32 = 6;
+/// Largest number of segments any index can name.
+pub(crate) const MAX_SEGMENTS: usize = 1 << (LOC_SEG_BITS + MAX_EXT);
+const _: () = assert!(LOC_SEG_BITS + MAX_EXT <= SEG_BITS);
+
+/// Meta word bits.
+const M_MOVED: u16 = 1 << 15;
+const M_BUSY: u16 = 1 << 14;
+const M_WIN: u16 = 1 << 13;
+const M_FETCHED: u16 = 1 << 12;
+const M_FREQ_SHIFT: u32 = 10;
+const M_LOW: u16 = (1 << META_TAG_BITS) - 1;
 
 const LEVEL_SHIFT: u32 = 32;
 
+/// The full 10-bit tag of hash `h` (an index keeps its top `10 - ext` bits: [`Index::tag`]).
 #[inline]
 pub(crate) fn tag_of(h: u64) -> u64 {
-    h >> 48
+    h >> (64 - META_TAG_BITS)
 }
 
 #[inline]
@@ -178,17 +214,176 @@ pub(crate) enum Insert<'a> {
     Stored,
     /// The chain is full and no overflow bucket is left: the caller evicts this slot's
     /// item and stores its value there.
-    Victim(&'a AtomicU64),
+    Victim(Slot<'a>),
     /// As `Victim`, but every candidate slot is a `MOVED` marker: nothing was stored.
     Full,
 }
 
+/// A main bucket: one cache line.
 #[derive(Default)]
-#[repr(align(64))]
-pub(crate) struct Bucket(pub(crate) [AtomicU64; SLOTS]);
+#[repr(C, align(64))]
+struct Main {
+    loc: [AtomicU32; SLOTS],
+    meta: [AtomicU16; SLOTS],
+    /// 1 + the overflow bucket that follows, or 0.
+    next: AtomicU32,
+}
+
+/// An overflow bucket: half a cache line.
+#[derive(Default)]
+#[repr(C, align(32))]
+struct Over {
+    loc: [AtomicU32; OVER_SLOTS],
+    meta: [AtomicU16; OVER_SLOTS],
+    /// 1 + the overflow bucket that follows, or 0.
+    next: AtomicU32,
+}
+
+const _: () = assert!(std::mem::size_of::<Main>() == 64);
+const _: () = assert!(std::mem::size_of::<Over>() == 32);
+
+/// One slot of the index (see the module documentation): a handle on its two words, with
+/// the index's segment-id split.
+#[derive(Clone, Copy)]
+pub(crate) struct Slot<'a> {
+    loc: &'a AtomicU32,
+    meta: &'a AtomicU16,
+    ext: u32,
+}
+
+impl std::fmt::Debug for Slot<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Slot({:#x})", self.load())
+    }
+}
+
+impl<'a> Slot<'a> {
+    /// The logical value of location `loc` and meta word `m` (0: empty).
+    #[inline]
+    fn value(&self, loc: u32, m: u16) -> u64 {
+        if loc == 0 {
+            return 0;
+        }
+        let low = u64::from(m & M_LOW);
+        let hi_mask = (1u64 << self.ext) - 1;
+        let seg = ((low & hi_mask) << LOC_SEG_BITS) | u64::from(loc >> OFF_BITS);
+        let tag = low & !hi_mask;
+        let mut v = VALID
+            | (tag << TAG_SHIFT)
+            | (seg << OFF_BITS)
+            | u64::from(loc & ((1 << OFF_BITS) - 1))
+            | (u64::from((m >> M_FREQ_SHIFT) & 3) << FREQ_SHIFT);
+        if m & M_MOVED != 0 {
+            v |= MOVED;
+        }
+        if m & M_WIN != 0 {
+            v |= WIN;
+        }
+        if m & M_FETCHED != 0 {
+            v |= FETCHED;
+        }
+        v
+    }
+
+    /// The two words of logical value `v` (a valid one).
+    #[inline]
+    fn words(&self, v: u64) -> (u32, u16) {
+        let seg = u64::from(slot_seg(v));
+        let loc = (((seg & ((1 << LOC_SEG_BITS) - 1)) << OFF_BITS) as u32) | slot_off(v) as u32;
+        let hi_mask = (1u64 << self.ext) - 1;
+        let low = (slot_tag(v) & !hi_mask & u64::from(M_LOW)) | ((seg >> LOC_SEG_BITS) & hi_mask);
+        let mut m = low as u16 | ((freq(v) as u16) << M_FREQ_SHIFT);
+        if v & MOVED != 0 {
+            m |= M_MOVED;
+        }
+        if v & WIN != 0 {
+            m |= M_WIN;
+        }
+        if v & FETCHED != 0 {
+            m |= M_FETCHED;
+        }
+        (loc, m)
+    }
+
+    /// The slot's value (acquire): 0 when empty. A value being replaced reads as the old
+    /// item or the new one.
+    #[inline]
+    pub(crate) fn load(&self) -> u64 {
+        let loc = self.loc.load(Ordering::Acquire);
+        if loc == 0 {
+            return 0;
+        }
+        let m = self.meta.load(Ordering::Acquire);
+        self.value(loc, m)
+    }
+
+    /// Store `v` (0: clear the slot). Writers only, under the slot's stripe lock.
+    pub(crate) fn store(&self, v: u64) {
+        self.fetch_update(|_| v);
+    }
+
+    /// Replace the slot's value by `f(current)`; returns the value replaced. The current
+    /// value includes every access bit a reader set before (readers' compare-exchanges fail
+    /// from the moment it is read until the new value is in). Writers only, under the
+    /// slot's stripe lock.
+    pub(crate) fn fetch_update(&self, mut f: impl FnMut(u64) -> u64) -> u64 {
+        let loc = self.loc.load(Ordering::Relaxed);
+        if loc == 0 {
+            let v = f(0);
+            if is_valid(v) {
+                // A fresh slot: the tag before the location, so that a reader that sees
+                // the location sees the tag.
+                let (l, m) = self.words(v);
+                self.meta.store(m, Ordering::Relaxed);
+                self.loc.store(l, Ordering::Release);
+            }
+            return 0;
+        }
+        let m = self.meta.fetch_or(M_BUSY, Ordering::Acquire);
+        let prev = self.value(loc, m & !M_BUSY);
+        let v = f(prev);
+        if is_valid(v) {
+            let (l, m) = self.words(v);
+            self.loc.store(l, Ordering::Release);
+            self.meta.store(m, Ordering::Release);
+        } else {
+            self.loc.store(0, Ordering::Release);
+            self.meta.store(0, Ordering::Release);
+        }
+        prev
+    }
+
+    /// Change the access bits (`freq`, `fetched`, win) of the item the slot holds from
+    /// those of `cur` to those of `new` (which names the same item), if they still are
+    /// `cur`'s and no writer is replacing the item; else the current value. Without the
+    /// stripe lock the change may land on a item that replaced `cur` meanwhile with equal
+    /// bits: fine for access marks, not for the win mark (whose callers hold the lock).
+    #[inline]
+    pub(crate) fn compare_exchange(&self, cur: u64, new: u64) -> Result<u64, u64> {
+        debug_assert_eq!(cur & IDENT_MASK, new & IDENT_MASK);
+        let (_, mc) = self.words(cur);
+        let (_, mn) = self.words(new);
+        match self
+            .meta
+            .compare_exchange(mc, mn, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => Ok(cur),
+            Err(m) => Err(self.value(self.loc.load(Ordering::Acquire), m & !M_BUSY)),
+        }
+    }
+
+    /// Mark the slot `MOVED`; returns the item value it held (with every access bit a
+    /// reader set before the mark: their compare-exchanges fail after it). Under the
+    /// stripe lock.
+    fn mark(&self) -> u64 {
+        let loc = self.loc.load(Ordering::Relaxed);
+        let m = self.meta.fetch_or(M_MOVED, Ordering::AcqRel);
+        self.value(loc, m)
+    }
+}
 
 /// A bucket of a chain: a main bucket (its index), or an overflow bucket (its index in
-/// the pool: the half `o % 2` of the pool's `Bucket` `o / 2`).
+/// the pool).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Node {
     Main(usize),
@@ -196,16 +391,13 @@ enum Node {
 }
 
 pub(crate) struct Index {
-    /// Main buckets `0 .. max_main`, then the overflow pool (each `Bucket` there holds two
-    /// overflow buckets of `OVER_SLOTS` slots).
-    buckets: ZeroedSlice<Bucket>,
-    /// Per main bucket: 1 + the overflow bucket that follows it, or 0.
-    next: ZeroedSlice<AtomicU32>,
-    /// Per overflow bucket: 1 + the overflow bucket that follows it, or 0.
-    over_next: ZeroedSlice<AtomicU32>,
-    /// Per slot (bucket * SLOTS + i): low 16 bits of the last access time of its item.
-    times: ZeroedSlice<AtomicU16>,
+    /// Main buckets `0 .. max_main`.
+    main: ZeroedSlice<Main>,
+    /// The overflow pool.
+    over: ZeroedSlice<Over>,
     max_main: usize,
+    /// Segment-id bits taken from the tag (see the module documentation).
+    ext: u32,
     /// `level << 32 | split pointer` (see the module documentation).
     state: AtomicU64,
     /// 1 + the main bucket whose chain is being split or compacted, or 0.
@@ -220,50 +412,54 @@ pub(crate) struct Index {
 }
 
 impl Index {
-    /// An index that can grow to about `max_slots` slots in main buckets (plus a quarter
-    /// as overflow). It starts small; its pages become resident only as it grows.
-    pub(crate) fn new(max_slots: usize) -> Index {
-        let mut max_main = max_slots.div_ceil(SLOTS).clamp(16, u32::MAX as usize / 2);
+    /// The bytes [`Index::new`]`(max_slots, _)` starts with.
+    pub(crate) fn initial_bytes(max_slots: usize) -> usize {
+        let (_, nlocks) = Self::start(max_slots);
+        nlocks * (BUCKET_BYTES + std::mem::size_of::<Mutex<u64>>())
+    }
+
+    /// The most main buckets for `max_slots`, and the lock stripes (also the main buckets
+    /// it starts with).
+    fn start(max_slots: usize) -> (usize, usize) {
+        let max_main = max_slots.div_ceil(SLOTS).clamp(16, u32::MAX as usize / 2);
         let nlocks = (max_main / 4).clamp(16, 4096).next_power_of_two();
+        (max_main, nlocks)
+    }
+
+    /// An index that can grow to about `max_slots` slots in main buckets (plus 40% more
+    /// in overflow buckets), naming up to `max_segments` segments. It starts small; its
+    /// pages become resident only as it grows.
+    pub(crate) fn new(max_slots: usize, max_segments: usize) -> Index {
+        let (mut max_main, nlocks) = Self::start(max_slots);
         let start = nlocks;
+        let mut ext = 0;
+        while ext < MAX_EXT && max_segments > 1 << (LOC_SEG_BITS + ext) {
+            ext += 1;
+        }
         loop {
-            let total = max_main + max_main / 2 + 4;
-            // SAFETY: a bucket is eight AtomicU64, an AtomicU32 and an AtomicU16 are
-            // valid and default as all-zero bytes (empty slot, no next bucket, time 0);
-            // none needs drop; alignment is at most 64.
-            let over = 2 * (total - max_main);
+            let over = max_main + 8;
+            // SAFETY: buckets are atomics, valid and empty as all-zero bytes (no item, no
+            // link); none needs drop; alignment is at most 64.
             let parts = unsafe {
                 (
-                    ZeroedSlice::<Bucket>::reserve(total),
-                    ZeroedSlice::<AtomicU32>::reserve(max_main),
-                    ZeroedSlice::<AtomicU32>::reserve(over),
-                    ZeroedSlice::<AtomicU16>::reserve(total * SLOTS),
+                    ZeroedSlice::<Main>::reserve(max_main),
+                    ZeroedSlice::<Over>::reserve(over),
                 )
             };
-            let (buckets, next, over_next, times) = match parts {
-                (Some(b), Some(n), Some(o), Some(t)) => (b, n, o, t),
+            let (main, over) = match parts {
+                (Some(m), Some(o)) => (m, o),
                 _ if max_main > 2 * start => {
                     max_main /= 2;
                     continue;
                 }
-                _ => {
-                    // SAFETY: as above.
-                    unsafe {
-                        (
-                            ZeroedSlice::new(total),
-                            ZeroedSlice::new(max_main),
-                            ZeroedSlice::new(over),
-                            ZeroedSlice::new(total * SLOTS),
-                        )
-                    }
-                }
+                // SAFETY: as above.
+                _ => unsafe { (ZeroedSlice::new(max_main), ZeroedSlice::new(over)) },
             };
             return Index {
-                buckets,
-                next,
-                over_next,
-                times,
+                main,
+                over,
                 max_main,
+                ext,
                 state: AtomicU64::new(u64::from(start.trailing_zeros()) << LEVEL_SHIFT),
                 work: AtomicUsize::new(0),
                 over_used: AtomicUsize::new(0),
@@ -274,11 +470,22 @@ impl Index {
     }
 
     /// Bytes the index occupies (main buckets in use and every overflow bucket ever
-    /// handed out, with their link and time cells).
+    /// handed out).
     pub(crate) fn bytes(&self) -> usize {
         self.nmain() * BUCKET_BYTES
             + self.overflow_used() * OVER_BYTES
             + self.locks.len() * std::mem::size_of::<Mutex<u64>>()
+    }
+
+    /// The most segments a slot of this index can name.
+    pub(crate) fn max_segments(&self) -> usize {
+        1 << (LOC_SEG_BITS + self.ext)
+    }
+
+    /// The tag this index keeps for hash `h` (as [`slot_tag`] reads it back).
+    #[inline]
+    pub(crate) fn tag(&self, h: u64) -> u64 {
+        tag_of(h) & !((1u64 << self.ext) - 1)
     }
 
     /// Main buckets in use now.
@@ -296,42 +503,43 @@ impl Index {
         self.max_main
     }
 
-    /// Overflow buckets (of `OVER_SLOTS` slots) ever handed out.
+    /// Overflow buckets ever handed out.
     pub(crate) fn overflow_used(&self) -> usize {
-        self.over_used
-            .load(Ordering::Relaxed)
-            .min(self.over_next.len())
+        self.over_used.load(Ordering::Relaxed).min(self.over.len())
     }
 
-    /// The slots of chain bucket `n`.
+    /// The slot handles of chain bucket `n`, and its link.
     #[inline]
-    fn slots(&self, n: Node) -> Option<&[AtomicU64]> {
+    fn bucket(&self, n: Node) -> Option<(&[AtomicU32], &[AtomicU16], &AtomicU32)> {
         match n {
-            Node::Main(b) if b < self.max_main => self.buckets.get(b).map(|bk| &bk.0[..]),
-            Node::Main(_) => None,
-            Node::Over(o) => {
-                let at = (o % 2) * OVER_SLOTS;
-                self.buckets
-                    .get(self.max_main + o / 2)?
-                    .0
-                    .get(at..at + OVER_SLOTS)
-            }
+            Node::Main(b) => self.main.get(b).map(|m| (&m.loc[..], &m.meta[..], &m.next)),
+            Node::Over(o) => self.over.get(o).map(|m| (&m.loc[..], &m.meta[..], &m.next)),
         }
     }
 
-    /// The link of chain bucket `n` to the next one.
     #[inline]
-    fn link(&self, n: Node) -> Option<&AtomicU32> {
-        match n {
-            Node::Main(b) => self.next.get(b),
-            Node::Over(o) => self.over_next.get(o),
+    fn slot<'a>(&self, loc: &'a AtomicU32, meta: &'a AtomicU16) -> Slot<'a> {
+        Slot {
+            loc,
+            meta,
+            ext: self.ext,
         }
+    }
+
+    /// Call `f` with each slot of chain bucket `n`; returns its link.
+    #[inline]
+    fn slots_of<'a>(&'a self, n: Node, mut f: impl FnMut(Slot<'a>)) -> Option<&'a AtomicU32> {
+        let (locs, metas, next) = self.bucket(n)?;
+        for (loc, meta) in locs.iter().zip(metas) {
+            f(self.slot(loc, meta));
+        }
+        Some(next)
     }
 
     /// The chain bucket after `n`, if any.
     #[inline]
-    fn follow(&self, n: Node) -> Option<Node> {
-        let v = self.link(n)?.load(Ordering::Acquire);
+    fn follow(&self, link: &AtomicU32) -> Option<Node> {
+        let v = link.load(Ordering::Acquire);
         (v != 0).then(|| Node::Over(v as usize - 1))
     }
 
@@ -355,16 +563,18 @@ impl Index {
     /// true; returns that slot and the value `f` saw. Lock-free (see the module
     /// documentation for how a concurrent split or compaction is followed).
     #[inline]
-    pub(crate) fn find(&self, h: u64, mut f: impl FnMut(u64) -> bool) -> Option<(&AtomicU64, u64)> {
-        let tag = tag_of(h);
+    pub(crate) fn find(&self, h: u64, mut f: impl FnMut(u64) -> bool) -> Option<(Slot<'_>, u64)> {
+        let tag = self.tag(h);
         let mut b = addr(h, self.state.load(Ordering::Acquire));
         let mut rescanned = false;
         loop {
             let mut moved = false;
             let mut c = Node::Main(b);
             loop {
-                for slot in self.slots(c)? {
-                    let v = slot.load(Ordering::Acquire);
+                let (locs, metas, next) = self.bucket(c)?;
+                for (loc, meta) in locs.iter().zip(metas) {
+                    let slot = self.slot(loc, meta);
+                    let v = slot.load();
                     if is_valid(v) && slot_tag(v) == tag {
                         if v & MOVED != 0 {
                             moved = true;
@@ -373,7 +583,7 @@ impl Index {
                         }
                     }
                 }
-                match self.follow(c) {
+                match self.follow(next) {
                     Some(n) => c = n,
                     None => break,
                 }
@@ -405,38 +615,6 @@ impl Index {
         }
     }
 
-    /// The last-access time cell of `slot` (a slot of this index).
-    fn time(&self, slot: &AtomicU64) -> Option<&AtomicU16> {
-        let base = self.buckets.as_ptr() as usize;
-        let at = (slot as *const AtomicU64 as usize).wrapping_sub(base);
-        self.times.get(at / std::mem::size_of::<AtomicU64>())
-    }
-
-    /// The last access time recorded for `slot`'s item, as seen at `now`: the latest
-    /// time at or before `now` with the recorded low 16 bits.
-    pub(crate) fn atime(&self, slot: &AtomicU64, now: Time) -> Time {
-        let low = self
-            .time(slot)
-            .map_or(now as u16, |t| t.load(Ordering::Relaxed));
-        now.saturating_sub(u32::from((now as u16).wrapping_sub(low)))
-    }
-
-    /// Record an access at `now` (skips the write when nothing changes).
-    pub(crate) fn set_atime(&self, slot: &AtomicU64, now: Time) {
-        if let Some(t) = self.time(slot) {
-            let low = now as u16;
-            if t.load(Ordering::Relaxed) != low {
-                t.store(low, Ordering::Relaxed);
-            }
-        }
-    }
-
-    fn copy_atime(&self, from: &AtomicU64, to: &AtomicU64) {
-        if let (Some(a), Some(b)) = (self.time(from), self.time(to)) {
-            b.store(a.load(Ordering::Relaxed), Ordering::Relaxed);
-        }
-    }
-
     /// A fresh overflow bucket (all slots empty, no next link), or None.
     fn take_overflow(&self) -> Option<usize> {
         let reused = self
@@ -446,52 +624,47 @@ impl Index {
             .pop();
         if let Some(o) = reused {
             let o = o as usize;
-            self.over_next.get(o)?.store(0, Ordering::Relaxed);
+            self.over.get(o)?.next.store(0, Ordering::Relaxed);
             return Some(o);
         }
         let o = self.over_used.fetch_add(1, Ordering::Relaxed);
-        (o < self.over_next.len()).then_some(o)
+        (o < self.over.len()).then_some(o)
     }
 
-    /// Put `v` into the first free slot of the chain of main bucket `b` (time `t` stored
-    /// before the slot is published); link an overflow bucket if the chain is full. When
-    /// none is left, returns a slot of the chain's last bucket to replace.
-    fn insert_at(&self, b: usize, h: u64, v: u64, t: Time) -> Insert<'_> {
+    /// Put `v` into the first free slot of the chain of main bucket `b`; link an overflow
+    /// bucket if the chain is full. When none is left, returns a slot of the chain's last
+    /// bucket to replace.
+    fn insert_at(&self, b: usize, h: u64, v: u64) -> Insert<'_> {
         let mut c = Node::Main(b);
         loop {
-            let Some(slots) = self.slots(c) else {
+            let Some((locs, metas, next)) = self.bucket(c) else {
                 return Insert::Full;
             };
-            for slot in slots {
-                if slot.load(Ordering::Relaxed) == 0 {
-                    self.set_atime(slot, t);
-                    slot.store(v, Ordering::Release);
+            for (loc, meta) in locs.iter().zip(metas) {
+                if loc.load(Ordering::Relaxed) == 0 {
+                    self.slot(loc, meta).store(v);
                     return Insert::Stored;
                 }
             }
-            let Some(next) = self.link(c) else {
-                return Insert::Full;
-            };
-            let n = next.load(Ordering::Acquire);
-            if n != 0 {
-                c = Node::Over(n as usize - 1);
+            if let Some(n) = self.follow(next) {
+                c = n;
                 continue;
             }
             // End of the chain: link a fresh overflow bucket, or replace a slot here.
             if let Some(o) = self.take_overflow() {
                 // The new bucket is empty and unreachable: fill its first slot before
                 // linking it so readers find the item as soon as they see the bucket.
-                if let Some(first) = self.slots(Node::Over(o)).and_then(|s| s.first()) {
-                    self.set_atime(first, t);
-                    first.store(v, Ordering::Release);
+                if let Some(fresh) = self.over.get(o) {
+                    self.slot(&fresh.loc[0], &fresh.meta[0]).store(v);
                     next.store(o as u32 + 1, Ordering::Release);
                     return Insert::Stored;
                 }
             }
             let start = (h >> 32) as usize;
-            for i in 0..slots.len() {
-                let slot = &slots[(start + i) % slots.len()];
-                if is_item(slot.load(Ordering::Relaxed)) {
+            for i in 0..locs.len() {
+                let at = (start + i) % locs.len();
+                let slot = self.slot(&locs[at], &metas[at]);
+                if is_item(slot.load()) {
                     return Insert::Victim(slot);
                 }
             }
@@ -499,18 +672,18 @@ impl Index {
         }
     }
 
-    /// Put `v` into a free slot of `h`'s chain, with last access time `t`.
+    /// Put `v` into a free slot of `h`'s chain.
     ///
     /// The caller holds `h`'s stripe lock (which keeps `h`'s bucket fixed).
-    pub(crate) fn insert(&self, h: u64, v: u64, t: Time) -> Insert<'_> {
+    pub(crate) fn insert(&self, h: u64, v: u64) -> Insert<'_> {
         let b = addr(h, self.state.load(Ordering::Acquire));
-        self.insert_at(b, h, v, t)
+        self.insert_at(b, h, v)
     }
 
     /// Visit every item slot of the main bucket `b` and its chain.
-    pub(crate) fn for_each_in_chain(&self, b: usize, mut f: impl FnMut(&AtomicU64, u64)) {
+    pub(crate) fn for_each_in_chain<'a>(&'a self, b: usize, mut f: impl FnMut(Slot<'a>, u64)) {
         self.walk(b, |_, slot| {
-            let v = slot.load(Ordering::Acquire);
+            let v = slot.load();
             if is_item(v) {
                 f(slot, v);
             }
@@ -518,16 +691,14 @@ impl Index {
     }
 
     /// Visit every slot of `b`'s chain, saying whether it is in an overflow bucket.
-    fn walk<'a>(&'a self, b: usize, mut f: impl FnMut(bool, &'a AtomicU64)) {
+    fn walk<'a>(&'a self, b: usize, mut f: impl FnMut(bool, Slot<'a>)) {
         let mut c = Node::Main(b);
         loop {
-            let Some(slots) = self.slots(c) else {
+            let over = matches!(c, Node::Over(_));
+            let Some(next) = self.slots_of(c, |s| f(over, s)) else {
                 return;
             };
-            for slot in slots {
-                f(matches!(c, Node::Over(_)), slot);
-            }
-            match self.follow(c) {
+            match self.follow(next) {
                 Some(n) => c = n,
                 None => return,
             }
@@ -554,7 +725,7 @@ impl Index {
         b: usize,
         l: u32,
         mut hash: impl FnMut(u64) -> Option<u64>,
-        mut evict: impl FnMut(&AtomicU64, u64),
+        mut evict: impl FnMut(Slot<'_>, u64),
     ) {
         let s = self.state.load(Ordering::Acquire);
         if split_ptr(s) != b || level(s) != l {
@@ -563,7 +734,7 @@ impl Index {
         let to = b + (1usize << l);
         self.work.store(b + 1, Ordering::Release);
         self.walk(b, |_, slot| {
-            let v = slot.load(Ordering::Acquire);
+            let v = slot.load();
             if !is_item(v) {
                 return;
             }
@@ -571,9 +742,8 @@ impl Index {
             if h >> l & 1 == 0 {
                 return;
             }
-            let x = self.mark(slot);
-            let t = self.time(slot).map_or(0, |c| c.load(Ordering::Relaxed));
-            if !matches!(self.insert_at(to, h, x, Time::from(t)), Insert::Stored) {
+            let x = slot.mark();
+            if !matches!(self.insert_at(to, h, x & !MOVED), Insert::Stored) {
                 evict(slot, x);
             }
         });
@@ -586,17 +756,11 @@ impl Index {
         self.work.store(0, Ordering::Release);
     }
 
-    /// Mark `slot` `MOVED`; returns the item value it held (with every access bit a
-    /// reader set before the mark: their compare-exchanges fail after it).
-    fn mark(&self, slot: &AtomicU64) -> u64 {
-        slot.fetch_or(MOVED, Ordering::AcqRel)
-    }
-
     /// Whether main bucket `b`'s chain has an overflow bucket.
     pub(crate) fn has_overflow(&self, b: usize) -> bool {
-        self.next
+        self.main
             .get(b)
-            .is_some_and(|n| n.load(Ordering::Relaxed) != 0)
+            .is_some_and(|m| m.next.load(Ordering::Relaxed) != 0)
     }
 
     /// Compact `b`'s chain after a barrier: clear its `MOVED` markers, then move items
@@ -610,18 +774,17 @@ impl Index {
         self.clear_markers(b);
         self.work.store(b + 1, Ordering::Release);
         let mut moved = false;
-        let mut free: Vec<&AtomicU64> = Vec::new();
+        let mut free: Vec<Slot<'_>> = Vec::new();
         self.walk(b, |over, slot| {
-            let v = slot.load(Ordering::Relaxed);
+            let v = slot.load();
             if v == 0 {
                 free.push(slot);
             } else if over && is_item(v) {
                 // In an overflow bucket: the first free slot before it, if any.
                 if !free.is_empty() {
                     let to = free.remove(0);
-                    let x = self.mark(slot);
-                    self.copy_atime(slot, to);
-                    to.store(x, Ordering::Release);
+                    let x = slot.mark();
+                    to.store(x & !MOVED);
                     moved = true;
                 }
             }
@@ -638,27 +801,24 @@ impl Index {
     pub(crate) fn release_chain(&self, b: usize) -> Vec<u32> {
         self.clear_markers(b);
         let mut out = Vec::new();
-        let mut prev = Node::Main(b);
+        let Some(mut link) = self.main.get(b).map(|m| &m.next) else {
+            return out;
+        };
         loop {
-            let Some(link) = self.link(prev) else {
-                return out;
-            };
             let n = link.load(Ordering::Acquire);
             if n == 0 {
                 return out;
             }
-            let cur = Node::Over(n as usize - 1);
-            let empty = self
-                .slots(cur)
-                .is_some_and(|s| s.iter().all(|s| s.load(Ordering::Relaxed) == 0));
-            if empty {
+            let Some(cur) = self.over.get(n as usize - 1) else {
+                return out;
+            };
+            if cur.loc.iter().all(|l| l.load(Ordering::Relaxed) == 0) {
                 // Readers inside `cur` still follow its own link back into the chain;
                 // it is reused only after another barrier.
-                let after = self.link(cur).map_or(0, |x| x.load(Ordering::Acquire));
-                link.store(after, Ordering::Release);
+                link.store(cur.next.load(Ordering::Acquire), Ordering::Release);
                 out.push(n - 1);
             } else {
-                prev = cur;
+                link = &cur.next;
             }
         }
     }
@@ -690,36 +850,16 @@ impl Index {
         self.state
             .store((u64::from(l) << LEVEL_SHIFT) | p as u64, Ordering::Release);
         // The whole table is about to be written: fault it in at once.
-        self.buckets.populate(n);
-        self.next.populate(n);
-        self.times.populate(n * SLOTS);
+        self.main.populate(n);
     }
 
-    /// Start loading the cache lines `h`'s main bucket lives in (its slots, link and
-    /// access times), for a caller that will look it up a few keys from now.
+    /// Start loading the cache line of `h`'s main bucket (its slots and link), for a caller
+    /// that will look it up a few keys from now.
     #[inline]
     pub(crate) fn prefetch(&self, h: u64) {
-        self.prefetch_slots(h);
-        self.prefetch_side(h);
-    }
-
-    /// Start loading the cache line of `h`'s main bucket's slots alone (its link and access
-    /// times: [`Index::prefetch_side`]), so that a batch keeps fewer loads in flight.
-    #[inline]
-    pub(crate) fn prefetch_slots(&self, h: u64) {
         let b = addr(h, self.state.load(Ordering::Relaxed));
-        if let Some(bucket) = self.buckets.get(b) {
+        if let Some(bucket) = self.main.get(b) {
             prefetch(std::ptr::from_ref(bucket).cast());
-        }
-    }
-
-    /// Start loading `h`'s main bucket's link and access times.
-    #[inline]
-    pub(crate) fn prefetch_side(&self, h: u64) {
-        let b = addr(h, self.state.load(Ordering::Relaxed));
-        if let (Some(next), Some(time)) = (self.next.get(b), self.times.get(b * SLOTS)) {
-            prefetch(std::ptr::from_ref(next).cast());
-            prefetch(std::ptr::from_ref(time).cast());
         }
     }
 
@@ -727,22 +867,20 @@ impl Index {
     /// chain walk, no moved-slot handling, a hint may miss).
     #[inline]
     pub(crate) fn tagged_in_main(&self, h: u64, mut f: impl FnMut(u64)) {
-        let tag = tag_of(h);
+        let tag = self.tag(h);
         let b = addr(h, self.state.load(Ordering::Relaxed));
-        if let Some(bucket) = self.buckets.get(b) {
-            for slot in &bucket.0 {
-                let v = slot.load(Ordering::Relaxed);
-                if is_item(v) && slot_tag(v) == tag {
-                    f(v);
-                }
+        self.slots_of(Node::Main(b), |slot| {
+            let v = slot.load();
+            if is_item(v) && slot_tag(v) == tag {
+                f(v);
             }
-        }
+        });
     }
 
     fn clear_markers(&self, b: usize) {
         self.walk(b, |_, slot| {
-            if slot.load(Ordering::Relaxed) & MOVED != 0 {
-                slot.store(0, Ordering::Release);
+            if slot.load() & MOVED != 0 {
+                slot.store(0);
             }
         });
     }
@@ -766,19 +904,40 @@ pub(crate) fn prefetch(p: *const i8) {
 mod tests {
     use super::*;
 
+    /// A slot's value survives the trip through its two words for every segment-id split,
+    /// at the extremes of each field.
     #[test]
     fn slot_packing() {
-        let v = pack(
-            0xabcd,
-            (MAX_SEGMENTS - 1) as u32,
-            (MAX_OFFSET - 1) as u32,
-            2,
-            true,
-        );
+        for ext in 0..=MAX_EXT {
+            let idx = Index {
+                ext,
+                ..Index::new(64, 1)
+            };
+            let (loc, meta) = (AtomicU32::new(0), AtomicU16::new(0));
+            let slot = idx.slot(&loc, &meta);
+            let max_seg = (idx.max_segments() - 1) as u32;
+            for (tag, seg, off) in [
+                (0x3ff, max_seg, (MAX_OFFSET - 1) as u32),
+                (0, 0, 24),
+                (0x155, max_seg / 3, 12_345),
+            ] {
+                let tag = tag & !((1 << ext) - 1);
+                let v = pack(tag, seg, off, 2, true);
+                slot.store(v);
+                assert_eq!(slot.load(), v, "ext {ext}");
+                assert_eq!(slot_tag(v), tag);
+                assert_eq!(slot_seg(slot.load()), seg);
+                assert_eq!(slot_off(slot.load()), off as usize);
+                let w = v | WIN;
+                assert_eq!(slot.compare_exchange(v, w), Ok(v));
+                assert_eq!(slot.load(), w);
+                assert_eq!(slot.compare_exchange(v, bumped(v)), Err(w));
+                assert_eq!(slot.fetch_update(|_| 0), w);
+                assert_eq!(slot.load(), 0);
+            }
+        }
+        let v = pack(0x3ff, 5, 7, 2, true);
         assert!(is_valid(v) && is_item(v) && !is_item(v | MOVED));
-        assert_eq!(slot_tag(v), 0xabcd);
-        assert_eq!(slot_seg(v) as usize, MAX_SEGMENTS - 1);
-        assert_eq!(slot_off(v), MAX_OFFSET - 1);
         assert_eq!(freq(v), 2);
         assert!(fetched(v));
         let b = bumped(bumped(v));
@@ -788,6 +947,40 @@ mod tests {
         assert_ne!((v | MOVED) & IDENT_MASK, v & IDENT_MASK);
         let z = pack(0, 0, 0, 0, false);
         assert!(is_valid(z) && z != 0 && !fetched(z) && freq(z) == 0);
+    }
+
+    /// The segment-id split follows the segments asked for, and the tag keeps the rest.
+    #[test]
+    fn tag_bits_make_room_for_segments() {
+        assert_eq!(Index::new(64, 1).max_segments(), 1 << 12);
+        assert_eq!(Index::new(64, 4096).max_segments(), 1 << 12);
+        assert_eq!(Index::new(64, 4097).max_segments(), 1 << 13);
+        assert_eq!(Index::new(64, 1 << 30).max_segments(), MAX_SEGMENTS);
+        let idx = Index::new(64, 5000);
+        assert_eq!(idx.tag(u64::MAX), 0x3fe);
+    }
+
+    /// A reader's compare-exchange fails while a writer has the slot busy, and the
+    /// writer's replacement sees the access bits set before it.
+    #[test]
+    fn writers_keep_readers_bits_and_fence_them_out() {
+        let idx = Index::new(64, 1);
+        let (loc, meta) = (AtomicU32::new(0), AtomicU16::new(0));
+        let slot = idx.slot(&loc, &meta);
+        let v = pack(0x100, 3, 100, 0, false);
+        slot.store(v);
+        assert_eq!(slot.compare_exchange(v, bumped(v)), Ok(v));
+        let mut during = None;
+        let prev = slot.fetch_update(|x| {
+            // Inside the writer's window: a reader's exchange fails.
+            during = Some(slot.compare_exchange(x, x | WIN));
+            pack(0x100, 4, 200, 0, false) | (x & !IDENT_MASK)
+        });
+        assert_eq!(prev, bumped(v));
+        assert!(matches!(during, Some(Err(_))));
+        assert_eq!(slot_seg(slot.load()), 4);
+        assert_eq!(freq(slot.load()), 1);
+        assert_eq!(slot.load() & WIN, 0);
     }
 
     #[test]
@@ -803,28 +996,33 @@ mod tests {
         assert_eq!(main_count(3u64 << LEVEL_SHIFT), 8);
     }
 
+    /// An item value naming item `i` (its id in the segment field, offset past 0).
+    fn item(idx: &Index, h: u64, i: u64) -> u64 {
+        pack(idx.tag(h), i as u32, 24, 0, false)
+    }
+
     #[test]
     fn chains_and_lossy_overflow() {
-        let idx = Index::new(16);
+        let idx = Index::new(16, 1 << 18);
         // Every key in bucket 0 (low bits zero), different tags.
         let h = |i: u64| i << 30;
         let mut victims = 0;
-        let n = (SLOTS * (idx.buckets.len() + 4)) as u64;
+        let n = (SLOTS + OVER_SLOTS * (idx.over.len() + 4)) as u64;
         for i in 0..n {
             let _g = idx.lock(h(i));
-            let v = pack(tag_of(h(i)), i as u32, 0, 0, false);
-            match idx.insert(h(i), v, i as u32) {
+            let v = item(&idx, h(i), i);
+            match idx.insert(h(i), v) {
                 Insert::Stored => {}
                 Insert::Victim(slot) => {
-                    assert!(is_item(slot.load(Ordering::Relaxed)));
-                    slot.store(v, Ordering::Relaxed);
+                    assert!(is_item(slot.load()));
+                    slot.store(v);
                     victims += 1;
                 }
                 Insert::Full => panic!("no markers here"),
             }
         }
         // The chain consumed the whole overflow pool before any slot was replaced.
-        let chain_slots = SLOTS * (1 + idx.buckets.len() - idx.max_main);
+        let chain_slots = SLOTS + OVER_SLOTS * idx.over.len();
         assert_eq!(victims as usize, n as usize - chain_slots);
         let mut seen = 0;
         idx.for_each_in_chain(0, |_, _| seen += 1);
@@ -860,7 +1058,7 @@ mod tests {
     /// were inserted, splits on from there, never shrinks and stops at its largest size.
     #[test]
     fn presize_then_split() {
-        let idx = Index::new(1 << 18);
+        let idx = Index::new(1 << 18, 1 << 18);
         let start = idx.nmain();
         idx.presize(start - 1);
         assert_eq!(idx.nmain(), start, "never shrinks");
@@ -869,9 +1067,9 @@ mod tests {
             assert_eq!(idx.nmain(), n);
             assert!(idx.level() == usize::BITS - 1 - n.leading_zeros());
         }
-        // Keys land in the buckets up to nmain (about 4 per bucket: nearly all of them
+        // Keys land in the buckets up to nmain (about 5 per bucket: nearly all of them
         // used) and in no other.
-        let n = 4 * idx.nmain() as u64;
+        let n = 5 * idx.nmain() as u64;
         let mut used = vec![false; idx.max_main()];
         for i in 0..n {
             let h = test_hash(i);
@@ -879,8 +1077,10 @@ mod tests {
             assert!(b < idx.nmain());
             used[b] = true;
             let _g = idx.lock(h);
-            let v = pack(tag_of(h), i as u32, 0, 0, false);
-            assert!(matches!(idx.insert(h, v, 7), Insert::Stored), "item {i}");
+            assert!(
+                matches!(idx.insert(h, item(&idx, h, i)), Insert::Stored),
+                "item {i}"
+            );
         }
         let hit = used.iter().filter(|&&u| u).count();
         assert!(
@@ -913,13 +1113,15 @@ mod tests {
 
     #[test]
     fn splits_compaction_and_reuse_keep_every_item() {
-        let idx = Index::new(1 << 16);
+        let idx = Index::new(1 << 16, 1 << 18);
         let n = 40_000u64;
         let put = |i: u64| {
             let h = test_hash(i);
             let _g = idx.lock(h);
-            let v = pack(tag_of(h), i as u32, 0, 0, false);
-            assert!(matches!(idx.insert(h, v, 7), Insert::Stored), "item {i}");
+            assert!(
+                matches!(idx.insert(h, item(&idx, h, i)), Insert::Stored),
+                "item {i}"
+            );
         };
         let check = |upto: u64| {
             for i in 0..upto {
@@ -962,7 +1164,7 @@ mod tests {
             overflow_high = overflow_high.max(idx.overflow_used());
         }
         assert!(
-            idx.nmain() > start * 2,
+            idx.nmain() > start && idx.nmain() * SLOTS >= n as usize,
             "grew from {start} to {}",
             idx.nmain()
         );
@@ -970,7 +1172,7 @@ mod tests {
         let mut count = 0;
         for b in 0..idx.nmain() {
             idx.walk(b, |_, slot| {
-                let v = slot.load(Ordering::Relaxed);
+                let v = slot.load();
                 assert_eq!(v & MOVED, 0, "marker left in bucket {b}");
                 if is_item(v) {
                     let h = test_hash(u64::from(slot_seg(v)));
@@ -981,28 +1183,11 @@ mod tests {
         }
         assert_eq!(count, n);
         // Overflow buckets emptied by splits are unlinked and linked again, so their slots
-        // stay fewer than half the main buckets' (each has half a main bucket's slots).
+        // stay fewer than half the main buckets'.
         assert!(recycled > 0);
         assert!(
             overflow_high * OVER_SLOTS < idx.nmain() * SLOTS / 2,
             "{overflow_high} overflow buckets"
         );
-    }
-
-    #[test]
-    fn access_times() {
-        let idx = Index::new(64);
-        let h = 0x1234_5678_9abc_def0;
-        let _g = idx.lock(h);
-        let v = pack(tag_of(h), 1, 2, 0, false);
-        assert!(matches!(idx.insert(h, v, 1_000_000), Insert::Stored));
-        let (slot, _) = idx.find(h, |x| x == v).expect("inserted");
-        assert_eq!(idx.atime(slot, 1_000_000), 1_000_000);
-        assert_eq!(idx.atime(slot, 1_000_050), 1_000_000);
-        // Exact within 65536 s; the age wraps beyond.
-        assert_eq!(idx.atime(slot, 1_065_535), 1_000_000);
-        assert_eq!(idx.atime(slot, 1_065_536), 1_065_536);
-        idx.set_atime(slot, 1_000_077);
-        assert_eq!(idx.atime(slot, 1_000_080), 1_000_077);
     }
 }

@@ -1,10 +1,9 @@
 //! Meta reads (`mg`): win tokens, stale items, touch and vivify in one lookup.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use super::format::{Rec, META_BINARY_KEY, META_STALE};
+use super::index::Slot;
 use super::write::{Commit, Cond, Fail, MetaW, Outcome, Src};
-use super::{index, LogEngine, Vis};
+use super::{index, LogEngine, Vis, IDENT_MASK};
 use crate::{MetaGet, MetaItem, MetaRead, Time, Win};
 
 /// One attempt of a meta read.
@@ -64,26 +63,30 @@ impl LogEngine {
                     let recache = opts
                         .recache
                         .is_some_and(|t| r.exptime != 0 && r.exptime < t);
-                    let (win, nv) = Self::meta_win(v, stale, recache, opts.no_bump);
-                    if nv != v {
-                        let swapped = slot
-                            .compare_exchange(v, nv, Ordering::Relaxed, Ordering::Relaxed)
-                            .is_ok();
-                        // Losing the race only loses an access mark, unless the win mark
-                        // was at stake: then decide again on the current value.
-                        if !swapped && win == Win::Won {
+                    let (mut win, nv) = Self::meta_win(v, stale, recache, opts.no_bump);
+                    if win == Win::Won {
+                        // The win mark changes only under the stripe lock, on the item
+                        // this read found (see `index`): exactly one reader wins it.
+                        let _g = self.index.lock(h);
+                        let cur = slot.load();
+                        if cur & IDENT_MASK != v & IDENT_MASK {
                             return Step::Retry;
                         }
-                    }
-                    let last_access = self.index.atime(slot, now);
-                    if !opts.no_bump {
-                        self.index.set_atime(slot, now);
+                        let (w, n) = Self::meta_win(cur, stale, recache, opts.no_bump);
+                        win = w;
+                        if n != cur && slot.compare_exchange(cur, n).is_err() {
+                            // A reader's access mark came between: decide again.
+                            return Step::Retry;
+                        }
+                    } else if nv != v {
+                        // Losing the race only loses an access mark.
+                        let _ = slot.compare_exchange(v, nv);
                     }
                     found(MetaItem {
                         item: self.view_leasable(key, &r, v),
                         exptime_before: r.exptime,
                         created: false,
-                        last_access,
+                        last_access: self.written_at(v, now),
                         fetched: index::fetched(v),
                         stale,
                         win,
@@ -143,13 +146,13 @@ impl LogEngine {
                 stale: None,
                 binary_key: None,
                 win: may_win.then_some(true),
-                keep_atime: true,
                 ..MetaW::default()
             },
         };
-        let mut show = |prev: Option<(&AtomicU64, u64)>, r: &Rec<'_>, v: u64| {
-            let (mut win, mut fetched, mut last_access) = (Win::None, false, now);
-            if let Some((slot, x)) = prev {
+        let mut show = |prev: Option<(Slot<'_>, u64)>, r: &Rec<'_>, v: u64| {
+            // The item was just rewritten: its last access is now.
+            let (mut win, mut fetched, last_access) = (Win::None, false, now);
+            if let Some((_, x)) = prev {
                 win = if x & index::WIN != 0 {
                     Win::AlreadySent
                 } else if may_win {
@@ -158,10 +161,6 @@ impl LogEngine {
                     Win::None
                 };
                 fetched = index::fetched(x);
-                last_access = self.index.atime(slot, now);
-                if !opts.no_bump {
-                    self.index.set_atime(slot, now);
-                }
             }
             found(MetaItem {
                 // Under the stripe lock of the item just written (see `lease`).

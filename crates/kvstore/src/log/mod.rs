@@ -20,10 +20,11 @@
 //!   the CAS unique is stored as a zigzag varint relative to the segment's CAS base, so a
 //!   15-byte key with a 32-byte value costs 4-5 header bytes. Items larger than a segment
 //!   get a segment of their own (a "large" segment: one record, mapped to size).
-//! * **Index**: buckets of eight `AtomicU64` slots, one cache line each (see [`index`]).
-//!   A slot names segment + offset and holds a 16-bit tag, the CLOCK access bits and the
-//!   meta protocol's "win token sent" bit; a parallel table keeps each slot's last access
-//!   time (16 bits).
+//! * **Index**: buckets of ten 6-byte slots, one cache line each (see [`index`]).
+//!   A slot names segment + offset and holds a tag (10 bits for up to 4096 segments), the
+//!   CLOCK access bits and the meta protocol's "win token sent" bit. An item's last
+//!   access time, which the meta protocol shows, is when its record was written: the
+//!   segment keeps the offsets at which the clock changed (`written.rs`).
 //! * **Append shards**: each thread appends to the open segment of its shard (threads
 //!   are spread over shards round-robin), so writers of different shards never share an
 //!   append lock.
@@ -77,14 +78,15 @@
 //!
 //! `mg`/`ms`/`md`/`ma`/`me` are implemented exactly (as the model in `model.rs` specifies
 //! them), on the same write path (`apply`): the stale and binary-key marks and an explicit
-//! CAS (`E`) live in the record (`FORMAT.md`, "Meta-protocol state"); the win mark, the
-//! fetched bit and the last access time live next to the index slot because readers change
-//! them. The win mark changes only by compare-exchange on the slot: a reader that wins
-//! sets it in the exchange that also records its access, so exactly one of concurrent
-//! readers wins; `mg ... T` and `mg ... N` set it in the exchange that installs the
-//! rewritten or created item; writers that keep it (touch, in-place incr/decr, stale
-//! `ms ... I`, second-chance copies) carry it over with a compare-exchange loop under the
-//! stripe lock instead of storing a value loaded earlier. Conditions on CAS (`C`) are
+//! CAS (`E`) live in the record (`FORMAT.md`, "Meta-protocol state"); the win mark and the
+//! fetched bit live in the index slot because readers change them. The win mark changes
+//! only under the key's stripe lock: a reader that wins takes the lock, checks that the
+//! slot still holds the item it read and sets the mark in the exchange that also records
+//! its access, so exactly one of concurrent readers wins; `mg ... T` and `mg ... N` set it
+//! when they install the rewritten or created item; writers that keep it (touch, in-place
+//! incr/decr, stale `ms ... I`, second-chance copies) carry it over from the value the
+//! slot holds when it is replaced (`index::Slot::fetch_update`), never from a value loaded
+//! earlier. Conditions on CAS (`C`) are
 //! checked against a pinned read and made atomic by a location condition (`Cond::Loc`):
 //! the write happens only if the item is still the one checked.
 //!
@@ -105,8 +107,8 @@
 //! the items exceed its main slots (load 1.0: a fifth of the items sit in overflow buckets), one batch of splits at a time by whichever
 //! writer notices (the pin barriers a batch needs are tried, not waited for,
 //! and a batch whose barrier is held up finishes on a later call; `maintain` waits). A
-//! slot costs 10 bytes (8, plus 2 for the item's last access time, which the meta
-//! protocol shows), about 14 bytes per item with the overflow buckets (of four slots). Growth stops at half
+//! slot costs 6.4 bytes, about 8.3 per item with the overflow buckets (of four slots,
+//! half a cache line: BENCHMARKS.md). Growth stops at half
 //! the limit, or (with `no_evict`) at the memory no segment uses, and at one main slot
 //! per 32 bytes of the starting limit (a mapping reserved up front and touched only as
 //! the index grows); beyond that the index is lossy (a full chain replaces a slot,
@@ -133,13 +135,14 @@
 //!   logged anew first (`relog_for_skip`), and the replica skips the segment.
 //! * The index never shrinks, and its largest size is fixed by the starting `-m` (one main
 //!   slot per 32 bytes): raising the limit later (`cache_memlimit`) adds segments only.
-//! * A reader that records an access (or a last-access time) on a slot while a split or
-//!   compaction moves it may lose that access mark; win marks are never lost.
+//! * A reader that records an access on a slot while a split or compaction moves it may
+//!   lose that access mark, and one that races with a writer replacing the item may
+//!   record it on the new item; win marks are never lost or misplaced.
 //! * Meta: `mg ... T` and `md ... I` rewrite the item like touch does (no room with
-//!   `no_evict` and full memory: a miss, `NS`). The last access time is kept in 16 bits:
-//!   `l`/`la` are exact for items accessed within the last 18 hours, the age modulo
-//!   65536 s beyond. A reader that races with a writer of the same slot may record its
-//!   access time on the new item (the same `now`, or one second off).
+//!   `no_evict` and full memory: a miss, `NS`). `l`/`la` show the time since the item's
+//!   record was written (a set, a touch, or a copy by eviction, which keeps only items
+//!   read since they were written), not since it was last read: no per-item time is
+//!   kept (docs/COMPATIBILITY.md).
 
 mod cas;
 mod compact;
@@ -163,6 +166,7 @@ mod tests;
 mod ttl;
 pub mod walk;
 mod write;
+mod written;
 
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -173,7 +177,7 @@ use evict::Evictor;
 use flush::Flush;
 use format::{Rec, Spec, KIND_ITEM, META_BINARY_KEY, META_STALE};
 use grow::Grow;
-use index::{Index, Insert, IDENT_MASK};
+use index::{Index, Insert, Slot, IDENT_MASK};
 use segments::{Fifo, Open, Pool, Queue, SegTable};
 use sync::{lock, tid, Padded, Pins};
 use ttl::TtlClasses;
@@ -303,15 +307,13 @@ impl Default for MetaW {
             stale: Some(false),
             binary_key: Some(false),
             win: None,
-            keep_atime: false,
         }
     }
 }
 
 /// What the old item was, as seen by a pinned reader.
 #[derive(Debug, Clone, Copy)]
-struct Peek<'a> {
-    slot: &'a AtomicU64,
+struct Peek {
     ident: u64,
     value_len: usize,
     flags: u32,
@@ -412,12 +414,14 @@ impl LogEngine {
     /// An engine bounded by `config.max_bytes` (index included).
     pub fn new(config: EngineConfig) -> LogEngine {
         let max_bytes = config.max_bytes;
-        let index = Index::new(max_bytes / BYTES_PER_SLOT);
-        let budget = max_bytes.saturating_sub(index.bytes());
+        let max_slots = max_bytes / BYTES_PER_SLOT;
+        let budget = max_bytes.saturating_sub(Index::initial_bytes(max_slots));
         let mut seg_size = MAX_SEG_SIZE;
         while seg_size > MIN_SEG_SIZE && seg_size * 32 > budget {
             seg_size /= 2;
         }
+        // Segment ids for twice the limit's segments (large items, a limit raised later).
+        let index = Index::new(max_slots, (max_bytes / seg_size).saturating_mul(2) + 64);
         let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
         let nshards = (cpus * 2).clamp(2, 16).min((budget / seg_size / 8).max(1));
         LogEngine {
@@ -593,7 +597,7 @@ impl LogEngine {
                 // SAFETY: we hold the chain's stripe lock and `v` is in its slot.
                 match unsafe { self.rec(v) } {
                     Some(r) if r.kind == KIND_ITEM => {
-                        if index::tag_of(self.hash(r.key)) != index::slot_tag(v) {
+                        if self.index.tag(self.hash(r.key)) != index::slot_tag(v) {
                             err = Some(format!("slot {v:#x}: tag does not match its key"));
                         }
                         let e = items.entry(index::slot_seg(v)).or_default();
@@ -689,10 +693,10 @@ impl LogEngine {
     }
 
     /// What `me` shows of the live record `r` in `slot` (slot value `v`).
-    fn describe(&self, slot: &AtomicU64, r: &Rec<'_>, v: u64, now: Time) -> crate::DebugItem {
+    fn describe(&self, r: &Rec<'_>, v: u64, now: Time) -> crate::DebugItem {
         crate::DebugItem {
             exptime: r.exptime,
-            last_access: self.index.atime(slot, now),
+            last_access: self.written_at(v, now),
             cas: self.rec_cas(r),
             fetched: index::fetched(v),
             value_len: r.value.len(),
@@ -793,16 +797,15 @@ impl LogEngine {
     #[inline]
     pub fn prefetch_bucket(&self, key: &[u8]) -> u64 {
         let h = self.hash(key);
-        self.index.prefetch_slots(h);
+        self.index.prefetch(h);
         h
     }
 
-    /// A hint that the key of hash `h` is about to be read: start loading its bucket's link
-    /// and access times and the first two cache lines of the records its slots with its tag
-    /// point to. Reads the bucket's slots (a miss unless [`LogEngine::prefetch_bucket`]
-    /// loaded them a while ago), nothing through the prefetches.
+    /// A hint that the key of hash `h` is about to be read: start loading the first two
+    /// cache lines of the records its bucket's slots with its tag point to. Reads the
+    /// bucket's slots (a miss unless [`LogEngine::prefetch_bucket`] loaded them a while
+    /// ago), nothing through the prefetches.
     pub fn prefetch_records(&self, h: u64) {
-        self.index.prefetch_side(h);
         self.prefetch_record_lines(h);
     }
 
@@ -830,7 +833,7 @@ impl LogEngine {
     /// # Safety
     /// The caller holds a pin, or `h`'s bucket stripe lock; the returned record is valid
     /// as long as that protection is held.
-    unsafe fn lookup<'a>(&'a self, h: u64, key: &[u8]) -> Option<(&'a AtomicU64, u64, Rec<'a>)> {
+    unsafe fn lookup<'a>(&'a self, h: u64, key: &[u8]) -> Option<(Slot<'a>, u64, Rec<'a>)> {
         let mut out = None;
         let found = self.index.find(h, |v| {
             // SAFETY: forwarded from the caller: pinned or holding the stripe lock.
@@ -847,15 +850,13 @@ impl LogEngine {
     }
 
     /// Record a read of the live item slot `slot` holds as `v`: its access counter and
-    /// fetched bit (unless already at their most) and its access time.
+    /// fetched bit (unless already at their most).
     #[inline]
-    fn mark_access(&self, slot: &AtomicU64, v: u64, now: Time) {
+    fn mark_access(&self, slot: Slot<'_>, v: u64) {
         if index::freq(v) < index::FREQ_MAX || !index::fetched(v) {
             // Losing this race to a writer only loses one access mark.
-            let _ =
-                slot.compare_exchange(v, index::bumped(v), Ordering::Relaxed, Ordering::Relaxed);
+            let _ = slot.compare_exchange(v, index::bumped(v));
         }
-        self.index.set_atime(slot, now);
     }
 
     fn view<'a>(&self, key: &'a [u8], r: &Rec<'a>) -> ItemView<'a> {
@@ -886,7 +887,7 @@ impl LogEngine {
     /// Call `f` with every index slot that holds an item and its value, one chain at a time
     /// under the chain's stripe lock. The bound is read again every step: a split moves
     /// items only to new buckets past every old one, so none is skipped.
-    fn for_each_indexed(&self, mut f: impl FnMut(&AtomicU64, u64)) {
+    fn for_each_indexed<'a>(&'a self, mut f: impl FnMut(Slot<'a>, u64)) {
         let mut b = 0;
         while b < self.index.nmain() {
             let _g = self.index.lock_bucket(b);
@@ -904,6 +905,15 @@ impl LogEngine {
     fn spec_size(&self, spec: &Spec<'_>) -> usize {
         let value = spec.parts[0].len() + spec.parts[1].len();
         self.config.item_size(spec.key.len(), value, spec.flags)
+    }
+
+    /// When the record slot value `v` points at was written (the item's last access time
+    /// the meta protocol shows, see `written.rs`), at most `now`.
+    fn written_at(&self, v: u64, now: Time) -> Time {
+        self.segs
+            .get(index::slot_seg(v))
+            .and_then(|s| s.acct.0.written.at(index::slot_off(v)))
+            .map_or(now, |t| t.min(now))
     }
 
     /// An item of `size` bytes (memcached's) was evicted.
@@ -977,22 +987,21 @@ impl LogEngine {
                 self.note_removed(&r, cur);
                 (r.len, self.rec_size(&r))
             });
-            slot.store(0, Ordering::Release);
+            slot.store(0);
             self.account_remove(cur, len, size);
         }
     }
 
     /// Look `key` up under a pin: its location and value length if live. A dead item is
     /// unlinked and counted, as memcached's lookups do.
-    fn peek(&self, h: u64, key: &[u8], now: Time) -> Option<Peek<'_>> {
+    fn peek(&self, h: u64, key: &[u8], now: Time) -> Option<Peek> {
         let dead = {
             let _pin = self.pin();
             // SAFETY: pinned.
-            let (slot, v, r) = unsafe { self.lookup(h, key) }?;
+            let (_, v, r) = unsafe { self.lookup(h, key) }?;
             match self.vis(&r, now) {
                 Vis::Live => {
                     return Some(Peek {
-                        slot,
                         ident: v & IDENT_MASK,
                         value_len: r.value.len(),
                         flags: r.flags,

@@ -67,6 +67,8 @@ pub(super) struct SegAcct {
     /// time to live). Until the clock reaches it nothing in the segment has expired, so
     /// the background sweep need not read its records (`maintain`).
     pub(super) min_exp: AtomicU32,
+    /// When its records were written (`written.rs`).
+    pub(super) written: super::written::WriteTimes,
 }
 
 impl SegAcct {
@@ -103,6 +105,7 @@ impl SegAcct {
         self.live_bytes.store(0, Ordering::Relaxed);
         self.max_exp.store(0, Ordering::Relaxed);
         self.min_exp.store(0, Ordering::Relaxed);
+        self.written.reset();
     }
 }
 
@@ -265,7 +268,7 @@ impl LogEngine {
         let id = match p.ids.pop() {
             Some(id) => id,
             None => {
-                if p.next_id as usize >= index::MAX_SEGMENTS {
+                if p.next_id as usize >= self.index.max_segments() {
                     return None;
                 }
                 p.next_id += 1;
@@ -535,6 +538,10 @@ impl LogEngine {
         let used = o.used + len;
         *slot = Some(Open { used, ..o });
         if let Some(seg) = self.segs.get(o.id) {
+            seg.acct
+                .0
+                .written
+                .note(o.used, self.clock.load(Ordering::Relaxed));
             seg.mem.0.used.store(used, Ordering::Release);
         }
     }

@@ -884,7 +884,7 @@ impl LogEngine {
                 }
                 loaded.cas = loaded.cas.max(r.cas.saturating_add(1));
                 loaded.stamp = loaded.stamp.max(r.stamp);
-                if self.vis(&r, now) == Vis::Live && self.adopt_record(id, off, &r, h, now) {
+                if self.vis(&r, now) == Vis::Live && self.adopt_record(id, off, &r, h) {
                     acct.add(self, self.rec_size(&r), r.len, r.exptime);
                 }
             }
@@ -899,8 +899,8 @@ impl LogEngine {
     /// Index the live record `r` at `off` in segment `id` (being adopted), unless the
     /// index holds the same key with a version at least as new. True if indexed; the
     /// caller counts it (`ImageAcct`).
-    fn adopt_record(&self, id: u32, off: usize, r: &Rec<'_>, h: u64, now: Time) -> bool {
-        let v = index::pack(index::tag_of(h), id, off as u32, 0, false);
+    fn adopt_record(&self, id: u32, off: usize, r: &Rec<'_>, h: u64) -> bool {
+        let v = index::pack(self.index.tag(h), id, off as u32, 0, false);
         let mut g = self.index.lock(h);
         // The key's next version goes above this one (see `cas.rs`).
         *g = (*g).max(r.cas.saturating_add(1));
@@ -910,15 +910,13 @@ impl LogEngine {
                 if (old.cas, old.stamp) >= (r.cas, r.stamp) {
                     return false;
                 }
-                self.index.set_atime(slot, now);
-                slot.store(v, Ordering::Release);
+                slot.store(v);
                 self.account_remove(old_v, old.len, self.rec_size(&old));
             }
-            None => match self.index.insert(h, v, now) {
+            None => match self.index.insert(h, v) {
                 Insert::Stored => {}
                 Insert::Victim(slot) => {
-                    self.index.set_atime(slot, now);
-                    self.evict_index_slot(slot, slot.load(Ordering::Acquire), v);
+                    self.evict_index_slot(slot, slot.load(), v);
                 }
                 Insert::Full => {
                     self.count_index_eviction();

@@ -1583,7 +1583,7 @@ fn adversarial_keys(n: usize) -> Vec<(&'static str, Vec<Vec<u8>>)> {
 /// grows long. For each family of [`adversarial_keys`] and several seeds, 250,000 keys go into
 /// 2^15 buckets (7.6 per bucket on average, as the index's load): the fullest holds at most
 /// 32 (random keys: about 20; a count of 32 or more has odds under 1e-9 per bucket), the top
-/// 16 bits (the tag) are spread too, and no two keys share their whole hash.
+/// 10 bits (the tag) are spread too, and no two keys share their whole hash.
 #[test]
 fn adversarial_keys_spread_over_the_buckets() {
     const LEVEL: u32 = 15;
@@ -1592,7 +1592,7 @@ fn adversarial_keys_spread_over_the_buckets() {
     for (family, keys) in adversarial_keys(n) {
         for seed in [0, 1, 0x0123_4567_89ab_cdef, random] {
             let mut buckets = vec![0u32; 1 << LEVEL];
-            let mut tags = vec![0u32; 1 << 16];
+            let mut tags = vec![0u32; 1 << 10];
             let mut hashes: Vec<u64> = keys.iter().map(|k| key_hash(seed, k)).collect();
             for &h in &hashes {
                 buckets[(h & ((1 << LEVEL) - 1)) as usize] += 1;
@@ -1604,10 +1604,11 @@ fn adversarial_keys_spread_over_the_buckets() {
                 "{family}, seed {seed:#x}: a bucket of {fullest} (mean {:.1})",
                 n as f64 / f64::from(1u32 << LEVEL)
             );
-            // 3.8 keys per tag on average: the most common tag is far from a pile-up.
+            // 244 keys per tag on average (a standard deviation of 16): the most common tag
+            // is far from a pile-up (random keys: about 295).
             let top_tag = tags.iter().copied().max().unwrap_or(0);
             assert!(
-                top_tag <= 24,
+                top_tag <= 330,
                 "{family}, seed {seed:#x}: a tag {top_tag} times"
             );
             hashes.sort_unstable();
@@ -1619,7 +1620,7 @@ fn adversarial_keys_spread_over_the_buckets() {
 
 /// The same through the engine: 1,000,000 adversarial keys (200,000 of each family) stored,
 /// the index grown to them, and its longest chain no longer than random keys give (the main
-/// buckets hold 8 at the load the index grows at, buckets not yet split up to twice that);
+/// buckets hold 10 at the load the index grows at, buckets not yet split up to twice that);
 /// every key is still found, and none was dropped because a chain was full.
 #[test]
 fn a_million_adversarial_keys_make_no_long_chain() {

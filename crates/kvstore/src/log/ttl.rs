@@ -49,7 +49,7 @@ pub(super) struct TtlClasses {
 }
 
 /// What [`TtlClasses::try_open`] found for an item.
-pub(super) enum Slot<'a> {
+pub(super) enum ClassSeg<'a> {
     /// The item has no class (it lives too long, or there are none).
     NoClass,
     /// Every open segment of its class was busy.
@@ -89,10 +89,10 @@ impl TtlClasses {
 
     /// Try the open segments of the class of an item that lives `ttl` more seconds, starting
     /// at the one `start` picks (a thread's number spreads the threads over them).
-    pub(super) fn try_open(&self, ttl: Time, start: usize) -> Slot<'_> {
+    pub(super) fn try_open(&self, ttl: Time, start: usize) -> ClassSeg<'_> {
         let class = self.bounds.partition_point(|&b| b <= ttl);
         if class >= self.bounds.len() {
-            return Slot::NoClass;
+            return ClassSeg::NoClass;
         }
         for w in 0..self.ways {
             let i = class * self.ways + (start + w) % self.ways;
@@ -100,12 +100,12 @@ impl TtlClasses {
                 break;
             };
             match slot.0.try_lock() {
-                Ok(g) => return Slot::Open(g),
-                Err(TryLockError::Poisoned(p)) => return Slot::Open(p.into_inner()),
+                Ok(g) => return ClassSeg::Open(g),
+                Err(TryLockError::Poisoned(p)) => return ClassSeg::Open(p.into_inner()),
                 Err(TryLockError::WouldBlock) => {}
             }
         }
-        Slot::Busy
+        ClassSeg::Busy
     }
 
     /// Every open segment's slot, with the longest time to live of its class.

@@ -82,7 +82,7 @@ impl LogEngine {
         let end = from.saturating_add(buckets.max(1)).min(nmain);
         for b in from..end {
             let _g = self.index.lock_bucket(b);
-            self.index.for_each_in_chain(b, |slot, v| {
+            self.index.for_each_in_chain(b, |_, v| {
                 // SAFETY: we hold the chain's stripe lock and `v` is in its slot.
                 let Some(r) = (unsafe { self.rec(v) }) else {
                     return;
@@ -92,7 +92,7 @@ impl LogEngine {
                 }
                 f(crate::ScanItem {
                     key: r.key,
-                    meta: self.describe(slot, &r, v, now),
+                    meta: self.describe(&r, v, now),
                 });
             });
         }

@@ -2,16 +2,16 @@
 //! lock, large items in their own segments, and store, touch, delete and incr/decr built on it.
 
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::MutexGuard;
 
 use super::format::{
     self, Rec, Spec, HDR_MAX, KIND_ITEM, KIND_TOMBSTONE, META_BINARY_KEY, META_STALE, SEG_HDR,
 };
-use super::index::{Insert, IDENT_MASK};
+use super::index::{Insert, Slot, IDENT_MASK};
 use super::segments::{Dest, Evicted, Open, Queue};
 use super::sync::{lock, tid};
-use super::ttl::Slot;
+use super::ttl::ClassSeg;
 use super::{index, segments, LogEngine, Vis, GROW_EVERY, MAX_KEY, PAGE, RETRIES};
 use crate::{
     number, ItemView, MetaArith, MetaArithResult, MetaStoreRequest, StoreMode, StoreResult, Time,
@@ -92,20 +92,18 @@ pub(super) struct MetaW {
     /// Set or clear the win mark; None keeps the old slot's with `keep_access`, else
     /// clears it.
     pub(super) win: Option<bool>,
-    /// Keep the old item's last access time (the write is not an access).
-    pub(super) keep_atime: bool,
 }
 
 /// The callback of a write that shows its result (gat, mg with T, mg with N): the slot and
 /// the value it held before (when the write replaced a live item in place) and the new
 /// record, all under the key's stripe lock.
-pub(super) type ShowFn<'s> = &'s mut dyn FnMut(Option<(&AtomicU64, u64)>, &Rec<'_>, u64);
+pub(super) type ShowFn<'s> = &'s mut dyn FnMut(Option<(Slot<'_>, u64)>, &Rec<'_>, u64);
 
 /// A stripe lock still held after a write, with the slot value written.
 pub(super) struct Held<'a> {
     pub(super) _g: MutexGuard<'a, u64>,
     /// The slot and its value before the write, when a live item was replaced.
-    pub(super) prev: Option<(&'a AtomicU64, u64)>,
+    pub(super) prev: Option<(Slot<'a>, u64)>,
     pub(super) v: u64,
 }
 
@@ -220,7 +218,7 @@ impl LogEngine {
         // unpublished destination.
         let len =
             unsafe { format::write(dest.ptr.as_ptr().add(dest.off), dest.room, &spec, dest.base) };
-        let fresh = index::pack(index::tag_of(c.h), dest.id, dest.off as u32, 0, false);
+        let fresh = index::pack(self.index.tag(c.h), dest.id, dest.off as u32, 0, false);
         // The new slot value, from the value the slot holds when it is replaced: readers
         // may set access or win bits until then (by compare-exchange), and a write that
         // keeps them must not lose one.
@@ -251,21 +249,14 @@ impl LogEngine {
                 // A dead item's time and bits are not kept (`Loc` writes, the only ones
                 // that keep them, need a live item).
                 let keep = live.is_some();
-                if !(keep && c.meta.keep_atime) {
-                    self.index.set_atime(slot, now);
-                }
-                let prev = slot
-                    .fetch_update(Ordering::Release, Ordering::Relaxed, |x| {
-                        Some(next(keep.then_some(x)))
-                    })
-                    .unwrap_or(*v);
+                let prev = slot.fetch_update(|x| next(keep.then_some(x)));
                 new_v = next(keep.then_some(prev));
                 held_prev = keep.then_some((*slot, prev));
                 self.account_remove(*v, r.len, self.rec_size(r));
             }
             None => {
                 new_v = self.admit(c.h, new_v);
-                let ins = self.index.insert(c.h, new_v, now);
+                let ins = self.index.insert(c.h, new_v);
                 if let Insert::Full = ins {
                     // No slot to take (only markers of a split in the chain): the new
                     // record stays unreferenced, as if evicted at once.
@@ -275,8 +266,7 @@ impl LogEngine {
                 }
                 if let Insert::Victim(slot) = ins {
                     // The chain is full: this slot's item is evicted to make room.
-                    self.index.set_atime(slot, now);
-                    self.evict_index_slot(slot, slot.load(Ordering::Acquire), new_v);
+                    self.evict_index_slot(slot, slot.load(), new_v);
                 }
             }
         }
@@ -368,11 +358,11 @@ impl LogEngine {
     fn open_for(&self, exptime: Option<Time>, now: Time) -> MutexGuard<'_, Option<Open>> {
         if let Some(e) = exptime.filter(|&e| e > now) {
             match self.ttl.try_open(e - now, tid()) {
-                Slot::Open(g) => return g,
-                Slot::Busy => {
+                ClassSeg::Open(g) => return g,
+                ClassSeg::Busy => {
                     self.st().ttl_class_busy.fetch_add(1, Ordering::Relaxed);
                 }
-                Slot::NoClass => {}
+                ClassSeg::NoClass => {}
             }
         }
         lock(&self.shards[tid() % self.shards.len()].0)
@@ -492,11 +482,7 @@ impl LogEngine {
         let c = match req.mode {
             StoreMode::Set => base,
             StoreMode::Add => {
-                if let Some(p) = self.peek(h, req.key, now) {
-                    // memcached's add bumps the access time of the item it finds.
-                    if p.slot.load(Ordering::Relaxed) & IDENT_MASK == p.ident {
-                        self.index.set_atime(p.slot, now);
-                    }
+                if self.peek(h, req.key, now).is_some() {
                     return (StoreResult::NotStored, len);
                 }
                 Commit {
@@ -609,7 +595,7 @@ impl LogEngine {
                     Some((slot, v, r))
                         if v & IDENT_MASK == p.ident && self.vis(&r, now) == Vis::Live =>
                     {
-                        self.mark_access(slot, v, now);
+                        self.mark_access(slot, v);
                         if let Some(f) = found.as_mut() {
                             f(self.view_leasable(key, &r, v));
                         }
@@ -636,7 +622,7 @@ impl LogEngine {
                     ..MetaW::default()
                 },
             };
-            let mut show = |_: Option<(&AtomicU64, u64)>, r: &Rec<'_>, v: u64| {
+            let mut show = |_: Option<(Slot<'_>, u64)>, r: &Rec<'_>, v: u64| {
                 if let Some(f) = found.as_mut() {
                     // Under the stripe lock of the item just written (see `lease`).
                     f(self.view_leasable(key, r, v));
@@ -687,7 +673,7 @@ impl LogEngine {
         if vis != Vis::Live {
             self.count_dead(vis);
             self.note_removed(&r, v);
-            slot.store(0, Ordering::Release);
+            slot.store(0);
             self.account_remove(v, r.len, self.rec_size(&r));
             return Some(false);
         }
@@ -702,7 +688,7 @@ impl LogEngine {
         // The item leaves the index before its tombstone is published (as a write enters
         // it before its record is): a replica's full sync whose snapshot range holds the
         // tombstone must not find the item still indexed.
-        slot.store(0, Ordering::Release);
+        slot.store(0);
         if let (Some(o), Some(d)) = (open, dest) {
             self.append_tombstone(&mut sh, o, &d, key, (cas, 0));
         }

@@ -293,7 +293,6 @@ impl LogEngine {
                 stale: Some(r.meta & META_STALE != 0),
                 binary_key: Some(r.meta & META_BINARY_KEY != 0),
                 win: Some(false),
-                keep_atime: false,
             },
         };
         self.commit(&c, now, None);
@@ -349,7 +348,7 @@ impl LogEngine {
         self.for_each_indexed(|slot, v| {
             // SAFETY: we hold the chain's stripe lock and `v` is in its slot.
             let (len, size) = unsafe { self.rec(v) }.map_or((0, 0), |r| (r.len, self.rec_size(&r)));
-            slot.store(0, Ordering::Release);
+            slot.store(0);
             self.account_remove(v, len, size);
         });
         // Nothing is kept for replicas of this engine: what it dropped must not be

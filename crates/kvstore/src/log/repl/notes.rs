@@ -170,7 +170,7 @@ impl LogEngine {
         // SAFETY: we hold `h`'s stripe lock.
         if let Some((slot, v, r)) = unsafe { self.lookup(h, key) } {
             if (r.cas, r.stamp) < (cas, stamp) {
-                slot.store(0, Ordering::Release);
+                slot.store(0);
                 self.account_remove(v, r.len, self.rec_size(&r));
             }
         }
