@@ -777,7 +777,7 @@ fn differential_sasl() {
     // Cyrus SASL builds without `alwaystrue` cannot run this comparison.
     let mut c = memcached.connect();
     if auth(&mut c, "alice", "secret") != 0 {
-        eprintln!("differential_sasl: skipped: this Cyrus SASL has no alwaystrue password check");
+        common::skip("this Cyrus SASL has no alwaystrue password check");
         return;
     }
     let (kvcached, pwdb) = sasl_server("diff-pwdb");
@@ -810,7 +810,7 @@ fn pylibmc_sasl_round_trip() {
         ])
         .output();
     if !matches!(probe, Ok(ref o) if o.status.success()) {
-        eprintln!("pylibmc_sasl_round_trip: skipped: no pylibmc with SASL for /usr/bin/python3");
+        common::skip("no pylibmc with SASL for /usr/bin/python3");
         return;
     }
     let (server, pwdb) = sasl_server("pylibmc");

@@ -658,9 +658,7 @@ fn keys_under_another_pem_label_are_loaded() {
                 false,
             ));
         }
-        _ => {
-            println!("SKIP keys_under_another_pem_label_are_loaded: RSA cases (no openssl command)")
-        }
+        _ => common::skip("its RSA cases (no openssl command)"),
     }
     let ca = format!("ssl_ca_cert={}", pki.path("ca.pem").display());
     for (name, cert, key, memcached_loads) in cases {
@@ -916,10 +914,9 @@ fn sasl_with_an_ascii_auth_file_serves_ascii_authentication() {
     assert!(kv.wait_stderr("-S with -Y", 1), "{}", kv.stderr_so_far());
     match start_with_env(common::Kind::Memcached, &args, &envs) {
         Ok(mc) => assert_eq!(got, transcript(&mc), "kvcached, then memcached"),
-        Err(e) => println!(
-            "SKIP sasl_with_an_ascii_auth_file_serves_ascii_authentication: memcached \
-             comparison (memcached -S did not start: {e})"
-        ),
+        Err(e) => common::skip(format_args!(
+            "its memcached comparison (memcached -S did not start: {e})"
+        )),
     }
 }
 

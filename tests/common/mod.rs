@@ -6,8 +6,11 @@ pub mod diff;
 pub mod netns;
 pub mod ports;
 pub mod repl;
+pub mod skip;
 
 pub use ports::free_port;
+#[allow(unused_imports)] // not every test file has something to skip
+pub use skip::skip;
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
