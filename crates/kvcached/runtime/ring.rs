@@ -1,9 +1,9 @@
 //! The io_uring runtime (`-o io=uring`): a worker's connections read and write through one
 //! ring instead of a `read` and a `write` system call each.
 //!
-//! The connection code (`conn.rs`) is the same for both runtimes. It reads and writes a
-//! [`RingSock`] as it would a non-blocking socket, and the worker turns the ring's
-//! completions into the events that drive it:
+//! The connection code (`conn.rs`) reads and writes a [`RingSock`] as it would a
+//! non-blocking socket (its one addition for this runtime is lending its input buffer,
+//! below), and the worker turns the ring's completions into the events that drive it:
 //!
 //! - **Receiving.** While a connection has nothing buffered, one receive is armed for it. It
 //!   uses a buffer the kernel picks from this worker's provided-buffer ring when data
