@@ -13,7 +13,10 @@
 #   6. scripts/fuzz.sh 30        (each fuzz target for 30 s)
 #
 # At the end it prints one line per step (ok or FAILED, its time, and for test steps the
-# counts and the names of the failed tests), then a total line; it exits 0 only if every
+# counts and the names of the failed tests), then a total line; tests that passed without
+# checking everything because this machine lacks something (io_uring, root, a tool) say so
+# with a `SKIP <test>: <why>` line and are counted as skipped (`tests/common/skip.rs`);
+# `#[ignore]`d tests are counted as ignored. it exits 0 only if every
 # step passed. Environment: FUZZ_SECONDS (default 30; 0 skips fuzzing), and anything cargo
 # reads (CARGO_TARGET_DIR, ...).
 set -uo pipefail
@@ -35,6 +38,7 @@ failed_steps=0
 passed=0
 failed=0
 ignored=0
+skipped=0
 
 mmss() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
 
@@ -73,6 +77,12 @@ counts() {
          END { printf "%d %d %d\n", p, f, g }' "$test_log"
 }
 
+# Tests that said they skipped (`SKIP <test>: <why>`, written to stderr uncaptured, so it
+# may follow the progress dots of --quiet on the same line).
+skips() {
+    grep -oE 'SKIP [^ ]+: ' "$test_log" | wc -l
+}
+
 # The names libtest lists under its closing "failures:" heading, space-separated.
 failures() {
     awk '/^failures:$/ { list = 1; next }
@@ -84,18 +94,20 @@ failures() {
 # tests LABEL COMMAND...: a cargo test command as one step; its counts go into the totals
 # and its failed tests' names into the summary.
 tests() {
-    local label=$1 status=0 t0=$SECONDS p f g detail
+    local label=$1 status=0 t0=$SECONDS p f g s detail
     shift
     printf '\n==> %s\n' "$label"
     : >"$test_log"
     "$@" 2>&1 | tee "$test_log" || status=$?
     read -r p f g < <(counts)
+    s=$(skips)
     # A build failure or a crashed test binary fails the step without a "failed" count.
     ((status == 0 || f > 0)) || f=1
     passed=$((passed + p))
     failed=$((failed + f))
     ignored=$((ignored + g))
-    detail="$p passed, $f failed, $g skipped"
+    skipped=$((skipped + s))
+    detail="$p passed ($s of them skipped in whole or part), $f failed, $g ignored"
     if ((status != 0)); then
         local names
         names="$(failures)"
@@ -144,7 +156,7 @@ for i in "${!labels[@]}"; do
     printf '  %-7s %-7s %s\n' "${results[$i]}" "${times[$i]}" "${labels[$i]}"
     [[ -z ${details[$i]} ]] || printf '                  %s\n' "${details[$i]}"
 done
-echo "test.sh: $passed passed, $failed failed, $ignored skipped"
+echo "test.sh: $passed passed ($skipped of them skipped in whole or part), $failed failed, $ignored ignored"
 if ((failed_steps > 0)); then
     echo "test.sh: $failed_steps of ${#labels[@]} steps failed"
     exit 1

@@ -15,14 +15,13 @@
 
 mod common;
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::io::Read;
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
-use common::{free_port, memcached_path, Client, Kind, Server, TIMEOUT};
+use common::{free_port, Client, Kind, Server, TIMEOUT};
 
 extern "C" {
     fn geteuid() -> u32;
@@ -47,53 +46,8 @@ fn hostname() -> String {
 /// Start `kind` on a free loopback port with these arguments and environment variables.
 /// (`Server::start_verified` checks the pid with `stats`, which an auth server refuses.)
 fn start(kind: Kind, args: &[&str], envs: &[(&str, OsString)]) -> Server {
-    let program = match kind {
-        Kind::Kvcached => PathBuf::from(env!("CARGO_BIN_EXE_kvcached")),
-        Kind::Memcached => memcached_path(),
-    };
-    let mut last = String::new();
-    for _ in 0..5 {
-        let port = free_port();
-        let mut cmd = Command::new(&program);
-        cmd.args(["-l", "127.0.0.1", "-p", &port.to_string()]);
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { geteuid() } == 0 {
-            cmd.args(["-u", "root"]);
-        }
-        cmd.args(args)
-            .envs(envs.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let mut child = cmd.spawn().expect("spawn server");
-        let deadline = Instant::now() + TIMEOUT;
-        let up = loop {
-            // The listener must be the child's: a server that lost the port to another one
-            // exits (however long that takes it), while the other answers.
-            if common::listens(child.id(), port) && TcpStream::connect(("127.0.0.1", port)).is_ok()
-            {
-                break true;
-            }
-            if Instant::now() > deadline {
-                break false;
-            }
-            if let Ok(Some(_)) = child.try_wait() {
-                break false;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        };
-        if up && matches!(child.try_wait(), Ok(None)) {
-            return Server::new(kind, port, child, None);
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        let mut err = String::new();
-        if let Some(mut e) = child.stderr.take() {
-            let _ = e.read_to_string(&mut err);
-        }
-        last = err;
-    }
-    panic!("{kind:?} did not start: {last}");
+    let envs: Vec<(&str, &OsStr)> = envs.iter().map(|(k, v)| (*k, v.as_os_str())).collect();
+    Server::try_start(kind, args, &envs).unwrap_or_else(|e| panic!("{kind:?} did not start: {e}"))
 }
 
 const AUTH_FILE: &[u8] = b"alice:secret\nbob:pa ss\r\ncarol:\n";
@@ -294,15 +248,10 @@ fn ascii_auth_file_reloads_on_sighup() {
     std::fs::write(&path, b"dave:newpass\n").expect("rewrite");
     // SAFETY: kill(2) on our own child.
     unsafe { kill(server.child.id() as i32, 1) };
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
+    common::poll_until("SIGHUP to reload the file", TIMEOUT, || {
         let mut c = server.connect();
-        if login(&mut c, "dave", "newpass") == "STORED\r\n" {
-            break;
-        }
-        assert!(Instant::now() < deadline, "SIGHUP did not reload the file");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        login(&mut c, "dave", "newpass") == "STORED\r\n"
+    });
     let mut c = server.connect();
     assert_eq!(
         login(&mut c, "alice", "secret"),
@@ -777,7 +726,7 @@ fn differential_sasl() {
     // Cyrus SASL builds without `alwaystrue` cannot run this comparison.
     let mut c = memcached.connect();
     if auth(&mut c, "alice", "secret") != 0 {
-        eprintln!("differential_sasl: skipped: this Cyrus SASL has no alwaystrue password check");
+        common::skip("this Cyrus SASL has no alwaystrue password check");
         return;
     }
     let (kvcached, pwdb) = sasl_server("diff-pwdb");
@@ -810,7 +759,7 @@ fn pylibmc_sasl_round_trip() {
         ])
         .output();
     if !matches!(probe, Ok(ref o) if o.status.success()) {
-        eprintln!("pylibmc_sasl_round_trip: skipped: no pylibmc with SASL for /usr/bin/python3");
+        common::skip("no pylibmc with SASL for /usr/bin/python3");
         return;
     }
     let (server, pwdb) = sasl_server("pylibmc");
@@ -864,19 +813,13 @@ fn replica_of_a_sasl_master() {
         ],
     );
     let mut r = replica.connect();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    common::poll_until("the replica to catch up", Duration::from_secs(30), || {
         r.send(b"get sasl199\r\n");
-        let got = r.until("END\r\n");
-        if got == "VALUE sasl199 7 4\r\nv199\r\nEND\r\n" {
-            break;
+        match r.until("END\r\n") {
+            got if got == "VALUE sasl199 7 4\r\nv199\r\nEND\r\n" => Ok(()),
+            got => Err(format!("it answers {got:?}")),
         }
-        assert!(
-            Instant::now() < deadline,
-            "replica did not catch up: {got:?}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    });
     for i in 0..200 {
         r.send(format!("get sasl{i}\r\n").as_bytes());
         let v = format!("v{i}");

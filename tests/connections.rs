@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{Client, Kind, Server};
+use common::{poll_until, Client, Kind, Server};
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::os::unix::fs::PermissionsExt;
@@ -31,15 +31,6 @@ common::both!(
 );
 
 const TOO_MANY: &str = "ERROR Too many open connections\r\n";
-
-/// Poll `f` until it returns true or `within` passes.
-fn poll_until(what: &str, within: Duration, mut f: impl FnMut() -> bool) {
-    let end = Instant::now() + within;
-    while !f() {
-        assert!(Instant::now() < end, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
 
 /// What a fresh connection sees when it sends `version`.
 enum Attempt {

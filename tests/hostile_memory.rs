@@ -19,7 +19,7 @@
 
 mod common;
 
-use common::{Client, Kind, Server};
+use common::{poll_until, Client, Kind, Server};
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
@@ -249,12 +249,13 @@ fn hostile_clients_keep_rss_bounded() {
                 Err(e) => panic!("c: writing requests failed: {e}"),
             }
         }
-        // Steady state: every connection has filled its socket buffers and stopped; the
-        // number of executed gets no longer moves. Each connection runs at least one get
-        // before its output stops it: those are waited for first, so that a busy machine's
-        // pause before the server got to every connection is not taken for the end.
+        // Steady state: every connection has filled its socket buffers and stopped, which
+        // the server says by showing each in `conn_mwrite` (its replies wait for a client
+        // that does not read; a connection only gets there once its socket refused more,
+        // and a 500 KB reply is over the high-water mark that stops execution).
         wait_stat_at_least(&mut mon, "cmd_get", g0 + n as u64);
-        let executed = wait_stat_stable(&mut mon, "cmd_get") - g0;
+        wait_blocked_writing(&mut mon, n);
+        let executed = stat(&mut mon, "cmd_get") - g0;
         eprintln!("c: {executed} gets executed before backpressure held them all");
         assert!(
             executed >= n as u64 && executed < (n * C_GETS) as u64,
@@ -734,22 +735,25 @@ fn wait_stat_at_least(mon: &mut Client, name: &str, target: u64) {
     }
 }
 
-/// Poll until `name` has not changed for 300 ms; returns its value.
-fn wait_stat_stable(mon: &mut Client, name: &str) -> u64 {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut last = stat(mon, name);
-    let mut since = Instant::now();
-    loop {
-        std::thread::sleep(Duration::from_millis(20));
-        let v = stat(mon, name);
-        if v != last {
-            last = v;
-            since = Instant::now();
-        } else if since.elapsed() >= Duration::from_millis(300) {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "{name} never settled");
-    }
+/// Poll `stats conns` until `n` connections rest in `conn_mwrite`: each has replies
+/// waiting for a client that does not read them. As generous as [`wait_stat_at_least`].
+fn wait_blocked_writing(mon: &mut Client, n: usize) {
+    poll_until(
+        &format!("{n} connections blocked writing"),
+        Duration::from_secs(30),
+        || {
+            let writing = mon
+                .stats("conns")
+                .iter()
+                .filter(|(k, v)| k.ends_with(":state") && v == "conn_mwrite")
+                .count();
+            if writing >= n {
+                Ok(())
+            } else {
+                Err(format!("{writing} in conn_mwrite"))
+            }
+        },
+    );
 }
 
 /// The highest RSS over a short window (the server may still be touching pages).

@@ -475,9 +475,41 @@ fn relative_imports_count_and_an_added_circle_or_upward_import_is_found() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// kvblast's layers, lowest first; a module imports only from its own layer or the ones
+/// below (ARCHITECTURE.md and `crates/kvblast/src/lib.rs` list them).
+fn blast_layer(module: &str) -> usize {
+    const LAYERS: &[(&str, usize)] = &[
+        ("units", 0),
+        ("dist", 0),
+        ("route", 0),
+        ("workload", 1),
+        ("transport", 1),
+        ("stats", 2),
+        ("engine", 3),
+        ("capacity", 4),
+        ("plot", 5),
+        ("cli", 5),
+        ("agent", 6),
+        ("crate", 7),
+    ];
+    LAYERS
+        .iter()
+        .find(|(prefix, _)| module == *prefix || module.starts_with(&format!("{prefix}::")))
+        .map(|&(_, n)| n)
+        .unwrap_or_else(|| {
+            panic!("{module} is in no layer: add it to tests/layers.rs and ARCHITECTURE.md")
+        })
+}
+
 #[test]
-fn kvblast_has_no_import_circle() {
-    assert_acyclic(&workspace().join("crates/kvblast/src"));
+fn kvblast_has_no_import_circle_and_its_layers_point_down() {
+    let g = assert_acyclic(&workspace().join("crates/kvblast/src"));
+    let up = upward(&g, blast_layer);
+    assert!(
+        up.is_empty(),
+        "imports against the layers: {}",
+        up.join(", ")
+    );
 }
 
 #[test]

@@ -112,7 +112,7 @@ fn auto_limit_stays_inside_a_memory_cgroup() {
     let cg = match TestCgroup::create(768 * MIB) {
         Ok(cg) => cg,
         Err(why) => {
-            eprintln!("skipped: cannot create a memory cgroup here ({why})");
+            common::skip(format_args!("cannot create a memory cgroup here ({why})"));
             return;
         }
     };

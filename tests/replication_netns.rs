@@ -22,8 +22,8 @@
 //! between them itself, delaying each by the same fixed time and dropping the same fraction
 //! at random (a user-space netem), and says so on stderr.
 //!
-//! Without root or iproute2 (creating a namespace fails), every test prints `SKIP: ...` to
-//! stderr and passes. Everything is bounded: every wait is a deadline poll with 10 ms sleeps.
+//! Without root or iproute2 (creating a namespace fails), every test says so on stderr
+//! (`common::skip`) and passes. Everything is bounded: every wait is a deadline poll with 10 ms sleeps.
 //! A guard kills the servers and deletes the namespaces even when a test fails; on failure it
 //! also prints the tail of each server's log (`-v`, stderr) and keeps the file.
 //!
@@ -126,8 +126,8 @@ struct Net {
 }
 
 impl Net {
-    /// Create the namespaces and the veth link between them, or print `SKIP: ...` and return
-    /// None when this machine cannot (not root, no `ip`).
+    /// Create the namespaces and the veth link between them, or say why not (`common::skip`)
+    /// and return None when this machine cannot (not root, no `ip`).
     fn new(test: &'static str) -> Option<Net> {
         let n = NEXT.fetch_add(1, Ordering::Relaxed) + 1;
         let pid = std::process::id();
@@ -140,10 +140,9 @@ impl Net {
             let _ = run("ip", &["netns", "del", name]);
         }
         if let Err(e) = run("ip", &["netns", "add", &ns[0]]) {
-            eprintln!(
-                "SKIP: {test}: cannot create a network namespace ({e}); \
-                 these tests need root and iproute2"
-            );
+            common::skip(format_args!(
+                "cannot create a network namespace ({e}); these tests need root and iproute2"
+            ));
             return None;
         }
         // From here on the guard deletes whatever was created.
@@ -157,7 +156,9 @@ impl Net {
             relay: None,
         };
         if let Err(e) = run("ip", &["netns", "add", &net.ns[1]]) {
-            eprintln!("SKIP: {test}: cannot create a second network namespace ({e})");
+            common::skip(format_args!(
+                "cannot create a second network namespace ({e})"
+            ));
             return None;
         }
         must(

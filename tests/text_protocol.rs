@@ -18,7 +18,7 @@
 
 mod common;
 
-use common::{Client, Kind, Server, XorShift};
+use common::{poll_until, Client, Kind, Server, XorShift};
 use std::io::{BufRead, ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::sync::{Arc, Barrier};
@@ -190,15 +190,6 @@ fn run_rows(server: &Server, rows: &[Row]) {
 
 fn key(len: usize) -> String {
     "k".repeat(len)
-}
-
-/// Poll `f` until it returns true or `deadline` passes.
-fn poll_until(what: &str, deadline: Duration, mut f: impl FnMut() -> bool) {
-    let end = Instant::now() + deadline;
-    while !f() {
-        assert!(Instant::now() < end, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 // ---------------------------------------------------------------------------------------------

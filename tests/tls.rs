@@ -479,54 +479,6 @@ fn unusable_files_refuse_to_start() {
     }
 }
 
-/// Start `kind` on a free loopback port with these arguments and environment variables (for
-/// memcached's Cyrus SASL configuration); `None`, with its stderr, if it exits instead.
-fn start_with_env(
-    kind: common::Kind,
-    args: &[&str],
-    envs: &[(&str, &std::ffi::OsStr)],
-) -> Result<Server, String> {
-    let program = match kind {
-        common::Kind::Kvcached => PathBuf::from(env!("CARGO_BIN_EXE_kvcached")),
-        common::Kind::Memcached => common::memcached_path(),
-    };
-    let mut last = String::new();
-    for _ in 0..5 {
-        let port = common::free_port();
-        let mut cmd = std::process::Command::new(&program);
-        cmd.args(["-l", "127.0.0.1", "-p", &port.to_string()]);
-        if common::running_as_root() {
-            cmd.args(["-u", "root"]);
-        }
-        cmd.args(args)
-            .envs(envs.iter().copied())
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped());
-        let mut child = cmd.spawn().expect("spawn server");
-        let deadline = std::time::Instant::now() + TIMEOUT;
-        let up = loop {
-            if common::listens(child.id(), port) {
-                break true;
-            }
-            if std::time::Instant::now() > deadline || matches!(child.try_wait(), Ok(Some(_))) {
-                break false;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        };
-        if up && matches!(child.try_wait(), Ok(None)) {
-            return Ok(Server::new(kind, port, child, None));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        last.clear();
-        if let Some(mut e) = child.stderr.take() {
-            let _ = e.read_to_string(&mut last);
-        }
-    }
-    Err(last)
-}
-
 /// Whether a client without a certificate, with `good.pem` (from the test CA) and with
 /// `stranger.pem` (from another CA) is served, each on a new session made by `config`.
 fn outcomes(
@@ -658,9 +610,7 @@ fn keys_under_another_pem_label_are_loaded() {
                 false,
             ));
         }
-        _ => {
-            println!("SKIP keys_under_another_pem_label_are_loaded: RSA cases (no openssl command)")
-        }
+        _ => common::skip("its RSA cases (no openssl command)"),
     }
     let ca = format!("ssl_ca_cert={}", pki.path("ca.pem").display());
     for (name, cert, key, memcached_loads) in cases {
@@ -891,7 +841,7 @@ fn sasl_with_an_ascii_auth_file_serves_ascii_authentication() {
         }
         out
     };
-    let kv = start_with_env(common::Kind::Kvcached, &args, &envs).expect("kvcached starts");
+    let kv = Server::try_start(common::Kind::Kvcached, &args, &envs).expect("kvcached starts");
     let got = transcript(&kv);
     assert_eq!(got[0], "CLIENT_ERROR unauthenticated\r\n");
     assert_eq!(got[1], "CLIENT_ERROR authentication failure\r\n");
@@ -914,12 +864,11 @@ fn sasl_with_an_ascii_auth_file_serves_ascii_authentication() {
     assert_eq!(c.line(), "CLIENT_ERROR unauthenticated\r\n");
     assert_eq!(c.call("get k\r\n"), "CLIENT_ERROR unauthenticated\r\n");
     assert!(kv.wait_stderr("-S with -Y", 1), "{}", kv.stderr_so_far());
-    match start_with_env(common::Kind::Memcached, &args, &envs) {
+    match Server::try_start(common::Kind::Memcached, &args, &envs) {
         Ok(mc) => assert_eq!(got, transcript(&mc), "kvcached, then memcached"),
-        Err(e) => println!(
-            "SKIP sasl_with_an_ascii_auth_file_serves_ascii_authentication: memcached \
-             comparison (memcached -S did not start: {e})"
-        ),
+        Err(e) => common::skip(format_args!(
+            "its memcached comparison (memcached -S did not start: {e})"
+        )),
     }
 }
 

@@ -97,7 +97,10 @@ fn start(config: config::Config, tls: Option<kvtls::server::ServerTls>) -> Resul
     }
     if config.daemonize {
         // Like memcached: -r keeps the working directory (for core files), -v keeps stderr.
-        daemon::daemonize_with(config.max_core_file, config.verbose > 0)
+        // SAFETY: this is still the only thread: nothing before it in `main` starts one (the
+        // log subscriber, TLS set-up and binding do not), and the server's threads start in
+        // `server::run`, below.
+        unsafe { daemon::daemonize_with(config.max_core_file, config.verbose > 0) }
             .map_err(|e| format!("failed to daemonize: {e}"))?;
     }
     if let Some(path) = &config.pid_file {

@@ -6,8 +6,11 @@ pub mod diff;
 pub mod netns;
 pub mod ports;
 pub mod repl;
+pub mod skip;
 
 pub use ports::free_port;
+#[allow(unused_imports)] // not every test file has something to skip
+pub use skip::skip;
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
@@ -124,6 +127,16 @@ impl Server {
 
     /// Start `kind` on a free loopback port with these extra arguments.
     pub fn start(kind: Kind, args: &[&str]) -> Server {
+        Server::try_start(kind, args, &[]).unwrap_or_else(|e| panic!("{kind:?} did not start: {e}"))
+    }
+
+    /// Start `kind` on a free loopback port with these extra arguments and environment
+    /// variables; the error is why it did not (what it wrote to stderr, at the last try).
+    pub fn try_start(
+        kind: Kind,
+        args: &[&str],
+        envs: &[(&str, &std::ffi::OsStr)],
+    ) -> Result<Server, String> {
         let program = match kind {
             Kind::Kvcached => PathBuf::from(env!("CARGO_BIN_EXE_kvcached")),
             Kind::Memcached => memcached_path(),
@@ -146,12 +159,13 @@ impl Server {
                 cmd.arg("-u").arg("root");
             }
             cmd.args(args)
+                .envs(envs.iter().copied())
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::piped());
             let mut child = cmd.spawn().expect("spawn server");
             match wait_listening(&mut child, port) {
-                Ok(()) => return Server::new(kind, port, child, None),
+                Ok(()) => return Ok(Server::new(kind, port, child, None)),
                 Err(e) => {
                     let _ = child.kill();
                     let _ = child.wait();
@@ -159,7 +173,7 @@ impl Server {
                 }
             }
         }
-        panic!("{kind:?} did not start: {last_err}");
+        Err(last_err)
     }
 
     /// Start `kind` listening only on the unix socket `path` (TCP off).
@@ -266,6 +280,45 @@ impl Drop for Server {
         if let Some(p) = &self.socket {
             let _ = std::fs::remove_file(p);
         }
+    }
+}
+
+/// What a condition polled by [`poll_until`] returns: `true` or `Ok(())` when it holds,
+/// else `false` or why not (the last reason is in the failure's message).
+pub trait Holds {
+    fn holds(self) -> Result<(), String>;
+}
+
+impl Holds for bool {
+    fn holds(self) -> Result<(), String> {
+        if self {
+            Ok(())
+        } else {
+            Err("the condition is false".into())
+        }
+    }
+}
+
+impl Holds for Result<(), String> {
+    fn holds(self) -> Result<(), String> {
+        self
+    }
+}
+
+/// Poll `f` until its condition holds, failing the test if it still does not after
+/// `within` (a bound for a stuck server, far above what a slow machine needs, never the
+/// time something is expected to take).
+pub fn poll_until<H: Holds>(what: &str, within: Duration, mut f: impl FnMut() -> H) {
+    let end = Instant::now() + within;
+    loop {
+        match f().holds() {
+            Ok(()) => return,
+            Err(why) => assert!(
+                Instant::now() < end,
+                "timed out after {within:?} waiting for {what}: {why}"
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 

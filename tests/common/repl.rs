@@ -1,9 +1,10 @@
 //! Helpers shared by the replication tests (`replication.rs`, `replication_netns.rs`):
-//! polling, `stats replication`, dumping and loading keys.
+//! `stats replication`, dumping and loading keys.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+pub use super::poll_until;
 use super::Client;
 
 /// How long a replica gets to converge.
@@ -11,21 +12,6 @@ pub const SYNC: Duration = Duration::from_secs(30);
 
 /// The raw `gets` reply block (`VALUE` line, data, `\r\n`) of every key present, by key.
 pub type Dump = BTreeMap<String, Vec<u8>>;
-
-/// Poll `f` until it returns Ok or `within` passes; on timeout, fail with its last reason.
-pub fn poll_until(what: &str, within: Duration, mut f: impl FnMut() -> Result<(), String>) {
-    let end = Instant::now() + within;
-    loop {
-        match f() {
-            Ok(()) => return,
-            Err(why) => assert!(
-                Instant::now() < end,
-                "timed out after {within:?} waiting for {what}: {why}"
-            ),
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
 
 /// One value of `stats replication`.
 pub fn repl_stat(c: &mut Client, name: &str) -> Option<String> {

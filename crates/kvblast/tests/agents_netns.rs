@@ -19,13 +19,15 @@
 //! `setns(2)`, so all traffic stays in the namespaces the test creates. The approach (and the
 //! helpers below) come from the workspace's `tests/replication_netns.rs`.
 //!
-//! Without root or iproute2 (creating a namespace fails) every test prints `SKIP: ...` and
-//! passes; without /usr/bin/memcached likewise. Every wait is a deadline poll. A guard kills
+//! Without root or iproute2 (creating a namespace fails) every test says so on stderr
+//! (`skip`) and passes; without /usr/bin/memcached likewise. Every wait is a deadline poll. A guard kills
 //! the processes and deletes the namespaces even when a test fails (and then prints the tail
 //! of each process's log).
 
 #[path = "../../../tests/common/netns.rs"]
 mod netns;
+#[path = "../../../tests/common/skip.rs"]
+mod skip;
 
 use netns::{in_netns, must, run};
 use std::collections::{BTreeMap, BTreeSet};
@@ -74,11 +76,11 @@ struct Net {
 }
 
 impl Net {
-    /// Create the namespaces, the bridge and the veth pairs, or print `SKIP: ...` and return
+    /// Create the namespaces, the bridge and the veth pairs, or say why not (`skip`) and return
     /// None when this machine cannot (not root, no `ip`, no memcached).
     fn new(test: &'static str) -> Option<Net> {
         if !Path::new(MEMCACHED).exists() {
-            eprintln!("SKIP: {test}: no {MEMCACHED}");
+            skip::skip(format_args!("no {MEMCACHED}"));
             return None;
         }
         let n = NEXT.fetch_add(1, Ordering::Relaxed) + 1;
@@ -90,10 +92,9 @@ impl Net {
             let _ = run("ip", &["netns", "del", name]);
         }
         if let Err(e) = run("ip", &["netns", "add", &ns[S]]) {
-            eprintln!(
-                "SKIP: {test}: cannot create a network namespace ({e}); \
-                 these tests need root and iproute2"
-            );
+            skip::skip(format_args!(
+                "cannot create a network namespace ({e}); these tests need root and iproute2"
+            ));
             return None;
         }
         // From here on the guard deletes whatever was created.

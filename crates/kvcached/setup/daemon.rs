@@ -4,7 +4,8 @@
 //! memcached's order, which kvcached should keep: raise the core limit (`-r`), raise the
 //! descriptor limit (`-c`), drop privileges (`-u`), daemonize (`-d`), lock memory (`-k`),
 //! then, once listening, write the pid file (`-P`), and remove it at exit when
-//! daemonized. [`daemonize_with`] forks, so call it before any thread is started.
+//! daemonized. [`daemonize_with`] forks, so it is `unsafe`: call it before any thread is
+//! started.
 
 use std::ffi::CString;
 use std::fs;
@@ -17,11 +18,16 @@ pub const FD_RESERVE: u64 = 64;
 /// Become a background process the way memcached's `daemonize()` does: fork (the parent
 /// exits 0), start a new session, `chdir /` unless `keep_cwd` (memcached keeps the directory
 /// with `-r`, so cores land there), and point stdin, stdout and stderr at `/dev/null` unless
-/// `keep_stdio` (memcached keeps them with `-v`). Must run before any thread is spawned (only
-/// the calling thread survives `fork`).
-pub fn daemonize_with(keep_cwd: bool, keep_stdio: bool) -> io::Result<()> {
-    // SAFETY: fork has no preconditions; the caller guarantees no other thread exists,
-    // so the child is a faithful copy of this single-threaded process.
+/// `keep_stdio` (memcached keeps them with `-v`).
+///
+/// # Safety
+///
+/// The calling thread must be the process's only thread. Only it survives `fork`: a lock
+/// another thread held (the allocator's, stdio's, a `Mutex`) would stay locked in the child
+/// for ever, and whatever that thread was doing would be left half done.
+pub unsafe fn daemonize_with(keep_cwd: bool, keep_stdio: bool) -> io::Result<()> {
+    // SAFETY: fork has no preconditions of its own; by the caller's contract no other thread
+    // exists, so the child is a faithful copy of this single-threaded process.
     match unsafe { libc::fork() } {
         -1 => return Err(io::Error::last_os_error()),
         0 => {}

@@ -15,13 +15,20 @@ const BAD_FORMAT: &[u8] = b"CLIENT_ERROR bad command line format\r\n";
 /// memcached's `uriencode`, used for keys in `lru_crawler metadump` and `watch` lines:
 /// letters, digits and `-._~` as they are, every other byte as `%XX`.
 pub fn uri_encode(out: &mut Vec<u8>, bytes: &[u8]) {
-    const HEX: &[u8; 16] = b"0123456789ABCDEF";
     for &b in bytes {
         if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
             out.push(b);
         } else {
-            out.extend_from_slice(&[b'%', HEX[usize::from(b >> 4)], HEX[usize::from(b & 15)]]);
+            out.extend_from_slice(&[b'%', hex_digit(b >> 4), hex_digit(b & 15)]);
         }
+    }
+}
+
+/// The upper-case hex digit of `n`'s low four bits.
+fn hex_digit(n: u8) -> u8 {
+    match n & 15 {
+        d @ 0..=9 => b'0' + d,
+        d => b'A' + d - 10,
     }
 }
 

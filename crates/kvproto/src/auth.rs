@@ -156,8 +156,8 @@ pub fn parse_auth_data(block: &[u8]) -> AuthData<'_> {
     };
     match body.iter().position(|&b| b == b' ') {
         Some(mid) => AuthData::Credentials {
-            user: &body[..mid],
-            password: &body[mid + 1..],
+            user: body.get(..mid).unwrap_or_default(),
+            password: body.get(mid + 1..).unwrap_or_default(),
         },
         None => AuthData::BadFormat,
     }
@@ -230,7 +230,7 @@ impl BinaryHead {
 /// 1 GiB). `None` otherwise: [`crate::binary::parse`] then gives memcached's answer (wait,
 /// close, or an error and close) whatever the authentication.
 pub fn binary_head(buf: &[u8]) -> Option<BinaryHead> {
-    let h = buf.get(..HEADER_LEN)?;
+    let h: &[u8; HEADER_LEN] = buf.get(..HEADER_LEN)?.try_into().ok()?;
     if h[0] != REQUEST_MAGIC {
         return None;
     }

@@ -340,7 +340,10 @@ fn parse_u64(s: &[u8]) -> Option<u64> {
 
 fn split_space(s: &[u8]) -> (&[u8], &[u8]) {
     match s.iter().position(|&b| b == b' ') {
-        Some(i) => (&s[..i], &s[i + 1..]),
+        Some(i) => (
+            s.get(..i).unwrap_or_default(),
+            s.get(i + 1..).unwrap_or_default(),
+        ),
         None => (s, &[]),
     }
 }
@@ -348,7 +351,7 @@ fn split_space(s: &[u8]) -> (&[u8], &[u8]) {
 /// Parse one reply from the front of `buf`. `max_value` bounds the data block of a `VALUE`
 /// item the caller is prepared to buffer; a larger one is [`Invalid::ValueTooLarge`].
 pub fn parse_reply(buf: &[u8], max_value: usize) -> ParseReply<'_> {
-    let scan = &buf[..buf.len().min(MAX_REPLY_LINE)];
+    let scan = buf.get(..MAX_REPLY_LINE).unwrap_or(buf);
     let Some(nl) = scan.iter().position(|&b| b == b'\n') else {
         return if buf.len() >= MAX_REPLY_LINE {
             ParseReply::Invalid(Invalid::LineTooLong)
@@ -357,10 +360,8 @@ pub fn parse_reply(buf: &[u8], max_value: usize) -> ParseReply<'_> {
         };
     };
     let line_end = nl + 1;
-    let line = match buf[..nl].strip_suffix(b"\r") {
-        Some(l) => l,
-        None => &buf[..nl],
-    };
+    let line = scan.get(..nl).unwrap_or_default();
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
     let reply = match line {
         b"END" => Reply::End,
         b"STORED" => Reply::Stored,
@@ -432,18 +433,19 @@ fn parse_value<'a>(
     let Some(end) = line_end.checked_add(len).and_then(|e| e.checked_add(2)) else {
         return ParseReply::Invalid(Invalid::ValueTooLarge);
     };
-    if buf.len() < end {
+    // `line_end < end`, so this is `None` exactly when the block has not all arrived.
+    let Some(block) = buf.get(line_end..end) else {
         return ParseReply::Incomplete;
-    }
-    if &buf[end - 2..end] != b"\r\n" {
+    };
+    let Some(data) = block.strip_suffix(b"\r\n") else {
         return ParseReply::Invalid(Invalid::BadDataTerminator);
-    }
+    };
     ParseReply::Reply(
         Reply::Value {
             key,
             flags,
             cas,
-            data: &buf[line_end..end - 2],
+            data,
         },
         end,
     )
@@ -485,7 +487,7 @@ pub enum ParseMetaReply<'a> {
 
 /// Parse one meta reply from the front of `buf`; `max_value` bounds a `VA` data block.
 pub fn parse_meta_reply(buf: &[u8], max_value: usize) -> ParseMetaReply<'_> {
-    let scan = &buf[..buf.len().min(MAX_REPLY_LINE)];
+    let scan = buf.get(..MAX_REPLY_LINE).unwrap_or(buf);
     let Some(nl) = scan.iter().position(|&b| b == b'\n') else {
         return if buf.len() >= MAX_REPLY_LINE {
             ParseMetaReply::Invalid(Invalid::LineTooLong)
@@ -494,7 +496,8 @@ pub fn parse_meta_reply(buf: &[u8], max_value: usize) -> ParseMetaReply<'_> {
         };
     };
     let line_end = nl + 1;
-    let line = buf[..nl].strip_suffix(b"\r").unwrap_or(&buf[..nl]);
+    let line = scan.get(..nl).unwrap_or_default();
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
     let (code, rest) = split_space(line);
     let reply = match code {
         b"HD" => MetaReply::Hd { flags: rest },
@@ -516,19 +519,14 @@ pub fn parse_meta_reply(buf: &[u8], max_value: usize) -> ParseMetaReply<'_> {
             let Some(end) = line_end.checked_add(len).and_then(|e| e.checked_add(2)) else {
                 return ParseMetaReply::Invalid(Invalid::ValueTooLarge);
             };
-            if buf.len() < end {
+            // `line_end < end`, so this is `None` exactly when the block has not all arrived.
+            let Some(block) = buf.get(line_end..end) else {
                 return ParseMetaReply::Incomplete;
-            }
-            if &buf[end - 2..end] != b"\r\n" {
+            };
+            let Some(data) = block.strip_suffix(b"\r\n") else {
                 return ParseMetaReply::Invalid(Invalid::BadDataTerminator);
-            }
-            return ParseMetaReply::Reply(
-                MetaReply::Value {
-                    data: &buf[line_end..end - 2],
-                    flags,
-                },
-                end,
-            );
+            };
+            return ParseMetaReply::Reply(MetaReply::Value { data, flags }, end);
         }
         _ => return ParseMetaReply::Invalid(Invalid::UnknownReply),
     };
@@ -648,20 +646,22 @@ pub mod binary {
     /// Parse one response from the front of `buf`; a body longer than `max_value` plus room
     /// for extras and a key is [`Invalid::ValueTooLarge`].
     pub fn parse_response(buf: &[u8], max_value: usize) -> ParseResponse<'_> {
-        if buf.is_empty() {
+        match buf.first() {
+            None => return ParseResponse::Incomplete,
+            Some(&magic) if magic != RESPONSE_MAGIC => {
+                return ParseResponse::Invalid(Invalid::UnknownReply)
+            }
+            Some(_) => {}
+        }
+        let Some(h) = buf
+            .get(..HEADER_LEN)
+            .and_then(|h| <&[u8; HEADER_LEN]>::try_from(h).ok())
+        else {
             return ParseResponse::Incomplete;
-        }
-        if buf[0] != RESPONSE_MAGIC {
-            return ParseResponse::Invalid(Invalid::UnknownReply);
-        }
-        if buf.len() < HEADER_LEN {
-            return ParseResponse::Incomplete;
-        }
-        let u16_at = |i: usize| u16::from_be_bytes([buf[i], buf[i + 1]]);
-        let u32_at = |i: usize| u32::from_be_bytes([buf[i], buf[i + 1], buf[i + 2], buf[i + 3]]);
-        let key_len = usize::from(u16_at(2));
-        let extras_len = usize::from(buf[4]);
-        let body = u32_at(8) as usize;
+        };
+        let key_len = usize::from(u16::from_be_bytes([h[2], h[3]]));
+        let extras_len = usize::from(h[4]);
+        let body = u32::from_be_bytes([h[8], h[9], h[10], h[11]]) as usize;
         if key_len + extras_len > body {
             return ParseResponse::Invalid(Invalid::BadValueHeader);
         }
@@ -671,22 +671,21 @@ pub mod binary {
         let Some(end) = HEADER_LEN.checked_add(body) else {
             return ParseResponse::Invalid(Invalid::ValueTooLarge);
         };
-        if buf.len() < end {
+        let Some(payload) = buf.get(HEADER_LEN..end) else {
             return ParseResponse::Incomplete;
-        }
-        let mut cas = [0u8; 8];
-        cas.copy_from_slice(&buf[16..24]);
-        let e = HEADER_LEN + extras_len;
-        let k = e + key_len;
+        };
+        // `extras_len + key_len <= payload.len()`, checked above.
+        let (extras, rest) = payload.split_at_checked(extras_len).unwrap_or_default();
+        let (key, value) = rest.split_at_checked(key_len).unwrap_or_default();
         ParseResponse::Response(
             Response {
-                opcode: buf[1],
-                status: u16_at(6),
-                opaque: u32_at(12),
-                cas: u64::from_be_bytes(cas),
-                extras: &buf[HEADER_LEN..e],
-                key: &buf[e..k],
-                value: &buf[k..end],
+                opcode: h[1],
+                status: u16::from_be_bytes([h[6], h[7]]),
+                opaque: u32::from_be_bytes([h[12], h[13], h[14], h[15]]),
+                cas: u64::from_be_bytes([h[16], h[17], h[18], h[19], h[20], h[21], h[22], h[23]]),
+                extras,
+                key,
+                value,
             },
             end,
         )

@@ -7,6 +7,20 @@
 //! ([`text::Parse::Error`]) carrying memcached's own error reply.
 //!
 //! The server (`kvcached`) and the load generator (`kvblast`) both use it.
+//!
+//! Every input is hostile, so the library code (not its tests) may not index, slice,
+//! unwrap or panic: clippy refuses it (`cargo clippy` is part of the checks).
+
+#![forbid(unsafe_code)]
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::indexing_slicing
+    )
+)]
 
 pub mod admin;
 pub mod auth;

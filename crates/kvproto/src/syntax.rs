@@ -82,7 +82,7 @@ impl<'a> Iterator for Tokens<'a> {
     type Item = &'a [u8];
     fn next(&mut self) -> Option<&'a [u8]> {
         let start = self.rest.iter().position(|&b| b != b' ')?;
-        let rest = &self.rest[start..];
+        let rest = self.rest.get(start..)?;
         let end = rest.iter().position(|&b| b == b' ').unwrap_or(rest.len());
         let (token, after) = rest.split_at(end);
         self.rest = after;

@@ -189,7 +189,7 @@ impl<'a> Iterator for Keys<'a> {
 /// yields may be refused later, and a line of other whitespace yields tokens as found.
 pub fn read_keys(buf: &[u8]) -> ReadKeys<'_> {
     ReadKeys {
-        rest: &buf[..buf.len().min(READ_KEYS_SPAN)],
+        rest: buf.get(..READ_KEYS_SPAN).unwrap_or(buf),
         line: Tokens::new(&[]),
         lines: 0,
     }
@@ -255,9 +255,9 @@ impl<'a> Iterator for ReadKeys<'a> {
             }
             self.lines += 1;
             let end = self.rest.iter().position(|&b| b == b'\n')?;
-            let line = &self.rest[..end];
+            let (line, rest) = (self.rest.get(..end)?, self.rest.get(end + 1..)?);
             let line = line.strip_suffix(b"\r").unwrap_or(line);
-            self.rest = &self.rest[end + 1..];
+            self.rest = rest;
             let mut tokens = Tokens::new(line);
             match tokens.next() {
                 Some(b"get" | b"gets") => self.line = tokens,

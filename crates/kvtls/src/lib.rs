@@ -12,6 +12,8 @@
 //! This crate does I/O only through the socket it is given; it knows nothing of memcached's
 //! protocols or of the server.
 
+#![forbid(unsafe_code)]
+
 pub mod client;
 pub mod server;
 pub mod stream;
