@@ -13,6 +13,9 @@ use proptest::prelude::*;
 #[path = "support/threads.rs"]
 mod threads;
 use threads::Threads;
+#[path = "support/casmap.rs"]
+mod casmap;
+use casmap::CasMap;
 
 const START: Time = 1_000_000;
 
@@ -151,7 +154,7 @@ fn abs(e: Exp, now: Time) -> Time {
 
 type Got = Option<(Vec<u8>, u32, Time, u64)>;
 
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Reply {
     Get(bool, Got),
     Store(StoreResult),
@@ -159,6 +162,39 @@ enum Reply {
     Arith(ArithResult),
     Count(u64),
     None,
+}
+
+impl Reply {
+    /// This reply with its CAS unique set to 0, and that unique (see `support/casmap.rs`).
+    fn without_cas(mut self) -> (Reply, Vec<u64>) {
+        let mut out = Vec::new();
+        match &mut self {
+            Reply::Get(_, Some(g)) => out.push(std::mem::take(&mut g.3)),
+            Reply::Store(StoreResult::Stored(c)) => out.push(std::mem::take(c)),
+            _ => {}
+        }
+        (self, out)
+    }
+}
+
+/// Whether the engine's reply `got` is the model's `want`, CAS uniques paired through
+/// `cas` (which keeps the pairs only if it is).
+fn same(cas: &mut CasMap, got: &Reply, want: &Reply) -> bool {
+    let (got, gc) = got.clone().without_cas();
+    let (want, wc) = want.clone().without_cas();
+    let mut tried = cas.clone();
+    let ok = got == want && tried.pair_all(&gc, &wc);
+    if ok {
+        *cas = tried;
+    }
+    ok
+}
+
+/// The engine's own CAS unique of `op`'s key (what a "right" cas sends it), or 0.
+fn engine_cas(e: &LogEngine, op: &Op, now: Time) -> u64 {
+    op.key()
+        .and_then(|k| e.peek_item(&key_name(k), now))
+        .map_or(0, |it| it.3)
 }
 
 fn apply(e: &dyn Engine, op: &Op, now: Time, cas_right: u64) -> Reply {
@@ -241,6 +277,7 @@ fn run_exact_on(ops: &[Op], use_cas: bool, threads: usize) -> Result<(), TestCas
     e.tally_sizes(&BANDS, true);
     let m = Model::new(cfg);
     let mut now = START;
+    let mut cas = CasMap::default();
     std::thread::scope(|s| {
         let workers = Threads::start(s, threads);
         for (n, op) in ops.iter().enumerate() {
@@ -249,9 +286,18 @@ fn run_exact_on(ops: &[Op], use_cas: bool, threads: usize) -> Result<(), TestCas
             }
             let right = op.key().map_or(0, |k| m.cas_of(&key_name(k)));
             let want = apply(&m, op, now, right);
+            let right_e = engine_cas(&e, op, now);
             let e = &e;
-            let got = workers.run(n, move || apply(e, op, now, right));
-            prop_assert_eq!(got, want, "op #{} {:?} at {}", n, op, now);
+            let got = workers.run(n, move || apply(e, op, now, right_e));
+            prop_assert!(
+                same(&mut cas, &got, &want),
+                "op #{} {:?} at {}: {:?} where the model has {:?}",
+                n,
+                op,
+                now,
+                got,
+                want
+            );
         }
         Ok(())
     })?;
@@ -297,11 +343,18 @@ fn check_tally(e: &LogEngine) -> Result<(), TestCaseError> {
 
 /// The model after `op` if the op's key had been evicted just before it, when that
 /// explains the engine's reply `got`.
-fn evicted_during(before: &Model, op: &Op, now: Time, right: u64, got: &Reply) -> Option<Model> {
+fn evicted_during(
+    before: &Model,
+    op: &Op,
+    now: Time,
+    right: u64,
+    got: &Reply,
+    cas: &mut CasMap,
+) -> Option<Model> {
     let k = op.key()?;
     let alt = before.clone();
     alt.forget(&key_name(k));
-    (apply(&alt, op, now, right) == *got).then_some(alt)
+    same(cas, got, &apply(&alt, op, now, right)).then_some(alt)
 }
 
 fn mem_failure(got: &Reply) -> bool {
@@ -331,6 +384,7 @@ fn run_small(ops: &[Op], max_bytes: usize, no_evict: bool) -> Result<(), TestCas
         ..cfg
     });
     let mut now = START;
+    let mut cas = CasMap::default();
     for (n, op) in ops.iter().enumerate() {
         if let Op::Advance(d) = op {
             now += d;
@@ -348,11 +402,19 @@ fn run_small(ops: &[Op], max_bytes: usize, no_evict: bool) -> Result<(), TestCas
                         prop_assert!(mi.is_some(), "op #{}: engine has {:?}, model not", n, k);
                         let mi = mi.unwrap_or_else(|| unreachable!());
                         prop_assert_eq!(
-                            got,
-                            (mi.value, mi.flags, mi.exptime, mi.version),
+                            (&got.0, got.1, got.2),
+                            (&mi.value, mi.flags, mi.exptime),
                             "op #{} key {:?}",
                             n,
                             k
+                        );
+                        prop_assert!(
+                            cas.pair(got.3, mi.version),
+                            "op #{} key {:?}: CAS {} where the model has {}",
+                            n,
+                            k,
+                            got.3,
+                            mi.version
                         );
                     }
                 }
@@ -362,14 +424,14 @@ fn run_small(ops: &[Op], max_bytes: usize, no_evict: bool) -> Result<(), TestCas
         };
         let before = m.clone();
         let want = apply(&m, op, now, right);
-        let got = apply(&e, op, now, right);
-        if got == want || matches!(op, Op::Maintain) {
+        let got = apply(&e, op, now, engine_cas(&e, op, now));
+        if same(&mut cas, &got, &want) || matches!(op, Op::Maintain) {
             // (Maintain counts are not comparable here: the model counts items the engine
             // evicted, the engine dead items the harness made the model forget.)
         } else if let Some(alt) = op
             .key()
             .filter(|&k| !e.holds_record(&key_name(k)))
-            .and_then(|_| evicted_during(&before, op, now, right, &got))
+            .and_then(|_| evicted_during(&before, op, now, right, &got, &mut cas))
         {
             // Making room for this write evicted the key itself first (memcached's
             // allocation can do the same): as if it had been evicted just before.
@@ -387,7 +449,15 @@ fn run_small(ops: &[Op], max_bytes: usize, no_evict: bool) -> Result<(), TestCas
                 m.forget(&key_name(*key));
             }
         } else {
-            prop_assert_eq!(got, want, "op #{} {:?} at {}", n, op, now);
+            prop_assert!(
+                false,
+                "op #{} {:?} at {}: {:?} where the model has {:?}",
+                n,
+                op,
+                now,
+                got,
+                want
+            );
         }
         e.check_accounting()
             .map_err(|s| TestCaseError::fail(format!("op #{n}: {s}")))?;

@@ -13,6 +13,9 @@ use proptest::prelude::*;
 #[path = "support/ops.rs"]
 mod ops;
 use ops::*;
+#[path = "support/casmap.rs"]
+mod casmap;
+use casmap::CasMap;
 
 fn run_exact(ops: &[Op], use_cas: bool) -> Result<(), TestCaseError> {
     let cfg = EngineConfig {
@@ -22,14 +25,29 @@ fn run_exact(ops: &[Op], use_cas: bool) -> Result<(), TestCaseError> {
     let e = LogEngine::new(cfg.clone());
     let m = Model::new(cfg);
     let mut now = START;
+    let mut cas = CasMap::default();
     for (n, op) in ops.iter().enumerate() {
         if let Op::Advance(d) = op {
             now += d;
         }
-        let right = op.key().map_or(0, |k| m.cas_of(&key_name(k)));
-        let want = apply(&m, op, now, right);
-        let got = apply(&e, op, now, right);
+        // A "right" cas is each side's own unique of the key.
+        let right_m = op.key().map_or(0, |k| m.cas_of(&key_name(k)));
+        let right_e = op
+            .key()
+            .and_then(|k| e.peek_item(&key_name(k), now))
+            .map_or(0, |it| it.3);
+        let (want, want_cas) = apply(&m, op, now, right_m).without_cas();
+        let (got, got_cas) = apply(&e, op, now, right_e).without_cas();
         prop_assert_eq!(got, want, "op #{} {:?} at {}", n, op, now);
+        prop_assert!(
+            cas.pair_all(&got_cas, &want_cas),
+            "op #{} {:?} at {}: CAS {:?} where the model has {:?}",
+            n,
+            op,
+            now,
+            got_cas,
+            want_cas
+        );
     }
     let (es, ms) = (e.stats(), m.stats());
     prop_assert_eq!(

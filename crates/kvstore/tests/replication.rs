@@ -557,7 +557,9 @@ fn expired_segments_are_kept_or_skipped_for_a_paused_replica() {
                 assert_eq!((dropped, relogged, expired_before), (0, 0, 0));
             }
             _ => {
-                assert_eq!(held, 0);
+                // Past the backlog the holds were dropped; a segment of the tombstones
+                // logged anew (no item in it: dead) may be held again since.
+                assert!(held <= 1, "held {held}");
                 assert_eq!(dropped > 0, hold);
                 assert!(expired_before >= 2, "expired {expired_before}");
                 // Every segment freed while the replica needed it was logged anew.
@@ -767,19 +769,85 @@ fn restore_of_many_frames_and_stray_batches() {
         e.check_accounting()
             .unwrap_or_else(|err| panic!("{what}: {err}"));
     }
-    // A file of the previous format (replication batches) still loads.
-    let mut old = Vec::new();
-    master.dump_format2(&mut old, 0).expect("dump format 2");
-    assert_eq!(old[7], 2);
-    for way in ["stream", "memory"] {
-        let e = LogEngine::new(cfg.clone());
-        match way {
-            "stream" => e.restore(&mut old.as_slice(), now),
-            _ => e.restore_bytes(&old, now),
+}
+
+/// Files of the formats written before this one (format 3: images of live records; format
+/// 2: replication batches; both of record format 1), saved by kvcached at 963c6e5
+/// (`tests/fixtures/README.md`), load with every item as it was (value, flags, expiry,
+/// CAS), from a stream and from memory; new writes go above the versions they hold.
+#[test]
+fn files_of_earlier_formats_load() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let expect = std::fs::read_to_string(dir.join("snapshot-format3.expect")).expect("expect");
+    let cfg = kvstore::EngineConfig {
+        max_bytes: 1 << 20,
+        max_item_size: 1 << 20,
+        no_evict: false,
+        use_cas: true,
+    };
+    let now = 1_000_000;
+    let hex = |s: &str| -> Vec<u8> {
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
+            .collect()
+    };
+    for (file, version) in [
+        ("snapshot-format3.kvsnap", 3),
+        ("snapshot-format2.kvsnap", 2),
+    ] {
+        let bytes = std::fs::read(dir.join(file)).expect("fixture");
+        assert_eq!(bytes[7], version);
+        let info = LogEngine::snapshot_info(&mut bytes.as_slice()).expect("info");
+        assert_eq!(info.settings.record_format, 1);
+        for way in ["stream", "memory"] {
+            let e = LogEngine::new(cfg.clone());
+            match way {
+                "stream" => e.restore(&mut bytes.as_slice(), now),
+                _ => e.restore_bytes(&bytes, now),
+            }
+            .unwrap_or_else(|err| panic!("{file} from {way}: {err}"));
+            e.check_accounting().expect("accounting");
+            let (mut items, mut highest) = (0u64, 0);
+            for line in expect.lines() {
+                let f: Vec<&str> = line.split(' ').collect();
+                let key = hex(f[0]);
+                let got = e.peek_item(&key, now);
+                if f[1] == "-" {
+                    assert_eq!(got, None, "{file}: {line}");
+                    continue;
+                }
+                let (value, flags, exptime, cas) =
+                    got.unwrap_or_else(|| panic!("{file} from {way}: {line} missing"));
+                let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+                for b in &value {
+                    h = (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3);
+                }
+                assert_eq!(
+                    format!("{flags} {exptime} {cas} {}:{h:016x}", value.len()),
+                    f[1..].join(" "),
+                    "{file} from {way}: {}",
+                    f[0]
+                );
+                items += 1;
+                if key != b"explicit" {
+                    // (That one's CAS the client chose: not a version.)
+                    highest = highest.max(cas);
+                }
+            }
+            assert_eq!(e.stats().curr_items, items, "{file} from {way}");
+            let req = kvstore::StoreRequest {
+                mode: kvstore::StoreMode::Set,
+                key: b"new",
+                value: b"x",
+                flags: 0,
+                exptime: 0,
+            };
+            let kvstore::StoreResult::Stored(c) = e.store(req, now) else {
+                panic!("store");
+            };
+            assert!(c > highest, "{c} after {highest}");
         }
-        .expect("restore format 2");
-        assert_eq!(e.digest(now), master.digest(now), "format 2 from {way}");
-        e.check_accounting().expect("accounting");
     }
 }
 
@@ -1065,9 +1133,9 @@ fn damaged_snapshots_are_refused() {
     let mut v1 = file.clone();
     v1[7] = 1;
     assert_eq!(refused(&v1, &cfg), SnapshotError::Version { found: 1 });
-    let mut v4 = file.clone();
-    v4[7] = 4;
-    assert_eq!(refused(&v4, &cfg), SnapshotError::Version { found: 4 });
+    let mut v5 = file.clone();
+    v5[7] = 5;
+    assert_eq!(refused(&v5, &cfg), SnapshotError::Version { found: 5 });
     // Other item-layout settings: -C, another -I.
     for other in [
         kvstore::EngineConfig {

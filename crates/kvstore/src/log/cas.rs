@@ -8,19 +8,25 @@
 //! Instead each thread draws from a *range* of [`RANGE`] uniques, reserved from the shared
 //! counter one range at a time and kept in a cell of its own (cells are picked by thread, as
 //! the engine's other per-thread counters are). Ranges are disjoint, so uniques are unique.
-//! Three rules keep the orderings:
+//! Four rules keep the orderings:
 //!
-//! - **Per key.** Each lock stripe of the index keeps a *floor*: one more than the highest
-//!   unique any record of the stripe's keys was written with (drawn here, replicated or
-//!   restored), or a tombstone's unique. A writer holds the key's stripe lock while it draws,
-//!   and a unique below the floor is not used: the thread takes a fresh range, which starts
-//!   above everything reserved so far. So a key's records increase, and a store after a
-//!   delete gets at least the tombstone's unique.
-//! - **Flushes.** A flush's watermark is [`CasClock::issued`]: at least every unique handed
-//!   out so far, read from the cells. A draw below the watermarks takes a fresh range, so a
-//!   store that follows a flush is never flushed by it.
-//! - **Uniques from elsewhere** (a replica applying its master's records, a warm restart)
-//!   are [`CasClock::observe`]d: the counter and the flush bound move past them.
+//! - **Segments.** A segment reserves a block of uniques as large as it is when it opens
+//!   ([`CasClock::reserve_block`]): each place in it names one, so a record written where its
+//!   place's unique is good enough stores none (`format::natural_cas`). Writes into
+//!   segments opened at different times are not in the order of their uniques, so:
+//! - **Per key.** A new record's unique is above the key's current record's (the writer
+//!   holds the key's stripe lock and sees it), and at or above its stripe's *floor*: one
+//!   more than the version of any record of the stripe's keys that left the index (expired,
+//!   flushed, evicted: `note_removed`), or a tombstone's unique. A place's unique below that
+//!   is not used: the writer draws one here instead, from a fresh range if its own is
+//!   below. So a key's records increase, and a store after a delete gets at least the
+//!   tombstone's unique.
+//! - **From elsewhere.** Uniques a replica applies or a warm restart loads are
+//!   [`CasClock::observe`]d: the counter moves past them, and so does every write of the
+//!   engine's own ([`CasClock::seen`] is a floor, like a flush's).
+//! - **Flushes.** A flush's watermark is [`CasClock::reserved`]: above every unique handed
+//!   out or reserved so far. A draw below the watermarks takes a fresh range, and a place
+//!   below them is not used, so a store that follows a flush is never flushed by it.
 //!
 //! A single thread therefore draws 1, 2, 3, ... exactly as one counter would; threads that
 //! write the same stripes take a fresh range more often, which is no worse than the shared
@@ -105,34 +111,29 @@ impl CasClock {
         }
     }
 
-    /// A bound above every unique handed out so far (a flush's watermark). Uniques drawn
-    /// after it returns are at or above it only if the draw checks it as a floor, which
-    /// [`super::LogEngine`] does with its flush marks.
-    pub(super) fn issued(&self) -> u64 {
-        let counter = self.counter.load(Ordering::SeqCst);
-        if counter >= PACK_MAX - RANGE {
-            return counter;
-        }
-        let cells = self
-            .cells
-            .iter()
-            .map(|c| c.0.load(Ordering::SeqCst) >> LEFT_BITS)
-            .max()
-            .unwrap_or(0);
-        cells.max(self.seen.load(Ordering::SeqCst)).max(1)
-    }
-
-    /// A bound above every unique handed out and every unique in a thread's range: what no
-    /// draw from now on goes below unless told a lower floor (segment bases, the replication
-    /// header, a tombstone for a key that is not here).
+    /// A bound above every unique handed out and every unique in a thread's range or a
+    /// segment's block: what no draw from now on goes below unless told a lower floor (the
+    /// replication header, a tombstone for a key that is not here), and a flush's watermark.
     pub(super) fn reserved(&self) -> u64 {
         self.counter.load(Ordering::SeqCst)
+    }
+
+    /// Reserve `n` consecutive uniques (a segment's places); returns the first.
+    pub(super) fn reserve_block(&self, n: u64) -> u64 {
+        self.counter.fetch_add(n.max(1), Ordering::SeqCst)
     }
 
     /// Uniques up to `next - 1` were used elsewhere (a replica's master, a saved file).
     pub(super) fn observe(&self, next: u64) {
         self.counter.fetch_max(next, Ordering::SeqCst);
         self.seen.fetch_max(next, Ordering::SeqCst);
+    }
+
+    /// One more than the highest unique observed from elsewhere: a write of this engine's
+    /// own goes at or above it (a promoted replica's above every version it holds, a warm
+    /// restart's above every one it loaded), even where its place's unique is lower.
+    pub(super) fn seen(&self) -> u64 {
+        self.seen.load(Ordering::Relaxed)
     }
 }
 
@@ -147,7 +148,6 @@ mod tests {
         for want in 1..=3 * RANGE + 5 {
             assert_eq!(c.draw(0), want);
         }
-        assert_eq!(c.issued(), 3 * RANGE + 6);
         assert_eq!(c.reserved(), 4 * RANGE + 1);
     }
 
@@ -166,17 +166,25 @@ mod tests {
     }
 
     #[test]
-    fn issued_bounds_every_drawn_unique_and_observed_ones() {
+    fn reserved_bounds_every_drawn_unique_block_and_observed_one() {
         let c = CasClock::new();
         let mut max = 0;
         for _ in 0..10 {
             max = max.max(c.draw(0));
         }
-        assert!(c.issued() > max);
+        assert!(c.reserved() > max);
         c.observe(5_000);
-        assert!(c.issued() >= 5_000);
+        assert!(c.reserved() >= 5_000);
         assert!(c.draw(0) < 5_000, "a draw with no floor keeps its range");
-        assert!(c.draw(c.issued()) >= 5_000);
+        assert!(c.draw(c.reserved()) >= 5_000);
+        // A segment's block lies above everything reserved before and below the bound.
+        let before = c.reserved();
+        let block = c.reserve_block(1 << 20);
+        assert!(block >= before && c.reserved() >= block + (1 << 20));
+        assert!(
+            c.draw(0) < block,
+            "a thread's range reserved before stays below"
+        );
     }
 
     #[test]
@@ -195,7 +203,7 @@ mod tests {
                             got.push(v);
                             // Now and then, a floor as another thread's write would set.
                             if (i + t) % 97 == 0 {
-                                floor = c.issued();
+                                floor = c.reserved();
                             }
                         }
                         got
@@ -210,6 +218,6 @@ mod tests {
             assert!(set.insert(*v), "{v} drawn twice");
         }
         let max = set.iter().copied().max().unwrap_or(0);
-        assert!(c.issued() > max);
+        assert!(c.reserved() > max);
     }
 }

@@ -39,10 +39,14 @@ pub(super) struct Compactor {
     pub(super) spare: Option<u32>,
 }
 
-/// With no_evict, this part of the segment budget is kept for rewrites: a touch that adds
-/// a rewrite stamp (or an expiry) to an item makes it a few bytes longer, and a full log
-/// must still take the touches of all its items.
+/// With no_evict, this part of the segment budget (at least) is kept for rewrites: a touch
+/// makes an item a few bytes longer (it stores its version, a rewrite stamp, maybe an
+/// expiry), and a full log must still take the touches of all its items.
 const REWRITE_RESERVE_DIVISOR: usize = 32;
+/// ... and at least this much per item, up to an eighth of the budget: a rewritten record
+/// stores its version (a delta of 4-5 bytes), an extension byte and a stamp (`format.rs`),
+/// 8-12 bytes more than a fresh one, and touching every item of a full log must fit.
+const REWRITE_BYTES_PER_ITEM: usize = 12;
 
 impl LogEngine {
     /// Segment memory that writes of new bytes may use: all of it, except with no_evict,
@@ -50,7 +54,8 @@ impl LogEngine {
     pub(super) fn write_budget(&self) -> usize {
         let b = self.budget();
         if self.no_evict {
-            b - b / REWRITE_RESERVE_DIVISOR
+            let per_item = self.live_items().saturating_mul(REWRITE_BYTES_PER_ITEM);
+            b - (b / REWRITE_RESERVE_DIVISOR).max(per_item.min(b / 8))
         } else {
             b
         }
@@ -104,62 +109,55 @@ impl LogEngine {
     }
 
     /// Free a whole segment by compaction for writes of new bytes, if the log's dead bytes
-    /// net one: the victim with the fewest live bytes goes into the room left in the
-    /// compactor's segment if it fits (and is at least an eighth dead: the reserve is not
-    /// spent on moving full segments around); or the two with the fewest go, the first
-    /// verbatim into the spare (which it replaces), the second after it, if both fit in
-    /// one segment. True if a segment was freed.
+    /// net one. Victims are the sealed segments with the fewest live bytes, at least an
+    /// eighth dead (the reserve is not spent on moving full segments around). Their live
+    /// items go into the compactor's segment, as many as fit; a victim moved whole is
+    /// freed. When that segment has no room left, it is sealed and the emptiest victim
+    /// moves whole into the spare, opened with the victim's CAS base (its copies' versions
+    /// then differ from their places' by less than a segment), and becomes the spare.
+    /// A copy is a few bytes longer than its record (it stores its version), so two
+    /// half-live victims do not fit in one segment: a victim that does not fit whole is
+    /// moved in part, and is the emptiest next time. True if a segment was freed or items
+    /// moved (the caller tries again, a bounded number of times).
     pub(super) fn compact_for_segment(&self) -> bool {
         let mut c = lock(&self.compactor);
         let payload = self.seg_size - SEG_HDR;
         let worth = |live: usize| live + payload / 8 <= payload;
-        let Some(first) = self.take_victim(worth) else {
+        let room = c.dest.map_or(0, |o| o.cap - o.used);
+        if room < payload / 8 {
+            // Too little room to be worth a victim's copies: a fresh destination, from
+            // the spare and the emptiest victim.
+            let Some(first) = self.take_victim(worth) else {
+                return false;
+            };
+            let fits = self
+                .cas_base(first)
+                .is_some_and(|base| self.copied_len(first, base, SEG_HDR) <= payload);
+            if !fits {
+                lock(&self.fifo).push(first, Queue::Main);
+                return false;
+            }
+            return self.compact_into_spare(&mut c, first);
+        }
+        let Some(victim) = self.take_victim(worth) else {
             return false;
         };
-        let live = |id| self.live_bytes(id).unwrap_or(usize::MAX);
-        // A copy into another CAS base may be a few bytes longer or shorter: only segments
-        // that fit by their live bytes with some slack get the exact (costly) look.
-        let plausible = |bytes: usize, room: usize| bytes <= room + room / 64;
-        if let Some(o) = c.dest {
-            let room = o.cap - o.used;
-            if plausible(live(first), room) && self.copied_len(first, o.base) <= room {
-                return self.compact_into(&mut c, first);
-            }
+        let before = self.live_bytes(victim).unwrap_or(0);
+        if self.move_live(&mut c, victim) {
+            self.free_victim(&mut c, victim);
+            return true;
         }
-        let second = self.take_victim(worth);
-        let fits = match (second, self.cas_base(first)) {
-            (Some(s), Some(base)) => {
-                let room = payload.saturating_sub(live(first));
-                plausible(live(s), room) && self.copied_len(s, base) <= room
-            }
-            _ => false,
-        };
-        if !fits {
-            let mut fifo = lock(&self.fifo);
-            for id in std::iter::once(first).chain(second) {
-                fifo.push(id, Queue::Main);
-            }
-            return false;
+        // Moved in part (it went back to the FIFO): the compactor's segment is full.
+        let after = self.live_bytes(victim).unwrap_or(0);
+        if let Some(o) = c.dest.take() {
+            self.seal(o, Queue::Main);
         }
-        let Some(second) = second else { return false };
-        if !self.compact_into_spare(&mut c, first) {
-            lock(&self.fifo).push(second, Queue::Main);
-            return false;
-        }
-        self.compact_into(&mut c, second)
-    }
-
-    /// Move `victim` (ours) into the compactor's segment and free it.
-    fn compact_into(&self, c: &mut Compactor, victim: u32) -> bool {
-        if !self.move_live(c, victim) {
-            return false;
-        }
-        self.free_victim(c, victim);
-        true
+        after < before
     }
 
     /// Seal the compactor's segment, open the spare with `victim`'s CAS base, move the
-    /// victim's live items into it and keep the victim as the new spare.
+    /// victim's live items into it and keep the victim as the new spare. True if any item
+    /// moved.
     fn compact_into_spare(&self, c: &mut Compactor, victim: u32) -> bool {
         let spare = c.spare.take().or_else(|| self.take_segment_no_evict());
         let base = self.cas_base(victim);
@@ -175,7 +173,7 @@ impl LogEngine {
             self.seal(o, Queue::Main);
         }
         if !self.move_live(c, victim) {
-            return false;
+            return true;
         }
         self.free_victim(c, victim);
         true
@@ -210,13 +208,15 @@ impl LogEngine {
         fifo.remove_first(|x| x == id)
     }
 
-    /// An upper bound of the bytes `victim`'s (ours) live items take when copied into a segment
-    /// with CAS base `base` (items only die meanwhile, never come back).
-    fn copied_len(&self, victim: u32, base: u64) -> usize {
+    /// An upper bound of the bytes `victim`'s (ours) live items take when copied into a
+    /// segment with CAS base `base` from offset `at` (items only die meanwhile, never come
+    /// back; a copy that lands earlier than counted here, after one died, may take one
+    /// more byte for its version's delta, which the byte counted per copy covers).
+    fn copied_len(&self, victim: u32, base: u64, at: usize) -> usize {
         let mut total = 0;
         self.for_live(victim, |_, r, _| {
-            let spec = verbatim(r);
-            total += format::encoded_len(&spec, base);
+            let spec = Spec::copy_of(r);
+            total += format::encoded_len(&spec, format::natural_cas(base, at + total)) + 1;
             true
         });
         total
@@ -287,8 +287,9 @@ impl LogEngine {
     /// same item (CAS, stamp, flags, expiry, marks), and point `slot` at it (access bits
     /// kept); None when it does not fit.
     fn copy_verbatim(&self, c: &mut Compactor, r: &Rec<'_>, v: u64, slot: Slot<'_>) -> Option<()> {
-        let spec = verbatim(r);
-        let need = format::encoded_len(&spec, c.dest?.base);
+        let spec = Spec::copy_of(r);
+        let d = c.dest?;
+        let need = format::encoded_len(&spec, format::natural_cas(d.base, d.used));
         self.append_copy(&mut c.dest, &spec, need, |seg, off| {
             let fresh = index::pack(index::slot_tag(v), seg, off, 0, false);
             self.relocate(slot, fresh | (v & !index::IDENT_MASK));
@@ -335,21 +336,6 @@ impl LogEngine {
         }
         self.show(held, view);
         out
-    }
-}
-
-/// The record of a copy of `r`: the same item.
-fn verbatim<'a>(r: &Rec<'a>) -> Spec<'a> {
-    Spec {
-        kind: KIND_ITEM,
-        key: r.key,
-        parts: [r.value, &[]],
-        flags: r.flags,
-        exptime: r.exptime,
-        cas: r.cas,
-        stamp: r.stamp,
-        meta: r.meta,
-        explicit_cas: r.explicit_cas,
     }
 }
 

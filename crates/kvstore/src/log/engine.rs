@@ -59,7 +59,7 @@ impl Engine for LogEngine {
 
     fn flush_all(&self, at: Time, now: Time) {
         self.tick(now);
-        self.flush.flush_all(at, now, || self.cas.issued());
+        self.flush.flush_all(at, now, || self.cas.reserved());
     }
 
     fn set_max_bytes(&self, max_bytes: usize, now: Time) {

@@ -406,16 +406,18 @@ pub(crate) struct Index {
     over_used: AtomicUsize,
     /// Overflow buckets unlinked and past their barriers: free to link again.
     over_free: Mutex<Vec<u32>>,
-    /// Lock stripes. Each guards its keys' chains and the stripe's CAS floor, which the
-    /// engine keeps (see `cas.rs`).
-    locks: Box<[Mutex<u64>]>,
+    /// Lock stripes. Each guards its keys' chains.
+    locks: Box<[Mutex<()>]>,
+    /// Per stripe, the CAS floor the engine keeps (see `cas.rs`): changed under the
+    /// stripe's lock.
+    floors: Box<[AtomicU64]>,
 }
 
 impl Index {
     /// The bytes [`Index::new`]`(max_slots, _)` starts with.
     pub(crate) fn initial_bytes(max_slots: usize) -> usize {
         let (_, nlocks) = Self::start(max_slots);
-        nlocks * (BUCKET_BYTES + std::mem::size_of::<Mutex<u64>>())
+        nlocks * (BUCKET_BYTES + std::mem::size_of::<Mutex<()>>() + 8)
     }
 
     /// The most main buckets for `max_slots`, and the lock stripes (also the main buckets
@@ -464,7 +466,8 @@ impl Index {
                 work: AtomicUsize::new(0),
                 over_used: AtomicUsize::new(0),
                 over_free: Mutex::new(Vec::new()),
-                locks: (0..nlocks).map(|_| Mutex::new(0)).collect(),
+                locks: (0..nlocks).map(|_| Mutex::new(())).collect(),
+                floors: (0..nlocks).map(|_| AtomicU64::new(0)).collect(),
             };
         }
     }
@@ -474,7 +477,7 @@ impl Index {
     pub(crate) fn bytes(&self) -> usize {
         self.nmain() * BUCKET_BYTES
             + self.overflow_used() * OVER_BYTES
-            + self.locks.len() * std::mem::size_of::<Mutex<u64>>()
+            + self.locks.len() * (std::mem::size_of::<Mutex<()>>() + 8)
     }
 
     /// The most segments a slot of this index can name.
@@ -544,18 +547,33 @@ impl Index {
     }
 
     /// Lock the stripe that guards `h`'s bucket chain.
-    pub(crate) fn lock(&self, h: u64) -> MutexGuard<'_, u64> {
+    pub(crate) fn lock(&self, h: u64) -> MutexGuard<'_, ()> {
         self.lock_bucket(h as usize)
     }
 
     /// Lock the stripe of main bucket `b` (for scans that walk buckets, not keys): the
     /// same stripe as every key whose bucket is `b`.
-    pub(crate) fn lock_bucket(&self, b: usize) -> MutexGuard<'_, u64> {
+    pub(crate) fn lock_bucket(&self, b: usize) -> MutexGuard<'_, ()> {
         let i = b & (self.locks.len() - 1);
         match self.locks.get(i) {
             Some(m) => m.lock().unwrap_or_else(|e| e.into_inner()),
             // Unreachable: the mask keeps `i` in range.
             None => self.locks[0].lock().unwrap_or_else(|e| e.into_inner()),
+        }
+    }
+
+    /// The CAS floor of `h`'s stripe: a version no new record of its keys may go below
+    /// (see `cas.rs`). Read under the stripe lock.
+    pub(crate) fn floor(&self, h: u64) -> u64 {
+        let i = h as usize & (self.locks.len() - 1);
+        self.floors.get(i).map_or(0, |f| f.load(Ordering::Relaxed))
+    }
+
+    /// Raise the CAS floor of `h`'s stripe to at least `v`. Under the stripe lock.
+    pub(crate) fn raise_floor(&self, h: u64, v: u64) {
+        let i = h as usize & (self.locks.len() - 1);
+        if let Some(f) = self.floors.get(i) {
+            f.fetch_max(v, Ordering::Relaxed);
         }
     }
 

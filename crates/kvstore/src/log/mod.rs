@@ -16,10 +16,12 @@
 //! # Layout
 //!
 //! * **Segments** (`seg_size`, 1 MiB unless `-m` is small) are anonymous mappings. Records
-//!   (see `FORMAT.md`) are appended back to back with a 2-byte fixed header and varints;
-//!   the CAS unique is stored as a zigzag varint relative to the segment's CAS base, so a
-//!   15-byte key with a 32-byte value costs 4-5 header bytes. Items larger than a segment
-//!   get a segment of their own (a "large" segment: one record, mapped to size).
+//!   (see `FORMAT.md`) are appended back to back. Each place in a segment names a CAS
+//!   unique (the segment reserves a block of them when it opens), so a fresh write stores
+//!   no CAS: a 15-byte key with a 32-byte value takes a 2-byte header. A record whose
+//!   version is not its place's (a touch, a copy, a replica's record) stores it as a delta.
+//!   Items larger than a segment get a segment of their own (a "large" segment: one
+//!   record, mapped to size).
 //! * **Index**: buckets of ten 6-byte slots, one cache line each (see [`index`]).
 //!   A slot names segment + offset and holds a tag (10 bits for up to 4096 segments), the
 //!   CLOCK access bits and the meta protocol's "win token sent" bit. An item's last
@@ -119,9 +121,12 @@
 //!
 //! # Known gaps
 //!
-//! * `touch`/`gat` rewrite the item (same CAS, new expiry) at the log head; with
-//!   `no_evict` and full memory they go into the compactor's segment, refilled by
-//!   compaction (`compact.rs`), and miss only if no byte of the log is dead or free.
+//! * `touch`/`gat` rewrite the item (same CAS, new expiry) at the log head, 8-12 bytes
+//!   longer than a fresh record (it stores its version and a stamp); with `no_evict` and
+//!   full memory they go into the compactor's segment, refilled by compaction
+//!   (`compact.rs`), and miss only if no byte of the log is dead or free. For that,
+//!   `no_evict` keeps back 12 bytes per item (at most an eighth of the memory, at least a
+//!   thirty-second) from new writes.
 //! * Delete appends a tombstone; with `no_evict` and full memory the delete happens
 //!   without one (a log reader would miss it). Flushes are not logged.
 //! * Flushes travel to replicas as watermarks in every batch, not as log records (see
@@ -191,10 +196,10 @@ const _: () = assert!(MAX_SEG_SIZE <= index::MAX_OFFSET);
 /// items it holds; beyond this many items it becomes lossy).
 const BYTES_PER_SLOT: usize = 32;
 /// The index grows while its items exceed this fraction of its main slots
-/// (`LOAD_NUM / LOAD_DEN`). 1.0 measured 0.5 bytes per small item less than 0.9 (fewer,
-/// fuller buckets; about a fifth of the items in overflow buckets) at no throughput cost
-/// on `log_perf`.
-const LOAD_NUM: usize = 20;
+/// (`LOAD_NUM / LOAD_DEN`): 1.2 (twelve items per ten-slot bucket on average, a sixth of
+/// them in overflow buckets) measured 0.3 bytes per small item less than 1.0
+/// (`bench/memory.sh`: 57.8 against 58.1 above the empty process; BENCHMARKS.md).
+const LOAD_NUM: usize = 24;
 const LOAD_DEN: usize = 20;
 /// Buckets split per growth step (between pin barriers).
 const GROW_BATCH: usize = 64;
@@ -718,7 +723,7 @@ impl LogEngine {
     /// Advance the clock and turn a passed delayed flush into a watermark.
     #[inline]
     fn tick(&self, now: Time) {
-        self.flush.tick(now, || self.cas.issued());
+        self.flush.tick(now, || self.cas.reserved());
         if now > self.clock.load(Ordering::Relaxed) {
             self.clock.fetch_max(now, Ordering::Relaxed);
         }

@@ -23,6 +23,14 @@ pub(super) struct Dest {
     pub(super) room: usize,
 }
 
+impl Dest {
+    /// The version a record written here has unless it stores another (see
+    /// `format::natural_cas`).
+    pub(super) fn natural(&self) -> u64 {
+        format::natural_cas(self.base, self.off)
+    }
+}
+
 /// What one eviction did (`evict_one`): found nothing to evict, gave the oldest segment a
 /// second chance whole, or freed it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -423,27 +431,17 @@ impl LogEngine {
         None
     }
 
-    /// How far above the next CAS unique a new segment's CAS base goes: half the records
-    /// it is expected to hold, so that its records' CAS deltas (signed varints) are centred
-    /// on zero rather than all positive and reach half as far.
-    fn cas_midpoint(&self, cap: usize) -> u64 {
-        // Too few items for a mean: assume small ones.
-        let mean = if self.live_items() >= 1024 {
-            self.mean_record()
-        } else {
-            64
-        };
-        (cap.saturating_sub(SEG_HDR) / mean.max(16) / 2) as u64
-    }
-
-    /// Prepare a free segment for appending.
+    /// Prepare a free segment for appending: its CAS base names a block of uniques, one
+    /// per place in it (`format::natural_cas`).
     pub(super) fn open_segment(&self, id: u32) -> Option<Open> {
         self.open_segment_at(id, None)
     }
 
-    /// Prepare a free segment for appending, with `base` as its CAS base instead of the
-    /// next CAS unique (compaction copies records verbatim into a segment with the base
-    /// of the one they come from, so they take exactly the bytes they took there).
+    /// Prepare a free segment for appending, with `base` as its CAS base instead of a fresh
+    /// block. Compaction opens its spare with its victim's base: the copies it writes keep
+    /// their versions, which then differ from their places' by less than a segment (a delta
+    /// of at most 3 bytes), and no version is drawn from such a segment's places (only
+    /// copies and rewrites that keep their CAS go there).
     pub(super) fn open_segment_at(&self, id: u32, base: Option<u64>) -> Option<Open> {
         let seg = self.segs.get(id)?;
         // A leased mapping stays with its holders; the segment gets a fresh one.
@@ -474,10 +472,13 @@ impl LogEngine {
         seg.acct.0.reset();
         // The number is drawn and published under `seq_lock`, so that a log reader that
         // holds it sees every number below `seg_seq` either live or retired.
-        let midpoint = self.cas_midpoint(cap);
         let mut live = lock(&self.seq_lock);
-        // Only deltas are relative to it (wrapping), so it may pass the counter.
-        let base = base.unwrap_or_else(|| self.cas.reserved().wrapping_add(midpoint));
+        // Records start at `SEG_HDR`: the block's first unique is the first record's.
+        let base = base.unwrap_or_else(|| {
+            self.cas
+                .reserve_block(cap.saturating_sub(SEG_HDR) as u64)
+                .wrapping_sub(SEG_HDR as u64)
+        });
         let seq = self.seg_seq.fetch_add(1, Ordering::Relaxed);
         publish_live(&mut live, seq, id);
         publish_live(&mut lock(&self.open_segs), seq, id);
@@ -514,7 +515,7 @@ impl LogEngine {
         seg.mem.0.file.store(false, Ordering::Relaxed);
         seg.mem.0.used.store(0, Ordering::Relaxed);
         if let Some(old) = NonNull::new(old) {
-            // SAFETY: the segment is free (unreachable, see `open_segment_at`), so
+            // SAFETY: the segment is free (unreachable, see `open_segment`), so
             // nothing refers to its old mapping, which came from `mem::map_file(.., cap)`.
             unsafe { mem::unmap(old, cap) };
         }
@@ -568,7 +569,7 @@ impl LogEngine {
         // caller holds; `need` bytes, at least the record's length (callers' contract), are
         // free from `d.off`. The source record lives in a segment being evicted or
         // compacted, not in this one.
-        let len = unsafe { format::write(d.ptr.as_ptr().add(d.off), d.room, spec, d.base) };
+        let len = unsafe { format::write(d.ptr.as_ptr().add(d.off), d.room, spec, d.natural()) };
         install(o.id, d.off as u32);
         self.advance(slot, o, len);
         self.account_add(o.id, len, self.spec_size(spec), spec.exptime);

@@ -3,19 +3,21 @@
 //! A snapshot file is the magic `KVSNAP\0` and a version byte, then frames. A frame is its
 //! payload's length (u64, little-endian), a CRC-32 (u32) of the length's eight bytes and the
 //! payload, then the payload. The first frame is the header (the settings that decide how
-//! items are laid out, and the item count); each further frame is a segment image: a
-//! segment header and the live records of one of the engine's segments, exactly as they
-//! lie in segment memory. Every frame after the header starts where its payload begins on
-//! a page boundary (the gap before it is zero bytes), so that a restart maps each image
-//! straight from the file as a segment (private, copy on write) and only builds the index
-//! over it: nothing is copied, decoded or re-encoded. An end frame (length 0, its CRC over
+//! items are laid out, and the item count); each further frame is a segment image: one of
+//! the engine's segments exactly as it lies in memory (its header, then its records, dead
+//! ones included: a record's place gives its version, so records cannot move), followed
+//! by the offsets of its live records. Every frame after the header starts where its
+//! payload begins on a page boundary (the gap before it is zero bytes), so that a restart
+//! maps each image straight from the file as a segment (private, copy on write) and only
+//! builds the index over its live records: nothing is copied, decoded or re-encoded. An end frame (length 0, its CRC over
 //! the trailer, then the trailer: the number of frames before it and their payload bytes)
 //! closes the file, and nothing may follow it. So a file that was cut short, extended, or
 //! has any bit flipped is refused with the byte offset where it goes wrong, instead of
 //! loading part of a cache or a wrong value; `FORMAT.md` ("Snapshot file") has the layout.
 //!
-//! Files of format 2 (the replication snapshot's batches, applied record by record through
-//! the write path) still load.
+//! Files of format 3 (images of live records in record format 1) and 2 (the replication
+//! snapshot's batches, also of record format 1) still load: their records are applied one
+//! by one through the write path.
 
 use std::borrow::Cow;
 use std::io::{Read, Write};
@@ -37,12 +39,22 @@ use crate::Time;
 /// File magic (7 bytes) and format version (the 8th).
 const MAGIC: &[u8; 7] = b"KVSNAP\x00";
 /// The snapshot format this engine writes (1 had no checksums or header; 2 held
-/// replication batches, and is still read).
-pub const SNAPSHOT_VERSION: u8 = 3;
+/// replication batches and 3 images of live records, both of record format 1, and are
+/// still read).
+pub const SNAPSHOT_VERSION: u8 = 4;
 /// The oldest snapshot format this engine reads.
 const OLDEST_READ: u8 = 2;
-/// The log record format the batches carry (`FORMAT.md`).
-const RECORD_FORMAT: u8 = 1;
+/// The log record format this engine writes (`FORMAT.md`).
+const RECORD_FORMAT: u8 = 2;
+
+/// The record format a snapshot of format `version` holds.
+fn record_format_of(version: u8) -> u8 {
+    if version >= 4 {
+        2
+    } else {
+        1
+    }
+}
 /// Bytes of a snapshot batch before the record that crosses the budget.
 const BATCH_BUDGET: usize = 4 << 20;
 /// The header frame's payload length.
@@ -476,37 +488,9 @@ impl LogEngine {
         let mut image = Vec::new();
         let mut bytes = 0u64;
         for (seq, id) in self.live_segments() {
-            if self.segment_image(seq, id, now, &mut image) {
-                bytes += (image.len() - SEG_HDR) as u64;
+            if let Some(live) = self.segment_image(seq, id, now, &mut image) {
+                bytes += live;
                 fw.frame(&image)?;
-            }
-        }
-        fw.end()?;
-        Ok(bytes)
-    }
-
-    /// [`LogEngine::dump`] in snapshot format 2 (replication batches), which this engine
-    /// still reads: for the tests of that path.
-    #[doc(hidden)]
-    pub fn dump_format2(&self, w: &mut dyn Write, saved_at: u64) -> std::io::Result<u64> {
-        let mut magic = [0u8; 8];
-        magic[..7].copy_from_slice(MAGIC);
-        magic[7] = 2;
-        w.write_all(&magic)?;
-        let mut fw = FrameWriter::new(w, &magic);
-        fw.frame(&self.snapshot_header(saved_at))?;
-        let mut out = Vec::new();
-        let mut bytes = 0u64;
-        let (_, mut c) = self.serve_reset_cursor(&mut out);
-        fw.frame(&out)?;
-        loop {
-            out.clear();
-            let (served, next) = self.serve_snapshot(&c, BATCH_BUDGET, &mut out);
-            fw.frame(&out)?;
-            bytes += served.shipped as u64;
-            match next {
-                Some((seq, off)) => c.phase = Phase::Snapshot { seq, off },
-                None => break,
             }
         }
         fw.end()?;
@@ -527,22 +511,21 @@ impl LogEngine {
         header
     }
 
-    /// Put into `out` an image of segment `id` (if it still has number `seq`) holding
-    /// only its live records: its header (the same kind and CAS base, no number), then
-    /// the records the index points at, byte for byte. False if it holds none.
-    fn segment_image(&self, seq: u64, id: u32, now: Time, out: &mut Vec<u8>) -> bool {
+    /// Put into `out` an image of segment `id` (if it still has number `seq`): its header
+    /// (the same kind and CAS base, no number), its records byte for byte up to its
+    /// published length, then the offsets of the records the index points at (u32 each),
+    /// the published length (u32) and the number of offsets (u32). The live records' bytes,
+    /// or None if it holds none.
+    fn segment_image(&self, seq: u64, id: u32, now: Time, out: &mut Vec<u8>) -> Option<u64> {
         out.clear();
         let _pin = self.pin();
-        let Some(seg) = self.segs.get(id) else {
-            return false;
-        };
+        let seg = self.segs.get(id)?;
         if seg.mem.0.seq.load(Ordering::Acquire) != seq {
-            return false;
+            return None;
         }
         let used = seg.mem.0.used.load(Ordering::Acquire);
-        let Some(ptr) = std::ptr::NonNull::new(seg.mem.0.ptr.load(Ordering::Acquire)) else {
-            return false;
-        };
+        let ptr = std::ptr::NonNull::new(seg.mem.0.ptr.load(Ordering::Acquire))?;
+        let used32 = u32::try_from(used).ok()?;
         let kind = if seg.mem.0.large.load(Ordering::Relaxed) {
             format::SEG_KIND_LARGE
         } else {
@@ -556,21 +539,27 @@ impl LogEngine {
         unsafe { format::write_seg_header(out.as_mut_ptr(), kind, 0, base) };
         // SAFETY: as above; `used` is the published length, and a pinned live segment's
         // published records do not change.
+        out.extend_from_slice(unsafe {
+            std::slice::from_raw_parts(ptr.as_ptr().add(SEG_HDR), used.saturating_sub(SEG_HDR))
+        });
+        let (mut n, mut live) = (0u32, 0u64);
+        // SAFETY: as above.
         unsafe {
             compact::for_records(ptr, used, |here, r| {
                 if r.kind == KIND_ITEM
                     && self.vis(r, now) == Vis::Live
                     && self.indexed_at(r.key, id, here)
                 {
-                    out.extend_from_slice(std::slice::from_raw_parts(
-                        ptr.as_ptr().add(here),
-                        r.len,
-                    ));
+                    out.extend_from_slice(&(here as u32).to_le_bytes());
+                    n += 1;
+                    live += r.len as u64;
                 }
                 true
             })
         };
-        out.len() > SEG_HDR
+        out.extend_from_slice(&used32.to_le_bytes());
+        out.extend_from_slice(&n.to_le_bytes());
+        (n > 0).then_some(live)
     }
 
     /// Read a snapshot's header: its format, settings and item count, without loading it.
@@ -622,7 +611,12 @@ impl LogEngine {
     ) -> Result<u64, SnapshotError> {
         let mut fr = FrameReader::new(src, 0, HEADER_LEN as u64);
         let result = read_header(&mut fr).and_then(|info| {
-            let ours = self.snapshot_settings();
+            // A file of an older format holds records of its own format, which its loader
+            // reads.
+            let ours = SnapshotSettings {
+                record_format: record_format_of(info.version),
+                ..self.snapshot_settings()
+            };
             if info.settings != ours {
                 return Err(SnapshotError::Settings {
                     saved: info.settings,
@@ -674,7 +668,18 @@ impl LogEngine {
             },
             Loaded::default,
             |total, (no, frame)| {
-                total.add(self.load_image(no, &frame, fd, now)?);
+                if info.version >= 4 {
+                    total.add(self.load_image(no, &frame, fd, now)?);
+                } else {
+                    frame.check(no)?;
+                    let replayed = self.replay_image_1(&frame.payload, now).map_err(|why| {
+                        SnapshotError::Invalid {
+                            offset: frame.at,
+                            why,
+                        }
+                    })?;
+                    total.add(replayed);
+                }
                 Ok(())
             },
         )?;
@@ -776,8 +781,8 @@ impl LogEngine {
 
     /// Make the segment image at `ptr` (`len` bytes of a `cap`-byte mapping of ours,
     /// checked against its checksum; `file`: a private mapping of the snapshot file) a
-    /// sealed segment, and index its live records. On an error the mapping is the
-    /// engine's (released with the rest when the caller wipes) or unmapped.
+    /// sealed segment, and index the live records its list names. On an error the mapping
+    /// is the engine's (released with the rest when the caller wipes) or unmapped.
     fn adopt_image(
         &self,
         ptr: std::ptr::NonNull<u8>,
@@ -788,34 +793,22 @@ impl LogEngine {
     ) -> Result<Loaded, &'static str> {
         // SAFETY: `ptr .. ptr + len` is our mapping, written by nobody.
         let image = unsafe { std::slice::from_raw_parts(ptr.as_ptr(), len) };
-        let kind = image.get(5).copied();
-        let bad = if len <= SEG_HDR {
-            Some("a segment image without records")
-        } else if image[..4] != format::SEG_MAGIC.to_le_bytes() || image[4] != format::SEG_VERSION {
-            Some("a segment image without a segment header")
-        } else if kind == Some(format::SEG_KIND_REGULAR) && len > index::MAX_OFFSET {
-            Some("a segment image longer than a segment")
-        } else if kind != Some(format::SEG_KIND_REGULAR) && kind != Some(format::SEG_KIND_LARGE) {
-            Some("a segment image of an unknown kind")
-        } else {
-            None
-        };
-        let large = kind == Some(format::SEG_KIND_LARGE);
-        let id = match bad {
-            Some(why) => Err(why),
-            None => self
-                .install_segment(&mut lock(&self.pool), ptr, cap, large, file)
-                .ok_or("no segment id left"),
-        };
-        let id = match id {
-            Ok(id) => id,
+        let checked = image_layout(image);
+        let (used, offsets) = match checked {
+            Ok(layout) => layout,
             Err(why) => {
                 // SAFETY: the mapping is still only ours, and unused past this point.
                 unsafe { mem::unmap(ptr, cap) };
                 return Err(why);
             }
         };
-        // SAFETY: the header's bytes are readable (len > SEG_HDR).
+        let large = image.get(5) == Some(&format::SEG_KIND_LARGE);
+        let Some(id) = self.install_segment(&mut lock(&self.pool), ptr, cap, large, file) else {
+            // SAFETY: as above.
+            unsafe { mem::unmap(ptr, cap) };
+            return Err("no segment id left");
+        };
+        // SAFETY: the header's bytes are readable (`used > SEG_HDR`).
         let base = unsafe { format::seg_cas_base(ptr.as_ptr()) };
         let seg = self.segs.get(id).ok_or("no segment id left")?;
         {
@@ -825,20 +818,17 @@ impl LogEngine {
             let mut live = lock(&self.seq_lock);
             let seq = self.seg_seq.fetch_add(1, Ordering::Relaxed);
             super::segments::publish_live(&mut live, seq, id);
-            seg.mem.0.used.store(len, Ordering::Release);
+            seg.mem.0.used.store(used, Ordering::Release);
             seg.mem.0.sealed.store(true, Ordering::Release);
             seg.mem.0.seq.store(seq, Ordering::Release);
+            // Its records were written before the restart; their times are not kept.
+            seg.acct.0.written.note(SEG_HDR, now);
         }
         // In the FIFO before its items are indexed: a failed restore wipes the index and
         // frees every segment the FIFO holds.
         lock(&self.fifo).push(id, Queue::Small);
         let image = image.as_ptr();
-        // The image's record bytes, whatever the index keeps of them (which depends on the
-        // order images are loaded in when a key is in several).
-        let mut loaded = Loaded {
-            bytes: (len - SEG_HDR) as u64,
-            ..Loaded::default()
-        };
+        let mut loaded = Loaded::default();
         // Counted once per image rather than per item (the restore threads would share
         // the counters' cache lines).
         let mut acct = ImageAcct::default();
@@ -846,23 +836,27 @@ impl LogEngine {
         // buckets loaded while this one is indexed (see `apply_records`).
         let mut ring: [(usize, u64, Option<Rec<'_>>); PREFETCH] = [(0, 0, None); PREFETCH];
         let mut walk = || -> Result<(), &'static str> {
-            let (mut ahead_at, mut streamed) = (SEG_HDR, SEG_HDR);
-            let (mut queued, mut done) = (0usize, 0usize);
+            let mut ahead = offsets.chunks_exact(4).map(|o| {
+                let mut b = [0u8; 4];
+                b.copy_from_slice(o);
+                u32::from_le_bytes(b) as usize
+            });
+            let (mut queued, mut done, mut last) = (0usize, 0usize, None);
             loop {
-                // The image's bytes are loaded a stretch ahead of the records parsed.
-                while streamed < len.min(ahead_at + STREAM_AHEAD) {
-                    index::prefetch(image.wrapping_add(streamed).cast());
-                    streamed += 64;
-                }
-                while queued < PREFETCH && ahead_at < len {
-                    // SAFETY: the image is `len` bytes of our mapping that nothing writes
-                    // now; `read` checks every length against `len`.
-                    let r =
-                        unsafe { format::read(image, len, ahead_at, base) }.ok_or("bad record")?;
+                while queued < PREFETCH {
+                    let Some(off) = ahead.next() else { break };
+                    if off < SEG_HDR || last.is_some_and(|l| off <= l) {
+                        return Err("a live record's offset out of order");
+                    }
+                    last = Some(off);
+                    // The record's first lines, a few records ahead.
+                    index::prefetch(image.wrapping_add(off.min(used)).cast());
+                    // SAFETY: the image is `used` bytes of our mapping that nothing writes
+                    // now; `read` checks every length against `used`.
+                    let r = unsafe { format::read(image, used, off, base) }.ok_or("bad record")?;
                     let h = self.hash(r.key);
                     self.index.prefetch(h);
-                    ring[(done + queued) % PREFETCH] = (ahead_at, h, Some(r));
-                    ahead_at += r.len;
+                    ring[(done + queued) % PREFETCH] = (off, h, Some(r));
                     queued += 1;
                 }
                 if queued == 0 {
@@ -879,11 +873,12 @@ impl LogEngine {
                 if r.key.len() > MAX_KEY || r.value.len() > self.max_item_size {
                     return Err("an item larger than allowed");
                 }
-                if large && done > 1 {
+                if large && (done > 1 || off != SEG_HDR) {
                     return Err("a large segment image with more than one record");
                 }
                 loaded.cas = loaded.cas.max(r.cas.saturating_add(1));
                 loaded.stamp = loaded.stamp.max(r.stamp);
+                loaded.bytes += r.len as u64;
                 if self.vis(&r, now) == Vis::Live && self.adopt_record(id, off, &r, h) {
                     acct.add(self, self.rec_size(&r), r.len, r.exptime);
                 }
@@ -893,7 +888,51 @@ impl LogEngine {
         // indexed, and takes it off the counts.
         let walked = walk();
         acct.flush(self, seg);
+        // Every place of the image names a unique: new writes go above them all.
+        loaded.cas = loaded
+            .cas
+            .max(format::natural_cas(base, used).saturating_add(1));
         walked.map(|()| loaded)
+    }
+
+    /// Load a segment image of snapshot format 3 (the live records of a segment, in record
+    /// format 1): each item is written anew through the write path, with its version.
+    fn replay_image_1(&self, image: &[u8], now: Time) -> Result<Loaded, &'static str> {
+        let len = image.len();
+        let kind = image.get(5).copied();
+        if len <= SEG_HDR {
+            return Err("a segment image without records");
+        }
+        if image[..4] != format::SEG_MAGIC.to_le_bytes() || image[4] != format::v1::SEG_VERSION {
+            return Err("a segment image without a segment header");
+        }
+        if kind != Some(format::SEG_KIND_REGULAR) && kind != Some(format::SEG_KIND_LARGE) {
+            return Err("a segment image of an unknown kind");
+        }
+        // SAFETY: the header's bytes are readable (`len > SEG_HDR`).
+        let base = unsafe { format::seg_cas_base(image.as_ptr()) };
+        let st = ReplicaState::new();
+        let mut loaded = Loaded::default();
+        let mut off = SEG_HDR;
+        while off < len {
+            // SAFETY: `image` is a live slice nobody writes; `read` checks every length.
+            let r =
+                unsafe { format::v1::read(image.as_ptr(), len, off, base) }.ok_or("bad record")?;
+            off += r.len;
+            if r.kind != KIND_ITEM {
+                return Err("a record that is not an item");
+            }
+            if r.key.len() > MAX_KEY || r.value.len() > self.max_item_size {
+                return Err("an item larger than allowed");
+            }
+            loaded.cas = loaded.cas.max(r.cas.saturating_add(1));
+            loaded.stamp = loaded.stamp.max(r.stamp);
+            loaded.bytes += r.len as u64;
+            if self.vis(&r, now) == Vis::Live {
+                self.apply_item(&st, &r, self.hash(r.key), now);
+            }
+        }
+        Ok(loaded)
     }
 
     /// Index the live record `r` at `off` in segment `id` (being adopted), unless the
@@ -901,9 +940,9 @@ impl LogEngine {
     /// caller counts it (`ImageAcct`).
     fn adopt_record(&self, id: u32, off: usize, r: &Rec<'_>, h: u64) -> bool {
         let v = index::pack(self.index.tag(h), id, off as u32, 0, false);
-        let mut g = self.index.lock(h);
+        let _g = self.index.lock(h);
         // The key's next version goes above this one (see `cas.rs`).
-        *g = (*g).max(r.cas.saturating_add(1));
+        self.index.raise_floor(h, r.cas.saturating_add(1));
         // SAFETY: we hold `h`'s stripe lock.
         match unsafe { self.lookup(h, r.key) } {
             Some((slot, old_v, old)) => {
@@ -955,7 +994,7 @@ impl LogEngine {
                 why: "the first batch is not a reset",
             });
         }
-        self.repl_apply(&mut st, &first, now)
+        self.apply_batch(&mut st, &first, now, true)
             .map_err(|e| invalid(at, e))?;
         drop(first);
         // Snapshot batches hold live items, each applied with its version (the highest
@@ -985,7 +1024,7 @@ impl LogEngine {
             || (st.clone(), 0u64),
             |(mine, bytes), (at, frame)| {
                 let before = mine.applied_bytes;
-                self.repl_apply(mine, &frame, now)
+                self.apply_batch(mine, &frame, now, true)
                     .map_err(|e| invalid(at, e))?;
                 *bytes += mine.applied_bytes - before;
                 Ok(())
@@ -1079,9 +1118,6 @@ fn fan_out<J: Send, T: Send>(
         None => Ok(states),
     }
 }
-
-/// Bytes of a segment image loaded into the cache ahead of the record being indexed.
-const STREAM_AHEAD: usize = 2048;
 
 /// The items a segment image gave the index, counted as `account_add` counts each, and
 /// added to the engine's counters at once. Runs of items of one size count in the size
@@ -1220,6 +1256,40 @@ pub fn join_snapshot_frames(magic: &[u8], payloads: &[Vec<u8>]) -> Vec<u8> {
         .try_for_each(|p| fw.frame(p))
         .and_then(|()| fw.end());
     file
+}
+
+/// The published length of a segment image of format 4 and the list of its live records'
+/// offsets, once its layout checks out: segment header, records up to that length, the
+/// list (u32 each), the length (u32) and the list's count (u32).
+fn image_layout(image: &[u8]) -> Result<(usize, &[u8]), &'static str> {
+    let len = image.len();
+    if len < SEG_HDR + 8 {
+        return Err("a segment image without records");
+    }
+    let word = |at: usize| {
+        let mut b = [0u8; 4];
+        b.copy_from_slice(&image[at..at + 4]);
+        u32::from_le_bytes(b) as usize
+    };
+    let (used, n) = (word(len - 8), word(len - 4));
+    let end = n
+        .checked_mul(4)
+        .and_then(|l| l.checked_add(used))
+        .filter(|&end| end.checked_add(8) == Some(len))
+        .ok_or("a segment image whose list of live records does not fit")?;
+    if used <= SEG_HDR || n == 0 {
+        return Err("a segment image without records");
+    }
+    let kind = image[5];
+    if image[..4] != format::SEG_MAGIC.to_le_bytes() || image[4] != format::SEG_VERSION {
+        Err("a segment image without a segment header")
+    } else if kind == format::SEG_KIND_REGULAR && used > index::MAX_OFFSET {
+        Err("a segment image longer than a segment")
+    } else if kind != format::SEG_KIND_REGULAR && kind != format::SEG_KIND_LARGE {
+        Err("a segment image of an unknown kind")
+    } else {
+        Ok((used, &image[used..end]))
+    }
 }
 
 /// Threads that load a snapshot's segment images (or apply its batches) on a warm restart.

@@ -606,8 +606,15 @@ fn no_evict_touch_succeeds_with_full_memory() {
     assert_eq!(e.stats().evictions, 0);
     assert_eq!(e.stats().curr_items, keys.len() as u64);
     e.check_accounting().unwrap();
-    // A new item still finds no room: -M refuses it rather than evict.
-    assert_eq!(set(&e, b"new", &[0u8; 100], 2), StoreResult::NoMemory);
+    // New items take what compaction freed, then find no room: -M refuses them rather
+    // than evict.
+    let refused = (0..keys.len())
+        .find(|i| set(&e, format!("new:{i}").as_bytes(), &[0u8; 100], 2) == StoreResult::NoMemory);
+    assert!(refused.is_some_and(|n| n < keys.len() / 10), "{refused:?}");
+    assert_eq!(e.stats().evictions, 0);
+    for k in &keys {
+        assert!(get(&e, k, 2).is_some(), "{k:?} kept");
+    }
 }
 
 #[test]
@@ -1375,12 +1382,12 @@ fn the_miss_sketch_follows_the_memory_limit() {
     assert_eq!(e.sketch.counters(), (16 << 20) / BYTES_PER_COUNTER as u64);
 }
 
-/// A segment's CAS base sits half its expected records above the next CAS unique, so the
-/// records' CAS deltas (signed varints) are centred on zero: 100,000 items of a 15-byte key
-/// and a 32-byte value written by one thread take at most 52.3 bytes each (52.6 with the
-/// base at the next unique, where every delta is positive and half of them need 3 bytes).
+/// A fresh write stores no version (its place in its segment gives it) and a small item
+/// takes a 2-byte header: 100,000 items of a 15-byte key and a 32-byte value written by one
+/// thread take 49 bytes each; overwriting them from two threads (segments opened at other
+/// times, so some places' versions are below the key's last) keeps most of them that way.
 #[test]
-fn cas_deltas_are_centred_in_their_segment() {
+fn fresh_writes_store_no_version() {
     let e = LogEngine::new(cfg(256 << 20));
     let now = 1_000_000;
     let value = [b'v'; 32];
@@ -1398,12 +1405,30 @@ fn cas_deltas_are_centred_in_their_segment() {
         .find(|(k, _)| k == "live_bytes")
         .and_then(|(_, v)| v.parse().ok())
         .unwrap_or(0);
+    assert_eq!(live, 49 * n as u64, "bytes of records");
+    // Each key once more, half from another thread, in turns.
+    std::thread::scope(|s| {
+        for t in 0..2 {
+            let e = &e;
+            s.spawn(move || {
+                for i in (t..n).step_by(2) {
+                    let key = format!("key:{i:011}");
+                    assert!(matches!(
+                        set(e, key.as_bytes(), &value, now),
+                        StoreResult::Stored(_)
+                    ));
+                }
+            });
+        }
+    });
+    let live: u64 = e
+        .stats_detail("slabs")
+        .into_iter()
+        .find(|(k, _)| k == "live_bytes")
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(0);
     let per_item = live as f64 / n as f64;
-    assert!(per_item <= 52.3, "{per_item:.2} bytes per record");
-    assert!(
-        per_item >= 15.0 + 32.0 + 3.0,
-        "{per_item:.2} bytes per record"
-    );
+    assert!(per_item <= 50.0, "{per_item:.2} bytes per record");
 }
 
 /// A touch or gat that leaves the expiry as it is rewrites nothing (it is an access, as a

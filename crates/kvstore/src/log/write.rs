@@ -101,7 +101,7 @@ pub(super) type ShowFn<'s> = &'s mut dyn FnMut(Option<(Slot<'_>, u64)>, &Rec<'_>
 
 /// A stripe lock still held after a write, with the slot value written.
 pub(super) struct Held<'a> {
-    pub(super) _g: MutexGuard<'a, u64>,
+    pub(super) _g: MutexGuard<'a, ()>,
     /// The slot and its value before the write, when a live item was replaced.
     pub(super) prev: Option<(Slot<'a>, u64)>,
     pub(super) v: u64,
@@ -121,7 +121,7 @@ impl LogEngine {
         dest: &Dest,
         now: Time,
     ) -> (Outcome, usize, Option<Held<'_>>) {
-        let mut g = self.index.lock(c.h);
+        let g = self.index.lock(c.h);
         // SAFETY: we hold `c.h`'s stripe lock.
         let cur = unsafe { self.lookup(c.h, c.key) };
         let mut live = None;
@@ -181,17 +181,26 @@ impl LogEngine {
             (Cond::Newer(cas, stamp), _, _) => (cas, stamp, c.meta.explicit_cas),
             (_, true, Some(r)) => (r.cas, self.rewrite_stamp(r.stamp), r.explicit_cas),
             _ => {
-                // At or above the stripe's floor (the key's records and tombstones) and
-                // the flush marks (a store after a flush survives it).
-                let floor = (*g).max(self.flush.floor());
-                (
-                    self.cas.draw(floor),
-                    0,
-                    c.meta.explicit_cas.filter(|_| self.use_cas),
-                )
+                // Above the key's current record, at or above the stripe's floor (the
+                // versions of its keys' tombstones and of items that left the index) and
+                // the flush marks (a store after a flush survives it): the version the
+                // record's place gives if it is, so the record stores none (`format.rs`),
+                // else a drawn one.
+                let min = cur
+                    .as_ref()
+                    .map_or(0, |(_, _, r)| r.cas.saturating_add(1))
+                    .max(self.index.floor(c.h))
+                    .max(self.flush.floor())
+                    .max(self.cas.seen());
+                let natural = dest.natural();
+                let cas = if natural >= min {
+                    natural
+                } else {
+                    self.cas.draw(min)
+                };
+                (cas, 0, c.meta.explicit_cas.filter(|_| self.use_cas))
             }
         };
-        *g = (*g).max(cas.saturating_add(1));
         let old_meta = old.map_or(0, |r| r.meta);
         let stale = stale_store || c.meta.stale.unwrap_or(old_meta & META_STALE != 0);
         let binary = c.meta.binary_key.unwrap_or(old_meta & META_BINARY_KEY != 0);
@@ -216,8 +225,14 @@ impl LogEngine {
         // `HDR_MAX + key + value <= dest.room` bytes (checked above). The parts borrow
         // the old record, which the stripe lock keeps in place, and cannot overlap the
         // unpublished destination.
-        let len =
-            unsafe { format::write(dest.ptr.as_ptr().add(dest.off), dest.room, &spec, dest.base) };
+        let len = unsafe {
+            format::write(
+                dest.ptr.as_ptr().add(dest.off),
+                dest.room,
+                &spec,
+                dest.natural(),
+            )
+        };
         let fresh = index::pack(self.index.tag(c.h), dest.id, dest.off as u32, 0, false);
         // The new slot value, from the value the slot holds when it is replaced: readers
         // may set access or win bits until then (by compare-exchange), and a write that
@@ -382,7 +397,8 @@ impl LogEngine {
         let Some((id, ptr)) = self.reserve_large(total) else {
             return Outcome::NoMemory;
         };
-        let base = self.cas.reserved();
+        // One unique for its one record (see `format::natural_cas`).
+        let base = self.cas.reserve_block(1).wrapping_sub(SEG_HDR as u64);
         // The sequence number is drawn once the record is in (a failed write never
         // becomes visible, and log readers expect every number to name a segment).
         // SAFETY: the mapping is fresh, `total >= SEG_HDR`, and nothing else knows it.
@@ -664,7 +680,7 @@ impl LogEngine {
         // a log reader would miss it.
         let open = self.room(&mut sh, need);
         let dest = open.as_ref().and_then(|o| self.dest(o));
-        let mut g = self.index.lock(h);
+        let _g = self.index.lock(h);
         // SAFETY: we hold `h`'s stripe lock.
         let Some((slot, v, r)) = (unsafe { self.lookup(h, key) }) else {
             return want.map_or(Some(false), |_| None);
@@ -682,8 +698,8 @@ impl LogEngine {
         }
         // Not a new version: a tombstone removes versions below this one, and the
         // stripe's floor makes the next set of the key draw this value or a later one.
-        let cas = (*g).max(r.cas.saturating_add(1));
-        *g = cas;
+        let cas = self.index.floor(h).max(r.cas.saturating_add(1));
+        self.index.raise_floor(h, cas);
         let (len, size) = (r.len, self.rec_size(&r));
         // The item leaves the index before its tombstone is published (as a write enters
         // it before its record is): a replica's full sync whose snapshot range holds the
@@ -720,7 +736,7 @@ impl LogEngine {
         };
         // SAFETY: per this function's contract `HDR_MAX + key` bytes at `d.off` are
         // reserved in the open segment only the caller appends to.
-        let len = unsafe { format::write(d.ptr.as_ptr().add(d.off), d.room, &spec, d.base) };
+        let len = unsafe { format::write(d.ptr.as_ptr().add(d.off), d.room, &spec, d.natural()) };
         self.advance(sh, o, len);
         self.st().tombstones.fetch_add(1, Ordering::Relaxed);
     }

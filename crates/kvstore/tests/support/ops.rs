@@ -364,6 +364,33 @@ pub(crate) enum Reply {
     None,
 }
 
+impl Reply {
+    /// This reply with its CAS uniques set to 0, and those uniques in order (compared
+    /// through a `CasMap`, `support/casmap.rs`: the engine's differ from the model's).
+    pub(crate) fn without_cas(mut self) -> (Reply, Vec<u64>) {
+        let mut out = Vec::new();
+        let mut take = |c: &mut u64| out.push(std::mem::take(c));
+        match &mut self {
+            Reply::Get(_, Some(g)) => take(&mut g.3),
+            Reply::Store(StoreResult::Stored(c)) => take(c),
+            Reply::MetaGet(_, Some(seen)) => {
+                if let Some(g) = &mut seen.0 {
+                    take(&mut g.3);
+                }
+            }
+            Reply::MetaStore(m) => {
+                if let StoreResult::Stored(c) = &mut m.result {
+                    take(c);
+                }
+            }
+            Reply::MetaArith(MetaArithResult::Value { cas, .. }) => take(cas),
+            Reply::Debug(Some(d)) => take(&mut d.cas),
+            _ => {}
+        }
+        (self, out)
+    }
+}
+
 /// Apply `op` to `e` at time `now`; `cas_right` is the unique a "right" cas uses.
 pub(crate) fn apply(e: &dyn Engine, op: &Op, now: Time, cas_right: u64) -> Reply {
     match op {

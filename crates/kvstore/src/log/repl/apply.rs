@@ -22,6 +22,29 @@ use crate::Time;
 pub(in crate::log) const PREFETCH: usize = 8;
 
 /// Replica side.
+/// The record format of a batch's chunks.
+#[derive(Clone, Copy)]
+pub(in crate::log) enum RecordReader {
+    /// Record format 2 (`format::read`).
+    Current,
+    /// Record format 1 (`format::v1::read`), of snapshot files of format 2.
+    Format1,
+}
+
+impl RecordReader {
+    /// # Safety
+    /// As for [`format::read`].
+    unsafe fn read<'a>(self, p: *const u8, end: usize, off: usize, base: u64) -> Option<Rec<'a>> {
+        // SAFETY: forwarded.
+        unsafe {
+            match self {
+                RecordReader::Current => format::read(p, end, off, base),
+                RecordReader::Format1 => format::v1::read(p, end, off, base),
+            }
+        }
+    }
+}
+
 impl LogEngine {
     /// Follow a master (true) or stop (false: promotion). A replica keeps the master's
     /// versions; after promotion new writes draw versions above every one it holds.
@@ -36,14 +59,35 @@ impl LogEngine {
         batch: &[u8],
         now: Time,
     ) -> Result<Applied, ReplError> {
+        self.apply_batch(st, batch, now, false)
+    }
+
+    /// [`LogEngine::repl_apply`]; with `format_1`, a batch of replication format 1 (records
+    /// of record format 1) is read too: a warm-restart file of snapshot format 2 holds
+    /// such batches.
+    pub(in crate::log) fn apply_batch(
+        &self,
+        st: &mut ReplicaState,
+        batch: &[u8],
+        now: Time,
+        format_1: bool,
+    ) -> Result<Applied, ReplError> {
         self.tick(now);
         let mut r = Reader(batch);
         if r.take(4)? != BATCH_MAGIC {
             return Err(ReplError("bad batch magic"));
         }
-        if r.u8()? != VERSION {
-            return Err(ReplError("unknown batch version"));
-        }
+        let read: RecordReader = match r.u8()? {
+            VERSION => RecordReader::Current,
+            1 if format_1 => RecordReader::Format1,
+            1 => {
+                return Err(ReplError(
+                    "the master speaks replication format 1 (an older kvcached); this \
+                     replica reads format 2: upgrade the master to this release",
+                ))
+            }
+            _ => return Err(ReplError("unknown batch version")),
+        };
         let kind = r.u8()?;
         let flags = r.u8()?;
         r.u8()?;
@@ -106,7 +150,7 @@ impl LogEngine {
                     if seq >= st.below {
                         return Err(ReplError("snapshot chunk beyond its cursor"));
                     }
-                    self.apply_records(st, base, data, batch_no, now, &mut applied)?;
+                    self.apply_records(st, read, base, data, batch_no, now, &mut applied)?;
                 }
                 st.phase = if flags & FLAG_DONE != 0 {
                     Phase::Tail
@@ -133,7 +177,7 @@ impl LogEngine {
                     if end as usize != start as usize + data.len() {
                         return Err(ReplError("tail chunk length"));
                     }
-                    self.apply_records(st, base, data, batch_no, now, &mut applied)?;
+                    self.apply_records(st, read, base, data, batch_no, now, &mut applied)?;
                     st.entries.insert(
                         seq,
                         Pos {
@@ -197,9 +241,11 @@ impl LogEngine {
         Ok(applied)
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub(in crate::log) fn apply_records(
         &self,
         st: &mut ReplicaState,
+        read: RecordReader,
         base: u64,
         data: &[u8],
         batch_no: u64,
@@ -218,8 +264,7 @@ impl LogEngine {
         while off < data.len() {
             while queued < PREFETCH && ahead < data.len() {
                 // SAFETY: as below.
-                let Some(r) = (unsafe { format::read(data.as_ptr(), data.len(), ahead, base) })
-                else {
+                let Some(r) = (unsafe { read.read(data.as_ptr(), data.len(), ahead, base) }) else {
                     // Reported when the main loop gets there.
                     ahead = data.len();
                     break;
@@ -232,7 +277,7 @@ impl LogEngine {
             }
             // SAFETY: `data` is a live slice of `data.len()` bytes that nobody writes;
             // `read` checks every length against it.
-            let rec = unsafe { format::read(data.as_ptr(), data.len(), off, base) };
+            let rec = unsafe { read.read(data.as_ptr(), data.len(), off, base) };
             let Some(rec) = rec else {
                 return Err(ReplError("bad record"));
             };
@@ -298,12 +343,17 @@ impl LogEngine {
         self.commit(&c, now, None);
     }
 
-    /// On a replica, remember the version of record `r`, which slot value `v` points at,
-    /// whose item this engine removes on its own (see `ReplFlags::removed`), unless it is
+    /// The item of record `r`, which slot value `v` points at, leaves the index on its own
+    /// (expired, flushed, evicted): raise its stripe's floor past its version, and on a
+    /// replica remember that version (see `ReplFlags::removed`), unless it is
     /// below the `settled` position (an older record of its key can no longer arrive).
     /// The caller holds the key's stripe lock, so a batch that brought the item was
     /// numbered before this reads `epoch`, and the record's segment is live.
     pub(in crate::log) fn note_removed(&self, r: &Rec<'_>, v: u64) {
+        // The key's next version goes above this one, as above its tombstone's (see
+        // `cas.rs`): a replica may still hold it.
+        self.index
+            .raise_floor(self.hash(r.key), r.cas.saturating_add(1));
         if !self.repl.replica.load(Ordering::Relaxed) {
             return;
         }

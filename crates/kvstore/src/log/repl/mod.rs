@@ -153,6 +153,8 @@ pub(in crate::log) struct Checkpoint {
 /// Why a replica gets a full sync ([`Served::reset_why`]).
 pub const WHY_FRESH: &str = "it asked for one (a new replica, or one of another log)";
 pub const WHY_CURSOR: &str = "its position could not be read";
+pub const WHY_FORMAT_1: &str = "it speaks replication format 1 (an older kvcached) and cannot \
+    read this server's batches (format 2): upgrade it to this release";
 pub const WHY_WIPED: &str = "this server resynchronized since (its position predates that)";
 pub const WHY_UNFINISHED_GONE: &str = "a segment it had not finished was freed or evicted";
 pub const WHY_UNREAD_GONE: &str = "segments it had not read were freed or evicted";

@@ -162,11 +162,11 @@ impl LogEngine {
         let mut sh = lock(&shard.0);
         let open = self.room(&mut sh, need);
         let dest = open.as_ref().and_then(|o| self.dest(o));
-        let mut g = self.index.lock(h);
+        let _g = self.index.lock(h);
         // Without a version: above everything reserved, so every version a replica may
         // hold goes. The stripe's floor keeps the key's next version at or above it.
         let (cas, stamp) = ver.unwrap_or_else(|| (self.cas.reserved(), 0));
-        *g = (*g).max(cas);
+        self.index.raise_floor(h, cas);
         // SAFETY: we hold `h`'s stripe lock.
         if let Some((slot, v, r)) = unsafe { self.lookup(h, key) } {
             if (r.cas, r.stamp) < (cas, stamp) {

@@ -3,17 +3,17 @@
 
 use std::sync::atomic::Ordering;
 
-use super::super::format::{self, KIND_ITEM, KIND_TOMBSTONE, SEG_HDR};
+use super::super::format::{self, Spec, KIND_ITEM, KIND_TOMBSTONE, SEG_HDR};
 use super::super::sync::lock;
 use super::super::{index, LogEngine, Vis};
 use super::wire::{
-    finish_chunk, put_chunk_header, skip_chunk, Cursor, Phase, Pos, BATCH_MAGIC, B_FLAGS,
-    CHUNK_COMPLETE, FLAG_COMPLETE, FLAG_DONE, KIND_RESET, KIND_SNAPSHOT, KIND_SWITCH, KIND_TAIL,
-    VERSION,
+    finish_chunk, is_format_1_cursor, put_chunk_header, skip_chunk, Cursor, Phase, Pos,
+    BATCH_MAGIC, B_FLAGS, CHUNK_COMPLETE, FLAG_COMPLETE, FLAG_DONE, KIND_RESET, KIND_SNAPSHOT,
+    KIND_SWITCH, KIND_TAIL, VERSION,
 };
 use super::{
-    Served, HOLD_SHARE, MAX_HOLDS, WHY_CURSOR, WHY_FRESH, WHY_IMPOSSIBLE, WHY_UNFINISHED_GONE,
-    WHY_UNREAD_GONE, WHY_WIPED,
+    Served, HOLD_SHARE, MAX_HOLDS, WHY_CURSOR, WHY_FORMAT_1, WHY_FRESH, WHY_IMPOSSIBLE,
+    WHY_UNFINISHED_GONE, WHY_UNREAD_GONE, WHY_WIPED,
 };
 
 /// Skipped segments one tail batch tells a replica of at most (the rest in the next).
@@ -125,6 +125,12 @@ impl LogEngine {
         budget: usize,
         out: &mut Vec<u8>,
     ) -> (Served, Cursor) {
+        if is_format_1_cursor(cursor) {
+            // It cannot read what follows; the reset says why in this server's log.
+            let (mut served, c) = self.serve_reset_cursor(out);
+            served.reset_why = WHY_FORMAT_1;
+            return (served, c);
+        }
         if fresh && upstream {
             if let Some(switched) = Cursor::decode(cursor)
                 .ok()
@@ -401,7 +407,12 @@ impl LogEngine {
             // since the pin was taken), so it is not reused before we unpin.
             let base = unsafe { format::seg_cas_base(ptr.as_ptr()) };
             let chunk = out.len();
-            put_chunk_header(out, seq, base, start as u32, 0, 0);
+            // The chunk's records are the live ones, not all of them: each is written
+            // anew at its place in the chunk, with its version (`format::natural_cas` of
+            // the chunk's base and its offset in the data, else stored).
+            let wire_base = base.wrapping_add(start as u64);
+            put_chunk_header(out, seq, wire_base, start as u32, 0, 0);
+            let data = out.len();
             let mut off = start;
             while off < limit {
                 if shipped >= budget {
@@ -432,11 +443,8 @@ impl LogEngine {
                     _ => false,
                 };
                 if ship {
-                    // SAFETY: `here .. here + r.len` is the published record just read.
-                    let bytes =
-                        unsafe { std::slice::from_raw_parts(ptr.as_ptr().add(here), r.len) };
-                    out.extend_from_slice(bytes);
-                    shipped += r.len;
+                    let natural = format::natural_cas(wire_base, out.len() - data);
+                    shipped += format::encode_into(out, &Spec::copy_of(&r), natural);
                 }
             }
             let end = next_pos.map_or(limit, |(_, o)| o as usize);
@@ -596,7 +604,16 @@ impl LogEngine {
                 0
             };
             let chunk = out.len();
-            put_chunk_header(out, seq, base, start as u32, end as u32, flags);
+            // A record at offset `d` of the data lies at `start + d` in the segment: the
+            // chunk's base makes its version the same (`format::natural_cas`).
+            put_chunk_header(
+                out,
+                seq,
+                base.wrapping_add(start as u64),
+                start as u32,
+                end as u32,
+                flags,
+            );
             // SAFETY: `start .. end` are published records of the pinned segment.
             out.extend_from_slice(unsafe {
                 std::slice::from_raw_parts(ptr.as_ptr().add(start), end - start)

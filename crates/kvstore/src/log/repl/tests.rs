@@ -380,3 +380,39 @@ fn holds_follow_cursors_and_stay_bounded() {
     e.repl_hold(|_| false);
     assert!(lock(&e.repl.holds).is_empty());
 }
+
+/// Replication format 2 against an engine of format 1: a batch of version 1 is refused
+/// with what to do, and a replica whose cursor is of format 1 gets a reset whose reason,
+/// which the master logs, says it must be upgraded.
+#[test]
+fn format_1_peers_are_refused_with_a_reason() {
+    let cfg = crate::EngineConfig {
+        max_bytes: 4 << 20,
+        max_item_size: 1 << 20,
+        no_evict: false,
+        use_cas: true,
+    };
+    let (m, r) = (LogEngine::new(cfg.clone()), LogEngine::new(cfg));
+    let now = 1_000_000;
+    let mut st = ReplicaState::new();
+    pull_once(&m, &r, &mut st, now);
+    let mut cursor = Vec::new();
+    st.cursor(&mut cursor);
+    let mut batch = Vec::new();
+    m.repl_serve_as(None, &cursor, false, false, 1 << 20, &mut batch);
+    // The same batch, as a master of format 1 would mark it.
+    batch[4] = 1;
+    let err = r.repl_apply(&mut st, &batch, now).expect_err("refused");
+    assert!(
+        err.0.contains("format 1") && err.0.contains("upgrade the master"),
+        "{}",
+        err.0
+    );
+    // A replica of format 1 sends the old magic.
+    cursor[..4].copy_from_slice(b"KVRC");
+    let mut out = Vec::new();
+    let served = m.repl_serve_as(None, &cursor, false, false, 1 << 20, &mut out);
+    assert!(served.reset);
+    assert_eq!(served.reset_why, super::WHY_FORMAT_1);
+    assert!(served.reset_why.contains("upgrade it"));
+}

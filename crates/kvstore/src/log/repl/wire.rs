@@ -9,9 +9,19 @@ use super::super::format::SEG_HDR;
 use super::remembered::Remembered;
 use super::ReplError;
 
-pub(in crate::log) const CURSOR_MAGIC: [u8; 4] = *b"KVRC";
+/// A cursor's magic; format 1 (records that always store their version) had `KVRC`.
+pub(in crate::log) const CURSOR_MAGIC: [u8; 4] = *b"KVR2";
+const CURSOR_MAGIC_1: [u8; 4] = *b"KVRC";
 pub(in crate::log) const BATCH_MAGIC: [u8; 4] = *b"KVRB";
-pub(in crate::log) const VERSION: u8 = 1;
+/// The batch format: 2 since records store their version only when their place does not
+/// give it (`format.rs`).
+pub(in crate::log) const VERSION: u8 = 2;
+
+/// Whether `cursor` comes from a replica of replication format 1 (an older kvcached, which
+/// cannot read this format's batches).
+pub(in crate::log) fn is_format_1_cursor(cursor: &[u8]) -> bool {
+    cursor.get(..4) == Some(&CURSOR_MAGIC_1[..])
+}
 /// Most segment entries a cursor may carry.
 pub(in crate::log) const MAX_ENTRIES: usize = 1 << 16;
 
