@@ -28,14 +28,9 @@ fn access(req: &Request<'_>) -> Access {
     }
 }
 
-/// Execute one request on a stream (TCP, unix socket), appending its reply to `s.out`.
-pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
-    execute_framed(req, ctx, s, &mut Stream)
-}
-
-/// Execute one request, with a get's replies framed by `framing` (a stream's, or UDP's one
-/// message per key).
-pub fn execute_framed<F: GetFraming>(
+/// Execute one request, appending its reply to `s.out`, with a get's replies framed by
+/// `framing` (a stream's [`Stream`], or UDP's one message per key).
+pub fn execute<F: GetFraming>(
     req: Request<'_>,
     ctx: &mut Ctx<'_>,
     s: &mut Session,

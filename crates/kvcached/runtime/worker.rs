@@ -19,10 +19,11 @@ use std::time::{Duration, Instant};
 
 use mio::{Events, Interest, Poll, Token, Waker};
 
-use crate::exec::session::{BufferLimit, Ctx, Spares};
+use crate::exec::session::{BufferLimit, Ctx};
 use crate::runtime::conn::{Conn, Drive, Sock, Stream};
 use crate::runtime::listener::Listener;
 use crate::runtime::ring::{Completion, Op, Reactor, RingSock};
+use crate::runtime::spares::Spares;
 use crate::setup::config::IoChoice;
 use crate::state::registry::{ConnInfo, ConnKind};
 use crate::state::shared::Shared;
@@ -539,7 +540,6 @@ impl Worker {
             buffers: BufferLimit::default(),
             worker: self.index,
             cfd: sock.as_raw_fd(),
-            spares: &mut Spares::default(),
         };
         if crate::runtime::udp::serve(sock, &mut ctx, buffers) && !self.udp_ready.contains(&index) {
             self.udp_ready.push(index);
@@ -561,9 +561,8 @@ impl Worker {
             },
             worker: self.index,
             cfd: conn.fd,
-            spares: &mut self.spares,
         };
-        let drive = conn.drive(&mut ctx);
+        let drive = conn.drive(&mut ctx, &mut self.spares);
         self.account(slot);
         let Some(conn) = self.conns.get_mut(slot).and_then(|c| c.as_mut()) else {
             return;
