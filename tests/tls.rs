@@ -1103,3 +1103,23 @@ fn replies_over_tls_match_memcached() {
         );
     }
 }
+
+/// rustls writes its own diagnostics through the `log` crate; they are bridged into the
+/// server's `tracing` events, so `-vv` shows its handshake decisions (debug) beside the
+/// server's own lines, and the default level does not.
+#[test]
+fn rustls_messages_are_bridged_into_the_server_log() {
+    let pki = Pki::new("bridge");
+    for (verbose, shown) in [(&["-vv"][..], true), (&[][..], false)] {
+        let mut server = start(&pki, "", verbose);
+        let mut c = connect(server.port, &pki.client(None)).expect("handshake");
+        assert!(c.works());
+        drop(c);
+        assert!(server.terminate().is_some(), "the server did not exit");
+        let log = server.stderr();
+        let rustls = log
+            .lines()
+            .any(|l| l.contains("rustls") && l.contains("suite"));
+        assert_eq!(rustls, shown, "{verbose:?}: {log}");
+    }
+}

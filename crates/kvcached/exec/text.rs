@@ -250,11 +250,11 @@ fn refresh_certs(shared: &crate::state::shared::Shared, s: &mut Session, now: u3
     match tls.refresh() {
         Ok(()) => {
             shared.cert_loaded_at.store(now, Ordering::Relaxed);
-            shared.log(1, || "refresh_certs: certificates reloaded".into());
+            tracing::info!("refresh_certs: certificates reloaded");
             s.out.extend_from_slice(proto::OK);
         }
         Err(msg) => {
-            shared.log(0, || format!("refresh_certs: {msg}"));
+            tracing::warn!("refresh_certs: {msg}");
             // One line: the message never holds a line break of its own.
             let line: String = msg.chars().filter(|c| *c != '\r' && *c != '\n').collect();
             s.out.extend_from_slice(line.as_bytes());

@@ -951,7 +951,6 @@ impl Conn {
             kvtls::Failure::Protocol => (&server.counters.proto_errors, "protocol"),
         };
         counter.fetch_add(1, Ordering::Relaxed);
-        ctx.shared
-            .log(1, || format!("{}: TLS {what} error: {e}", self.info.addr));
+        tracing::info!("{}: TLS {what} error: {e}", self.info.addr);
     }
 }

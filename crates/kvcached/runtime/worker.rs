@@ -266,9 +266,7 @@ impl Worker {
                     batch.extend_from_slice(done);
                 }
                 Err(e) => {
-                    self.shared.log(0, || {
-                        format!("worker {}: io_uring wait failed: {e}", self.index)
-                    });
+                    tracing::warn!("worker {}: io_uring wait failed: {e}", self.index);
                     break;
                 }
             }
@@ -302,8 +300,7 @@ impl Worker {
                             }
                             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                             Err(e) => {
-                                self.shared
-                                    .log(0, || format!("worker {}: poll failed: {e}", self.index));
+                                tracing::warn!("worker {}: poll failed: {e}", self.index);
                             }
                         }
                     }
@@ -515,8 +512,7 @@ impl Worker {
                 if e.kind() == io::ErrorKind::Interrupted {
                     continue;
                 }
-                self.shared
-                    .log(0, || format!("worker {}: poll failed: {e}", self.index));
+                tracing::warn!("worker {}: poll failed: {e}", self.index);
                 break;
             }
             self.now = self.shared.clock.now();
@@ -655,8 +651,7 @@ impl Worker {
                 Ok(()) => self.accept_armed[i] = true,
                 Err(e) => {
                     // The ring would not take it now: try again after a pause.
-                    self.shared
-                        .log(1, || format!("accept failed: {e}; pausing"));
+                    tracing::info!("accept failed: {e}; pausing");
                     self.accept_retry = Some(Instant::now() + ACCEPT_RETRY);
                     return;
                 }
@@ -745,7 +740,7 @@ impl Worker {
                 if reserved {
                     self.shared.curr_conns.fetch_sub(1, Ordering::AcqRel);
                 }
-                self.shared.log(1, || format!("accept failed: {e}"));
+                tracing::info!("accept failed: {e}");
                 false
             }
         }
@@ -809,13 +804,12 @@ impl Worker {
     /// ECONNABORTED, and the like) log it and return false.
     fn accept_failed(&mut self, e: &io::Error) -> bool {
         if out_of_descriptors(e) {
-            self.shared
-                .log(1, || format!("accept failed: {e}; pausing"));
+            tracing::info!("accept failed: {e}; pausing");
             self.shared.set_accepting(false);
             self.accept_retry = Some(Instant::now() + ACCEPT_RETRY);
             true
         } else {
-            self.shared.log(1, || format!("accept failed: {e}"));
+            tracing::info!("accept failed: {e}");
             false
         }
     }
@@ -953,7 +947,7 @@ impl Worker {
                 .registry()
                 .register(source, token, Interest::READABLE)
             {
-                shared.log(1, || format!("register failed: {e}"));
+                tracing::info!("register failed: {e}");
                 shared.curr_conns.fetch_sub(1, Ordering::AcqRel);
                 self.free.push(slot);
                 return;
@@ -1056,7 +1050,7 @@ impl Worker {
         });
         for slot in idle {
             self.stats.idle_kicks.incr();
-            self.shared.log(2, || "closing idle connection".into());
+            tracing::debug!("closing idle connection");
             self.close_for(slot, Some("idle_timeout"));
         }
     }
@@ -1072,9 +1066,7 @@ impl Worker {
                     .handshake_timeouts
                     .fetch_add(1, Ordering::Relaxed);
             }
-            self.shared.log(1, || {
-                "closing a connection whose TLS handshake stalled".into()
-            });
+            tracing::info!("closing a connection whose TLS handshake stalled");
             self.close(slot);
         }
     }
