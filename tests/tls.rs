@@ -108,7 +108,7 @@ fn connect_with(port: u16, config: &Arc<kvtls::rustls::ClientConfig>) -> Result<
 }
 
 fn connect(port: u16, settings: &kvtls::client::Settings) -> Result<TlsClient, String> {
-    connect_with(port, &settings.config()?)
+    connect_with(port, &settings.config().map_err(|e| e.to_string())?)
 }
 
 impl TlsClient {
@@ -680,7 +680,7 @@ impl kvtls::rustls::client::danger::ServerCertVerifier for Pinned {
         dss: &kvtls::rustls::DigitallySignedStruct,
     ) -> Result<kvtls::rustls::client::danger::HandshakeSignatureValid, kvtls::rustls::Error> {
         let outline =
-            kvtls::x509::outline(cert).map_err(|e| kvtls::rustls::Error::General(e.clone()))?;
+            kvtls::x509::outline(cert).map_err(|e| kvtls::rustls::Error::General(e.to_string()))?;
         let spki = kvtls::rustls::pki_types::SubjectPublicKeyInfoDer::from(outline.spki);
         kvtls::rustls::crypto::verify_tls13_signature_with_raw_key(
             message,

@@ -256,7 +256,11 @@ fn refresh_certs(shared: &crate::state::shared::Shared, s: &mut Session, now: u3
         Err(msg) => {
             tracing::warn!("refresh_certs: {msg}");
             // One line: the message never holds a line break of its own.
-            let line: String = msg.chars().filter(|c| *c != '\r' && *c != '\n').collect();
+            let line: String = msg
+                .to_string()
+                .chars()
+                .filter(|c| *c != '\r' && *c != '\n')
+                .collect();
             s.out.extend_from_slice(line.as_bytes());
             s.out.extend_from_slice(b"\r\n");
         }

@@ -235,7 +235,7 @@ impl Builder {
             "ssl_ca_cert" => self.cfg.ssl.settings.ca_cert = Some(need(val)?.into()),
             "ssl_ciphers" => {
                 let list = need(val)?;
-                kvtls::server::check_ciphers(&list)?;
+                kvtls::server::check_ciphers(&list).map_err(|e| e.to_string())?;
                 self.cfg.ssl.settings.ciphers = Some(list);
             }
             "ssl_verify_mode" => {
