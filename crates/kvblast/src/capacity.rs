@@ -360,6 +360,44 @@ mod tests {
     }
 
     #[test]
+    fn the_json_report_is_what_it_was() {
+        let target = Target::parse("p99=1ms").unwrap_or_else(|e| panic!("{e}"));
+        let step = |rate: f64, pass| Step {
+            rate,
+            achieved: rate * 0.987_65,
+            metric_us: 812.345_6,
+            pass,
+            why: if pass {
+                String::new()
+            } else {
+                "p99 over".into()
+            },
+            latency: Latencies {
+                mean_us: 100.0,
+                p50_us: 90.5,
+                p99_us: 812.345_6,
+                p999_us: f64::INFINITY,
+                max_us: 2000.0,
+            },
+        };
+        let c = Capacity {
+            target,
+            steps: vec![step(1000.0, true), step(2000.55, false)],
+            capacity: 1000.0,
+            best: Some(crate::stats::tests::full_report()),
+        };
+        let none = Capacity {
+            best: None,
+            ..c.clone()
+        };
+        assert_eq!(c.json(), include_str!("../tests/data/capacity.json"));
+        assert_eq!(
+            none.json(),
+            include_str!("../tests/data/capacity-no-best.json")
+        );
+    }
+
+    #[test]
     fn targets_parse() {
         let t = Target::parse("p99=1ms").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(t.metric, Metric::Percentile(99.0));

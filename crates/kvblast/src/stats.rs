@@ -838,7 +838,7 @@ pub fn server_delta(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn report_with(latencies_us: &[u64]) -> Report {
@@ -913,6 +913,44 @@ mod tests {
         assert_eq!(hists[0].0.as_deref(), Some("get"));
         assert_eq!(hists[0].1.len(), 3);
         assert_eq!(hists[0].1, r.stats.op(Op::Get).hist);
+    }
+
+    /// A report with every optional part, as `run --json` and `capacity --json` write it.
+    pub(crate) fn full_report() -> Report {
+        let mut r = report_with(&[10, 20, 2000, 123_457]);
+        r.settings.push(("server".into(), "127.0.0.1:11211".into()));
+        r.timeline = vec![
+            Sample {
+                t: 1.0,
+                completed: 3,
+                errors: 0,
+            },
+            Sample {
+                t: 2.000_4,
+                completed: 1,
+                errors: 1,
+            },
+        ];
+        r.server = Some(BTreeMap::from([
+            ("cmd_get".to_string(), 4),
+            ("evictions".into(), -1),
+        ]));
+        r.distinct_keys = Some(7);
+        r.stats.timeouts = 2;
+        let mut p = Participant::of("controller", 0.333_333_3, None, &r.stats, 2.0);
+        p.clock_offset_ms = f64::NAN;
+        r.participants = vec![
+            p,
+            Participant::of("10.0.0.2:7000", 2.0 / 3.0, Some(1e6 / 3.0), &r.stats, 2.0),
+        ];
+        r
+    }
+
+    #[test]
+    fn the_json_report_is_what_it_was() {
+        let got = full_report().json();
+        let want = include_str!("../tests/data/report.json");
+        assert_eq!(got, want);
     }
 
     #[test]
