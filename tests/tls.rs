@@ -108,7 +108,7 @@ fn connect_with(port: u16, config: &Arc<kvtls::rustls::ClientConfig>) -> Result<
 }
 
 fn connect(port: u16, settings: &kvtls::client::Settings) -> Result<TlsClient, String> {
-    connect_with(port, &settings.config()?)
+    connect_with(port, &settings.config().map_err(|e| e.to_string())?)
 }
 
 impl TlsClient {
@@ -680,7 +680,7 @@ impl kvtls::rustls::client::danger::ServerCertVerifier for Pinned {
         dss: &kvtls::rustls::DigitallySignedStruct,
     ) -> Result<kvtls::rustls::client::danger::HandshakeSignatureValid, kvtls::rustls::Error> {
         let outline =
-            kvtls::x509::outline(cert).map_err(|e| kvtls::rustls::Error::General(e.clone()))?;
+            kvtls::x509::outline(cert).map_err(|e| kvtls::rustls::Error::General(e.to_string()))?;
         let spki = kvtls::rustls::pki_types::SubjectPublicKeyInfoDer::from(outline.spki);
         kvtls::rustls::crypto::verify_tls13_signature_with_raw_key(
             message,
@@ -1101,5 +1101,25 @@ fn replies_over_tls_match_memcached() {
             show(m),
             show(k)
         );
+    }
+}
+
+/// rustls writes its own diagnostics through the `log` crate; they are bridged into the
+/// server's `tracing` events, so `-vv` shows its handshake decisions (debug) beside the
+/// server's own lines, and the default level does not.
+#[test]
+fn rustls_messages_are_bridged_into_the_server_log() {
+    let pki = Pki::new("bridge");
+    for (verbose, shown) in [(&["-vv"][..], true), (&[][..], false)] {
+        let mut server = start(&pki, "", verbose);
+        let mut c = connect(server.port, &pki.client(None)).expect("handshake");
+        assert!(c.works());
+        drop(c);
+        assert!(server.terminate().is_some(), "the server did not exit");
+        let log = server.stderr();
+        let rustls = log
+            .lines()
+            .any(|l| l.contains("rustls") && l.contains("suite"));
+        assert_eq!(rustls, shown, "{verbose:?}: {log}");
     }
 }

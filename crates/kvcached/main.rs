@@ -78,10 +78,12 @@ fn tls_setup(config: &config::Config) -> Result<Option<kvtls::server::ServerTls>
     if !config.ssl.enabled {
         return Ok(None);
     }
-    let tls = kvtls::server::ServerTls::new(config.ssl.settings.clone())?;
+    let tls =
+        kvtls::server::ServerTls::new(config.ssl.settings.clone()).map_err(|e| e.to_string())?;
     for l in &config.listeners {
         if l.tls == config::ListenTls::Peer {
-            tls.supports(kvtls::server::Peer::Require)?;
+            tls.supports(kvtls::server::Peer::Require)
+                .map_err(|e| e.to_string())?;
         }
     }
     Ok(Some(tls))

@@ -99,13 +99,13 @@ pub fn run(
         let info = Arc::new(ConnInfo::new(l.describe(), String::new()));
         info.last_cmd.store(shared.clock.now(), Ordering::Relaxed);
         shared.register(l.fd(), ConnKind::Listener, info);
-        shared.log(1, || format!("listening on {}", l.describe()));
+        tracing::info!("listening on {}", l.describe());
     }
 
     if let Some(addr) = shared.config.metrics {
         let bound = crate::runtime::metrics::start(shared.clone(), addr)
             .map_err(|e| format!("-o metrics={addr}: {e}"))?;
-        shared.log(1, || format!("metrics on http://{bound}/metrics"));
+        tracing::info!("metrics on http://{bound}/metrics");
     }
 
     let udp_addrs = crate::runtime::udp::addresses(&shared.config)?;
@@ -154,7 +154,7 @@ pub fn run(
                     // Like memcached, SIGHUP reloads the -Y auth file and nothing else.
                     if sig == signal_hook::consts::SIGHUP {
                         match shared.auth.reload() {
-                            Ok(()) => shared.log(1, || "SIGHUP: auth file reloaded".into()),
+                            Ok(()) => tracing::info!("SIGHUP: auth file reloaded"),
                             Err(e) => tracing::error!("SIGHUP: {e}; keeping the old entries"),
                         }
                         continue;
@@ -166,7 +166,7 @@ pub fn run(
                     if sig == signal_hook::consts::SIGUSR1 || sig == signal_hook::consts::SIGTERM {
                         shared.request_save_on_exit();
                     }
-                    shared.log(1, || format!("signal {sig}: shutting down"));
+                    tracing::info!("signal {sig}: shutting down");
                     shared.request_shutdown();
                     break;
                 }
@@ -278,13 +278,11 @@ fn maintenance_loop(shared: &Shared) {
     let sizer =
         auto.then(|| crate::setup::memory::AutoSizer::new(crate::setup::memory::Sys::host()));
     if let Some(sizer) = &sizer {
-        shared.log(1, || {
-            format!(
-                "-m auto: memory limit {} MiB ({})",
-                shared.engine.stats().limit_maxbytes >> 20,
-                sizer.describe()
-            )
-        });
+        tracing::info!(
+            "-m auto: memory limit {} MiB ({})",
+            shared.engine.stats().limit_maxbytes >> 20,
+            sizer.describe()
+        );
     }
     while !shared.shutting_down() {
         shared
@@ -308,14 +306,12 @@ fn maintenance_loop(shared: &Shared) {
             let limit = shared.engine.stats().limit_maxbytes as usize;
             let next = sizer.next(limit);
             if next != limit {
-                shared.log(1, || {
-                    format!(
-                        "-m auto: memory limit {} -> {} MiB ({})",
-                        limit >> 20,
-                        next >> 20,
-                        sizer.describe()
-                    )
-                });
+                tracing::info!(
+                    "-m auto: memory limit {} -> {} MiB ({})",
+                    limit >> 20,
+                    next >> 20,
+                    sizer.describe()
+                );
                 shared.engine.set_max_bytes(next, shared.clock.now());
             }
         }

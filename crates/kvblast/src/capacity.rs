@@ -13,7 +13,9 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use crate::engine::{self, LoadModel, RunConfig};
-use crate::stats::{num, rounded, OpStats, Report, Summary};
+use serde::{Deserialize, Serialize};
+
+use crate::stats::{to_json, Num, Num1, OpStats, Report, RunReport, Summary};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Metric {
@@ -285,34 +287,75 @@ impl Capacity {
         s
     }
 
-    pub fn json(&self) -> String {
-        use serde_json::{json, Value};
-        let steps: Vec<Value> = self
-            .steps
-            .iter()
-            .map(|st| {
-                json!({
-                    "rate": rounded(st.rate, 10.0), "achieved": rounded(st.achieved, 10.0),
-                    "metric_us": num(st.metric_us), "pass": st.pass, "why": st.why,
-                    "mean_us": num(st.latency.mean_us), "p50_us": num(st.latency.p50_us),
-                    "p99_us": num(st.latency.p99_us), "p999_us": num(st.latency.p999_us),
-                    "max_us": num(st.latency.max_us),
+    /// The JSON report's contents ([`CapacityReport`]).
+    pub fn report(&self) -> CapacityReport {
+        CapacityReport {
+            slo: self.target.describe(),
+            capacity: Num1::of(self.capacity),
+            steps: self
+                .steps
+                .iter()
+                .map(|st| StepReport {
+                    rate: Num1::of(st.rate),
+                    achieved: Num1::of(st.achieved),
+                    metric_us: Num::of(st.metric_us),
+                    pass: st.pass,
+                    why: st.why.clone(),
+                    mean_us: Num::of(st.latency.mean_us),
+                    p50_us: Num::of(st.latency.p50_us),
+                    p99_us: Num::of(st.latency.p99_us),
+                    p999_us: Num::of(st.latency.p999_us),
+                    max_us: Num::of(st.latency.max_us),
                 })
-            })
-            .collect();
-        let mut report = json!({
-            "slo": self.target.describe(),
-            "capacity": rounded(self.capacity, 10.0),
-            "steps": steps,
-        });
-        if let (Some(b), Value::Object(m)) = (&self.best, &mut report) {
-            let best: Value = serde_json::from_str(&b.json()).unwrap_or(Value::Null);
-            m.insert("best".into(), best);
+                .collect(),
+            best: self.best.as_ref().map(Report::report),
         }
-        let mut out = serde_json::to_string_pretty(&report).unwrap_or_default();
-        out.push('\n');
-        out
     }
+
+    /// The JSON report (`capacity --json`): [`Capacity::report`], pretty-printed.
+    pub fn json(&self) -> String {
+        to_json(&self.report())
+    }
+}
+
+/// A capacity search's JSON report (`kvblast capacity --json`), which `kvblast plot` reads
+/// back (all but `best`; fields an older report lacks take their defaults, but a step's
+/// throughput and latencies are required).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CapacityReport {
+    /// The objective (`p99<=1ms`).
+    #[serde(default = "unknown_slo")]
+    pub slo: String,
+    /// The highest passing rate.
+    #[serde(default)]
+    pub capacity: Num1,
+    pub steps: Vec<StepReport>,
+    /// The run at capacity.
+    #[serde(skip_deserializing, skip_serializing_if = "Option::is_none")]
+    pub best: Option<RunReport>,
+}
+
+fn unknown_slo() -> String {
+    "?".into()
+}
+
+/// One step of a capacity search.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StepReport {
+    #[serde(default)]
+    pub rate: Num1,
+    pub achieved: Num1,
+    #[serde(default)]
+    pub metric_us: Num,
+    #[serde(default)]
+    pub pass: bool,
+    #[serde(default)]
+    pub why: String,
+    pub mean_us: Num,
+    pub p50_us: Num,
+    pub p99_us: Num,
+    pub p999_us: Num,
+    pub max_us: Num,
 }
 
 #[cfg(test)]
@@ -357,6 +400,44 @@ mod tests {
         r.probe = None;
         r.stats.issued = 2000;
         assert!(!judge(&r, &target).0);
+    }
+
+    #[test]
+    fn the_json_report_is_what_it_was() {
+        let target = Target::parse("p99=1ms").unwrap_or_else(|e| panic!("{e}"));
+        let step = |rate: f64, pass| Step {
+            rate,
+            achieved: rate * 0.987_65,
+            metric_us: 812.345_6,
+            pass,
+            why: if pass {
+                String::new()
+            } else {
+                "p99 over".into()
+            },
+            latency: Latencies {
+                mean_us: 100.0,
+                p50_us: 90.5,
+                p99_us: 812.345_6,
+                p999_us: f64::INFINITY,
+                max_us: 2000.0,
+            },
+        };
+        let c = Capacity {
+            target,
+            steps: vec![step(1000.0, true), step(2000.55, false)],
+            capacity: 1000.0,
+            best: Some(crate::stats::tests::full_report()),
+        };
+        let none = Capacity {
+            best: None,
+            ..c.clone()
+        };
+        assert_eq!(c.json(), include_str!("../tests/data/capacity.json"));
+        assert_eq!(
+            none.json(),
+            include_str!("../tests/data/capacity-no-best.json")
+        );
     }
 
     #[test]

@@ -264,7 +264,7 @@ fn compare(args: &Args) -> Result<(), String> {
             }
             let result = search(&cfg, args, target, "  ")?;
             capacities[i].push(result.capacity);
-            plot::add_capacity_json(&mut curves[i], &result.json())?;
+            plot::add_capacity(&mut curves[i], &result.report());
             bests[i].push(result.best);
         }
     }
@@ -304,18 +304,47 @@ fn compare(args: &Args) -> Result<(), String> {
             &plot::percentiles(&title, &refs, Some(slo)),
         )?;
     }
-    let json = serde_json::json!({
-        "slo": target.describe(),
-        "rounds": rounds,
-        "servers": entries.iter().enumerate().map(|(i, (label, one))| serde_json::json!({
-            "label": label,
-            "server": one.servers[0],
-            "capacities": capacities[i],
-            "median": medians[i],
-            "ratio": if medians[0] > 0.0 { medians[i] / medians[0] } else { 0.0 },
-        })).collect::<Vec<_>>(),
-    });
-    write_json(&args.json, &json.to_string())
+    let report = CompareReport {
+        slo: target.describe(),
+        rounds,
+        servers: entries
+            .iter()
+            .enumerate()
+            .map(|(i, (label, one))| CompareServer {
+                label,
+                server: one.servers.first().map_or("", String::as_str),
+                capacities: &capacities[i],
+                median: medians[i],
+                ratio: if medians[0] > 0.0 {
+                    medians[i] / medians[0]
+                } else {
+                    0.0
+                },
+            })
+            .collect(),
+    };
+    write_json(
+        &args.json,
+        &serde_json::to_string(&report).unwrap_or_default(),
+    )
+}
+
+/// `kvblast compare --json`: each server's capacity by round, their median, and its ratio
+/// to the first server's.
+#[derive(serde::Serialize)]
+struct CompareReport<'a> {
+    slo: String,
+    rounds: usize,
+    servers: Vec<CompareServer<'a>>,
+}
+
+#[derive(serde::Serialize)]
+struct CompareServer<'a> {
+    label: &'a str,
+    server: &'a str,
+    capacities: &'a [f64],
+    median: f64,
+    ratio: f64,
 }
 
 fn compare_table(

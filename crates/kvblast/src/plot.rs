@@ -26,7 +26,7 @@ use plotters::coord::ranged1d::{DefaultFormatting, KeyPointHint, Ranged};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use crate::capacity::{Capacity, Latencies};
+use crate::capacity::{Capacity, CapacityReport, Latencies};
 use crate::stats::Report;
 use crate::workload::Op;
 
@@ -945,33 +945,43 @@ pub fn compare(curves: &[Curve]) -> Plot {
 }
 
 /// Add a capacity search's JSON report (`kvblast capacity --json`) to `curve` as one more
-/// search: its steps and its capacity. Malformed input is an error.
+/// search ([`add_capacity`]). Malformed input is an error.
 pub fn add_capacity_json(curve: &mut Curve, text: &str) -> Result<(), String> {
-    let v: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
-    let steps = v
-        .get("steps")
-        .and_then(|s| s.as_array())
-        .ok_or("not a capacity report (no \"steps\")")?;
-    let num = |s: &serde_json::Value, k: &str| -> Result<f64, String> {
-        s.get(k).and_then(|x| x.as_f64()).ok_or_else(|| {
-            format!("a step has no {k:?} (reports from before kvblast 0.1's plots lack it)")
+    let report: CapacityReport = serde_json::from_str(text).map_err(|e| {
+        if e.is_data() {
+            format!(
+                "not a capacity report ({e}; reports from before kvblast 0.1's plots lack \
+                 their steps' latencies)"
+            )
+        } else {
+            format!("not JSON: {e}")
+        }
+    })?;
+    add_capacity(curve, &report);
+    Ok(())
+}
+
+/// Add a capacity search's report to `curve` as one more search: its steps and its
+/// capacity.
+pub fn add_capacity(curve: &mut Curve, report: &CapacityReport) {
+    let search = report
+        .steps
+        .iter()
+        .map(|s| {
+            (
+                s.achieved.0,
+                Latencies {
+                    mean_us: s.mean_us.0,
+                    p50_us: s.p50_us.0,
+                    p99_us: s.p99_us.0,
+                    p999_us: s.p999_us.0,
+                    max_us: s.max_us.0,
+                },
+            )
         })
-    };
-    let mut search = Vec::with_capacity(steps.len());
-    for s in steps {
-        search.push((
-            num(s, "achieved")?,
-            Latencies {
-                mean_us: num(s, "mean_us")?,
-                p50_us: num(s, "p50_us")?,
-                p99_us: num(s, "p99_us")?,
-                p999_us: num(s, "p999_us")?,
-                max_us: num(s, "max_us")?,
-            },
-        ));
-    }
-    let slo = v.get("slo").and_then(|s| s.as_str()).unwrap_or("?");
-    let cap = v.get("capacity").and_then(|c| c.as_f64()).unwrap_or(0.0);
+        .collect();
+    let slo = report.slo.as_str();
+    let cap = report.capacity.0;
     curve.searches.push(search);
     curve.capacities.push((slo.to_string(), cap));
     if curve.slo_us.is_none() {
@@ -981,7 +991,6 @@ pub fn add_capacity_json(curve: &mut Curve, text: &str) -> Result<(), String> {
             .and_then(|(_, t)| crate::units::parse_duration(t).ok())
             .map(|d| d.as_secs_f64() * 1e6);
     }
-    Ok(())
 }
 
 /// The latency histograms in an HdrHistogram interval log (`kvblast run --hdr-log`, or any

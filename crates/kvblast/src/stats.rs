@@ -8,6 +8,7 @@ use std::io::{Read, Write};
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::workload::Op;
 
@@ -564,123 +565,271 @@ impl Report {
         ]
     }
 
-    /// The JSON report (serde_json; fields in this order).
-    pub fn json(&self) -> String {
-        use serde_json::{json, Map, Value};
-        let settings: Map<String, Value> = self
-            .settings
-            .iter()
-            .map(|(k, v)| (k.clone(), Value::from(v.as_str())))
-            .collect();
-        let ops: Map<String, Value> = self
-            .rows()
-            .iter()
-            .map(|r| {
-                let row = json!({
-                    "count": r.count, "rate": num(r.rate), "hits": r.hits,
-                    "misses": r.misses, "errors": r.errors, "late": r.late,
-                    "min_us": num(r.min_us), "mean_us": num(r.mean_us),
-                    "stddev_us": num(r.stddev_us), "p50_us": num(r.p50_us),
-                    "p90_us": num(r.p90_us), "p95_us": num(r.p95_us),
-                    "p99_us": num(r.p99_us), "p999_us": num(r.p999_us),
-                    "max_us": num(r.max_us),
-                    "hit_bytes": r.hit_bytes, "miss_bytes": r.miss_bytes,
-                });
-                (r.name.clone(), row)
-            })
-            .collect();
+    /// The JSON report's contents ([`RunReport`]).
+    pub fn report(&self) -> RunReport {
         let st = &self.stats;
-        let totals = json!({
-            "issued": st.issued, "loaded": st.loaded, "load_retries": st.load_retries,
-            "late_sends": st.late_sends, "skipped": st.skipped, "timeouts": st.timeouts,
-            "lost": st.lost, "conn_failures": st.conn_failures, "reconnects": st.reconnects,
-            "unsent": st.unsent, "dropped": st.dropped, "misrouted": st.misrouted,
-            "send_lag_p99_us": num(st.send_lag.value_at_quantile(0.99) as f64 / 1000.0),
-            "send_lag_max_us": num(st.send_lag.max() as f64 / 1000.0),
-        });
-        let timeline: Vec<Value> = self
-            .timeline
-            .iter()
-            .map(|p| json!({"t": num(p.t), "completed": p.completed, "errors": p.errors}))
-            .collect();
-        let latency_timeline: Vec<Value> = self
-            .latency_timeline()
-            .iter()
-            .map(|p| {
-                json!({"t": num(p.t), "count": p.count, "p50_us": num(p.p50_us),
-                       "p99_us": num(p.p99_us), "max_us": num(p.max_us)})
-            })
-            .collect();
-        let ours: Map<String, Value> = self
-            .reconcile()
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), Value::from(v)))
-            .collect();
-        let mut report = json!({
-            "settings": settings,
-            "seconds": num(self.seconds),
-            "target_rate": self.target_rate.map(num),
-            "offered_rate": num(self.offered_rate()),
-            "slo_us": num(self.slo_us),
-            "fell_behind": self.fell_behind(),
-            "ops": ops,
-            "totals": totals,
-            "timeline": timeline,
-            "latency_timeline": latency_timeline,
-            "ours": ours,
-            "distinct_keys": self.distinct_keys,
-        });
-        if let Value::Object(m) = &mut report {
-            if !self.participants.is_empty() {
-                let parts: Vec<Value> = self
-                    .participants
-                    .iter()
-                    .map(|p| {
-                        json!({
-                            "name": p.name, "share": num6(p.share),
-                            "target_rate": p.target_rate.map(num), "issued": p.issued,
-                            "requests": p.requests, "errors": p.errors, "rate": num(p.rate),
-                            "distinct_keys": p.distinct_keys, "start_ms": num6(p.start_ms),
-                            "clock_offset_ms": num6(p.clock_offset_ms), "rtt_ms": num6(p.rtt_ms),
-                        })
-                    })
-                    .collect();
-                m.insert("participants".into(), Value::from(parts));
-            }
-            if let Some(server) = &self.server {
-                let server: Map<String, Value> = server
-                    .iter()
-                    .map(|(k, v)| (k.clone(), Value::from(*v)))
-                    .collect();
-                m.insert("server".into(), Value::from(server));
-            }
+        RunReport {
+            settings: self.settings.clone(),
+            seconds: Num::of(self.seconds),
+            target_rate: self.target_rate.map(Num::of),
+            offered_rate: Num::of(self.offered_rate()),
+            slo_us: Num::of(self.slo_us),
+            fell_behind: self.fell_behind(),
+            ops: self
+                .rows()
+                .iter()
+                .map(|r| (r.name.clone(), OpReport::of(r)))
+                .collect(),
+            totals: Totals {
+                issued: st.issued,
+                loaded: st.loaded,
+                load_retries: st.load_retries,
+                late_sends: st.late_sends,
+                skipped: st.skipped,
+                timeouts: st.timeouts,
+                lost: st.lost,
+                conn_failures: st.conn_failures,
+                reconnects: st.reconnects,
+                unsent: st.unsent,
+                dropped: st.dropped,
+                misrouted: st.misrouted,
+                send_lag_p99_us: Num::of(st.send_lag.value_at_quantile(0.99) as f64 / 1000.0),
+                send_lag_max_us: Num::of(st.send_lag.max() as f64 / 1000.0),
+            },
+            timeline: self
+                .timeline
+                .iter()
+                .map(|p| TimelineReport {
+                    t: Num::of(p.t),
+                    completed: p.completed,
+                    errors: p.errors,
+                })
+                .collect(),
+            latency_timeline: self
+                .latency_timeline()
+                .iter()
+                .map(|p| LatencyReport {
+                    t: Num::of(p.t),
+                    count: p.count,
+                    p50_us: Num::of(p.p50_us),
+                    p99_us: Num::of(p.p99_us),
+                    max_us: Num::of(p.max_us),
+                })
+                .collect(),
+            ours: self
+                .reconcile()
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect(),
+            distinct_keys: self.distinct_keys,
+            participants: self
+                .participants
+                .iter()
+                .map(ParticipantReport::of)
+                .collect(),
+            server: self.server.clone(),
         }
-        let mut out = serde_json::to_string_pretty(&report).unwrap_or_default();
-        out.push('\n');
-        out
+    }
+
+    /// The JSON report (`run --json`): [`Report::report`], pretty-printed.
+    pub fn json(&self) -> String {
+        to_json(&self.report())
     }
 }
 
-/// A number rounded to six decimals (shares, milliseconds); `null` if not finite.
-pub fn num6(x: f64) -> serde_json::Value {
-    rounded(x, 1e6)
+/// `value` as pretty JSON with a final line end (a report file).
+pub fn to_json(value: &impl Serialize) -> String {
+    let mut out = serde_json::to_string_pretty(value).unwrap_or_default();
+    out.push('\n');
+    out
 }
 
-/// A number rounded to three decimals; `null` if not finite.
-pub fn num(x: f64) -> serde_json::Value {
-    rounded(x, 1e3)
-}
+/// A number as a report writes it: rounded to `1/SCALE`, as an integer when it is one, and
+/// `null` when it is not finite. It reads back as the number (a `null` does not).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Rounded<const SCALE: u32>(pub f64);
 
-/// `x` rounded to `1/scale`, as an integer when it is one; `null` if not finite.
-pub fn rounded(x: f64, scale: f64) -> serde_json::Value {
-    if !x.is_finite() {
-        return serde_json::Value::Null;
+/// Three decimals (microseconds, rates, seconds).
+pub type Num = Rounded<1000>;
+/// Six decimals (shares, milliseconds).
+pub type Num6 = Rounded<1_000_000>;
+/// One decimal (a capacity search's rates).
+pub type Num1 = Rounded<10>;
+
+impl<const SCALE: u32> Rounded<SCALE> {
+    pub fn of(x: f64) -> Self {
+        Rounded(x)
     }
-    let r = (x * scale).round() / scale;
-    if r.fract() == 0.0 && r.abs() < 9e15 {
-        serde_json::Value::from(r as i64)
-    } else {
-        serde_json::Value::from(r)
+}
+
+impl<const SCALE: u32> Serialize for Rounded<SCALE> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if !self.0.is_finite() {
+            return s.serialize_none();
+        }
+        let scale = f64::from(SCALE);
+        let r = (self.0 * scale).round() / scale;
+        if r.fract() == 0.0 && r.abs() < 9e15 {
+            s.serialize_i64(r as i64)
+        } else {
+            s.serialize_f64(r)
+        }
+    }
+}
+
+impl<'de, const SCALE: u32> Deserialize<'de> for Rounded<SCALE> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        f64::deserialize(d).map(Rounded)
+    }
+}
+
+/// Pairs written as a JSON object, in their order.
+fn pairs<S: Serializer, V: Serialize>(pairs: &[(String, V)], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_map(pairs.iter().map(|(k, v)| (k, v)))
+}
+
+/// A run's JSON report (`kvblast run --json`, and a capacity search's best run).
+#[derive(Debug, Clone, Serialize)]
+pub struct RunReport {
+    /// The settings worth printing, in order.
+    #[serde(serialize_with = "pairs")]
+    pub settings: Vec<(String, String)>,
+    pub seconds: Num,
+    pub target_rate: Option<Num>,
+    pub offered_rate: Num,
+    pub slo_us: Num,
+    pub fell_behind: bool,
+    /// One entry per kind of request, then `all`.
+    #[serde(serialize_with = "pairs")]
+    pub ops: Vec<(String, OpReport)>,
+    pub totals: Totals,
+    pub timeline: Vec<TimelineReport>,
+    pub latency_timeline: Vec<LatencyReport>,
+    /// What the server's counters should show for this run ([`Report::reconcile`]).
+    #[serde(serialize_with = "pairs")]
+    pub ours: Vec<(String, i64)>,
+    pub distinct_keys: Option<u64>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub participants: Vec<ParticipantReport>,
+    /// The server's counter deltas, when read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub server: Option<BTreeMap<String, i64>>,
+}
+
+/// One kind of request in a [`RunReport`] ([`Summary`]).
+#[derive(Debug, Clone, Serialize)]
+pub struct OpReport {
+    pub count: u64,
+    pub rate: Num,
+    pub hits: u64,
+    pub misses: u64,
+    pub errors: u64,
+    pub late: u64,
+    pub min_us: Num,
+    pub mean_us: Num,
+    pub stddev_us: Num,
+    pub p50_us: Num,
+    pub p90_us: Num,
+    pub p95_us: Num,
+    pub p99_us: Num,
+    pub p999_us: Num,
+    pub max_us: Num,
+    pub hit_bytes: u64,
+    pub miss_bytes: u64,
+}
+
+impl OpReport {
+    fn of(r: &Summary) -> OpReport {
+        OpReport {
+            count: r.count,
+            rate: Num::of(r.rate),
+            hits: r.hits,
+            misses: r.misses,
+            errors: r.errors,
+            late: r.late,
+            min_us: Num::of(r.min_us),
+            mean_us: Num::of(r.mean_us),
+            stddev_us: Num::of(r.stddev_us),
+            p50_us: Num::of(r.p50_us),
+            p90_us: Num::of(r.p90_us),
+            p95_us: Num::of(r.p95_us),
+            p99_us: Num::of(r.p99_us),
+            p999_us: Num::of(r.p999_us),
+            max_us: Num::of(r.max_us),
+            hit_bytes: r.hit_bytes,
+            miss_bytes: r.miss_bytes,
+        }
+    }
+}
+
+/// A [`RunReport`]'s totals over every kind of request.
+#[derive(Debug, Clone, Serialize)]
+pub struct Totals {
+    pub issued: u64,
+    pub loaded: u64,
+    pub load_retries: u64,
+    pub late_sends: u64,
+    pub skipped: u64,
+    pub timeouts: u64,
+    pub lost: u64,
+    pub conn_failures: u64,
+    pub reconnects: u64,
+    pub unsent: u64,
+    pub dropped: u64,
+    pub misrouted: u64,
+    pub send_lag_p99_us: Num,
+    pub send_lag_max_us: Num,
+}
+
+/// Completions of one interval ([`Sample`]).
+#[derive(Debug, Clone, Serialize)]
+pub struct TimelineReport {
+    pub t: Num,
+    pub completed: u64,
+    pub errors: u64,
+}
+
+/// Latency of one interval ([`LatencyPoint`]).
+#[derive(Debug, Clone, Serialize)]
+pub struct LatencyReport {
+    pub t: Num,
+    pub count: u64,
+    pub p50_us: Num,
+    pub p99_us: Num,
+    pub max_us: Num,
+}
+
+/// One participant of a distributed run ([`Participant`]).
+#[derive(Debug, Clone, Serialize)]
+pub struct ParticipantReport {
+    pub name: String,
+    pub share: Num6,
+    pub target_rate: Option<Num>,
+    pub issued: u64,
+    pub requests: u64,
+    pub errors: u64,
+    pub rate: Num,
+    pub distinct_keys: Option<u64>,
+    pub start_ms: Num6,
+    pub clock_offset_ms: Num6,
+    pub rtt_ms: Num6,
+}
+
+impl ParticipantReport {
+    fn of(p: &Participant) -> ParticipantReport {
+        ParticipantReport {
+            name: p.name.clone(),
+            share: Num6::of(p.share),
+            target_rate: p.target_rate.map(Num::of),
+            issued: p.issued,
+            requests: p.requests,
+            errors: p.errors,
+            rate: Num::of(p.rate),
+            distinct_keys: p.distinct_keys,
+            start_ms: Num6::of(p.start_ms),
+            clock_offset_ms: Num6::of(p.clock_offset_ms),
+            rtt_ms: Num6::of(p.rtt_ms),
+        }
     }
 }
 
@@ -838,7 +987,7 @@ pub fn server_delta(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn report_with(latencies_us: &[u64]) -> Report {
@@ -913,6 +1062,44 @@ mod tests {
         assert_eq!(hists[0].0.as_deref(), Some("get"));
         assert_eq!(hists[0].1.len(), 3);
         assert_eq!(hists[0].1, r.stats.op(Op::Get).hist);
+    }
+
+    /// A report with every optional part, as `run --json` and `capacity --json` write it.
+    pub(crate) fn full_report() -> Report {
+        let mut r = report_with(&[10, 20, 2000, 123_457]);
+        r.settings.push(("server".into(), "127.0.0.1:11211".into()));
+        r.timeline = vec![
+            Sample {
+                t: 1.0,
+                completed: 3,
+                errors: 0,
+            },
+            Sample {
+                t: 2.000_4,
+                completed: 1,
+                errors: 1,
+            },
+        ];
+        r.server = Some(BTreeMap::from([
+            ("cmd_get".to_string(), 4),
+            ("evictions".into(), -1),
+        ]));
+        r.distinct_keys = Some(7);
+        r.stats.timeouts = 2;
+        let mut p = Participant::of("controller", 0.333_333_3, None, &r.stats, 2.0);
+        p.clock_offset_ms = f64::NAN;
+        r.participants = vec![
+            p,
+            Participant::of("10.0.0.2:7000", 2.0 / 3.0, Some(1e6 / 3.0), &r.stats, 2.0),
+        ];
+        r
+    }
+
+    #[test]
+    fn the_json_report_is_what_it_was() {
+        let got = full_report().json();
+        let want = include_str!("../tests/data/report.json");
+        assert_eq!(got, want);
     }
 
     #[test]

@@ -204,7 +204,7 @@ impl Tls {
     /// Read the files the settings name.
     pub fn new(settings: kvtls::client::Settings) -> Result<Tls, String> {
         Ok(Tls {
-            config: settings.config()?,
+            config: settings.config().map_err(|e| e.to_string())?,
             settings,
         })
     }

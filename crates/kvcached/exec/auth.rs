@@ -55,17 +55,14 @@ pub fn ascii_gate(ctx: &Ctx<'_>, s: &mut Session, data: &[u8]) -> Gate {
             ctx.stats.auth_cmds.incr();
             if ctx.shared.auth.check_ascii(user, password) {
                 s.auth.authenticated = true;
-                ctx.shared
-                    .log(2, || "ASCII authentication succeeded".into());
+                tracing::debug!("ASCII authentication succeeded");
                 proto::REPLY_STORED
             } else {
                 ctx.stats.auth_errors.incr();
-                ctx.shared.log(1, || {
-                    format!(
-                        "ASCII authentication failed for user <{}>",
-                        user.escape_ascii()
-                    )
-                });
+                tracing::info!(
+                    "ASCII authentication failed for user <{}>",
+                    user.escape_ascii()
+                );
                 proto::REPLY_FAILURE
             }
         }
@@ -203,7 +200,7 @@ fn sasl_auth(ctx: &Ctx<'_>, s: &mut Session, data: &[u8], h: &proto::BinaryHead)
         Outcome::Ok => {
             s.auth.authenticated = true;
             ctx.stats.auth_cmds.incr();
-            ctx.shared.log(2, || "SASL authentication succeeded".into());
+            tracing::debug!("SASL authentication succeeded");
             bin::write_response(
                 &mut s.out,
                 h.opcode,
@@ -230,7 +227,7 @@ fn sasl_auth(ctx: &Ctx<'_>, s: &mut Session, data: &[u8], h: &proto::BinaryHead)
         Outcome::Fail => {
             ctx.stats.auth_cmds.incr();
             ctx.stats.auth_errors.incr();
-            ctx.shared.log(1, || "SASL authentication failed".into());
+            tracing::info!("SASL authentication failed");
             bin::write_error(&mut s.out, h.opcode, h.opaque, Status::AuthError);
         }
     }

@@ -1,4 +1,5 @@
-//! Request execution: the session contract ([`session`]), the commands' effects on the engine
+//! Request execution: the session contract ([`session`]), the one dispatch of a request at
+//! the front of a stream's or a datagram's bytes ([`dispatch`]), the commands' effects on the engine
 //! and on memcached's counters ([`ops`]), and the executors built on them, one per protocol
 //! (text, meta, binary), the authentication gates, the `stats` replies, the item listings
 //! (`lru_crawler metadump`, [`items`]) and the master side of replication. Executors write
@@ -6,6 +7,7 @@
 
 pub mod auth;
 pub mod binary;
+pub mod dispatch;
 pub mod items;
 pub mod meta;
 pub mod ops;

@@ -28,14 +28,9 @@ fn access(req: &Request<'_>) -> Access {
     }
 }
 
-/// Execute one request on a stream (TCP, unix socket), appending its reply to `s.out`.
-pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
-    execute_framed(req, ctx, s, &mut Stream)
-}
-
-/// Execute one request, with a get's replies framed by `framing` (a stream's, or UDP's one
-/// message per key).
-pub fn execute_framed<F: GetFraming>(
+/// Execute one request, appending its reply to `s.out`, with a get's replies framed by
+/// `framing` (a stream's [`Stream`], or UDP's one message per key).
+pub fn execute<F: GetFraming>(
     req: Request<'_>,
     ctx: &mut Ctx<'_>,
     s: &mut Session,
@@ -255,13 +250,17 @@ fn refresh_certs(shared: &crate::state::shared::Shared, s: &mut Session, now: u3
     match tls.refresh() {
         Ok(()) => {
             shared.cert_loaded_at.store(now, Ordering::Relaxed);
-            shared.log(1, || "refresh_certs: certificates reloaded".into());
+            tracing::info!("refresh_certs: certificates reloaded");
             s.out.extend_from_slice(proto::OK);
         }
         Err(msg) => {
-            shared.log(0, || format!("refresh_certs: {msg}"));
+            tracing::warn!("refresh_certs: {msg}");
             // One line: the message never holds a line break of its own.
-            let line: String = msg.chars().filter(|c| *c != '\r' && *c != '\n').collect();
+            let line: String = msg
+                .to_string()
+                .chars()
+                .filter(|c| *c != '\r' && *c != '\n')
+                .collect();
             s.out.extend_from_slice(line.as_bytes());
             s.out.extend_from_slice(b"\r\n");
         }

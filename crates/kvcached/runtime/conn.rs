@@ -31,14 +31,13 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use kvproto::binary as bin;
-use kvproto::text::{self as proto, Parse};
+use kvproto::text as proto;
 
-use crate::exec::binary;
-use crate::exec::session::{Ctx, Protocol, Session, Spares, Step, OUTPUT_HIGH_WATER};
+use crate::exec::dispatch;
+use crate::exec::session::{Ctx, Protocol, Session, Step, OUTPUT_HIGH_WATER};
 use crate::exec::splice::MAX_SLICES;
-use crate::exec::text;
 use crate::runtime::ring::RingSock;
-use crate::setup::config::ProtocolChoice;
+use crate::runtime::spares::Spares;
 use crate::state::registry::{ConnInfo, ConnState};
 use crate::state::stats::WorkerStats;
 
@@ -393,10 +392,10 @@ impl Conn {
         }
     }
 
-    pub fn drive(&mut self, ctx: &mut Ctx<'_>) -> Drive {
+    pub fn drive(&mut self, ctx: &mut Ctx<'_>, spares: &mut Spares) -> Drive {
         let reqs = ctx.shared.config.reqs_per_event.max(1);
         let mut budget = reqs;
-        let drive = self.run(ctx, &mut budget);
+        let drive = self.run(ctx, spares, &mut budget);
         if budget != reqs {
             self.info.last_cmd.store(ctx.now, Ordering::Relaxed);
         }
@@ -406,7 +405,7 @@ impl Conn {
         drive
     }
 
-    fn run(&mut self, ctx: &mut Ctx<'_>, budget: &mut usize) -> Drive {
+    fn run(&mut self, ctx: &mut Ctx<'_>, spares: &mut Spares, budget: &mut usize) -> Drive {
         // A read that did not fill its buffer drained the socket: reading again would only
         // return EAGAIN, and new data raises a new (edge-triggered) event anyway. Not so
         // after a hang-up: the event that reported it will not come again.
@@ -448,7 +447,7 @@ impl Conn {
                     self.input_len = 0;
                     self.input_pos = 0;
                     if self.input.capacity() > KEEP_CAPACITY {
-                        self.release_input(ctx);
+                        self.release_input(ctx, spares);
                     }
                 }
                 match step {
@@ -481,10 +480,10 @@ impl Conn {
 
             // 4. Read more.
             if drained {
-                self.idle(ctx);
+                self.idle(ctx, spares);
                 return Drive::Wait;
             }
-            let source = match self.read(ctx) {
+            let source = match self.read(ctx, spares) {
                 Ok(Received::Data(source, full)) => {
                     // A short read from TLS says nothing of the socket (rustls hands out
                     // one record's plaintext at a time): read until it would block.
@@ -496,7 +495,7 @@ impl Conn {
                     continue;
                 }
                 Ok(Received::WouldBlock) => {
-                    self.idle(ctx);
+                    self.idle(ctx, spares);
                     return Drive::Wait;
                 }
                 Err(e) => {
@@ -614,8 +613,8 @@ impl Conn {
 
     /// Move the unfinished request (`have` bytes) into one of the worker's spare buffers,
     /// if one is larger than this connection's, to read the rest of its `need` bytes into.
-    fn take_spare(&mut self, ctx: &mut Ctx<'_>, need: usize, have: usize) {
-        let Some(mut spare) = self.spare(ctx, need, self.input.capacity()) else {
+    fn take_spare(&mut self, ctx: &mut Ctx<'_>, spares: &mut Spares, need: usize, have: usize) {
+        let Some(mut spare) = self.spare(ctx, spares, need, self.input.capacity()) else {
             return;
         };
         if spare.len() < have {
@@ -623,14 +622,20 @@ impl Conn {
         }
         spare[..have].copy_from_slice(&self.input[..have]);
         let old = std::mem::replace(&mut self.input, spare);
-        ctx.spares.put(old, ctx.stats);
+        spares.put(old, ctx.stats);
     }
 
-    /// One of the worker's spares for a request of `need` bytes (see [`crate::exec::session::Spares::take`]),
+    /// One of the worker's spares for a request of `need` bytes (see [`Spares::take`]),
     /// within the buffer memory this connection may hold with its output buffer.
-    fn spare(&self, ctx: &mut Ctx<'_>, need: usize, cap: usize) -> Option<Vec<u8>> {
+    fn spare(
+        &self,
+        ctx: &mut Ctx<'_>,
+        spares: &mut Spares,
+        need: usize,
+        cap: usize,
+    ) -> Option<Vec<u8>> {
         let allows = self.input_allowed(ctx);
-        ctx.spares.take(need, cap, allows, ctx.stats)
+        spares.take(need, cap, allows, ctx.stats)
     }
 
     /// Whether this connection may hold an input buffer of so many bytes beside its output
@@ -645,12 +650,12 @@ impl Conn {
     /// request was large and that has nothing unfinished (`None`: read as usual, into the
     /// worker's scratch buffer or the socket's receive buffers). Its first
     /// [`SPARE_READ`] bytes at least are initialized.
-    fn spare_for_next(&mut self, ctx: &mut Ctx<'_>) -> Option<Vec<u8>> {
+    fn spare_for_next(&mut self, ctx: &mut Ctx<'_>, spares: &mut Spares) -> Option<Vec<u8>> {
         if !self.large || self.session.swallow > 0 {
             return None;
         }
         let allows = self.input_allowed(ctx);
-        let mut buf = ctx.spares.for_next(SPARE_READ, allows, ctx.stats)?;
+        let mut buf = spares.for_next(SPARE_READ, allows, ctx.stats)?;
         if buf.len() < SPARE_READ {
             buf.resize(SPARE_READ.min(buf.capacity()), 0);
         }
@@ -660,19 +665,19 @@ impl Conn {
     /// Under io_uring, lend a spare buffer (`spare_for_next`) to the socket, to receive the
     /// next request straight into, rather than into provided buffers or the socket's own
     /// and then copy it here.
-    fn lend_spare(&mut self, ctx: &mut Ctx<'_>, limit: usize) -> bool {
+    fn lend_spare(&mut self, ctx: &mut Ctx<'_>, spares: &mut Spares, limit: usize) -> bool {
         if !matches!(&self.stream, Stream::Ring(ring) if ring.can_lend()) || !self.large {
             return false;
         }
-        if !ctx.spares.lend() {
+        if !spares.lend() {
             return false;
         }
-        let Some(buf) = self.spare_for_next(ctx) else {
-            ctx.spares.lend_end();
+        let Some(buf) = self.spare_for_next(ctx, spares) else {
+            spares.lend_end();
             return false;
         };
         let end = buf.len().min(limit);
-        self.release_input(ctx);
+        self.release_input(ctx, spares);
         let Stream::Ring(ring) = &mut self.stream else {
             return false; // not reached: the stream is the one above
         };
@@ -692,15 +697,15 @@ impl Conn {
     /// Other sockets: make a spare buffer (`spare_for_next`) the input buffer, to read the
     /// next request straight into rather than into the scratch buffer and copy what is
     /// unfinished of it.
-    fn adopt_spare(&mut self, ctx: &mut Ctx<'_>) -> bool {
+    fn adopt_spare(&mut self, ctx: &mut Ctx<'_>, spares: &mut Spares) -> bool {
         if matches!(self.stream, Stream::Ring(_)) {
             return false;
         }
-        let Some(buf) = self.spare_for_next(ctx) else {
+        let Some(buf) = self.spare_for_next(ctx, spares) else {
             return false;
         };
         let old = std::mem::replace(&mut self.input, buf);
-        ctx.spares.put(old, ctx.stats);
+        spares.put(old, ctx.stats);
         true
     }
 
@@ -722,16 +727,16 @@ impl Conn {
 
     /// Give the input buffer back: to the worker's spares if it is large (its next large
     /// request then needs no growing).
-    fn release_input(&mut self, ctx: &mut Ctx<'_>) {
-        ctx.spares.put(std::mem::take(&mut self.input), ctx.stats);
+    fn release_input(&mut self, ctx: &mut Ctx<'_>, spares: &mut Spares) {
+        spares.put(std::mem::take(&mut self.input), ctx.stats);
     }
 
     /// The client has nothing more for now: give back the buffers that hold nothing (an
     /// idle connection holds no buffers).
-    fn idle(&mut self, ctx: &mut Ctx<'_>) {
+    fn idle(&mut self, ctx: &mut Ctx<'_>, spares: &mut Spares) {
         self.session.release_idle();
         if self.input_pos == self.input_len && self.input.capacity() > 0 {
-            self.release_input(ctx);
+            self.release_input(ctx, spares);
             self.input_pos = 0;
             self.input_len = 0;
             self.input_need = 0;
@@ -741,7 +746,7 @@ impl Conn {
     /// Read from the socket into the scratch buffer (when no request is unfinished) or onto
     /// the end of the unfinished input, growing it within the request limit and the buffer
     /// memory limit (an error closes the connection).
-    fn read(&mut self, ctx: &mut Ctx<'_>) -> io::Result<Received> {
+    fn read(&mut self, ctx: &mut Ctx<'_>, spares: &mut Spares) -> io::Result<Received> {
         let limit = ctx.shared.max_request_len();
         if self.input_lent {
             match self.stream.ring_mut().and_then(RingSock::reclaim) {
@@ -749,7 +754,7 @@ impl Conn {
                 Some((buf, got)) => {
                     self.input = buf;
                     self.input_lent = false;
-                    self.end_lend_next(ctx.spares);
+                    self.end_lend_next(spares);
                     if self.input_len == 0 && got < LEND_MIN {
                         // What came after a large request is small: most likely a small
                         // request, read as usual from now on.
@@ -771,10 +776,10 @@ impl Conn {
                 self.input_len = 0;
                 self.input_pos = 0;
                 self.input_need = 0;
-                if self.lend_spare(ctx, limit) {
+                if self.lend_spare(ctx, spares, limit) {
                     return Ok(Received::WouldBlock);
                 }
-                if self.adopt_spare(ctx) {
+                if self.adopt_spare(ctx, spares) {
                     let end = self.input.len().min(limit);
                     let r = self.stream.read(&mut self.input[..end]);
                     if let Ok(n) = r {
@@ -824,7 +829,7 @@ impl Conn {
                 let step = (have + INPUT_STEP).max(have * 2);
                 let want = step.min(need.unwrap_or(step)).min(limit);
                 if let Some(total) = need.filter(|_| want > self.input.capacity()) {
-                    self.take_spare(ctx, total.min(limit), have);
+                    self.take_spare(ctx, spares, total.min(limit), have);
                 }
                 if want > self.input.capacity()
                     && !ctx.buffers.allows(want + self.session.out.capacity())
@@ -868,183 +873,16 @@ impl Conn {
         }
     }
 
-    /// Execute the requests at the front of `data`; returns the bytes consumed and how the
-    /// last step ended. Stops when the data holds no whole request, the output is over the
-    /// high-water mark, or the request budget is spent.
+    /// Execute the requests at the front of `data` (`exec::dispatch::stream`); returns the
+    /// bytes consumed and how the last step ended.
     fn execute(&mut self, ctx: &mut Ctx<'_>, data: &[u8], budget: &mut usize) -> (usize, Step) {
-        let shared = ctx.shared;
-        let limits = shared.limits;
-        let mut pos = 0;
-        if self.session.watch.is_some() {
-            // A watcher only listens (memcached stops reading it): input is dropped.
-            return (data.len(), Step::Next);
+        if self.session.watch.is_none() {
+            self.info.set_state(ConnState::ParseCmd);
         }
-        self.info.set_state(ConnState::ParseCmd);
-        self.no_newline = 0;
-        if self.session.swallow == 0 && self.session.protocol == Some(Protocol::Text) {
-            // A batch of pipelined reads: start loading their index buckets and records
-            // together, so their cache misses overlap (one key gains nothing).
-            let keys = proto::read_keys(data);
-            if keys.clone().nth(1).is_some() {
-                shared.engine.prefetch(keys);
-            }
-        }
-        while pos < data.len() {
-            if self.session.swallow > 0 {
-                let n = self.session.swallow.min(data.len() - pos);
-                self.session.swallow -= n;
-                pos += n;
-                continue;
-            }
-            if self.session.pending() >= OUTPUT_HIGH_WATER || *budget == 0 {
-                return (pos, Step::Next);
-            }
-            // memcached closes a connection it cannot give a response object.
-            if !ctx.buffers.allows(self.session.out.capacity()) {
-                ctx.stats.response_obj_oom.incr();
-                return (pos, Step::Close);
-            }
-            let rest = &data[pos..];
-            let protocol = match self.session.protocol {
-                Some(p) => p,
-                None => {
-                    // memcached's -B auto: a first byte of 0x80 is the binary magic.
-                    let p = match (shared.config.protocol, rest.first()) {
-                        (ProtocolChoice::Binary, _) => Protocol::Binary,
-                        (ProtocolChoice::Ascii, _) => Protocol::Text,
-                        (ProtocolChoice::Auto, Some(&bin::REQUEST_MAGIC)) => Protocol::Binary,
-                        (ProtocolChoice::Auto, _) => Protocol::Text,
-                    };
-                    self.session.protocol = Some(p);
-                    p
-                }
-            };
-            if protocol == Protocol::Binary {
-                let (used, step) = self.execute_binary(ctx, rest, budget);
-                pos += used;
-                if used == 0 || step != Step::Next || self.session.close_after_write {
-                    return (pos, step);
-                }
-                continue;
-            }
-            // -Y: until authenticated, every line is an authentication attempt or refused.
-            if shared.config.auth_file.is_some() && !self.session.auth.authenticated {
-                match crate::exec::auth::ascii_gate(ctx, &mut self.session, rest) {
-                    crate::exec::auth::Gate::Incomplete => return (pos, Step::Next),
-                    crate::exec::auth::Gate::Close => return (pos, Step::Close),
-                    crate::exec::auth::Gate::Done(used) => {
-                        *budget -= 1;
-                        pos += used;
-                        continue;
-                    }
-                }
-            }
-            match proto::parse(rest, &limits) {
-                Parse::Incomplete => {
-                    // A line without its end (rather than a data block still arriving):
-                    // the next parse need not look at these bytes again.
-                    if !rest.contains(&b'\n') {
-                        self.no_newline = rest.len();
-                    }
-                    return (pos, Step::Next);
-                }
-                Parse::Request(req, used) => {
-                    *budget -= 1;
-                    match text::execute(req, ctx, &mut self.session) {
-                        Step::Next => pos += used,
-                        Step::Pause => return (pos, Step::Pause),
-                        Step::Close => return (pos + used, Step::Close),
-                    }
-                    if self.session.close_after_write {
-                        return (pos, Step::Next);
-                    }
-                }
-                Parse::Error {
-                    reply,
-                    noreply,
-                    consumed,
-                    swallow,
-                } => {
-                    *budget -= 1;
-                    if !noreply {
-                        proto::write_error(&mut self.session.out, reply);
-                    }
-                    self.session.swallow = swallow;
-                    pos += consumed.max(1);
-                }
-                Parse::TooLarge {
-                    mode,
-                    key,
-                    noreply,
-                    consumed,
-                    swallow,
-                } => {
-                    *budget -= 1;
-                    text::too_large(ctx, &mut self.session, mode, key, noreply);
-                    self.session.swallow = swallow;
-                    pos += consumed;
-                }
-                Parse::Close => return (pos, Step::Close),
-            }
-        }
-        (pos, Step::Next)
-    }
-
-    /// Execute one binary request at the front of `data`: the bytes consumed (0: incomplete)
-    /// and how it ended.
-    fn execute_binary(
-        &mut self,
-        ctx: &mut Ctx<'_>,
-        data: &[u8],
-        budget: &mut usize,
-    ) -> (usize, Step) {
-        let limits = ctx.shared.limits;
-        // -S: SASL commands, and refusal of the rest until authenticated.
-        if ctx.shared.config.sasl {
-            if let Some(h) = crate::exec::auth::sasl_gate(ctx, &mut self.session, data) {
-                if h.consumed > 0 {
-                    *budget -= 1;
-                }
-                self.session.swallow = h.swallow;
-                return (h.consumed, h.step);
-            }
-        }
-        match bin::parse(data, &limits) {
-            bin::Parse::Incomplete => (0, Step::Next),
-            bin::Parse::Request(req, used) => {
-                *budget -= 1;
-                (used, binary::execute(req, ctx, &mut self.session))
-            }
-            bin::Parse::Error {
-                opcode,
-                opaque,
-                status,
-                close,
-                consumed,
-                swallow,
-            } => {
-                *budget -= 1;
-                bin::write_error(&mut self.session.out, opcode, opaque, status);
-                // memcached sends the error, then closes (or skips the bad request's bytes).
-                self.session.close_after_write |= close;
-                self.session.swallow = swallow;
-                (consumed.max(1), Step::Next)
-            }
-            bin::Parse::TooLarge {
-                opcode,
-                opaque,
-                status,
-                key,
-                consumed,
-                swallow,
-            } => {
-                *budget -= 1;
-                binary::too_large(ctx, &mut self.session, opcode, opaque, status, key);
-                self.session.swallow = swallow;
-                (consumed.max(1), Step::Next)
-            }
-            bin::Parse::Close => (0, Step::Close),
-        }
+        let batch = dispatch::stream(ctx, &mut self.session, data, budget);
+        // A line without its end: the next parse need not look at these bytes again.
+        self.no_newline = batch.unfinished_line.unwrap_or(0);
+        (batch.used, batch.step)
     }
 
     /// Write pending output until done or the socket would block.
@@ -1113,7 +951,6 @@ impl Conn {
             kvtls::Failure::Protocol => (&server.counters.proto_errors, "protocol"),
         };
         counter.fetch_add(1, Ordering::Relaxed);
-        ctx.shared
-            .log(1, || format!("{}: TLS {what} error: {e}", self.info.addr));
+        tracing::info!("{}: TLS {what} error: {e}", self.info.addr);
     }
 }

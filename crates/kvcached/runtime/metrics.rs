@@ -24,7 +24,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::registry::Registry;
 
-use crate::exec::session::{BufferLimit, Ctx, Spares};
+use crate::exec::session::{BufferLimit, Ctx};
 use crate::exec::stats_report::{emit_group, Group};
 use crate::state::shared::Shared;
 use crate::state::stats::WorkerStats;
@@ -135,7 +135,6 @@ fn stats_of(shared: &Shared, group: Group) -> BTreeMap<String, String> {
         buffers: BufferLimit::default(),
         worker: 0,
         cfd: -1,
-        spares: &mut Spares::default(),
     };
     let mut out = BTreeMap::new();
     emit_group(&ctx, group, &mut |name, value| {

@@ -6,5 +6,6 @@ pub mod conn;
 pub mod listener;
 pub mod metrics;
 pub mod ring;
+pub mod spares;
 pub mod udp;
 pub mod worker;

@@ -8,8 +8,8 @@
 //! and a slice of the output buffer), so a reply is never copied again to be framed.
 //!
 //! A request is one datagram (memcached drops requests that span datagrams). Requests run
-//! through the same text and binary executors as TCP, on a session that lives for one
-//! datagram. Replies are framed as memcached 1.6 frames them (see `kvproto::udp`): each
+//! through the same dispatch as a stream's (`exec::dispatch::request`), on a session that
+//! lives for one datagram. Replies are framed as memcached 1.6 frames them (see `kvproto::udp`): each
 //! request's reply is its own message, and a multi-key `get` sends one message per key (`END`
 //! goes with the last). memcached keeps its replies in a queue that it flushes at the end of
 //! a datagram, every `-R` requests (21 the first time) and after `mn` or a binary `noop`,
@@ -26,14 +26,13 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::ptr;
 
 use kvproto::binary as bin;
-use kvproto::meta::MetaRequest;
-use kvproto::text::{self as proto, Parse, Request};
+use kvproto::text as proto;
 use kvproto::udp::{self as frame, Datagrams, HEADER_LEN};
 use socket2::{Domain, Socket, Type};
 
-use crate::exec::binary;
-use crate::exec::session::{Ctx, Session, Step};
-use crate::exec::text::{self, GetFraming};
+use crate::exec::dispatch::{self, Dispatch, Kind};
+use crate::exec::session::{Ctx, Protocol, Session, Step};
+use crate::exec::text::GetFraming;
 use crate::setup::config::Config;
 
 /// Datagrams per `recvmmsg` or `sendmmsg` call.
@@ -421,38 +420,34 @@ fn execute(ctx: &mut Ctx<'_>, payload: &[u8], out: &mut Vec<u8>, mut reply: Repl
         left: per_event.saturating_add(1),
         per_event,
     };
-    let limits = ctx.shared.limits;
-    let binary = payload.first() == Some(&bin::REQUEST_MAGIC);
+    // A datagram's protocol is its first byte's (UDP has no `-B`, no authentication).
+    let protocol = match payload.first() {
+        Some(&bin::REQUEST_MAGIC) => Protocol::Binary,
+        _ => Protocol::Text,
+    };
     let mut pos = 0;
     while pos < payload.len() && s.out.len() - base <= MAX_REPLY {
         let rest = &payload[pos..];
         let start = s.out.len();
-        if binary {
-            let stop = match bin::parse(rest, &limits) {
-                bin::Parse::Request(req, used) => {
+        let mut framing = Datagram {
+            reply: &mut reply,
+            q: &mut q,
+            base,
+            framed: false,
+        };
+        let done = dispatch::request(ctx, &mut s, protocol, rest, &mut framing);
+        let framed = framing.framed;
+        let Dispatch::Done { used, step, kind } = done else {
+            break; // incomplete (memcached drops requests that span datagrams), or close
+        };
+        if protocol == Protocol::Binary {
+            // Quiet commands' silence is an empty message; an error ends the datagram.
+            let stop = match kind {
+                Kind::Executed | Kind::MetaNoop => {
                     pos += used;
-                    binary::execute(req, ctx, &mut s) == Step::Close
+                    step == Step::Close
                 }
-                bin::Parse::Error {
-                    opcode,
-                    opaque,
-                    status,
-                    ..
-                } => {
-                    bin::write_error(&mut s.out, opcode, opaque, status);
-                    true
-                }
-                bin::Parse::TooLarge {
-                    opcode,
-                    opaque,
-                    status,
-                    key,
-                    ..
-                } => {
-                    binary::too_large(ctx, &mut s, opcode, opaque, status, key);
-                    true
-                }
-                bin::Parse::Incomplete | bin::Parse::Close => break,
+                Kind::Refused | Kind::TooLarge => true,
             };
             let end = s.out.len();
             reply.message(&mut q, start, end, true);
@@ -463,20 +458,12 @@ fn execute(ctx: &mut Ctx<'_>, payload: &[u8], out: &mut Vec<u8>, mut reply: Repl
                 break;
             }
         } else {
-            match proto::parse(rest, &limits) {
-                Parse::Request(req, used) => {
-                    let noop = matches!(req, Request::Meta(MetaRequest::Noop));
-                    let mut framing = Datagram {
-                        reply: &mut reply,
-                        q: &mut q,
-                        base,
-                        framed: false,
-                    };
-                    let step = text::execute_framed(req, ctx, &mut s, &mut framing);
-                    if !framing.framed {
-                        reply.message(&mut q, start, s.out.len(), false);
-                    }
-                    if noop {
+            if !framed {
+                reply.message(&mut q, start, s.out.len(), false);
+            }
+            match kind {
+                Kind::Executed | Kind::MetaNoop => {
+                    if kind == Kind::MetaNoop {
                         reply.flush(&mut q); // `mn` flushes memcached's queue
                     }
                     match step {
@@ -486,26 +473,9 @@ fn execute(ctx: &mut Ctx<'_>, payload: &[u8], out: &mut Vec<u8>, mut reply: Repl
                         Step::Next => pos += used,
                     }
                 }
-                Parse::Error {
-                    reply: error,
-                    noreply,
-                    consumed,
-                    ..
-                } => {
-                    if !noreply {
-                        proto::write_error(&mut s.out, error);
-                    }
-                    reply.message(&mut q, start, s.out.len(), false);
-                    pos += consumed.max(1);
-                }
-                Parse::TooLarge {
-                    mode, key, noreply, ..
-                } => {
-                    text::too_large(ctx, &mut s, mode, key, noreply);
-                    reply.message(&mut q, start, s.out.len(), false);
-                    break;
-                }
-                Parse::Incomplete | Parse::Close => break,
+                Kind::Refused => pos += used,
+                // The rest of the datagram is the value memcached would swallow.
+                Kind::TooLarge => break,
             }
         }
         reply.request_done(&mut q);
@@ -593,5 +563,62 @@ impl GetFraming for Datagram<'_, '_> {
             s.out.extend_from_slice(proto::END);
             reply.message(q, last, s.out.len(), false);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exec::dispatch::tests::TestSession;
+
+    /// The messages one datagram's requests are answered with, as text.
+    fn answer(t: &mut TestSession, payload: &[u8]) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut messages = Vec::new();
+        t.with_ctx(|ctx, _| {
+            let reply = Reply {
+                peer: 0,
+                request_id: 1,
+                messages: &mut messages,
+            };
+            execute(ctx, payload, &mut out, reply);
+        });
+        messages
+            .iter()
+            .map(|m| out[m.start..m.end].escape_ascii().to_string())
+            .collect()
+    }
+
+    #[test]
+    fn a_datagram_runs_through_the_one_dispatch_and_is_framed_per_key() {
+        let mut t = TestSession::new(&[]);
+        t.send(b"set a 0 0 1\r\n1\r\nset b 0 0 1\r\n2\r\n");
+        assert_eq!(
+            answer(&mut t, b"get a b\r\n"),
+            [
+                "VALUE a 0 1\\r\\n1\\r\\n",
+                "VALUE b 0 1\\r\\n2\\r\\nEND\\r\\n"
+            ]
+        );
+        // A refused line is answered and the datagram goes on; noreply is no message.
+        assert_eq!(
+            answer(&mut t, b"bogus\r\nset c 0 0 1 noreply\r\n3\r\nget c\r\n"),
+            ["ERROR\\r\\n", "VALUE c 0 1\\r\\n3\\r\\nEND\\r\\n"]
+        );
+        // An unfinished request (one spanning datagrams) is dropped.
+        assert!(answer(&mut t, b"set d 0 0 5\r\nab").is_empty());
+    }
+
+    #[test]
+    fn a_binary_error_ends_the_datagram() {
+        let mut t = TestSession::new(&[]);
+        let mut payload = Vec::new();
+        kvproto::client::binary::request(&mut payload, 0x7f, b"", &[], &[], 1);
+        kvproto::client::binary::noop(&mut payload, 2);
+        let got = answer(&mut t, &payload);
+        assert_eq!(got.len(), 1, "{got:?}");
+        let mut want = Vec::new();
+        bin::write_error(&mut want, 0x7f, 1, bin::Status::UnknownCommand);
+        assert_eq!(got[0], want.escape_ascii().to_string());
     }
 }

@@ -19,10 +19,11 @@ use std::time::{Duration, Instant};
 
 use mio::{Events, Interest, Poll, Token, Waker};
 
-use crate::exec::session::{BufferLimit, Ctx, Spares};
+use crate::exec::session::{BufferLimit, Ctx};
 use crate::runtime::conn::{Conn, Drive, Sock, Stream};
 use crate::runtime::listener::Listener;
 use crate::runtime::ring::{Completion, Op, Reactor, RingSock};
+use crate::runtime::spares::Spares;
 use crate::setup::config::IoChoice;
 use crate::state::registry::{ConnInfo, ConnKind};
 use crate::state::shared::Shared;
@@ -265,9 +266,7 @@ impl Worker {
                     batch.extend_from_slice(done);
                 }
                 Err(e) => {
-                    self.shared.log(0, || {
-                        format!("worker {}: io_uring wait failed: {e}", self.index)
-                    });
+                    tracing::warn!("worker {}: io_uring wait failed: {e}", self.index);
                     break;
                 }
             }
@@ -301,8 +300,7 @@ impl Worker {
                             }
                             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                             Err(e) => {
-                                self.shared
-                                    .log(0, || format!("worker {}: poll failed: {e}", self.index));
+                                tracing::warn!("worker {}: poll failed: {e}", self.index);
                             }
                         }
                     }
@@ -514,8 +512,7 @@ impl Worker {
                 if e.kind() == io::ErrorKind::Interrupted {
                     continue;
                 }
-                self.shared
-                    .log(0, || format!("worker {}: poll failed: {e}", self.index));
+                tracing::warn!("worker {}: poll failed: {e}", self.index);
                 break;
             }
             self.now = self.shared.clock.now();
@@ -539,7 +536,6 @@ impl Worker {
             buffers: BufferLimit::default(),
             worker: self.index,
             cfd: sock.as_raw_fd(),
-            spares: &mut Spares::default(),
         };
         if crate::runtime::udp::serve(sock, &mut ctx, buffers) && !self.udp_ready.contains(&index) {
             self.udp_ready.push(index);
@@ -561,9 +557,8 @@ impl Worker {
             },
             worker: self.index,
             cfd: conn.fd,
-            spares: &mut self.spares,
         };
-        let drive = conn.drive(&mut ctx);
+        let drive = conn.drive(&mut ctx, &mut self.spares);
         self.account(slot);
         let Some(conn) = self.conns.get_mut(slot).and_then(|c| c.as_mut()) else {
             return;
@@ -656,8 +651,7 @@ impl Worker {
                 Ok(()) => self.accept_armed[i] = true,
                 Err(e) => {
                     // The ring would not take it now: try again after a pause.
-                    self.shared
-                        .log(1, || format!("accept failed: {e}; pausing"));
+                    tracing::info!("accept failed: {e}; pausing");
                     self.accept_retry = Some(Instant::now() + ACCEPT_RETRY);
                     return;
                 }
@@ -701,61 +695,122 @@ impl Worker {
         }
         let res = c.result();
         if res < 0 {
-            let e = io::Error::from_raw_os_error(-res);
             if res == -libc::ECANCELED {
                 return;
             }
-            if out_of_descriptors(&e) {
-                // As under epoll: stop, leave connections in the backlog, try again soon.
-                self.shared
-                    .log(1, || format!("accept failed: {e}; pausing"));
-                self.shared.set_accepting(false);
-                self.accept_retry = Some(Instant::now() + ACCEPT_RETRY);
+            if self.accept_failed(&io::Error::from_raw_os_error(-res)) {
                 self.accept_resume = false;
                 if c.more() {
                     if let Some(ring) = self.ring.as_mut() {
                         ring.cancel_accept(index);
                     }
                 }
-            } else {
-                // A connection that went away in the backlog (ECONNABORTED) and the like.
-                self.shared.log(1, || format!("accept failed: {e}"));
             }
             return;
         }
         // SAFETY: the kernel made this descriptor for this accept; nothing else owns it.
         let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(res) };
         self.check_accept_limit();
-        self.next_gen = self.next_gen.wrapping_add(1);
-        let sock = RingSock::new(fd, self.next_gen);
-        let made = match &self.listeners[index] {
-            MioListener::Tcp(_, tls) => {
+        // (The ring's accepts make blocking sockets, and do not tell the peer's address.)
+        if self.open(index, fd, None, true, false) && self.accept_retry.is_none() {
+            self.shared.set_accepting(true);
+        }
+    }
+
+    /// Make the connection for a socket that listener `index` accepted, by `accept4` or
+    /// through the ring (the one way from an accepted socket to a connection), and admit
+    /// it. `peer`: its address, where the accept told it; `blocking`: the socket is
+    /// blocking already (the ring's accepts); `reserved` as for [`Worker::admit`]. False
+    /// when no connection could be made (the error is the server's, not the peer's, and
+    /// logged; a reserved place is given back).
+    fn open(
+        &mut self,
+        index: usize,
+        fd: std::os::fd::OwnedFd,
+        peer: Option<std::net::SocketAddr>,
+        blocking: bool,
+        reserved: bool,
+    ) -> bool {
+        match self.connection(index, fd, peer, blocking) {
+            Ok((stream, addr, listen)) => {
+                self.admit(stream, addr, listen, reserved);
+                true
+            }
+            Err(e) => {
+                if reserved {
+                    self.shared.curr_conns.fetch_sub(1, Ordering::AcqRel);
+                }
+                tracing::info!("accept failed: {e}");
+                false
+            }
+        }
+    }
+
+    /// The stream of a socket listener `index` accepted, under this worker's runtime (an
+    /// io_uring socket, or one mio polls; a TLS session over it on a TLS listener), and its
+    /// names for `stats conns`: the peer's address and the local end's.
+    fn connection(
+        &mut self,
+        index: usize,
+        fd: std::os::fd::OwnedFd,
+        peer: Option<std::net::SocketAddr>,
+        blocking: bool,
+    ) -> io::Result<(Stream, String, String)> {
+        let listen = self.listen_name(index, &fd);
+        let ring = if self.ring.is_some() {
+            self.next_gen = self.next_gen.wrapping_add(1);
+            Some(self.next_gen)
+        } else {
+            None
+        };
+        let ring_sock = |fd, gen| match blocking {
+            true => Ok(RingSock::new(fd, gen)),
+            false => ring_sock(fd, gen),
+        };
+        match self.listeners.get(index) {
+            Some(MioListener::Tcp(_, tls)) => {
                 // A peer that reset the connection in the backlog has no address any more
                 // (ENOTCONN); the connection is still taken and counted, as `accept4`
                 // takes it, and its first receive ends it.
-                let addr = socket2::SockRef::from(&sock)
-                    .peer_addr()
-                    .ok()
-                    .and_then(|a| a.as_socket())
+                let addr = peer
+                    .or_else(|| {
+                        socket2::SockRef::from(&fd)
+                            .peer_addr()
+                            .ok()
+                            .and_then(|a| a.as_socket())
+                    })
                     .map_or_else(|| "tcp:".to_string(), |a| format!("tcp:{a}"));
-                let listen = self.listen_name(index, &sock);
-                self.tcp_stream(Sock::Ring(sock), *tls)
-                    .map(|stream| (stream, addr, listen))
+                // (TCP_NODELAY comes from the listener.)
+                let sock = match ring {
+                    Some(gen) => Sock::Ring(ring_sock(fd, gen)?),
+                    None => Sock::Mio(mio::net::TcpStream::from(fd)),
+                };
+                Ok((self.tcp_stream(sock, *tls)?, addr, listen))
             }
-            MioListener::Unix(_) => {
-                let name = self.listen_name(index, &sock);
-                Ok((Stream::Ring(sock), name.clone(), name))
+            Some(MioListener::Unix(_)) => {
+                let stream = match ring {
+                    Some(gen) => Stream::Ring(ring_sock(fd, gen)?),
+                    None => Stream::Unix(mio::net::UnixStream::from(fd)),
+                };
+                Ok((stream, listen.clone(), listen))
             }
-        };
-        match made {
-            Ok((stream, addr, listen)) => {
-                self.admit(stream, addr, listen, false);
-                if self.accept_retry.is_none() {
-                    self.shared.set_accepting(true);
-                }
-            }
-            // A TLS session could not be made (the server's error, logged as under epoll).
-            Err(e) => self.shared.log(1, || format!("accept failed: {e}")),
+            None => Err(io::Error::other("no such listener")),
+        }
+    }
+
+    /// An accept failed. For want of descriptors: stop accepting, leave connections in the
+    /// backlog and try again shortly, as memcached does (edge-triggered readiness will not
+    /// remind us), and return true. Otherwise (a connection that went away in the backlog,
+    /// ECONNABORTED, and the like) log it and return false.
+    fn accept_failed(&mut self, e: &io::Error) -> bool {
+        if out_of_descriptors(e) {
+            tracing::info!("accept failed: {e}; pausing");
+            self.shared.set_accepting(false);
+            self.accept_retry = Some(Instant::now() + ACCEPT_RETRY);
+            true
+        } else {
+            tracing::info!("accept failed: {e}");
+            false
         }
     }
 
@@ -802,36 +857,15 @@ impl Worker {
                     return;
                 }
             }
-            let uring = self.ring.is_some();
-            self.next_gen = self.next_gen.wrapping_add(1);
-            let gen = self.next_gen;
             let accepted = match &self.listeners[index] {
-                // (TCP_NODELAY comes from the listener.)
-                MioListener::Tcp(l, tls) => l.accept().and_then(|(s, addr)| {
-                    let listen = self.listen_name(index, &s);
-                    let sock = if uring {
-                        Sock::Ring(ring_sock(s.into(), gen)?)
-                    } else {
-                        Sock::Mio(s)
-                    };
-                    Ok((self.tcp_stream(sock, *tls)?, format!("tcp:{addr}"), listen))
-                }),
-                MioListener::Unix(l) => l.accept().and_then(|(s, _)| {
-                    let name = self.listen_name(index, &s);
-                    let stream = if uring {
-                        Stream::Ring(ring_sock(s.into(), gen)?)
-                    } else {
-                        Stream::Unix(s)
-                    };
-                    Ok((stream, name.clone(), name))
-                }),
+                MioListener::Tcp(l, _) => l.accept().map(|(s, addr)| (s.into(), Some(addr))),
+                MioListener::Unix(l) => l.accept().map(|(s, _)| (s.into(), None)),
             };
-            if reserve && accepted.is_err() {
-                shared.curr_conns.fetch_sub(1, Ordering::AcqRel);
-            }
             match accepted {
-                Ok((stream, addr, listen)) => {
-                    self.admit(stream, addr, listen, reserve);
+                Ok((fd, peer)) => {
+                    if !self.open(index, fd, peer, false, reserve) {
+                        continue;
+                    }
                     // Accepting resumes once there is room (always, with maxconns_fast, where
                     // a connection over -c is told so and closed). It stops only when a
                     // connection finds no room (above), as memcached stops when one arrives
@@ -841,33 +875,30 @@ impl Worker {
                         shared.set_accepting(true);
                     }
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    // While this worker held a place, another may have found the server full
-                    // and stopped, leaving a connection that came meanwhile in the backlog
-                    // with its readiness taken: look once more.
-                    std::sync::atomic::fence(Ordering::SeqCst);
-                    if reserve && !retried && !shared.accepting() {
-                        retried = true;
-                        continue;
-                    }
-                    if self.accept_retry.is_none() && (!reserve || self.room()) {
-                        shared.set_accepting(true);
-                    }
-                    return;
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) if out_of_descriptors(&e) => {
-                    // Like memcached: stop accepting, leave the connection in the backlog
-                    // and try again shortly (edge-triggered readiness will not remind us).
-                    shared.log(1, || format!("accept failed: {e}; pausing"));
-                    shared.set_accepting(false);
-                    self.accept_retry = Some(Instant::now() + ACCEPT_RETRY);
-                    return;
-                }
                 Err(e) => {
-                    // A connection that went away in the backlog (ECONNABORTED) and the like.
-                    shared.log(1, || format!("accept failed: {e}"));
-                    continue;
+                    if reserve {
+                        shared.curr_conns.fetch_sub(1, Ordering::AcqRel);
+                    }
+                    match e.kind() {
+                        io::ErrorKind::WouldBlock => {
+                            // While this worker held a place, another may have found the
+                            // server full and stopped, leaving a connection that came
+                            // meanwhile in the backlog with its readiness taken: look once
+                            // more.
+                            std::sync::atomic::fence(Ordering::SeqCst);
+                            if reserve && !retried && !shared.accepting() {
+                                retried = true;
+                                continue;
+                            }
+                            if self.accept_retry.is_none() && (!reserve || self.room()) {
+                                shared.set_accepting(true);
+                            }
+                            return;
+                        }
+                        io::ErrorKind::Interrupted => continue,
+                        _ if self.accept_failed(&e) => return,
+                        _ => continue,
+                    }
                 }
             }
         }
@@ -916,7 +947,7 @@ impl Worker {
                 .registry()
                 .register(source, token, Interest::READABLE)
             {
-                shared.log(1, || format!("register failed: {e}"));
+                tracing::info!("register failed: {e}");
                 shared.curr_conns.fetch_sub(1, Ordering::AcqRel);
                 self.free.push(slot);
                 return;
@@ -1019,7 +1050,7 @@ impl Worker {
         });
         for slot in idle {
             self.stats.idle_kicks.incr();
-            self.shared.log(2, || "closing idle connection".into());
+            tracing::debug!("closing idle connection");
             self.close_for(slot, Some("idle_timeout"));
         }
     }
@@ -1035,9 +1066,7 @@ impl Worker {
                     .handshake_timeouts
                     .fetch_add(1, Ordering::Relaxed);
             }
-            self.shared.log(1, || {
-                "closing a connection whose TLS handshake stalled".into()
-            });
+            tracing::info!("closing a connection whose TLS handshake stalled");
             self.close(slot);
         }
     }

@@ -7,6 +7,10 @@
 //! `trace`. The `verbosity` command changes the level while the server runs, so the level
 //! is an atomic read by a filter on each event, not a subscriber rebuilt.
 //!
+//! Every log line is a `tracing` event: the server's own, and rustls's diagnostics, which it
+//! writes as `log` records and `tracing-log` (installed with the subscriber) turns into
+//! events under the same levels (its handshake decisions are `debug`, shown at `-vv`).
+//!
 //! Text lines carry a UTC timestamp, the level and the module; under systemd (the
 //! `JOURNAL_STREAM` variable is set) the timestamp is left out, since the journal adds its
 //! own. No event carries a value, a password or SASL data: events name keys only in

@@ -225,16 +225,4 @@ impl Shared {
     fn lock_registry(&self) -> std::sync::MutexGuard<'_, BTreeMap<i32, (ConnKind, Arc<ConnInfo>)>> {
         self.registry.lock().unwrap_or_else(|e| e.into_inner())
     }
-
-    /// Log `msg` at memcached verbosity `level`: 0 a warning (always shown), 1 `info`
-    /// (`-v`), 2 `debug` (`-vv`), 3 and above `trace` (`-vvv`). `msg` runs only when the
-    /// event is shown (see `setup::logging`).
-    pub fn log(&self, level: u8, msg: impl FnOnce() -> String) {
-        match level {
-            0 => tracing::warn!(target: "kvcached", "{}", msg()),
-            1 => tracing::info!(target: "kvcached", "{}", msg()),
-            2 => tracing::debug!(target: "kvcached", "{}", msg()),
-            _ => tracing::trace!(target: "kvcached", "{}", msg()),
-        }
-    }
 }

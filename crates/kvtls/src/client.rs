@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use crate::Error;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::{
@@ -25,39 +26,43 @@ pub struct Settings {
 
 impl Settings {
     /// Build the rustls configuration: the files are read now.
-    pub fn config(&self) -> Result<Arc<ClientConfig>, String> {
+    pub fn config(&self) -> Result<Arc<ClientConfig>, Error> {
         let client_auth = match (&self.cert, &self.key) {
             (Some(cert), key) => {
                 let chain = crate::server::read_certs(cert)?;
                 let key_path = key.as_ref().unwrap_or(cert);
-                let key = rustls::pki_types::pem::PemObject::from_pem_file(key_path)
-                    .map_err(|e| format!("{}: {e:?}", key_path.display()))?;
+                let key =
+                    rustls::pki_types::pem::PemObject::from_pem_file(key_path).map_err(|e| {
+                        Error::Pem {
+                            path: key_path.clone(),
+                            detail: format!("{e:?}"),
+                        }
+                    })?;
                 Some((chain, key))
             }
-            (None, Some(_)) => return Err("a TLS client key needs its certificate".into()),
+            (None, Some(_)) => return Err(Error::KeyWithoutCertificate),
             (None, None) => None,
         };
         if self.insecure {
             let provider = crate::server::provider();
             let builder = ClientConfig::builder_with_provider(provider.clone())
-                .with_safe_default_protocol_versions()
-                .map_err(|e| e.to_string())?
+                .with_safe_default_protocol_versions()?
                 .dangerous()
                 .with_custom_certificate_verifier(Arc::new(AnyServer(provider)));
             return finish(builder, client_auth);
         }
-        let ca = self
-            .ca
-            .as_ref()
-            .ok_or("TLS needs the CA file that signed the server's certificate (or insecure)")?;
+        let ca = self.ca.as_ref().ok_or(Error::NoCa)?;
         let roots = crate::server::read_certs(ca)?;
         config_from_roots(&roots, client_auth)
     }
 
     /// The name to present and check: the configured one, else `host`.
-    pub fn name_for(&self, host: &str) -> Result<ServerName<'static>, String> {
+    pub fn name_for(&self, host: &str) -> Result<ServerName<'static>, Error> {
         let name = self.server_name.as_deref().unwrap_or(host);
-        ServerName::try_from(name.to_string()).map_err(|e| format!("TLS server name {name}: {e}"))
+        ServerName::try_from(name.to_string()).map_err(|source| Error::ServerName {
+            name: name.to_string(),
+            source,
+        })
     }
 
     /// A new client session with `config` for `host`.
@@ -65,8 +70,8 @@ impl Settings {
         &self,
         config: &Arc<ClientConfig>,
         host: &str,
-    ) -> Result<ClientConnection, String> {
-        ClientConnection::new(config.clone(), self.name_for(host)?).map_err(|e| e.to_string())
+    ) -> Result<ClientConnection, Error> {
+        Ok(ClientConnection::new(config.clone(), self.name_for(host)?)?)
     }
 }
 
@@ -75,11 +80,11 @@ type ClientAuth = Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>
 fn finish(
     builder: rustls::ConfigBuilder<ClientConfig, rustls::client::WantsClientCert>,
     client_auth: ClientAuth,
-) -> Result<Arc<ClientConfig>, String> {
+) -> Result<Arc<ClientConfig>, Error> {
     let config = match client_auth {
         Some((chain, key)) => builder
             .with_client_auth_cert(chain, key)
-            .map_err(|e| format!("TLS client certificate: {e}"))?,
+            .map_err(Error::ClientCertificate)?,
         None => builder.with_no_client_auth(),
     };
     Ok(Arc::new(config))
@@ -89,16 +94,13 @@ fn finish(
 pub fn config_from_roots(
     roots: &[CertificateDer<'static>],
     client_auth: ClientAuth,
-) -> Result<Arc<ClientConfig>, String> {
+) -> Result<Arc<ClientConfig>, Error> {
     let mut store = RootCertStore::empty();
     for cert in roots {
-        store
-            .add(cert.clone())
-            .map_err(|e| format!("not a usable CA certificate: {e}"))?;
+        store.add(cert.clone()).map_err(Error::CaCertificate)?;
     }
     let builder = ClientConfig::builder_with_provider(crate::server::provider())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
+        .with_safe_default_protocol_versions()?
         .with_root_certificates(store);
     finish(builder, client_auth)
 }

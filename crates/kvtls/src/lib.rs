@@ -5,6 +5,7 @@
 //! - [`client`]: client configurations for kvblast and a replica's link to its master.
 //! - [`stream`]: [`TlsStream`], a TLS session over a non-blocking (or blocking) socket that
 //!   reads and writes like the socket itself.
+//! - [`Error`]: what can fail, with memcached's messages.
 //! - [`x509`]: the outline of a certificate of any X.509 version, for the server's own
 //!   (webpki, which rustls checks certificates with, reads version 3 only), read with
 //!   RustCrypto's `x509-cert`.
@@ -15,6 +16,7 @@
 #![forbid(unsafe_code)]
 
 pub mod client;
+mod error;
 pub mod server;
 pub mod stream;
 #[cfg(any(test, feature = "testcert"))]
@@ -23,6 +25,7 @@ pub mod testcert;
 pub mod testpair;
 pub mod x509;
 
+pub use error::Error;
 pub use stream::{Failure, TlsStream};
 
 /// rustls, for the types callers name (`ServerConnection`, `ClientConfig`, ...).

@@ -22,6 +22,8 @@ use rustls::server::{ServerConfig, ServerConnection, WebPkiClientVerifier};
 use rustls::sign::{CertifiedKey, SigningKey, SingleCertAndKey};
 use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureScheme};
 
+use crate::Error;
+
 /// memcached's `ssl_verify_mode`: whether and how client certificates are checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum VerifyMode {
@@ -142,16 +144,15 @@ pub fn provider() -> Arc<CryptoProvider> {
 }
 
 /// Read a PEM certificate list (at least one certificate).
-pub fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+pub fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, Error> {
     let certs: Result<Vec<_>, _> = CertificateDer::pem_file_iter(path)
         .map_err(|e| pem_error(path, e))?
         .collect();
     let certs = certs.map_err(|e| pem_error(path, e))?;
     if certs.is_empty() {
-        return Err(format!(
-            "{}: no PEM certificate in the file",
-            path.display()
-        ));
+        return Err(Error::NoCertificate {
+            path: path.to_path_buf(),
+        });
     }
     Ok(certs)
 }
@@ -159,19 +160,26 @@ pub fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
 /// Read the server's certificate chain: PEM certificates of any X.509 version (OpenSSL serves
 /// version 1 certificates; webpki, which rustls would check them with, takes version 3 only),
 /// each of which must at least be shaped as a certificate.
-fn read_chain(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+fn read_chain(path: &Path) -> Result<Vec<CertificateDer<'static>>, Error> {
     let certs = read_certs(path)?;
     for (i, cert) in certs.iter().enumerate() {
-        crate::x509::outline(cert)
-            .map_err(|e| format!("{}: certificate {}: {e}", path.display(), i + 1))?;
+        crate::x509::outline(cert).map_err(|e| Error::Certificate {
+            path: path.to_path_buf(),
+            index: i + 1,
+            source: Box::new(e),
+        })?;
     }
     Ok(certs)
 }
 
-fn pem_error(path: &Path, e: rustls::pki_types::pem::Error) -> String {
+fn pem_error(path: &Path, e: rustls::pki_types::pem::Error) -> Error {
+    let path = path.to_path_buf();
     match e {
-        rustls::pki_types::pem::Error::Io(e) => format!("{}: {e}", path.display()),
-        other => format!("{}: {other:?}", path.display()),
+        rustls::pki_types::pem::Error::Io(source) => Error::Io { path, source },
+        other => Error::Pem {
+            path,
+            detail: format!("{other:?}"),
+        },
     }
 }
 
@@ -196,7 +204,7 @@ impl PemObject for PemKey {
 /// label names (`hint`) first. OpenSSL loads a PKCS#8 key under an `RSA PRIVATE KEY` or `EC
 /// PRIVATE KEY` label (some tools write them so); here the label does not matter at all.
 /// The error is the provider's, for the encoding the label named (PKCS#8 without one).
-fn decode_key(der: Vec<u8>, hint: Option<SectionKind>) -> Result<Arc<dyn SigningKey>, String> {
+fn decode_key(der: Vec<u8>, hint: Option<SectionKind>) -> Result<Arc<dyn SigningKey>, Error> {
     let provider = rustls::crypto::ring::default_provider();
     let order: [fn(Vec<u8>) -> PrivateKeyDer<'static>; 3] = match hint {
         Some(SectionKind::RsaPrivateKey) => [pkcs1, pkcs8, sec1],
@@ -212,10 +220,7 @@ fn decode_key(der: Vec<u8>, hint: Option<SectionKind>) -> Result<Arc<dyn Signing
             }
         }
     }
-    Err(match first_error {
-        Some(e) => format!("not a usable private key: {e}"),
-        None => "not a usable private key".into(),
-    })
+    Err(Error::NotAKey(first_error))
 }
 
 fn pkcs8(der: Vec<u8>) -> PrivateKeyDer<'static> {
@@ -228,63 +233,65 @@ fn sec1(der: Vec<u8>) -> PrivateKeyDer<'static> {
     PrivateKeyDer::Sec1(der.into())
 }
 
-fn read_key(path: &Path, format: KeyFormat) -> Result<Arc<dyn SigningKey>, String> {
+fn read_key(path: &Path, format: KeyFormat) -> Result<Arc<dyn SigningKey>, Error> {
     let (der, hint) = match format {
         KeyFormat::Pem => {
             let key = PemKey::from_pem_file(path).map_err(|e| pem_error(path, e))?;
             (key.der, Some(key.kind))
         }
         KeyFormat::Der => (
-            std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?,
+            std::fs::read(path).map_err(|source| Error::Io {
+                path: path.to_path_buf(),
+                source,
+            })?,
             None,
         ),
     };
-    decode_key(der, hint).map_err(|e| format!("{}: {e}", path.display()))
+    decode_key(der, hint).map_err(|e| Error::KeyFile {
+        path: path.to_path_buf(),
+        source: Box::new(e),
+    })
 }
 
 /// That `key` is the private key of `chain`'s first certificate (OpenSSL's
 /// `SSL_CTX_check_private_key`), compared by public key, as rustls compares them but for a
 /// certificate of any version. A key that cannot tell its public key passes, as in rustls.
-fn check_key(chain: &[CertificateDer<'_>], key: &dyn SigningKey) -> Result<(), String> {
+fn check_key(chain: &[CertificateDer<'_>], key: &dyn SigningKey) -> Result<(), Error> {
     let Some(public) = key.public_key() else {
         return Ok(());
     };
-    let cert = chain.first().ok_or("no certificate")?;
+    let cert = chain.first().ok_or(Error::EmptyChain)?;
     let outline = crate::x509::outline(cert)?;
     if outline.spki == public.as_ref() {
         Ok(())
     } else {
-        Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch).to_string())
+        Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch).into())
     }
 }
 
 /// Read the files the settings name, with memcached's messages for what fails.
-pub fn load(settings: &Settings) -> Result<Material, String> {
-    let chain_path = settings
-        .chain_cert
-        .as_deref()
-        .ok_or("Error loading the certificate chain: ssl_chain_cert is not set")?;
-    let chain = read_chain(chain_path).map_err(|e| {
-        format!(
-            "Error loading the certificate chain: {} : {e}",
-            chain_path.display()
-        )
+pub fn load(settings: &Settings) -> Result<Material, Error> {
+    let chain_path = settings.chain_cert.as_deref().ok_or(Error::NoChainCert)?;
+    let chain = read_chain(chain_path).map_err(|e| Error::Chain {
+        path: chain_path.to_path_buf(),
+        source: Box::new(e),
     })?;
     let key_path = settings.key.as_deref().unwrap_or(chain_path);
-    let key = read_key(key_path, settings.key_format)
-        .map_err(|e| format!("Error loading the key: {} : {e}", key_path.display()))?;
-    check_key(&chain, key.as_ref())
-        .map_err(|e| format!("Error validating the certificate: {e}"))?;
+    let key = read_key(key_path, settings.key_format).map_err(|e| Error::Key {
+        path: key_path.to_path_buf(),
+        source: Box::new(e),
+    })?;
+    check_key(&chain, key.as_ref()).map_err(|e| Error::Validate(Box::new(e)))?;
     let roots = match &settings.ca_cert {
         None => None,
         Some(path) => {
-            let fail =
-                |e: String| format!("Error loading the CA certificate: {} : {e}", path.display());
+            let fail = |e: Error| Error::Ca {
+                path: path.clone(),
+                source: Box::new(e),
+            };
             let mut store = RootCertStore::empty();
             for cert in read_certs(path).map_err(fail)? {
-                store
-                    .add(cert)
-                    .map_err(|e| fail(format!("not a usable CA certificate: {e}")))?;
+                store.add(cert).map_err(|e| fail(Error::CaCertificate(e)))?;
             }
             Some(Arc::new(store))
         }
@@ -300,7 +307,7 @@ pub fn load(settings: &Settings) -> Result<Material, String> {
 pub fn tls12_suites(
     list: &str,
     all: &[rustls::SupportedCipherSuite],
-) -> Result<Vec<rustls::SupportedCipherSuite>, String> {
+) -> Result<Vec<rustls::SupportedCipherSuite>, Error> {
     let mut keep: Vec<rustls::SupportedCipherSuite> = Vec::new();
     let mut add = |s: rustls::SupportedCipherSuite| {
         if !keep.iter().any(|k| k.suite() == s.suite()) {
@@ -327,14 +334,14 @@ pub fn tls12_suites(
         }
     }
     if keep.is_empty() {
-        return Err(format!("Error setting the provided cipher(s): {list}"));
+        return Err(Error::Ciphers(list.to_string()));
     }
     Ok(keep)
 }
 
 /// Check an `ssl_ciphers` list against the suites this build offers (at startup, before the
 /// files are read).
-pub fn check_ciphers(list: &str) -> Result<(), String> {
+pub fn check_ciphers(list: &str) -> Result<(), Error> {
     tls12_suites(
         list,
         &rustls::crypto::ring::default_provider().cipher_suites,
@@ -361,7 +368,7 @@ pub fn build(
     settings: &Settings,
     peer: Peer,
     sessions: Arc<dyn StoresServerSessions>,
-) -> Result<Arc<ServerConfig>, String> {
+) -> Result<Arc<ServerConfig>, Error> {
     let mut provider = rustls::crypto::ring::default_provider();
     if let Some(list) = &settings.ciphers {
         let tls12 = tls12_suites(list, &provider.cipher_suites)?;
@@ -376,7 +383,7 @@ pub fn build(
     let provider = Arc::new(provider);
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(versions)
-        .map_err(|e| format!("TLS settings: {e}"))?;
+        .map_err(Error::Versions)?;
     let verify = match peer {
         Peer::Never => VerifyMode::None,
         Peer::Require => VerifyMode::Require,
@@ -389,21 +396,13 @@ pub fn build(
         (VerifyMode::Request, None) => {
             builder.with_client_cert_verifier(Arc::new(NoTrustedIssuers { provider }))
         }
-        (_, None) => {
-            return Err(
-                "verifying client certificates (ssl_verify_mode 2-3 or an mtls: listener) \
-                 needs ssl_ca_cert"
-                    .to_string(),
-            )
-        }
+        (_, None) => return Err(Error::NoCaToVerify),
         (mode, Some(roots)) => {
             let mut v = WebPkiClientVerifier::builder_with_provider(roots, provider);
             if mode == VerifyMode::Request {
                 v = v.allow_unauthenticated();
             }
-            let verifier = v
-                .build()
-                .map_err(|e| format!("Error loading the CA certificate: {e}"))?;
+            let verifier = v.build().map_err(Error::Verifier)?;
             builder.with_client_cert_verifier(verifier)
         }
     };
@@ -426,11 +425,11 @@ pub fn config_from_der(
     key: PrivateKeyDer<'static>,
     settings: &Settings,
     peer: Peer,
-) -> Result<Arc<ServerConfig>, String> {
+) -> Result<Arc<ServerConfig>, Error> {
     let key = rustls::crypto::ring::default_provider()
         .key_provider
         .load_private_key(key)
-        .map_err(|e| format!("Error loading the key: {e}"))?;
+        .map_err(Error::KeyDer)?;
     let material = Material {
         chain,
         key,
@@ -574,7 +573,7 @@ pub struct ServerTls {
 
 impl ServerTls {
     /// Read the files and build every configuration; the error is memcached's message.
-    pub fn new(settings: Settings) -> Result<ServerTls, String> {
+    pub fn new(settings: Settings) -> Result<ServerTls, Error> {
         let counters = Arc::new(Counters::default());
         let sessions: Arc<dyn StoresServerSessions> = if settings.session_cache {
             Arc::new(CountingCache {
@@ -596,7 +595,7 @@ impl ServerTls {
     fn configs(
         settings: &Settings,
         sessions: &Arc<dyn StoresServerSessions>,
-    ) -> Result<Configs, String> {
+    ) -> Result<Configs, Error> {
         let material = load(settings)?;
         let default = build(&material, settings, Peer::Default, sessions.clone())?;
         let never = build(&material, settings, Peer::Never, sessions.clone()).ok();
@@ -613,8 +612,8 @@ impl ServerTls {
     }
 
     /// Whether a listener with this policy can be served (checked at startup).
-    pub fn supports(&self, peer: Peer) -> Result<(), String> {
-        let configs = self.configs.read().map_err(|_| "TLS state poisoned")?;
+    pub fn supports(&self, peer: Peer) -> Result<(), Error> {
+        let configs = self.configs.read().map_err(|_| Error::Poisoned)?;
         let ok = match peer {
             Peer::Default => true,
             Peer::Never => configs.never.is_some(),
@@ -623,34 +622,31 @@ impl ServerTls {
         if ok {
             Ok(())
         } else {
-            Err("an mtls: listener needs ssl_ca_cert (the CAs client certificates chain to)".into())
+            Err(Error::MtlsWithoutCa)
         }
     }
 
     /// Re-read the certificate, key and CA files (`refresh_certs`). On failure the
     /// configurations in use stay, and the error is memcached's message.
-    pub fn refresh(&self) -> Result<(), String> {
+    pub fn refresh(&self) -> Result<(), Error> {
         let fresh = Self::configs(&self.settings, &self.sessions)?;
-        let mut configs = self
-            .configs
-            .write()
-            .map_err(|_| "TLS state poisoned".to_string())?;
+        let mut configs = self.configs.write().map_err(|_| Error::Poisoned)?;
         *configs = fresh;
         Ok(())
     }
 
     /// A new server-side session for a connection accepted on a listener with `peer`.
-    pub fn accept(&self, peer: Peer) -> Result<ServerConnection, String> {
+    pub fn accept(&self, peer: Peer) -> Result<ServerConnection, Error> {
         let config = {
-            let configs = self.configs.read().map_err(|_| "TLS state poisoned")?;
+            let configs = self.configs.read().map_err(|_| Error::Poisoned)?;
             match peer {
                 Peer::Default => Some(configs.default.clone()),
                 Peer::Never => configs.never.clone(),
                 Peer::Require => configs.require.clone(),
             }
         };
-        let config = config.ok_or("no TLS configuration for this listener")?;
-        ServerConnection::new(config).map_err(|e| e.to_string())
+        let config = config.ok_or(Error::NoConfig)?;
+        Ok(ServerConnection::new(config)?)
     }
 }
 
@@ -729,11 +725,14 @@ mod tests {
         let pem = crate::testcert::pem("RSA PRIVATE KEY", b"\x30\x03\x02\x01\x00");
         s.key = Some(dir.write("bad.pem", pem.as_bytes()));
         s.key_format = KeyFormat::Pem;
-        let e = ServerTls::new(s.clone()).err().expect("not a key");
+        let e = ServerTls::new(s.clone())
+            .err()
+            .expect("not a key")
+            .to_string();
         assert!(e.starts_with("Error loading the key: "), "{e}");
         s.key = Some(dir.write("bad.der", b"not a key"));
         s.key_format = KeyFormat::Der;
-        let e = ServerTls::new(s).err().expect("not a key");
+        let e = ServerTls::new(s).err().expect("not a key").to_string();
         assert!(e.starts_with("Error loading the key: "), "{e}");
     }
 
@@ -755,12 +754,15 @@ mod tests {
         // The same checks as for any certificate: a key that is not its own is refused.
         let other = ca.issue_v1("localhost");
         s.key = Some(dir.write("other.pem", other.key_pem().as_bytes()));
-        let e = ServerTls::new(s.clone()).err().expect("mismatch");
+        let e = ServerTls::new(s.clone())
+            .err()
+            .expect("mismatch")
+            .to_string();
         assert!(e.starts_with("Error validating the certificate: "), "{e}");
         // A CERTIFICATE block that holds no certificate.
         let junk = crate::testcert::pem("CERTIFICATE", b"\x30\x03\x02\x01\x00");
         s.chain_cert = Some(dir.write("junk.pem", junk.as_bytes()));
-        let e = ServerTls::new(s.clone()).err().expect("junk");
+        let e = ServerTls::new(s.clone()).err().expect("junk").to_string();
         assert!(
             e.starts_with("Error loading the certificate chain: ") && e.contains("not an X.509"),
             "{e}"
@@ -769,7 +771,10 @@ mod tests {
         let chain = format!("{}{junk}", v1.cert_pem());
         s.chain_cert = Some(dir.write("chain.pem", chain.as_bytes()));
         s.key = Some(dir.write("key.pem", v1.key_pem().as_bytes()));
-        let e = ServerTls::new(s).err().expect("junk in the chain");
+        let e = ServerTls::new(s)
+            .err()
+            .expect("junk in the chain")
+            .to_string();
         assert!(e.contains("certificate 2: not an X.509"), "{e}");
     }
 
@@ -792,7 +797,7 @@ mod tests {
         );
         for mode in [VerifyMode::Require, VerifyMode::Once] {
             s.verify_mode = mode;
-            let e = ServerTls::new(s.clone()).err().expect("no CA");
+            let e = ServerTls::new(s.clone()).err().expect("no CA").to_string();
             assert!(e.contains("ssl_ca_cert"), "{e}");
         }
     }
@@ -805,7 +810,7 @@ mod tests {
             chain_cert: Some(dir.join("missing.pem")),
             ..Settings::default()
         };
-        let e = load(&s).err().expect("missing");
+        let e = load(&s).err().expect("missing").to_string();
         assert!(
             e.starts_with("Error loading the certificate chain: "),
             "{e}"
@@ -814,7 +819,10 @@ mod tests {
         let cert = dir.join("cert.pem");
         std::fs::write(&cert, ck.cert_pem()).expect("write");
         s.chain_cert = Some(cert.clone());
-        let e = load(&s).err().expect("no key in the chain file");
+        let e = load(&s)
+            .err()
+            .expect("no key in the chain file")
+            .to_string();
         assert!(e.starts_with("Error loading the key: "), "{e}");
         let key = dir.join("key.pem");
         std::fs::write(&key, ck.key_pem()).expect("write");
@@ -823,12 +831,15 @@ mod tests {
         // A key that is not the certificate's.
         let other = crate::testcert::self_signed("other");
         std::fs::write(&key, other.key_pem()).expect("write");
-        let e = ServerTls::new(s.clone()).err().expect("mismatch");
+        let e = ServerTls::new(s.clone())
+            .err()
+            .expect("mismatch")
+            .to_string();
         assert!(e.starts_with("Error validating the certificate"), "{e}");
         // Verification without a CA.
         std::fs::write(&key, ck.key_pem()).expect("write");
         s.verify_mode = VerifyMode::Require;
-        let e = ServerTls::new(s.clone()).err().expect("no CA");
+        let e = ServerTls::new(s.clone()).err().expect("no CA").to_string();
         assert!(e.contains("ssl_ca_cert"), "{e}");
         s.verify_mode = VerifyMode::None;
         let tls = ServerTls::new(s).expect("ok");

@@ -6,6 +6,7 @@
 //! still makes when no extensions are asked for. The server reads its certificate's outline
 //! here instead: a file that is not a certificate is refused, any version is served.
 
+use crate::Error;
 use x509_cert::certificate::{CertificateInner, Raw};
 use x509_cert::der::{Decode, Encode};
 use x509_cert::Version;
@@ -36,8 +37,8 @@ pub struct Outline {
 /// ```
 ///
 /// An error (naming what is wrong, as the decoder says it) when `der` is not one.
-pub fn outline(der: &[u8]) -> Result<Outline, String> {
-    let bad = |e: x509_cert::der::Error| format!("not an X.509 certificate ({e})");
+pub fn outline(der: &[u8]) -> Result<Outline, Error> {
+    let bad = Error::NotX509;
     let cert = Certificate::from_der(der).map_err(bad)?;
     let tbs = cert.tbs_certificate();
     let version = match tbs.version() {
@@ -98,7 +99,11 @@ mod tests {
         let key = ca.issue("localhost", false, false).key_der_bytes();
         assert!(outline(&key).is_err());
         // The errors say so, as the server's messages carry them.
-        let e = outline(&good[..good.len() - 1]).err().unwrap_or_default();
+        let Err(e) = outline(&good[..good.len() - 1]) else {
+            panic!("a certificate cut short was read");
+        };
+        assert!(matches!(e, Error::NotX509(_)), "{e:?}");
+        let e = e.to_string();
         assert!(e.starts_with("not an X.509 certificate ("), "{e}");
     }
 

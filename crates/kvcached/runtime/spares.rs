@@ -1,0 +1,269 @@
+//! A worker's spare input buffers ([`Spares`]): a runtime pool, lent to its connections for
+//! large requests and given back when they are done. The executors never see it.
+
+use crate::state::stats::WorkerStats;
+
+/// Input buffers that connections gave back after a large request, kept by their worker for
+/// the next one: a stream of large sets then reads each value into a buffer already of its
+/// size, rather than growing a new one by doubling (a copy of what arrived at each step) and
+/// clearing it. memcached keeps its read buffers per thread likewise.
+///
+/// At most [`Spares::MAX_BUFS`] buffers and [`Spares::MAX_BYTES`] bytes per worker (a
+/// quarter of the worker's share of `-o read_buf_mem_limit`, if that is less); they count
+/// in `read_buf_count` and `read_buf_bytes`, and in `read_buf_bytes_free`. A spare keeps
+/// its initialized length, so that refilling it clears nothing.
+///
+/// They also serve a connection whose last request did not fit one receive buffer: it reads
+/// its next request straight into one ([`Spares::for_next`]; a new buffer of
+/// [`Spares::MIN_BYTES`] when none is kept). Under io_uring the buffer is lent to the
+/// kernel while the connection waits; at most [`Spares::MAX_BUFS`] connections of a worker
+/// wait so ([`Spares::lend`]), so idle connections hold a bounded number of buffers.
+#[derive(Debug)]
+pub struct Spares {
+    bufs: Vec<Vec<u8>>,
+    bytes: usize,
+    max_bytes: usize,
+    /// Buffers lent to connections waiting for their next request.
+    lent: usize,
+}
+
+impl Default for Spares {
+    fn default() -> Spares {
+        Spares::new(0)
+    }
+}
+
+impl Spares {
+    pub const MAX_BUFS: usize = 16;
+    pub const MAX_BYTES: usize = 4 << 20;
+    /// Smaller buffers are not worth keeping: growing one costs little.
+    pub const MIN_BYTES: usize = 16 * 1024;
+
+    /// Spares for a worker whose connections may hold `buffer_limit` bytes (0: no limit).
+    pub fn new(buffer_limit: usize) -> Spares {
+        let max_bytes = match buffer_limit {
+            0 => Self::MAX_BYTES,
+            limit => Self::MAX_BYTES.min(limit / 4),
+        };
+        Spares {
+            bufs: Vec::new(),
+            bytes: 0,
+            max_bytes,
+            lent: 0,
+        }
+    }
+
+    /// Keep `buf` (its contents are dead) if it is worth it and there is room; when full, a
+    /// larger buffer replaces the smallest.
+    pub fn put(&mut self, buf: Vec<u8>, stats: &WorkerStats) {
+        let cap = buf.capacity();
+        if !(Self::MIN_BYTES..=self.max_bytes).contains(&cap) {
+            return;
+        }
+        if self.bufs.len() == Self::MAX_BUFS || self.bytes + cap > self.max_bytes {
+            let Some((i, smallest)) = self
+                .bufs
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, b)| b.capacity())
+                .map(|(i, b)| (i, b.capacity()))
+            else {
+                return;
+            };
+            if smallest >= cap || self.bytes - smallest + cap > self.max_bytes {
+                return;
+            }
+            let old = self.bufs.swap_remove(i);
+            self.bytes -= smallest;
+            stats.buffers.spare(old.capacity(), false);
+        }
+        self.bytes += cap;
+        stats.buffers.spare(cap, true);
+        self.bufs.push(buf);
+    }
+
+    /// A spare for a request of `need` bytes, for a connection whose buffer has `cap` bytes:
+    /// the smallest that holds the request, else the largest if it is larger than `cap`.
+    /// `allows` says whether the connection may hold a buffer of so many bytes.
+    pub fn take(
+        &mut self,
+        need: usize,
+        cap: usize,
+        allows: impl Fn(usize) -> bool,
+        stats: &WorkerStats,
+    ) -> Option<Vec<u8>> {
+        let fits = self
+            .bufs
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| b.capacity() >= need)
+            .min_by_key(|(_, b)| b.capacity());
+        let pick = match fits {
+            Some((i, _)) => i,
+            None => {
+                self.bufs
+                    .iter()
+                    .enumerate()
+                    .max_by_key(|(_, b)| b.capacity())
+                    .filter(|(_, b)| b.capacity() > cap)?
+                    .0
+            }
+        };
+        if !allows(self.bufs[pick].capacity()) {
+            return None;
+        }
+        let buf = self.bufs.swap_remove(pick);
+        self.bytes -= buf.capacity();
+        stats.buffers.spare(buf.capacity(), false);
+        Some(buf)
+    }
+
+    /// A buffer to read a connection's next request into, when its last did not fit a
+    /// receive buffer: a spare (the smallest that holds `need` bytes, else the largest), or
+    /// a new buffer of [`Spares::MIN_BYTES`] (zeroed) when none is kept. Given back with
+    /// [`Spares::put`] like any input buffer, it then serves the next such request.
+    pub fn for_next(
+        &mut self,
+        need: usize,
+        allows: impl Fn(usize) -> bool,
+        stats: &WorkerStats,
+    ) -> Option<Vec<u8>> {
+        if let Some(buf) = self.take(need, 0, &allows, stats) {
+            return Some(buf);
+        }
+        allows(Self::MIN_BYTES).then(|| vec![0; Self::MIN_BYTES])
+    }
+
+    /// Whether one more connection may wait for its next request with a buffer lent to the
+    /// kernel (counted until [`Spares::lend_end`]).
+    pub fn lend(&mut self) -> bool {
+        if self.lent >= Self::MAX_BUFS {
+            return false;
+        }
+        self.lent += 1;
+        true
+    }
+
+    /// A connection that waited with a lent buffer ([`Spares::lend`]) has it back, or closed.
+    pub fn lend_end(&mut self) {
+        self.lent = self.lent.saturating_sub(1);
+    }
+
+    /// Connections waiting with a lent buffer.
+    #[cfg(test)]
+    pub fn lent(&self) -> usize {
+        self.lent
+    }
+
+    /// Bytes kept.
+    #[cfg(test)]
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn buf(cap: usize) -> Vec<u8> {
+        Vec::with_capacity(cap)
+    }
+
+    #[test]
+    fn spares_keep_large_buffers_within_their_bounds_and_count_them() {
+        let stats = WorkerStats::default();
+        let mut spares = Spares::new(0);
+        spares.put(buf(Spares::MIN_BYTES - 1), &stats);
+        assert_eq!(spares.bytes(), 0, "too small to keep");
+        spares.put(buf(Spares::MAX_BYTES + 1), &stats);
+        assert_eq!(spares.bytes(), 0, "too large to keep");
+        for _ in 0..Spares::MAX_BUFS + 2 {
+            spares.put(buf(64 * 1024), &stats);
+        }
+        let kept = Spares::MAX_BUFS * 64 * 1024;
+        assert!(spares.bytes() >= kept);
+        assert_eq!(spares.bufs.len(), Spares::MAX_BUFS);
+        // When full, a larger buffer replaces the smallest; a smaller one is dropped.
+        spares.put(buf(128 * 1024), &stats);
+        assert_eq!(spares.bufs.len(), Spares::MAX_BUFS);
+        assert_eq!(
+            spares.bytes(),
+            spares.bufs.iter().map(Vec::capacity).sum::<usize>()
+        );
+        let b = stats.buffers.read_buf_bytes_free.get() as usize;
+        assert_eq!(b, spares.bytes(), "read_buf_bytes_free");
+        assert_eq!(stats.buffers.read_buf_bytes.get() as usize, spares.bytes());
+        assert_eq!(
+            stats.buffers.read_buf_count.get() as usize,
+            Spares::MAX_BUFS
+        );
+    }
+
+    #[test]
+    fn a_spare_is_the_smallest_that_holds_the_request_else_the_largest() {
+        let stats = WorkerStats::default();
+        let mut spares = Spares::new(0);
+        for cap in [32 * 1024, 300 * 1024, 1 << 20] {
+            spares.put(buf(cap), &stats);
+        }
+        let yes = |_| true;
+        let got = spares.take(200 * 1024, 0, yes, &stats).unwrap();
+        assert!(got.capacity() >= 300 * 1024 && got.capacity() < 1 << 20);
+        let got = spares.take(2 << 20, 0, yes, &stats).unwrap();
+        assert!(got.capacity() >= 1 << 20);
+        // Nothing larger than the connection's own buffer: nothing.
+        assert!(spares.take(2 << 20, 64 * 1024, yes, &stats).is_none());
+        // A spare the buffer limit does not allow stays.
+        assert!(spares.take(1024, 0, |_| false, &stats).is_none());
+        assert!(spares.take(1024, 0, yes, &stats).is_some());
+        assert_eq!(spares.bytes(), 0);
+        assert_eq!(stats.buffers.read_buf_bytes_free.get(), 0);
+        assert_eq!(stats.buffers.read_buf_count.get(), 0);
+    }
+
+    #[test]
+    fn a_buffer_for_the_next_request_is_a_spare_or_a_new_one_and_lends_are_bounded() {
+        let stats = WorkerStats::default();
+        let mut spares = Spares::new(0);
+        let yes = |_| true;
+        // None kept: a new, zeroed buffer of the smallest size kept, not counted as a spare.
+        let fresh = spares.for_next(64 * 1024, yes, &stats).unwrap();
+        assert_eq!(fresh.len(), Spares::MIN_BYTES);
+        assert!(fresh.iter().all(|&b| b == 0));
+        assert_eq!(stats.buffers.read_buf_count.get(), 0);
+        // Not even that when the buffer limit refuses it.
+        assert!(spares.for_next(64 * 1024, |_| false, &stats).is_none());
+        // Given back, it is the next one's.
+        let ptr = fresh.as_ptr();
+        spares.put(fresh, &stats);
+        let again = spares.for_next(64 * 1024, yes, &stats).unwrap();
+        assert_eq!(again.as_ptr(), ptr);
+        assert_eq!(spares.bytes(), 0);
+        // At most MAX_BUFS connections wait with a lent buffer; one that ends makes room.
+        for _ in 0..Spares::MAX_BUFS {
+            assert!(spares.lend());
+        }
+        assert!(!spares.lend());
+        spares.lend_end();
+        assert_eq!(spares.lent(), Spares::MAX_BUFS - 1);
+        assert!(spares.lend());
+        for _ in 0..Spares::MAX_BUFS + 3 {
+            spares.lend_end();
+        }
+        assert_eq!(spares.lent(), 0);
+    }
+
+    #[test]
+    fn spares_take_at_most_a_quarter_of_the_buffer_limit() {
+        let stats = WorkerStats::default();
+        let mut spares = Spares::new(256 * 1024);
+        spares.put(buf(64 * 1024), &stats);
+        spares.put(buf(64 * 1024), &stats);
+        assert!(
+            spares.bytes() <= 64 * 1024 + 1024,
+            "kept {}",
+            spares.bytes()
+        );
+    }
+}
