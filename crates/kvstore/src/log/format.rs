@@ -319,6 +319,29 @@ unsafe fn get_u32(p: *const u8, at: &mut usize, end: usize) -> Option<u32> {
     Some(u32::from_le_bytes(b))
 }
 
+/// The client flags (varint) and expiry (u32) at `at`, each 0 when its field is absent.
+///
+/// # Safety
+/// As for [`get_varint`].
+unsafe fn flags_and_exptime(
+    p: *const u8,
+    at: &mut usize,
+    end: usize,
+    has_flags: bool,
+    has_exptime: bool,
+) -> Option<(u32, u32)> {
+    // SAFETY: forwarded; both helpers stop at `end`.
+    unsafe {
+        let flags = if has_flags {
+            get_varint(p, at, end, 5)? as u32
+        } else {
+            0
+        };
+        let exptime = if has_exptime { get_u32(p, at, end)? } else { 0 };
+        Some((flags, exptime))
+    }
+}
+
 /// The published state byte at `off`, if any.
 ///
 /// # Safety
@@ -397,16 +420,13 @@ pub(crate) unsafe fn read<'a>(
             };
             (kind, klen, vlen, true)
         };
-        let flags = if state & HAS_FLAGS != 0 {
-            get_varint(p, &mut at, end, 5)? as u32
-        } else {
-            0
-        };
-        let exptime = if state & HAS_EXPTIME != 0 {
-            get_u32(p, &mut at, end)?
-        } else {
-            0
-        };
+        let (flags, exptime) = flags_and_exptime(
+            p,
+            &mut at,
+            end,
+            state & HAS_FLAGS != 0,
+            state & HAS_EXPTIME != 0,
+        )?;
         let mut cas = natural_cas(cas_base, off);
         let (mut stamp, mut meta, mut explicit_cas) = (0, 0, None);
         if long && state & HAS_EXT != 0 {
@@ -442,7 +462,7 @@ pub(crate) unsafe fn read<'a>(
 /// The record format of version 1 (segments of snapshot files of format 3 and earlier):
 /// read only, by the loaders of such files, which write each record anew.
 pub(crate) mod v1 {
-    use super::{body, get_byte, get_u32, get_varint, state_at, unzigzag, Rec};
+    use super::{body, flags_and_exptime, get_byte, get_varint, state_at, unzigzag, Rec};
     use super::{KIND_ITEM, KIND_TOMBSTONE, META_BINARY_KEY, META_STALE};
 
     /// The segment header's version of this format.
@@ -479,16 +499,13 @@ pub(crate) mod v1 {
             let vlen = get_varint(p, &mut at, end, 5)? as usize;
             let zz = get_varint(p, &mut at, end, 10)?;
             let cas = cas_base.wrapping_add(unzigzag(zz) as u64);
-            let flags = if state & HAS_FLAGS != 0 {
-                get_varint(p, &mut at, end, 5)? as u32
-            } else {
-                0
-            };
-            let exptime = if state & HAS_EXPTIME != 0 {
-                get_u32(p, &mut at, end)?
-            } else {
-                0
-            };
+            let (flags, exptime) = flags_and_exptime(
+                p,
+                &mut at,
+                end,
+                state & HAS_FLAGS != 0,
+                state & HAS_EXPTIME != 0,
+            )?;
             let stamp = if state & HAS_STAMP != 0 {
                 get_varint(p, &mut at, end, 10)?
             } else {
