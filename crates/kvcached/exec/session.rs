@@ -65,13 +65,13 @@ impl Drop for Session {
 pub enum Resume {
     #[default]
     Start,
-    /// At this bucket of the item index.
-    Bucket(usize),
+    /// At this point of a walk of the item index.
+    Bucket(kvstore::ScanCursor),
     /// After this prefix.
     After(Vec<u8>),
     /// `stats cachedump`: at this bucket, with `shown` items and `written` bytes so far.
     CacheDump {
-        bucket: usize,
+        bucket: kvstore::ScanCursor,
         shown: u32,
         written: usize,
     },

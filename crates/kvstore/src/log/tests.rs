@@ -1655,3 +1655,43 @@ fn a_million_adversarial_keys_make_no_long_chain() {
         }
     }
 }
+
+/// A scan in many calls sees each item that stays in place once, while the index grows
+/// between its calls (splits move items of buckets already visited to buckets not yet
+/// visited); items stored meanwhile are seen at most once.
+#[test]
+fn a_scan_sees_each_item_once_while_the_index_grows() {
+    let e = LogEngine::new(cfg(256 << 20));
+    let first: Vec<String> = (0..2000).map(|i| format!("a{i}")).collect();
+    for k in &first {
+        set(&e, k.as_bytes(), b"v", 1);
+    }
+    let nmain_before = e.index.nmain();
+    let mut seen: std::collections::HashMap<Vec<u8>, u32> = Default::default();
+    let mut cursor = crate::ScanCursor::default();
+    let mut n = 0;
+    loop {
+        let next = e.scan(cursor, 4, 1, &mut |item| {
+            *seen.entry(item.key.to_vec()).or_default() += 1;
+        });
+        // Between calls, items enough to split buckets on both sides of the cursor.
+        for i in 0..400 {
+            set(&e, format!("b{n}-{i}").as_bytes(), b"v", 1);
+        }
+        e.maintain(1, false);
+        n += 1;
+        match next {
+            Some(c) => cursor = c,
+            None => break,
+        }
+    }
+    assert!(
+        e.index.nmain() > nmain_before * 2,
+        "the index grew during the scan ({nmain_before} -> {})",
+        e.index.nmain()
+    );
+    for k in &first {
+        assert_eq!(seen.get(k.as_bytes()), Some(&1), "{k}");
+    }
+    assert!(seen.values().all(|&c| c == 1), "an item seen twice");
+}
