@@ -287,9 +287,19 @@ fn maintenance_loop(shared: &Shared) {
         });
     }
     while !shared.shutting_down() {
+        let now = shared.clock.now();
+        if shared.crawler.running() {
+            // `lru_crawler crawl`: a whole pass of the sweep now, then the crawl is done.
+            for _ in 0..shared.engine.sweep_calls() {
+                shared.engine.maintain(now, true);
+            }
+            shared.crawler.finish();
+        } else {
+            shared.engine.maintain(now, shared.crawler.enabled());
+        }
         shared
-            .engine
-            .maintain(shared.clock.now(), shared.config.lru_crawler);
+            .hash_power
+            .note_items(shared.engine.stats().curr_items);
         shared.repl.check_min_replicas(&shared.config);
         shared.repl.forget_followers(&shared.engine);
         if n % 5 == 0 {

@@ -55,7 +55,7 @@ pub fn dump(ctx: &mut Ctx<'_>, s: &mut Session, kind: DumpKind, classes: &[u8]) 
         _ => None,
     };
     if resumed.is_none() {
-        if !config.lru_crawler {
+        if !ctx.shared.crawler.enabled() {
             s.out
                 .extend_from_slice(b"CLIENT_ERROR lru crawler disabled\r\n");
             return Step::Next;

@@ -290,17 +290,52 @@ fn admin(ctx: &mut Ctx<'_>, s: &mut Session, name: &[u8], args: proto::Tokens<'_
         return watch(ctx, s, &toks);
     }
     if name == b"lru_crawler" {
-        if let [sub, classes] = toks[..] {
-            if let Some(kind) = kvproto::admin::dump_kind(sub) {
-                return items::dump(ctx, s, kind, classes);
-            }
-        }
+        return lru_crawler(ctx, s, &toks);
     }
     let reply: &[u8] = match name {
         b"slabs" => b"CLIENT_ERROR slab reassignment disabled\r\n",
-        b"lru_crawler" => b"CLIENT_ERROR lru crawler disabled\r\n",
         b"lru" => b"CLIENT_ERROR lru tuning not supported\r\n",
         _ => proto::ERROR,
+    };
+    s.out.extend_from_slice(reply);
+    Step::Next
+}
+
+/// `lru_crawler ...` (well-formed), with memcached 1.6.45's replies. `enable` and `disable`
+/// switch the background expiry sweep; `crawl` asks the maintenance thread for a whole pass
+/// of it (every class: the sweep does not go by class), `lru_crawler_running` until done;
+/// `tocrawl` and `sleep` pace memcached's crawler and are accepted without effect, as their
+/// `-o` forms are.
+fn lru_crawler(ctx: &mut Ctx<'_>, s: &mut Session, args: &[&[u8]]) -> Step {
+    use kvproto::admin::{crawler_classes, CrawlerClasses, CrawlerCommand};
+    let crawler = &ctx.shared.crawler;
+    let reply: &[u8] = match kvproto::admin::crawler_command(args) {
+        Some(CrawlerCommand::Dump(kind, classes)) => return items::dump(ctx, s, kind, classes),
+        Some(CrawlerCommand::Crawl(_)) if !crawler.enabled() => {
+            b"CLIENT_ERROR lru crawler disabled\r\n"
+        }
+        Some(CrawlerCommand::Crawl(classes)) => match crawler_classes(classes) {
+            CrawlerClasses::Bad => b"BADCLASS invalid class id\r\n",
+            CrawlerClasses::None => b"NOTSTARTED no items to crawl\r\n",
+            CrawlerClasses::All | CrawlerClasses::Some(_) => {
+                if crawler.request() {
+                    ctx.shared.wake_maintenance();
+                    proto::OK
+                } else {
+                    b"BUSY currently processing crawler request\r\n"
+                }
+            }
+        },
+        Some(CrawlerCommand::Enable) => {
+            crawler.set_enabled(true);
+            proto::OK
+        }
+        Some(CrawlerCommand::Disable) => {
+            crawler.set_enabled(false);
+            proto::OK
+        }
+        Some(CrawlerCommand::Tune) => proto::OK,
+        None => proto::ERROR,
     };
     s.out.extend_from_slice(reply);
     Step::Next

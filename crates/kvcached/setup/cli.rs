@@ -372,7 +372,6 @@ struct Builder {
     slab_growth_factor: f64,
     hot_lru_pct: u32,
     warm_lru_pct: u32,
-    lru_maintainer: bool,
     temporary_ttl: bool,
     /// `-o ext_path` was given (extstore would be on).
     ext_path: bool,
@@ -637,7 +636,6 @@ impl Builder {
             slab_growth_factor: 1.25,
             hot_lru_pct: 20,
             warm_lru_pct: 40,
-            lru_maintainer: true,
             temporary_ttl: false,
             ext_path: false,
             ext_wbuf_size: 4 << 20,
@@ -976,7 +974,9 @@ impl Builder {
 
             // Accepted and ignored, values checked as memcached checks them.
             "hashpower" => {
-                int_in::<u32>(sp, &need(val)?, 12, 32, "a number from 12 to 32")?;
+                // Only the level `stats` reports starts there: kvcached's index sizes itself.
+                self.cfg.hashpower =
+                    int_in::<u32>(sp, &need(val)?, 12, 32, "a number from 12 to 32")?;
                 self.ignored(sp);
             }
             "tail_repair_time" => {
@@ -1051,11 +1051,11 @@ impl Builder {
             "lru_crawler" => self.cfg.lru_crawler = true,
             "no_lru_crawler" => self.cfg.lru_crawler = false,
             "lru_maintainer" => {
-                self.lru_maintainer = true;
+                self.cfg.lru_maintainer = true;
                 self.ignored(sp);
             }
             "no_lru_maintainer" => {
-                self.lru_maintainer = false;
+                self.cfg.lru_maintainer = false;
                 self.ignored(sp);
             }
             "hot_lru_pct" | "warm_lru_pct" => {
@@ -1097,12 +1097,19 @@ impl Builder {
                 self.classes_only(sp);
             }
             "no_modern" => {
-                self.lru_maintainer = false;
+                // As memcached: no slab mover, no LRU maintainer, no LRU crawler (a later
+                // `-o lru_crawler` turns the crawler back on), and connections over -c
+                // wait in the backlog (no_maxconns_fast).
+                self.cfg.maxconns_fast = false;
+                self.cfg.lru_maintainer = false;
+                self.cfg.slab_reassign = false;
+                self.cfg.lru_crawler = false;
+            }
+            "slab_reassign" | "no_slab_reassign" => {
+                self.cfg.slab_reassign = key == "slab_reassign";
                 self.ignored(sp);
             }
             "no_hashexpand"
-            | "slab_reassign"
-            | "no_slab_reassign"
             | "no_slab_automove"
             | "inline_ascii_resp"
             | "no_inline_ascii_resp"
@@ -1302,7 +1309,7 @@ impl Builder {
                 self.hot_lru_pct, self.warm_lru_pct
             ));
         }
-        if self.temporary_ttl && !self.lru_maintainer {
+        if self.temporary_ttl && !cfg.lru_maintainer {
             return Err(
                 "-o temporary_ttl needs the LRU maintainer (drop no_lru_maintainer \
                         and no_modern)"
@@ -1523,13 +1530,15 @@ Replication (kvcached's own)
 Extended options: -o, --extended=OPT[,OPT=VALUE...]
   idle_timeout=SECONDS        close connections idle this long; 0 never (default 0)
   maxconns_fast               over -c, answer a new connection with an error and close
-                              it (default); no_maxconns_fast leaves it queued instead
+                              it (default); no_maxconns_fast (or no_modern) leaves it
+                              queued instead
   read_buf_mem_limit=MB       memory all connections' read and reply buffers may hold
                               together; 0 no limit (default 0). Over it a connection that
                               needs more is closed (read_buf_oom, response_obj_oom) and a
                               get answers SERVER_ERROR out of memory writing get response
   lru_crawler                 reclaim expired items in the background (default);
-                              no_lru_crawler leaves them until a request finds them
+                              no_lru_crawler (or no_modern) leaves them until a request
+                              finds them; `lru_crawler enable|disable` at run time
   evict_size_factor=N         eviction keeps an item up to N times the mean item's
                               size once it was read, a larger one only if read more
                               often: more items, more hits, fewer bytes hit (kvcached's
@@ -1581,13 +1590,14 @@ Accepted for compatibility and ignored (logged at startup):
   slab_automove_ratio, slab_automove_window, slab_automove_freeratio,
   no_chunked_items, lru_crawler_sleep, lru_crawler_tocrawl,
   lru_maintainer, hot_lru_pct, warm_lru_pct, hot_max_factor, warm_max_factor,
-  temporary_ttl, watcher_logbuf_size, worker_logbuf_size, resp_obj_mem_limit, inline_ascii_resp, modern, no_modern,
+  temporary_ttl, watcher_logbuf_size, worker_logbuf_size, resp_obj_mem_limit, inline_ascii_resp, modern,
   drop_privileges, relaxed_privileges, sock_cookie_id, proxy_arg, proxy_uring,
   proxy_memprofile and ext_* (extstore settings); most have a no_ form. Their values
   are still checked as memcached checks them.
 
-Refused: -o proxy_config (no proxy mode), -o ssl_kernel_tls (TLS is in user space),
-  ssl_min_version 0 and 1 (TLS 1.0 and 1.1), ssl_keyformat 3 (OpenSSL engines).
+Refused: the option that starts memcached's proxy (no proxy mode), -o ssl_kernel_tls
+  (TLS is in user space), ssl_min_version 0 and 1 (TLS 1.0 and 1.1), ssl_keyformat 3
+  (OpenSSL engines).
 ",
         tcp_port = d.tcp_port,
         udp_port = d.udp_port,
@@ -2404,6 +2414,9 @@ mod tests {
                 assert!(t.contains("debug_clock"));
                 assert!(t.contains("ignored"));
                 assert!(t.contains("--replica-of"));
+                // Tools (memcached's own test suite among them) learn whether the proxy is
+                // built in by looking for its option's name in -h.
+                assert!(!t.contains("proxy_config"));
                 for o in OPTIONS.iter().filter(|o| o.short.is_ascii_alphabetic()) {
                     assert!(
                         t.contains(&format!("-{},", o.short as char))

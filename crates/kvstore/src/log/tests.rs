@@ -1719,14 +1719,20 @@ fn reclaimed_items_are_counted_per_band() {
     // `a` expired at 5: the store at 6 replaces it.
     assert!(matches!(set(&e, b"a", b"w", 6), StoreResult::Stored(_)));
     let (st, band) = (e.stats(), e.size_bands()[0]);
-    assert_eq!((st.reclaimed, band.reclaimed, band.crawler_reclaimed), (1, 1, 0));
+    assert_eq!(
+        (st.reclaimed, band.reclaimed, band.crawler_reclaimed),
+        (1, 1, 0)
+    );
     // `b` is found by the sweep.
     for _ in 0..e.sweep_calls() {
         e.maintain(6, true);
     }
     let (st, band) = (e.stats(), e.size_bands()[0]);
     assert_eq!((st.reclaimed, st.crawler_reclaimed), (2, 1));
-    assert_eq!((band.reclaimed, band.crawler_reclaimed, band.items), (2, 1, 1));
+    assert_eq!(
+        (band.reclaimed, band.crawler_reclaimed, band.items),
+        (2, 1, 1)
+    );
     e.reset_stats();
     assert_eq!(e.size_bands()[0].reclaimed, 0);
 }
