@@ -875,3 +875,66 @@ fn a_store_over_an_expired_or_flushed_item_reclaims_it() {
         "{items:?}"
     );
 }
+
+/// One binary request of `opcode` with `key` (no extras, no value).
+fn binary_packet(opcode: u8, key: &[u8]) -> Vec<u8> {
+    let mut p = vec![0x80, opcode, 0, key.len() as u8, 0, 0, 0, 0];
+    p.extend_from_slice(&(key.len() as u32).to_be_bytes());
+    p.extend_from_slice(&[0; 12]);
+    p.extend_from_slice(key);
+    p
+}
+
+/// Binary replies up to the one with an empty key and no error (a stat group's end) or an
+/// error: (status, key, value) each.
+fn binary_stats(c: &mut Client, key: &[u8]) -> Vec<(u16, Vec<u8>, Vec<u8>)> {
+    c.send(&binary_packet(0x10, key));
+    let mut out = Vec::new();
+    loop {
+        let h = c.exact(24);
+        let klen = u16::from_be_bytes([h[2], h[3]]) as usize;
+        let status = u16::from_be_bytes([h[6], h[7]]);
+        let total = u32::from_be_bytes([h[8], h[9], h[10], h[11]]) as usize;
+        let body = c.exact(total);
+        let (k, v) = body.split_at(klen.min(total));
+        out.push((status, k.to_vec(), v.to_vec()));
+        if status != 0 || klen == 0 {
+            return out;
+        }
+    }
+}
+
+/// The binary protocol's stat subcommands as memcached 1.6.45's `process_bin_stat` reads
+/// them: `detail on|off|dump` (a dump is one `detailed` stat), keys that start with
+/// `settings` or `reset`, and "Not found" (status 1) for anything else.
+#[test]
+fn binary_stat_subcommands_are_memcacheds() {
+    let s = kvcached(&[]);
+    let mut c = s.connect();
+    let end = (0u16, Vec::new(), Vec::new());
+    assert_eq!(binary_stats(&mut c, b"detail on"), vec![end.clone()]);
+    let mut text = s.connect();
+    assert_eq!(text.call("get a:1\r\n"), "END\r\n");
+    let dump = binary_stats(&mut c, b"detail dump");
+    assert_eq!(
+        dump,
+        vec![
+            (
+                0,
+                b"detailed".to_vec(),
+                b"PREFIX a get 1 hit 0 set 0 del 0\r\nEND\r\n".to_vec()
+            ),
+            end.clone()
+        ]
+    );
+    assert_eq!(binary_stats(&mut c, b"detail off"), vec![end.clone()]);
+    assert_eq!(text.call("get b:1\r\n"), "END\r\n");
+    assert_eq!(binary_stats(&mut c, b"detail bogus")[0].0, 1);
+    let settings = binary_stats(&mut c, b"settings please");
+    assert!(settings.iter().any(|(_, k, _)| k == b"detail_enabled"));
+    assert_eq!(binary_stats(&mut c, b"resetting"), vec![end]);
+    assert_eq!(binary_stats(&mut c, b"itemsx")[0].0, 1);
+    assert_eq!(binary_stats(&mut c, b"det")[0].0, 1);
+    let s = kvcached(&["-X"]);
+    assert_eq!(binary_stats(&mut s.connect(), b"detail on")[0].0, 1);
+}

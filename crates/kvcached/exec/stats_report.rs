@@ -68,6 +68,52 @@ pub fn classify(group: Option<&[u8]>) -> Group {
     }
 }
 
+/// Which group a binary `stat` key names: memcached's `process_bin_stat` takes a key that
+/// starts with `reset`, `settings` or `detail` as that group (`detail on`, `settings
+/// please`), and the others (`items`, `slabs`, `conns`, ...) whole.
+pub fn classify_binary(key: &[u8]) -> Group {
+    if key.is_empty() {
+        Group::General
+    } else if key.starts_with(b"reset") {
+        Group::Reset
+    } else if key.starts_with(b"settings") {
+        Group::Settings
+    } else if key.starts_with(b"detail") {
+        Group::Detail
+    } else {
+        match classify(Some(key)) {
+            // Whole names only, as memcached's get_stats compares them.
+            Group::Reset | Group::Settings | Group::Detail | Group::CacheDump => Group::Unknown,
+            Group::Conns if key != b"conns" => Group::Unknown,
+            g => g,
+        }
+    }
+}
+
+/// The binary protocol's `detail on`, `detail off` and `detail dump` (`rest` is what
+/// follows `detail`): None where memcached answers "Not found" (dumps not allowed, another
+/// subcommand); for a dump, the text memcached sends as the value of one `detailed` stat.
+pub fn detail_binary(ctx: &Ctx<'_>, rest: &[u8]) -> Option<Option<Vec<u8>>> {
+    let detail = &ctx.shared.detail;
+    if !ctx.shared.config.dump_enabled {
+        return None;
+    }
+    if rest.starts_with(b" dump") {
+        let mut text = Vec::new();
+        // At most 65,536 prefixes: one value, as memcached builds it.
+        let _ = detail.dump(None, &mut text, usize::MAX);
+        Some(Some(text))
+    } else if rest.starts_with(b" on") {
+        detail.set_enabled(true);
+        Some(None)
+    } else if rest.starts_with(b" off") {
+        detail.set_enabled(false);
+        Some(None)
+    } else {
+        None
+    }
+}
+
 /// Write the stats of a group that lists stats; false for the others.
 pub fn emit_group(ctx: &Ctx<'_>, group: Group, sink: &mut Sink<'_>) -> bool {
     match group {
