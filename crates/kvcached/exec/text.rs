@@ -10,7 +10,7 @@ use kvstore::{
 };
 
 use crate::exec::ops::{self, Proto};
-use crate::exec::session::{Ctx, Session, Step, OUTPUT_HIGH_WATER};
+use crate::exec::session::{Ctx, Session, Step, OUTPUT_HIGH_WATER, RESPONSE_OBJECT_BYTES};
 use crate::exec::{items, splice, stats_report};
 use crate::state::replication::Access;
 
@@ -423,7 +423,9 @@ pub struct Stream;
 
 impl GetFraming for Stream {
     fn before_key(&mut self, ctx: &Ctx<'_>, s: &mut Session, start: Option<usize>) -> Option<Step> {
-        if ctx.buffers.allows(s.out.len()) {
+        // Each key's reply counts as memcached's response object at least.
+        let held = s.out.len() + (s.get_progress + 1) * RESPONSE_OBJECT_BYTES;
+        if ctx.buffers.allows(held) {
             return None;
         }
         // memcached drops the replies it built for this get and sends only the error.

@@ -34,7 +34,9 @@ use kvproto::binary as bin;
 use kvproto::text::{self as proto, Parse};
 
 use crate::exec::binary;
-use crate::exec::session::{Ctx, Protocol, Session, Spares, Step, OUTPUT_HIGH_WATER};
+use crate::exec::session::{
+    Ctx, Protocol, Session, Spares, Step, OUTPUT_HIGH_WATER, RESPONSE_OBJECT_BYTES,
+};
 use crate::exec::splice::MAX_SLICES;
 use crate::exec::text;
 use crate::runtime::ring::RingSock;
@@ -875,6 +877,8 @@ impl Conn {
         let shared = ctx.shared;
         let limits = shared.limits;
         let mut pos = 0;
+        // Requests answered in this call, whose replies wait for the next write.
+        let mut queued = 0;
         if self.session.watch.is_some() {
             // A watcher only listens (memcached stops reading it): input is dropped.
             return (data.len(), Step::Next);
@@ -899,8 +903,11 @@ impl Conn {
             if self.session.pending() >= OUTPUT_HIGH_WATER || *budget == 0 {
                 return (pos, Step::Next);
             }
-            // memcached closes a connection it cannot give a response object.
-            if !ctx.buffers.allows(self.session.out.capacity()) {
+            // memcached closes a connection it cannot give a response object (one per
+            // request whose reply is queued).
+            let held = self.session.out.capacity() + queued * RESPONSE_OBJECT_BYTES;
+            queued += 1;
+            if !ctx.buffers.allows(held) {
                 ctx.stats.response_obj_oom.incr();
                 return (pos, Step::Close);
             }
