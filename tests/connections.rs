@@ -1163,3 +1163,28 @@ fn read_buf_mem_limit_counts_a_response_object_per_reply() {
     assert!(p.closed(), "the pipeline's connection is closed");
     assert_eq!(c.stat("response_obj_oom").as_deref(), Some("2"));
 }
+
+/// `stats conns` lists each worker's UDP socket as memcached does: `UDP UDP`, its address
+/// and `conn_read` (memcached's t/stats-conns.t reads the UDP port there).
+#[test]
+fn stats_conns_lists_every_workers_udp_socket() {
+    let (server, port) = Server::start_udp(Kind::Kvcached, &["-t", "2"]);
+    let mut c = server.connect();
+    let rows = c.stats("conns");
+    let udp_fds: Vec<&str> = rows
+        .iter()
+        .filter(|(k, v)| k.ends_with(":UDP") && v == "UDP")
+        .map(|(k, _)| k.trim_end_matches(":UDP"))
+        .collect();
+    assert_eq!(udp_fds.len(), 2, "{rows:?}");
+    for fd in udp_fds {
+        let get = |field: &str| {
+            rows.iter()
+                .find(|(k, _)| *k == format!("{fd}:{field}"))
+                .map(|(_, v)| v.clone())
+        };
+        assert_eq!(get("addr"), Some(format!("udp:127.0.0.1:{port}")));
+        assert_eq!(get("state").as_deref(), Some("conn_read"));
+        assert!(get("secs_since_last_cmd").is_some());
+    }
+}

@@ -608,6 +608,11 @@ fn conns(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
                 emit(sink, &key("listen_addr"), &info.listen_addr);
                 emit(sink, &key("state"), info.state().name());
             }
+            ConnKind::Udp => {
+                emit(sink, &key("UDP"), "UDP");
+                emit(sink, &key("addr"), &info.addr);
+                emit(sink, &key("state"), "conn_read");
+            }
         }
         emit(sink, &key("secs_since_last_cmd"), now.saturating_sub(last));
     }
