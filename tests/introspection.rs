@@ -418,10 +418,14 @@ fn watch_streams_memcacheds_log_lines() {
         .to_string();
     let want = [
         format!("type=conn_new rip=127.0.0.1 rport={port} transport=tcp cfd={cfd}"),
+        // A store and a delete look the key up first, and memcached logs that lookup.
+        format!("type=item_get key=foo status=not_found clsid=0 cfd={cfd} size=0"),
         format!("type=item_store key=foo status=stored cmd=set ttl=0 clsid=1 cfd={cfd} size=3"),
         format!("type=item_get key=foo status=found clsid=1 cfd={cfd} size=3"),
         format!("type=item_get key=no%2520pe status=not_found clsid=0 cfd={cfd} size=0"),
+        format!("type=item_get key=x status=not_found clsid=0 cfd={cfd} size=0"),
         format!("type=item_store key=x status=stored cmd=add ttl=10 clsid=1 cfd={cfd} size=1"),
+        format!("type=item_get key=foo status=found clsid=1 cfd={cfd} size=3"),
         "type=deleted key=foo cmd=delete clsid=1 size=3".to_string(),
         format!("type=conn_close rip=127.0.0.1 rport={port} transport=tcp reason=normal cfd={cfd}"),
     ];
