@@ -1032,7 +1032,11 @@ impl Builder {
                 let mb = int::<u32>(sp, &need(val)?, "a whole number of megabytes")?;
                 self.cfg.read_buf_mem_limit = (mb as usize).saturating_mul(1 << 20);
             }
-            "lru_crawler_tocrawl" | "watcher_logbuf_size" | "worker_logbuf_size" => {
+            "watcher_logbuf_size" => {
+                let kb: u32 = int(sp, &need(val)?, "a whole number")?;
+                self.cfg.watcher_buf = (kb as usize).saturating_mul(1024);
+            }
+            "lru_crawler_tocrawl" | "worker_logbuf_size" => {
                 int::<u32>(sp, &need(val)?, "a whole number")?;
                 self.ignored(sp);
             }
@@ -1536,6 +1540,7 @@ Extended options: -o, --extended=OPT[,OPT=VALUE...]
                               together; 0 no limit (default 0). Over it a connection that
                               needs more is closed (read_buf_oom, response_obj_oom) and a
                               get answers SERVER_ERROR out of memory writing get response
+  watcher_logbuf_size=KB      bytes each watch connection's buffer holds (default 256)
   lru_crawler                 reclaim expired items in the background (default);
                               no_lru_crawler (or no_modern) leaves them until a request
                               finds them; `lru_crawler enable|disable` at run time
@@ -1590,7 +1595,7 @@ Accepted for compatibility and ignored (logged at startup):
   slab_automove_ratio, slab_automove_window, slab_automove_freeratio,
   no_chunked_items, lru_crawler_sleep, lru_crawler_tocrawl,
   lru_maintainer, hot_lru_pct, warm_lru_pct, hot_max_factor, warm_max_factor,
-  temporary_ttl, watcher_logbuf_size, worker_logbuf_size, resp_obj_mem_limit, inline_ascii_resp, modern,
+  temporary_ttl, worker_logbuf_size, resp_obj_mem_limit, inline_ascii_resp, modern,
   drop_privileges, relaxed_privileges, sock_cookie_id, proxy_arg, proxy_uring,
   proxy_memprofile and ext_* (extstore settings); most have a no_ form. Their values
   are still checked as memcached checks them.

@@ -206,6 +206,9 @@ pub struct Config {
     /// The level memcached's hash table would start at (`-o hashpower`, default 16), from
     /// which `stats` reports `hash_power_level` as memcached's table would grow.
     pub hashpower: u32,
+    /// Bytes each `watch` connection's buffer holds at most (`-o watcher_logbuf_size`, in
+    /// kilobytes, as memcached's).
+    pub watcher_buf: usize,
     /// Eviction's size bias (`-o evict_size_factor`, kvcached's own; 0: none): see
     /// `kvstore::LogEngine::set_size_factor`.
     pub evict_size_factor: u32,
@@ -301,6 +304,8 @@ impl Default for Config {
             lru_maintainer: true,
             slab_reassign: true,
             hashpower: 16,
+            // memcached's LOGGER_WATCHER_BUF_SIZE.
+            watcher_buf: 256 * 1024,
             evict_size_factor: kvstore::DEFAULT_SIZE_FACTOR,
             daemonize: false,
             pid_file: None,

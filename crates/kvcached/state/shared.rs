@@ -85,7 +85,7 @@ impl Shared {
             },
             auth,
             detail: PrefixStats::new(config.prefix_delimiter, config.detail_enabled),
-            watchers: Arc::new(Watchers::default()),
+            watchers: Arc::new(Watchers::with_capacity(config.watcher_buf)),
             crawler: Crawler::new(config.lru_crawler),
             hash_power: HashPower::new(config.hashpower),
             repl: Replication::new(),
