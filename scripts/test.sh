@@ -10,15 +10,18 @@
 #      and its protocol and connection suites under io_uring with SQPOLL (KVCACHED_IO_SQPOLL)
 #   5. scripts/package.sh --profile dev --check
 #                                (the Debian package and the container's command line)
-#   6. scripts/fuzz.sh 30        (each fuzz target for 30 s)
+#   6. scripts/memcached-suite.sh (memcached's own test suite against the debug kvcached),
+#      when MEMCACHED_SRC names a memcached source tree (1.6.45); skipped otherwise, as no
+#      Debian package has it
+#   7. scripts/fuzz.sh 30        (each fuzz target for 30 s)
 #
 # At the end it prints one line per step (ok or FAILED, its time, and for test steps the
 # counts and the names of the failed tests), then a total line; tests that passed without
 # checking everything because this machine lacks something (io_uring, root, a tool) say so
 # with a `SKIP <test>: <why>` line and are counted as skipped (`tests/common/skip.rs`);
-# `#[ignore]`d tests are counted as ignored. it exits 0 only if every
-# step passed. Environment: FUZZ_SECONDS (default 30; 0 skips fuzzing), and anything cargo
-# reads (CARGO_TARGET_DIR, ...).
+# `#[ignore]`d tests are counted as ignored. It exits 0 only if every step passed.
+# Environment: FUZZ_SECONDS (default 30; 0 skips fuzzing), MEMCACHED_SRC (a memcached
+# source tree, for step 6), and anything cargo reads (CARGO_TARGET_DIR, ...).
 set -uo pipefail
 
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -140,6 +143,20 @@ tests "cargo test -p kvcached (protocols, connections), KVCACHED_IO_SQPOLL=10" \
     --test hostile_clients --test lifecycle --test tls
 
 step "scripts/package.sh --profile dev --check" scripts/package.sh --profile dev --check
+
+# memcached's own suite, from a source tree the user has (the project fetches nothing).
+memcached_suite() {
+    cargo build --quiet -p kvcached &&
+        scripts/memcached-suite.sh -s "${CARGO_TARGET_DIR:-target}/debug/kvcached" "$MEMCACHED_SRC"
+}
+if [[ -n ${MEMCACHED_SRC:-} ]]; then
+    step "scripts/memcached-suite.sh $MEMCACHED_SRC" memcached_suite
+else
+    labels+=("scripts/memcached-suite.sh (memcached's t/)")
+    results+=(skipped)
+    times+=("-")
+    details+=("MEMCACHED_SRC is not set: a memcached 1.6.45 source tree (git archive 1.6.45)")
+fi
 
 if ((fuzz_seconds > 0)) && [[ -x scripts/fuzz.sh ]]; then
     step "scripts/fuzz.sh $fuzz_seconds" scripts/fuzz.sh "$fuzz_seconds"

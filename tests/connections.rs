@@ -1128,3 +1128,54 @@ fn io_runtime_is_chosen_and_reported() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("-o io"), "no message naming the option: {err}");
 }
+
+/// Under `-o read_buf_mem_limit`, a reply counts at least memcached's response object,
+/// as memcached holds one per key of a multiget and per pipelined request: a multiget of
+/// 500 keys that all miss is answered with memcached's error (and the connection goes on),
+/// and 500 pipelined requests close the connection, each counted in `response_obj_oom`
+/// (memcached's t/conn-limits.t: 1 MiB over 32 workers).
+#[test]
+fn read_buf_mem_limit_counts_a_response_object_per_reply() {
+    let server = Server::start_verified(
+        Kind::Kvcached,
+        &["-o", "read_buf_mem_limit=1", "-t", "32", "-R", "500"],
+    );
+    let mut c = server.connect();
+    let keys = vec!["foo"; 500].join(" ");
+    assert_eq!(
+        c.call(&format!("get {keys}\r\n")),
+        "SERVER_ERROR out of memory writing get response\r\n"
+    );
+    assert_eq!(c.stat("response_obj_oom").as_deref(), Some("1"));
+    // A short multiget is still answered.
+    assert_eq!(c.call("get foo foo\r\n"), "END\r\n");
+    let mut p = server.connect();
+    p.send("mg foo v\r\n".repeat(500).as_bytes());
+    assert!(p.closed(), "the pipeline's connection is closed");
+    assert_eq!(c.stat("response_obj_oom").as_deref(), Some("2"));
+}
+
+/// `stats conns` lists each worker's UDP socket as memcached does: `UDP UDP`, its address
+/// and `conn_read` (memcached's t/stats-conns.t reads the UDP port there).
+#[test]
+fn stats_conns_lists_every_workers_udp_socket() {
+    let (server, port) = Server::start_udp(Kind::Kvcached, &["-t", "2"]);
+    let mut c = server.connect();
+    let rows = c.stats("conns");
+    let udp_fds: Vec<&str> = rows
+        .iter()
+        .filter(|(k, v)| k.ends_with(":UDP") && v == "UDP")
+        .map(|(k, _)| k.trim_end_matches(":UDP"))
+        .collect();
+    assert_eq!(udp_fds.len(), 2, "{rows:?}");
+    for fd in udp_fds {
+        let get = |field: &str| {
+            rows.iter()
+                .find(|(k, _)| *k == format!("{fd}:{field}"))
+                .map(|(_, v)| v.clone())
+        };
+        assert_eq!(get("addr"), Some(format!("udp:127.0.0.1:{port}")));
+        assert_eq!(get("state").as_deref(), Some("conn_read"));
+        assert!(get("secs_since_last_cmd").is_some());
+    }
+}

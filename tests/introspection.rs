@@ -418,10 +418,14 @@ fn watch_streams_memcacheds_log_lines() {
         .to_string();
     let want = [
         format!("type=conn_new rip=127.0.0.1 rport={port} transport=tcp cfd={cfd}"),
+        // A store and a delete look the key up first, and memcached logs that lookup.
+        format!("type=item_get key=foo status=not_found clsid=0 cfd={cfd} size=0"),
         format!("type=item_store key=foo status=stored cmd=set ttl=0 clsid=1 cfd={cfd} size=3"),
         format!("type=item_get key=foo status=found clsid=1 cfd={cfd} size=3"),
         format!("type=item_get key=no%2520pe status=not_found clsid=0 cfd={cfd} size=0"),
+        format!("type=item_get key=x status=not_found clsid=0 cfd={cfd} size=0"),
         format!("type=item_store key=x status=stored cmd=add ttl=10 clsid=1 cfd={cfd} size=1"),
+        format!("type=item_get key=foo status=found clsid=1 cfd={cfd} size=3"),
         "type=deleted key=foo cmd=delete clsid=1 size=3".to_string(),
         format!("type=conn_close rip=127.0.0.1 rport={port} transport=tcp reason=normal cfd={cfd}"),
     ];
@@ -587,20 +591,9 @@ fn per_class_stats_and_sizes_are_memcacheds() {
         let (mc, kv) = (&figures[0], &figures[1]);
         assert!(mc.0.len() >= 10, "{extra:?}: memcached {:?}", mc.0);
         assert_eq!(kv.0, mc.0, "{extra:?}: stats items");
-        // memcached lists every class it has pages in; kvcached the ones holding items.
-        let used: Vec<&(String, String)> =
-            mc.1.iter()
-                .filter(|(k, _)| {
-                    let class = k.split(':').next().unwrap_or("");
-                    mc.1.iter()
-                        .any(|(k2, v)| *k2 == format!("{class}:used_chunks") && v != "0")
-                })
-                .collect();
-        assert_eq!(
-            kv.1.iter().collect::<Vec<_>>(),
-            used,
-            "{extra:?}: stats slabs"
-        );
+        // Both list every class that has held items (memcached: has slab pages), the ones
+        // emptied since included.
+        assert_eq!(kv.1, mc.1, "{extra:?}: stats slabs");
         assert_eq!(kv.2, mc.2, "{extra:?}: stats sizes");
     }
     // Without -o track_sizes: disabled, as in memcached.
@@ -735,4 +728,217 @@ fn cachedump_lists_a_class_and_refuses_as_memcached() {
         c.call("stats cachedump 1 0\r\n"),
         "CLIENT_ERROR stats cachedump not allowed\r\n"
     );
+}
+
+/// memcached 1.6.45's general `stats` fields, in its order, for its default settings
+/// (read off a running 1.6.45): those of its slab mover, LRU crawler and LRU maintainer
+/// included, which kvcached prints with the values an idle mover or maintainer has.
+const MEMCACHED_GENERAL_STATS: &str = "pid uptime time version libevent pointer_size \
+    rusage_user rusage_system max_connections curr_connections total_connections \
+    rejected_connections connection_structures response_obj_oom response_obj_count \
+    response_obj_bytes read_buf_count read_buf_bytes read_buf_bytes_free read_buf_oom \
+    reserved_fds cmd_get cmd_set cmd_flush cmd_touch cmd_meta get_hits get_misses \
+    get_expired get_flushed delete_misses delete_hits incr_misses incr_hits decr_misses \
+    decr_hits cas_misses cas_hits cas_badval touch_hits touch_misses store_too_large \
+    store_no_memory auth_cmds auth_errors bytes_read bytes_written limit_maxbytes \
+    accepting_conns listen_disabled_num time_in_listen_disabled_us threads conn_yields \
+    hash_power_level hash_bytes hash_is_expanding slab_reassign_rescues \
+    slab_reassign_chunk_rescues slab_reassign_inline_reclaim slab_reassign_busy_items \
+    slab_reassign_busy_deletes slab_reassign_busy_nomem slab_reassign_last_busy_status \
+    slab_reassign_running slabs_moved lru_crawler_running lru_crawler_starts \
+    lru_maintainer_juggles malloc_fails log_worker_dropped log_worker_written \
+    log_watcher_skipped log_watcher_sent log_watchers unexpected_napi_ids \
+    round_robin_fallback bytes curr_items total_items slab_global_page_pool \
+    expired_unfetched evicted_unfetched evicted_active evictions reclaimed \
+    crawler_reclaimed crawler_items_checked lrutail_reflocked moves_to_cold moves_to_warm \
+    moves_within_lru direct_reclaims lru_bumps_dropped";
+
+#[test]
+fn general_stats_are_memcacheds_fields_in_its_order() {
+    let names = |args: &[&str]| -> Vec<String> {
+        let s = kvcached(args);
+        let mut c = s.connect();
+        c.stats("").into_iter().map(|(k, _)| k).collect()
+    };
+    let want: Vec<&str> = MEMCACHED_GENERAL_STATS.split_whitespace().collect();
+    assert_eq!(names(&[]), want);
+    // As memcached: no mover, maintainer or crawler fields without them (`no_modern`
+    // turns all three off, and maxconns_fast: no rejected_connections), and `-o
+    // lru_crawler` after it turns the crawler back on.
+    let gone = [
+        "rejected_connections",
+        "slab_reassign_running",
+        "slabs_moved",
+        "lru_crawler_running",
+        "lru_maintainer_juggles",
+        "evicted_active",
+        "moves_to_cold",
+    ];
+    let modern_off = names(&["-o", "no_modern"]);
+    assert!(gone.iter().all(|g| !modern_off.iter().any(|n| n == g)));
+    assert_eq!(modern_off.len(), want.len() - 19);
+    let crawler_on = names(&["-o", "no_modern,lru_crawler"]);
+    assert!(crawler_on.iter().any(|n| n == "lru_crawler_running"));
+    // memcached's hash table as it would be: 2^16 buckets of 8 bytes for a small cache.
+    let s = kvcached(&[]);
+    let mut c = s.connect();
+    assert_eq!(c.stat("hash_power_level").as_deref(), Some("16"));
+    assert_eq!(c.stat("hash_bytes").as_deref(), Some("524288"));
+}
+
+/// Wait (bounded) until `lru_crawler_running` is 0 again.
+fn crawl_done(c: &mut Client) {
+    for _ in 0..500 {
+        if c.stat("lru_crawler_running").as_deref() == Some("0") {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    panic!("the crawl never finished");
+}
+
+#[test]
+fn lru_crawler_enable_disable_and_crawl_are_memcacheds() {
+    let s = kvcached(&["-o", "no_modern,debug_clock"]);
+    let mut c = s.connect();
+    let setting = |c: &mut Client| {
+        c.stats("settings")
+            .into_iter()
+            .find(|(k, _)| k == "lru_crawler")
+            .map(|(_, v)| v)
+    };
+    assert_eq!(setting(&mut c).as_deref(), Some("no"));
+    assert_eq!(
+        c.call("lru_crawler crawl 1\r\n"),
+        "CLIENT_ERROR lru crawler disabled\r\n"
+    );
+    for i in 0..10 {
+        assert_eq!(c.call(&format!("set t{i} 0 1 2\r\nok\r\n")), "STORED\r\n");
+        assert_eq!(c.call(&format!("set i{i} 0 0 2\r\nok\r\n")), "STORED\r\n");
+    }
+    assert_eq!(c.call("debugtime 5\r\n"), "OK\r\n");
+    // Off: nothing reclaims the expired items in the background.
+    assert_eq!(c.stat("crawler_reclaimed").as_deref(), Some("0"));
+    assert_eq!(c.call("lru_crawler enable\r\n"), "OK\r\n");
+    assert_eq!(setting(&mut c).as_deref(), Some("yes"));
+    assert_eq!(
+        c.call("lru_crawler crawl 0\r\n"),
+        "BADCLASS invalid class id\r\n"
+    );
+    assert_eq!(
+        c.call("lru_crawler crawl ,\r\n"),
+        "NOTSTARTED no items to crawl\r\n"
+    );
+    assert_eq!(c.call("lru_crawler crawl 1\r\n"), "OK\r\n");
+    crawl_done(&mut c);
+    let stat = |stats: &[(String, String)], name: &str| {
+        stats
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| panic!("no {name} in {stats:?}"))
+    };
+    let items = c.stats("items");
+    assert_eq!(stat(&items, "items:1:number"), "10");
+    assert_eq!(stat(&items, "items:1:crawler_reclaimed"), "10");
+    assert_eq!(stat(&items, "items:1:reclaimed"), "10");
+    let general = c.stats("");
+    assert_eq!(stat(&general, "crawler_reclaimed"), "10");
+    assert_eq!(stat(&general, "lru_crawler_starts"), "1");
+    // A class that held items stays listed in `stats slabs`, as memcached keeps its pages.
+    for i in 0..10 {
+        assert_eq!(c.call(&format!("delete i{i}\r\n")), "DELETED\r\n");
+    }
+    assert_eq!(stat(&c.stats("slabs"), "1:used_chunks"), "0");
+    // Pacing is accepted; disable turns it off again.
+    assert_eq!(c.call("lru_crawler sleep 100\r\n"), "OK\r\n");
+    assert_eq!(c.call("lru_crawler tocrawl 5\r\n"), "OK\r\n");
+    assert_eq!(c.call("lru_crawler disable\r\n"), "OK\r\n");
+    assert_eq!(setting(&mut c).as_deref(), Some("no"));
+    assert_eq!(
+        c.call("lru_crawler metadump all\r\n"),
+        "CLIENT_ERROR lru crawler disabled\r\n"
+    );
+}
+
+#[test]
+fn a_store_over_an_expired_or_flushed_item_reclaims_it() {
+    let s = kvcached(&["-o", "no_lru_crawler,debug_clock"]);
+    let mut c = s.connect();
+    assert_eq!(c.call("set k 0 1 1\r\na\r\n"), "STORED\r\n");
+    assert_eq!(c.call("set f 0 0 1\r\nb\r\n"), "STORED\r\n");
+    assert_eq!(c.call("debugtime 3\r\n"), "OK\r\n");
+    assert_eq!(c.call("flush_all\r\n"), "OK\r\n");
+    assert_eq!(c.stat("reclaimed").as_deref(), Some("0"));
+    assert_eq!(c.call("set k 0 0 1\r\nc\r\n"), "STORED\r\n");
+    assert_eq!(c.call("set f 0 0 1\r\nd\r\n"), "STORED\r\n");
+    assert_eq!(c.stat("reclaimed").as_deref(), Some("2"));
+    let items = c.stats("items");
+    assert!(
+        items.contains(&("items:1:reclaimed".into(), "2".into())),
+        "{items:?}"
+    );
+}
+
+/// One binary request of `opcode` with `key` (no extras, no value).
+fn binary_packet(opcode: u8, key: &[u8]) -> Vec<u8> {
+    let mut p = vec![0x80, opcode, 0, key.len() as u8, 0, 0, 0, 0];
+    p.extend_from_slice(&(key.len() as u32).to_be_bytes());
+    p.extend_from_slice(&[0; 12]);
+    p.extend_from_slice(key);
+    p
+}
+
+/// Binary replies up to the one with an empty key and no error (a stat group's end) or an
+/// error: (status, key, value) each.
+fn binary_stats(c: &mut Client, key: &[u8]) -> Vec<(u16, Vec<u8>, Vec<u8>)> {
+    c.send(&binary_packet(0x10, key));
+    let mut out = Vec::new();
+    loop {
+        let h = c.exact(24);
+        let klen = u16::from_be_bytes([h[2], h[3]]) as usize;
+        let status = u16::from_be_bytes([h[6], h[7]]);
+        let total = u32::from_be_bytes([h[8], h[9], h[10], h[11]]) as usize;
+        let body = c.exact(total);
+        let (k, v) = body.split_at(klen.min(total));
+        out.push((status, k.to_vec(), v.to_vec()));
+        if status != 0 || klen == 0 {
+            return out;
+        }
+    }
+}
+
+/// The binary protocol's stat subcommands as memcached 1.6.45's `process_bin_stat` reads
+/// them: `detail on|off|dump` (a dump is one `detailed` stat), keys that start with
+/// `settings` or `reset`, and "Not found" (status 1) for anything else.
+#[test]
+fn binary_stat_subcommands_are_memcacheds() {
+    let s = kvcached(&[]);
+    let mut c = s.connect();
+    let end = (0u16, Vec::new(), Vec::new());
+    assert_eq!(binary_stats(&mut c, b"detail on"), vec![end.clone()]);
+    let mut text = s.connect();
+    assert_eq!(text.call("get a:1\r\n"), "END\r\n");
+    let dump = binary_stats(&mut c, b"detail dump");
+    assert_eq!(
+        dump,
+        vec![
+            (
+                0,
+                b"detailed".to_vec(),
+                b"PREFIX a get 1 hit 0 set 0 del 0\r\nEND\r\n".to_vec()
+            ),
+            end.clone()
+        ]
+    );
+    assert_eq!(binary_stats(&mut c, b"detail off"), vec![end.clone()]);
+    assert_eq!(text.call("get b:1\r\n"), "END\r\n");
+    assert_eq!(binary_stats(&mut c, b"detail bogus")[0].0, 1);
+    let settings = binary_stats(&mut c, b"settings please");
+    assert!(settings.iter().any(|(_, k, _)| k == b"detail_enabled"));
+    assert_eq!(binary_stats(&mut c, b"resetting"), vec![end]);
+    assert_eq!(binary_stats(&mut c, b"itemsx")[0].0, 1);
+    assert_eq!(binary_stats(&mut c, b"det")[0].0, 1);
+    let s = kvcached(&["-X"]);
+    assert_eq!(binary_stats(&mut s.connect(), b"detail on")[0].0, 1);
 }

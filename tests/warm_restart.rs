@@ -329,3 +329,46 @@ fn a_save_killed_midway_leaves_the_previous_file_whole() {
         assert!(c.until("END\r\n").starts_with("VALUE big49-999 0 2000\r\n"));
     }
 }
+
+/// `FILE.meta`, as memcached's restart metadata: a save writes it with memcached's hash
+/// table level, the next start reads it (the level comes back even though the items that
+/// raised it are gone) and removes it; an empty one stops the start, as memcached's
+/// "corrupt metadata file" does, even without a snapshot.
+#[test]
+fn the_metadata_file_brings_back_the_hash_level_and_an_empty_one_stops_the_start() {
+    let file = snapshot_path("meta");
+    let f = file.to_str().expect("utf-8 temp path");
+    let meta = std::path::PathBuf::from(format!("{f}.meta"));
+    let _ = std::fs::remove_file(&meta);
+    let mut first = Server::start_verified(Kind::Kvcached, &["-e", f]);
+    let mut c = first.connect();
+    assert_eq!(c.stat("hash_power_level").as_deref(), Some("16"));
+    // 1.5 * 2^16 items and one more: memcached's table doubles.
+    let mut batch = String::new();
+    for i in 0..98_305 {
+        batch.push_str(&format!("set z{i} 0 0 0 noreply\r\n\r\n"));
+    }
+    c.send(batch.as_bytes());
+    assert!(c.call("version\r\n").starts_with("VERSION "));
+    assert_eq!(c.stat("hash_power_level").as_deref(), Some("17"));
+    assert_eq!(c.call("flush_all\r\n"), "OK\r\n");
+    drop(c);
+    stop_with_usr1(&mut first);
+    let text = std::fs::read_to_string(&meta).expect("FILE.meta written");
+    assert_eq!(text, "T kvcached\nK hash_power_level 17\n");
+    let second = Server::start_verified(Kind::Kvcached, &["-e", f]);
+    assert_eq!(
+        second.connect().stat("hash_power_level").as_deref(),
+        Some("17")
+    );
+    assert!(!meta.exists(), "FILE.meta is used once");
+    drop(second);
+
+    let _ = std::fs::remove_file(&file);
+    std::fs::write(&meta, b"").expect("write an empty FILE.meta");
+    let (status, err) = refused_start(&["-e", f]);
+    assert!(!status.success(), "{err}");
+    assert!(err.contains("corrupt metadata file"), "{err}");
+    assert!(meta.exists(), "the evidence is kept");
+    let _ = std::fs::remove_file(&meta);
+}

@@ -84,14 +84,18 @@ pub fn run(
     // Like memcached, the auth file is read after dropping privileges and daemonizing.
     let auth = Auth::new(&config)?;
     let engine = build_engine(&config);
-    if let Some(path) = &config.memory_file {
-        warm::load(&engine, path, &Clock::new(), config.warm_ignore_bad_file)?;
-    }
+    let restored = match &config.memory_file {
+        Some(path) => warm::load(&engine, path, &Clock::new(), config.warm_ignore_bad_file)?,
+        None => warm::Restored::default(),
+    };
     let worker_stats: Vec<Arc<WorkerStats>> = (0..threads)
         .map(|_| Arc::new(WorkerStats::default()))
         .collect();
     let shared = Arc::new(Shared::new(config, engine, auth, worker_stats.clone(), tls));
     watch_evictions(&shared);
+    if let Some(level) = restored.hash_power {
+        shared.hash_power.raise_to(level);
+    }
     shared
         .cert_loaded_at
         .store(shared.clock.now(), Ordering::Relaxed);
@@ -285,9 +289,19 @@ fn maintenance_loop(shared: &Shared) {
         );
     }
     while !shared.shutting_down() {
+        let now = shared.clock.now();
+        if shared.crawler.running() {
+            // `lru_crawler crawl`: a whole pass of the sweep now, then the crawl is done.
+            for _ in 0..shared.engine.sweep_calls() {
+                shared.engine.maintain(now, true);
+            }
+            shared.crawler.finish();
+        } else {
+            shared.engine.maintain(now, shared.crawler.enabled());
+        }
         shared
-            .engine
-            .maintain(shared.clock.now(), shared.config.lru_crawler);
+            .hash_power
+            .note_items(shared.engine.stats().curr_items);
         shared.repl.check_min_replicas(&shared.config);
         shared.repl.forget_followers(&shared.engine);
         if n % 5 == 0 {

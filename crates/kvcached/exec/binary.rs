@@ -133,11 +133,22 @@ pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
         Command::Noop => bin::write_ok(out, op, opaque, 0),
         Command::Version => bin::write_version(out, opaque, crate::setup::VERSION),
         Command::Stat => {
-            let group = stats_report::classify(Some(req.key));
+            let group = stats_report::classify_binary(req.key);
             match group {
                 stats_report::Group::Reset => {
                     stats_report::reset(shared);
                     bin::write_stat_end(out, opaque);
+                }
+                stats_report::Group::Detail => {
+                    match stats_report::detail_binary(ctx, &req.key[b"detail".len()..]) {
+                        Some(dump) => {
+                            if let Some(text) = dump {
+                                bin::write_stat(out, opaque, b"detailed", &text);
+                            }
+                            bin::write_stat_end(out, opaque);
+                        }
+                        None => bin::write_error(out, op, opaque, Status::KeyNotFound),
+                    }
                 }
                 _ => {
                     let emitted = stats_report::emit_group(ctx, group, &mut |name, value| {

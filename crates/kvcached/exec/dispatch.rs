@@ -12,7 +12,9 @@ use kvproto::text::{self as proto, Parse, Request};
 
 use crate::exec::auth::{self, Gate};
 use crate::exec::binary;
-use crate::exec::session::{Ctx, Protocol, Session, Step, OUTPUT_HIGH_WATER};
+use crate::exec::session::{
+    Ctx, Protocol, Session, Step, OUTPUT_HIGH_WATER, RESPONSE_OBJECT_BYTES,
+};
 use crate::exec::text::{self, GetFraming};
 use crate::setup::config::ProtocolChoice;
 
@@ -217,6 +219,8 @@ pub struct Batch {
 pub fn stream(ctx: &mut Ctx<'_>, s: &mut Session, data: &[u8], budget: &mut usize) -> Batch {
     let shared = ctx.shared;
     let mut pos = 0;
+    // Requests answered in this call, whose replies wait for the next write.
+    let mut queued = 0;
     let done = |used, step| Batch {
         used,
         step,
@@ -244,8 +248,11 @@ pub fn stream(ctx: &mut Ctx<'_>, s: &mut Session, data: &[u8], budget: &mut usiz
         if s.pending() >= OUTPUT_HIGH_WATER || *budget == 0 {
             return done(pos, Step::Next);
         }
-        // memcached closes a connection it cannot give a response object.
-        if !ctx.buffers.allows(s.out.capacity()) {
+        // memcached closes a connection it cannot give a response object (one per
+        // request whose reply is queued).
+        let held = s.out.capacity() + queued * RESPONSE_OBJECT_BYTES;
+        queued += 1;
+        if !ctx.buffers.allows(held) {
             ctx.stats.response_obj_oom.incr();
             return done(pos, Step::Close);
         }

@@ -55,7 +55,7 @@ pub fn dump(ctx: &mut Ctx<'_>, s: &mut Session, kind: DumpKind, classes: &[u8]) 
         _ => None,
     };
     if resumed.is_none() {
-        if !config.lru_crawler {
+        if !ctx.shared.crawler.enabled() {
             s.out
                 .extend_from_slice(b"CLIENT_ERROR lru crawler disabled\r\n");
             return Step::Next;
@@ -93,7 +93,7 @@ pub fn dump(ctx: &mut Ctx<'_>, s: &mut Session, kind: DumpKind, classes: &[u8]) 
         Some(b) => b,
         None => {
             s.out.extend_from_slice(proto::OK);
-            0
+            kvstore::ScanCursor::default()
         }
     };
     s.resume = Resume::Start;
@@ -183,7 +183,7 @@ pub fn cachedump(ctx: &mut Ctx<'_>, s: &mut Session, mut args: proto::Tokens<'_>
             shown,
             written,
         } => (bucket, shown, written),
-        _ => (0, 0u32, 0),
+        _ => (kvstore::ScanCursor::default(), 0u32, 0),
     };
     let mut full = false;
     let mut line = Vec::with_capacity(300);

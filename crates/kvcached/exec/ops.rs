@@ -73,6 +73,19 @@ fn read_watched(
     hit
 }
 
+/// The `item_get` line memcached logs for the lookup a store or delete makes first (its
+/// `do_item_get`), before the command's own line: found or not, without counting a read.
+#[cold]
+#[inline(never)]
+fn watch_lookup(ctx: &Ctx<'_>, key: &[u8], now: Time) {
+    let seen = ctx
+        .shared
+        .engine
+        .debug_item(key, now)
+        .map(|d| (d.value_len, d.flags));
+    watch_get(ctx, key, seen);
+}
+
 /// An `item_get` line: `status=found` with the item's class and value size, or
 /// `status=not_found clsid=0 size=0`.
 fn watch_get(ctx: &Ctx<'_>, key: &[u8], found: Option<(usize, u32)>) {
@@ -137,6 +150,9 @@ pub fn meta_read(
 /// counts `cas_hits`, `cas_badval` or `cas_misses`.
 pub fn store(ctx: &Ctx<'_>, req: MetaStoreRequest<'_>, now: Time) -> MetaStored {
     let st = ctx.stats;
+    if ctx.shared.watchers.wants(watch::FETCHERS) {
+        watch_lookup(ctx, req.key, now);
+    }
     let stored = ctx.shared.engine.meta_store(req, now);
     match stored.result {
         StoreResult::TooLarge => st.store_too_large.incr(),
@@ -222,6 +238,9 @@ pub fn delete(
     proto: Proto,
 ) -> MetaDeleteResult {
     let st = ctx.stats;
+    if ctx.shared.watchers.wants(watch::FETCHERS) {
+        watch_lookup(ctx, key, now);
+    }
     // A `watch deletions` line needs the item's size, read before it goes.
     let watched = (ctx.shared.watchers.wants(watch::DELETIONS) && !req.invalidate)
         .then(|| ctx.shared.engine.debug_item(key, now))

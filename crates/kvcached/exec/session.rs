@@ -66,13 +66,13 @@ impl Drop for Session {
 pub enum Resume {
     #[default]
     Start,
-    /// At this bucket of the item index.
-    Bucket(usize),
+    /// At this point of a walk of the item index.
+    Bucket(kvstore::ScanCursor),
     /// After this prefix.
     After(Vec<u8>),
     /// `stats cachedump`: at this bucket, with `shown` items and `written` bytes so far.
     CacheDump {
-        bucket: usize,
+        bucket: kvstore::ScanCursor,
         shown: u32,
         written: usize,
     },
@@ -154,6 +154,13 @@ pub enum Step {
     /// Close the connection now, without writing what is pending.
     Close,
 }
+
+/// What a queued reply counts against `-o read_buf_mem_limit` at least, whatever its
+/// bytes: memcached holds every request's reply, and every key's of a multiget, in a
+/// response object, 13 of which fill one of the 16 KiB buffers the limit counts; so a
+/// multiget of many keys or a long pipeline runs out of that memory even where the
+/// replies are short (t/conn-limits.t).
+pub const RESPONSE_OBJECT_BYTES: usize = 16 * 1024 / 13;
 
 /// The share of `-o read_buf_mem_limit` a worker's connections may hold, and what the
 /// worker's other connections hold now: the limit a connection checks before it grows a

@@ -68,6 +68,52 @@ pub fn classify(group: Option<&[u8]>) -> Group {
     }
 }
 
+/// Which group a binary `stat` key names: memcached's `process_bin_stat` takes a key that
+/// starts with `reset`, `settings` or `detail` as that group (`detail on`, `settings
+/// please`), and the others (`items`, `slabs`, `conns`, ...) whole.
+pub fn classify_binary(key: &[u8]) -> Group {
+    if key.is_empty() {
+        Group::General
+    } else if key.starts_with(b"reset") {
+        Group::Reset
+    } else if key.starts_with(b"settings") {
+        Group::Settings
+    } else if key.starts_with(b"detail") {
+        Group::Detail
+    } else {
+        match classify(Some(key)) {
+            // Whole names only, as memcached's get_stats compares them.
+            Group::Reset | Group::Settings | Group::Detail | Group::CacheDump => Group::Unknown,
+            Group::Conns if key != b"conns" => Group::Unknown,
+            g => g,
+        }
+    }
+}
+
+/// The binary protocol's `detail on`, `detail off` and `detail dump` (`rest` is what
+/// follows `detail`): None where memcached answers "Not found" (dumps not allowed, another
+/// subcommand); for a dump, the text memcached sends as the value of one `detailed` stat.
+pub fn detail_binary(ctx: &Ctx<'_>, rest: &[u8]) -> Option<Option<Vec<u8>>> {
+    let detail = &ctx.shared.detail;
+    if !ctx.shared.config.dump_enabled {
+        return None;
+    }
+    if rest.starts_with(b" dump") {
+        let mut text = Vec::new();
+        // At most 65,536 prefixes: one value, as memcached builds it.
+        let _ = detail.dump(None, &mut text, usize::MAX);
+        Some(Some(text))
+    } else if rest.starts_with(b" on") {
+        detail.set_enabled(true);
+        Some(None)
+    } else if rest.starts_with(b" off") {
+        detail.set_enabled(false);
+        Some(None)
+    } else {
+        None
+    }
+}
+
 /// Write the stats of a group that lists stats; false for the others.
 pub fn emit_group(ctx: &Ctx<'_>, group: Group, sink: &mut Sink<'_>) -> bool {
     match group {
@@ -117,8 +163,10 @@ pub fn emit_group(ctx: &Ctx<'_>, group: Group, sink: &mut Sink<'_>) -> bool {
 /// `stats items`: memcached's lines for every slab class holding items, from the engine's
 /// tally of the live items by memcached's item size (classes from `-n`, `-f`,
 /// `slab_chunk_max`, `slab_sizes`). Of memcached's per-class fields those with a meaning
-/// here: `number`, `mem_requested` (the items' sizes, summed) and `evicted`; kvcached has
-/// no segmented LRU, so no `number_hot`/`_warm`/`_cold`, ages or LRU moves.
+/// here: `number`, `mem_requested` (the items' sizes, summed), `evicted`, `reclaimed`
+/// (expired or flushed items taken out) and `crawler_reclaimed` (of those, the ones the
+/// background sweep found); kvcached has no segmented LRU, so no `number_hot`/`_warm`/
+/// `_cold`, ages or LRU moves.
 fn items(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
     for (i, b) in ctx.shared.engine.size_bands().iter().enumerate() {
         if b.items == 0 {
@@ -128,18 +176,25 @@ fn items(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
         emit(sink, &format!("items:{n}:number"), b.items);
         emit(sink, &format!("items:{n}:mem_requested"), b.bytes);
         emit(sink, &format!("items:{n}:evicted"), b.evicted);
+        emit(sink, &format!("items:{n}:reclaimed"), b.reclaimed);
+        emit(
+            sink,
+            &format!("items:{n}:crawler_reclaimed"),
+            b.crawler_reclaimed,
+        );
     }
 }
 
-/// `stats slabs`: per class holding items, its `chunk_size` and `used_chunks` (the live
-/// items whose size falls in it) and kvcached's `mem_requested`; then `active_slabs`
-/// (classes holding items) and `total_malloced`, as memcached ends it; then the log
-/// engine's own figures (segments, index, second chances, ...).
+/// `stats slabs`: per class that has held items (memcached lists a class from its first
+/// slab page on, and keeps its pages), its `chunk_size` and `used_chunks` (the live items
+/// whose size falls in it) and kvcached's `mem_requested`; then `active_slabs` (those
+/// classes) and `total_malloced`, as memcached ends it; then the log engine's own figures
+/// (segments, index, second chances, ...).
 fn slabs(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
     let classes = &ctx.shared.config.slab_classes;
     let mut active = 0;
     for (i, b) in ctx.shared.engine.size_bands().iter().enumerate() {
-        if b.items == 0 {
+        if b.items == 0 && !b.used {
             continue;
         }
         active += 1;
@@ -246,6 +301,8 @@ fn general(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
     emit(sink, "uptime", shared.clock.uptime());
     emit(sink, "time", shared.clock.now());
     emit(sink, "version", crate::setup::VERSION);
+    // memcached's libevent version: kvcached has no libevent.
+    emit(sink, "libevent", "none");
     emit(sink, "pointer_size", usize::BITS);
     emit(sink, "rusage_user", format_args!("{us}.{uus:06}"));
     emit(sink, "rusage_system", format_args!("{ss}.{sus:06}"));
@@ -319,9 +376,41 @@ fn general(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
     emit(sink, "time_in_listen_disabled_us", disabled_us);
     emit(sink, "threads", c.threads);
     emit(sink, "conn_yields", t.conn_yields);
-    emit(sink, "hash_power_level", e.hash_power_level);
-    emit(sink, "hash_bytes", e.hash_bytes);
+    // memcached's hash table, as it would be for these items (the index's own figures are
+    // in `stats slabs`: `index_level`, `index_bytes`).
+    shared.hash_power.note_items(e.curr_items);
+    let level = shared.hash_power.get();
+    emit(sink, "hash_power_level", level);
+    emit(sink, "hash_bytes", 8u64 << level);
     emit(sink, "hash_is_expanding", u8::from(e.hash_is_expanding));
+    // memcached's slab mover, LRU crawler and LRU maintainer, printed while memcached would
+    // run them (kvcached has no mover and no maintainer: their counters stay 0).
+    if c.slab_reassign {
+        for name in [
+            "slab_reassign_rescues",
+            "slab_reassign_chunk_rescues",
+            "slab_reassign_inline_reclaim",
+            "slab_reassign_busy_items",
+            "slab_reassign_busy_deletes",
+            "slab_reassign_busy_nomem",
+        ] {
+            emit(sink, name, 0);
+        }
+        emit(sink, "slab_reassign_last_busy_status", "none");
+        emit(sink, "slab_reassign_running", 0);
+        emit(sink, "slabs_moved", 0);
+    }
+    if shared.crawler.enabled() {
+        emit(
+            sink,
+            "lru_crawler_running",
+            u8::from(shared.crawler.running()),
+        );
+        emit(sink, "lru_crawler_starts", shared.crawler.starts());
+    }
+    if c.lru_maintainer {
+        emit(sink, "lru_maintainer_juggles", 0);
+    }
     // An allocation that fails stops the process (Rust's allocator aborts): none is counted.
     emit(sink, "malloc_fails", 0);
     let (written, sent, skipped, watchers) = shared.watchers.counts();
@@ -331,16 +420,6 @@ fn general(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
     emit(sink, "log_watcher_skipped", skipped);
     emit(sink, "log_watcher_sent", sent);
     emit(sink, "log_watchers", watchers);
-    emit(sink, "bytes", e.bytes);
-    emit(sink, "curr_items", e.curr_items);
-    emit(sink, "total_items", e.total_items);
-    emit(sink, "expired_unfetched", e.expired_unfetched);
-    emit(sink, "evicted_unfetched", e.evicted_unfetched);
-    emit(sink, "evictions", e.evictions);
-    emit(sink, "reclaimed", e.reclaimed);
-    emit(sink, "crawler_reclaimed", e.crawler_reclaimed);
-    emit(sink, "crawler_items_checked", e.crawler_items_checked);
-    emit(sink, "total_malloced", e.total_malloced);
     if let Some(tls) = &shared.tls {
         let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
         let k = &tls.counters;
@@ -357,6 +436,37 @@ fn general(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
         );
         // kvcached's own: handshakes closed by -o ssl_handshake_timeout.
         emit(sink, "ssl_handshake_timeouts", n(&k.handshake_timeouts));
+    }
+    // memcached's NAPI id checks and round-robin fallbacks (`-N`): none here.
+    emit(sink, "unexpected_napi_ids", 0);
+    emit(sink, "round_robin_fallback", 0);
+    emit(sink, "bytes", e.bytes);
+    emit(sink, "curr_items", e.curr_items);
+    emit(sink, "total_items", e.total_items);
+    // Free slab pages: kvcached's free segments are in `stats slabs` (`segments_free`).
+    emit(sink, "slab_global_page_pool", 0);
+    emit(sink, "expired_unfetched", e.expired_unfetched);
+    emit(sink, "evicted_unfetched", e.evicted_unfetched);
+    if c.lru_maintainer {
+        emit(sink, "evicted_active", 0);
+    }
+    emit(sink, "evictions", e.evictions);
+    emit(sink, "reclaimed", e.reclaimed);
+    emit(sink, "crawler_reclaimed", e.crawler_reclaimed);
+    emit(sink, "crawler_items_checked", e.crawler_items_checked);
+    // Items memcached found referenced at its LRU tail: kvcached's eviction never waits on
+    // a reader (a leased value keeps its own memory).
+    emit(sink, "lrutail_reflocked", 0);
+    if c.lru_maintainer {
+        for name in [
+            "moves_to_cold",
+            "moves_to_warm",
+            "moves_within_lru",
+            "direct_reclaims",
+            "lru_bumps_dropped",
+        ] {
+            emit(sink, name, 0);
+        }
     }
 }
 
@@ -399,7 +509,7 @@ fn settings(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
     }
     emit(sink, "item_size_max", c.item_size_max);
     emit(sink, "maxconns_fast", yes_no(c.maxconns_fast));
-    emit(sink, "lru_crawler", yes_no(c.lru_crawler));
+    emit(sink, "lru_crawler", yes_no(shared.crawler.enabled()));
     emit(sink, "flush_enabled", yes_no(c.flush_enabled));
     emit(sink, "dump_enabled", yes_no(c.dump_enabled));
     emit(
@@ -497,6 +607,11 @@ fn conns(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
                 emit(sink, &key("addr"), &info.addr);
                 emit(sink, &key("listen_addr"), &info.listen_addr);
                 emit(sink, &key("state"), info.state().name());
+            }
+            ConnKind::Udp => {
+                emit(sink, &key("UDP"), "UDP");
+                emit(sink, &key("addr"), &info.addr);
+                emit(sink, &key("state"), "conn_read");
             }
         }
         emit(sink, &key("secs_since_last_cmd"), now.saturating_sub(last));

@@ -10,7 +10,7 @@ use kvstore::{
 };
 
 use crate::exec::ops::{self, Proto};
-use crate::exec::session::{Ctx, Session, Step, OUTPUT_HIGH_WATER};
+use crate::exec::session::{Ctx, Session, Step, OUTPUT_HIGH_WATER, RESPONSE_OBJECT_BYTES};
 use crate::exec::{items, splice, stats_report};
 use crate::state::replication::Access;
 
@@ -289,17 +289,52 @@ fn admin(ctx: &mut Ctx<'_>, s: &mut Session, name: &[u8], args: proto::Tokens<'_
         return watch(ctx, s, &toks);
     }
     if name == b"lru_crawler" {
-        if let [sub, classes] = toks[..] {
-            if let Some(kind) = kvproto::admin::dump_kind(sub) {
-                return items::dump(ctx, s, kind, classes);
-            }
-        }
+        return lru_crawler(ctx, s, &toks);
     }
     let reply: &[u8] = match name {
         b"slabs" => b"CLIENT_ERROR slab reassignment disabled\r\n",
-        b"lru_crawler" => b"CLIENT_ERROR lru crawler disabled\r\n",
         b"lru" => b"CLIENT_ERROR lru tuning not supported\r\n",
         _ => proto::ERROR,
+    };
+    s.out.extend_from_slice(reply);
+    Step::Next
+}
+
+/// `lru_crawler ...` (well-formed), with memcached 1.6.45's replies. `enable` and `disable`
+/// switch the background expiry sweep; `crawl` asks the maintenance thread for a whole pass
+/// of it (every class: the sweep does not go by class), `lru_crawler_running` until done;
+/// `tocrawl` and `sleep` pace memcached's crawler and are accepted without effect, as their
+/// `-o` forms are.
+fn lru_crawler(ctx: &mut Ctx<'_>, s: &mut Session, args: &[&[u8]]) -> Step {
+    use kvproto::admin::{crawler_classes, CrawlerClasses, CrawlerCommand};
+    let crawler = &ctx.shared.crawler;
+    let reply: &[u8] = match kvproto::admin::crawler_command(args) {
+        Some(CrawlerCommand::Dump(kind, classes)) => return items::dump(ctx, s, kind, classes),
+        Some(CrawlerCommand::Crawl(_)) if !crawler.enabled() => {
+            b"CLIENT_ERROR lru crawler disabled\r\n"
+        }
+        Some(CrawlerCommand::Crawl(classes)) => match crawler_classes(classes) {
+            CrawlerClasses::Bad => b"BADCLASS invalid class id\r\n",
+            CrawlerClasses::None => b"NOTSTARTED no items to crawl\r\n",
+            CrawlerClasses::All | CrawlerClasses::Some(_) => {
+                if crawler.request() {
+                    ctx.shared.wake_maintenance();
+                    proto::OK
+                } else {
+                    b"BUSY currently processing crawler request\r\n"
+                }
+            }
+        },
+        Some(CrawlerCommand::Enable) => {
+            crawler.set_enabled(true);
+            proto::OK
+        }
+        Some(CrawlerCommand::Disable) => {
+            crawler.set_enabled(false);
+            proto::OK
+        }
+        Some(CrawlerCommand::Tune) => proto::OK,
+        None => proto::ERROR,
     };
     s.out.extend_from_slice(reply);
     Step::Next
@@ -387,7 +422,9 @@ pub struct Stream;
 
 impl GetFraming for Stream {
     fn before_key(&mut self, ctx: &Ctx<'_>, s: &mut Session, start: Option<usize>) -> Option<Step> {
-        if ctx.buffers.allows(s.out.len()) {
+        // Each key's reply counts as memcached's response object at least.
+        let held = s.out.len() + (s.get_progress + 1) * RESPONSE_OBJECT_BYTES;
+        if ctx.buffers.allows(held) {
             return None;
         }
         // memcached drops the replies it built for this get and sends only the error.

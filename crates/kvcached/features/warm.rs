@@ -14,6 +14,14 @@
 //! `-o warm_restart_ignore_bad_file` asks it to move the file to `FILE.bad` and start empty.
 //! A save writes `FILE.tmp`, syncs it, renames it over `FILE` and syncs the directory, so a
 //! crash or SIGKILL during a save leaves the previous file whole.
+//!
+//! Beside it a save writes `FILE.meta`, as memcached keeps its restart metadata in
+//! `FILE.meta`: a tag line and what `stats` must show again after the restart (memcached's
+//! hash table level, `hash_power_level`, which memcached restores too). It is read and
+//! removed at the next start; one that is empty or not kvcached's stops the start as
+//! memcached's corrupt metadata file does (or, with `-o warm_restart_ignore_bad_file`, is
+//! moved to `FILE.meta.bad`). A snapshot without one (saved by an older kvcached) still
+//! loads.
 
 use std::fs::File;
 use std::io::BufWriter;
@@ -32,9 +40,83 @@ fn beside(path: &Path, suffix: &str) -> PathBuf {
     PathBuf::from(p)
 }
 
-/// Load the snapshot at `path` into `engine` if there is one, then remove it. A file that
-/// cannot be used is an error (the server must not start), unless `ignore_bad`.
+/// The first line of `FILE.meta`.
+const META_TAG: &str = "T kvcached";
+
+/// What `FILE.meta` brings back.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Restored {
+    /// memcached's hash table level when the snapshot was saved.
+    pub hash_power: Option<u32>,
+}
+
+/// Read and remove `FILE.meta` (None if there is none). An empty or foreign one is an
+/// error, unless `ignore_bad`.
+fn read_meta(path: &Path, ignore_bad: bool) -> Result<Restored, String> {
+    let meta = beside(path, ".meta");
+    let text = match std::fs::read(&meta) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Restored::default()),
+        Err(e) => {
+            refuse(&meta, &format!("cannot be read: {e}"), ignore_bad)?;
+            return Ok(Restored::default());
+        }
+    };
+    let text = String::from_utf8_lossy(&text);
+    let mut lines = text.lines();
+    if lines.next() != Some(META_TAG) {
+        refuse(
+            &meta,
+            "corrupt metadata file (empty, or not saved by kvcached)",
+            ignore_bad,
+        )?;
+        return Ok(Restored::default());
+    }
+    let mut restored = Restored::default();
+    for line in lines {
+        let mut f = line.split(' ');
+        if let (Some("K"), Some("hash_power_level"), Some(v)) = (f.next(), f.next(), f.next()) {
+            restored.hash_power = v.parse().ok();
+        }
+    }
+    // Valid once, as memcached's.
+    if let Err(e) = std::fs::remove_file(&meta) {
+        tracing::warn!(file = %meta.display(), "warm restart: cannot remove {}: {e}", meta.display());
+    }
+    Ok(restored)
+}
+
+/// Write `FILE.meta` for the snapshot just saved at `path`.
+fn write_meta(shared: &Shared, path: &Path) -> std::io::Result<()> {
+    let meta = beside(path, ".meta");
+    let tmp = beside(path, ".meta.tmp");
+    shared
+        .hash_power
+        .note_items(shared.engine.stats().curr_items);
+    let text = format!(
+        "{META_TAG}\nK hash_power_level {}\n",
+        shared.hash_power.get()
+    );
+    std::fs::write(&tmp, text)?;
+    File::open(&tmp)?.sync_all()?;
+    std::fs::rename(&tmp, &meta)
+}
+
+/// Load the snapshot at `path` into `engine` if there is one, then remove it, and read
+/// `FILE.meta`. A file that cannot be used is an error (the server must not start), unless
+/// `ignore_bad`.
 pub fn load(
+    engine: &LogEngine,
+    path: &Path,
+    clock: &Clock,
+    ignore_bad: bool,
+) -> Result<Restored, String> {
+    let restored = read_meta(path, ignore_bad)?;
+    load_snapshot(engine, path, clock, ignore_bad)?;
+    Ok(restored)
+}
+
+fn load_snapshot(
     engine: &LogEngine,
     path: &Path,
     clock: &Clock,
@@ -144,6 +226,7 @@ pub fn save(shared: &Shared, path: &Path) -> Result<(), String> {
             _ => Path::new("."),
         };
         File::open(dir)?.sync_all()?;
+        write_meta(shared, path)?;
         Ok(bytes)
     };
     match write() {

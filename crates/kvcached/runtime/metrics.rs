@@ -145,15 +145,19 @@ fn stats_of(shared: &Shared, group: Group) -> BTreeMap<String, String> {
 
 /// The metrics text for one scrape.
 pub fn render(shared: &Shared) -> String {
-    let general = stats_of(shared, Group::General);
+    let mut general = stats_of(shared, Group::General);
     let settings = stats_of(shared, Group::Settings);
     let repl = stats_of(shared, Group::Replication);
+    let slabs = stats_of(shared, Group::Slabs);
+    // What memcached reports in `stats slabs` (`total_malloced`), and the index's own
+    // figures (the general group's `hash_*` are memcached's hash table's).
+    for k in ["total_malloced", "index_bytes", "index_level"] {
+        if let Some(v) = slabs.get(k) {
+            general.insert(k.to_string(), v.clone());
+        }
+    }
     let mut r = registry(&general, &settings, &repl);
-    slab_metrics(
-        &mut r,
-        &stats_of(shared, Group::Items),
-        &stats_of(shared, Group::Slabs),
-    );
+    slab_metrics(&mut r, &stats_of(shared, Group::Items), &slabs);
     let mut text = String::new();
     // Writing into a String cannot fail.
     let _ = encode(&mut text, &r);
@@ -496,13 +500,13 @@ fn registry(
         &mut r,
         "kvcached_index_bytes",
         "Bytes of the hash index (kvcached's own)",
-        num(s, "hash_bytes"),
+        num(s, "index_bytes"),
     );
     gauge(
         &mut r,
         "kvcached_hash_power_level",
         "log2 of the hash index's main buckets (kvcached's own)",
-        num(s, "hash_power_level"),
+        num(s, "index_level"),
     );
     gauge(
         &mut r,

@@ -152,6 +152,13 @@ impl Worker {
             let mut sock = crate::runtime::udp::bind(*addr)?;
             poll.registry()
                 .register(&mut sock, Token(mine.len() + i), Interest::READABLE)?;
+            // `stats conns` lists it, as memcached lists each worker's UDP socket.
+            let bound = sock
+                .local_addr()
+                .map_or_else(|_| "?".into(), |a| a.to_string());
+            let info = Arc::new(ConnInfo::new(format!("udp:{bound}"), String::new()));
+            info.last_cmd.store(shared.clock.now(), Ordering::Relaxed);
+            shared.register(sock.as_raw_fd(), ConnKind::Udp, info);
             udp.push(sock);
         }
         let threads = shared.config.threads.max(1);

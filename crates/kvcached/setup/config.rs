@@ -195,6 +195,20 @@ pub struct Config {
     /// Reclaim expired items in the background (`-o lru_crawler`, the default;
     /// `-o no_lru_crawler` leaves them until a request finds them or eviction takes them).
     pub lru_crawler: bool,
+    /// memcached's LRU maintainer thread is on (`-o lru_maintainer`, the default;
+    /// `-o no_lru_maintainer` and `no_modern` turn it off). kvcached has none; like memcached
+    /// it reports the maintainer's `stats` fields only while it would run.
+    pub lru_maintainer: bool,
+    /// memcached's slab mover is on (`-o slab_reassign`, the default; `no_slab_reassign` and
+    /// `no_modern` turn it off). kvcached has none; like memcached it reports the mover's
+    /// `stats` fields only while it would run.
+    pub slab_reassign: bool,
+    /// The level memcached's hash table would start at (`-o hashpower`, default 16), from
+    /// which `stats` reports `hash_power_level` as memcached's table would grow.
+    pub hashpower: u32,
+    /// Bytes each `watch` connection's buffer holds at most (`-o watcher_logbuf_size`, in
+    /// kilobytes, as memcached's).
+    pub watcher_buf: usize,
     /// Eviction's size bias (`-o evict_size_factor`, kvcached's own; 0: none): see
     /// `kvstore::LogEngine::set_size_factor`.
     pub evict_size_factor: u32,
@@ -287,6 +301,11 @@ impl Default for Config {
             metrics: None,
             read_buf_mem_limit: 0,
             lru_crawler: true,
+            lru_maintainer: true,
+            slab_reassign: true,
+            hashpower: 16,
+            // memcached's LOGGER_WATCHER_BUF_SIZE.
+            watcher_buf: 256 * 1024,
             evict_size_factor: kvstore::DEFAULT_SIZE_FACTOR,
             daemonize: false,
             pid_file: None,

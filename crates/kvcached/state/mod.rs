@@ -3,6 +3,7 @@
 //! configuration and the engine. Imports only `setup`.
 
 pub mod clock;
+pub mod crawler;
 pub mod credentials;
 pub mod detail;
 pub mod registry;

@@ -3,11 +3,14 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
 
-/// Whether a registered socket is a listener or a client.
+/// Whether a registered socket is a listener, a client or a UDP socket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConnKind {
     Listener,
     Client,
+    /// A worker's UDP socket (memcached lists each worker's as a connection in
+    /// `conn_read`).
+    Udp,
 }
 
 /// What `stats conns` shows of a connection; kept in the registry of `Shared`.

@@ -11,6 +11,7 @@ use kvstore::LogEngine;
 
 use crate::setup::config::Config;
 use crate::state::clock::Clock;
+use crate::state::crawler::{Crawler, HashPower};
 use crate::state::credentials::Auth;
 use crate::state::detail::PrefixStats;
 use crate::state::registry::{ConnInfo, ConnKind};
@@ -31,6 +32,11 @@ pub struct Shared {
     pub detail: PrefixStats,
     /// `watch`: the log watchers (also held by the engine's eviction observer).
     pub watchers: Arc<Watchers>,
+    /// `lru_crawler enable|disable|crawl`: the background expiry sweep's switch and the
+    /// whole sweeps asked for.
+    pub crawler: Crawler,
+    /// The level memcached's hash table would have (`hash_power_level`).
+    pub hash_power: HashPower,
     /// Replication (role, the puller, the replicas pulling from here).
     pub repl: Replication,
     /// TLS (`-Z`): the configurations connections are accepted with, and the counters.
@@ -79,7 +85,9 @@ impl Shared {
             },
             auth,
             detail: PrefixStats::new(config.prefix_delimiter, config.detail_enabled),
-            watchers: Arc::new(Watchers::default()),
+            watchers: Arc::new(Watchers::with_capacity(config.watcher_buf)),
+            crawler: Crawler::new(config.lru_crawler),
+            hash_power: HashPower::new(config.hashpower),
             repl: Replication::new(),
             tls,
             cert_loaded_at: std::sync::atomic::AtomicU32::new(0),
@@ -157,6 +165,13 @@ impl Shared {
                 let _ = w.wake();
             }
         }
+        if let Some(t) = self.maintenance.get() {
+            t.unpark();
+        }
+    }
+
+    /// Wake the maintenance thread before its next tick (a crawl was asked for).
+    pub fn wake_maintenance(&self) {
         if let Some(t) = self.maintenance.get() {
             t.unpark();
         }

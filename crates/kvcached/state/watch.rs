@@ -7,7 +7,7 @@
 //! that asked for its kind, under that watcher's lock; the watcher's worker is woken only
 //! when its buffer goes from empty to not empty, and copies the buffer into the
 //! connection's output when it runs. A buffer holds at most [`BUF_CAP`] bytes (memcached's
-//! 256 KiB): events that do not fit are dropped and counted, and the watcher later reads
+//! 256 KiB; `-o watcher_logbuf_size` as in memcached): events that do not fit are dropped and counted, and the watcher later reads
 //! `skipped=N` where they were, as memcached writes it. At most [`MAX_WATCHERS`] watchers
 //! exist at once (memcached's limit). A watcher whose connection has closed is dropped from
 //! the list by the next event.
@@ -111,8 +111,10 @@ impl Watcher {
 }
 
 /// Every watcher, and the kinds any of them wants.
-#[derive(Default)]
 pub struct Watchers {
+    /// Bytes a watcher's buffer holds at most (`-o watcher_logbuf_size`, [`BUF_CAP`] by
+    /// default).
+    cap: usize,
     mask: AtomicU32,
     /// Events written (`log_worker_written`), and the next event's `gid`.
     gid: AtomicU64,
@@ -125,7 +127,25 @@ pub struct Watchers {
     list: RwLock<Vec<Arc<Watcher>>>,
 }
 
+impl Default for Watchers {
+    fn default() -> Watchers {
+        Watchers::with_capacity(BUF_CAP)
+    }
+}
+
 impl Watchers {
+    /// No watcher yet; each will buffer at most `cap` bytes.
+    pub fn with_capacity(cap: usize) -> Watchers {
+        Watchers {
+            cap,
+            mask: AtomicU32::new(0),
+            gid: AtomicU64::new(0),
+            sent: AtomicU64::new(0),
+            skipped: AtomicU64::new(0),
+            list: RwLock::new(Vec::new()),
+        }
+    }
+
     /// Whether any watcher wants events of `kind`: the request path's only cost when none
     /// does.
     #[inline]
@@ -174,7 +194,7 @@ impl Watchers {
         line.push(b'\n');
         for w in list.iter().filter(|w| w.kinds & kind != 0) {
             let mut buf = w.buf.lock().unwrap_or_else(|e| e.into_inner());
-            if buf.bytes.len() + line.len() > BUF_CAP {
+            if buf.bytes.len() + line.len() > self.cap {
                 buf.skipped += 1;
                 self.skipped.fetch_add(1, Ordering::Relaxed);
                 continue;
@@ -285,6 +305,25 @@ mod tests {
         ws.emit(FETCHERS, |_| {});
         assert!(!ws.wants(FETCHERS));
         assert!(ws.wants(MUTATIONS));
+    }
+
+    #[test]
+    fn watcher_logbuf_size_bounds_each_buffer() {
+        // -o watcher_logbuf_size=8: 8 KiB, so about eight lines of 1000 bytes fit.
+        let ws = Watchers::with_capacity(8 * 1024);
+        let w = ws.add(FETCHERS, Box::new(|| {})).unwrap();
+        let body = "x".repeat(1000);
+        for _ in 0..20 {
+            ws.emit(FETCHERS, |l| l.extend_from_slice(body.as_bytes()));
+        }
+        let mut out = Vec::new();
+        while w.drain(&mut out, usize::MAX) {}
+        let kept = out
+            .split(|&b| b == b'\n')
+            .filter(|l| l.starts_with(b"ts="))
+            .count();
+        assert!((7..=8).contains(&kept), "{kept}");
+        assert_eq!(ws.counts().2, 20 - kept as u64);
     }
 
     #[test]

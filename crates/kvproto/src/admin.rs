@@ -1,6 +1,7 @@
 //! The argument checks memcached makes on its slab allocator and LRU commands (`slabs`,
-//! `lru`, `lru_crawler`) before it acts on them. kvcached has no slabs and no LRU to tune,
-//! so it cannot honour these commands, but a client that sends malformed ones gets the
+//! `lru`, `lru_crawler`) before it acts on them, and which `lru_crawler` subcommand a
+//! well-formed line names. kvcached has no slabs and no LRU to tune, so it cannot honour
+//! most of these commands, but a client that sends malformed ones gets the
 //! reply memcached 1.6.45 sends (`proto_text.c`: `process_slabs_command`,
 //! `process_slabs_automove_command`, `process_lru_command`, `process_lru_crawler_command`),
 //! written out by hand because it must match memcached's quirks exactly: subcommands match
@@ -86,6 +87,41 @@ pub fn crawler_classes(arg: &[u8]) -> CrawlerClasses {
         CrawlerClasses::None
     } else {
         CrawlerClasses::Some(mask)
+    }
+}
+
+/// What a well-formed `lru_crawler` command asks for (one [`refusal`] let through).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CrawlerCommand<'a> {
+    /// `crawl CLASSES`: reclaim the expired items now.
+    Crawl(&'a [u8]),
+    /// `metadump|mgdump CLASSES`.
+    Dump(DumpKind, &'a [u8]),
+    /// `tocrawl N` or `sleep MICROSECONDS`: pacing of memcached's crawler.
+    Tune,
+    Enable,
+    Disable,
+}
+
+/// The `lru_crawler` subcommand `args` name, matched as memcached matches them (`crawl`,
+/// `metadump`, `mgdump`, `tocrawl`, `sleep` with one argument, `enable` and `disable`
+/// alone, each a C `strncmp` prefix, in that order); None for what [`refusal`] refuses.
+pub fn crawler_command<'a>(args: &[&'a [u8]]) -> Option<CrawlerCommand<'a>> {
+    match *args {
+        [sub, arg] => {
+            if c_strncmp_eq(sub, b"crawl") {
+                Some(CrawlerCommand::Crawl(arg))
+            } else if let Some(kind) = dump_kind(sub) {
+                Some(CrawlerCommand::Dump(kind, arg))
+            } else if c_strncmp_eq(sub, b"tocrawl") || c_strncmp_eq(sub, b"sleep") {
+                Some(CrawlerCommand::Tune)
+            } else {
+                None
+            }
+        }
+        [sub] if c_strncmp_eq(sub, b"enable") => Some(CrawlerCommand::Enable),
+        [sub] if c_strncmp_eq(sub, b"disable") => Some(CrawlerCommand::Disable),
+        _ => None,
     }
 }
 
@@ -212,6 +248,29 @@ mod tests {
         let mut out = Vec::new();
         uri_encode(&mut out, b"a:b c%d-e.f_g~h\x00\xff");
         assert_eq!(out, b"a%3Ab%20c%25d-e.f_g~h%00%FF");
+    }
+
+    #[test]
+    fn crawler_subcommands_match_as_memcached_matches_them() {
+        use CrawlerCommand::*;
+        let rows: &[(&[&[u8]], Option<CrawlerCommand<'_>>)] = &[
+            (&[b"crawl", b"1"], Some(Crawl(b"1"))),
+            (&[b"c", b"all"], Some(Crawl(b"all"))),
+            (&[b"m", b"all"], Some(Dump(DumpKind::Meta, b"all"))),
+            (&[b"mg", b"1"], Some(Dump(DumpKind::Keys, b"1"))),
+            (&[b"tocrawl", b"5"], Some(Tune)),
+            (&[b"s", b"100"], Some(Tune)),
+            (&[b"enable"], Some(Enable)),
+            (&[b"e"], Some(Enable)),
+            (&[b"disable"], Some(Disable)),
+            (&[b"enable", b"x"], None),
+            (&[b"crawl"], None),
+            (&[b"foo"], None),
+            (&[], None),
+        ];
+        for (args, want) in rows {
+            assert_eq!(crawler_command(args), *want, "{args:?}");
+        }
     }
 
     #[test]

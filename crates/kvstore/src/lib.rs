@@ -377,6 +377,17 @@ pub struct ScanItem<'a> {
     pub meta: DebugItem,
 }
 
+/// Where a [`LogEngine::scan`] of many calls continues. It keeps the index's addressing as
+/// the scan found it, so that items a split moves while the scan runs are neither seen
+/// twice nor missed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ScanCursor {
+    /// The next bucket to visit, under `addressing`.
+    pub(crate) bucket: usize,
+    /// The index's addressing when the scan started; None before its first call.
+    pub(crate) addressing: Option<u64>,
+}
+
 /// The interface of the storage engine ([`LogEngine`]; the reference model
 /// [`model::Model`] implements it too, for the property tests).
 ///

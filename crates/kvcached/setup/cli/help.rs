@@ -119,13 +119,16 @@ Replication (kvcached's own)
 Extended options: -o, --extended=OPT[,OPT=VALUE...]
   idle_timeout=SECONDS        close connections idle this long; 0 never (default 0)
   maxconns_fast               over -c, answer a new connection with an error and close
-                              it (default); no_maxconns_fast leaves it queued instead
+                              it (default); no_maxconns_fast (or no_modern) leaves it
+                              queued instead
   read_buf_mem_limit=MB       memory all connections' read and reply buffers may hold
                               together; 0 no limit (default 0). Over it a connection that
                               needs more is closed (read_buf_oom, response_obj_oom) and a
                               get answers SERVER_ERROR out of memory writing get response
+  watcher_logbuf_size=KB      bytes each watch connection's buffer holds (default 256)
   lru_crawler                 reclaim expired items in the background (default);
-                              no_lru_crawler leaves them until a request finds them
+                              no_lru_crawler (or no_modern) leaves them until a request
+                              finds them; `lru_crawler enable|disable` at run time
   evict_size_factor=N         eviction keeps an item up to N times the mean item's
                               size once it was read, a larger one only if read more
                               often: more items, more hits, fewer bytes hit (kvcached's
@@ -177,13 +180,14 @@ Accepted for compatibility and ignored (logged at startup):
   slab_automove_ratio, slab_automove_window, slab_automove_freeratio,
   no_chunked_items, lru_crawler_sleep, lru_crawler_tocrawl,
   lru_maintainer, hot_lru_pct, warm_lru_pct, hot_max_factor, warm_max_factor,
-  temporary_ttl, watcher_logbuf_size, worker_logbuf_size, resp_obj_mem_limit, inline_ascii_resp, modern, no_modern,
+  temporary_ttl, worker_logbuf_size, resp_obj_mem_limit, inline_ascii_resp, modern,
   drop_privileges, relaxed_privileges, sock_cookie_id, proxy_arg, proxy_uring,
   proxy_memprofile and ext_* (extstore settings); most have a no_ form. Their values
   are still checked as memcached checks them.
 
-Refused: -o proxy_config (no proxy mode), -o ssl_kernel_tls (TLS is in user space),
-  ssl_min_version 0 and 1 (TLS 1.0 and 1.1), ssl_keyformat 3 (OpenSSL engines).
+Refused: the option that starts memcached's proxy (no proxy mode), -o ssl_kernel_tls
+  (TLS is in user space), ssl_min_version 0 and 1 (TLS 1.0 and 1.1), ssl_keyformat 3
+  (OpenSSL engines).
 ",
         tcp_port = d.tcp_port,
         udp_port = d.udp_port,

@@ -267,7 +267,6 @@ pub(super) struct Builder {
     slab_growth_factor: f64,
     hot_lru_pct: u32,
     warm_lru_pct: u32,
-    lru_maintainer: bool,
     temporary_ttl: bool,
     /// `-o ext_path` was given (extstore would be on).
     ext_path: bool,
@@ -291,7 +290,6 @@ impl Builder {
             slab_growth_factor: 1.25,
             hot_lru_pct: 20,
             warm_lru_pct: 40,
-            lru_maintainer: true,
             temporary_ttl: false,
             ext_path: false,
             ext_wbuf_size: 4 << 20,

@@ -85,7 +85,9 @@ impl Builder {
 
             // Accepted and ignored, values checked as memcached checks them.
             "hashpower" => {
-                int_in::<u32>(sp, &need(val)?, 12, 32, "a number from 12 to 32")?;
+                // Only the level `stats` reports starts there: kvcached's index sizes itself.
+                self.cfg.hashpower =
+                    int_in::<u32>(sp, &need(val)?, 12, 32, "a number from 12 to 32")?;
                 self.ignored(sp);
             }
             "tail_repair_time" => {
@@ -141,7 +143,11 @@ impl Builder {
                 let mb = int::<u32>(sp, &need(val)?, "a whole number of megabytes")?;
                 self.cfg.read_buf_mem_limit = (mb as usize).saturating_mul(1 << 20);
             }
-            "lru_crawler_tocrawl" | "watcher_logbuf_size" | "worker_logbuf_size" => {
+            "watcher_logbuf_size" => {
+                let kb: u32 = int(sp, &need(val)?, "a whole number")?;
+                self.cfg.watcher_buf = (kb as usize).saturating_mul(1024);
+            }
+            "lru_crawler_tocrawl" | "worker_logbuf_size" => {
                 int::<u32>(sp, &need(val)?, "a whole number")?;
                 self.ignored(sp);
             }
@@ -160,11 +166,11 @@ impl Builder {
             "lru_crawler" => self.cfg.lru_crawler = true,
             "no_lru_crawler" => self.cfg.lru_crawler = false,
             "lru_maintainer" => {
-                self.lru_maintainer = true;
+                self.cfg.lru_maintainer = true;
                 self.ignored(sp);
             }
             "no_lru_maintainer" => {
-                self.lru_maintainer = false;
+                self.cfg.lru_maintainer = false;
                 self.ignored(sp);
             }
             "hot_lru_pct" | "warm_lru_pct" => {
@@ -206,12 +212,19 @@ impl Builder {
                 self.classes_only(sp);
             }
             "no_modern" => {
-                self.lru_maintainer = false;
+                // As memcached: no slab mover, no LRU maintainer, no LRU crawler (a later
+                // `-o lru_crawler` turns the crawler back on), and connections over -c
+                // wait in the backlog (no_maxconns_fast).
+                self.cfg.maxconns_fast = false;
+                self.cfg.lru_maintainer = false;
+                self.cfg.slab_reassign = false;
+                self.cfg.lru_crawler = false;
+            }
+            "slab_reassign" | "no_slab_reassign" => {
+                self.cfg.slab_reassign = key == "slab_reassign";
                 self.ignored(sp);
             }
             "no_hashexpand"
-            | "slab_reassign"
-            | "no_slab_reassign"
             | "no_slab_automove"
             | "inline_ascii_resp"
             | "no_inline_ascii_resp"

@@ -92,7 +92,7 @@ impl Builder {
                 self.hot_lru_pct, self.warm_lru_pct
             ));
         }
-        if self.temporary_ttl && !self.lru_maintainer {
+        if self.temporary_ttl && !cfg.lru_maintainer {
             return Err(
                 "-o temporary_ttl needs the LRU maintainer (drop no_lru_maintainer \
                         and no_modern)"

@@ -262,13 +262,10 @@ impl LogEngine {
         let now = self.clock.load(Ordering::Relaxed);
         let moved = self.for_live(victim, |slot, r, v| {
             if self.vis(r, now) != Vis::Live {
-                self.st().reclaimed.fetch_add(1, Ordering::Relaxed);
-                if !index::fetched(v) {
-                    self.st().expired_unfetched.fetch_add(1, Ordering::Relaxed);
-                }
                 self.note_removed(r, v);
                 slot.store(0);
                 self.account_remove(v, r.len, self.rec_size(r));
+                self.count_reclaimed(v, self.rec_size(r), false);
                 return true;
             }
             if self.copy_verbatim(c, r, v, slot).is_none() {

@@ -462,10 +462,7 @@ impl Engine for LogEngine {
                     self.note_removed(&r, v);
                     slot.store(0);
                     self.account_remove(v, r.len, self.rec_size(&r));
-                    self.st().reclaimed.fetch_add(1, Ordering::Relaxed);
-                    if !index::fetched(v) {
-                        self.st().expired_unfetched.fetch_add(1, Ordering::Relaxed);
-                    }
+                    self.count_reclaimed(v, self.rec_size(&r), true);
                     n += 1;
                 }
             });
@@ -485,5 +482,14 @@ impl Engine for LogEngine {
         self.prune_skippable(&wanted);
         self.grow(true);
         n
+    }
+}
+
+impl LogEngine {
+    /// How many [`Engine::maintain`] calls with `sweep` look at every index bucket once: a
+    /// whole pass of the expiry sweep (what the server runs for memcached's `lru_crawler
+    /// crawl`).
+    pub fn sweep_calls(&self) -> usize {
+        self.index.nmain().div_ceil(MAINTAIN_BUCKETS).max(1)
     }
 }

@@ -115,12 +115,7 @@ impl LogEngine {
                     self.st().evicted_nonzero.fetch_add(1, Ordering::Relaxed);
                 }
             }
-            Vis::Expired | Vis::Flushed => {
-                self.st().reclaimed.fetch_add(1, Ordering::Relaxed);
-                if !index::fetched(v) {
-                    self.st().expired_unfetched.fetch_add(1, Ordering::Relaxed);
-                }
-            }
+            Vis::Expired | Vis::Flushed => self.count_reclaimed(v, self.rec_size(r), false),
         }
         false
     }

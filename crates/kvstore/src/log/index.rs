@@ -197,6 +197,24 @@ fn split_ptr(s: u64) -> usize {
 fn main_count(s: u64) -> usize {
     (1usize << level(s)) + split_ptr(s)
 }
+/// The main buckets under addressing `s` (from [`Index::addressing`]).
+pub(crate) fn home_buckets(s: u64) -> usize {
+    main_count(s)
+}
+
+/// For main bucket `b` under addressing `s`: the items it held then are, under any later
+/// addressing, in the main buckets `b`, `b + stride`, `b + 2 * stride`, ... (splits only
+/// move an item to a bucket that many above, and its bucket's low bits stay its hash's),
+/// and every item in those buckets had `b` as its bucket under `s`.
+pub(crate) fn home_stride(s: u64, b: usize) -> usize {
+    let m = 1usize << level(s);
+    if b < split_ptr(s) || b >= m {
+        2 * m
+    } else {
+        m
+    }
+}
+
 /// The main bucket of hash `h` under state `s`.
 #[inline]
 fn addr(h: u64, s: u64) -> usize {
@@ -494,6 +512,12 @@ impl Index {
     /// Main buckets in use now.
     pub(crate) fn nmain(&self) -> usize {
         main_count(self.state.load(Ordering::Acquire))
+    }
+
+    /// The addressing now (level and split pointer), for a walk that must follow splits:
+    /// see [`home_buckets`] and [`home_stride`].
+    pub(crate) fn addressing(&self) -> u64 {
+        self.state.load(Ordering::Acquire)
     }
 
     /// The level `L` (`2^L <= nmain < 2^(L+1)`), memcached's `hash_power_level` analog.

@@ -921,6 +921,19 @@ impl LogEngine {
             .map_or(now, |t| t.min(now))
     }
 
+    /// An expired or flushed item (slot value `v`, `size` bytes as memcached counts it)
+    /// left the index: a store replaced it, eviction or compaction met it, or the sweep
+    /// (`crawler`) found it. memcached's `reclaimed` and `expired_unfetched`, per class too.
+    fn count_reclaimed(&self, v: u64, size: usize, crawler: bool) {
+        self.st().reclaimed.fetch_add(1, Ordering::Relaxed);
+        if !index::fetched(v) {
+            self.st().expired_unfetched.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(t) = self.tally.get() {
+            t.reclaimed(size, crawler);
+        }
+    }
+
     /// An item of `size` bytes (memcached's) was evicted.
     fn tally_evicted(&self, size: usize) {
         if let Some(t) = self.tally.get() {

@@ -7,7 +7,7 @@
 //! in cells picked by thread, as `live` does: no lock and no shared cache line on the
 //! request path; a reader sums the cells (a cell alone may go negative).
 
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 
 use super::sync::{tid, Padded};
 
@@ -22,6 +22,8 @@ struct Cell {
     items: [AtomicI64; MAX_BANDS],
     bytes: [AtomicI64; MAX_BANDS],
     evicted: [AtomicU64; MAX_BANDS],
+    reclaimed: [AtomicU64; MAX_BANDS],
+    crawler_reclaimed: [AtomicU64; MAX_BANDS],
 }
 
 impl Default for Cell {
@@ -30,6 +32,8 @@ impl Default for Cell {
             items: std::array::from_fn(|_| AtomicI64::new(0)),
             bytes: std::array::from_fn(|_| AtomicI64::new(0)),
             evicted: std::array::from_fn(|_| AtomicU64::new(0)),
+            reclaimed: std::array::from_fn(|_| AtomicU64::new(0)),
+            crawler_reclaimed: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
 }
@@ -43,12 +47,23 @@ pub struct Band {
     pub bytes: u64,
     /// Items of the band evicted since the start (or `stats reset`).
     pub evicted: u64,
+    /// Expired or flushed items of the band taken out of the index since the start (or
+    /// `stats reset`): memcached's `reclaimed`.
+    pub reclaimed: u64,
+    /// Of those, the ones the background sweep found (memcached's `crawler_reclaimed`).
+    pub crawler_reclaimed: u64,
+    /// The band has held an item since the start (memcached keeps a class's slab pages
+    /// once it has any, and lists the class in `stats slabs` from then on).
+    pub used: bool,
 }
 
 pub(super) struct Tally {
     /// Upper bounds of the bands (inclusive), ascending; a larger item counts in the last.
     bounds: Box<[u32]>,
     cells: Box<[Padded<Cell>]>,
+    /// Bands that have held an item (set once, read on every add: a line that is shared,
+    /// not written, on the request path).
+    used: [AtomicBool; MAX_BANDS],
     /// Items per size step (`ceil(size / 32)`), when tracked.
     steps: Option<Box<[Box<[AtomicI64]>]>>,
 }
@@ -72,6 +87,7 @@ impl Tally {
         Tally {
             bounds: b.into_boxed_slice(),
             cells: (0..cells.max(1)).map(|_| Padded::default()).collect(),
+            used: std::array::from_fn(|_| AtomicBool::new(false)),
             steps: steps.then(|| {
                 (0..STEP_CELLS)
                     .map(|_| (0..nsteps).map(|_| AtomicI64::new(0)).collect())
@@ -92,6 +108,9 @@ impl Tally {
     /// An item of `size` bytes joined (`delta` 1) or left (-1) the index.
     pub(super) fn count(&self, size: usize, delta: i64) {
         let b = self.band(size);
+        if delta > 0 && !self.used[b].load(Ordering::Relaxed) {
+            self.used[b].store(true, Ordering::Relaxed);
+        }
         let cell = self.cell();
         cell.items[b].fetch_add(delta, Ordering::Relaxed);
         cell.bytes[b].fetch_add(delta * size as i64, Ordering::Relaxed);
@@ -108,9 +127,24 @@ impl Tally {
         self.cell().evicted[self.band(size)].fetch_add(1, Ordering::Relaxed);
     }
 
+    /// An expired or flushed item of `size` bytes left the index (after [`Tally::count`]
+    /// took it out); `crawler`: the background sweep found it.
+    pub(super) fn reclaimed(&self, size: usize, crawler: bool) {
+        let (b, cell) = (self.band(size), self.cell());
+        cell.reclaimed[b].fetch_add(1, Ordering::Relaxed);
+        if crawler {
+            cell.crawler_reclaimed[b].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     pub(super) fn reset(&self) {
         for c in self.cells.iter() {
-            for e in &c.0.evicted {
+            for e in
+                c.0.evicted
+                    .iter()
+                    .chain(&c.0.reclaimed)
+                    .chain(&c.0.crawler_reclaimed)
+            {
                 e.store(0, Ordering::Relaxed);
             }
         }
@@ -132,6 +166,17 @@ impl Tally {
                         .iter()
                         .map(|c| c.0.evicted[b].load(Ordering::Relaxed))
                         .sum(),
+                    reclaimed: self
+                        .cells
+                        .iter()
+                        .map(|c| c.0.reclaimed[b].load(Ordering::Relaxed))
+                        .sum(),
+                    crawler_reclaimed: self
+                        .cells
+                        .iter()
+                        .map(|c| c.0.crawler_reclaimed[b].load(Ordering::Relaxed))
+                        .sum(),
+                    used: self.used[b].load(Ordering::Relaxed),
                 }
             })
             .collect()

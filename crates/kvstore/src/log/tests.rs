@@ -1083,12 +1083,20 @@ fn size_tally_follows_the_index() {
     assert!(e.delete(b"k1", 1));
     model.remove(&b"k1"[..]);
     let mut want = vec![crate::SizeBand::default(); bounds.len()];
+    let band = |key: &[u8], vlen: usize| {
+        let size = c.item_size(key.len(), vlen, 0);
+        (bounds.partition_point(|x| (*x as usize) < size), size)
+    };
+    // Every band an item was ever in stays `used` (k0's first value, deleted k1's).
+    for (key, vlen) in [(&b"k0"[..], 10), (b"k1", 40)] {
+        want[band(key, vlen).0].used = true;
+    }
     let mut steps = std::collections::BTreeMap::new();
     for (k, vlen) in &model {
-        let size = c.item_size(k.len(), *vlen, 0);
-        let b = bounds.partition_point(|x| (*x as usize) < size);
+        let (b, size) = band(k, *vlen);
         want[b].items += 1;
         want[b].bytes += size as u64;
+        want[b].used = true;
         *steps.entry(size.div_ceil(32) * 32).or_insert(0u64) += 1;
     }
     assert_eq!(e.size_bands(), want);
@@ -1680,4 +1688,77 @@ fn a_million_adversarial_keys_make_no_long_chain() {
             assert!(get(&e, k, 1).is_some(), "{family}: {k:?} lost");
         }
     }
+}
+
+/// A scan in many calls sees each item that stays in place once, while the index grows
+/// between its calls (splits move items of buckets already visited to buckets not yet
+/// visited); items stored meanwhile are seen at most once.
+#[test]
+fn a_scan_sees_each_item_once_while_the_index_grows() {
+    let e = LogEngine::new(cfg(256 << 20));
+    let first: Vec<String> = (0..2000).map(|i| format!("a{i}")).collect();
+    for k in &first {
+        set(&e, k.as_bytes(), b"v", 1);
+    }
+    let nmain_before = e.index.nmain();
+    let mut seen: std::collections::HashMap<Vec<u8>, u32> = Default::default();
+    let mut cursor = crate::ScanCursor::default();
+    let mut n = 0;
+    loop {
+        let next = e.scan(cursor, 4, 1, &mut |item| {
+            *seen.entry(item.key.to_vec()).or_default() += 1;
+        });
+        // Between calls, items enough to split buckets on both sides of the cursor.
+        for i in 0..400 {
+            set(&e, format!("b{n}-{i}").as_bytes(), b"v", 1);
+        }
+        e.maintain(1, false);
+        n += 1;
+        match next {
+            Some(c) => cursor = c,
+            None => break,
+        }
+    }
+    assert!(
+        e.index.nmain() > nmain_before * 2,
+        "the index grew during the scan ({nmain_before} -> {})",
+        e.index.nmain()
+    );
+    for k in &first {
+        assert_eq!(seen.get(k.as_bytes()), Some(&1), "{k}");
+    }
+    assert!(seen.values().all(|&c| c == 1), "an item seen twice");
+}
+
+/// memcached's `reclaimed` per class: a store that replaces its key's expired or flushed
+/// item reuses its memory; the sweep's finds count as `crawler_reclaimed` too.
+#[test]
+fn reclaimed_items_are_counted_per_band() {
+    let e = LogEngine::new(cfg(16 << 20));
+    e.tally_sizes(&[96, 1 << 20], false);
+    let ttl = |key: &'static [u8]| StoreRequest {
+        exptime: 5,
+        ..req(StoreMode::Set, key, b"v")
+    };
+    e.store(ttl(b"a"), 1);
+    e.store(ttl(b"b"), 1);
+    // `a` expired at 5: the store at 6 replaces it.
+    assert!(matches!(set(&e, b"a", b"w", 6), StoreResult::Stored(_)));
+    let (st, band) = (e.stats(), e.size_bands()[0]);
+    assert_eq!(
+        (st.reclaimed, band.reclaimed, band.crawler_reclaimed),
+        (1, 1, 0)
+    );
+    // `b` is found by the sweep.
+    for _ in 0..e.sweep_calls() {
+        e.maintain(6, true);
+    }
+    let (st, band) = (e.stats(), e.size_bands()[0]);
+    assert_eq!((st.reclaimed, st.crawler_reclaimed), (2, 1));
+    assert_eq!(
+        (band.reclaimed, band.crawler_reclaimed, band.items),
+        (2, 1, 1)
+    );
+    e.reset_stats();
+    assert_eq!(e.size_bands()[0].reclaimed, 0);
 }

@@ -4,8 +4,8 @@
 
 use super::format::KIND_ITEM;
 use super::sync::lock;
-use super::{LogEngine, Vis};
-use crate::Time;
+use super::{index, LogEngine, Vis};
+use crate::{ScanCursor, Time};
 
 /// What [`LogEngine::digest`] returns.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -61,41 +61,50 @@ impl LogEngine {
         d
     }
 
-    /// Call `f` for each live item in up to `buckets` index buckets starting at bucket
-    /// `from`; returns the bucket to continue from, or `None` once every bucket has been
-    /// visited. Each call holds one bucket's lock at a time, and keeps the index from
-    /// growing until it returns, so a scan in many short calls does not stop the server.
+    /// Call `f` for each live item of up to `buckets` index buckets, starting where `from`
+    /// says ([`ScanCursor::default`] for the first call); returns where to continue, or
+    /// `None` once every bucket has been visited. Each call holds one bucket's lock at a
+    /// time, and keeps the index from growing until it returns, so a scan in many short
+    /// calls does not stop the server.
     ///
-    /// An item that stays live and in place throughout a scan of many calls is seen once.
-    /// If the index grows between calls, items of buckets already visited can move to
-    /// buckets not yet visited and be seen again; an item in a bucket not yet visited only
-    /// moves to another such bucket, so none is missed.
+    /// The scan goes by the buckets the index had at its first call; for each, it visits
+    /// the buckets its items may have moved to since (splits only move items up, by a
+    /// stride: [`index::home_stride`]). So an item that stays live and in place (in the
+    /// index) throughout the scan is seen exactly once, however the index grows meanwhile.
     pub fn scan(
         &self,
-        from: usize,
+        from: ScanCursor,
         buckets: usize,
         now: Time,
         f: &mut dyn FnMut(crate::ScanItem<'_>),
-    ) -> Option<usize> {
+    ) -> Option<ScanCursor> {
         let _grow = lock(&self.grow_lock);
         let nmain = self.index.nmain();
-        let end = from.saturating_add(buckets.max(1)).min(nmain);
-        for b in from..end {
-            let _g = self.index.lock_bucket(b);
-            self.index.for_each_in_chain(b, |_, v| {
-                // SAFETY: we hold the chain's stripe lock and `v` is in its slot.
-                let Some(r) = (unsafe { self.rec(v) }) else {
-                    return;
-                };
-                if r.kind != KIND_ITEM || self.vis(&r, now) != Vis::Live {
-                    return;
-                }
-                f(crate::ScanItem {
-                    key: r.key,
-                    meta: self.describe(&r, v, now),
+        let addressing = from.addressing.unwrap_or_else(|| self.index.addressing());
+        let homes = index::home_buckets(addressing);
+        let end = from.bucket.saturating_add(buckets.max(1)).min(homes);
+        for home in from.bucket..end {
+            let stride = index::home_stride(addressing, home);
+            for b in (home..nmain).step_by(stride) {
+                let _g = self.index.lock_bucket(b);
+                self.index.for_each_in_chain(b, |_, v| {
+                    // SAFETY: we hold the chain's stripe lock and `v` is in its slot.
+                    let Some(r) = (unsafe { self.rec(v) }) else {
+                        return;
+                    };
+                    if r.kind != KIND_ITEM || self.vis(&r, now) != Vis::Live {
+                        return;
+                    }
+                    f(crate::ScanItem {
+                        key: r.key,
+                        meta: self.describe(&r, v, now),
+                    });
                 });
-            });
+            }
         }
-        (end < nmain).then_some(end)
+        (end < homes).then_some(ScanCursor {
+            bucket: end,
+            addressing: Some(addressing),
+        })
     }
 }

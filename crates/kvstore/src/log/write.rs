@@ -268,6 +268,11 @@ impl LogEngine {
                 new_v = next(keep.then_some(prev));
                 held_prev = keep.then_some((*slot, prev));
                 self.account_remove(*v, r.len, self.rec_size(r));
+                if !keep {
+                    // An expired or flushed item replaced: its memory is the new item's,
+                    // as memcached reuses an expired item's for the next store.
+                    self.count_reclaimed(*v, self.rec_size(r), false);
+                }
             }
             None => {
                 new_v = self.admit(c.h, new_v);
