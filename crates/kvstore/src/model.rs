@@ -9,7 +9,9 @@
 //!
 //! * Every lookup (get, touch, store, delete, incr/decr) that finds an expired or flushed
 //!   item unlinks it and counts `get_expired` / `get_flushed` (items.c `do_item_get`);
-//!   flushed is checked before expired. Nothing else removes items, except
+//!   flushed is checked before expired; a set (classic or meta) whose key held such an
+//!   item also counts it `reclaimed` (and `expired_unfetched` if it was never fetched), as
+//!   memcached counts the expired item its allocation takes. Nothing else removes items, except
 //!   [`Engine::maintain`], which removes every dead item.
 //! * A version counter starting at 1 is drawn once per successful mutation (store, incr,
 //!   decr); it is the CAS unique when CAS is on (else CAS is 0). An immediate flush
@@ -377,6 +379,14 @@ impl Engine for Model {
             }
             return done(StoreResult::TooLarge);
         }
+        // A set whose key holds an expired or flushed item reclaims it (memcached counts
+        // the item its allocation takes from the LRU tail; kvcached a set's own key's).
+        let dead = st
+            .items
+            .get(key)
+            .filter(|it| st.is_flushed(it, now) || State::is_expired(it, now))
+            .map(|it| it.fetched)
+            .filter(|_| req.mode == StoreMode::Set);
         let old = st.live(key, now).map(|it| it.clone());
         let (mut stale, mut token_sent) = (false, false);
         let (value, flags, exptime) = match (req.mode, old) {
@@ -439,6 +449,12 @@ impl Engine for Model {
         let cas = self.cas(&it);
         st.items.insert(key.to_vec(), it);
         st.stats.total_items += 1;
+        if let Some(fetched) = dead {
+            st.stats.reclaimed += 1;
+            if !fetched {
+                st.stats.expired_unfetched += 1;
+            }
+        }
         MetaStored {
             result: StoreResult::Stored(cas),
             len,
