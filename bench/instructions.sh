@@ -89,7 +89,11 @@ for spec in "$@"; do
         "127.0.0.1:$port" >/dev/null
     callgrind_control -d "$pid" >/dev/null 2>&1
     hits="$(($(stat "$port" get_hits) - hits_before))"
+    # A server under valgrind may take long to stop (or not stop) on SIGTERM: the counts
+    # are dumped already, so give it a few seconds, then kill it.
     kill "$pid"
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
     pid=
     # The busiest thread's instructions (the worker), from the dump taken after the GETs.

@@ -607,6 +607,7 @@ impl Index {
     #[inline]
     pub(crate) fn find(&self, h: u64, mut f: impl FnMut(u64) -> bool) -> Option<(Slot<'_>, u64)> {
         let tag = self.tag(h);
+        let (want, mask) = self.meta_tag(tag);
         let mut b = addr(h, self.state.load(Ordering::Acquire));
         let mut rescanned = false;
         loop {
@@ -615,6 +616,13 @@ impl Index {
             loop {
                 let (locs, metas, next) = self.bucket(c)?;
                 for (loc, meta) in locs.iter().zip(metas) {
+                    // The tag alone first, from the meta word (another key's slot costs one
+                    // load); a slot whose item changes meanwhile was being written, which
+                    // a lookup may see before or after. A split or compaction leaves the
+                    // tag of the slot it marks as it was.
+                    if meta.load(Ordering::Relaxed) & mask != want {
+                        continue;
+                    }
                     let slot = self.slot(loc, meta);
                     let v = slot.load();
                     if is_valid(v) && slot_tag(v) == tag {
@@ -910,13 +918,26 @@ impl Index {
     #[inline]
     pub(crate) fn tagged_in_main(&self, h: u64, mut f: impl FnMut(u64)) {
         let tag = self.tag(h);
+        let (want, mask) = self.meta_tag(tag);
         let b = addr(h, self.state.load(Ordering::Relaxed));
-        self.slots_of(Node::Main(b), |slot| {
-            let v = slot.load();
-            if is_item(v) && slot_tag(v) == tag {
-                f(v);
+        let Some(bucket) = self.main.get(b) else {
+            return;
+        };
+        for (loc, meta) in bucket.loc.iter().zip(&bucket.meta) {
+            if meta.load(Ordering::Relaxed) & mask == want {
+                let v = self.slot(loc, meta).load();
+                if is_item(v) && slot_tag(v) == tag {
+                    f(v);
+                }
             }
-        });
+        }
+    }
+
+    /// The meta word's bits that hold a tag, and tag `tag` (from [`Index::tag`]) in them.
+    #[inline]
+    fn meta_tag(&self, tag: u64) -> (u16, u16) {
+        let mask = M_LOW & !(((1u32 << self.ext) - 1) as u16);
+        (tag as u16 & mask, mask)
     }
 
     fn clear_markers(&self, b: usize) {
