@@ -309,7 +309,7 @@ run_rust-memcache() {
     serve -s /tmp/memcached2.sock || return 1
     # One test at a time: its tests (the doc tests most) share keys on one server, and
     # some flush it, so run in parallel they fail at random against any server.
-    (cd "$t" && cargo test --features tokio,serde_json --target-dir "$cache/rust-target" \
+    (cd "$t" && cargo test --no-fail-fast --features tokio,serde_json --target-dir "$cache/rust-target" \
         -- --format pretty --test-threads 1 2>&1)
 }
 
