@@ -113,17 +113,18 @@ serve() {
 wait_ready() {
     local pid=$1
     shift
-    local want=() tcp="" udp="" a prev=""
+    local want=() tcp="" udp="" host=127.0.0.1 a prev=""
     for a in "$@"; do
         case $prev in
         -p) tcp=$a ;;
         -U) udp=$a ;;
         -s) want+=("unix:$a") ;;
+        -l) host=${a%%,*} ;;
         esac
         prev=$a
     done
     [[ -z $tcp && -n $udp ]] && tcp=$udp
-    [[ -n $tcp && $tcp != 0 ]] && want+=("tcp:$tcp")
+    [[ -n $tcp && $tcp != 0 ]] && want+=("tcp:$host/$tcp")
     local w i
     for w in "${want[@]}"; do
         for ((i = 0; i < 200; i++)); do
@@ -133,11 +134,15 @@ wait_ready() {
                 return 1
             }
             case $w in
-            tcp:*) (exec 3<>"/dev/tcp/127.0.0.1/${w#tcp:}") 2>/dev/null && break ;;
+            tcp:*) (exec 3<>"/dev/tcp/${w#tcp:}") 2>/dev/null && break ;;
             unix:*) [[ -S ${w#unix:} ]] && break ;;
             esac
             sleep 0.05
         done
+        ((i < 200)) || {
+            echo "server $* did not take connections ($w)" >&2
+            return 1
+        }
     done
 }
 
