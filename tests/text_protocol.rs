@@ -820,15 +820,30 @@ fn version_reply(kind: Kind) {
         .strip_prefix("VERSION ")
         .and_then(|s| s.strip_suffix("\r\n"))
         .unwrap_or_else(|| panic!("bad version reply {v:?}"));
+    // Three numbers and nothing else, as a memcached release writes it: clients parse it
+    // (Perl's `version->parse`, which Cache::Memcached::Fast's tests use, refused kvcached's
+    // earlier `1.6.40-kvcached-0.1.0`, and so would Python's `packaging`).
+    let parts: Vec<&str> = rest.split('.').collect();
     assert!(
-        !rest.is_empty() && !rest.contains(' '),
-        "bad version reply {v:?}"
+        parts.len() == 3
+            && parts
+                .iter()
+                .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit())),
+        "version {rest:?} is not three numbers"
     );
     if kind == Kind::Memcached && reference_is_1_6_18() {
         assert_eq!(v, "VERSION 1.6.18\r\n");
     }
-    // The same version in stats.
+    // The same version in stats, and over the binary protocol (opcode 0x0b).
     assert_eq!(c.stat("version").as_deref(), Some(rest));
+    let mut b = server.connect();
+    let mut req = vec![0x80, 0x0b];
+    req.extend([0u8; 22]);
+    b.send(&req);
+    let head = b.exact(24);
+    assert_eq!(&head[..2], &[0x81, 0x0b]);
+    let body_len = u32::from_be_bytes([head[8], head[9], head[10], head[11]]) as usize;
+    assert_eq!(b.exact(body_len), rest.as_bytes());
 }
 
 fn quit_closes(kind: Kind) {

@@ -463,9 +463,9 @@ fn unusable_files_refuse_to_start() {
             .args([
                 "-Z",
                 "-p",
-                "0",
+                "1",
                 "-l",
-                "127.0.0.1:1",
+                "127.0.0.1",
                 "-u",
                 "root",
                 "-o",

@@ -92,6 +92,15 @@ fn tls_setup(config: &config::Config) -> Result<Option<kvtls::server::ServerTls>
 fn start(config: config::Config, tls: Option<kvtls::server::ServerTls>) -> Result<(), String> {
     daemon::drop_privileges(config.user.as_deref())?;
     let listeners = runtime::listener::bind_listeners(&config)?;
+    let udp = runtime::udp::bind_first(&config)?;
+    if config.unix_socket.is_none() {
+        if let Some(path) = std::env::var_os("MEMCACHED_PORT_FILENAME") {
+            runtime::listener::write_port_file(path.as_ref(), &listeners, &udp);
+        }
+    }
+    if listeners.is_empty() && udp.is_empty() {
+        tracing::warn!("listening on nothing: -p 0 turns TCP off and UDP is off (-U)");
+    }
     if config.max_core_file {
         if let Err(e) = daemon::set_core_limit() {
             tracing::warn!("{e}");
@@ -121,7 +130,7 @@ fn start(config: config::Config, tls: Option<kvtls::server::ServerTls>) -> Resul
         }
     }
     let pid_file = config.pid_file.clone();
-    let result = server::run(config, listeners, tls);
+    let result = server::run(config, listeners, udp, tls);
     if let Some(path) = pid_file {
         let _ = daemon::remove_pid_file(&path);
     }

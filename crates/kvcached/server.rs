@@ -76,6 +76,7 @@ fn choose_io(asked: IoChoice) -> IoChoice {
 pub fn run(
     mut config: Config,
     listeners: Vec<Listener>,
+    mut udp: Vec<mio::net::UdpSocket>,
     tls: Option<kvtls::server::ServerTls>,
 ) -> Result<(), String> {
     let threads = config.threads.max(1);
@@ -112,7 +113,11 @@ pub fn run(
         tracing::info!("metrics on http://{bound}/metrics");
     }
 
-    let udp_addrs = crate::runtime::udp::addresses(&shared.config)?;
+    let udp_addrs = udp
+        .iter()
+        .map(|s| s.local_addr())
+        .collect::<std::io::Result<Vec<_>>>()
+        .map_err(|e| format!("a UDP socket's address: {e}"))?;
     let mut workers = Vec::with_capacity(threads);
     let mut wakers = Vec::with_capacity(threads);
     let mut cpus = Vec::with_capacity(threads);
@@ -127,7 +132,14 @@ pub fn run(
                 shared.register(l.fd(), ConnKind::Listener, info);
             }
         }
-        let worker = Worker::new(i, shared.clone(), stats, mine, &udp_addrs)
+        // Worker 0 takes the UDP sockets bound at startup; the others bind their own.
+        let mine_udp = if i == 0 {
+            std::mem::take(&mut udp)
+        } else {
+            crate::runtime::udp::bind_like(&udp_addrs)
+                .map_err(|e| format!("failed to start worker {i}: UDP: {e}"))?
+        };
+        let worker = Worker::new(i, shared.clone(), stats, mine, mine_udp)
             .map_err(|e| format!("failed to start worker {i}: {e}"))?;
         wakers.push(worker.waker());
         workers.push(worker);

@@ -18,6 +18,10 @@ use crate::exec::session::{
 use crate::exec::text::{self, GetFraming};
 use crate::setup::config::ProtocolChoice;
 
+/// memcached's read buffer (`READ_BUFFER_SIZE`): what one of its reads takes at most, so
+/// the most of an unfinished line it has read when it judges one (see `Session::more_input`).
+const MEMCACHED_READ_BUFFER: usize = 16 * 1024;
+
 /// What [`request`] did with the front of the input.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dispatch {
@@ -134,6 +138,14 @@ fn text_request<F: GetFraming>(
                 step: Step::Next,
                 kind: Kind::TooLarge,
             }
+        }
+        // An unfinished line the parser refuses for its length: memcached refuses it only
+        // once it has read what the client sent, up to its read buffer, so while more may be
+        // in the socket it is not judged yet (and is parsed again after the next read).
+        Parse::Close
+            if s.more_input && data.len() <= MEMCACHED_READ_BUFFER && !data.contains(&b'\n') =>
+        {
+            Dispatch::Incomplete { line: false }
         }
         Parse::Close => Dispatch::Close,
     }

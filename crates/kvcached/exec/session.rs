@@ -49,6 +49,12 @@ pub struct Session {
     /// Set with a [`Step::Pause`]: let the worker's other connections run before this
     /// request goes on (from `resume`), instead of only when the output is full.
     pub yield_now: bool,
+    /// The read that brought the input may have left more in the socket (it filled its
+    /// buffer). memcached judges an unfinished text line (over 2 KiB without its end, and
+    /// not a `get`: the connection is closed) only after reading what was there, up to its
+    /// 16 KiB read buffer; a connection whose reads come in smaller pieces (io_uring's 4 KiB
+    /// buffers) waits for the rest before judging (`exec::dispatch`).
+    pub more_input: bool,
 }
 
 impl Drop for Session {
@@ -102,6 +108,7 @@ impl Session {
             watch: None,
             may_yield: false,
             yield_now: false,
+            more_input: false,
         }
     }
 

@@ -488,6 +488,11 @@ impl Conn {
                     // A short read from TLS says nothing of the socket (rustls hands out
                     // one record's plaintext at a time): read until it would block.
                     drained = !full && !self.hangup && !matches!(self.stream, Stream::Tls(_));
+                    self.session.more_input = match &self.stream {
+                        Stream::Ring(ring) => ring.may_have_more(),
+                        Stream::Tls(_) => true,
+                        _ => full,
+                    };
                     source
                 }
                 Ok(Received::Eof) => {
@@ -495,6 +500,14 @@ impl Conn {
                     continue;
                 }
                 Ok(Received::WouldBlock) => {
+                    // Everything there has been read (under io_uring: unless a receive for
+                    // the rest of a full one is on its way): an unfinished line left unjudged
+                    // for that is judged now.
+                    let pending = matches!(&self.stream, Stream::Ring(r) if r.may_have_more());
+                    if self.session.more_input && !pending && self.buffered() > 0 {
+                        self.session.more_input = false;
+                        continue;
+                    }
                     self.idle(ctx, spares);
                     return Drive::Wait;
                 }

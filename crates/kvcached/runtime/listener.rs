@@ -51,17 +51,20 @@ impl Listener {
     }
 }
 
-/// Bind every listening socket the configuration asks for.
+/// Bind every listening socket the configuration asks for: the unix socket, or a TCP socket
+/// per address of each `-l` entry. As in memcached, `-p 0` turns TCP off whatever ports the
+/// entries name, and a port of 0 (`-p -1`, `-l HOST:0`) is one the kernel picks. That may
+/// leave nothing to listen on, which memcached also starts with.
 pub fn bind_listeners(config: &Config) -> Result<Vec<Listener>, String> {
     let mut out = Vec::new();
     if let Some(path) = &config.unix_socket {
         out.push(bind_unix(path, config.unix_mask, config.backlog)?);
         return Ok(out);
     }
+    if config.tcp_port == 0 {
+        return Ok(out);
+    }
     for entry in &config.listeners {
-        if entry.port_or(config.tcp_port) == 0 {
-            continue;
-        }
         let addrs = entry
             .socket_addrs(config.tcp_port)
             .map_err(|e| format!("failed to resolve {:?}: {e}", entry.host))?;
@@ -77,9 +80,6 @@ pub fn bind_listeners(config: &Config) -> Result<Vec<Listener>, String> {
         for addr in addrs {
             out.push(bind_tcp(addr, config.backlog, tls, config.reuseport)?);
         }
-    }
-    if out.is_empty() {
-        return Err("nothing to listen on: set -p, -l or -s".into());
     }
     Ok(out)
 }
@@ -194,4 +194,43 @@ fn bind_unix(path: &Path, mask: u32, backlog: i32) -> Result<Listener, String> {
     socket.listen(backlog).map_err(fail)?;
     socket.set_nonblocking(true).map_err(fail)?;
     Ok(Listener::Unix(socket.into()))
+}
+
+/// memcached's `MEMCACHED_PORT_FILENAME`: with that variable set and no unix socket, the
+/// ports of the sockets bound (`tcp`, then `udp`) are appended to `PATH.lck`, a line each
+/// (`TCP INET: 11211`, `UDP INET6: 41234`), and the file is then renamed to `PATH`, so a
+/// reader that sees `PATH` sees every line. Tests give `-p -1` and read the port from it.
+/// A file that cannot be written is reported and the server starts anyway, as memcached.
+pub fn write_port_file(path: &Path, tcp: &[Listener], udp: &[mio::net::UdpSocket]) {
+    use std::io::Write;
+    let mut lck = path.as_os_str().to_owned();
+    lck.push(".lck");
+    let lck = std::path::PathBuf::from(lck);
+    let mut lines = String::new();
+    let addrs = tcp
+        .iter()
+        .filter_map(|l| match l {
+            Listener::Tcp(l, _) => Some(("TCP", l.local_addr())),
+            Listener::Unix(_) => None,
+        })
+        .chain(udp.iter().map(|s| ("UDP", s.local_addr())));
+    for (kind, addr) in addrs {
+        if let Ok(addr) = addr {
+            let family = if addr.is_ipv4() { "INET" } else { "INET6" };
+            lines.push_str(&format!("{kind} {family}: {}\n", addr.port()));
+        }
+    }
+    let written = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(&lck)
+        .and_then(|mut f| f.write_all(lines.as_bytes()));
+    match written {
+        Ok(()) => {
+            if let Err(e) = std::fs::rename(&lck, path) {
+                tracing::warn!("MEMCACHED_PORT_FILENAME: renaming {}: {e}", lck.display());
+            }
+        }
+        Err(e) => eprintln!("Failed to open \"{}\": {e}", lck.display()),
+    }
 }

@@ -694,6 +694,9 @@ impl Reactor {
                         }
                     }
                 }
+                // The kernel says whether the socket held more after this receive (where it
+                // can tell: it never does on kernels that cannot).
+                sock.nonempty = c.result > 0 && cqueue::sock_nonempty(c.flags);
                 if c.result > 0 {
                     let n = c.result as usize;
                     if let Some(bid) = cqueue::buffer_select(c.flags) {
@@ -836,6 +839,8 @@ pub struct RingSock {
     /// A receive or a send failed with this errno: reads and writes fail from now on.
     err: Option<i32>,
     recv_inflight: bool,
+    /// The last receive's completion said the socket held more ([`RingSock::may_have_more`]).
+    nonempty: bool,
     /// The multishot receive in flight was asked to end.
     recv_cancelled: bool,
     /// Receive into `rx` itself rather than a provided buffer (large requests), and
@@ -907,6 +912,7 @@ impl RingSock {
             eof: false,
             err: None,
             recv_inflight: false,
+            nonempty: false,
             recv_cancelled: false,
             direct: false,
             recv_direct: false,
@@ -931,6 +937,12 @@ impl RingSock {
 
     fn wants_recv(&self) -> bool {
         !self.recv_inflight && self.rx_pos == self.rx.len() && !self.eof && self.err.is_none()
+    }
+
+    /// Whether the socket held more than the last receive took (its completion said so:
+    /// `IORING_CQE_F_SOCK_NONEMPTY`), so that more of what the peer sent is on its way.
+    pub fn may_have_more(&self) -> bool {
+        self.nonempty
     }
 
     /// Whether the connection's next bytes may go straight into a buffer of its own: nothing

@@ -1,6 +1,7 @@
 //! The UDP path (`-U`): memcached's framed datagrams, received and sent in batches.
 //!
-//! Every worker binds its own socket to the UDP port with SO_REUSEPORT, so the kernel spreads
+//! Every worker has its own socket on the UDP port (SO_REUSEPORT; the first worker's are bound
+//! at startup, so that a port the kernel picks is known to the others), so the kernel spreads
 //! datagrams over the workers and no socket is shared. A worker takes up to [`BATCH`]
 //! datagrams per `recvmmsg` into buffers it keeps ([`Buffers`]), answers them into one output
 //! buffer (values are copied once, from the item memory into it), and sends the reply
@@ -54,27 +55,33 @@ const KEEP_CAPACITY: usize = 1 << 20;
 /// memcached's error for a get response it cannot build.
 const MAX_REPLY: usize = 8 << 20;
 
-/// The addresses to bind UDP sockets on (empty when UDP is off).
-pub fn addresses(config: &Config) -> Result<Vec<SocketAddr>, String> {
+/// The first UDP socket of each address the configuration asks for (none when UDP is off),
+/// for the first worker. A port of 0 (`-U -1`, `-l HOST:0`) is one the kernel picks; the
+/// other workers bind theirs to the address these got ([`bind_like`]).
+pub fn bind_first(config: &Config) -> Result<Vec<mio::net::UdpSocket>, String> {
     if config.udp_port == 0 || config.unix_socket.is_some() {
         return Ok(Vec::new());
     }
     let mut out = Vec::new();
     for entry in &config.listeners {
-        let port = entry.port_or(config.udp_port);
-        if port == 0 {
-            continue;
-        }
         let addrs = entry
             .socket_addrs(config.udp_port)
             .map_err(|e| format!("failed to resolve {:?}: {e}", entry.host))?;
-        out.extend(addrs);
+        for addr in addrs {
+            out.push(bind(addr).map_err(|e| format!("failed to listen on UDP {addr}: {e}"))?);
+        }
     }
     Ok(out)
 }
 
+/// A worker's own UDP sockets, bound to `addrs` (the addresses the first sockets got), in
+/// the first sockets' SO_REUSEPORT groups.
+pub fn bind_like(addrs: &[SocketAddr]) -> io::Result<Vec<mio::net::UdpSocket>> {
+    addrs.iter().map(|a| bind(*a)).collect()
+}
+
 /// A non-blocking UDP socket on `addr` that other workers' sockets share (SO_REUSEPORT).
-pub fn bind(addr: SocketAddr) -> io::Result<mio::net::UdpSocket> {
+fn bind(addr: SocketAddr) -> io::Result<mio::net::UdpSocket> {
     let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, None)?;
     socket.set_reuse_port(true)?;
     if addr.is_ipv6() {

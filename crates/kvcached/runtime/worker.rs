@@ -131,7 +131,7 @@ impl Worker {
         shared: Arc<Shared>,
         stats: Arc<WorkerStats>,
         listeners: Vec<Listener>,
-        udp_addrs: &[std::net::SocketAddr],
+        udp_socks: Vec<mio::net::UdpSocket>,
     ) -> io::Result<Worker> {
         let poll = Poll::new()?;
         let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
@@ -147,9 +147,8 @@ impl Worker {
         }
         let listen_names = mine.iter().map(MioListener::shared_name).collect();
         let accept_armed = vec![false; mine.len()];
-        let mut udp = Vec::with_capacity(udp_addrs.len());
-        for (i, addr) in udp_addrs.iter().enumerate() {
-            let mut sock = crate::runtime::udp::bind(*addr)?;
+        let mut udp = Vec::with_capacity(udp_socks.len());
+        for (i, mut sock) in udp_socks.into_iter().enumerate() {
             poll.registry()
                 .register(&mut sock, Token(mine.len() + i), Interest::READABLE)?;
             // `stats conns` lists it, as memcached lists each worker's UDP socket.

@@ -31,7 +31,8 @@ pub enum ProtocolChoice {
 pub struct ListenAddr {
     /// The host to bind; `None` for `*` (every interface, IPv4 and IPv6).
     pub host: Option<String>,
-    /// The entry's own port; `None` means the `-p` (TCP) or `-U` (UDP) port.
+    /// The entry's own port; `None` means the `-p` (TCP) or `-U` (UDP) port. `Some(0)`
+    /// (written `:0` or `:-1`) is a port the kernel picks, as in memcached.
     pub port: Option<u16>,
     /// A `proto[ascii|binary|negotiating]:` prefix forcing this listener's protocol;
     /// `None` means `-B`.
@@ -94,14 +95,16 @@ impl ListenAddr {
         }
     }
 
-    /// The port this listener binds: its own, or `default_port` (the `-p`/`-U` port).
-    pub fn port_or(&self, default_port: u16) -> u16 {
-        self.port.unwrap_or(default_port)
+    /// The port this listener binds: its own, or `default_port` (the `-p`/`-U` port, where
+    /// -1 asks for an ephemeral port). 0 is a port the kernel picks.
+    pub fn port_or(&self, default_port: i32) -> u16 {
+        self.port
+            .unwrap_or_else(|| u16::try_from(default_port).unwrap_or(0))
     }
 
     /// Resolve to the socket addresses to bind (a host name can give several; `*` gives
     /// `0.0.0.0` and `[::]`). Blocks on name resolution, so call it at startup only.
-    pub fn socket_addrs(&self, default_port: u16) -> io::Result<Vec<SocketAddr>> {
+    pub fn socket_addrs(&self, default_port: i32) -> io::Result<Vec<SocketAddr>> {
         let port = self.port_or(default_port);
         match &self.host {
             None => Ok(vec![
@@ -116,10 +119,11 @@ impl ListenAddr {
 /// The whole configuration of a kvcached process.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
-    /// TCP port (`-p`); 0 disables TCP.
-    pub tcp_port: u16,
-    /// UDP port (`-U`); 0 (the default) disables UDP.
-    pub udp_port: u16,
+    /// TCP port (`-p`), as memcached keeps it: 0 turns TCP off (every listener, even one
+    /// with a port of its own), -1 asks the kernel for an ephemeral port, else 1-65535.
+    pub tcp_port: i32,
+    /// UDP port (`-U`), the same way; 0 (the default) turns UDP off.
+    pub udp_port: i32,
     /// Interfaces to listen on (`-l`, repeatable and comma-separated; an entry may carry its
     /// own `:port`). Default: `127.0.0.1`.
     pub listen: Vec<String>,

@@ -9,7 +9,9 @@ pub mod daemon;
 pub mod logging;
 pub mod memory;
 
-/// The version kvcached reports (`version`, `stats`): the memcached protocol level it
-/// implements, then its own version, so that clients that parse memcached's version keep
-/// working.
-pub const VERSION: &str = concat!("1.6.40-kvcached-", env!("CARGO_PKG_VERSION"));
+/// The version kvcached reports (`version`, `stats`, the binary protocol's version): the
+/// memcached release whose protocol it implements, written as a memcached release writes
+/// its version (three numbers, nothing after), because clients parse it: Perl's
+/// `version->parse` and Python's `packaging` refuse anything else, and a semver parser
+/// would order `1.6.40-kvcached-...` before `1.6.40`. `kvcached -V` names kvcached's own.
+pub const VERSION: &str = "1.6.40";

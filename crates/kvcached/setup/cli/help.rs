@@ -16,9 +16,10 @@ kvcached {version}: a memcached-compatible cache server.
 Takes memcached 1.6's options. Usage: kvcached [options]
 
 Network
-  -p, --port=PORT             TCP port; 0 turns TCP off (default {tcp_port})
-  -U, --udp-port=PORT         UDP port; 0 turns UDP off (default {udp_port}). Given
-                              without -p, TCP uses this port too.
+  -p, --port=PORT             TCP port; 0 turns TCP off, -1 lets the kernel pick one
+                              (default {tcp_port})
+  -U, --udp-port=PORT         UDP port; 0 turns UDP off, -1 lets the kernel pick one
+                              (default {udp_port}). Given without -p, TCP uses it too.
   -l, --listen=ADDR[,ADDR]    where to listen; repeatable (default {listen}).
                               ADDR is HOST, HOST:PORT, [IPv6]:PORT, or * for every
                               interface, optionally prefixed by proto[ascii|binary|

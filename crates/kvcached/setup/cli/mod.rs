@@ -27,7 +27,7 @@ use std::time::Duration;
 use crate::setup::config::{Config, ProtocolChoice};
 use getopt::{Lexer, RawOpt};
 pub use help::{help_text, license_text};
-use values::{bad, float, int, int_in, item_size, listen_entry, memory_limit, text};
+use values::{bad, float, int, int_in, item_size, listen_entry, memory_limit, port, text};
 
 /// What the command line asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -342,12 +342,12 @@ impl Builder {
             Opt::EnableShutdown => self.cfg.enable_shutdown = true,
             Opt::EnableSsl => self.cfg.ssl.enabled = true,
             Opt::Port => {
-                self.cfg.tcp_port = int(sp, value, "a port number 0-65535 (0 turns TCP off)")?;
+                self.cfg.tcp_port = port(sp, value, "TCP")?;
                 self.tcp_specified = true;
             }
             Opt::UnixSocket => self.cfg.unix_socket = Some(path()?),
             Opt::UdpPort => {
-                self.cfg.udp_port = int(sp, value, "a port number 0-65535 (0 turns UDP off)")?;
+                self.cfg.udp_port = port(sp, value, "UDP")?;
                 self.udp_specified = true;
             }
             Opt::MemoryLimit => self.cfg.memory_limit = memory_limit(sp, value)?,

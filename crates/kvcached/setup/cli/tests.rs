@@ -74,6 +74,18 @@ fn accepted_command_lines() {
         }),
         (&["-U", "0"], |c| c.udp_port == 0 && c.tcp_port == 11211),
         (&["--udp-port=5"], |c| c.udp_port == 5),
+        // -1: a port the kernel picks, kept as -1 (stats settings shows it), and moved to
+        // TCP by -U alone as memcached moves it.
+        (&["-p", "-1"], |c| c.tcp_port == -1 && c.udp_port == 0),
+        (&["-U", "-1"], |c| c.tcp_port == -1 && c.udp_port == -1),
+        (&["-p", "0", "-U", "-1"], |c| {
+            c.tcp_port == 0 && c.udp_port == -1
+        }),
+        (&["-p", "11212", "-U", "-1"], |c| {
+            c.tcp_port == 11212 && c.udp_port == -1
+        }),
+        (&["-l", "127.0.0.1:0"], |c| c.listeners[0].port == Some(0)),
+        (&["-l", "127.0.0.1:-1"], |c| c.listeners[0].port == Some(0)),
         // -s, -a.
         (&["-s", "/tmp/k.sock"], |c| {
             c.unix_socket.as_deref() == Some(std::path::Path::new("/tmp/k.sock"))
@@ -360,7 +372,8 @@ fn rejected_command_lines() {
         (&["-p", "abc"], "for -p"),
         (&["-p", ""], "for -p"),
         (&["-p", "70000"], "0-65535"),
-        (&["-p", "-1"], "for -p"),
+        (&["-p", "-2"], "-1 lets the kernel pick one"),
+        (&["-U", "-2"], "0 turns UDP off"),
         (&["-p", "12abc"], "for -p"),
         (&["--port=x"], "for --port"),
         (&["-U", "65536"], "for -U"),
@@ -410,6 +423,7 @@ fn rejected_command_lines() {
         // -l entries.
         (&["-l", "127.0.0.1:abc"], "not a port"),
         (&["-l", "127.0.0.1:99999"], "not a port"),
+        (&["-l", "127.0.0.1:-2"], "not a port"),
         (&["-l", "[::1"], "closing ]"),
         (&["-l", "[::1]x"], "after the ]"),
         (&["-l", ":11211"], "no host"),

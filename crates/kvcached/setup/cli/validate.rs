@@ -119,7 +119,7 @@ impl Builder {
             }
         }
         if cfg.ssl.enabled {
-            if cfg.tcp_port == 0 && cfg.listeners.iter().all(|l| l.port.is_none()) {
+            if cfg.tcp_port == 0 {
                 return Err("-Z: You cannot enable SSL without a TCP port.".into());
             }
             if cfg.unix_socket.is_some() {

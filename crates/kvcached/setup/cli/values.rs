@@ -29,6 +29,18 @@ pub(super) fn int<T: std::str::FromStr>(
     digits.parse().map_err(|_| bad(spelling, value, expected))
 }
 
+/// A `-p` or `-U` port as memcached keeps it: 1-65535, 0 (that protocol off) or -1 (a port
+/// the kernel picks; memcached binds port 0). memcached takes any number (`atoi`) and fails
+/// later to bind other negative ones; kvcached refuses them here.
+pub(super) fn port(spelling: &str, value: &str, proto: &str) -> Result<i32, String> {
+    if value == "-1" {
+        return Ok(-1);
+    }
+    let expected =
+        format!("a port number 0-65535 (0 turns {proto} off, -1 lets the kernel pick one)");
+    int_in(spelling, value, 0, 65535, &expected)
+}
+
 /// A decimal integer in `lo..=hi`.
 pub(super) fn int_in<T>(
     spelling: &str,
@@ -193,9 +205,13 @@ pub(super) fn listen_entry(entry: &str, auth_file: bool) -> Result<ListenAddr, S
             p = after.strip_prefix(':').unwrap_or(after);
         }
     }
+    // As in memcached, `:0` and `:-1` are a port the kernel picks.
     let port_of = |s: &str| -> Result<u16, String> {
+        if s == "-1" {
+            return Ok(0);
+        }
         int(&format!("-l {entry}"), s, "a port number 0-65535")
-            .map_err(|_| err(&format!("'{s}' is not a port number 0-65535")))
+            .map_err(|_| err(&format!("'{s}' is not a port number 0-65535 (or -1)")))
     };
     let (host, port) = if let Some(rest) = p.strip_prefix('[') {
         let end = rest
