@@ -147,11 +147,11 @@ impl LogEngine {
             self.free_victim(&mut c, victim);
             return true;
         }
-        // Moved in part (it went back to the FIFO): the compactor's segment is full.
+        // Moved in part, or not at all (it went back to the FIFO). The compactor's
+        // segment stays: sealing it would have `keep_reserve` open a fresh one from the
+        // memory kept for rewrites, which compaction would then hand to new writes (a
+        // refused store would make room for the next: memcached's t/dash-M.t).
         let after = self.live_bytes(victim).unwrap_or(0);
-        if let Some(o) = c.dest.take() {
-            self.seal(o, Queue::Main);
-        }
         after < before
     }
 

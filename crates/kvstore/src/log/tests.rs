@@ -1762,3 +1762,40 @@ fn reclaimed_items_are_counted_per_band() {
     e.reset_stats();
     assert_eq!(e.size_bands()[0].reclaimed, 0);
 }
+
+/// `-M` (memcached's `t/dash-M.t`): once a store is refused for memory, the next one is
+/// refused too, and no item is lost: a refused store does not make room that was not
+/// there (it may compact, but only to free a segment for itself).
+#[test]
+fn no_evict_refuses_consistently_once_full() {
+    for (mb, size) in [(2usize, 8192usize), (4, 8192), (2, 3000), (4, 100)] {
+        let e = LogEngine::new(EngineConfig {
+            no_evict: true,
+            max_item_size: 1 << 20,
+            ..cfg(mb << 20)
+        });
+        let value = vec![b'B'; size];
+        let mut stored = 0;
+        while stored < 1_000_000 {
+            match set(&e, format!("dash{stored}").as_bytes(), &value, 1) {
+                StoreResult::Stored(_) => stored += 1,
+                StoreResult::NoMemory => break,
+                r => panic!("{r:?}"),
+            }
+        }
+        for again in 0..4 {
+            assert_eq!(
+                set(&e, format!("dash{}", stored + again).as_bytes(), &value, 1),
+                StoreResult::NoMemory,
+                "-m {mb}, {size}-byte values: store {again} after the first refusal"
+            );
+        }
+        for i in 0..stored {
+            assert!(
+                get(&e, format!("dash{i}").as_bytes(), 1).is_some(),
+                "dash{i}"
+            );
+        }
+        assert_eq!(e.stats().curr_items, stored as u64);
+    }
+}
