@@ -73,19 +73,13 @@ fn main() -> ExitCode {
     }
 }
 
-/// The server's TLS (`-Z`), built from `-o ssl_*`; every listener's policy is checked.
+/// The server's TLS (`-Z`), built from `-o ssl_*`, one configuration per listener policy.
 fn tls_setup(config: &config::Config) -> Result<Option<kvtls::server::ServerTls>, String> {
     if !config.ssl.enabled {
         return Ok(None);
     }
     let tls =
         kvtls::server::ServerTls::new(config.ssl.settings.clone()).map_err(|e| e.to_string())?;
-    for l in &config.listeners {
-        if l.tls == config::ListenTls::Peer {
-            tls.supports(kvtls::server::Peer::Require)
-                .map_err(|e| e.to_string())?;
-        }
-    }
     Ok(Some(tls))
 }
 

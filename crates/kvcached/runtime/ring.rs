@@ -768,7 +768,8 @@ impl Reactor {
     }
 
     /// A connection is closing: end its operations and keep it until they have completed.
-    pub fn retire(&mut self, slot: usize, sock: RingSock) {
+    pub fn retire(&mut self, slot: usize, mut sock: RingSock) {
+        sock.send_staged_now();
         if !sock.recv_inflight && !sock.send_inflight {
             return; // dropped here: the descriptor closes
         }
@@ -1036,6 +1037,35 @@ impl RingSock {
     /// Output is queued here that the kernel has not taken yet.
     fn unsent(&self) -> bool {
         self.sent < self.sending.len() || !self.spliced.is_empty()
+    }
+
+    /// The connection closes with bytes staged that no send has taken (the alert a TLS
+    /// session wrote as it failed): give them to the socket now, without waiting, as the
+    /// epoll runtime's last write does. Best effort: what the socket does not take at once is
+    /// dropped, and nothing is sent behind a send still in flight or with values spliced in.
+    fn send_staged_now(&mut self) {
+        if self.send_inflight || self.err.is_some() || !self.spliced.is_empty() {
+            return;
+        }
+        let Some(rest) = self.sending.get(self.sent..) else {
+            return;
+        };
+        if rest.is_empty() {
+            return;
+        }
+        // SAFETY: `rest` is valid for its length; the descriptor is this socket's own, open,
+        // and no operation of the kernel's uses the buffer (no send is in flight).
+        let n = unsafe {
+            libc::send(
+                self.fd.as_raw_fd(),
+                rest.as_ptr().cast(),
+                rest.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if n > 0 {
+            self.sent += n as usize;
+        }
     }
 }
 
@@ -1518,6 +1548,30 @@ mod tests {
         );
         assert!(r.drain(GENEROUS), "the receive never ended");
         assert!(r.parked.is_empty());
+    }
+
+    /// Output staged when the connection closes, before any send took it (the alert of a
+    /// failed TLS session), still reaches the peer, then the end: closed at once, and closed
+    /// with a receive in flight.
+    #[test]
+    fn output_staged_at_close_is_sent() {
+        for armed in [false, true] {
+            let Some((mut r, mut sock, mut peer)) = setup() else {
+                return;
+            };
+            if armed {
+                r.arm(&mut sock, 3).unwrap();
+                assert!(sock.recv_inflight);
+            }
+            assert_eq!(sock.write(b"last words").unwrap(), 10);
+            assert!(sock.owes() && !sock.send_inflight);
+            r.retire(3, sock);
+            assert!(r.drain(GENEROUS), "the closed connection was never let go");
+            let mut got = Vec::new();
+            peer.set_read_timeout(Some(GENEROUS)).unwrap();
+            peer.read_to_end(&mut got).unwrap();
+            assert_eq!(got, b"last words", "armed: {armed}");
+        }
     }
 
     #[test]

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use crate::Error;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::sign::{CertifiedKey, SingleCertAndKey};
 use rustls::{
     ClientConfig, ClientConnection, DigitallySignedStruct, RootCertStore, SignatureScheme,
 };
@@ -82,9 +83,21 @@ fn finish(
     client_auth: ClientAuth,
 ) -> Result<Arc<ClientConfig>, Error> {
     let config = match client_auth {
-        Some((chain, key)) => builder
-            .with_client_auth_cert(chain, key)
-            .map_err(Error::ClientCertificate)?,
+        // Not `with_client_auth_cert`, whose check that the key is the certificate's reads
+        // the certificate with webpki (version 3 only): the same check, for any version, as
+        // the server makes of its own (OpenSSL clients present version 1 certificates too).
+        Some((chain, key)) => {
+            let key = crate::server::provider()
+                .key_provider
+                .load_private_key(key)
+                .map_err(Error::ClientCertificate)?;
+            crate::server::check_key(&chain, key.as_ref()).map_err(|e| match e {
+                Error::Rustls(e) => Error::ClientCertificate(e),
+                other => other,
+            })?;
+            let certified = CertifiedKey::new(chain, key);
+            builder.with_client_cert_resolver(Arc::new(SingleCertAndKey::from(certified)))
+        }
         None => builder.with_no_client_auth(),
     };
     Ok(Arc::new(config))

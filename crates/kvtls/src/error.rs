@@ -55,11 +55,6 @@ pub enum Error {
     Ciphers(String),
     #[error("TLS settings: {0}")]
     Versions(rustls::Error),
-    #[error(
-        "verifying client certificates (ssl_verify_mode 2-3 or an mtls: listener) \
-         needs ssl_ca_cert"
-    )]
-    NoCaToVerify,
     #[error("Error loading the CA certificate: {0}")]
     Verifier(rustls::server::VerifierBuilderError),
     /// A key given as DER that the provider refuses.
@@ -67,10 +62,6 @@ pub enum Error {
     KeyDer(rustls::Error),
     #[error("TLS state poisoned")]
     Poisoned,
-    #[error("an mtls: listener needs ssl_ca_cert (the CAs client certificates chain to)")]
-    MtlsWithoutCa,
-    #[error("no TLS configuration for this listener")]
-    NoConfig,
     #[error("a TLS client key needs its certificate")]
     KeyWithoutCertificate,
     #[error("TLS needs the CA file that signed the server's certificate (or insecure)")]

@@ -6,9 +6,10 @@
 //! - [`stream`]: [`TlsStream`], a TLS session over a non-blocking (or blocking) socket that
 //!   reads and writes like the socket itself.
 //! - [`Error`]: what can fail, with memcached's messages.
-//! - [`x509`]: the outline of a certificate of any X.509 version, for the server's own
-//!   (webpki, which rustls checks certificates with, reads version 3 only), read with
-//!   RustCrypto's `x509-cert`.
+//! - [`verify`]: client certificates, of any X.509 version, under `ssl_verify_mode` and
+//!   `mtls:` listeners (webpki, which rustls checks certificates with, reads version 3 only).
+//! - [`x509`]: the parts of a certificate of any X.509 version, for the server's own and for
+//!   clients' version 1 certificates, read with RustCrypto's `x509-cert`.
 //!
 //! This crate does I/O only through the socket it is given; it knows nothing of memcached's
 //! protocols or of the server.
@@ -23,6 +24,7 @@ pub mod stream;
 pub mod testcert;
 #[cfg(any(test, feature = "testcert"))]
 pub mod testpair;
+pub mod verify;
 pub mod x509;
 
 pub use error::Error;

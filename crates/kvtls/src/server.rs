@@ -12,16 +12,15 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
-use rustls::client::danger::HandshakeSignatureValid;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::{PemObject, SectionKind};
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
-use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{NoServerSessionStorage, ServerSessionMemoryCache, StoresServerSessions};
-use rustls::server::{ServerConfig, ServerConnection, WebPkiClientVerifier};
+use rustls::server::{ServerConfig, ServerConnection};
 use rustls::sign::{CertifiedKey, SigningKey, SingleCertAndKey};
-use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureScheme};
+use rustls::RootCertStore;
 
+use crate::verify::ClientVerifier;
 use crate::Error;
 
 /// memcached's `ssl_verify_mode`: whether and how client certificates are checked.
@@ -256,7 +255,7 @@ fn read_key(path: &Path, format: KeyFormat) -> Result<Arc<dyn SigningKey>, Error
 /// That `key` is the private key of `chain`'s first certificate (OpenSSL's
 /// `SSL_CTX_check_private_key`), compared by public key, as rustls compares them but for a
 /// certificate of any version. A key that cannot tell its public key passes, as in rustls.
-fn check_key(chain: &[CertificateDer<'_>], key: &dyn SigningKey) -> Result<(), Error> {
+pub(crate) fn check_key(chain: &[CertificateDer<'_>], key: &dyn SigningKey) -> Result<(), Error> {
     let Some(public) = key.public_key() else {
         return Ok(());
     };
@@ -389,22 +388,16 @@ pub fn build(
         Peer::Require => VerifyMode::Require,
         Peer::Default => settings.verify_mode,
     };
-    let builder = match (verify, material.roots.clone()) {
-        (VerifyMode::None, _) => builder.with_no_client_auth(),
-        // memcached with SSL_VERIFY_PEER and no CA: a certificate is asked for, a client
-        // without one is served, and one that sends one is refused (nothing to verify it by).
-        (VerifyMode::Request, None) => {
-            builder.with_client_cert_verifier(Arc::new(NoTrustedIssuers { provider }))
-        }
-        (_, None) => return Err(Error::NoCaToVerify),
-        (mode, Some(roots)) => {
-            let mut v = WebPkiClientVerifier::builder_with_provider(roots, provider);
-            if mode == VerifyMode::Request {
-                v = v.allow_unauthenticated();
-            }
-            let verifier = v.build().map_err(Error::Verifier)?;
-            builder.with_client_cert_verifier(verifier)
-        }
+    let builder = match verify {
+        VerifyMode::None => builder.with_no_client_auth(),
+        // Without `ssl_ca_cert` every certificate sent is refused (`unknown ca`), as OpenSSL
+        // refuses with an empty trust store; under 2 and 3 so is every client without one:
+        // memcached starts so, and the server warns that it serves no one.
+        mode => builder.with_client_cert_verifier(Arc::new(ClientVerifier::new(
+            material.roots.clone(),
+            provider,
+            mode != VerifyMode::Request,
+        )?)),
     };
     // The key was checked against the certificate when read (`load`); rustls's own check
     // (`with_single_cert`) would refuse a version 1 certificate, which OpenSSL serves.
@@ -441,74 +434,6 @@ pub fn config_from_der(
         peer,
         Arc::new(NoServerSessionStorage {}),
     )
-}
-
-/// Client certificates under `ssl_verify_mode=1` without `ssl_ca_cert`, as OpenSSL treats
-/// them with `SSL_VERIFY_PEER` and an empty trust store: one is asked for (with no CA names),
-/// a client without one is served, and every certificate sent is refused as from an unknown
-/// issuer (the `unknown_ca` alert, as OpenSSL sends).
-#[derive(Debug)]
-struct NoTrustedIssuers {
-    provider: Arc<CryptoProvider>,
-}
-
-impl ClientCertVerifier for NoTrustedIssuers {
-    fn offer_client_auth(&self) -> bool {
-        true
-    }
-
-    fn client_auth_mandatory(&self) -> bool {
-        false
-    }
-
-    fn root_hint_subjects(&self) -> &[DistinguishedName] {
-        &[]
-    }
-
-    fn verify_client_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _now: UnixTime,
-    ) -> Result<ClientCertVerified, rustls::Error> {
-        Err(rustls::Error::InvalidCertificate(
-            rustls::CertificateError::UnknownIssuer,
-        ))
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
 }
 
 /// memcached's TLS counters (`stats`: `ssl_handshake_errors`, `ssl_proto_errors`,
@@ -555,12 +480,11 @@ impl StoresServerSessions for CountingCache {
 /// Sessions OpenSSL's server cache holds by default (SSL_SESSION_CACHE_MAX_SIZE_DEFAULT).
 const SESSION_CACHE_SIZE: usize = 20 * 1024;
 
-/// The configurations in use, one per peer policy (`None`: that policy cannot be built, such
-/// as `Require` without a CA; no listener uses it, the server checked at startup).
+/// The configurations in use, one per peer policy.
 struct Configs {
     default: Arc<ServerConfig>,
-    never: Option<Arc<ServerConfig>>,
-    require: Option<Arc<ServerConfig>>,
+    never: Arc<ServerConfig>,
+    require: Arc<ServerConfig>,
 }
 
 /// The server's TLS: its settings, the configurations built from them, the counters.
@@ -598,8 +522,8 @@ impl ServerTls {
     ) -> Result<Configs, Error> {
         let material = load(settings)?;
         let default = build(&material, settings, Peer::Default, sessions.clone())?;
-        let never = build(&material, settings, Peer::Never, sessions.clone()).ok();
-        let require = build(&material, settings, Peer::Require, sessions.clone()).ok();
+        let never = build(&material, settings, Peer::Never, sessions.clone())?;
+        let require = build(&material, settings, Peer::Require, sessions.clone())?;
         Ok(Configs {
             default,
             never,
@@ -609,21 +533,6 @@ impl ServerTls {
 
     pub fn settings(&self) -> &Settings {
         &self.settings
-    }
-
-    /// Whether a listener with this policy can be served (checked at startup).
-    pub fn supports(&self, peer: Peer) -> Result<(), Error> {
-        let configs = self.configs.read().map_err(|_| Error::Poisoned)?;
-        let ok = match peer {
-            Peer::Default => true,
-            Peer::Never => configs.never.is_some(),
-            Peer::Require => configs.require.is_some(),
-        };
-        if ok {
-            Ok(())
-        } else {
-            Err(Error::MtlsWithoutCa)
-        }
     }
 
     /// Re-read the certificate, key and CA files (`refresh_certs`). On failure the
@@ -640,12 +549,11 @@ impl ServerTls {
         let config = {
             let configs = self.configs.read().map_err(|_| Error::Poisoned)?;
             match peer {
-                Peer::Default => Some(configs.default.clone()),
+                Peer::Default => configs.default.clone(),
                 Peer::Never => configs.never.clone(),
                 Peer::Require => configs.require.clone(),
             }
         };
-        let config = config.ok_or(Error::NoConfig)?;
         Ok(ServerConnection::new(config)?)
     }
 }
@@ -778,27 +686,44 @@ mod tests {
         assert!(e.contains("certificate 2: not an X.509"), "{e}");
     }
 
-    /// `ssl_verify_mode=1` without `ssl_ca_cert` builds (memcached starts with it); 2 and 3
-    /// still need a CA.
+    /// Every `ssl_verify_mode` builds without `ssl_ca_cert`, and so does every listener
+    /// policy (memcached starts with each): under 1 a client without a certificate is
+    /// served, under 2, 3 and `mtls:` none is.
     #[test]
-    fn request_mode_without_a_ca_builds() {
-        let dir = Dir::new("request");
+    fn every_verify_mode_builds_without_a_ca() {
+        let dir = Dir::new("no-ca");
         let ck = crate::testcert::self_signed("localhost");
         let mut s = Settings {
             chain_cert: Some(dir.write("cert.pem", ck.cert_pem().as_bytes())),
             key: Some(dir.write("key.pem", ck.key_pem().as_bytes())),
-            verify_mode: VerifyMode::Request,
             ..Settings::default()
         };
-        let tls = ServerTls::new(s.clone()).expect("mode 1 without a CA");
-        assert!(
-            tls.supports(Peer::Require).is_err(),
-            "mtls: still needs a CA"
-        );
-        for mode in [VerifyMode::Require, VerifyMode::Once] {
+        for (mode, required) in [
+            (VerifyMode::None, None),
+            (VerifyMode::Request, Some(false)),
+            (VerifyMode::Require, Some(true)),
+            (VerifyMode::Once, Some(true)),
+        ] {
             s.verify_mode = mode;
-            let e = ServerTls::new(s.clone()).err().expect("no CA").to_string();
-            assert!(e.contains("ssl_ca_cert"), "{e}");
+            let tls = ServerTls::new(s.clone()).expect("starts without a CA");
+            let client = crate::client::config_from_roots(std::slice::from_ref(&ck.ca), None)
+                .expect("client");
+            // Whether a client without a certificate is served, on a listener with `peer`.
+            let served = |peer| {
+                let configs = tls.configs.read().expect("configs");
+                let config = match peer {
+                    Peer::Default => configs.default.clone(),
+                    Peer::Never => configs.never.clone(),
+                    Peer::Require => configs.require.clone(),
+                };
+                crate::testpair::handshake(config, client.clone()).is_ok()
+            };
+            assert_eq!(served(Peer::Default), required != Some(true), "{mode:?}");
+            assert!(served(Peer::Never), "{mode:?}: btls:");
+            assert!(!served(Peer::Require), "{mode:?}: mtls:");
+            for peer in [Peer::Default, Peer::Never, Peer::Require] {
+                assert!(tls.accept(peer).is_ok());
+            }
         }
     }
 
@@ -836,15 +761,6 @@ mod tests {
             .expect("mismatch")
             .to_string();
         assert!(e.starts_with("Error validating the certificate"), "{e}");
-        // Verification without a CA.
-        std::fs::write(&key, ck.key_pem()).expect("write");
-        s.verify_mode = VerifyMode::Require;
-        let e = ServerTls::new(s.clone()).err().expect("no CA").to_string();
-        assert!(e.contains("ssl_ca_cert"), "{e}");
-        s.verify_mode = VerifyMode::None;
-        let tls = ServerTls::new(s).expect("ok");
-        assert!(tls.supports(Peer::Require).is_err());
-        assert!(tls.supports(Peer::Never).is_ok());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

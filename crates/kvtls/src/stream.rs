@@ -9,9 +9,11 @@
 //! tells the owner to wait for writability even when its own output buffer is empty (the
 //! handshake's flights, the tail of a record).
 //!
-//! Failures are classified for memcached's counters: an error before the handshake completed
-//! is a handshake error (`ssl_handshake_errors`), one after it a protocol error
-//! (`ssl_proto_errors`). Either way the alert rustls wants to send is written (best effort)
+//! Failures are classified for memcached's counters as memcached counts them: an error in the
+//! peer's first flight, before this side has sent anything, is a handshake error
+//! (`ssl_handshake_errors`: what memcached's `SSL_accept` at accept time fails on), any later
+//! one a protocol error (`ssl_proto_errors`: what its `SSL_read` fails on, a refused client
+//! certificate included). Either way the alert rustls wants to send is written (best effort)
 //! and the read fails, which closes the connection.
 
 use std::io::{self, Read, Write};
@@ -25,10 +27,11 @@ pub const DEFAULT_WRITE_CHUNK: usize = 16 * 1024;
 /// How a TLS connection failed, for the counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Failure {
-    /// Before the handshake completed: plaintext on a TLS port, a bad or missing certificate,
+    /// In the peer's first flight, before this side sent anything: plaintext on a TLS port,
     /// no protocol version or cipher in common.
     Handshake,
-    /// After it: a record that does not decrypt, an unexpected message.
+    /// After it: a client certificate refused or missing, an alert from the peer, a record
+    /// that does not decrypt, an unexpected message.
     Protocol,
 }
 
@@ -41,6 +44,9 @@ pub struct TlsStream<S> {
     failure: Option<Failure>,
     /// The handshake completed at some point (for [`TlsStream::established`]).
     established: bool,
+    /// Records went to the socket: the peer's first flight was answered (a server's), or
+    /// this side spoke first (a client's).
+    spoke: bool,
 }
 
 impl<S: std::fmt::Debug> std::fmt::Debug for TlsStream<S> {
@@ -66,6 +72,7 @@ impl<S: Read + Write> TlsStream<S> {
             chunk: DEFAULT_WRITE_CHUNK,
             failure: None,
             established: false,
+            spoke: false,
         }
     }
 
@@ -121,7 +128,7 @@ impl<S: Read + Write> TlsStream<S> {
         while self.conn.wants_write() {
             match self.conn.write_tls(&mut self.sock) {
                 Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),
-                Ok(_) => {}
+                Ok(_) => self.spoke = true,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
@@ -137,7 +144,7 @@ impl<S: Read + Write> TlsStream<S> {
     }
 
     fn fail(&mut self, e: rustls::Error) -> io::Error {
-        let kind = if self.established() {
+        let kind = if self.spoke || self.established() {
             Failure::Protocol
         } else {
             Failure::Handshake
@@ -427,6 +434,29 @@ mod tests {
         let err = server.read(&mut buf).expect_err("not TLS");
         assert_eq!(err.kind(), io::ErrorKind::InvalidData);
         assert_eq!(server.failure(), Some(Failure::Handshake));
+    }
+
+    /// A failure after the server's first flight (here the client's alert: it does not trust
+    /// the server's certificate) is a protocol error, as memcached counts it.
+    #[test]
+    fn a_failure_after_the_servers_first_flight_is_a_protocol_failure() {
+        let (server_cfg, _) = crate::testpair::configs("localhost");
+        let stranger = crate::testcert::Ca::new("another CA").cert();
+        let client_cfg =
+            crate::client::config_from_roots(&[stranger], None).expect("client config");
+        let (ss, cs) = pair();
+        let mut server = TlsStream::new(
+            rustls::ServerConnection::new(server_cfg).expect("server conn"),
+            ss,
+        );
+        let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
+        let mut client = TlsStream::new(
+            rustls::ClientConnection::new(client_cfg, name).expect("client conn"),
+            cs,
+        );
+        pump(&mut server, &mut client, &mut Vec::new(), &mut Vec::new());
+        assert_eq!(client.failure(), Some(Failure::Protocol));
+        assert_eq!(server.failure(), Some(Failure::Protocol));
     }
 
     #[test]

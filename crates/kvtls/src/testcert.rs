@@ -139,6 +139,17 @@ impl Ca {
     /// no key usage), as `openssl x509 -req` makes without `-extfile`. rcgen makes version 3
     /// only, so the certificate is put together here and signed with the CA's key.
     pub fn issue_v1(&self, name: &str) -> CertKey {
+        self.issue_v1_valid(name, "000101000000Z", "491231235959Z")
+    }
+
+    /// A version 1 certificate for `name` that expired at the end of 2000.
+    pub fn issue_v1_expired(&self, name: &str) -> CertKey {
+        self.issue_v1_valid(name, "000101000000Z", "001231235959Z")
+    }
+
+    /// A version 1 certificate for `name` valid from `not_before` to `not_after` (UTCTime,
+    /// `YYMMDDHHMMSSZ`).
+    pub fn issue_v1_valid(&self, name: &str, not_before: &str, not_after: &str) -> CertKey {
         let key = must(KeyPair::generate());
         let ca_der = self.cert();
         let issuer = must(crate::x509::outline(&ca_der)).subject;
@@ -155,7 +166,11 @@ impl Ca {
         let subject = der(0x30, &der(0x31, &cn));
         let validity = der(
             0x30,
-            &[der(0x17, b"000101000000Z"), der(0x17, b"491231235959Z")].concat(),
+            &[
+                der(0x17, not_before.as_bytes()),
+                der(0x17, not_after.as_bytes()),
+            ]
+            .concat(),
         );
         let tbs = der(
             0x30,

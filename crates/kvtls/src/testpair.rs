@@ -31,3 +31,35 @@ pub fn configs(
     ));
     (server, client)
 }
+
+/// A full handshake between `server` and `client` (for `localhost`), in memory: the server's
+/// error if it refused the client.
+pub fn handshake(
+    server: std::sync::Arc<rustls::ServerConfig>,
+    client: std::sync::Arc<rustls::ClientConfig>,
+) -> Result<(), rustls::Error> {
+    let name = must(rustls::pki_types::ServerName::try_from("localhost"));
+    let mut s = rustls::ServerConnection::new(server)?;
+    let mut c = rustls::ClientConnection::new(client, name)?;
+    for _ in 0..16 {
+        let mut wire = Vec::new();
+        while c.wants_write() {
+            must(c.write_tls(&mut wire));
+        }
+        must(s.read_tls(&mut wire.as_slice()));
+        s.process_new_packets()?;
+        wire.clear();
+        while s.wants_write() {
+            must(s.write_tls(&mut wire));
+        }
+        must(c.read_tls(&mut wire.as_slice()));
+        // The client's own error only repeats the server's alert.
+        let _ = c.process_new_packets();
+        if !s.is_handshaking() && !c.is_handshaking() {
+            return Ok(());
+        }
+    }
+    Err(rustls::Error::General(
+        "the handshake did not finish".into(),
+    ))
+}

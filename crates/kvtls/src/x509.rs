@@ -1,14 +1,15 @@
-//! The outline of an X.509 certificate of any version: whether it is one at all, and its
-//! version, subject and public key, read with RustCrypto's `x509-cert`.
+//! The parts of an X.509 certificate of any version, read with RustCrypto's `x509-cert`.
 //!
-//! rustls checks the server's own certificate with webpki, which takes X.509 version 3 only;
-//! OpenSSL (and so memcached) serves version 1 certificates too, which `openssl x509 -req`
-//! still makes when no extensions are asked for. The server reads its certificate's outline
-//! here instead: a file that is not a certificate is refused, any version is served.
+//! rustls checks certificates with webpki, which takes X.509 version 3 only; OpenSSL (and so
+//! memcached) serves and verifies version 1 certificates too, which `openssl x509 -req` still
+//! makes when no extensions are asked for. The server reads its own certificate's
+//! [`outline`] here (a file that is not a certificate is refused, any version is served), and
+//! the client-certificate verifier (`verify.rs`) the [`parts`] of a version 1 or 2 one.
 
 use crate::Error;
 use x509_cert::certificate::{CertificateInner, Raw};
-use x509_cert::der::{Decode, Encode};
+use x509_cert::der::asn1::BitStringRef;
+use x509_cert::der::{self, Decode, Reader, SliceReader};
 use x509_cert::Version;
 
 /// A certificate decoded as RFC 5280 shapes it, without the profile's checks beyond the
@@ -27,7 +28,42 @@ pub struct Outline {
     pub spki: Vec<u8>,
 }
 
-/// Read a certificate's outline (`der` must be one DER `Certificate`, nothing after it):
+/// A certificate's parts as its DER holds them (each borrowed from it, tag and length
+/// included): what a verifier compares and checks signatures over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Parts<'a> {
+    /// 1, 2 or 3.
+    pub version: u8,
+    /// `tbsCertificate`: the bytes the issuer signed.
+    pub tbs: &'a [u8],
+    /// The `AlgorithmIdentifier` the issuer signed with, as the signed part names it, and as
+    /// the certificate names it beside the signature.
+    pub tbs_signature_algorithm: &'a [u8],
+    pub signature_algorithm: &'a [u8],
+    /// The issuer's and the subject's `Name`.
+    pub issuer: &'a [u8],
+    pub subject: &'a [u8],
+    /// The `SubjectPublicKeyInfo`.
+    pub spki: &'a [u8],
+    /// The validity period, in seconds since the Unix epoch.
+    pub not_before: u64,
+    pub not_after: u64,
+    /// The signature's bytes (the BIT STRING's contents, which hold a whole number of bytes).
+    pub signature: &'a [u8],
+}
+
+/// Read a certificate's outline (`der` must be one DER `Certificate`, nothing after it).
+/// An error (naming what is wrong, as the decoder says it) when `der` is not one.
+pub fn outline(der: &[u8]) -> Result<Outline, Error> {
+    let p = parts(der)?;
+    Ok(Outline {
+        version: p.version,
+        subject: p.subject.to_vec(),
+        spki: p.spki.to_vec(),
+    })
+}
+
+/// Read a certificate's parts (`der` must be one DER `Certificate`, nothing after it):
 ///
 /// ```text
 /// Certificate ::= SEQUENCE { tbsCertificate, signatureAlgorithm SEQUENCE, signature BIT STRING }
@@ -36,8 +72,10 @@ pub struct Outline {
 ///     subjectPublicKeyInfo SEQUENCE, ... }
 /// ```
 ///
-/// An error (naming what is wrong, as the decoder says it) when `der` is not one.
-pub fn outline(der: &[u8]) -> Result<Outline, Error> {
+/// `x509-cert` decodes the whole (its structure, version and times); the bytes are then
+/// taken from `der` itself, so that what is compared and verified is what was signed, not a
+/// re-encoding. An error when `der` is not a certificate.
+pub fn parts(der: &[u8]) -> Result<Parts<'_>, Error> {
     let bad = Error::NotX509;
     let cert = Certificate::from_der(der).map_err(bad)?;
     let tbs = cert.tbs_certificate();
@@ -46,14 +84,52 @@ pub fn outline(der: &[u8]) -> Result<Outline, Error> {
         Version::V2 => 2,
         Version::V3 => 3,
     };
-    // Decoded DER encodes back to the same bytes.
-    let subject = tbs.subject().to_der().map_err(bad)?;
-    let spki = tbs.subject_public_key_info().to_der().map_err(bad)?;
-    Ok(Outline {
-        version,
-        subject,
-        spki,
-    })
+    let validity = tbs.validity();
+    let not_before = validity.not_before.to_unix_duration().as_secs();
+    let not_after = validity.not_after.to_unix_duration().as_secs();
+    let raw = (|| -> der::Result<Parts<'_>> {
+        let mut reader = SliceReader::new(der)?;
+        let (tbs, signature_algorithm, signature) = reader.sequence(|r| {
+            let tbs = r.tlv_bytes()?;
+            let algorithm = r.tlv_bytes()?;
+            let signature = BitStringRef::decode(r)?;
+            Ok::<_, der::Error>((tbs, algorithm, signature))
+        })?;
+        reader.finish()?;
+        let signature = signature.as_bytes().ok_or_else(|| {
+            der::Error::from(der::ErrorKind::Value {
+                tag: der::Tag::BitString,
+            })
+        })?;
+        let mut reader = SliceReader::new(tbs)?;
+        reader.sequence(|r| {
+            if der::Tag::peek(r)?.is_context_specific() {
+                r.tlv_bytes()?; // [0] version
+            }
+            r.tlv_bytes()?; // serialNumber
+            let tbs_signature_algorithm = r.tlv_bytes()?;
+            let issuer = r.tlv_bytes()?;
+            r.tlv_bytes()?; // validity
+            let subject = r.tlv_bytes()?;
+            let spki = r.tlv_bytes()?;
+            while !r.is_finished() {
+                r.tlv_bytes()?; // unique identifiers, extensions
+            }
+            Ok::<_, der::Error>(Parts {
+                version,
+                tbs,
+                tbs_signature_algorithm,
+                signature_algorithm,
+                issuer,
+                subject,
+                spki,
+                not_before,
+                not_after,
+                signature,
+            })
+        })
+    })();
+    raw.map_err(bad)
 }
 
 #[cfg(test)]

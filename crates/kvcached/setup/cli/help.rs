@@ -37,7 +37,8 @@ TLS (as memcached's; rustls, no OpenSSL)
   -o ssl_chain_cert=FILE      the server's certificate chain (PEM)
   -o ssl_key=FILE             its private key (default: in the chain file)
   -o ssl_keyformat=N          1 PEM (default), 2 DER
-  -o ssl_ca_cert=FILE         CAs (PEM) client certificates must chain to
+  -o ssl_ca_cert=FILE         CAs (PEM) client certificates must chain to (without
+                              it none can be verified: 2, 3 and mtls: serve no one)
   -o ssl_verify_mode=N        client certificates: 0 none (default), 1 request,
                               2 require, 3 once (as 2)
   -o ssl_min_version=N        2 TLS 1.2 (default), 3 TLS 1.3

@@ -594,6 +594,18 @@ fn surprising_combinations_are_noted() {
             &["-Z", "-o", "ssl_chain_cert=/c,ssl_verify_mode=1"],
             "ssl_verify_mode=1 without ssl_ca_cert",
         ),
+        (
+            &["-Z", "-o", "ssl_chain_cert=/c,ssl_verify_mode=2"],
+            "ssl_verify_mode=2 without ssl_ca_cert: a client certificate is required",
+        ),
+        (
+            &["-Z", "-o", "ssl_chain_cert=/c,ssl_verify_mode=3"],
+            "ssl_verify_mode=3 without ssl_ca_cert: a client certificate is required",
+        ),
+        (
+            &["-Z", "-o", "ssl_chain_cert=/c", "-l", "mtls:127.0.0.1:1"],
+            "-l mtls: without ssl_ca_cert",
+        ),
     ];
     for (args, want) in rows {
         let (_, notes) = run(args).unwrap_or_else(|e| panic!("{args:?} rejected: {e}"));
@@ -610,6 +622,14 @@ fn surprising_combinations_are_noted() {
             "-o",
             "ssl_chain_cert=/c,ssl_verify_mode=1,ssl_ca_cert=/ca",
         ],
+        &[
+            "-Z",
+            "-o",
+            "ssl_chain_cert=/c,ssl_verify_mode=2,ssl_ca_cert=/ca",
+            "-l",
+            "mtls:127.0.0.1:1",
+        ],
+        &["-Z", "-o", "ssl_chain_cert=/c", "-l", "btls:127.0.0.1:1"],
     ] {
         let (_, notes) = run(args).unwrap_or_else(|e| panic!("{args:?} rejected: {e}"));
         assert!(notes.is_empty(), "{args:?}: {notes:?}");

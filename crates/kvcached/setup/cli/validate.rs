@@ -134,15 +134,35 @@ impl Builder {
                         .into(),
                 );
             }
-            if cfg.ssl.settings.verify_mode == kvtls::server::VerifyMode::Request
-                && cfg.ssl.settings.ca_cert.is_none()
-            {
-                self.notes.push(
-                    "-o ssl_verify_mode=1 without ssl_ca_cert: client certificates are asked \
-                     for but none can be verified; clients without one are served, clients \
-                     that send one are refused (as memcached does)"
-                        .into(),
-                );
+            // Without a CA no client certificate can be verified. memcached starts anyway;
+            // so does kvcached, and says what that means for its clients.
+            if cfg.ssl.settings.ca_cert.is_none() {
+                let mode = cfg.ssl.settings.verify_mode;
+                match mode {
+                    kvtls::server::VerifyMode::None => {}
+                    kvtls::server::VerifyMode::Request => self.notes.push(
+                        "-o ssl_verify_mode=1 without ssl_ca_cert: client certificates are \
+                         asked for but none can be verified; clients without one are served, \
+                         clients that send one are refused (as memcached does)"
+                            .into(),
+                    ),
+                    _ => self.notes.push(format!(
+                        "-o ssl_verify_mode={} without ssl_ca_cert: a client certificate is \
+                         required but none can be verified, so every TLS client is refused \
+                         (as memcached does) but on btls: listeners; give the CAs client \
+                         certificates chain to with -o ssl_ca_cert=FILE",
+                        mode.number()
+                    )),
+                }
+                if cfg.listeners.iter().any(|l| l.tls == ListenTls::Peer) {
+                    self.notes.push(
+                        "-l mtls: without ssl_ca_cert: a client certificate is required but \
+                         none can be verified, so every client of an mtls: listener is \
+                         refused (as memcached does); give the CAs client certificates chain \
+                         to with -o ssl_ca_cert=FILE"
+                            .into(),
+                    );
+                }
             }
         }
         // -S with -Y: as in memcached, -S makes the default protocol binary, then -Y makes it
