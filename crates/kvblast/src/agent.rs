@@ -3,217 +3,116 @@
 //! together, and merges their counters and histograms into one report (mutilate's
 //! master/agent arrangement).
 //!
-//! The controller sends one line, the job's flags separated by tabs (`RUN\t--workload\tetc...`,
-//! with `--participant I/N` and the participant's rate and request count); the agent connects,
-//! runs its load phase and answers `READY`; once every participant is ready the controller
-//! pings each agent and sends `GO <delay>` so that all start at one instant (see
-//! [`run_with_agents`]); the agent runs with [`engine::run_synced`] and answers with
-//! `DONE ...`, its counters in a line-based text form ([`encode_stats`]) and `END`, or with
-//! `ERR message`. With `--agent-keys split` (the default) participant i of N draws only the
-//! keys k with k mod N = i and sets only those in its load phase; the rate and the request
-//! count are divided in proportion to each share's popularity mass, so the union of the
-//! participants' requests has the workload's popularity. Every participant uses the same
-//! `--seed` for the key space (sizes, bucket shuffle) and its own random streams. Only the
-//! controller runs the latency probe and reads the servers' `stats`.
+//! Controller and agent exchange [`Message`]s, one JSON object a line (see
+//! [`run_with_agents`] for the order). The controller sends `run` with the job's flags
+//! (`--participant I/N`, the participant's rate and request count among them); the agent
+//! connects, runs its load phase and answers `ready`; once every participant is ready the
+//! controller pings each agent and sends `go` with a delay so that all start at one instant;
+//! the agent runs with [`engine::run_synced`] and answers `done`, with its counters and
+//! histograms ([`Stats`] in its serde form), or `err`. With `--agent-keys split` (the
+//! default) participant i of N draws only the keys k with k mod N = i and sets only those in
+//! its load phase; the rate and the request count are divided in proportion to each share's
+//! popularity mass, so the union of the participants' requests has the workload's
+//! popularity. Every participant uses the same `--seed` for the key space (sizes, bucket
+//! shuffle) and its own random streams. Only the controller runs the latency probe and reads
+//! the servers' `stats`.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
+use serde::{Deserialize, Serialize};
+
 use crate::cli::{AgentKeys, Args};
 use crate::dist::KeyChooser;
 use crate::engine::{self, LoadModel};
-use crate::stats::{new_histogram, OpStats, Participant, Report, Stats};
+use crate::stats::{Participant, Report, Stats};
 
 /// The longest job line or reply an agent or master accepts.
 const MAX_MESSAGE: u64 = 64 << 20;
 
-/// `hist NAME DATA`: the histogram in HdrHistogram's V2 format (the one its Java, C and Go
-/// implementations read), base64-encoded. V2 without deflate, so that a receiver can check
-/// the header's bounds before it allocates anything.
-fn encode_hist(out: &mut String, name: &str, h: &hdrhistogram::Histogram<u64>) {
-    use base64::Engine as _;
-    use hdrhistogram::serialization::{Serializer as _, V2Serializer};
-    let mut bytes = Vec::new();
-    if V2Serializer::new().serialize(h, &mut bytes).is_err() {
-        return; // only fails on a histogram it cannot represent; none here
-    }
-    out.push_str("hist ");
-    out.push_str(name);
-    out.push(' ');
-    base64::engine::general_purpose::STANDARD.encode_string(&bytes, out);
-    out.push('\n');
+/// One message between a controller and an agent; on the wire, one line of JSON tagged by
+/// `type` (`{"type":"go","delay_ns":1500000}`). Both ends are the same kvblast version.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Message {
+    /// Controller → agent: run a job with these flags (as `kvblast run` takes them).
+    Run { args: Vec<String> },
+    /// Agent → controller: connected and loaded, waiting for `go`.
+    Ready,
+    /// Controller → agent, answered by `pong`.
+    Ping,
+    /// Agent → controller: the agent's wall clock (ns since the Unix epoch) when it read
+    /// the ping.
+    Pong { unix_ns: u64 },
+    /// Controller → agent: start this long after reading this line.
+    Go { delay_ns: u64 },
+    /// Agent → controller: the job's result.
+    Done(Box<Done>),
+    /// Agent → controller: the job failed, and why.
+    Err { message: String },
 }
 
-/// The inverse of [`encode_hist`]'s DATA, from a peer that may send anything: the V2 header
-/// must describe a histogram no larger than kvblast's own (at most 3 significant figures,
-/// values from 1 to [`crate::stats::HIST_MAX_NS`]) before it is decoded.
-fn decode_hist(data: &str) -> Result<hdrhistogram::Histogram<u64>, String> {
-    use base64::Engine as _;
-    let bad = |why: &str| format!("bad histogram data: {why}");
-    let bytes = base64::engine::general_purpose::STANDARD
-        .decode(data)
-        .map_err(|_| bad("not base64"))?;
-    let field = |at: usize, len: usize| -> Result<u64, String> {
-        let b = bytes.get(at..at + len).ok_or_else(|| bad("short header"))?;
-        Ok(b.iter().fold(0u64, |acc, &x| acc << 8 | u64::from(x)))
-    };
-    // V2 header: cookie, payload length, normalizing offset, significant figures, lowest
-    // and highest trackable values, conversion ratio; all big-endian.
-    let (digits, lowest, highest) = (field(12, 4)?, field(16, 8)?, field(24, 8)?);
-    if digits > 3 || lowest < 1 || highest > crate::stats::HIST_MAX_NS {
-        return Err(bad("bounds larger than kvblast's"));
-    }
-    hdrhistogram::serialization::Deserializer::new()
-        .deserialize(&mut bytes.as_slice())
-        .map_err(|e| bad(&format!("{e:?}")))
+/// What an agent sends back when its job is done.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Done {
+    /// When its measured window started (wall clock, ns since the Unix epoch).
+    pub start_unix_ns: u64,
+    /// The measured window's length.
+    pub seconds: f64,
+    /// Distinct keys its main phase asked for, when tracked.
+    pub distinct_keys: Option<u64>,
+    pub stats: Stats,
 }
 
-/// A worker's counters as text: `stat NAME VALUE`, `op I count hits misses errors late total
-/// total_keys total_hits`, `hist NAME VALUE:COUNT ...`.
-pub fn encode_stats(st: &Stats) -> String {
-    let mut out = String::new();
-    for (name, v) in [
-        ("late_sends", st.late_sends),
-        ("skipped", st.skipped),
-        ("timeouts", st.timeouts),
-        ("lost", st.lost),
-        ("conn_failures", st.conn_failures),
-        ("dropped", st.dropped),
-        ("misrouted", st.misrouted),
-        ("issued", st.issued),
-        ("loaded", st.loaded),
-        ("load_retries", st.load_retries),
-        ("reconnects", st.reconnects),
-        ("unsent", st.unsent),
-        ("window_ns", st.window_ns),
-        ("interval_ns", st.interval_ns),
-    ] {
-        out.push_str(&format!("stat {name} {v}\n"));
-    }
-    for (i, o) in st.ops.iter().enumerate() {
-        out.push_str(&format!(
-            "op {i} {} {} {} {} {} {} {} {} {} {}\n",
-            o.count,
-            o.hits,
-            o.misses,
-            o.errors,
-            o.late,
-            o.total,
-            o.total_keys,
-            o.total_hits,
-            o.hit_bytes,
-            o.miss_bytes
-        ));
-        encode_hist(&mut out, &format!("op{i}"), &o.hist);
-    }
-    encode_hist(&mut out, "lag", &st.send_lag);
-    for (i, h) in st.intervals.iter().enumerate() {
-        encode_hist(&mut out, &format!("iv{i}"), h);
-    }
-    out
+/// A line that is not the message expected.
+#[derive(Debug, thiserror::Error)]
+pub enum ProtocolError {
+    #[error("malformed message: {0}")]
+    Malformed(#[source] serde_json::Error),
+    #[error("cannot encode a message: {0}")]
+    Encode(#[source] serde_json::Error),
+    #[error("expected {expected}, got {got}")]
+    Unexpected {
+        expected: &'static str,
+        got: &'static str,
+    },
 }
 
-fn num(s: &str) -> Result<u64, String> {
-    s.parse::<u64>().map_err(|_| format!("bad number {s:?}"))
-}
+impl Message {
+    /// The message as a line of JSON, `\n`-terminated (JSON strings escape their newlines).
+    pub fn to_line(&self) -> Result<String, ProtocolError> {
+        let mut line = serde_json::to_string(self).map_err(ProtocolError::Encode)?;
+        line.push('\n');
+        Ok(line)
+    }
 
-/// The inverse of [`encode_stats`]. Malformed input is an error, never a panic.
-pub fn decode_stats(text: &str) -> Result<Stats, String> {
-    let mut st = Stats::default();
-    for line in text.lines() {
-        let mut f = line.split(' ');
-        match f.next() {
-            Some("stat") => {
-                let (Some(name), Some(v)) = (f.next(), f.next()) else {
-                    return Err(format!("bad line {line:?}"));
-                };
-                let v = num(v)?;
-                let slot = match name {
-                    "late_sends" => &mut st.late_sends,
-                    "skipped" => &mut st.skipped,
-                    "timeouts" => &mut st.timeouts,
-                    "lost" => &mut st.lost,
-                    "conn_failures" => &mut st.conn_failures,
-                    "dropped" => &mut st.dropped,
-                    "misrouted" => &mut st.misrouted,
-                    "issued" => &mut st.issued,
-                    "loaded" => &mut st.loaded,
-                    "load_retries" => &mut st.load_retries,
-                    "reconnects" => &mut st.reconnects,
-                    "unsent" => &mut st.unsent,
-                    "window_ns" => &mut st.window_ns,
-                    "interval_ns" => &mut st.interval_ns,
-                    _ => continue, // a newer agent's counter: ignore
-                };
-                *slot = v;
-            }
-            Some("op") => {
-                let i = f.next().map(num).transpose()?.unwrap_or(u64::MAX) as usize;
-                let vals: Vec<u64> = f.map(num).collect::<Result<_, _>>()?;
-                // An older agent sends no byte counts.
-                let (
-                    Some(o),
-                    [count, hits, misses, errors, late, total, keys, total_hits, rest @ ..],
-                ) = (st.ops.get_mut(i), vals.as_slice())
-                else {
-                    return Err(format!("bad line {line:?}"));
-                };
-                let (hit_bytes, miss_bytes) = match rest {
-                    [] => (0, 0),
-                    [h, m] => (*h, *m),
-                    _ => return Err(format!("bad line {line:?}")),
-                };
-                let hist = std::mem::replace(&mut o.hist, new_histogram());
-                *o = OpStats {
-                    hist,
-                    count: *count,
-                    hits: *hits,
-                    misses: *misses,
-                    errors: *errors,
-                    late: *late,
-                    total: *total,
-                    total_keys: *keys,
-                    total_hits: *total_hits,
-                    hit_bytes,
-                    miss_bytes,
-                };
-            }
-            Some("hist") => {
-                let name = f.next().unwrap_or("");
-                let h = if name == "lag" {
-                    &mut st.send_lag
-                } else if let Some(i) = name.strip_prefix("iv") {
-                    let i = i
-                        .parse::<usize>()
-                        .ok()
-                        .filter(|&i| i < crate::stats::MAX_INTERVALS)
-                        .ok_or_else(|| format!("bad histogram {name:?}"))?;
-                    while st.intervals.len() <= i {
-                        st.intervals.push(crate::stats::new_interval_histogram());
-                    }
-                    &mut st.intervals[i]
-                } else {
-                    let i = name
-                        .strip_prefix("op")
-                        .and_then(|i| i.parse::<usize>().ok())
-                        .ok_or_else(|| format!("bad histogram {name:?}"))?;
-                    match st.ops.get_mut(i) {
-                        Some(o) => &mut o.hist,
-                        None => return Err(format!("bad histogram {name:?}")),
-                    }
-                };
-                let data = f
-                    .next()
-                    .ok_or_else(|| format!("histogram {name:?} without data"))?;
-                h.add(decode_hist(data)?)
-                    .map_err(|e| format!("histogram {name:?}: {e:?}"))?;
-            }
-            Some("") | None => {}
-            Some(other) => return Err(format!("unknown line kind {other:?}")),
+    /// Read a message from a line (without its end). Malformed input is an error, never a
+    /// panic.
+    pub fn parse(line: &str) -> Result<Message, ProtocolError> {
+        serde_json::from_str(line).map_err(ProtocolError::Malformed)
+    }
+
+    /// The message's `type`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Message::Run { .. } => "run",
+            Message::Ready => "ready",
+            Message::Ping => "ping",
+            Message::Pong { .. } => "pong",
+            Message::Go { .. } => "go",
+            Message::Done(_) => "done",
+            Message::Err { .. } => "err",
         }
     }
-    Ok(st)
+
+    /// An error saying that this message is not the one expected.
+    fn unexpected(&self, expected: &'static str) -> ProtocolError {
+        ProtocolError::Unexpected {
+            expected,
+            got: self.kind(),
+        }
+    }
 }
 
 /// Serve jobs on `listener`, one connection at a time; stop after `jobs` jobs if given.
@@ -237,21 +136,11 @@ fn serve_one(conn: TcpStream) -> Result<(), String> {
             .take(MAX_MESSAGE),
     );
     let mut writer = conn;
-    let mut line = String::new();
-    reader
-        .read_line(&mut line)
-        .map_err(|e| format!("agent: {e}"))?;
-    let reply = match run_job(
-        line.trim_end_matches(['\r', '\n']),
-        &mut reader,
-        &mut writer,
-    ) {
-        Ok(text) => text,
-        Err(e) => format!("ERR {}\n", e.replace('\n', " ")),
+    let reply = match run_job(&mut reader, &mut writer) {
+        Ok(done) => Message::Done(Box::new(done)),
+        Err(e) => Message::Err { message: e },
     };
-    writer
-        .write_all(reply.as_bytes())
-        .map_err(|e| format!("agent: {e}"))
+    send(&mut writer, &reply, "agent")
 }
 
 /// Wall-clock nanoseconds since the Unix epoch, now.
@@ -259,59 +148,58 @@ fn unix_ns() -> u64 {
     engine::unix_ns_at(Instant::now())
 }
 
-/// Read one line (without its end); an error at the end of the stream.
-fn read_line(reader: &mut impl BufRead, what: &str) -> Result<String, String> {
+/// Write one message; `peer` names the other end in errors.
+fn send(writer: &mut impl Write, m: &Message, peer: &str) -> Result<(), String> {
+    let line = m.to_line().map_err(|e| format!("{peer}: {e}"))?;
+    writer
+        .write_all(line.as_bytes())
+        .map_err(|e| format!("{peer}: {e}"))
+}
+
+/// Read one message; an error at the end of the stream. `peer` names the other end in
+/// errors.
+fn receive(reader: &mut impl BufRead, peer: &str) -> Result<Message, String> {
     let mut line = String::new();
     match reader.read_line(&mut line) {
-        Ok(0) => Err(format!("{what}: connection closed")),
-        Ok(_) => Ok(line.trim_end_matches(['\r', '\n']).to_string()),
-        Err(e) => Err(format!("{what}: {e}")),
+        Ok(0) => Err(format!("{peer}: connection closed")),
+        Ok(_) => {
+            Message::parse(line.trim_end_matches(['\r', '\n'])).map_err(|e| format!("{peer}: {e}"))
+        }
+        Err(e) => Err(format!("{peer}: {e}")),
     }
 }
 
-/// Run one job: connect and load, say `READY`, answer `PING`s, start when `GO` says, and
-/// return the reply (`DONE` line, counters, `END`).
-fn run_job(
-    line: &str,
-    reader: &mut impl BufRead,
-    writer: &mut TcpStream,
-) -> Result<String, String> {
-    let mut fields = line.split('\t');
-    if fields.next() != Some("RUN") {
-        return Err("expected RUN".into());
-    }
-    let argv = std::iter::once("run".to_string()).chain(fields.map(String::from));
-    let args = Args::parse(argv)?;
+/// Run one job: read it, connect and load, say `ready`, answer `ping`s, start when `go`
+/// says, and return the result.
+fn run_job(reader: &mut impl BufRead, writer: &mut TcpStream) -> Result<Done, String> {
+    let args = match receive(reader, "agent")? {
+        Message::Run { args } => args,
+        other => return Err(format!("agent: {}", other.unexpected("run"))),
+    };
+    let args = Args::parse(std::iter::once("run".to_string()).chain(args))?;
     let cfg = args.run_config()?;
     // The controller may take its own load phase, and wait for the other agents', before
-    // saying GO; a controller that goes away closes the connection.
+    // saying go; a controller that goes away closes the connection.
     let _ = writer.set_read_timeout(Some(cfg.load_timeout * 2 + Duration::from_secs(60)));
     let mut sync = || -> Result<Instant, String> {
-        writer
-            .write_all(b"READY\n")
-            .map_err(|e| format!("agent: {e}"))?;
+        send(writer, &Message::Ready, "agent")?;
         loop {
-            let l = read_line(reader, "agent: waiting for GO")?;
+            let m = receive(reader, "agent: waiting for go")?;
             let received = Instant::now();
-            match l.split_once(' ') {
-                None if l == "PING" => writer
-                    .write_all(format!("PONG {}\n", unix_ns()).as_bytes())
-                    .map_err(|e| format!("agent: {e}"))?,
-                Some(("GO", ns)) => return Ok(received + Duration::from_nanos(num(ns)?)),
-                _ => return Err(format!("agent: expected PING or GO, got {l:?}")),
+            match m {
+                Message::Ping => send(writer, &Message::Pong { unix_ns: unix_ns() }, "agent")?,
+                Message::Go { delay_ns } => return Ok(received + Duration::from_nanos(delay_ns)),
+                other => return Err(format!("agent: {}", other.unexpected("ping or go"))),
             }
         }
     };
     let r = engine::run_synced(&cfg, &mut sync)?;
-    Ok(format!(
-        "DONE {} {} {}\n{}END\n",
-        r.start_unix_ns,
-        r.seconds,
-        r.distinct_keys
-            .map(|k| k.to_string())
-            .unwrap_or_else(|| "-".into()),
-        encode_stats(&r.stats)
-    ))
+    Ok(Done {
+        start_unix_ns: r.start_unix_ns,
+        seconds: r.seconds,
+        distinct_keys: r.distinct_keys,
+        stats: r.stats,
+    })
 }
 
 /// What a participant is given: its share of the workload, its rate and request count.
@@ -390,24 +278,24 @@ impl AgentConn {
         format!("agent {}: {e}", self.name)
     }
 
-    fn send(&mut self, line: &str) -> Result<(), String> {
-        self.writer
-            .write_all(line.as_bytes())
-            .map_err(|e| self.err(e))
+    fn send(&mut self, m: &Message) -> Result<(), String> {
+        send(&mut self.writer, m, &format!("agent {}", self.name))
     }
 
-    fn line(&mut self, timeout: Duration) -> Result<String, String> {
+    /// The next message, waiting at most `timeout`; an agent's `err` is an error.
+    fn receive(&mut self, timeout: Duration) -> Result<Message, String> {
         let _ = self.writer.set_read_timeout(Some(timeout));
-        read_line(&mut self.reader, &format!("agent {}", self.name))
+        match receive(&mut self.reader, &format!("agent {}", self.name))? {
+            Message::Err { message } => Err(self.err(message)),
+            m => Ok(m),
+        }
     }
 
-    /// Wait for `READY` (the agent has connected and run its load phase).
+    /// Wait for `ready` (the agent has connected and run its load phase).
     fn ready(&mut self, timeout: Duration) -> Result<(), String> {
-        let l = self.line(timeout)?;
-        match l.strip_prefix("ERR ") {
-            Some(e) => Err(self.err(e)),
-            None if l == "READY" => Ok(()),
-            None => Err(self.err(format!("expected READY, got {l:?}"))),
+        match self.receive(timeout)? {
+            Message::Ready => Ok(()),
+            other => Err(self.err(other.unexpected("ready"))),
         }
     }
 
@@ -417,13 +305,12 @@ impl AgentConn {
         self.rtt = Duration::MAX;
         for _ in 0..PINGS {
             let (sent, sent_ns) = (Instant::now(), unix_ns());
-            self.send("PING\n")?;
-            let l = self.line(Duration::from_secs(5))?;
+            self.send(&Message::Ping)?;
+            let m = self.receive(Duration::from_secs(5))?;
             let rtt = sent.elapsed();
-            let theirs = l
-                .strip_prefix("PONG ")
-                .ok_or_else(|| self.err(format!("expected PONG, got {l:?}")))
-                .and_then(|t| num(t).map_err(|e| self.err(e)))?;
+            let Message::Pong { unix_ns: theirs } = m else {
+                return Err(self.err(m.unexpected("pong")));
+            };
             if rtt < self.rtt {
                 self.rtt = rtt;
                 self.offset_ns = theirs as i64 - (sent_ns + rtt.as_nanos() as u64 / 2) as i64;
@@ -431,25 +318,33 @@ impl AgentConn {
         }
         Ok(())
     }
+
+    /// Wait for the job's result.
+    fn done(&mut self, timeout: Duration) -> Result<Done, String> {
+        match self.receive(timeout)? {
+            Message::Done(done) => Ok(*done),
+            other => Err(self.err(other.unexpected("done"))),
+        }
+    }
 }
 
 /// Pings per agent before the start.
 const PINGS: usize = 3;
 
 /// The start is this long after the controller decides it (plus two of the slowest round
-/// trips): time to send every agent its `GO`.
+/// trips): time to send every agent its `go`.
 const START_LEAD: Duration = Duration::from_millis(20);
 
 /// Run `args` split between this process and `args.agents`, merging every participant's
 /// counters into the controller's report.
 ///
-/// Protocol, per agent: `RUN\t<flags>` →; ← `READY` once the agent has connected and run its
-/// load phase (or `ERR ...`); when every agent and the controller are ready, `PING` → ←
-/// `PONG <wall ns>` a few times, then `GO <delay ns>` →, and the agent starts that long
-/// after it read the line: the delay is the common start instant less the time already
-/// passed and half the agent's round trip, so every participant starts at the same moment
-/// (to within the asymmetry of the network's delays). ← `DONE <start wall ns> <seconds>
-/// <distinct keys>`, the counters, `END`.
+/// Protocol, per agent ([`Message`]s): `run` →; ← `ready` once the agent has connected and
+/// run its load phase (or `err`); when every agent and the controller are ready, `ping` → ←
+/// `pong` (the agent's wall clock) a few times, then `go` (a delay) →, and the agent starts
+/// that long after it read the line: the delay is the common start instant less the time
+/// already passed and half the agent's round trip, so every participant starts at the same
+/// moment (to within the asymmetry of the network's delays). ← `done` (when it started, for
+/// how long, its counters and histograms) or `err`.
 pub fn run_with_agents(args: &Args) -> Result<Report, String> {
     // Agents get histograms' contents, not their paths: they need no files of their own
     // (and the file is read once).
@@ -494,16 +389,9 @@ pub fn run_with_agents(args: &Args) -> Result<Report, String> {
             offset_ns: 0,
         });
     }
-    let mut jobs = Vec::new();
-    for (i, share) in shares.iter().enumerate().skip(1) {
-        let job = agent_args(args, i, participants, share);
-        if job.iter().any(|a| a.contains(['\t', '\n'])) {
-            return Err("flags sent to agents may not contain tabs or newlines".into());
-        }
-        jobs.push(format!("RUN\t{}\n", job.join("\t")));
-    }
-    for (a, line) in conns.iter_mut().zip(&jobs) {
-        a.send(line)?;
+    for (i, (a, share)) in conns.iter_mut().zip(shares.iter().skip(1)).enumerate() {
+        let args = agent_args(args, i + 1, participants, share);
+        a.send(&Message::Run { args })?;
     }
     // Called once this process has connected and loaded: wait for every agent to be ready
     // too, then start everyone together.
@@ -521,7 +409,8 @@ pub fn run_with_agents(args: &Args) -> Result<Report, String> {
             let delay = start
                 .saturating_duration_since(Instant::now())
                 .saturating_sub(a.rtt / 2);
-            a.send(&format!("GO {}\n", delay.as_nanos()))?;
+            let delay_ns = u64::try_from(delay.as_nanos()).unwrap_or(u64::MAX);
+            a.send(&Message::Go { delay_ns })?;
         }
         Ok(start)
     };
@@ -536,28 +425,12 @@ pub fn run_with_agents(args: &Args) -> Result<Report, String> {
     me.distinct_keys = report.distinct_keys;
     let mut list = vec![me];
     for (i, mut a) in conns.into_iter().enumerate() {
-        let head = a.line(wait)?;
-        if let Some(e) = head.strip_prefix("ERR ") {
-            return Err(a.err(e));
-        }
-        let done: Vec<&str> = head.split(' ').collect();
-        let ["DONE", start_ns, seconds, keys] = done.as_slice() else {
-            return Err(a.err(format!("expected DONE, got {head:?}")));
-        };
-        let start_ns = num(start_ns).map_err(|e| a.err(e))?;
-        let seconds: f64 = seconds
-            .parse()
-            .map_err(|_| a.err(format!("bad seconds {seconds:?}")))?;
-        let keys = match *keys {
-            "-" => None,
-            k => Some(num(k).map_err(|e| a.err(e))?),
-        };
-        let mut text = String::new();
-        a.reader.read_to_string(&mut text).map_err(|e| a.err(e))?;
-        let Some(body) = text.strip_suffix("END\n") else {
-            return Err(a.err("truncated reply"));
-        };
-        let st = decode_stats(body).map_err(|e| a.err(e))?;
+        let Done {
+            start_unix_ns: start_ns,
+            seconds,
+            distinct_keys: keys,
+            stats: st,
+        } = a.done(wait)?;
         let share = &shares[i + 1];
         let mut p = Participant::of(&a.name, share.share, share.rate, &st, seconds);
         p.distinct_keys = keys;
@@ -590,40 +463,85 @@ pub fn run_with_agents(args: &Args) -> Result<Report, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::stats::{hist_v2, new_histogram, HistogramDataError};
     use crate::workload::Op;
 
-    #[test]
-    fn stats_round_trip() {
+    /// Counters and histograms of every kind, as a worker would leave them.
+    fn sample_stats() -> Stats {
         let mut st = Stats {
             issued: 42,
             dropped: 3,
             window_ns: 7,
+            interval_ns: 1_000_000_000,
             ..Default::default()
         };
         let g = &mut st.ops[Op::Get.index()];
-        for v in [1000u64, 2000, 2000, 1_000_000] {
+        for v in [1000u64, 2000, 2000, 1_000_000, crate::stats::HIST_MAX_NS] {
             g.hist.saturating_record(v);
         }
-        g.count = 4;
+        g.count = 5;
         g.hits = 3;
         g.total_keys = 9;
         g.hit_bytes = 300;
         g.miss_bytes = 20;
+        st.ops[Op::Set.index()].hist.saturating_record(1);
+        st.ops[Op::Set.index()].errors = 2;
         st.send_lag.saturating_record(5000);
-        let back = decode_stats(&encode_stats(&st)).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(back.issued, 42);
-        assert_eq!(back.dropped, 3);
-        assert_eq!(back.window_ns, 7);
-        let b = back.op(Op::Get);
-        assert_eq!((b.count, b.hits, b.total_keys), (4, 3, 9));
-        assert_eq!((b.hit_bytes, b.miss_bytes), (300, 20));
-        assert_eq!(b.hist.len(), 4);
-        assert_eq!(b.hist.max(), g_max(&st));
-        assert_eq!(back.send_lag.len(), 1);
+        for i in 0..3u64 {
+            let mut h = crate::stats::new_interval_histogram();
+            h.saturating_record(10 + i * 1000);
+            st.intervals.push(h);
+        }
+        st
     }
 
-    fn g_max(st: &Stats) -> u64 {
-        st.op(Op::Get).hist.max()
+    /// Stats with histograms → `done` message → line → message → the same Stats.
+    #[test]
+    fn stats_round_trip_through_a_done_message() {
+        let st = sample_stats();
+        let done = Message::Done(Box::new(Done {
+            start_unix_ns: 1_700_000_000_123_456_789,
+            seconds: 1.25,
+            distinct_keys: Some(17),
+            stats: st.clone(),
+        }));
+        let line = done.to_line().unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            line.ends_with('\n') && line.matches('\n').count() == 1,
+            "{line}"
+        );
+        let back = Message::parse(line.trim_end()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(back, done);
+        let Message::Done(back) = back else {
+            panic!("{back:?}")
+        };
+        assert_eq!(back.stats, st);
+        let b = back.stats.op(Op::Get);
+        assert_eq!((b.count, b.hits, b.total_keys), (5, 3, 9));
+        assert_eq!((b.hit_bytes, b.miss_bytes), (300, 20));
+        assert_eq!(b.hist.len(), 5);
+        assert_eq!(b.hist.max(), st.op(Op::Get).hist.max());
+        assert_eq!(back.stats.intervals.len(), 3);
+        assert_eq!(back.distinct_keys, Some(17));
+        // Every other message, and one line each (a flag may hold a newline or a tab).
+        for m in [
+            Message::Run {
+                args: vec!["--mix".into(), "get=1\n\t".into()],
+            },
+            Message::Ready,
+            Message::Ping,
+            Message::Pong { unix_ns: u64::MAX },
+            Message::Go {
+                delay_ns: 1_500_000,
+            },
+            Message::Err {
+                message: "two\nlines".into(),
+            },
+        ] {
+            let line = m.to_line().unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(line.matches('\n').count(), 1, "{line}");
+            assert_eq!(Message::parse(line.trim_end()).ok(), Some(m), "{line}");
+        }
     }
 
     #[test]
@@ -657,24 +575,72 @@ mod tests {
         );
     }
 
+    /// Malformed messages are errors that say what is wrong, never panics.
     #[test]
     fn garbage_is_an_error_not_a_panic() {
-        for bad in [
-            "stat issued x",
-            "op 9 1 2 3 4 5 6 7 8",
-            "op 0 1 2",
-            "hist op7 1:1",
-            "hist op0 1-1",
-            "hist op0 1:x",
-            "what",
-        ] {
-            assert!(decode_stats(bad).is_err(), "{bad}");
+        let good = Message::Done(Box::new(Done {
+            start_unix_ns: 1,
+            seconds: 1.0,
+            distinct_keys: None,
+            stats: sample_stats(),
+        }))
+        .to_line()
+        .unwrap_or_else(|e| panic!("{e}"));
+        let hist = hist_v2::encode(&new_histogram()).unwrap_or_else(|e| panic!("{e}"));
+        let truncated = &good[..good.len() / 2];
+        let cases: Vec<(String, &str)> = vec![
+            (String::new(), "EOF"),
+            ("what".into(), "expected"),
+            ("RUN\t--keys\t10".into(), "expected"),
+            ("{\"type\":\"launch\"}".into(), "unknown variant"),
+            ("{\"type\":\"go\"}".into(), "missing field `delay_ns`"),
+            ("{\"type\":\"go\",\"delay_ns\":-1}".into(), "invalid value"),
+            (
+                "{\"type\":\"pong\",\"unix_ns\":\"now\"}".into(),
+                "invalid type",
+            ),
+            (truncated.to_string(), "EOF"),
+            (
+                good.replacen("\"issued\":42", "\"issued\":-42", 1),
+                "invalid value",
+            ),
+            (good.replacen("\"ops\":[{", "\"ops\":[", 1), "expected"),
+            (
+                good.replacen(
+                    &format!("\"send_lag\":\"{}", &hist[..4]),
+                    "\"send_lag\":\"!!!!",
+                    1,
+                ),
+                "not base64",
+            ),
+            (
+                good.replacen(
+                    "\"intervals\":[",
+                    &format!("\"intervals\":[{}", format!("\"{hist}\",").repeat(300)),
+                    1,
+                ),
+                "more than the 300",
+            ),
+        ];
+        for (line, want) in &cases {
+            match Message::parse(line) {
+                Err(e @ ProtocolError::Malformed(_)) => {
+                    let text = e.to_string();
+                    assert!(
+                        text.starts_with("malformed message: ") && text.contains(want),
+                        "{line:.200}: {text}"
+                    );
+                }
+                other => panic!("{line:.200}: {other:?}"),
+            }
         }
-        assert!(decode_stats("stat future_counter 5\n").is_ok());
+        // A message of the wrong kind at the wrong time names both.
+        let e = Message::Ping.unexpected("ready");
+        assert_eq!(e.to_string(), "expected ready, got ping");
     }
 
     /// Histograms travel in HdrHistogram's V2 format; a header asking for a histogram larger
-    /// than kvblast's own is refused before anything is allocated.
+    /// than kvblast's own is refused before anything is allocated, in a message too.
     #[test]
     fn histograms_travel_as_v2_and_hostile_headers_are_refused() {
         use base64::Engine as _;
@@ -683,10 +649,8 @@ mod tests {
         for v in [1, 1000, 123_456, 99_000_000_000] {
             h.saturating_record(v);
         }
-        let mut line = String::new();
-        encode_hist(&mut line, "op0", &h);
-        let data = line.trim_end().rsplit(' ').next().unwrap_or("");
-        let back = decode_hist(data).unwrap_or_else(|e| panic!("{e}"));
+        let data = hist_v2::encode(&h).unwrap_or_else(|e| panic!("{e}"));
+        let back = hist_v2::decode(&data, new_histogram()).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(back, h);
         // A histogram of 5 significant figures up to u64::MAX: refused.
         let big = hdrhistogram::Histogram::<u64>::new_with_bounds(1, u64::MAX, 5)
@@ -696,11 +660,30 @@ mod tests {
             .serialize(&big, &mut bytes)
             .unwrap_or_else(|e| panic!("{e:?}"));
         let b64 = base64::engine::general_purpose::STANDARD.encode(&bytes);
-        assert!(decode_hist(&b64).is_err());
+        assert!(matches!(
+            hist_v2::decode(&b64, new_histogram()),
+            Err(HistogramDataError::TooLarge { digits: 5, .. })
+        ));
+        let line = Message::Done(Box::new(Done {
+            start_unix_ns: 1,
+            seconds: 1.0,
+            distinct_keys: None,
+            stats: Stats::default(),
+        }))
+        .to_line()
+        .unwrap_or_else(|e| panic!("{e}"));
+        let empty = hist_v2::encode(&new_histogram()).unwrap_or_else(|e| panic!("{e}"));
+        let hostile = line.replacen(&empty, &b64, 1);
+        assert_ne!(hostile, line);
+        let e = Message::parse(hostile.trim_end()).map(|_| ());
+        assert!(
+            matches!(&e, Err(ProtocolError::Malformed(m)) if m.to_string().contains("bounds larger than kvblast's")),
+            "{e:?}"
+        );
         // Truncated, empty, not base64.
         let short = base64::engine::general_purpose::STANDARD.encode(&bytes[..10]);
         for bad in [short.as_str(), "", "!!!!"] {
-            assert!(decode_hist(bad).is_err(), "{bad:?}");
+            assert!(hist_v2::decode(bad, new_histogram()).is_err(), "{bad:?}");
         }
     }
 }

@@ -35,10 +35,12 @@ pub fn new_interval_histogram() -> Histogram<u64> {
 /// under this).
 pub const MAX_INTERVALS: usize = 300;
 
-/// Counters for one request kind.
-#[derive(Debug, Clone)]
+/// Counters for one request kind. Its serde form (what an agent sends its controller) has
+/// the histogram in [`hist_v2`]'s form.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct OpStats {
     /// Latency of measured requests (sent after the warm-up, before the end), in ns.
+    #[serde(with = "hist_v2")]
     pub hist: Histogram<u64>,
     /// Measured requests that completed (with any reply, errors included).
     pub count: u64,
@@ -97,11 +99,13 @@ impl OpStats {
     }
 }
 
-/// Everything one thread (or, merged, the whole run) counted.
-#[derive(Debug, Clone)]
+/// Everything one thread (or, merged, the whole run) counted. Its serde form (what an agent
+/// sends its controller) has the histograms in [`hist_v2`]'s form.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Stats {
     pub ops: [OpStats; Op::COUNT],
     /// Open loop: how late each measured request was sent after its intended time, in ns.
+    #[serde(with = "hist_v2")]
     pub send_lag: Histogram<u64>,
     /// Open loop: measured requests sent more than [`late_send_ns`] after their time.
     pub late_sends: u64,
@@ -135,8 +139,131 @@ pub struct Stats {
     pub window_ns: u64,
     /// Latency (µs) of every request completed in each interval of `interval_ns` from the
     /// start (warm-up and drain included, the load phase not): the p99-over-time plot.
+    #[serde(with = "hist_v2::intervals")]
     pub intervals: Vec<Histogram<u64>>,
     pub interval_ns: u64,
+}
+
+/// Histogram data that cannot be read back (from a peer that may send anything).
+#[derive(Debug, thiserror::Error)]
+pub enum HistogramDataError {
+    #[error("bad histogram data: not base64 ({0})")]
+    NotBase64(#[source] base64::DecodeError),
+    #[error("bad histogram data: short header")]
+    ShortHeader,
+    /// The V2 header asks for more than kvblast's own histograms hold.
+    #[error(
+        "bad histogram data: bounds larger than kvblast's ({lowest}..={highest}, {digits} \
+         significant digits)"
+    )]
+    TooLarge {
+        digits: u64,
+        lowest: u64,
+        highest: u64,
+    },
+    #[error("bad histogram data: {0}")]
+    Decode(#[source] hdrhistogram::serialization::DeserializeError),
+    /// Values that do not fit the histogram they are added to.
+    #[error("bad histogram data: {0}")]
+    Add(#[source] hdrhistogram::AdditionError),
+    #[error("{0} interval histograms, more than the {MAX_INTERVALS} a run keeps")]
+    TooManyIntervals(usize),
+}
+
+/// Histograms in serde form (`#[serde(with = "hist_v2")]`): HdrHistogram's V2 format (the
+/// one its Java, C and Go implementations read), base64-encoded. V2 without deflate, so that
+/// a reader can check the header's bounds before it allocates anything; what is read back is
+/// added into a fresh histogram of kvblast's own, so a peer cannot choose its size.
+pub mod hist_v2 {
+    use base64::Engine as _;
+    use hdrhistogram::serialization::{Serializer as _, V2Serializer};
+    use hdrhistogram::Histogram;
+    use serde::{de, ser, Deserialize, Deserializer, Serialize, Serializer};
+
+    use super::{new_histogram, HistogramDataError, HIST_MAX_NS};
+
+    /// The histogram as V2, base64-encoded.
+    pub fn encode(
+        h: &Histogram<u64>,
+    ) -> Result<String, hdrhistogram::serialization::V2SerializeError> {
+        let mut bytes = Vec::new();
+        V2Serializer::new().serialize(h, &mut bytes)?;
+        Ok(base64::engine::general_purpose::STANDARD.encode(&bytes))
+    }
+
+    /// The inverse of [`encode`], added into `into` (a fresh histogram of kvblast's): the V2
+    /// header must describe a histogram no larger than kvblast's own (at most 3 significant
+    /// figures, values from 1 to [`HIST_MAX_NS`]) before it is decoded.
+    pub fn decode(
+        data: &str,
+        mut into: Histogram<u64>,
+    ) -> Result<Histogram<u64>, HistogramDataError> {
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(data)
+            .map_err(HistogramDataError::NotBase64)?;
+        let field = |at: usize, len: usize| -> Result<u64, HistogramDataError> {
+            let b = bytes
+                .get(at..at + len)
+                .ok_or(HistogramDataError::ShortHeader)?;
+            Ok(b.iter().fold(0u64, |acc, &x| acc << 8 | u64::from(x)))
+        };
+        // V2 header: cookie, payload length, normalizing offset, significant figures, lowest
+        // and highest trackable values, conversion ratio; all big-endian.
+        let (digits, lowest, highest) = (field(12, 4)?, field(16, 8)?, field(24, 8)?);
+        if digits > 3 || lowest < 1 || highest > HIST_MAX_NS {
+            return Err(HistogramDataError::TooLarge {
+                digits,
+                lowest,
+                highest,
+            });
+        }
+        let h: Histogram<u64> = hdrhistogram::serialization::Deserializer::new()
+            .deserialize(&mut bytes.as_slice())
+            .map_err(HistogramDataError::Decode)?;
+        into.add(&h).map_err(HistogramDataError::Add)?;
+        Ok(into)
+    }
+
+    pub fn serialize<S: Serializer>(h: &Histogram<u64>, s: S) -> Result<S::Ok, S::Error> {
+        encode(h).map_err(ser::Error::custom)?.serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Histogram<u64>, D::Error> {
+        let data = String::deserialize(d)?;
+        decode(&data, new_histogram()).map_err(de::Error::custom)
+    }
+
+    /// The timeline's histograms ([`super::new_interval_histogram`]), at most
+    /// [`super::MAX_INTERVALS`] of them.
+    pub mod intervals {
+        use hdrhistogram::Histogram;
+        use serde::{de, ser, Deserialize, Deserializer, Serializer};
+
+        use super::super::{new_interval_histogram, HistogramDataError, MAX_INTERVALS};
+
+        pub fn serialize<S: Serializer>(hs: &[Histogram<u64>], s: S) -> Result<S::Ok, S::Error> {
+            use ser::SerializeSeq as _;
+            let mut seq = s.serialize_seq(Some(hs.len()))?;
+            for h in hs {
+                seq.serialize_element(&super::encode(h).map_err(ser::Error::custom)?)?;
+            }
+            seq.end()
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(
+            d: D,
+        ) -> Result<Vec<Histogram<u64>>, D::Error> {
+            let data = Vec::<String>::deserialize(d)?;
+            if data.len() > MAX_INTERVALS {
+                return Err(de::Error::custom(HistogramDataError::TooManyIntervals(
+                    data.len(),
+                )));
+            }
+            data.iter()
+                .map(|h| super::decode(h, new_interval_histogram()).map_err(de::Error::custom))
+                .collect()
+        }
+    }
 }
 
 /// A send later than this after its intended time counts as a late send (the generator fell

@@ -398,7 +398,7 @@ impl Worker {
             per + u64::from((self.t as u64) < n % self.cfg.threads as u64)
         });
         // Sleep until just before the start, then spin: a long spin by every worker would
-        // starve other threads of the machine (an agent's thread reading its GO, say).
+        // starve other threads of the machine (an agent's thread reading its `go`, say).
         let before = start
             .saturating_duration_since(Instant::now())
             .saturating_sub(Duration::from_millis(1));
