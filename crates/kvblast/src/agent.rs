@@ -225,7 +225,9 @@ fn shares(args: &Args, participants: usize) -> Result<Vec<Share>, String> {
                     w.keys
                 ));
             }
-            KeyChooser::new(w.keys, &w.popularity, args.seed.unwrap_or(1))?.partition_mass(n)
+            KeyChooser::new(w.keys, &w.popularity, args.seed.unwrap_or(1))
+                .map_err(|e| e.to_string())?
+                .partition_mass(n)
         }
         AgentKeys::Shared => vec![1.0 / n as f64; participants],
     };

@@ -78,7 +78,7 @@ impl Target {
         };
         Ok(Target {
             metric,
-            limit: crate::units::parse_duration(t)?,
+            limit: crate::units::parse_duration(t).map_err(|e| e.to_string())?,
         })
     }
 

@@ -487,7 +487,8 @@ impl Args {
 
     /// The workload: the preset, then each override.
     pub fn workload(&self) -> Result<Workload, String> {
-        let mut w = Workload::preset(self.workload.as_deref().unwrap_or("etc"))?;
+        let mut w = Workload::preset(self.workload.as_deref().unwrap_or("etc"))
+            .map_err(|e| e.to_string())?;
         if let Some(k) = self.keys {
             w.keys = k;
         }
@@ -533,10 +534,10 @@ impl Args {
             return Err(format!("values are limited to {MAX_VALUE} bytes"));
         }
         if let Some(p) = &self.popularity {
-            w.popularity = Popularity::parse(p)?;
+            w.popularity = Popularity::parse(p).map_err(|e| e.to_string())?;
         }
         if let Some(m) = &self.mix {
-            w.mix = Mix::parse(m)?;
+            w.mix = Mix::parse(m).map_err(|e| e.to_string())?;
         }
         if let Some(m) = self.multiget {
             w.multiget = m;
@@ -607,14 +608,15 @@ impl Args {
         }
         let mut c = RunConfig::new(self.workload()?, self.servers.clone());
         if let Some(r) = &self.routing {
-            c.routing = Routing::parse(r)?;
+            c.routing = Routing::parse(r).map_err(|e| e.to_string())?;
         }
         if let Some(p) = &self.protocol {
             c.protocol = Protocol::parse(p)?;
         }
         c.threads = self.threads.unwrap_or(1);
         c.conns = self.conns.unwrap_or(1);
-        let arrival = Arrival::parse(self.arrival.as_deref().unwrap_or("poisson"))?;
+        let arrival = Arrival::parse(self.arrival.as_deref().unwrap_or("poisson"))
+            .map_err(|e| e.to_string())?;
         c.load = match self.rate {
             Some(rate) => LoadModel::Open { rate, arrival },
             None => LoadModel::Closed,
@@ -644,7 +646,8 @@ impl Args {
         c.tls = self
             .tls_settings()
             .map(crate::transport::Tls::new)
-            .transpose()?;
+            .transpose()
+            .map_err(|e| e.to_string())?;
         if let Some((i, n)) = self.participant {
             c.participant = i;
             c.participants = n;
@@ -669,7 +672,7 @@ pub fn list_workloads() -> String {
                 s.push('\n');
             }
             Err(e) => {
-                s.push_str(&e);
+                s.push_str(&e.to_string());
                 s.push('\n');
             }
         }

@@ -8,7 +8,121 @@
 //!
 //! The random source is the caller's seeded [`Rng`]; nothing here reads the clock or the OS.
 
+use std::num::ParseFloatError;
+
 use rand::Rng;
+
+use crate::units::BadChoice;
+
+/// A distribution, popularity or key share that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum DistError {
+    #[error("distribution {spec:?}: hist needs a file (hist:PATH)")]
+    HistNeedsFile { spec: String },
+    #[error(transparent)]
+    Histogram(#[from] SizeHistogramError),
+    #[error("distribution {spec:?}: {source}")]
+    Number {
+        spec: String,
+        source: ParseFloatError,
+    },
+    /// A family given the wrong number of parameters (or one that is not finite).
+    #[error("distribution {spec:?}: {family} takes {want} finite number(s)")]
+    Parameters {
+        spec: String,
+        family: String,
+        want: usize,
+    },
+    #[error("{spec:?}: lognormal needs mean > 0 and sd > 0")]
+    LogNormal { spec: String },
+    #[error("{spec:?}: uniform needs LO <= HI")]
+    UniformBounds { spec: String },
+    #[error("unknown distribution {spec:?}")]
+    Unknown { spec: String },
+    #[error("popularity {spec:?}: {source}")]
+    PopularityNumber {
+        spec: String,
+        source: ParseFloatError,
+    },
+    #[error(
+        "bad popularity {spec:?}: uniform | zipf:ALPHA | buckets[:SIZE,ALPHA,XMIN] | sequential"
+    )]
+    Popularity { spec: String },
+    #[error("alias table over {0} outcomes")]
+    AliasSize(usize),
+    #[error("weights must be finite, non-negative, and not all zero")]
+    AliasWeights,
+    #[error("key count must be at least 1")]
+    NoKeys,
+    /// A participant's share of the key space with no key in it.
+    #[error("key share {part} of {parts} is empty with {keys} keys")]
+    EmptyShare { part: u64, parts: u64, keys: u64 },
+}
+
+/// A size histogram (a `hist:` file or a `hist-inline:` list) that cannot be used. Errors
+/// name the file and line (`PATH:LINE: ...`) or the inline entry.
+#[derive(Debug, thiserror::Error)]
+pub enum SizeHistogramError {
+    #[error("{file}:{line}: {source}")]
+    Line {
+        file: String,
+        line: usize,
+        source: HistEntryError,
+    },
+    #[error("hist-inline entry {entry}: {source}")]
+    Entry {
+        entry: usize,
+        source: HistEntryError,
+    },
+    #[error("{file}: no SIZE WEIGHT entries")]
+    NoEntries { file: String },
+    #[error("{file}: every weight is zero")]
+    AllZero { file: String },
+    #[error("{file}: the weights' sum is not finite")]
+    SumNotFinite { file: String },
+    #[error("{file}: more than {MAX_HIST_LINES} lines")]
+    TooManyLines { file: String },
+    #[error("hist-inline: more than {MAX_HIST_LINES} entries")]
+    TooManyEntries,
+    #[error("hist-inline: longer than {MAX_HIST_BYTES} bytes")]
+    InlineTooLong,
+    #[error("histogram {file}: {source}")]
+    Io {
+        file: String,
+        source: std::io::Error,
+    },
+    #[error("histogram {file}: {bytes} bytes, more than the {MAX_HIST_BYTES} allowed")]
+    FileTooLarge { file: String, bytes: u64 },
+    /// A file that grew past the limit while it was read.
+    #[error("histogram {file}: more than the {MAX_HIST_BYTES} bytes allowed")]
+    ReadTooLarge { file: String },
+    #[error("histogram {file}: not UTF-8 text ({source})")]
+    NotUtf8 {
+        file: String,
+        source: std::string::FromUtf8Error,
+    },
+}
+
+/// What is wrong with one `SIZE WEIGHT` line or `SIZE:WEIGHT` entry.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HistEntryError {
+    #[error("expected SIZE WEIGHT, got {0:?}")]
+    Fields(String),
+    #[error("expected SIZE:WEIGHT, got {0:?}")]
+    InlineFields(String),
+    #[error("unexpected third field {0:?}")]
+    ThirdField(String),
+    #[error("size {0:?} is not a whole number >= 0")]
+    Size(String),
+    #[error("size {size} is outside {lo}..={hi}")]
+    SizeRange { size: u64, lo: u64, hi: u64 },
+    #[error("weight {0:?} is not a number")]
+    Weight(String),
+    #[error("weight {0:?} is not finite")]
+    WeightNotFinite(String),
+    #[error("weight {0} is negative")]
+    WeightNegative(String),
+}
 
 /// A uniform number in (0, 1]: never 0, so that `ln U` and `U^-ξ` are finite.
 pub fn unit_open0(rng: &mut impl Rng) -> f64 {
@@ -328,14 +442,14 @@ impl Dist {
     /// `lognormal:MEAN,SD`, `exp:MEAN`, `gev:LOC,SCALE,SHAPE`, `gpareto:LOC,SCALE,SHAPE`,
     /// `etc-key`, `etc-value`, `hist:PATH` (reads the file), `hist-inline:SIZE:W,...`.
     /// Histogram sizes may be any integer >= 0; see [`Dist::parse_sizes`] for bounds.
-    pub fn parse(spec: &str) -> Result<Dist, String> {
+    pub fn parse(spec: &str) -> Result<Dist, DistError> {
         Dist::parse_sizes(spec, 0, u64::MAX)
     }
 
     /// [`Dist::parse`], with a histogram's sizes required to lie in `lo..=hi` (key sizes
     /// 1..=250, value sizes 0..=the largest value); the other families are clamped later by
     /// their [`SizeDist`].
-    pub fn parse_sizes(spec: &str, lo: u64, hi: u64) -> Result<Dist, String> {
+    pub fn parse_sizes(spec: &str, lo: u64, hi: u64) -> Result<Dist, DistError> {
         let spec = spec.trim();
         if let Ok(v) = spec.parse::<f64>() {
             return Ok(Dist::Fixed(v));
@@ -344,9 +458,7 @@ impl Dist {
         match name {
             "hist" => {
                 if args.is_empty() {
-                    return Err(format!(
-                        "distribution {spec:?}: hist needs a file (hist:PATH)"
-                    ));
+                    return Err(DistError::HistNeedsFile { spec: spec.into() });
                 }
                 let h = SizeHistogram::read_file(std::path::Path::new(args), lo, hi)?;
                 return Ok(Dist::Hist(std::sync::Arc::new(h)));
@@ -363,15 +475,20 @@ impl Dist {
             args.split(',')
                 .map(|a| a.trim().parse::<f64>())
                 .collect::<Result<_, _>>()
-                .map_err(|e| format!("distribution {spec:?}: {e}"))?
+                .map_err(|source| DistError::Number {
+                    spec: spec.into(),
+                    source,
+                })?
         };
         let want = |n: usize| {
             if nums.len() == n && nums.iter().all(|x| x.is_finite()) {
                 Ok(())
             } else {
-                Err(format!(
-                    "distribution {spec:?}: {name} takes {n} finite number(s)"
-                ))
+                Err(DistError::Parameters {
+                    spec: spec.into(),
+                    family: name.into(),
+                    want: n,
+                })
             }
         };
         let d = match name {
@@ -396,7 +513,7 @@ impl Dist {
             "lognormal" => {
                 want(2)?;
                 if nums[0] <= 0.0 || nums[1] <= 0.0 {
-                    return Err(format!("{spec:?}: lognormal needs mean > 0 and sd > 0"));
+                    return Err(DistError::LogNormal { spec: spec.into() });
                 }
                 Dist::LogNormal {
                     mean: nums[0],
@@ -431,11 +548,11 @@ impl Dist {
                 want(0)?;
                 Dist::EtcValue
             }
-            _ => return Err(format!("unknown distribution {spec:?}")),
+            _ => return Err(DistError::Unknown { spec: spec.into() }),
         };
         if let Dist::Uniform { lo, hi } = d {
             if hi < lo {
-                return Err(format!("{spec:?}: uniform needs LO <= HI"));
+                return Err(DistError::UniformBounds { spec: spec.into() });
             }
         }
         Ok(d)
@@ -493,30 +610,34 @@ impl std::fmt::Debug for SizeHistogram {
 }
 
 /// One `SIZE WEIGHT` entry, checked: a whole size in `lo..=hi` and a finite weight >= 0.
-fn hist_entry(size: &str, weight: &str, lo: u64, hi: u64) -> Result<(u64, f64), String> {
+fn hist_entry(size: &str, weight: &str, lo: u64, hi: u64) -> Result<(u64, f64), HistEntryError> {
     let s: u64 = size
         .parse()
-        .map_err(|_| format!("size {size:?} is not a whole number >= 0"))?;
+        .map_err(|_| HistEntryError::Size(size.into()))?;
     if s < lo || s > hi {
-        return Err(format!("size {s} is outside {lo}..={hi}"));
+        return Err(HistEntryError::SizeRange { size: s, lo, hi });
     }
     let w: f64 = weight
         .parse()
-        .map_err(|_| format!("weight {weight:?} is not a number"))?;
+        .map_err(|_| HistEntryError::Weight(weight.into()))?;
     if !w.is_finite() {
-        return Err(format!("weight {weight:?} is not finite"));
+        return Err(HistEntryError::WeightNotFinite(weight.into()));
     }
     if w < 0.0 {
-        return Err(format!("weight {weight} is negative"));
+        return Err(HistEntryError::WeightNegative(weight.into()));
     }
     Ok((s, w))
 }
 
 impl SizeHistogram {
     /// Build from checked `(size, weight)` pairs.
-    fn from_entries(entries: Vec<(u64, f64)>, source: &str) -> Result<SizeHistogram, String> {
+    fn from_entries(
+        entries: Vec<(u64, f64)>,
+        source: &str,
+    ) -> Result<SizeHistogram, SizeHistogramError> {
+        let file = || source.to_string();
         if entries.is_empty() {
-            return Err(format!("{source}: no SIZE WEIGHT entries"));
+            return Err(SizeHistogramError::NoEntries { file: file() });
         }
         let mut by_size = std::collections::BTreeMap::new();
         for (s, w) in entries {
@@ -525,10 +646,10 @@ impl SizeHistogram {
         by_size.retain(|_, w| *w > 0.0);
         let total: f64 = by_size.values().sum();
         if by_size.is_empty() {
-            return Err(format!("{source}: every weight is zero"));
+            return Err(SizeHistogramError::AllZero { file: file() });
         }
         if !total.is_finite() {
-            return Err(format!("{source}: the weights' sum is not finite"));
+            return Err(SizeHistogramError::SumNotFinite { file: file() });
         }
         let (sizes, weights): (Vec<u64>, Vec<f64>) = by_size.into_iter().unzip();
         let mut acc = 0.0;
@@ -552,11 +673,18 @@ impl SizeHistogram {
 
     /// Parse the text of a histogram file (see the type's documentation); `source` names it
     /// in errors, which give the line: `PATH:LINE: message`.
-    pub fn parse_text(text: &str, source: &str, lo: u64, hi: u64) -> Result<SizeHistogram, String> {
+    pub fn parse_text(
+        text: &str,
+        source: &str,
+        lo: u64,
+        hi: u64,
+    ) -> Result<SizeHistogram, SizeHistogramError> {
         let mut entries = Vec::new();
         for (i, raw) in text.lines().enumerate() {
             if i >= MAX_HIST_LINES {
-                return Err(format!("{source}: more than {MAX_HIST_LINES} lines"));
+                return Err(SizeHistogramError::TooManyLines {
+                    file: source.into(),
+                });
             }
             let line = raw.split('#').next().unwrap_or("");
             let mut fields = line
@@ -565,12 +693,16 @@ impl SizeHistogram {
             let Some(size) = fields.next() else {
                 continue;
             };
-            let at = |m: String| format!("{source}:{}: {m}", i + 1);
+            let at = |e: HistEntryError| SizeHistogramError::Line {
+                file: source.into(),
+                line: i + 1,
+                source: e,
+            };
             let weight = fields
                 .next()
-                .ok_or_else(|| at(format!("expected SIZE WEIGHT, got {:?}", line.trim())))?;
+                .ok_or_else(|| at(HistEntryError::Fields(line.trim().into())))?;
             if let Some(extra) = fields.next() {
-                return Err(at(format!("unexpected third field {extra:?}")));
+                return Err(at(HistEntryError::ThirdField(extra.into())));
             }
             entries.push(hist_entry(size, weight, lo, hi).map_err(at)?);
         }
@@ -578,52 +710,63 @@ impl SizeHistogram {
     }
 
     /// Read a histogram file (at most [`MAX_HIST_BYTES`] bytes and [`MAX_HIST_LINES`] lines).
-    pub fn read_file(path: &std::path::Path, lo: u64, hi: u64) -> Result<SizeHistogram, String> {
+    pub fn read_file(
+        path: &std::path::Path,
+        lo: u64,
+        hi: u64,
+    ) -> Result<SizeHistogram, SizeHistogramError> {
         use std::io::Read;
         let name = path.display().to_string();
-        let f = std::fs::File::open(path).map_err(|e| format!("histogram {name}: {e}"))?;
+        let io = |source| SizeHistogramError::Io {
+            file: name.clone(),
+            source,
+        };
+        let f = std::fs::File::open(path).map_err(io)?;
         if let Ok(m) = f.metadata() {
             if m.len() > MAX_HIST_BYTES {
-                return Err(format!(
-                    "histogram {name}: {} bytes, more than the {MAX_HIST_BYTES} allowed",
-                    m.len()
-                ));
+                return Err(SizeHistogramError::FileTooLarge {
+                    file: name,
+                    bytes: m.len(),
+                });
             }
         }
         let mut bytes = Vec::new();
         f.take(MAX_HIST_BYTES + 1)
             .read_to_end(&mut bytes)
-            .map_err(|e| format!("histogram {name}: {e}"))?;
+            .map_err(io)?;
         if bytes.len() as u64 > MAX_HIST_BYTES {
-            return Err(format!(
-                "histogram {name}: more than the {MAX_HIST_BYTES} bytes allowed"
-            ));
+            return Err(SizeHistogramError::ReadTooLarge { file: name });
         }
-        let text = String::from_utf8(bytes)
-            .map_err(|e| format!("histogram {name}: not UTF-8 text ({e})"))?;
+        let text = String::from_utf8(bytes).map_err(|source| SizeHistogramError::NotUtf8 {
+            file: name.clone(),
+            source,
+        })?;
         SizeHistogram::parse_text(&text, &name, lo, hi)
     }
 
     /// Parse the inline form `SIZE:WEIGHT,SIZE:WEIGHT,...` (what a controller sends its agents
     /// in place of a file; see [`Self::to_inline`]).
-    pub fn parse_inline(list: &str, lo: u64, hi: u64) -> Result<SizeHistogram, String> {
+    pub fn parse_inline(list: &str, lo: u64, hi: u64) -> Result<SizeHistogram, SizeHistogramError> {
         const SRC: &str = "hist-inline";
         if list.len() as u64 > MAX_HIST_BYTES {
-            return Err(format!("{SRC}: longer than {MAX_HIST_BYTES} bytes"));
+            return Err(SizeHistogramError::InlineTooLong);
         }
         let mut entries = Vec::new();
         for (i, item) in list.split(',').enumerate() {
             if i >= MAX_HIST_LINES {
-                return Err(format!("{SRC}: more than {MAX_HIST_LINES} entries"));
+                return Err(SizeHistogramError::TooManyEntries);
             }
-            let at = |m: String| format!("{SRC} entry {}: {m}", i + 1);
+            let at = |e: HistEntryError| SizeHistogramError::Entry {
+                entry: i + 1,
+                source: e,
+            };
             let item = item.trim();
             if item.is_empty() {
                 continue;
             }
             let (size, weight) = item
                 .split_once(':')
-                .ok_or_else(|| at(format!("expected SIZE:WEIGHT, got {item:?}")))?;
+                .ok_or_else(|| at(HistEntryError::InlineFields(item.into())))?;
             entries.push(hist_entry(size.trim(), weight.trim(), lo, hi).map_err(at)?);
         }
         SizeHistogram::from_entries(entries, SRC)
@@ -743,14 +886,14 @@ pub struct AliasTable {
 
 impl AliasTable {
     /// Build from non-negative weights (at least one positive, at most 2^32 of them).
-    pub fn new(weights: &[f64]) -> Result<AliasTable, String> {
+    pub fn new(weights: &[f64]) -> Result<AliasTable, DistError> {
         let n = weights.len();
         if n == 0 || n > u32::MAX as usize {
-            return Err(format!("alias table over {n} outcomes"));
+            return Err(DistError::AliasSize(n));
         }
         let sum: f64 = weights.iter().sum();
         if !(sum > 0.0 && sum.is_finite()) || weights.iter().any(|w| w.is_nan() || *w < 0.0) {
-            return Err("weights must be finite, non-negative, and not all zero".into());
+            return Err(DistError::AliasWeights);
         }
         let mut prob: Vec<f64> = weights.iter().map(|w| w * n as f64 / sum).collect();
         let mut alias = vec![0u32; n];
@@ -830,7 +973,7 @@ impl Popularity {
     };
 
     /// Parse `uniform`, `zipf:ALPHA`, `buckets`, `buckets:SIZE,ALPHA,XMIN`, `sequential`.
-    pub fn parse(spec: &str) -> Result<Popularity, String> {
+    pub fn parse(spec: &str) -> Result<Popularity, DistError> {
         let (name, args) = spec.trim().split_once(':').unwrap_or((spec.trim(), ""));
         let nums: Vec<f64> = if args.is_empty() {
             Vec::new()
@@ -838,7 +981,10 @@ impl Popularity {
             args.split(',')
                 .map(|a| a.trim().parse::<f64>())
                 .collect::<Result<_, _>>()
-                .map_err(|e| format!("popularity {spec:?}: {e}"))?
+                .map_err(|source| DistError::PopularityNumber {
+                    spec: spec.into(),
+                    source,
+                })?
         };
         match (name, nums.as_slice()) {
             ("uniform", []) => Ok(Popularity::Uniform),
@@ -854,9 +1000,7 @@ impl Popularity {
                     xmin: *x,
                 })
             }
-            _ => Err(format!(
-                "bad popularity {spec:?}: uniform | zipf:ALPHA | buckets[:SIZE,ALPHA,XMIN] | sequential"
-            )),
+            _ => Err(DistError::Popularity { spec: spec.into() }),
         }
     }
 
@@ -912,9 +1056,9 @@ fn gcd(mut a: u64, mut b: u64) -> u64 {
 }
 
 impl KeyChooser {
-    pub fn new(n: u64, kind: &Popularity, seed: u64) -> Result<KeyChooser, String> {
+    pub fn new(n: u64, kind: &Popularity, seed: u64) -> Result<KeyChooser, DistError> {
         if n == 0 {
-            return Err("key count must be at least 1".into());
+            return Err(DistError::NoKeys);
         }
         let (table, bucket_of) = match kind.weights(n) {
             None => (None, None),
@@ -957,12 +1101,13 @@ impl KeyChooser {
     /// distribution conditioned on that share of the key space (by rejection, which keeps
     /// the relative popularity of the keys in the share exactly; uniform popularity draws a
     /// key of the share directly). The share must hold at least one key.
-    pub fn set_partition(&mut self, part: u64, parts: u64) -> Result<(), String> {
+    pub fn set_partition(&mut self, part: u64, parts: u64) -> Result<(), DistError> {
         if parts == 0 || part >= parts || part >= self.n {
-            return Err(format!(
-                "key share {part} of {parts} is empty with {} keys",
-                self.n
-            ));
+            return Err(DistError::EmptyShare {
+                part,
+                parts,
+                keys: self.n,
+            });
         }
         self.part = part;
         self.parts = parts;
@@ -1107,12 +1252,16 @@ pub enum Arrival {
 }
 
 impl Arrival {
-    pub fn parse(s: &str) -> Result<Arrival, String> {
+    pub fn parse(s: &str) -> Result<Arrival, BadChoice> {
         match s {
             "poisson" | "exp" => Ok(Arrival::Poisson),
             "fixed" | "uniform" => Ok(Arrival::Fixed),
             "etc" => Ok(Arrival::Etc),
-            _ => Err(format!("bad arrival {s:?}: poisson | fixed | etc")),
+            _ => Err(BadChoice {
+                setting: "arrival",
+                given: s.to_string(),
+                choices: "poisson | fixed | etc",
+            }),
         }
     }
 
@@ -1467,20 +1616,20 @@ mod tests {
 
     #[test]
     fn parse_specs() {
-        assert_eq!(Dist::parse("128"), Ok(Dist::Fixed(128.0)));
-        assert_eq!(Dist::parse("etc-key"), Ok(ETC_KEY));
+        assert_eq!(Dist::parse("128").ok(), Some(Dist::Fixed(128.0)));
+        assert_eq!(Dist::parse("etc-key").ok(), Some(ETC_KEY));
         assert_eq!(
-            Dist::parse("gpareto:15,214.476,0.348238"),
-            Ok(ETC_VALUE_TAIL)
+            Dist::parse("gpareto:15,214.476,0.348238").ok(),
+            Some(ETC_VALUE_TAIL)
         );
         assert!(Dist::parse("gev:1,2").is_err());
         assert!(Dist::parse("uniform:5,1").is_err());
         assert!(Dist::parse("nope").is_err());
         assert_eq!(
-            Popularity::parse("zipf:0.99"),
-            Ok(Popularity::Zipf { alpha: 0.99 })
+            Popularity::parse("zipf:0.99").ok(),
+            Some(Popularity::Zipf { alpha: 0.99 })
         );
-        assert_eq!(Popularity::parse("buckets"), Ok(Popularity::KVCACHE));
+        assert_eq!(Popularity::parse("buckets").ok(), Some(Popularity::KVCACHE));
         assert!(Popularity::parse("zipf").is_err());
     }
 
@@ -1494,8 +1643,9 @@ mod tests {
         assert_eq!(SizeDist::fixed(19).quantile(0.3), 19);
     }
 
+    /// A histogram's text parsed, its error as the user reads it.
     fn hist(text: &str) -> Result<SizeHistogram, String> {
-        SizeHistogram::parse_text(text, "h.txt", 0, u64::MAX)
+        SizeHistogram::parse_text(text, "h.txt", 0, u64::MAX).map_err(|e| e.to_string())
     }
 
     #[test]
@@ -1532,14 +1682,14 @@ mod tests {
             SizeHistogram::parse_inline(&inline, 0, u64::MAX).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(back, h);
         assert_eq!(
-            Dist::parse(&format!("hist-inline:{inline}")),
-            Ok(Dist::Hist(std::sync::Arc::new(h)))
+            Dist::parse(&format!("hist-inline:{inline}")).ok(),
+            Some(Dist::Hist(std::sync::Arc::new(h)))
         );
         let tiny =
             SizeHistogram::parse_inline("5:1e-300,7:3", 0, 9).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
-            SizeHistogram::parse_inline(&tiny.to_inline(), 0, 9),
-            Ok(tiny)
+            SizeHistogram::parse_inline(&tiny.to_inline(), 0, 9).ok(),
+            Some(tiny)
         );
     }
 
@@ -1569,7 +1719,11 @@ mod tests {
             assert_eq!(hist(text).map(|_| ()), Err(want.to_string()), "{text:?}");
         }
         // Key sizes are 1..=250.
-        let keys = |t: &str| SizeHistogram::parse_text(t, "k.txt", 1, 250).map(|_| ());
+        let keys = |t: &str| {
+            SizeHistogram::parse_text(t, "k.txt", 1, 250)
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
         assert_eq!(
             keys("10 1\n251 1\n"),
             Err("k.txt:2: size 251 is outside 1..=250".into())
@@ -1580,7 +1734,9 @@ mod tests {
         );
         assert_eq!(keys("250 1\n1 1\n"), Ok(()));
         // Inline errors name the entry.
-        let e = SizeHistogram::parse_inline("1:1,2", 0, 9).map(|_| ());
+        let e = SizeHistogram::parse_inline("1:1,2", 0, 9)
+            .map(|_| ())
+            .map_err(|e| e.to_string());
         assert_eq!(
             e,
             Err("hist-inline entry 2: expected SIZE:WEIGHT, got \"2\"".into())
@@ -1599,26 +1755,32 @@ mod tests {
         let _ = std::fs::create_dir_all(&dir);
         let missing = Dist::parse(&format!("hist:{}", dir.join("nope").display()));
         assert!(
-            matches!(&missing, Err(e) if e.contains("nope")),
+            matches!(&missing, Err(e @ DistError::Histogram(SizeHistogramError::Io { .. }))
+                if e.to_string().contains("nope")),
             "{missing:?}"
         );
         let big = dir.join("big.txt");
         let f = std::fs::File::create(&big).unwrap_or_else(|e| panic!("{e}"));
         f.set_len(MAX_HIST_BYTES + 1)
             .unwrap_or_else(|e| panic!("{e}"));
-        let e = SizeHistogram::read_file(&big, 0, 9).map(|_| ());
+        let e = SizeHistogram::read_file(&big, 0, 9)
+            .map(|_| ())
+            .map_err(|e| e.to_string());
         assert!(
             matches!(&e, Err(m) if m.contains("big.txt") && m.contains("bytes")),
             "{e:?}"
         );
         let bin = dir.join("bin.txt");
         let _ = std::fs::write(&bin, [0xffu8, 0xfe, b'\n']);
-        assert!(SizeHistogram::read_file(&bin, 0, 9).is_err());
+        assert!(matches!(
+            SizeHistogram::read_file(&bin, 0, 9),
+            Err(SizeHistogramError::NotUtf8 { .. })
+        ));
         let good = dir.join("good.txt");
         let _ = std::fs::write(&good, "1 1\n2 x\n");
         let spec = format!("hist:{}", good.display());
         assert_eq!(
-            Dist::parse(&spec).map(|_| ()),
+            Dist::parse(&spec).map(|_| ()).map_err(|e| e.to_string()),
             Err(format!(
                 "{}:2: weight \"x\" is not a number",
                 good.display()

@@ -1,7 +1,8 @@
 //! kvblast: a workload generator for memcache-protocol servers.
 //!
 //! Layers, each using only the ones above it (`tests/layers.rs` checks):
-//! - [`units`]: times as users write them (`30s`, `1.5ms`); [`dist`]: random distributions
+//! - [`units`]: times as users write them (`30s`, `1.5ms`), and the error for a name that is
+//!   none of a setting's choices; [`dist`]: random distributions
 //!   (sizes, gaps, popularity), seeded, no I/O; [`route`]: key-to-server maps (ketama,
 //!   modulo);
 //! - [`workload`]: built-in workloads and the key space; [`transport`]: server addresses

@@ -9,6 +9,8 @@
 
 use md5::{Digest, Md5};
 
+use crate::units::BadChoice;
+
 /// Points per MD5 digest and digests per server: 4 × 40 = 160 points per server.
 const POINTS_PER_DIGEST: usize = 4;
 const DIGESTS_PER_SERVER: usize = 40;
@@ -21,11 +23,15 @@ pub enum Routing {
 }
 
 impl Routing {
-    pub fn parse(s: &str) -> Result<Routing, String> {
+    pub fn parse(s: &str) -> Result<Routing, BadChoice> {
         match s {
             "ketama" => Ok(Routing::Ketama),
             "modulo" => Ok(Routing::Modulo),
-            _ => Err(format!("bad routing {s:?}: ketama | modulo")),
+            _ => Err(BadChoice {
+                setting: "routing",
+                given: s.to_string(),
+                choices: "ketama | modulo",
+            }),
         }
     }
 

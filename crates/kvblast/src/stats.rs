@@ -1042,7 +1042,7 @@ pub fn server_stats(
     timeout: Duration,
     tls: Option<&crate::transport::Tls>,
 ) -> Result<BTreeMap<String, i64>, String> {
-    let ep = crate::transport::Endpoint::parse(addr)?;
+    let ep = crate::transport::Endpoint::parse(addr).map_err(|e| e.to_string())?;
     let mut s = ep
         .connect_blocking(timeout, tls)
         .map_err(|e| format!("{addr}: {e}"))?;

@@ -10,6 +10,19 @@ use std::time::Duration;
 use mio::event::Source;
 use mio::{Interest, Registry, Token};
 
+/// A server that cannot be reached as given, or TLS settings that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    #[error("{server}: UDP needs host[:port]")]
+    UdpNeedsHost { server: String },
+    #[error("{server}: {source}")]
+    Resolve { server: String, source: io::Error },
+    #[error("{server}: no address")]
+    NoAddress { server: String },
+    #[error(transparent)]
+    Tls(#[from] kvtls::Error),
+}
+
 /// A server's address.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Endpoint {
@@ -28,7 +41,7 @@ pub const UDP_MAX_REQUEST: usize = 65_000;
 
 impl Endpoint {
     /// Parse and resolve a server as given on the command line.
-    pub fn parse(server: &str) -> Result<Endpoint, String> {
+    pub fn parse(server: &str) -> Result<Endpoint, TransportError> {
         if let Some(path) = server.strip_prefix("unix:") {
             return Ok(Endpoint::Unix(PathBuf::from(path)));
         }
@@ -38,7 +51,9 @@ impl Endpoint {
         if let Some(rest) = server.strip_prefix("udp:") {
             return match Endpoint::parse(rest)? {
                 Endpoint::Tcp(a) => Ok(Endpoint::Udp(a)),
-                _ => Err(format!("{server}: UDP needs host[:port]")),
+                _ => Err(TransportError::UdpNeedsHost {
+                    server: server.into(),
+                }),
             };
         }
         let with_port = if server
@@ -51,10 +66,15 @@ impl Endpoint {
         };
         with_port
             .to_socket_addrs()
-            .map_err(|e| format!("{server}: {e}"))?
+            .map_err(|source| TransportError::Resolve {
+                server: server.into(),
+                source,
+            })?
             .next()
             .map(Endpoint::Tcp)
-            .ok_or_else(|| format!("{server}: no address"))
+            .ok_or_else(|| TransportError::NoAddress {
+                server: server.into(),
+            })
     }
 
     /// The name ketama hashes for this server (libmemcached leaves ":11211" out).
@@ -202,9 +222,9 @@ impl std::fmt::Debug for Tls {
 
 impl Tls {
     /// Read the files the settings name.
-    pub fn new(settings: kvtls::client::Settings) -> Result<Tls, String> {
+    pub fn new(settings: kvtls::client::Settings) -> Result<Tls, TransportError> {
         Ok(Tls {
-            config: settings.config().map_err(|e| e.to_string())?,
+            config: settings.config()?,
             settings,
         })
     }
@@ -323,33 +343,42 @@ mod tests {
 
     #[test]
     fn endpoints_parse() {
+        let parse = |s: &str| Endpoint::parse(s).ok();
         assert_eq!(
-            Endpoint::parse("127.0.0.1:5000"),
-            Ok(Endpoint::Tcp(
+            parse("127.0.0.1:5000"),
+            Some(Endpoint::Tcp(
                 "127.0.0.1:5000".parse().unwrap_or_else(|_| unreachable!())
             ))
         );
         assert_eq!(
-            Endpoint::parse("127.0.0.1"),
-            Ok(Endpoint::Tcp(
+            parse("127.0.0.1"),
+            Some(Endpoint::Tcp(
                 "127.0.0.1:11211".parse().unwrap_or_else(|_| unreachable!())
             ))
         );
         assert_eq!(
-            Endpoint::parse("unix:/tmp/mc.sock"),
-            Ok(Endpoint::Unix("/tmp/mc.sock".into()))
+            parse("unix:/tmp/mc.sock"),
+            Some(Endpoint::Unix("/tmp/mc.sock".into()))
         );
         assert_eq!(
-            Endpoint::parse("/tmp/mc.sock"),
-            Ok(Endpoint::Unix("/tmp/mc.sock".into()))
+            parse("/tmp/mc.sock"),
+            Some(Endpoint::Unix("/tmp/mc.sock".into()))
         );
         assert_eq!(
-            Endpoint::parse("udp:127.0.0.1:7"),
-            Ok(Endpoint::Udp(
+            parse("udp:127.0.0.1:7"),
+            Some(Endpoint::Udp(
                 "127.0.0.1:7".parse().unwrap_or_else(|_| unreachable!())
             ))
         );
-        assert!(Endpoint::parse("udp:/tmp/x").is_err());
+        let e = Endpoint::parse("udp:/tmp/x").map(|_| ());
+        assert_eq!(
+            e.map_err(|e| e.to_string()),
+            Err("udp:/tmp/x: UDP needs host[:port]".to_string())
+        );
+        assert!(matches!(
+            Endpoint::parse("no-such-host.invalid"),
+            Err(TransportError::Resolve { .. })
+        ));
         let u = Endpoint::parse("udp:127.0.0.1:11212").unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(u.ring_name("udp:127.0.0.1:11212"), "127.0.0.1:11212");
         let e = Endpoint::parse("127.0.0.1:11211").unwrap_or_else(|e| panic!("{e}"));

@@ -2,13 +2,36 @@
 //! `1.5s`, `1m30s`, a plain number of seconds). The units and compound forms are
 //! `humantime`'s; a decimal number with one unit (`1.5s`, `0.25ms`, and `Duration`'s own
 //! `{:?}` output, which reports print) is scaled here, since humantime takes whole numbers.
+//! Also the error for a name that is none of a setting's choices ([`BadChoice`]).
 
 use std::time::Duration;
 
+/// A time that does not parse (or is a billion seconds or more).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("bad time {input:?} (e.g. 30s, 500ms, 250us, 1.5s, 2m)")]
+pub struct DurationError {
+    /// What was given, trimmed.
+    pub input: String,
+}
+
+/// A name that is none of a setting's choices (`--routing`, `--protocol`, `--arrival`,
+/// `--agent-keys`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("bad {setting} {given:?}: {choices}")]
+pub struct BadChoice {
+    /// The setting, as messages name it (`routing`, `--agent-keys`).
+    pub setting: &'static str,
+    pub given: String,
+    /// The choices, as `a | b | c`.
+    pub choices: &'static str,
+}
+
 /// Parse a time. A plain number is seconds.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
+pub fn parse_duration(s: &str) -> Result<Duration, DurationError> {
     let s = s.trim();
-    let bad = || format!("bad time {s:?} (e.g. 30s, 500ms, 250us, 1.5s, 2m)");
+    let bad = || DurationError {
+        input: s.to_string(),
+    };
     let split = s
         .find(|c: char| c.is_alphabetic() || c == 'µ')
         .unwrap_or(s.len());

@@ -54,6 +54,24 @@ impl Op {
     }
 }
 
+/// A request mix or a workload name that cannot be used.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum WorkloadError {
+    #[error("mix fractions must be non-negative and not all zero")]
+    MixFractions,
+    #[error("mix {spec:?}: expected KIND=FRACTION")]
+    MixSyntax { spec: String },
+    #[error("mix {spec:?}: unknown kind {kind:?}")]
+    MixKind { spec: String, kind: String },
+    #[error("mix {spec:?}: {source}")]
+    MixNumber {
+        spec: String,
+        source: std::num::ParseFloatError,
+    },
+    #[error("unknown workload {name:?}; built in: {}", PRESETS.join(", "))]
+    UnknownPreset { name: String },
+}
+
 /// The fraction of each request kind (normalised to sum to 1).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Mix {
@@ -62,10 +80,10 @@ pub struct Mix {
 }
 
 impl Mix {
-    pub fn new(fractions: [f64; Op::COUNT]) -> Result<Mix, String> {
+    pub fn new(fractions: [f64; Op::COUNT]) -> Result<Mix, WorkloadError> {
         let total: f64 = fractions.iter().sum();
         if !(total > 0.0 && total.is_finite()) || fractions.iter().any(|f| f.is_nan() || *f < 0.0) {
-            return Err("mix fractions must be non-negative and not all zero".into());
+            return Err(WorkloadError::MixFractions);
         }
         let mut cum = [0.0; Op::COUNT];
         let mut acc = 0.0;
@@ -89,21 +107,25 @@ impl Mix {
     }
 
     /// Parse `get=0.9,set=0.1` (names from [`Op`]; missing kinds are 0; percentages work too).
-    pub fn parse(spec: &str) -> Result<Mix, String> {
+    pub fn parse(spec: &str) -> Result<Mix, WorkloadError> {
         let mut f = [0.0; Op::COUNT];
         for part in spec.split(',').filter(|p| !p.trim().is_empty()) {
             let (name, v) = part
                 .split_once('=')
-                .ok_or_else(|| format!("mix {spec:?}: expected KIND=FRACTION"))?;
+                .ok_or_else(|| WorkloadError::MixSyntax { spec: spec.into() })?;
             let op = Op::ALL
                 .iter()
                 .find(|o| o.name() == name.trim())
-                .ok_or_else(|| format!("mix {spec:?}: unknown kind {name:?}"))?;
-            let v: f64 = v
-                .trim()
-                .trim_end_matches('%')
-                .parse()
-                .map_err(|e| format!("mix {spec:?}: {e}"))?;
+                .ok_or_else(|| WorkloadError::MixKind {
+                    spec: spec.into(),
+                    kind: name.into(),
+                })?;
+            let v: f64 = v.trim().trim_end_matches('%').parse().map_err(|source| {
+                WorkloadError::MixNumber {
+                    spec: spec.into(),
+                    source,
+                }
+            })?;
             f[op.index()] = v;
         }
         Mix::new(f)
@@ -170,7 +192,7 @@ fn etc_keys() -> SizeDist {
 
 impl Workload {
     /// A built-in workload by name.
-    pub fn preset(name: &str) -> Result<Workload, String> {
+    pub fn preset(name: &str) -> Result<Workload, WorkloadError> {
         let kib = 1024.0;
         let w = |keys, key_size, value_size, popularity, mix, multiget| Workload {
             name: name.to_string(),
@@ -295,12 +317,7 @@ impl Workload {
                 Mix::get_set(0.95),
                 10,
             ),
-            _ => {
-                return Err(format!(
-                    "unknown workload {name:?}; built in: {}",
-                    PRESETS.join(", ")
-                ))
-            }
+            _ => return Err(WorkloadError::UnknownPreset { name: name.into() }),
         })
     }
 

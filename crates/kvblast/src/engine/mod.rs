@@ -96,7 +96,8 @@ pub fn run_synced(
         .servers
         .iter()
         .map(|s| Endpoint::parse(s))
-        .collect::<Result<_, _>>()?;
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
     let names: Vec<String> = addrs
         .iter()
         .zip(&cfg.servers)
@@ -118,10 +119,14 @@ pub fn run_synced(
     } else {
         None
     };
-    let chooser = KeyChooser::new(cfg.workload.keys, &cfg.workload.popularity, cfg.seed)?;
+    let chooser = KeyChooser::new(cfg.workload.keys, &cfg.workload.popularity, cfg.seed)
+        .map_err(|e| e.to_string())?;
     if let Some((i, n)) = cfg.key_share() {
         // Checked here so that a bad share is an error before any connection is made.
-        chooser.clone().set_partition(i, n)?;
+        chooser
+            .clone()
+            .set_partition(i, n)
+            .map_err(|e| e.to_string())?;
     }
     let shared = Arc::new(Shared {
         keyspace,

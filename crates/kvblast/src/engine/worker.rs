@@ -177,7 +177,7 @@ impl Worker {
         // key space, keys i + N·t, i + N·(t + T), ...
         let (mut load_next, mut load_stride) = (t as u64, cfg.threads as u64);
         if let Some((i, parts)) = cfg.key_share() {
-            chooser.set_partition(i, parts)?;
+            chooser.set_partition(i, parts).map_err(|e| e.to_string())?;
             load_next = i + parts * t as u64;
             load_stride = parts * cfg.threads as u64;
         }
