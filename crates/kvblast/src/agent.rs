@@ -193,7 +193,10 @@ fn run_job(reader: &mut impl BufRead, writer: &mut TcpStream) -> Result<Done, St
             }
         }
     };
-    let r = engine::run_synced(&cfg, &mut sync)?;
+    let r = engine::run_synced::<Box<dyn std::error::Error + Send + Sync>>(&cfg, &mut || {
+        sync().map_err(Into::into)
+    })
+    .map_err(|e| e.to_string())?;
     Ok(Done {
         start_unix_ns: r.start_unix_ns,
         seconds: r.seconds,
@@ -416,7 +419,11 @@ pub fn run_with_agents(args: &Args) -> Result<Report, String> {
         }
         Ok(start)
     };
-    let mut report = engine::run_synced(&cfg, &mut sync)?;
+    let mut report =
+        engine::run_synced::<Box<dyn std::error::Error + Send + Sync>>(&cfg, &mut || {
+            sync().map_err(Into::into)
+        })
+        .map_err(|e| e.to_string())?;
     let mut me = Participant::of(
         "controller",
         shares[0].share,

@@ -48,6 +48,26 @@ impl Metric {
     }
 }
 
+/// A latency objective (`--slo`) that does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TargetError {
+    #[error("bad SLO metric {0:?}: avg, max, p50, p99, p99.9")]
+    Metric(String),
+    #[error("bad percentile {0:?}")]
+    Percentile(String),
+    #[error(transparent)]
+    Time(#[from] crate::units::DurationError),
+}
+
+/// Why a capacity search could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum CapacityError {
+    #[error(transparent)]
+    Run(#[from] engine::EngineError),
+    #[error("bad bracket: low {low} >= high {high}")]
+    Bracket { low: f64, high: f64 },
+}
+
 /// A latency objective, e.g. `p99=1ms`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Target {
@@ -57,7 +77,7 @@ pub struct Target {
 
 impl Target {
     /// Parse `[METRIC=]TIME` with METRIC avg, max, or pNN (p99, p99.9, ...); default avg.
-    pub fn parse(s: &str) -> Result<Target, String> {
+    pub fn parse(s: &str) -> Result<Target, TargetError> {
         let (m, t) = match s.split_once('=') {
             Some((m, t)) => (m.trim(), t),
             None => ("avg", s),
@@ -69,16 +89,16 @@ impl Target {
                 let p: f64 = m
                     .strip_prefix('p')
                     .and_then(|p| p.parse().ok())
-                    .ok_or_else(|| format!("bad SLO metric {m:?}: avg, max, p50, p99, p99.9"))?;
+                    .ok_or_else(|| TargetError::Metric(m.into()))?;
                 if !(p > 0.0 && p < 100.0) {
-                    return Err(format!("bad percentile {m:?}"));
+                    return Err(TargetError::Percentile(m.into()));
                 }
                 Metric::Percentile(p)
             }
         };
         Ok(Target {
             metric,
-            limit: crate::units::parse_duration(t).map_err(|e| e.to_string())?,
+            limit: crate::units::parse_duration(t)?,
         })
     }
 
@@ -177,7 +197,7 @@ pub fn search(
     high: Option<f64>,
     steps: u32,
     mut on_step: impl FnMut(&Step),
-) -> Result<Capacity, String> {
+) -> Result<Capacity, CapacityError> {
     let arrival = match base.load {
         LoadModel::Open { arrival, .. } => arrival,
         LoadModel::Closed => crate::dist::Arrival::Poisson,
@@ -198,7 +218,7 @@ pub fn search(
         }
     };
     if hi <= lo {
-        return Err(format!("bad bracket: low {lo} >= high {hi}"));
+        return Err(CapacityError::Bracket { low: lo, high: hi });
     }
     let mut out = Capacity {
         target,
@@ -454,8 +474,15 @@ mod tests {
             Target::parse("p99.9=1ms").map(|t| t.metric),
             Ok(Metric::Percentile(99.9))
         );
-        assert!(Target::parse("p100=1ms").is_err());
-        assert!(Target::parse("median=1ms").is_err());
-        assert!(Target::parse("p99=soon").is_err());
+        let err = |s: &str| Target::parse(s).map(|_| ()).map_err(|e| e.to_string());
+        assert_eq!(err("p100=1ms"), Err("bad percentile \"p100\"".into()));
+        assert_eq!(
+            err("median=1ms"),
+            Err("bad SLO metric \"median\": avg, max, p50, p99, p99.9".into())
+        );
+        assert_eq!(
+            err("p99=soon"),
+            Err("bad time \"soon\" (e.g. 30s, 500ms, 250us, 1.5s, 2m)".into())
+        );
     }
 }

@@ -576,7 +576,7 @@ impl Args {
                 metric: Metric::Avg,
                 limit: Duration::from_millis(1),
             }),
-            Some(s) => Target::parse(s),
+            Some(s) => Target::parse(s).map_err(|e| e.to_string()),
         }
     }
 
@@ -611,7 +611,7 @@ impl Args {
             c.routing = Routing::parse(r).map_err(|e| e.to_string())?;
         }
         if let Some(p) = &self.protocol {
-            c.protocol = Protocol::parse(p)?;
+            c.protocol = Protocol::parse(p).map_err(|e| e.to_string())?;
         }
         c.threads = self.threads.unwrap_or(1);
         c.conns = self.conns.unwrap_or(1);
@@ -652,7 +652,7 @@ impl Args {
             c.participant = i;
             c.participants = n;
         }
-        c.validate()?;
+        c.validate().map_err(|e| e.to_string())?;
         Ok(c)
     }
 }

@@ -8,6 +8,10 @@ use kvblast::engine;
 use kvblast::stats::{server_delta, server_stats};
 use kvblast::{agent, capacity, plot};
 
+/// The binary's catch-all: every library error (each a typed one) and its own messages;
+/// `main` prints its Display.
+type Error = Box<dyn std::error::Error>;
+
 fn read_server_stats(
     servers: &[String],
     tls: Option<&kvblast::transport::Tls>,
@@ -32,19 +36,20 @@ fn say(text: &str) {
     let _ = std::io::stdout().lock().write_all(text.as_bytes());
 }
 
-fn write_json(path: &Option<String>, json: &str) -> Result<(), String> {
+fn write_json(path: &Option<String>, json: &str) -> Result<(), Error> {
     match path {
         Some(p) => write_file(p, json),
         None => Ok(()),
     }
 }
 
-fn write_file(path: &str, text: &str) -> Result<(), String> {
-    std::fs::write(path, text).map_err(|e| format!("{path}: {e}"))
+fn write_file(path: &str, text: &str) -> Result<(), Error> {
+    std::fs::write(path, text).map_err(|e| format!("{path}: {e}"))?;
+    Ok(())
 }
 
 /// A run's plots, each as SVG and PNG.
-fn write_run_plots(prefix: &str, r: &kvblast::stats::Report) -> Result<(), String> {
+fn write_run_plots(prefix: &str, r: &kvblast::stats::Report) -> Result<(), Error> {
     plot::write_both(prefix, "latency", &plot::latency(r))?;
     plot::write_both(prefix, "cdf", &plot::cdf(r))?;
     plot::write_both(prefix, "timeline", &plot::timeline(r))?;
@@ -52,7 +57,7 @@ fn write_run_plots(prefix: &str, r: &kvblast::stats::Report) -> Result<(), Strin
     Ok(())
 }
 
-fn main_result() -> Result<(), String> {
+fn main_result() -> Result<(), Error> {
     let args = Args::parse(std::env::args().skip(1))?;
     match args.command.as_str() {
         "help" => {
@@ -66,7 +71,8 @@ fn main_result() -> Result<(), String> {
                 .ok_or("agent needs --listen ADDR (e.g. 127.0.0.1:5555)")?;
             let l = std::net::TcpListener::bind(addr).map_err(|e| format!("{addr}: {e}"))?;
             eprintln!("kvblast agent listening on {addr}");
-            agent::serve(l, args.jobs)
+            agent::serve(l, args.jobs)?;
+            Ok(())
         }
         "workloads" => {
             say(&list_workloads());
@@ -112,14 +118,14 @@ fn main_result() -> Result<(), String> {
         }
         "compare" => compare(&args),
         "plot" => plot_files(&args),
-        other => Err(format!("unknown command {other:?}\n\n{}", usage())),
+        other => Err(format!("unknown command {other:?}\n\n{}", usage()).into()),
     }
 }
 
 /// `kvblast plot -o OUT FILE...`: capacity reports (JSON) drawn as one latency-against-
 /// throughput chart, a server per label; or HdrHistogram interval logs drawn as one
 /// percentile plot, a line per file and tag.
-fn plot_files(args: &Args) -> Result<(), String> {
+fn plot_files(args: &Args) -> Result<(), Error> {
     let out = args
         .output
         .as_deref()
@@ -173,14 +179,15 @@ fn plot_files(args: &Args) -> Result<(), String> {
             Some(_) => Some(args.slo()?.limit.as_secs_f64() * 1e6),
             None => None,
         };
-        plot::write_one(out, &plot::percentiles("Latency by percentile", &refs, slo))
+        plot::write_one(out, &plot::percentiles("Latency by percentile", &refs, slo))?;
     } else {
-        plot::write_one(out, &plot::compare(&curves))
+        plot::write_one(out, &plot::compare(&curves))?;
     }
+    Ok(())
 }
 
 /// A capacity search's run configuration: `args`' with 3 s runs unless `-D` says otherwise.
-fn capacity_config(args: &Args) -> Result<engine::RunConfig, String> {
+fn capacity_config(args: &Args) -> Result<engine::RunConfig, Error> {
     let mut cfg = args.run_config()?;
     if args.duration.is_none() {
         cfg.duration = Duration::from_secs(3);
@@ -195,9 +202,9 @@ fn search(
     args: &Args,
     target: capacity::Target,
     indent: &str,
-) -> Result<capacity::Capacity, String> {
+) -> Result<capacity::Capacity, Error> {
     let quiet = args.quiet;
-    capacity::search(
+    let found = capacity::search(
         cfg,
         target,
         args.low,
@@ -214,13 +221,14 @@ fn search(
                 );
             }
         },
-    )
+    )?;
+    Ok(found)
 }
 
 /// `kvblast compare`: a capacity search per server per round, rounds alternating the
 /// order (a machine that slows down during the run then weighs on every server alike),
 /// then the medians, their ratios to the first server's, and one plot of every search.
-fn compare(args: &Args) -> Result<(), String> {
+fn compare(args: &Args) -> Result<(), Error> {
     if args.servers.len() < 2 {
         return Err("compare needs two or more servers: [LABEL=]SERVER [LABEL=]SERVER ...".into());
     }
@@ -234,7 +242,7 @@ fn compare(args: &Args) -> Result<(), String> {
             _ => (format!("server{}", i + 1), spec.as_str()),
         };
         if entries.iter().any(|(l, _)| *l == label) {
-            return Err(format!("compare: label {label:?} given twice"));
+            return Err(format!("compare: label {label:?} given twice").into());
         }
         let mut one = args.clone();
         one.servers = vec![server.to_string()];

@@ -144,6 +144,40 @@ pub struct Stats {
     pub interval_ns: u64,
 }
 
+/// A server's `stats` that could not be read, or an HdrHistogram log that could not be
+/// written.
+#[derive(Debug, thiserror::Error)]
+pub enum StatsError {
+    #[error(transparent)]
+    Server(#[from] crate::transport::TransportError),
+    #[error("{server}: {source}")]
+    Io {
+        server: String,
+        source: std::io::Error,
+    },
+    /// A reply that `stats` does not give (as kvproto shows it).
+    #[error("{server}: unexpected stats reply {reply}")]
+    Unexpected { server: String, reply: String },
+    #[error("{server}: invalid stats reply ({reason:?})")]
+    Invalid {
+        server: String,
+        reason: kvproto::client::Invalid,
+    },
+    #[error("{server}: stats reply too long")]
+    TooLong { server: String },
+    #[error("{server}: connection closed during stats")]
+    Closed { server: String },
+    #[error("HdrHistogram log: {0}")]
+    LogStart(#[source] std::io::Error),
+    #[error("HdrHistogram log: {0}")]
+    LogWrite(
+        #[source]
+        hdrhistogram::serialization::interval_log::IntervalLogWriterError<
+            hdrhistogram::serialization::V2DeflateSerializeError,
+        >,
+    ),
+}
+
 /// Histogram data that cannot be read back (from a peer that may send anything).
 #[derive(Debug, thiserror::Error)]
 pub enum HistogramDataError {
@@ -975,7 +1009,7 @@ impl Report {
     /// The latency histogram of each request kind over the whole run (nanoseconds, tagged
     /// with the kind's name), as an HdrHistogram interval log (`hdrhistogram`'s writer, V2
     /// deflate encoding; maxima shown in microseconds).
-    pub fn hdr_log(&self) -> Result<Vec<u8>, String> {
+    pub fn hdr_log(&self) -> Result<Vec<u8>, StatsError> {
         use hdrhistogram::serialization::interval_log::{IntervalLogWriterBuilder, Tag};
         use hdrhistogram::serialization::V2DeflateSerializer;
         let mut out = Vec::new();
@@ -986,7 +1020,7 @@ impl Report {
             .with_max_value_divisor(1000.0);
         let mut log = builder
             .begin_log_with(&mut out, &mut serializer)
-            .map_err(|e| e.to_string())?;
+            .map_err(StatsError::LogStart)?;
         let run = Duration::from_secs_f64(self.seconds.max(0.0));
         for op in Op::ALL {
             let h = &self.stats.op(op).hist;
@@ -994,7 +1028,7 @@ impl Report {
                 continue;
             }
             log.write_histogram(h, Duration::ZERO, run, Tag::new(op.name()))
-                .map_err(|e| format!("{e:?}"))?;
+                .map_err(StatsError::LogWrite)?;
         }
         drop(log);
         Ok(out)
@@ -1041,14 +1075,17 @@ pub fn server_stats(
     addr: &str,
     timeout: Duration,
     tls: Option<&crate::transport::Tls>,
-) -> Result<BTreeMap<String, i64>, String> {
-    let ep = crate::transport::Endpoint::parse(addr).map_err(|e| e.to_string())?;
-    let mut s = ep
-        .connect_blocking(timeout, tls)
-        .map_err(|e| format!("{addr}: {e}"))?;
+) -> Result<BTreeMap<String, i64>, StatsError> {
+    let ep = crate::transport::Endpoint::parse(addr)?;
+    let server = || addr.to_string();
+    let io = |source| StatsError::Io {
+        server: server(),
+        source,
+    };
+    let mut s = ep.connect_blocking(timeout, tls).map_err(io)?;
     let mut req = Vec::new();
     kvproto::client::stats(&mut req, b"");
-    s.write_all(&req).map_err(|e| format!("{addr}: {e}"))?;
+    s.write_all(&req).map_err(io)?;
     let mut buf = Vec::new();
     let mut out = BTreeMap::new();
     let mut chunk = [0u8; 16384];
@@ -1069,22 +1106,30 @@ pub fn server_stats(
                             }
                         }
                         kvproto::client::Reply::End => return Ok(out),
-                        other => return Err(format!("{addr}: unexpected stats reply {other:?}")),
+                        other => {
+                            return Err(StatsError::Unexpected {
+                                server: server(),
+                                reply: format!("{other:?}"),
+                            })
+                        }
                     }
                 }
                 kvproto::client::ParseReply::Incomplete => break,
-                kvproto::client::ParseReply::Invalid(e) => {
-                    return Err(format!("{addr}: invalid stats reply ({e:?})"))
+                kvproto::client::ParseReply::Invalid(reason) => {
+                    return Err(StatsError::Invalid {
+                        server: server(),
+                        reason,
+                    })
                 }
             }
         }
         buf.drain(..pos);
         if buf.len() > (1 << 20) {
-            return Err(format!("{addr}: stats reply too long"));
+            return Err(StatsError::TooLong { server: server() });
         }
-        let n = s.read(&mut chunk).map_err(|e| format!("{addr}: {e}"))?;
+        let n = s.read(&mut chunk).map_err(io)?;
         if n == 0 {
-            return Err(format!("{addr}: connection closed during stats"));
+            return Err(StatsError::Closed { server: server() });
         }
         buf.extend_from_slice(&chunk[..n]);
     }

@@ -2,6 +2,46 @@
 
 use super::*;
 
+/// A run configuration that [`RunConfig::validate`] refuses.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("no servers given")]
+    NoServers,
+    #[error("too many servers")]
+    TooManyServers,
+    #[error("threads must be in 1..=1024")]
+    Threads,
+    #[error("connections and depth must be at least 1")]
+    ConnsOrDepth,
+    #[error("keys must be in 1..=2^31")]
+    Keys,
+    #[error("multiget must be in 1..=10000")]
+    Multiget,
+    #[error("rate must be positive")]
+    Rate,
+    #[error("give a duration or a request count")]
+    NoEnd,
+    #[error("--reconnect-interval must be at least 1")]
+    ReconnectInterval,
+    #[error("--reconnect-interval applies to TCP servers (UDP has no connections)")]
+    ReconnectUdp,
+    #[error("UDP servers take the text protocol only (for now)")]
+    UdpProtocol,
+    #[error("UDP requests must fit one datagram: use --value-max {max} or less")]
+    UdpValueSize { max: usize },
+    #[error("probe rate must be positive")]
+    ProbeRate,
+    #[error("value sizes are limited to {MAX_VALUE} bytes")]
+    ValueSize,
+    #[error("participant must be I/N with I < N")]
+    Participant,
+    #[error(
+        "splitting {keys} keys between {participants} participants leaves one without keys \
+         (use more keys or --agent-keys shared)"
+    )]
+    SplitKeys { keys: u64, participants: u64 },
+}
+
 /// Which commands carry the requests: the classic text commands; memcached 1.6's meta
 /// commands for gets, sets and deletes (`mg`/`ms`/`md`; a multiget is quiet `mg`s closed by
 /// `mn`; touch and incr stay classic, as a connection may mix both kinds); or the binary
@@ -14,12 +54,16 @@ pub enum Protocol {
 }
 
 impl Protocol {
-    pub fn parse(s: &str) -> Result<Protocol, String> {
+    pub fn parse(s: &str) -> Result<Protocol, crate::units::BadChoice> {
         match s {
             "text" | "ascii" => Ok(Protocol::Text),
             "meta" => Ok(Protocol::Meta),
             "binary" => Ok(Protocol::Binary),
-            _ => Err(format!("bad protocol {s:?}: text | meta | binary")),
+            _ => Err(crate::units::BadChoice {
+                setting: "protocol",
+                given: s.to_string(),
+                choices: "text | meta | binary",
+            }),
         }
     }
 
@@ -146,75 +190,71 @@ impl RunConfig {
             .wrapping_add(self.participant.wrapping_mul(0x9E37_79B9_7F4A_7C15))
     }
 
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        use ConfigError as E;
         if self.servers.is_empty() {
-            return Err("no servers given".into());
+            return Err(E::NoServers);
         }
         if self.servers.len() > 65_536 {
-            return Err("too many servers".into());
+            return Err(E::TooManyServers);
         }
         if self.threads == 0 || self.threads > 1024 {
-            return Err("threads must be in 1..=1024".into());
+            return Err(E::Threads);
         }
         if self.conns == 0 || self.depth == 0 {
-            return Err("connections and depth must be at least 1".into());
+            return Err(E::ConnsOrDepth);
         }
         if self.workload.keys == 0 || self.workload.keys > 1 << 31 {
             // The popularity tables and per-key sizes take a few bytes per key.
-            return Err("keys must be in 1..=2^31".into());
+            return Err(E::Keys);
         }
         if self.workload.multiget == 0 || self.workload.multiget > 10_000 {
-            return Err("multiget must be in 1..=10000".into());
+            return Err(E::Multiget);
         }
         if let LoadModel::Open { rate, .. } = self.load {
             if !(rate > 0.0 && rate.is_finite()) {
-                return Err("rate must be positive".into());
+                return Err(E::Rate);
             }
         }
         if self.duration.is_zero() && self.requests.is_none() {
-            return Err("give a duration or a request count".into());
+            return Err(E::NoEnd);
         }
         if self.reconnect_interval == Some(0) {
-            return Err("--reconnect-interval must be at least 1".into());
+            return Err(E::ReconnectInterval);
         }
         if self.reconnect_interval.is_some() && self.servers.iter().any(|s| s.starts_with("udp:")) {
-            return Err(
-                "--reconnect-interval applies to TCP servers (UDP has no connections)".into(),
-            );
+            return Err(E::ReconnectUdp);
         }
         if self.servers.iter().any(|s| s.starts_with("udp:")) {
             if self.protocol != Protocol::Text {
-                return Err("UDP servers take the text protocol only (for now)".into());
+                return Err(E::UdpProtocol);
             }
             if self.workload.value_size.max > crate::transport::UDP_MAX_REQUEST - 1024 {
-                return Err(format!(
-                    "UDP requests must fit one datagram: use --value-max {} or less",
-                    crate::transport::UDP_MAX_REQUEST - 1024
-                ));
+                return Err(E::UdpValueSize {
+                    max: crate::transport::UDP_MAX_REQUEST - 1024,
+                });
             }
         }
         if let Some(r) = self.probe_rate {
             if !(r > 0.0 && r.is_finite()) {
-                return Err("probe rate must be positive".into());
+                return Err(E::ProbeRate);
             }
         }
         if self.workload.value_size.max > MAX_VALUE {
-            return Err(format!("value sizes are limited to {MAX_VALUE} bytes"));
+            return Err(E::ValueSize);
         }
         if self.participants == 0 || self.participant >= self.participants {
-            return Err("participant must be I/N with I < N".into());
+            return Err(E::Participant);
         }
         if self.key_share().is_some() && self.workload.keys < self.participants {
-            return Err(format!(
-                "splitting {} keys between {} participants leaves one without keys \
-                 (use more keys or --agent-keys shared)",
-                self.workload.keys, self.participants
-            ));
+            return Err(E::SplitKeys {
+                keys: self.workload.keys,
+                participants: self.participants,
+            });
         }
         Ok(())
     }
 
-    /// The settings worth printing in a report.
     pub fn settings(&self) -> Vec<(String, String)> {
         let mut v = vec![
             ("workload".into(), self.workload.describe()),

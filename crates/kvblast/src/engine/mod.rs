@@ -40,11 +40,36 @@ mod replies;
 mod worker;
 
 use config::Wire;
-pub use config::{LoadModel, Protocol, RunConfig};
+pub use config::{ConfigError, LoadModel, Protocol, RunConfig};
 use conn::{Conn, Pending, UdpState, READ_CHUNK};
 use worker::{mark, Worker, WorkerResult, GIVE_UP, RECONNECT_MAX, RECONNECT_MIN, UDP_LOAD_WINDOW};
 
-const ABORTED: &str = "aborted: another worker could not connect";
+/// Why a run could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Server(#[from] crate::transport::TransportError),
+    #[error(transparent)]
+    Dist(#[from] dist::DistError),
+    #[error("spawn: {0}")]
+    Spawn(#[source] std::io::Error),
+    #[error("poll: {0}")]
+    Poll(#[source] std::io::Error),
+    #[error("register: {0}")]
+    Register(#[source] std::io::Error),
+    #[error("connect {server}: {source}")]
+    Connect {
+        server: String,
+        source: std::io::Error,
+    },
+    /// This worker gave up because another could not connect (that one says why).
+    #[error("aborted: another worker could not connect")]
+    Aborted,
+    #[error("a worker thread panicked")]
+    Panicked,
+}
 
 /// The largest value a workload may set, and (with a margin) the largest reply accepted.
 pub const MAX_VALUE: usize = 64 << 20;
@@ -79,25 +104,26 @@ impl Shared {
 }
 
 /// Run a whole benchmark and return its report (server counters are the caller's business).
-pub fn run(cfg: &RunConfig) -> Result<Report, String> {
+pub fn run(cfg: &RunConfig) -> Result<Report, EngineError> {
     run_synced(cfg, &mut || Ok(Instant::now() + Duration::from_millis(5)))
 }
 
 /// [`run`], with the start instant given by `sync`, which is called once every worker has
 /// connected and finished the load phase (and not at all if a worker failed). Distributed
 /// load uses it to start every participant together; an error from it aborts the run (the
-/// workers send nothing) and is the run's error.
-pub fn run_synced(
+/// workers send nothing) and is the run's error. The run's own errors are [`EngineError`]s,
+/// given as the caller's error type `E`.
+pub fn run_synced<E: From<EngineError>>(
     cfg: &RunConfig,
-    sync: &mut dyn FnMut() -> Result<Instant, String>,
-) -> Result<Report, String> {
-    cfg.validate()?;
+    sync: &mut dyn FnMut() -> Result<Instant, E>,
+) -> Result<Report, E> {
+    cfg.validate().map_err(EngineError::from)?;
     let addrs: Vec<Endpoint> = cfg
         .servers
         .iter()
         .map(|s| Endpoint::parse(s))
         .collect::<Result<_, _>>()
-        .map_err(|e| e.to_string())?;
+        .map_err(EngineError::from)?;
     let names: Vec<String> = addrs
         .iter()
         .zip(&cfg.servers)
@@ -120,13 +146,13 @@ pub fn run_synced(
         None
     };
     let chooser = KeyChooser::new(cfg.workload.keys, &cfg.workload.popularity, cfg.seed)
-        .map_err(|e| e.to_string())?;
+        .map_err(EngineError::from)?;
     if let Some((i, n)) = cfg.key_share() {
         // Checked here so that a bad share is an error before any connection is made.
         chooser
             .clone()
             .set_partition(i, n)
-            .map_err(|e| e.to_string())?;
+            .map_err(EngineError::from)?;
     }
     let shared = Arc::new(Shared {
         keyspace,
@@ -174,12 +200,12 @@ pub fn run_synced(
                 barrier.wait();
                 let mut w = worker?;
                 if shared.abort.load(Ordering::Relaxed) {
-                    return Err(ABORTED.to_string());
+                    return Err(EngineError::Aborted);
                 }
                 w.main_phase();
                 Ok((probe, w.stats, std::mem::take(&mut w.touched)))
             })
-            .map_err(|e| format!("spawn: {e}"))?;
+            .map_err(EngineError::Spawn)?;
         handles.push(h);
     }
     barrier.wait();
@@ -209,7 +235,7 @@ pub fn run_synced(
     };
     let mut stats = Stats::default();
     let mut probe_stats = None;
-    let mut first_err = sync_err;
+    let mut worker_err: Option<EngineError> = None;
     let mut touched: Vec<u64> = Vec::new();
     for h in handles {
         match h.join() {
@@ -226,17 +252,21 @@ pub fn run_synced(
             }
             // A worker that failed to connect says why; the others only say "aborted".
             Ok(Err(e)) => {
-                if first_err.as_deref().is_none_or(|f| f == ABORTED) {
-                    first_err = Some(e);
+                if matches!(worker_err, None | Some(EngineError::Aborted)) {
+                    worker_err = Some(e);
                 }
             }
             Err(_) => {
-                first_err.get_or_insert_with(|| "a worker thread panicked".to_string());
+                worker_err.get_or_insert(EngineError::Panicked);
             }
         }
     }
-    if let Some(e) = first_err {
+    // The sync's error comes first: it aborted the run.
+    if let Some(e) = sync_err {
         return Err(e);
+    }
+    if let Some(e) = worker_err {
+        return Err(e.into());
     }
     let seconds = measured_seconds(cfg, &stats);
     Ok(Report {

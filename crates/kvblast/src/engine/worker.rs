@@ -23,7 +23,7 @@ pub(super) const LOAD_STALL: Duration = Duration::from_secs(5);
 
 /// What a worker thread returns: whether it was the probe, its counters, and the keys its
 /// main phase sent requests for (a bit per key; empty when not tracked).
-pub(super) type WorkerResult = Result<(bool, Stats, Vec<u64>), String>;
+pub(super) type WorkerResult = Result<(bool, Stats, Vec<u64>), EngineError>;
 
 /// A one-shot relative timer (timerfd), so the open loop can sleep with microsecond
 /// precision (epoll's own timeout is in milliseconds).
@@ -32,7 +32,7 @@ pub(super) struct Timer {
 }
 
 impl Timer {
-    pub(super) fn new() -> Result<Timer, String> {
+    pub(super) fn new() -> std::io::Result<Timer> {
         // SAFETY: timerfd_create takes no pointers; a negative return is an error.
         let fd = unsafe {
             libc::timerfd_create(
@@ -41,10 +41,7 @@ impl Timer {
             )
         };
         if fd < 0 {
-            return Err(format!(
-                "timerfd_create: {}",
-                std::io::Error::last_os_error()
-            ));
+            return Err(std::io::Error::last_os_error());
         }
         // SAFETY: fd is a fresh descriptor that nothing else owns.
         Ok(Timer {
@@ -133,15 +130,18 @@ impl Worker {
         cfg: &RunConfig,
         shared: Arc<Shared>,
         addrs: &[Endpoint],
-    ) -> Result<Worker, String> {
-        let poll = Poll::new().map_err(|e| format!("poll: {e}"))?;
+    ) -> Result<Worker, EngineError> {
+        let poll = Poll::new().map_err(EngineError::Poll)?;
         let mut conns = Vec::new();
         let mut by_server = vec![Vec::new(); addrs.len()];
         for (s, addr) in addrs.iter().enumerate() {
             for _ in 0..cfg.conns {
                 let mut sock = addr
                     .connect(cfg.connect_timeout, cfg.tls.as_ref())
-                    .map_err(|e| format!("connect {addr}: {e}"))?;
+                    .map_err(|source| EngineError::Connect {
+                        server: addr.to_string(),
+                        source,
+                    })?;
                 let idx = conns.len();
                 poll.registry()
                     .register(
@@ -149,7 +149,7 @@ impl Worker {
                         Token(idx),
                         Interest::READABLE | Interest::WRITABLE,
                     )
-                    .map_err(|e| format!("register: {e}"))?;
+                    .map_err(EngineError::Register)?;
                 by_server[s].push(idx);
                 conns.push(Conn {
                     sock,
@@ -177,7 +177,7 @@ impl Worker {
         // key space, keys i + N·t, i + N·(t + T), ...
         let (mut load_next, mut load_stride) = (t as u64, cfg.threads as u64);
         if let Some((i, parts)) = cfg.key_share() {
-            chooser.set_partition(i, parts).map_err(|e| e.to_string())?;
+            chooser.set_partition(i, parts)?;
             load_next = i + parts * t as u64;
             load_stride = parts * cfg.threads as u64;
         }
