@@ -28,6 +28,55 @@ use plotters::prelude::*;
 
 use crate::capacity::{Capacity, CapacityReport, Latencies};
 use crate::stats::Report;
+
+/// A plot that could not be drawn or written, or saved results that could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum PlotError {
+    #[error("the embedded DejaVu Sans font did not load")]
+    Font,
+    /// plotters' error (its backend's, SVG or bitmap, inside).
+    #[error("drawing the plot: {0}")]
+    Draw(#[source] Box<dyn std::error::Error + Send + Sync>),
+    #[error("png: {0}")]
+    Png(#[source] png::EncodingError),
+    #[error("{path}: {source}")]
+    Write {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path}: give a .png or .svg file name")]
+    Extension { path: String },
+    /// JSON, but not a capacity report of this kvblast.
+    #[error(
+        "not a capacity report ({0}; reports from before kvblast 0.1's plots lack their steps' \
+         latencies)"
+    )]
+    NotCapacityReport(#[source] serde_json::Error),
+    #[error("not JSON: {0}")]
+    NotJson(#[source] serde_json::Error),
+    #[error("not an HdrHistogram interval log (entry {entry}: {reason:?})")]
+    LogEntry {
+        entry: usize,
+        reason: hdrhistogram::serialization::interval_log::LogIteratorError,
+    },
+    #[error("interval {entry}: bad base64: {source}")]
+    LogBase64 {
+        entry: usize,
+        source: base64::DecodeError,
+    },
+    #[error("interval {entry}: bad histogram: {source:?}")]
+    LogHistogram {
+        entry: usize,
+        source: hdrhistogram::serialization::DeserializeError,
+    },
+    #[error("interval {entry}: {source:?}")]
+    LogAdd {
+        entry: usize,
+        source: hdrhistogram::AdditionError,
+    },
+    #[error("no histograms in it (an HdrHistogram interval log was expected)")]
+    EmptyLog,
+}
 use crate::workload::Op;
 
 /// Every plot's size in pixels.
@@ -55,19 +104,21 @@ fn colour(i: usize) -> RGBColor {
 
 /// Register DejaVu Sans (regular and bold) as the "sans-serif" family plotters draws text
 /// with, once per process.
-fn fonts() -> Result<(), String> {
-    static DONE: OnceLock<Result<(), String>> = OnceLock::new();
-    DONE.get_or_init(|| {
-        for (style, bytes) in [
+fn fonts() -> Result<(), PlotError> {
+    static LOADED: OnceLock<bool> = OnceLock::new();
+    let loaded = LOADED.get_or_init(|| {
+        [
             (FontStyle::Normal, dejavu::sans::regular()),
             (FontStyle::Bold, dejavu::sans::bold()),
-        ] {
-            plotters::style::register_font(FONT, style, bytes)
-                .map_err(|_| "the embedded DejaVu Sans font did not load".to_string())?;
-        }
+        ]
+        .into_iter()
+        .all(|(style, bytes)| plotters::style::register_font(FONT, style, bytes).is_ok())
+    });
+    if *loaded {
         Ok(())
-    })
-    .clone()
+    } else {
+        Err(PlotError::Font)
+    }
 }
 
 /// A number with at most 3 decimals and no trailing zeros: 0.2, 1.5, 20000.
@@ -421,9 +472,12 @@ impl Plot {
             .collect()
     }
 
-    fn draw<DB: DrawingBackend>(&self, root: DrawingArea<DB, Shift>) -> Result<(), String> {
+    fn draw<DB: DrawingBackend>(&self, root: DrawingArea<DB, Shift>) -> Result<(), PlotError>
+    where
+        DB::ErrorType: 'static,
+    {
         fonts()?;
-        let err = |e: DrawingAreaErrorKind<DB::ErrorType>| format!("drawing the plot: {e}");
+        let err = |e: DrawingAreaErrorKind<DB::ErrorType>| PlotError::Draw(Box::new(e));
         root.fill(&WHITE).map_err(err)?;
         let mut chart = ChartBuilder::on(&root)
             .caption(&self.title, (FONT, 18).into_font().style(FontStyle::Bold))
@@ -501,7 +555,7 @@ impl Plot {
     }
 
     /// The plot as an SVG document.
-    pub fn svg(&self) -> Result<String, String> {
+    pub fn svg(&self) -> Result<String, PlotError> {
         let mut out = String::new();
         {
             let root = SVGBackend::with_string(&mut out, SIZE).into_drawing_area();
@@ -511,7 +565,7 @@ impl Plot {
     }
 
     /// The plot as a PNG image (RGB, [`SIZE`]).
-    pub fn png(&self) -> Result<Vec<u8>, String> {
+    pub fn png(&self) -> Result<Vec<u8>, PlotError> {
         let (w, h) = SIZE;
         let mut px = vec![0u8; w as usize * h as usize * 3];
         {
@@ -522,11 +576,9 @@ impl Plot {
         let mut enc = png::Encoder::new(&mut out, w, h);
         enc.set_color(png::ColorType::Rgb);
         enc.set_depth(png::BitDepth::Eight);
-        let mut writer = enc.write_header().map_err(|e| format!("png: {e}"))?;
-        writer
-            .write_image_data(&px)
-            .map_err(|e| format!("png: {e}"))?;
-        writer.finish().map_err(|e| format!("png: {e}"))?;
+        let mut writer = enc.write_header().map_err(PlotError::Png)?;
+        writer.write_image_data(&px).map_err(PlotError::Png)?;
+        writer.finish().map_err(PlotError::Png)?;
         Ok(out)
     }
 }
@@ -946,15 +998,12 @@ pub fn compare(curves: &[Curve]) -> Plot {
 
 /// Add a capacity search's JSON report (`kvblast capacity --json`) to `curve` as one more
 /// search ([`add_capacity`]). Malformed input is an error.
-pub fn add_capacity_json(curve: &mut Curve, text: &str) -> Result<(), String> {
+pub fn add_capacity_json(curve: &mut Curve, text: &str) -> Result<(), PlotError> {
     let report: CapacityReport = serde_json::from_str(text).map_err(|e| {
         if e.is_data() {
-            format!(
-                "not a capacity report ({e}; reports from before kvblast 0.1's plots lack \
-                 their steps' latencies)"
-            )
+            PlotError::NotCapacityReport(e)
         } else {
-            format!("not JSON: {e}")
+            PlotError::NotJson(e)
         }
     })?;
     add_capacity(curve, &report);
@@ -995,57 +1044,74 @@ pub fn add_capacity(curve: &mut Curve, report: &CapacityReport) {
 
 /// The latency histograms in an HdrHistogram interval log (`kvblast run --hdr-log`, or any
 /// tool's), one per tag (untagged ones as "all"), intervals of a tag added together.
-pub fn read_hdr_log(bytes: &[u8]) -> Result<Vec<(String, Histogram<u64>)>, String> {
+pub fn read_hdr_log(bytes: &[u8]) -> Result<Vec<(String, Histogram<u64>)>, PlotError> {
     use base64::Engine as _;
     use hdrhistogram::serialization::interval_log::{IntervalLogIterator, LogEntry};
     use hdrhistogram::serialization::Deserializer;
     let mut out: Vec<(String, Histogram<u64>)> = Vec::new();
     let mut de = Deserializer::new();
     for (n, entry) in IntervalLogIterator::new(bytes).enumerate() {
-        let entry = entry
-            .map_err(|e| format!("not an HdrHistogram interval log (entry {}: {e:?})", n + 1))?;
+        let entry_no = n + 1;
+        let entry = entry.map_err(|reason| PlotError::LogEntry {
+            entry: entry_no,
+            reason,
+        })?;
         let LogEntry::Interval(ilh) = entry else {
             continue;
         };
         let raw = base64::engine::general_purpose::STANDARD
             .decode(ilh.encoded_histogram())
-            .map_err(|e| format!("interval {}: bad base64: {e}", n + 1))?;
-        let h: Histogram<u64> = de
-            .deserialize(&mut raw.as_slice())
-            .map_err(|e| format!("interval {}: bad histogram: {e:?}", n + 1))?;
+            .map_err(|source| PlotError::LogBase64 {
+                entry: entry_no,
+                source,
+            })?;
+        let h: Histogram<u64> =
+            de.deserialize(&mut raw.as_slice())
+                .map_err(|source| PlotError::LogHistogram {
+                    entry: entry_no,
+                    source,
+                })?;
         let tag = ilh.tag().map_or("all", |t| t.as_str()).to_string();
         match out.iter_mut().find(|(t, _)| *t == tag) {
-            Some((_, acc)) => acc
-                .add(&h)
-                .map_err(|e| format!("interval {}: {e:?}", n + 1))?,
+            Some((_, acc)) => acc.add(&h).map_err(|source| PlotError::LogAdd {
+                entry: entry_no,
+                source,
+            })?,
             None => out.push((tag, h)),
         }
     }
     if out.is_empty() {
-        return Err("no histograms in it (an HdrHistogram interval log was expected)".into());
+        return Err(PlotError::EmptyLog);
     }
     Ok(out)
 }
 
 /// Write a plot as `PREFIX-NAME.svg` and `PREFIX-NAME.png`; returns the files written.
-pub fn write_both(prefix: &str, name: &str, p: &Plot) -> Result<Vec<String>, String> {
+pub fn write_both(prefix: &str, name: &str, p: &Plot) -> Result<Vec<String>, PlotError> {
     let svg = format!("{prefix}-{name}.svg");
-    std::fs::write(&svg, p.svg()?).map_err(|e| format!("{svg}: {e}"))?;
+    write_file(&svg, p.svg()?.as_bytes())?;
     let png = format!("{prefix}-{name}.png");
-    std::fs::write(&png, p.png()?).map_err(|e| format!("{png}: {e}"))?;
+    write_file(&png, &p.png()?)?;
     Ok(vec![svg, png])
 }
 
+fn write_file(path: &str, bytes: &[u8]) -> Result<(), PlotError> {
+    std::fs::write(path, bytes).map_err(|source| PlotError::Write {
+        path: path.into(),
+        source,
+    })
+}
+
 /// Write a plot to `path`, as PNG or SVG by its extension.
-pub fn write_one(path: &str, p: &Plot) -> Result<(), String> {
+pub fn write_one(path: &str, p: &Plot) -> Result<(), PlotError> {
     let bytes = if path.ends_with(".svg") {
         p.svg()?.into_bytes()
     } else if path.ends_with(".png") {
         p.png()?
     } else {
-        return Err(format!("{path}: give a .png or .svg file name"));
+        return Err(PlotError::Extension { path: path.into() });
     };
-    std::fs::write(path, bytes).map_err(|e| format!("{path}: {e}"))
+    write_file(path, &bytes)
 }
 
 #[cfg(test)]
@@ -1238,8 +1304,14 @@ mod tests {
             texts(&svg).contains(&"two: 500k/s at p99&lt;=20us".to_string()),
             "{svg}"
         );
-        assert!(add_capacity_json(&mut Curve::default(), "{}").is_err());
-        assert!(add_capacity_json(&mut Curve::default(), "nope").is_err());
+        assert!(matches!(
+            add_capacity_json(&mut Curve::default(), "{}"),
+            Err(PlotError::NotCapacityReport(_))
+        ));
+        assert!(matches!(
+            add_capacity_json(&mut Curve::default(), "nope"),
+            Err(PlotError::NotJson(_))
+        ));
     }
 
     #[test]
@@ -1250,7 +1322,7 @@ mod tests {
         let tags: Vec<&str> = hs.iter().map(|(t, _)| t.as_str()).collect();
         assert_eq!(tags, ["get", "set"]);
         assert_eq!(hs[0].1, r.stats.op(Op::Get).hist);
-        assert!(read_hdr_log(b"").is_err());
+        assert!(matches!(read_hdr_log(b""), Err(PlotError::EmptyLog)));
         assert!(read_hdr_log(b"#[StartTime: 1\nTag=x,0.1,1.0,1.0,!!!\n").is_err());
     }
 }
