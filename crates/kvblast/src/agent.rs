@@ -176,8 +176,9 @@ fn run_job(reader: &mut impl BufRead, writer: &mut TcpStream) -> Result<Done, St
         Message::Run { args } => args,
         other => return Err(format!("agent: {}", other.unexpected("run"))),
     };
-    let args = Args::parse(std::iter::once("run".to_string()).chain(args))?;
-    let cfg = args.run_config()?;
+    let args =
+        Args::parse(std::iter::once("run".to_string()).chain(args)).map_err(|e| e.to_string())?;
+    let cfg = args.run_config().map_err(|e| e.to_string())?;
     // The controller may take its own load phase, and wait for the other agents', before
     // saying go; a controller that goes away closes the connection.
     let _ = writer.set_read_timeout(Some(cfg.load_timeout * 2 + Duration::from_secs(60)));
@@ -218,9 +219,9 @@ struct Share {
 /// divided in the same proportions, the controller taking the rounding remainder.
 fn shares(args: &Args, participants: usize) -> Result<Vec<Share>, String> {
     let n = participants as u64;
-    let fractions = match args.agent_keys()? {
+    let fractions = match args.agent_keys().map_err(|e| e.to_string())? {
         AgentKeys::Split => {
-            let w = args.workload()?;
+            let w = args.workload().map_err(|e| e.to_string())?;
             if w.keys < n {
                 return Err(format!(
                     "splitting {} keys between {n} participants leaves one without keys \
@@ -354,7 +355,7 @@ pub fn run_with_agents(args: &Args) -> Result<Report, String> {
     // Agents get histograms' contents, not their paths: they need no files of their own
     // (and the file is read once).
     let mut resolved = args.clone();
-    resolved.inline_histograms()?;
+    resolved.inline_histograms().map_err(|e| e.to_string())?;
     let args = &resolved;
     let participants = args.agents.len() + 1;
     let shares = shares(args, participants)?;
@@ -363,7 +364,7 @@ pub fn run_with_agents(args: &Args) -> Result<Report, String> {
     mine.rate = shares[0].rate;
     mine.requests = shares[0].requests;
     mine.participant = Some((0, participants as u64));
-    let cfg = mine.run_config()?;
+    let cfg = mine.run_config().map_err(|e| e.to_string())?;
     let wait = cfg.warmup
         + if cfg.duration.is_zero() {
             Duration::from_secs(3600)
@@ -455,7 +456,7 @@ pub fn run_with_agents(args: &Args) -> Result<Report, String> {
     if let (Some(rate), LoadModel::Open { .. }) = (args.rate, cfg.load) {
         report.target_rate = Some(rate);
     }
-    let how = match args.agent_keys()? {
+    let how = match args.agent_keys().map_err(|e| e.to_string())? {
         AgentKeys::Split => "keys split (k mod N), each participant's rate and requests in proportion to its keys' popularity",
         AgentKeys::Shared => "keys shared, each participant sends 1/N of the rate and requests",
     };

@@ -3,12 +3,72 @@
 
 use std::time::Duration;
 
-use crate::capacity::{Metric, Target};
-use crate::dist::{Arrival, Dist, Popularity, SizeDist};
-use crate::engine::{LoadModel, Protocol, RunConfig, MAX_VALUE};
+use crate::capacity::{Metric, Target, TargetError};
+use crate::dist::{Arrival, Dist, DistError, Popularity, SizeDist};
+use crate::engine::{ConfigError, LoadModel, Protocol, RunConfig, MAX_VALUE};
 use crate::route::Routing;
-use crate::units::parse_duration;
-use crate::workload::{Mix, Workload, PRESETS};
+use crate::transport::TransportError;
+use crate::units::{parse_duration, BadChoice};
+use crate::workload::{Mix, Workload, WorkloadError, PRESETS};
+
+/// A command line (or config file) that does not give a run.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// clap's own message (an unknown flag, a missing value, a value parser's error).
+    #[error("{}", clap_message(.0))]
+    Flags(#[source] clap::Error),
+    #[error("bad number {0:?}")]
+    Number(String),
+    #[error("--participant: expected I/N with I < N, got {0:?}")]
+    Participant(String),
+    #[error("--config needs a file")]
+    ConfigPath,
+    #[error("{path}: {source}")]
+    ConfigRead {
+        path: String,
+        source: std::io::Error,
+    },
+    /// What is wrong in a config file, after its path.
+    #[error("{path}: {source}")]
+    ConfigFile { path: String, source: Box<CliError> },
+    #[error("config: {0}")]
+    ConfigSyntax(#[source] toml::de::Error),
+    #[error("config: bad value for {key}: {value}")]
+    ConfigValue { key: String, value: toml::Value },
+    #[error("give at least one SERVER (host[:port])")]
+    NoServer,
+    #[error(transparent)]
+    Workload(#[from] WorkloadError),
+    /// `--key-size` or `--value-size`.
+    #[error("{flag}: {source}")]
+    Sizes {
+        flag: &'static str,
+        source: DistError,
+    },
+    #[error("{flag}: {spec:?} is not a histogram")]
+    NotHistogram { flag: &'static str, spec: String },
+    #[error("--exptime-max {max} is below --exptime {exptime}")]
+    ExptimeMax { max: i64, exptime: i64 },
+    #[error("values are limited to {MAX_VALUE} bytes")]
+    ValueSize,
+    #[error(transparent)]
+    Dist(#[from] DistError),
+    #[error(transparent)]
+    Choice(#[from] BadChoice),
+    #[error(transparent)]
+    Slo(#[from] TargetError),
+    #[error(transparent)]
+    Tls(#[from] TransportError),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+}
+
+/// clap's message without its `error: ` prefix and final newline.
+fn clap_message(e: &clap::Error) -> String {
+    let msg = e.render().to_string();
+    let msg = msg.strip_prefix("error: ").unwrap_or(&msg);
+    msg.trim_end().to_string()
+}
 
 /// What `kvblast` and `kvblast --help` print about servers, after the commands.
 const SERVERS_HELP: &str = "\
@@ -52,14 +112,14 @@ enum CliCommand {
 }
 
 /// Parse a number, allowing `_` between digits (`50_000`).
-fn number<T: std::str::FromStr>(v: &str) -> Result<T, String> {
+fn number<T: std::str::FromStr>(v: &str) -> Result<T, CliError> {
     v.trim()
         .replace('_', "")
         .parse::<T>()
-        .map_err(|_| format!("bad number {v:?}"))
+        .map_err(|_| CliError::Number(v.into()))
 }
 
-fn agent_keys(v: &str) -> Result<String, String> {
+fn agent_keys(v: &str) -> Result<String, BadChoice> {
     AgentKeys::parse(v).map(|_| v.to_string())
 }
 
@@ -293,11 +353,15 @@ pub enum AgentKeys {
 }
 
 impl AgentKeys {
-    pub fn parse(s: &str) -> Result<AgentKeys, String> {
+    pub fn parse(s: &str) -> Result<AgentKeys, BadChoice> {
         match s {
             "split" => Ok(AgentKeys::Split),
             "shared" => Ok(AgentKeys::Shared),
-            _ => Err(format!("bad --agent-keys {s:?}: split | shared")),
+            _ => Err(BadChoice {
+                setting: "--agent-keys",
+                given: s.to_string(),
+                choices: "split | shared",
+            }),
         }
     }
 
@@ -309,8 +373,8 @@ impl AgentKeys {
     }
 }
 
-fn parse_participant(v: &str) -> Result<(u64, u64), String> {
-    let bad = || format!("--participant: expected I/N with I < N, got {v:?}");
+fn parse_participant(v: &str) -> Result<(u64, u64), CliError> {
+    let bad = || CliError::Participant(v.into());
     let (i, n) = v.split_once('/').ok_or_else(bad)?;
     let (i, n) = (
         i.trim().parse::<u64>().map_err(|_| bad())?,
@@ -328,12 +392,15 @@ fn parse_participant(v: &str) -> Result<(u64, u64), String> {
 /// it out); `servers = ["host:port", ...]` gives servers. Keys inside `[section]` tables
 /// count as if at the top. Flags come in the file's order; the command line's come after,
 /// so they win.
-pub fn config_flags(text: &str) -> Result<Vec<String>, String> {
-    let table: toml::Table = text.parse().map_err(|e| format!("config: {e}"))?;
+pub fn config_flags(text: &str) -> Result<Vec<String>, CliError> {
+    let table: toml::Table = text.parse().map_err(CliError::ConfigSyntax)?;
     let mut out = Vec::new();
-    let mut add = |key: &str, v: &toml::Value| -> Result<(), String> {
+    let mut add = |key: &str, v: &toml::Value| -> Result<(), CliError> {
         let key = key.replace('_', "-");
-        let bad = || format!("config: bad value for {key}: {v}");
+        let bad = || CliError::ConfigValue {
+            key: key.clone(),
+            value: v.clone(),
+        };
         match (key.as_str(), v) {
             ("servers", toml::Value::Array(items)) => {
                 for item in items {
@@ -364,7 +431,7 @@ pub fn config_flags(text: &str) -> Result<Vec<String>, String> {
 }
 
 impl Args {
-    pub fn parse<I: IntoIterator<Item = String>>(argv: I) -> Result<Args, String> {
+    pub fn parse<I: IntoIterator<Item = String>>(argv: I) -> Result<Args, CliError> {
         let mut argv: Vec<String> = argv.into_iter().collect();
         // A config file's flags go right after the command, before the command line's own.
         if let Some(i) = argv
@@ -373,15 +440,18 @@ impl Args {
         {
             let path = match argv[i].split_once('=') {
                 Some((_, p)) => p.to_string(),
-                None => argv
-                    .get(i + 1)
-                    .cloned()
-                    .ok_or_else(|| "--config needs a file".to_string())?,
+                None => argv.get(i + 1).cloned().ok_or(CliError::ConfigPath)?,
             };
             let end = if argv[i].contains('=') { i + 1 } else { i + 2 };
             argv.drain(i..end);
-            let text = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
-            let flags = config_flags(&text).map_err(|e| format!("{path}: {e}"))?;
+            let text = std::fs::read_to_string(&path).map_err(|source| CliError::ConfigRead {
+                path: path.clone(),
+                source,
+            })?;
+            let flags = config_flags(&text).map_err(|e| CliError::ConfigFile {
+                path: path.clone(),
+                source: Box::new(e),
+            })?;
             let at = 1.min(argv.len());
             argv.splice(at..at, flags);
         }
@@ -396,11 +466,7 @@ impl Args {
                         help: Some(e.render().to_string()),
                         ..Args::default()
                     }),
-                    _ => {
-                        let msg = e.render().to_string();
-                        let msg = msg.strip_prefix("error: ").unwrap_or(&msg);
-                        Err(msg.trim_end().to_string())
-                    }
+                    _ => Err(CliError::Flags(e)),
                 };
             }
         };
@@ -486,15 +552,18 @@ impl Args {
     }
 
     /// The workload: the preset, then each override.
-    pub fn workload(&self) -> Result<Workload, String> {
-        let mut w = Workload::preset(self.workload.as_deref().unwrap_or("etc"))
-            .map_err(|e| e.to_string())?;
+    pub fn workload(&self) -> Result<Workload, CliError> {
+        let mut w = Workload::preset(self.workload.as_deref().unwrap_or("etc"))?;
         if let Some(k) = self.keys {
             w.keys = k;
         }
         if let Some(s) = &self.key_size {
-            let d = Dist::parse_sizes(s, 1, kvproto::MAX_KEY_LEN as u64)
-                .map_err(|e| format!("--key-size: {e}"))?;
+            let d = Dist::parse_sizes(s, 1, kvproto::MAX_KEY_LEN as u64).map_err(|source| {
+                CliError::Sizes {
+                    flag: "--key-size",
+                    source,
+                }
+            })?;
             w.key_size = match d {
                 Dist::Fixed(v) => SizeDist::fixed(v.max(1.0) as usize),
                 Dist::Hist(h) => hist_sizes(h),
@@ -502,8 +571,11 @@ impl Args {
             };
         }
         if let Some(s) = &self.value_size {
-            let d = Dist::parse_sizes(s, 0, MAX_VALUE as u64)
-                .map_err(|e| format!("--value-size: {e}"))?;
+            let d =
+                Dist::parse_sizes(s, 0, MAX_VALUE as u64).map_err(|source| CliError::Sizes {
+                    flag: "--value-size",
+                    source,
+                })?;
             w.value_size = match d {
                 Dist::Fixed(v) => SizeDist::fixed(v.max(0.0) as usize),
                 Dist::Hist(h) => hist_sizes(h),
@@ -523,21 +595,21 @@ impl Args {
         }
         if let Some(m) = self.exptime_max {
             if m < w.exptime {
-                return Err(format!(
-                    "--exptime-max {m} is below --exptime {}",
-                    w.exptime
-                ));
+                return Err(CliError::ExptimeMax {
+                    max: m,
+                    exptime: w.exptime,
+                });
             }
             w.exptime_max = m;
         }
         if w.value_size.max > MAX_VALUE {
-            return Err(format!("values are limited to {MAX_VALUE} bytes"));
+            return Err(CliError::ValueSize);
         }
         if let Some(p) = &self.popularity {
-            w.popularity = Popularity::parse(p).map_err(|e| e.to_string())?;
+            w.popularity = Popularity::parse(p)?;
         }
         if let Some(m) = &self.mix {
-            w.mix = Mix::parse(m).map_err(|e| e.to_string())?;
+            w.mix = Mix::parse(m)?;
         }
         if let Some(m) = self.multiget {
             w.multiget = m;
@@ -547,7 +619,7 @@ impl Args {
 
     /// Replace `hist:PATH` size distributions by their contents (`hist-inline:SIZE:W,...`),
     /// so that a job sent to an agent carries the histogram and the agent needs no file.
-    pub fn inline_histograms(&mut self) -> Result<(), String> {
+    pub fn inline_histograms(&mut self) -> Result<(), CliError> {
         for (flag, spec, lo, hi) in [
             (
                 "--key-size",
@@ -561,22 +633,27 @@ impl Args {
             if !s.trim().starts_with("hist:") {
                 continue;
             }
-            match Dist::parse_sizes(s, lo, hi).map_err(|e| format!("{flag}: {e}"))? {
+            match Dist::parse_sizes(s, lo, hi).map_err(|source| CliError::Sizes { flag, source })? {
                 Dist::Hist(h) => *spec = Some(format!("hist-inline:{}", h.to_inline())),
-                _ => return Err(format!("{flag}: {s:?} is not a histogram")),
+                _ => {
+                    return Err(CliError::NotHistogram {
+                        flag,
+                        spec: s.into(),
+                    })
+                }
             }
         }
         Ok(())
     }
 
     /// The latency objective: (metric, threshold). Run uses only the threshold.
-    pub fn slo(&self) -> Result<Target, String> {
+    pub fn slo(&self) -> Result<Target, TargetError> {
         match &self.slo {
             None => Ok(Target {
                 metric: Metric::Avg,
                 limit: Duration::from_millis(1),
             }),
-            Some(s) => Target::parse(s).map_err(|e| e.to_string()),
+            Some(s) => Target::parse(s),
         }
     }
 
@@ -598,25 +675,24 @@ impl Args {
     }
 
     /// `--agent-keys`, split by default.
-    pub fn agent_keys(&self) -> Result<AgentKeys, String> {
+    pub fn agent_keys(&self) -> Result<AgentKeys, BadChoice> {
         AgentKeys::parse(self.agent_keys.as_deref().unwrap_or("split"))
     }
 
-    pub fn run_config(&self) -> Result<RunConfig, String> {
+    pub fn run_config(&self) -> Result<RunConfig, CliError> {
         if self.servers.is_empty() {
-            return Err("give at least one SERVER (host[:port])".into());
+            return Err(CliError::NoServer);
         }
         let mut c = RunConfig::new(self.workload()?, self.servers.clone());
         if let Some(r) = &self.routing {
-            c.routing = Routing::parse(r).map_err(|e| e.to_string())?;
+            c.routing = Routing::parse(r)?;
         }
         if let Some(p) = &self.protocol {
-            c.protocol = Protocol::parse(p).map_err(|e| e.to_string())?;
+            c.protocol = Protocol::parse(p)?;
         }
         c.threads = self.threads.unwrap_or(1);
         c.conns = self.conns.unwrap_or(1);
-        let arrival = Arrival::parse(self.arrival.as_deref().unwrap_or("poisson"))
-            .map_err(|e| e.to_string())?;
+        let arrival = Arrival::parse(self.arrival.as_deref().unwrap_or("poisson"))?;
         c.load = match self.rate {
             Some(rate) => LoadModel::Open { rate, arrival },
             None => LoadModel::Closed,
@@ -646,13 +722,12 @@ impl Args {
         c.tls = self
             .tls_settings()
             .map(crate::transport::Tls::new)
-            .transpose()
-            .map_err(|e| e.to_string())?;
+            .transpose()?;
         if let Some((i, n)) = self.participant {
             c.participant = i;
             c.participants = n;
         }
-        c.validate().map_err(|e| e.to_string())?;
+        c.validate()?;
         Ok(c)
     }
 }
@@ -684,7 +759,7 @@ pub fn list_workloads() -> String {
 mod tests {
     use super::*;
 
-    fn args(s: &str) -> Result<Args, String> {
+    fn args(s: &str) -> Result<Args, CliError> {
         Args::parse(s.split_whitespace().map(String::from))
     }
 
@@ -811,7 +886,7 @@ mod tests {
         assert!(bad.run_config().is_err());
         assert!(args("run --exptime-max 5 h").is_err(), "needs --exptime");
         let past = args("run --exptime -1 h").unwrap_or_default();
-        assert_eq!(past.run_config().map(|c| c.workload.exptime), Ok(-1));
+        assert_eq!(past.run_config().map(|c| c.workload.exptime).ok(), Some(-1));
         let a = args("run --agent-keys shared --participant 2/3 h").unwrap_or_default();
         let back = Args::parse(std::iter::once("run".to_string()).chain(a.to_argv()))
             .unwrap_or_else(|e| panic!("{e}"));
@@ -858,7 +933,10 @@ mod tests {
                 .map(|s| s.to_string()),
         )
         .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(c.workload().map(|w| w.value_size), Ok(w.value_size.clone()));
+        assert_eq!(
+            c.workload().map(|w| w.value_size).ok(),
+            Some(w.value_size.clone())
+        );
         // Resolved to the inline form for agents: no path left, the same workload.
         let mut inl = a.clone();
         inl.inline_histograms().unwrap_or_else(|e| panic!("{e}"));
@@ -873,22 +951,70 @@ mod tests {
         );
         let back = Args::parse(std::iter::once("run".to_string()).chain(argv))
             .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(back.workload(), Ok(w));
+        assert_eq!(back.workload().ok(), Some(w));
         // Errors name the flag, the file and the line; keys must be 1..=250.
         let _ = std::fs::write(&keys, "20 1\n251 1\n");
         let e = args(&format!("run --key-size hist:{kp} h"))
             .unwrap_or_default()
             .run_config()
-            .map(|_| ());
+            .map(|_| ())
+            .map_err(|e| e.to_string());
         assert_eq!(
             e,
             Err(format!("--key-size: {kp}:2: size 251 is outside 1..=250"))
         );
         let _ = std::fs::write(&values, "100 -1\n");
         let mut bad = args(&format!("run --value-size hist:{vp} h")).unwrap_or_default();
-        assert!(matches!(bad.workload(), Err(m) if m.contains(&format!("{vp}:1:"))));
+        assert!(matches!(bad.workload(), Err(m) if m.to_string().contains(&format!("{vp}:1:"))));
         assert!(bad.inline_histograms().is_err());
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// What the user reads: clap's message without its prefix, the config file's path,
+    /// the flag a size distribution came from.
+    #[test]
+    fn errors_say_what_is_wrong() {
+        let msg = |s: &str| match args(s).and_then(|a| a.run_config()) {
+            Ok(_) => panic!("{s} accepted"),
+            Err(e) => e.to_string(),
+        };
+        let unknown = msg("run --bogus x h");
+        assert!(
+            unknown.starts_with("unexpected argument '--bogus'"),
+            "{unknown}"
+        );
+        assert!(msg("run --keys ten h").contains("bad number \"ten\""));
+        assert_eq!(msg("run"), "give at least one SERVER (host[:port])");
+        assert_eq!(
+            msg("run --routing ring h"),
+            "bad routing \"ring\": ketama | modulo"
+        );
+        assert_eq!(
+            msg("run --protocol udp h"),
+            "bad protocol \"udp\": text | meta | binary"
+        );
+        assert_eq!(
+            msg("run --value-size nope h"),
+            "--value-size: unknown distribution \"nope\""
+        );
+        assert_eq!(msg("run --rate 0 h"), "rate must be positive");
+        assert_eq!(
+            msg("run --exptime 10 --exptime-max 5 h"),
+            "--exptime-max 5 is below --exptime 10"
+        );
+        let missing = msg("run --config /nonexistent/kvblast.toml h");
+        assert!(
+            missing.starts_with("/nonexistent/kvblast.toml: "),
+            "{missing}"
+        );
+        assert!(matches!(
+            args("run --config /nonexistent/kvblast.toml h"),
+            Err(CliError::ConfigRead { .. })
+        ));
+        assert_eq!(
+            config_flags("servers = 1").map_err(|e| e.to_string()),
+            Err("config: bad value for servers: 1".into())
+        );
     }
 
     #[test]
