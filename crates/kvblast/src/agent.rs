@@ -18,15 +18,16 @@
 //! the servers' `stats`.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::cli::{AgentKeys, Args};
-use crate::dist::KeyChooser;
-use crate::engine::{self, LoadModel};
+use crate::cli::{AgentKeys, Args, CliError};
+use crate::dist::{DistError, KeyChooser};
+use crate::engine::{self, ConfigError, EngineError, LoadModel};
 use crate::stats::{Participant, Report, Stats};
+use crate::units::BadChoice;
 
 /// The longest job line or reply an agent or master accepts.
 const MAX_MESSAGE: u64 = 64 << 20;
@@ -63,6 +64,53 @@ pub struct Done {
     /// Distinct keys its main phase asked for, when tracked.
     pub distinct_keys: Option<u64>,
     pub stats: Stats,
+}
+
+/// Why distributed load failed, on the controller or on an agent. `peer` names the other
+/// end: `agent HOST:PORT` on the controller, `agent` on an agent.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The flags (the controller's, or the job an agent was sent) give no run.
+    #[error(transparent)]
+    Cli(#[from] CliError),
+    #[error(transparent)]
+    Choice(#[from] BadChoice),
+    #[error(transparent)]
+    Dist(#[from] DistError),
+    /// This participant's run failed.
+    #[error(transparent)]
+    Run(#[from] EngineError),
+    #[error("agent {agent}: {source}")]
+    Resolve {
+        agent: String,
+        source: std::io::Error,
+    },
+    #[error("agent {agent}: no address")]
+    NoAddress { agent: String },
+    #[error("agent {agent}: cannot connect to {addr}: {source}")]
+    Connect {
+        agent: String,
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("{peer}: {source}")]
+    Io {
+        peer: String,
+        source: std::io::Error,
+    },
+    #[error("{peer}: connection closed")]
+    Closed { peer: String },
+    #[error("{peer}: {source}")]
+    Protocol { peer: String, source: ProtocolError },
+    /// An agent's own error (its `err` message).
+    #[error("{peer}: {message}")]
+    Remote { peer: String, message: String },
+}
+
+impl From<ConfigError> for AgentError {
+    fn from(e: ConfigError) -> Self {
+        AgentError::Run(e.into())
+    }
 }
 
 /// A line that is not the message expected.
@@ -115,8 +163,10 @@ impl Message {
     }
 }
 
-/// Serve jobs on `listener`, one connection at a time; stop after `jobs` jobs if given.
-pub fn serve(listener: TcpListener, jobs: Option<u64>) -> Result<(), String> {
+/// Serve jobs on `listener`, one connection at a time; stop after `jobs` jobs if given. A
+/// job's failure is the controller's to report (the agent sends it an `err`); the agent
+/// goes on to the next.
+pub fn serve(listener: TcpListener, jobs: Option<u64>) -> Result<(), AgentError> {
     let mut done = 0;
     for conn in listener.incoming() {
         let Ok(conn) = conn else { continue };
@@ -129,18 +179,26 @@ pub fn serve(listener: TcpListener, jobs: Option<u64>) -> Result<(), String> {
     Ok(())
 }
 
-fn serve_one(conn: TcpStream) -> Result<(), String> {
+/// The name an agent gives its controller in errors.
+const CONTROLLER: &str = "agent";
+
+fn serve_one(conn: TcpStream) -> Result<(), AgentError> {
     let mut reader = BufReader::new(
         conn.try_clone()
-            .map_err(|e| format!("agent: {e}"))?
+            .map_err(|source| AgentError::Io {
+                peer: CONTROLLER.into(),
+                source,
+            })?
             .take(MAX_MESSAGE),
     );
     let mut writer = conn;
     let reply = match run_job(&mut reader, &mut writer) {
         Ok(done) => Message::Done(Box::new(done)),
-        Err(e) => Message::Err { message: e },
+        Err(e) => Message::Err {
+            message: e.to_string(),
+        },
     };
-    send(&mut writer, &reply, "agent")
+    send(&mut writer, &reply, CONTROLLER)
 }
 
 /// Wall-clock nanoseconds since the Unix epoch, now.
@@ -149,55 +207,71 @@ fn unix_ns() -> u64 {
 }
 
 /// Write one message; `peer` names the other end in errors.
-fn send(writer: &mut impl Write, m: &Message, peer: &str) -> Result<(), String> {
-    let line = m.to_line().map_err(|e| format!("{peer}: {e}"))?;
+fn send(writer: &mut impl Write, m: &Message, peer: &str) -> Result<(), AgentError> {
+    let line = m.to_line().map_err(|source| AgentError::Protocol {
+        peer: peer.into(),
+        source,
+    })?;
     writer
         .write_all(line.as_bytes())
-        .map_err(|e| format!("{peer}: {e}"))
+        .map_err(|source| AgentError::Io {
+            peer: peer.into(),
+            source,
+        })
 }
 
 /// Read one message; an error at the end of the stream. `peer` names the other end in
 /// errors.
-fn receive(reader: &mut impl BufRead, peer: &str) -> Result<Message, String> {
+fn receive(reader: &mut impl BufRead, peer: &str) -> Result<Message, AgentError> {
     let mut line = String::new();
     match reader.read_line(&mut line) {
-        Ok(0) => Err(format!("{peer}: connection closed")),
-        Ok(_) => {
-            Message::parse(line.trim_end_matches(['\r', '\n'])).map_err(|e| format!("{peer}: {e}"))
-        }
-        Err(e) => Err(format!("{peer}: {e}")),
+        Ok(0) => Err(AgentError::Closed { peer: peer.into() }),
+        Ok(_) => Message::parse(line.trim_end_matches(['\r', '\n'])).map_err(|source| {
+            AgentError::Protocol {
+                peer: peer.into(),
+                source,
+            }
+        }),
+        Err(source) => Err(AgentError::Io {
+            peer: peer.into(),
+            source,
+        }),
+    }
+}
+
+/// An error saying that `m` is not the message expected.
+fn unexpected(peer: &str, m: &Message, expected: &'static str) -> AgentError {
+    AgentError::Protocol {
+        peer: peer.into(),
+        source: m.unexpected(expected),
     }
 }
 
 /// Run one job: read it, connect and load, say `ready`, answer `ping`s, start when `go`
 /// says, and return the result.
-fn run_job(reader: &mut impl BufRead, writer: &mut TcpStream) -> Result<Done, String> {
-    let args = match receive(reader, "agent")? {
+fn run_job(reader: &mut impl BufRead, writer: &mut TcpStream) -> Result<Done, AgentError> {
+    let args = match receive(reader, CONTROLLER)? {
         Message::Run { args } => args,
-        other => return Err(format!("agent: {}", other.unexpected("run"))),
+        other => return Err(unexpected(CONTROLLER, &other, "run")),
     };
-    let args =
-        Args::parse(std::iter::once("run".to_string()).chain(args)).map_err(|e| e.to_string())?;
-    let cfg = args.run_config().map_err(|e| e.to_string())?;
+    let args = Args::parse(std::iter::once("run".to_string()).chain(args))?;
+    let cfg = args.run_config()?;
     // The controller may take its own load phase, and wait for the other agents', before
     // saying go; a controller that goes away closes the connection.
     let _ = writer.set_read_timeout(Some(cfg.load_timeout * 2 + Duration::from_secs(60)));
-    let mut sync = || -> Result<Instant, String> {
-        send(writer, &Message::Ready, "agent")?;
+    let mut sync = || -> Result<Instant, AgentError> {
+        send(writer, &Message::Ready, CONTROLLER)?;
         loop {
             let m = receive(reader, "agent: waiting for go")?;
             let received = Instant::now();
             match m {
-                Message::Ping => send(writer, &Message::Pong { unix_ns: unix_ns() }, "agent")?,
+                Message::Ping => send(writer, &Message::Pong { unix_ns: unix_ns() }, CONTROLLER)?,
                 Message::Go { delay_ns } => return Ok(received + Duration::from_nanos(delay_ns)),
-                other => return Err(format!("agent: {}", other.unexpected("ping or go"))),
+                other => return Err(unexpected(CONTROLLER, &other, "ping or go")),
             }
         }
     };
-    let r = engine::run_synced::<Box<dyn std::error::Error + Send + Sync>>(&cfg, &mut || {
-        sync().map_err(Into::into)
-    })
-    .map_err(|e| e.to_string())?;
+    let r = engine::run_synced(&cfg, &mut sync)?;
     Ok(Done {
         start_unix_ns: r.start_unix_ns,
         seconds: r.seconds,
@@ -217,21 +291,19 @@ struct Share {
 /// participant i's share is the popularity mass of its keys (k mod N = i), so that every key
 /// is asked for at the workload's rate for it; with shared keys, 1/N each. A request count is
 /// divided in the same proportions, the controller taking the rounding remainder.
-fn shares(args: &Args, participants: usize) -> Result<Vec<Share>, String> {
+fn shares(args: &Args, participants: usize) -> Result<Vec<Share>, AgentError> {
     let n = participants as u64;
-    let fractions = match args.agent_keys().map_err(|e| e.to_string())? {
+    let fractions = match args.agent_keys()? {
         AgentKeys::Split => {
-            let w = args.workload().map_err(|e| e.to_string())?;
+            let w = args.workload()?;
             if w.keys < n {
-                return Err(format!(
-                    "splitting {} keys between {n} participants leaves one without keys \
-                     (use more keys or --agent-keys shared)",
-                    w.keys
-                ));
+                return Err(ConfigError::SplitKeys {
+                    keys: w.keys,
+                    participants: n,
+                }
+                .into());
             }
-            KeyChooser::new(w.keys, &w.popularity, args.seed.unwrap_or(1))
-                .map_err(|e| e.to_string())?
-                .partition_mass(n)
+            KeyChooser::new(w.keys, &w.popularity, args.seed.unwrap_or(1))?.partition_mass(n)
         }
         AgentKeys::Shared => vec![1.0 / n as f64; participants],
     };
@@ -280,34 +352,37 @@ struct AgentConn {
 }
 
 impl AgentConn {
-    fn err(&self, e: impl std::fmt::Display) -> String {
-        format!("agent {}: {e}", self.name)
+    /// How errors name this agent.
+    fn peer(&self) -> String {
+        format!("agent {}", self.name)
     }
 
-    fn send(&mut self, m: &Message) -> Result<(), String> {
-        send(&mut self.writer, m, &format!("agent {}", self.name))
+    fn send(&mut self, m: &Message) -> Result<(), AgentError> {
+        let peer = self.peer();
+        send(&mut self.writer, m, &peer)
     }
 
     /// The next message, waiting at most `timeout`; an agent's `err` is an error.
-    fn receive(&mut self, timeout: Duration) -> Result<Message, String> {
+    fn receive(&mut self, timeout: Duration) -> Result<Message, AgentError> {
         let _ = self.writer.set_read_timeout(Some(timeout));
-        match receive(&mut self.reader, &format!("agent {}", self.name))? {
-            Message::Err { message } => Err(self.err(message)),
+        let peer = self.peer();
+        match receive(&mut self.reader, &peer)? {
+            Message::Err { message } => Err(AgentError::Remote { peer, message }),
             m => Ok(m),
         }
     }
 
     /// Wait for `ready` (the agent has connected and run its load phase).
-    fn ready(&mut self, timeout: Duration) -> Result<(), String> {
+    fn ready(&mut self, timeout: Duration) -> Result<(), AgentError> {
         match self.receive(timeout)? {
             Message::Ready => Ok(()),
-            other => Err(self.err(other.unexpected("ready"))),
+            other => Err(unexpected(&self.peer(), &other, "ready")),
         }
     }
 
     /// Ping a few times; keep the fastest round trip and the clock offset it gives
     /// (Cristian's method: the agent read its clock half a round trip after we sent).
-    fn ping(&mut self) -> Result<(), String> {
+    fn ping(&mut self) -> Result<(), AgentError> {
         self.rtt = Duration::MAX;
         for _ in 0..PINGS {
             let (sent, sent_ns) = (Instant::now(), unix_ns());
@@ -315,7 +390,7 @@ impl AgentConn {
             let m = self.receive(Duration::from_secs(5))?;
             let rtt = sent.elapsed();
             let Message::Pong { unix_ns: theirs } = m else {
-                return Err(self.err(m.unexpected("pong")));
+                return Err(unexpected(&self.peer(), &m, "pong"));
             };
             if rtt < self.rtt {
                 self.rtt = rtt;
@@ -326,10 +401,10 @@ impl AgentConn {
     }
 
     /// Wait for the job's result.
-    fn done(&mut self, timeout: Duration) -> Result<Done, String> {
+    fn done(&mut self, timeout: Duration) -> Result<Done, AgentError> {
         match self.receive(timeout)? {
             Message::Done(done) => Ok(*done),
-            other => Err(self.err(other.unexpected("done"))),
+            other => Err(unexpected(&self.peer(), &other, "done")),
         }
     }
 }
@@ -351,11 +426,11 @@ const START_LEAD: Duration = Duration::from_millis(20);
 /// already passed and half the agent's round trip, so every participant starts at the same
 /// moment (to within the asymmetry of the network's delays). ← `done` (when it started, for
 /// how long, its counters and histograms) or `err`.
-pub fn run_with_agents(args: &Args) -> Result<Report, String> {
+pub fn run_with_agents(args: &Args) -> Result<Report, AgentError> {
     // Agents get histograms' contents, not their paths: they need no files of their own
     // (and the file is read once).
     let mut resolved = args.clone();
-    resolved.inline_histograms().map_err(|e| e.to_string())?;
+    resolved.inline_histograms()?;
     let args = &resolved;
     let participants = args.agents.len() + 1;
     let shares = shares(args, participants)?;
@@ -364,7 +439,7 @@ pub fn run_with_agents(args: &Args) -> Result<Report, String> {
     mine.rate = shares[0].rate;
     mine.requests = shares[0].requests;
     mine.participant = Some((0, participants as u64));
-    let cfg = mine.run_config().map_err(|e| e.to_string())?;
+    let cfg = mine.run_config()?;
     let wait = cfg.warmup
         + if cfg.duration.is_zero() {
             Duration::from_secs(3600)
@@ -380,13 +455,26 @@ pub fn run_with_agents(args: &Args) -> Result<Report, String> {
     for agent in &args.agents {
         let addr = agent
             .to_socket_addrs()
-            .map_err(|e| format!("agent {agent}: {e}"))?
+            .map_err(|source| AgentError::Resolve {
+                agent: agent.clone(),
+                source,
+            })?
             .next()
-            .ok_or_else(|| format!("agent {agent}: no address"))?;
-        let s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
-            .map_err(|e| format!("agent {agent}: cannot connect to {addr}: {e}"))?;
+            .ok_or_else(|| AgentError::NoAddress {
+                agent: agent.clone(),
+            })?;
+        let s = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).map_err(|source| {
+            AgentError::Connect {
+                agent: agent.clone(),
+                addr,
+                source,
+            }
+        })?;
         let _ = s.set_nodelay(true);
-        let r = s.try_clone().map_err(|e| format!("agent {agent}: {e}"))?;
+        let r = s.try_clone().map_err(|source| AgentError::Io {
+            peer: format!("agent {agent}"),
+            source,
+        })?;
         conns.push(AgentConn {
             name: agent.clone(),
             reader: BufReader::new(r.take(MAX_MESSAGE)),
@@ -402,7 +490,7 @@ pub fn run_with_agents(args: &Args) -> Result<Report, String> {
     // Called once this process has connected and loaded: wait for every agent to be ready
     // too, then start everyone together.
     let ready_wait = cfg.load_timeout + Duration::from_secs(60);
-    let mut sync = || -> Result<Instant, String> {
+    let mut sync = || -> Result<Instant, AgentError> {
         for a in conns.iter_mut() {
             a.ready(ready_wait)?;
         }
@@ -420,11 +508,7 @@ pub fn run_with_agents(args: &Args) -> Result<Report, String> {
         }
         Ok(start)
     };
-    let mut report =
-        engine::run_synced::<Box<dyn std::error::Error + Send + Sync>>(&cfg, &mut || {
-            sync().map_err(Into::into)
-        })
-        .map_err(|e| e.to_string())?;
+    let mut report = engine::run_synced(&cfg, &mut sync)?;
     let mut me = Participant::of(
         "controller",
         shares[0].share,
@@ -456,7 +540,7 @@ pub fn run_with_agents(args: &Args) -> Result<Report, String> {
     if let (Some(rate), LoadModel::Open { .. }) = (args.rate, cfg.load) {
         report.target_rate = Some(rate);
     }
-    let how = match args.agent_keys().map_err(|e| e.to_string())? {
+    let how = match args.agent_keys()? {
         AgentKeys::Split => "keys split (k mod N), each participant's rate and requests in proportion to its keys' popularity",
         AgentKeys::Shared => "keys shared, each participant sends 1/N of the rate and requests",
     };
@@ -647,6 +731,44 @@ mod tests {
         // A message of the wrong kind at the wrong time names both.
         let e = Message::Ping.unexpected("ready");
         assert_eq!(e.to_string(), "expected ready, got ping");
+    }
+
+    /// An agent sent garbage, or a job whose flags do not parse, answers with an `err`
+    /// that says so (and serves the next connection).
+    #[test]
+    fn an_agent_answers_garbage_with_an_error() {
+        let l = TcpListener::bind(("127.0.0.1", 0)).unwrap_or_else(|e| panic!("{e}"));
+        let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
+        let agent = std::thread::spawn(move || serve(l, Some(3)));
+        let ask = |line: &str| {
+            let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("{e}"));
+            s.write_all(line.as_bytes())
+                .unwrap_or_else(|e| panic!("{e}"));
+            let mut reply = String::new();
+            BufReader::new(s)
+                .read_line(&mut reply)
+                .unwrap_or_else(|e| panic!("{e}"));
+            Message::parse(reply.trim_end()).unwrap_or_else(|e| panic!("{reply:?}: {e}"))
+        };
+        let err = |m: Message| match m {
+            Message::Err { message } => message,
+            other => panic!("{other:?}"),
+        };
+        let garbage = err(ask("RUN\t--keys\t10\n"));
+        assert!(
+            garbage.starts_with("agent: malformed message: "),
+            "{garbage}"
+        );
+        assert_eq!(
+            err(ask("{\"type\":\"ping\"}\n")),
+            "agent: expected run, got ping"
+        );
+        let run = Message::Run {
+            args: vec!["--keys".into(), "ten".into(), "127.0.0.1:1".into()],
+        };
+        let bad_flags = err(ask(&run.to_line().unwrap_or_else(|e| panic!("{e}"))));
+        assert!(bad_flags.contains("bad number \"ten\""), "{bad_flags}");
+        assert!(agent.join().is_ok_and(|r| r.is_ok()));
     }
 
     /// Histograms travel in HdrHistogram's V2 format; a header asking for a histogram larger

@@ -1643,9 +1643,13 @@ mod tests {
         assert_eq!(SizeDist::fixed(19).quantile(0.3), 19);
     }
 
-    /// A histogram's text parsed, its error as the user reads it.
-    fn hist(text: &str) -> Result<SizeHistogram, String> {
-        SizeHistogram::parse_text(text, "h.txt", 0, u64::MAX).map_err(|e| e.to_string())
+    fn hist(text: &str) -> Result<SizeHistogram, SizeHistogramError> {
+        SizeHistogram::parse_text(text, "h.txt", 0, u64::MAX)
+    }
+
+    /// A histogram's error as the user reads it (None: no error).
+    fn hist_err(text: &str) -> Option<String> {
+        hist(text).err().map(|e| e.to_string())
     }
 
     #[test]
@@ -1716,7 +1720,7 @@ mod tests {
             ),
         ];
         for (text, want) in cases {
-            assert_eq!(hist(text).map(|_| ()), Err(want.to_string()), "{text:?}");
+            assert_eq!(hist_err(text), Some(want.to_string()), "{text:?}");
         }
         // Key sizes are 1..=250.
         let keys = |t: &str| {
@@ -1746,8 +1750,8 @@ mod tests {
         // Too many lines.
         let long = "1 1\n".repeat(MAX_HIST_LINES + 1);
         assert_eq!(
-            hist(&long).map(|_| ()),
-            Err(format!("h.txt: more than {MAX_HIST_LINES} lines"))
+            hist_err(&long),
+            Some(format!("h.txt: more than {MAX_HIST_LINES} lines"))
         );
         assert!(hist(&"1 1\n".repeat(1000)).is_ok());
         // Files: missing, too large (sparse, never read), not text; and a good one.

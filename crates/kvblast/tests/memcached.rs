@@ -931,11 +931,61 @@ fn agent_failing_before_the_start_fails_the_run() {
     let err = kvblast::agent::run_with_agents(&args).expect_err("the agent failed");
     let after = stats_of(&[&mc]);
     assert!(
-        err.contains(&agent_addr) && err.contains("cannot connect to the server"),
-        "{err}"
+        matches!(&err, kvblast::agent::AgentError::Remote { .. }),
+        "{err:?}"
+    );
+    assert_eq!(
+        err.to_string(),
+        format!("agent {agent_addr}: cannot connect to the server")
     );
     let job = fake.join().expect("fake agent");
     assert!(job.contains("\t--participant\t1/2\t"), "{job}");
+    let d = server_delta(&before, &after);
+    assert_eq!(d["cmd_get"] + d["cmd_set"], 0, "load was sent: {d:?}");
+}
+
+/// An agent that answers with something that is no message fails the run with an error
+/// that names the agent and says what was wrong; nobody sends measured load.
+#[test]
+fn agent_sending_garbage_fails_the_run() {
+    let mc = start_memcached();
+    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind agent");
+    let agent_addr = l.local_addr().expect("addr").to_string();
+    let fake = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().expect("accept");
+        let mut b = [0u8; 1];
+        while s.read(&mut b).map(|n| n == 1).unwrap_or(false) && b[0] != b'\n' {}
+        let _ = s.write_all(b"READY\n");
+    });
+    let argv = [
+        "run",
+        "-w",
+        "usr",
+        "--keys",
+        "100",
+        "--rate",
+        "1000",
+        "-D",
+        "300ms",
+        "-q",
+        "--agent",
+        &agent_addr,
+        &mc.addr,
+    ];
+    let args = kvblast::cli::Args::parse(argv.iter().map(|s| s.to_string())).expect("args");
+    let before = stats_of(&[&mc]);
+    let err = kvblast::agent::run_with_agents(&args).expect_err("the agent sent garbage");
+    let after = stats_of(&[&mc]);
+    fake.join().expect("fake agent");
+    assert!(
+        matches!(&err, kvblast::agent::AgentError::Protocol { .. }),
+        "{err:?}"
+    );
+    let msg = err.to_string();
+    assert!(
+        msg.starts_with(&format!("agent {agent_addr}: malformed message: ")),
+        "{msg}"
+    );
     let d = server_delta(&before, &after);
     assert_eq!(d["cmd_get"] + d["cmd_set"], 0, "load was sent: {d:?}");
 }
@@ -1429,7 +1479,7 @@ fn agents_get_histograms_inline() {
     ];
     let args = kvblast::cli::Args::parse(argv.iter().map(|s| s.to_string())).expect("args");
     let err = kvblast::agent::run_with_agents(&args).expect_err("the fake agent failed");
-    assert!(err.contains("fake agent"), "{err}");
+    assert_eq!(err.to_string(), format!("agent {agent_addr}: fake agent"));
     let job = fake.join().expect("fake agent");
     let _ = std::fs::remove_dir_all(&dir);
     assert!(
