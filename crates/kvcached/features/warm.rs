@@ -144,21 +144,26 @@ fn load_snapshot(
         Err(e) => return refuse(path, &format!("cannot be opened: {e}"), ignore_bad),
     };
     let started = Instant::now();
-    // The file's segment images become segments as private mappings of it: the load checks
-    // them and builds the index, and copies nothing. The file is removed below; the
-    // mappings keep its pages, and no other process can truncate it under them any more.
+    // Valid once, as memcached's metadata file: removed before the load, so that no other
+    // process can truncate it under the mappings the load makes of it (its segment images
+    // become segments as private mappings: the load checks them and builds the index, and
+    // copies nothing; `restore_file` copies a file that still has a name instead). A file
+    // that cannot be loaded is written back where it was.
+    let removed = match std::fs::remove_file(path) {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(
+                file = %path.display(),
+                "warm restart: cannot remove {} ({e}); loading it by copying",
+                path.display()
+            );
+            false
+        }
+    };
     let result = engine.restore_file(&file, clock.now());
-    drop(file);
     match result {
         Ok(bytes) => {
-            // Valid once, as memcached's metadata file.
-            if let Err(e) = std::fs::remove_file(path) {
-                tracing::warn!(
-                    file = %path.display(),
-                    "warm restart: cannot remove {}: {e}",
-                    path.display()
-                );
-            }
+            drop(file);
             let (items, ms) = (
                 engine.stats().curr_items,
                 started.elapsed().as_millis() as u64,
@@ -173,8 +178,52 @@ fn load_snapshot(
             );
             Ok(())
         }
-        Err(e) => refuse(path, &e.to_string(), ignore_bad),
+        Err(e) => {
+            if removed {
+                if let Err(put) = put_back(&file, path) {
+                    return refuse_gone(path, &e.to_string(), &put, ignore_bad);
+                }
+            }
+            refuse(path, &e.to_string(), ignore_bad)
+        }
     }
+}
+
+/// Write the contents of the removed snapshot `file` back to `path` (a new file, so one
+/// that appeared there meanwhile is kept).
+fn put_back(file: &File, path: &Path) -> std::io::Result<()> {
+    let mut out = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)?;
+    let mut from = file;
+    std::io::Seek::seek(&mut from, std::io::SeekFrom::Start(0))?;
+    std::io::copy(&mut from, &mut out)?;
+    out.sync_all()
+}
+
+/// As [`refuse`], for a file that could not be written back after a failed load.
+fn refuse_gone(
+    path: &Path,
+    why: &str,
+    put: &std::io::Error,
+    ignore_bad: bool,
+) -> Result<(), String> {
+    if !ignore_bad {
+        return Err(format!(
+            "warm restart: {}: {why}. Not starting; the file could not be written back \
+             for inspection ({put}) (-o warm_restart_ignore_bad_file starts with an empty \
+             cache instead)",
+            path.display()
+        ));
+    }
+    tracing::error!(
+        file = %path.display(),
+        "warm restart: {}: {why}; it could not be written back ({put}), starting with an \
+         empty cache",
+        path.display()
+    );
+    Ok(())
 }
 
 /// The file at `path` cannot be used because of `why`: an error, or with `ignore_bad` a

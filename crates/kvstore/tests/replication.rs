@@ -915,7 +915,12 @@ fn restore_into_less_memory_keeps_the_newest() {
         let loaded = match way {
             "stream" => e.restore(&mut file.as_slice(), now),
             "bytes" => e.restore_bytes(&file, now),
-            _ => e.restore_file(&std::fs::File::open(&path).expect("open"), now),
+            _ => {
+                // Opened and then removed, so the load maps it.
+                let f = std::fs::File::open(&path).expect("open");
+                std::fs::remove_file(&path).expect("remove the snapshot");
+                e.restore_file(&f, now)
+            }
         }
         .expect("restore");
         e.check_accounting().expect("within the limit");
@@ -937,7 +942,6 @@ fn restore_into_less_memory_keeps_the_newest() {
             );
         }
     }
-    std::fs::remove_file(&path).expect("remove the snapshot");
     // A flipped bit in the oldest image, which does not fit: not read, so the load goes
     // on; an engine with room for it refuses the file. One in the newest image is refused.
     let mut oldest = file.clone();
@@ -956,9 +960,9 @@ fn restore_into_less_memory_keeps_the_newest() {
         .is_err());
 }
 
-/// A snapshot file loaded with `restore_file` maps its segment images: the items are all
-/// there, stay there once the file is removed, and the mapped segments are evicted and
-/// their ids reused (with fresh memory) as new writes fill the cache.
+/// A snapshot file removed after it was opened is loaded by mapping its segment images: the
+/// items are all there, and the mapped segments are evicted and their ids reused (with
+/// fresh memory) as new writes fill the cache.
 #[test]
 fn restore_file_maps_segment_images() {
     let cfg = kvstore::EngineConfig {
@@ -981,9 +985,9 @@ fn restore_file_maps_segment_images() {
     std::fs::write(&path, &file).expect("write the snapshot");
     let e = LogEngine::new(cfg.clone());
     let opened = std::fs::File::open(&path).expect("open the snapshot");
+    std::fs::remove_file(&path).expect("remove the snapshot");
     e.restore_file(&opened, now).expect("restore_file");
     drop(opened);
-    std::fs::remove_file(&path).expect("remove the snapshot");
     assert_eq!(e.digest(now), master.digest(now));
     e.check_accounting().expect("accounting");
     // The loaded segments know their earliest expiry: the background sweep finds the items
@@ -1033,6 +1037,7 @@ fn restore_file_maps_segment_images() {
         std::fs::write(&path, &bytes).expect("write");
         let e = LogEngine::new(cfg.clone());
         let f = std::fs::File::open(&path).expect("open");
+        std::fs::remove_file(&path).expect("remove");
         let err = e.restore_file(&f, now).expect_err(what);
         assert_eq!(
             err,
@@ -1049,9 +1054,39 @@ fn restore_file_maps_segment_images() {
     std::fs::write(&path, &flipped).expect("write");
     let e = LogEngine::new(cfg);
     let f = std::fs::File::open(&path).expect("open");
+    std::fs::remove_file(&path).expect("remove");
     assert!(e.restore_file(&f, now).is_err(), "a flipped bit loaded");
     assert_eq!(e.stats().curr_items, 0);
-    let _ = std::fs::remove_file(&path);
+}
+
+/// A snapshot file that still has a name is copied, not mapped: another process may
+/// truncate it, which would make mapped pages unreadable (SIGBUS). Truncated right after
+/// the load, the items are all still there.
+#[test]
+fn restore_file_copies_a_named_file() {
+    let cfg = kvstore::EngineConfig {
+        max_item_size: 1 << 20,
+        ..ops::config(32 << 20, false, true)
+    };
+    let master = LogEngine::new(cfg.clone());
+    let now = START;
+    fill(&master, 20_000, now, |i| vec![(i % 251) as u8; 100], |_| 0);
+    let path = std::env::temp_dir().join(format!("kvstore-restore-named-{}", std::process::id()));
+    let mut file = Vec::new();
+    master.dump(&mut file, 0).expect("dump");
+    std::fs::write(&path, &file).expect("write the snapshot");
+    let e = LogEngine::new(cfg);
+    let opened = std::fs::File::open(&path).expect("open the snapshot");
+    e.restore_file(&opened, now).expect("restore_file");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .and_then(|f| f.set_len(0))
+        .expect("truncate the snapshot");
+    // Every item is read (a mapped page past the file's end would be a SIGBUS here).
+    assert_eq!(e.digest(now), master.digest(now));
+    drop(opened);
+    std::fs::remove_file(&path).expect("remove the snapshot");
 }
 
 /// Store `n` items `key:0 ..`, item `i` with value `value(i)`, flags `i` and expiry

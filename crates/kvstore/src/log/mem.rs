@@ -64,7 +64,8 @@ pub(crate) fn populate(p: NonNull<u8>, len: usize) {
 /// Map `len` bytes of the file `fd` from `offset` (page-aligned) private and read-write:
 /// reads see the file's pages (page cache, no copy); a write copies the page it lands on
 /// for this mapping alone and never reaches the file. A warm restart maps segment images
-/// of its snapshot file this way.
+/// of its snapshot file this way, and only a file no name reaches (so nobody can truncate
+/// it under the mapping: a page past a file's end cannot be read).
 pub(crate) fn map_file(fd: std::os::fd::RawFd, offset: u64, len: usize) -> Option<NonNull<u8>> {
     let off = libc::off_t::try_from(offset).ok()?;
     mmap(
@@ -76,7 +77,8 @@ pub(crate) fn map_file(fd: std::os::fd::RawFd, offset: u64, len: usize) -> Optio
     )
 }
 
-/// Map the first `len` bytes of the file `fd` private and read-only.
+/// Map the first `len` bytes of the file `fd` private and read-only (a file no name
+/// reaches, as for [`map_file`]).
 pub(crate) fn map_file_read(fd: std::os::fd::RawFd, len: usize) -> Option<NonNull<u8>> {
     mmap(len, libc::PROT_READ, libc::MAP_PRIVATE, fd, 0)
 }

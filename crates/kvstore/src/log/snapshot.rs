@@ -87,26 +87,44 @@ pub struct SnapshotInfo {
 }
 
 /// Why a snapshot file cannot be loaded. Offsets are bytes from the start of the file.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SnapshotError {
     /// The file is empty.
+    #[error("the file is empty")]
     Empty,
     /// The file does not start with a snapshot's magic.
+    #[error("not a kvcached snapshot")]
     NotSnapshot,
     /// Written in another snapshot format.
+    #[error(
+        "written in snapshot format {found}; this kvcached reads formats {OLDEST_READ} to \
+         {SNAPSHOT_VERSION}"
+    )]
     Version { found: u8 },
     /// Saved by an engine with other item-layout settings.
+    #[error("saved with other item settings:{}", settings_differences(saved, ours))]
     Settings {
         saved: SnapshotSettings,
         ours: SnapshotSettings,
     },
     /// The file ends before its end frame.
+    #[error("truncated: it ends at byte {offset}, before its end frame")]
     Truncated { offset: u64 },
     /// A frame's checksum does not match its bytes.
+    #[error("damaged: the checksum of frame {frame} (at byte {offset}) does not match")]
     Checksum { frame: u64, offset: u64 },
     /// The checksums match but the contents do not make sense.
+    #[error("invalid at byte {offset}: {why}")]
     Invalid { offset: u64, why: &'static str },
+    /// A replication batch of an older format's file does not follow its format.
+    #[error("invalid at byte {offset}: {source}")]
+    Batch {
+        offset: u64,
+        #[source]
+        source: ReplError,
+    },
     /// Reading failed.
+    #[error("read error: {0}")]
     Io(String),
 }
 
@@ -116,63 +134,34 @@ impl SnapshotError {
         match self {
             SnapshotError::Truncated { offset }
             | SnapshotError::Checksum { offset, .. }
-            | SnapshotError::Invalid { offset, .. } => *offset,
+            | SnapshotError::Invalid { offset, .. }
+            | SnapshotError::Batch { offset, .. } => *offset,
             _ => 0,
         }
     }
 }
 
-impl std::fmt::Display for SnapshotError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            SnapshotError::Empty => write!(f, "the file is empty"),
-            SnapshotError::NotSnapshot => write!(f, "not a kvcached snapshot"),
-            SnapshotError::Version { found } => write!(
-                f,
-                "written in snapshot format {found}; this kvcached reads formats {OLDEST_READ} to {SNAPSHOT_VERSION}"
-            ),
-            SnapshotError::Settings { saved, ours } => {
-                write!(f, "saved with other item settings:")?;
-                if saved.record_format != ours.record_format {
-                    write!(
-                        f,
-                        " record format {} (this kvcached: {})",
-                        saved.record_format, ours.record_format
-                    )?;
-                }
-                if saved.use_cas != ours.use_cas {
-                    let says = |cas: bool| if cas { "on" } else { "off (-C)" };
-                    write!(
-                        f,
-                        " CAS {} (now {})",
-                        says(saved.use_cas),
-                        says(ours.use_cas)
-                    )?;
-                }
-                if saved.max_item_size != ours.max_item_size {
-                    write!(
-                        f,
-                        " item size max {} (now {})",
-                        saved.max_item_size, ours.max_item_size
-                    )?;
-                }
-                Ok(())
-            }
-            SnapshotError::Truncated { offset } => write!(
-                f,
-                "truncated: it ends at byte {offset}, before its end frame"
-            ),
-            SnapshotError::Checksum { frame, offset } => write!(
-                f,
-                "damaged: the checksum of frame {frame} (at byte {offset}) does not match"
-            ),
-            SnapshotError::Invalid { offset, why } => write!(f, "invalid at byte {offset}: {why}"),
-            SnapshotError::Io(e) => write!(f, "read error: {e}"),
-        }
+/// What differs between a file's settings and the engine's, for [`SnapshotError::Settings`].
+fn settings_differences(saved: &SnapshotSettings, ours: &SnapshotSettings) -> String {
+    let mut out = String::new();
+    if saved.record_format != ours.record_format {
+        out += &format!(
+            " record format {} (this kvcached: {})",
+            saved.record_format, ours.record_format
+        );
     }
+    if saved.use_cas != ours.use_cas {
+        let says = |cas: bool| if cas { "on" } else { "off (-C)" };
+        out += &format!(" CAS {} (now {})", says(saved.use_cas), says(ours.use_cas));
+    }
+    if saved.max_item_size != ours.max_item_size {
+        out += &format!(
+            " item size max {} (now {})",
+            saved.max_item_size, ours.max_item_size
+        );
+    }
+    out
 }
-
-impl std::error::Error for SnapshotError {}
 
 /// Writes frames and counts them for the trailer.
 struct FrameWriter<'w> {
@@ -580,23 +569,26 @@ impl LogEngine {
         self.restore_from(Source::Bytes(file), None, now)
     }
 
-    /// [`LogEngine::restore`] from a snapshot file: its segment images become segments as
-    /// private mappings of the file (nothing is copied; a page is copied only if it is
-    /// written, and segments are never written in place), so the load only checks them
-    /// and builds the index. The file may be removed once this returns; it must not be
-    /// truncated while the engine lives (pages past a file's end cannot be read), as
-    /// memcached's mapped item memory must not.
+    /// [`LogEngine::restore`] from a snapshot file. When no name reaches the file any more
+    /// (the caller removed it after opening it), its segment images become segments as
+    /// private mappings of it (nothing is copied; a page is copied only if it is written,
+    /// and segments are never written in place), so the load only checks them and builds
+    /// the index. A file that still has a name is read as a stream and copied: another
+    /// process could truncate it, and a mapped page past a file's end cannot be read
+    /// (SIGBUS), during the load or at any later read of an item.
     pub fn restore_file(&self, file: &std::fs::File, now: Time) -> Result<u64, SnapshotError> {
         use std::os::fd::AsRawFd;
-        let len = file
+        use std::os::unix::fs::MetadataExt;
+        let meta = file
             .metadata()
-            .map_err(|e| SnapshotError::Io(e.to_string()))?
-            .len();
-        let Some(map) = usize::try_from(len)
+            .map_err(|e| SnapshotError::Io(e.to_string()))?;
+        let nameless = meta.nlink() == 0;
+        let Some(map) = usize::try_from(meta.len())
             .ok()
+            .filter(|_| nameless)
             .and_then(|l| ReadMap::new(file.as_raw_fd(), l))
         else {
-            // Empty, or a special file: read as a stream.
+            // Named, empty, or a special file: read as a stream.
             let mut r = std::io::BufReader::with_capacity(1 << 20, file);
             return self.restore_from(Source::Read(&mut r), None, now);
         };
@@ -979,7 +971,7 @@ impl LogEngine {
         let _bulk = self.bulk_load(info.items);
         // A batch holds its budget and at most one record more.
         fr.max_frame = (BATCH_BUDGET + self.max_item_size + (64 << 10)) as u64;
-        let invalid = |offset, e: ReplError| SnapshotError::Invalid { offset, why: e.0 };
+        let invalid = |offset, source: ReplError| SnapshotError::Batch { offset, source };
         // The reset batch first, alone: it sets up the cursor every snapshot batch is
         // checked against.
         let mut st = ReplicaState::new();

@@ -75,18 +75,13 @@ impl LogEngine {
         self.tick(now);
         let mut r = Reader(batch);
         if r.take(4)? != BATCH_MAGIC {
-            return Err(ReplError("bad batch magic"));
+            return Err(ReplError::BatchMagic);
         }
         let read: RecordReader = match r.u8()? {
             VERSION => RecordReader::Current,
             1 if format_1 => RecordReader::Format1,
-            1 => {
-                return Err(ReplError(
-                    "the master speaks replication format 1 (an older kvcached); this \
-                     replica reads format 2: upgrade the master to this release",
-                ))
-            }
-            _ => return Err(ReplError("unknown batch version")),
+            1 => return Err(ReplError::Format1),
+            _ => return Err(ReplError::BatchVersion),
         };
         let kind = r.u8()?;
         let flags = r.u8()?;
@@ -110,14 +105,14 @@ impl LogEngine {
                 let below = r.u64()?;
                 let n = r.u32()? as usize;
                 if n > MAX_ENTRIES || r.0.len() != n * 12 {
-                    return Err(ReplError("bad reset length"));
+                    return Err(ReplError::ResetLength);
                 }
                 let mut entries = BTreeMap::new();
                 for _ in 0..n {
                     let seq = r.u64()?;
                     let off = r.u32()?;
                     if seq >= below {
-                        return Err(ReplError("reset entry beyond its cursor"));
+                        return Err(ReplError::ResetBeyondCursor);
                     }
                     entries.insert(
                         seq,
@@ -141,14 +136,14 @@ impl LogEngine {
             }
             KIND_SNAPSHOT => {
                 if !matches!(st.phase, Phase::Snapshot { .. }) {
-                    return Err(ReplError("snapshot batch outside a full sync"));
+                    return Err(ReplError::SnapshotOutsideSync);
                 }
                 let pseq = r.u64()?;
                 let poff = r.u32()?;
                 while !r.0.is_empty() {
                     let (seq, base, _start, _end, _f, data) = chunk(&mut r)?;
                     if seq >= st.below {
-                        return Err(ReplError("snapshot chunk beyond its cursor"));
+                        return Err(ReplError::SnapshotBeyondCursor);
                     }
                     self.apply_records(st, read, base, data, batch_no, now, &mut applied)?;
                 }
@@ -163,7 +158,7 @@ impl LogEngine {
             }
             KIND_TAIL => {
                 if st.phase != Phase::Tail {
-                    return Err(ReplError("tail batch before the full sync finished"));
+                    return Err(ReplError::TailBeforeSync);
                 }
                 applied.idle = r.0.is_empty();
                 while !r.0.is_empty() {
@@ -172,10 +167,10 @@ impl LogEngine {
                     let expect = have.map_or(SEG_HDR as u32, |p| p.off.max(SEG_HDR as u32));
                     let known = seq >= st.below || have.is_some();
                     if !known || have.is_some_and(|p| p.complete) || start != expect {
-                        return Err(ReplError("tail chunk does not continue the cursor"));
+                        return Err(ReplError::TailDiscontinuous);
                     }
                     if end as usize != start as usize + data.len() {
-                        return Err(ReplError("tail chunk length"));
+                        return Err(ReplError::TailLength);
                     }
                     self.apply_records(st, read, base, data, batch_no, now, &mut applied)?;
                     st.entries.insert(
@@ -207,12 +202,12 @@ impl LogEngine {
             }
             KIND_SWITCH => {
                 if st.phase != Phase::Tail {
-                    return Err(ReplError("switch batch outside the tail"));
+                    return Err(ReplError::SwitchOutsideTail);
                 }
                 let below = r.u64()?;
                 let n = r.u32()? as usize;
                 if n > MAX_ENTRIES || r.0.len() != n * 12 {
-                    return Err(ReplError("bad switch length"));
+                    return Err(ReplError::SwitchLength);
                 }
                 let mut entries = BTreeMap::new();
                 for _ in 0..n {
@@ -233,7 +228,7 @@ impl LogEngine {
                 st.entries = entries;
                 applied.switched = true;
             }
-            _ => return Err(ReplError("unknown batch kind")),
+            _ => return Err(ReplError::BatchKind),
         }
         // The master's flush state and version counter (items carry its versions).
         self.flush.adopt(flush_mark, delayed_mark, deadline);
@@ -279,7 +274,7 @@ impl LogEngine {
             // `read` checks every length against it.
             let rec = unsafe { read.read(data.as_ptr(), data.len(), off, base) };
             let Some(rec) = rec else {
-                return Err(ReplError("bad record"));
+                return Err(ReplError::Record);
             };
             let h = if queued > 0 {
                 queued -= 1;
@@ -303,7 +298,7 @@ impl LogEngine {
                     self.apply_tombstone(rec.key, ver);
                     remember_tombstone(&mut st.tombs, rec.key, ver, batch_no);
                 }
-                _ => return Err(ReplError("unknown record kind")),
+                _ => return Err(ReplError::RecordKind),
             }
         }
         self.cas.observe(cas);

@@ -201,14 +201,55 @@ pub struct Applied {
     pub master_offset: u64,
 }
 
-/// A batch or cursor that does not follow the format.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReplError(pub &'static str);
-
-impl std::fmt::Display for ReplError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.0)
-    }
+/// A batch or cursor that does not follow the format: what a replica reports and the
+/// snapshot loader wraps (the text is what a log line shows).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ReplError {
+    /// A field runs past the end of the bytes.
+    #[error("truncated")]
+    Truncated,
+    #[error("bad cursor magic")]
+    CursorMagic,
+    #[error("bad cursor phase")]
+    CursorPhase,
+    #[error("bad cursor length")]
+    CursorLength,
+    #[error("cursor entries out of order")]
+    CursorOrder,
+    #[error("bad batch magic")]
+    BatchMagic,
+    /// The master is older: it speaks replication format 1.
+    #[error(
+        "the master speaks replication format 1 (an older kvcached); this replica reads \
+         format 2: upgrade the master to this release"
+    )]
+    Format1,
+    #[error("unknown batch version")]
+    BatchVersion,
+    #[error("unknown batch kind")]
+    BatchKind,
+    #[error("bad reset length")]
+    ResetLength,
+    #[error("reset entry beyond its cursor")]
+    ResetBeyondCursor,
+    #[error("snapshot batch outside a full sync")]
+    SnapshotOutsideSync,
+    #[error("snapshot chunk beyond its cursor")]
+    SnapshotBeyondCursor,
+    #[error("tail batch before the full sync finished")]
+    TailBeforeSync,
+    #[error("tail chunk does not continue the cursor")]
+    TailDiscontinuous,
+    #[error("tail chunk length")]
+    TailLength,
+    #[error("switch batch outside the tail")]
+    SwitchOutsideTail,
+    #[error("bad switch length")]
+    SwitchLength,
+    #[error("bad record")]
+    Record,
+    #[error("unknown record kind")]
+    RecordKind,
 }
 
 /// A record's version: (CAS, rewrite stamp), compared in that order. A tombstone removes

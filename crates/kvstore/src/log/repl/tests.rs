@@ -404,9 +404,10 @@ fn format_1_peers_are_refused_with_a_reason() {
     batch[4] = 1;
     let err = r.repl_apply(&mut st, &batch, now).expect_err("refused");
     assert!(
-        err.0.contains("format 1") && err.0.contains("upgrade the master"),
-        "{}",
-        err.0
+        err == super::ReplError::Format1
+            && err.to_string().contains("format 1")
+            && err.to_string().contains("upgrade the master"),
+        "{err}"
     );
     // A replica of format 1 sends the old magic.
     cursor[..4].copy_from_slice(b"KVRC");

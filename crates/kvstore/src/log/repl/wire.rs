@@ -164,7 +164,7 @@ impl Cursor {
     pub(in crate::log) fn decode(b: &[u8]) -> Result<Cursor, ReplError> {
         let mut r = Reader(b);
         if r.take(4)? != CURSOR_MAGIC {
-            return Err(ReplError("bad cursor magic"));
+            return Err(ReplError::CursorMagic);
         }
         let phase = r.u8()?;
         let below = r.u64()?;
@@ -174,11 +174,11 @@ impl Cursor {
             0 => Phase::Fresh,
             1 => Phase::Snapshot { seq, off },
             2 => Phase::Tail,
-            _ => return Err(ReplError("bad cursor phase")),
+            _ => return Err(ReplError::CursorPhase),
         };
         let n = r.u32()? as usize;
         if n > MAX_ENTRIES || r.0.len() != n * 13 {
-            return Err(ReplError("bad cursor length"));
+            return Err(ReplError::CursorLength);
         }
         let mut entries = Vec::with_capacity(n);
         for _ in 0..n {
@@ -186,7 +186,7 @@ impl Cursor {
             let off = r.u32()?;
             let complete = r.u8()? != 0;
             if entries.last().is_some_and(|&(last, _)| last >= seq) {
-                return Err(ReplError("cursor entries out of order"));
+                return Err(ReplError::CursorOrder);
             }
             entries.push((seq, Pos { off, complete }));
         }
@@ -251,7 +251,7 @@ pub(in crate::log) struct Reader<'a>(pub(in crate::log) &'a [u8]);
 impl<'a> Reader<'a> {
     pub(in crate::log) fn take(&mut self, n: usize) -> Result<&'a [u8], ReplError> {
         if self.0.len() < n {
-            return Err(ReplError("truncated"));
+            return Err(ReplError::Truncated);
         }
         let (a, b) = self.0.split_at(n);
         self.0 = b;

@@ -1,0 +1,244 @@
+//! Measurements of `LogEngine` that print figures and decide nothing: memory per item at
+//! 2M items (engine accounting and RSS), multi-thread throughput, and warm-restart load
+//! speed. Run them one at a time (they are built in release by `cargo bench`):
+//!
+//! ```text
+//! cargo bench -p kvstore --bench measure -- memory
+//! cargo bench -p kvstore --bench measure -- throughput
+//! cargo bench -p kvstore --bench measure -- restore
+//! ```
+//!
+//! With no name, all three run in turn.
+
+use std::time::Instant;
+
+use kvstore::{Engine, EngineConfig, LogEngine, ReadOptions, StoreMode, StoreRequest, StoreResult};
+
+fn key(i: u64) -> [u8; 15] {
+    let mut k = *b"key:00000000000";
+    let mut n = i;
+    for b in k[4..].iter_mut().rev() {
+        *b = b'0' + (n % 10) as u8;
+        n /= 10;
+    }
+    k
+}
+
+fn set(e: &LogEngine, k: &[u8], v: &[u8]) -> StoreResult {
+    e.store(
+        StoreRequest {
+            mode: StoreMode::Set,
+            key: k,
+            value: v,
+            flags: 0,
+            exptime: 0,
+        },
+        100,
+    )
+}
+
+/// Resident set size of this process in bytes (Linux).
+fn rss() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = s.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}
+
+/// Fill `n` items (15-byte keys, 32-byte values) into an engine of `max_bytes`; returns
+/// (engine-accounted bytes per item, RSS delta per item).
+fn bytes_per_item(n: u64, max_bytes: usize) -> (f64, Option<f64>) {
+    let before = rss();
+    let e = LogEngine::new(EngineConfig {
+        max_bytes,
+        max_item_size: 1 << 20,
+        no_evict: true,
+        use_cas: true,
+    });
+    let value = [b'v'; 32];
+    for i in 0..n {
+        assert!(
+            matches!(set(&e, &key(i), &value), StoreResult::Stored(_)),
+            "item {i}"
+        );
+    }
+    let after = rss();
+    let s = e.stats();
+    assert_eq!(s.curr_items, n);
+    assert_eq!(s.evictions, 0);
+    let detail = e.stats_detail("slabs");
+    eprintln!("{n} items, -m {max_bytes}: {s:?}\n{detail:?}");
+    let acct = e.memory_bytes() as f64 / n as f64;
+    let rss = before
+        .zip(after)
+        .map(|(b, a)| a.saturating_sub(b) as f64 / n as f64);
+    // Spot-check a few values.
+    for i in [0, n / 2, n - 1] {
+        let mut ok = false;
+        e.get(&key(i), 100, ReadOptions::default(), &mut |v| {
+            ok = v.value == value
+        });
+        assert!(ok, "item {i}");
+    }
+    (acct, rss)
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; any other argument names a measurement.
+    let wanted: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let all: [(&str, fn()); 3] = [
+        ("memory", memory),
+        ("throughput", throughput_scaling),
+        ("restore", restore_speed),
+    ];
+    for name in &wanted {
+        if !all.iter().any(|(n, _)| n == name) {
+            eprintln!("unknown measurement {name:?}: memory, throughput or restore");
+            std::process::exit(2);
+        }
+    }
+    for (name, run) in all {
+        if wanted.is_empty() || wanted.iter().any(|w| w == name) {
+            eprintln!("== {name}");
+            run();
+        }
+    }
+}
+
+fn memory() {
+    let (acct, rss) = bytes_per_item(2_000_000, 136 << 20);
+    eprintln!("2M items, 15-byte keys, 32-byte values, -m 136 MiB:");
+    eprintln!("  engine accounting (segment mappings + index): {acct:.1} bytes/item");
+    if let Some(r) = rss {
+        eprintln!("  RSS delta: {r:.1} bytes/item");
+    }
+}
+
+/// CPU time of the calling thread, in seconds.
+fn thread_cpu() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+/// `threads` threads doing `ops` operations each (a get/set mix: a set every `set_every`
+/// ops, 0 for none) over `keys` preloaded items. Returns (total ops per wall-clock second,
+/// ops per CPU second per thread, averaged): on a machine shared with other work the
+/// second shows whether threads slow each other down inside the engine.
+fn throughput(e: &LogEngine, threads: usize, ops: u64, keys: u64, set_every: u64) -> (f64, f64) {
+    let start = Instant::now();
+    let cpu: f64 = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|t| {
+                s.spawn(move || {
+                    let c0 = thread_cpu();
+                    let mut x = 0x9e37_79b9_7f4a_7c15u64
+                        ^ (t as u64 + 1).wrapping_mul(0xff51_afd7_ed55_8ccd);
+                    let mut hits = 0u64;
+                    for i in 0..ops {
+                        x ^= x >> 12;
+                        x ^= x << 25;
+                        x ^= x >> 27;
+                        let k = key(x.wrapping_mul(0x2545_f491_4f6c_dd1d) % keys);
+                        if set_every != 0 && i % set_every == 0 {
+                            set(e, &k, &[b'w'; 32]);
+                        } else {
+                            e.get(&k, 100, ReadOptions::default(), &mut |v| {
+                                hits += v.value.len() as u64
+                            });
+                        }
+                    }
+                    std::hint::black_box(hits);
+                    ops as f64 / (thread_cpu() - c0)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap_or(0.0)).sum()
+    });
+    let wall = (threads as u64 * ops) as f64 / start.elapsed().as_secs_f64();
+    (wall, cpu / threads as f64)
+}
+
+fn throughput_scaling() {
+    let keys = 200_000;
+    let e = LogEngine::new(EngineConfig {
+        max_bytes: 64 << 20,
+        max_item_size: 1 << 20,
+        no_evict: false,
+        use_cas: true,
+    });
+    for i in 0..keys {
+        set(&e, &key(i), &[b'v'; 32]);
+    }
+    for (name, set_every) in [("90/10 get/set", 10), ("gets only", 0), ("sets only", 1)] {
+        throughput(&e, 2, 200_000, keys, set_every); // warm up
+        let (one, one_cpu) = throughput(&e, 1, 2_000_000, keys, set_every);
+        let (two, two_cpu) = throughput(&e, 2, 2_000_000, keys, set_every);
+        eprintln!(
+            "{name}: wall clock: 1 thread {:.2} Mops/s, 2 threads {:.2} Mops/s (x{:.2}); \
+             per CPU-second per thread: {:.2} vs {:.2} Mops (2-thread total x{:.2})",
+            one / 1e6,
+            two / 1e6,
+            two / one,
+            one_cpu / 1e6,
+            two_cpu / 1e6,
+            2.0 * two_cpu / one_cpu
+        );
+    }
+}
+
+/// Warm restart without the server: 1,000,000 items (15-byte keys, 100-byte values) saved
+/// with `dump`, then loaded into a fresh engine 5 times with `restore_bytes` (the file in
+/// memory, as kvcached maps it) and with `restore` (as a stream); prints every time and the
+/// medians. The engine side of `bench/warm_restart.sh`.
+fn restore_speed() {
+    let config = EngineConfig {
+        max_bytes: 1 << 30,
+        max_item_size: 1 << 20,
+        no_evict: false,
+        use_cas: true,
+    };
+    let e = LogEngine::new(config.clone());
+    let value = [b'v'; 100];
+    let n = 1_000_000;
+    for i in 0..n {
+        assert!(matches!(set(&e, &key(i), &value), StoreResult::Stored(_)));
+    }
+    let mut file = Vec::new();
+    e.dump(&mut file, 0).expect("dump");
+    drop(e);
+    let mut times = [Vec::new(), Vec::new()];
+    for round in 0..5 {
+        for (way, t) in times.iter_mut().enumerate() {
+            let fresh = LogEngine::new(config.clone());
+            let start = Instant::now();
+            if way == 0 {
+                fresh.restore_bytes(&file, 100).expect("restore");
+            } else {
+                fresh.restore(&mut file.as_slice(), 100).expect("restore");
+            }
+            let ms = start.elapsed().as_secs_f64() * 1e3;
+            assert_eq!(fresh.stats().curr_items, n);
+            println!(
+                "round {round}: {} {ms:.0} ms",
+                ["restore_bytes", "restore"][way]
+            );
+            t.push(ms);
+        }
+    }
+    for (way, t) in times.iter_mut().enumerate() {
+        t.sort_by(f64::total_cmp);
+        println!(
+            "median {}: {:.0} ms for {n} items ({} MiB file)",
+            ["restore_bytes", "restore"][way],
+            t[2],
+            file.len() >> 20
+        );
+    }
+}
