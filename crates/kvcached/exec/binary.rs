@@ -140,7 +140,10 @@ pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
                     bin::write_stat_end(out, opaque);
                 }
                 stats_report::Group::Detail => {
-                    match stats_report::detail_binary(ctx, &req.key[b"detail".len()..]) {
+                    match stats_report::detail_binary(
+                        ctx,
+                        req.key.get(b"detail".len()..).unwrap_or_default(),
+                    ) {
                         Some(dump) => {
                             if let Some(text) = dump {
                                 bin::write_stat(out, opaque, b"detailed", &text);

@@ -268,7 +268,7 @@ pub fn stream(ctx: &mut Ctx<'_>, s: &mut Session, data: &[u8], budget: &mut usiz
             ctx.stats.response_obj_oom.incr();
             return done(pos, Step::Close);
         }
-        let rest = &data[pos..];
+        let rest = data.get(pos..).unwrap_or_default();
         let protocol = *s
             .protocol
             .get_or_insert_with(|| stream_protocol(shared.config.protocol, rest.first().copied()));

@@ -5,6 +5,18 @@
 //! (`lru_crawler metadump`, [`items`]) and the master side of replication. Executors write
 //! replies into a session's output and know nothing of sockets; the runtime drives them.
 
+// The request path: a client's bytes cannot make it panic (no unwrap, expect, panic or
+// unchecked indexing outside tests).
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::indexing_slicing
+    )
+)]
+
 pub mod auth;
 pub mod binary;
 pub mod dispatch;

@@ -101,7 +101,7 @@ impl Splices {
         let mut from = pos;
         for (i, (at, v)) in self.q.iter().enumerate() {
             let at = (*at).clamp(from, buf.len());
-            put(&buf[from..at]);
+            put(buf.get(from..at).unwrap_or_default());
             from = at;
             put(v
                 .get(if i == 0 { self.done } else { 0 }..)

@@ -25,6 +25,18 @@
 //!   written from the log (`exec/splice.rs`); they count towards the high-water mark, and
 //!   what leases hold is bounded by the engine (an eighth of `-m`).
 
+// The request path: a client's bytes cannot make it panic (no unwrap, expect, panic or
+// unchecked indexing outside tests).
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::indexing_slicing
+    )
+)]
+
 use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::Ordering;
@@ -437,7 +449,8 @@ impl Conn {
                 let data = std::mem::take(&mut self.input);
                 let start = self.input_pos;
                 let end = self.input_len.min(data.len());
-                let (consumed, step) = self.execute(ctx, &data[start..end], budget);
+                let (consumed, step) =
+                    self.execute(ctx, data.get(start..end).unwrap_or_default(), budget);
                 self.input = data;
                 self.input_pos += consumed;
                 if consumed > 0 {
@@ -519,9 +532,10 @@ impl Conn {
             if let Source::Scratch(n) = source {
                 // Execute straight from the worker's buffer; keep only what is unfinished.
                 let scratch = std::mem::take(ctx.scratch);
-                let (consumed, step) = self.execute(ctx, &scratch[..n], budget);
+                let (consumed, step) =
+                    self.execute(ctx, scratch.get(..n).unwrap_or_default(), budget);
                 let kept = if consumed < n && step != Step::Close {
-                    self.keep(ctx, &scratch[consumed..n])
+                    self.keep(ctx, scratch.get(consumed..n).unwrap_or_default())
                 } else {
                     true
                 };
@@ -560,7 +574,10 @@ impl Conn {
         {
             return false;
         }
-        let fresh = &self.input[self.input_pos + known..self.input_len];
+        let fresh = self
+            .input
+            .get(self.input_pos + known..self.input_len)
+            .unwrap_or_default();
         if fresh.contains(&b'\n') {
             return false;
         }
@@ -617,7 +634,10 @@ impl Conn {
             // Lent only for the rest of a request whose head told its length.
             return true;
         }
-        let rest = &self.input[self.input_pos..self.input_len];
+        let rest = self
+            .input
+            .get(self.input_pos..self.input_len)
+            .unwrap_or_default();
         match self.session.protocol {
             Some(Protocol::Binary) => rest.len() >= bin::HEADER_LEN,
             _ => rest.contains(&b'\n'),
@@ -633,7 +653,14 @@ impl Conn {
         if spare.len() < have {
             spare.resize(have, 0);
         }
-        spare[..have].copy_from_slice(&self.input[..have]);
+        match (spare.get_mut(..have), self.input.get(..have)) {
+            (Some(to), Some(from)) => to.copy_from_slice(from),
+            // `have` is within the input; were it not, the buffer stays as it is.
+            _ => {
+                spares.put(spare, ctx.stats);
+                return;
+            }
+        }
         let old = std::mem::replace(&mut self.input, spare);
         spares.put(old, ctx.stats);
     }
@@ -794,7 +821,9 @@ impl Conn {
                 }
                 if self.adopt_spare(ctx, spares) {
                     let end = self.input.len().min(limit);
-                    let r = self.stream.read(&mut self.input[..end]);
+                    let r = self
+                        .stream
+                        .read(self.input.get_mut(..end).unwrap_or_default());
                     if let Ok(n) = r {
                         self.input_len = n;
                         if n > 0 && n < LEND_MIN {
@@ -831,8 +860,10 @@ impl Conn {
                 // its front incomplete: see step 2 of `run`.)
                 let hint = match self.session.protocol {
                     _ if self.session.swallow > 0 => None,
-                    Some(Protocol::Binary) => bin::request_len_hint(&self.input[..have]),
-                    _ => proto::request_len_hint(&self.input[..have]),
+                    Some(Protocol::Binary) => {
+                        bin::request_len_hint(self.input.get(..have).unwrap_or_default())
+                    }
+                    _ => proto::request_len_hint(self.input.get(..have).unwrap_or_default()),
                 };
                 let need = hint.filter(|&total| total > have);
                 self.input_need = need.unwrap_or(0);
@@ -863,7 +894,9 @@ impl Conn {
                         return Ok(Received::WouldBlock);
                     }
                 }
-                let r = self.stream.read(&mut self.input[have..end]);
+                let r = self
+                    .stream
+                    .read(self.input.get_mut(have..end).unwrap_or_default());
                 let n = *r.as_ref().unwrap_or(&0);
                 self.input_len = have + n;
                 r.map(|n| (n, false, n == end - have))
@@ -920,12 +953,14 @@ impl Conn {
         }
         while s.pending() > 0 {
             let wrote = if s.spliced.is_empty() {
-                self.stream.write(&s.out[s.out_pos..])
+                self.stream
+                    .write(s.out.get(s.out_pos..).unwrap_or_default())
             } else {
                 // One writev of the buffer's bytes and the values between them.
                 let mut slices = [io::IoSlice::new(&[]); MAX_SLICES];
                 let n = s.spliced.gather(&s.out, s.out_pos, &mut slices);
-                self.stream.write_vectored(&slices[..n])
+                self.stream
+                    .write_vectored(slices.get(..n).unwrap_or_default())
             };
             match wrote {
                 Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),

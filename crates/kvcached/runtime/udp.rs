@@ -20,6 +20,18 @@
 //! all; silent binary replies (quiet commands) are empty messages. A multiget rejected for an
 //! over-long key drops the unsent messages of its flush, as memcached does.
 
+// The request path: a client's bytes cannot make it panic (no unwrap, expect, panic or
+// unchecked indexing outside tests).
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::indexing_slicing
+    )
+)]
+
 use std::io;
 use std::mem::{size_of, zeroed};
 use std::net::SocketAddr;
@@ -238,9 +250,14 @@ fn recv_batch(fd: RawFd, b: &mut Buffers) -> io::Result<usize> {
         };
     }
     let n = (n as usize).min(slots);
-    for (i, h) in hdrs.iter().enumerate().take(n) {
-        b.lens[i] = (h.msg_len as usize).min(RECV_SLOT);
-        b.addr_lens[i] = h.msg_hdr.msg_namelen;
+    for ((h, len), addr_len) in hdrs
+        .iter()
+        .take(n)
+        .zip(b.lens.iter_mut())
+        .zip(b.addr_lens.iter_mut())
+    {
+        *len = (h.msg_len as usize).min(RECV_SLOT);
+        *addr_len = h.msg_hdr.msg_namelen;
     }
     Ok(n)
 }
@@ -276,10 +293,15 @@ fn send_messages(fd: RawFd, ctx: &mut Ctx<'_>, b: &Buffers) {
             if dropped == Some(m) {
                 continue;
             }
-            heads[n] = d.header;
-            payloads[n] = d.payload;
-            peers[n] = peer;
-            msgs[n] = m;
+            let (Some(head), Some(payload), Some(to), Some(of)) = (
+                heads.get_mut(n),
+                payloads.get_mut(n),
+                peers.get_mut(n),
+                msgs.get_mut(n),
+            ) else {
+                break; // n < BATCH: never
+            };
+            (*head, *payload, *to, *of) = (d.header, d.payload, peer, m);
             n += 1;
         }
         if n == 0 {
@@ -288,9 +310,9 @@ fn send_messages(fd: RawFd, ctx: &mut Ctx<'_>, b: &Buffers) {
         let mut done = 0;
         while done < n {
             let batch = Batch {
-                heads: &heads[done..n],
-                payloads: &payloads[done..n],
-                peers: &peers[done..n],
+                heads: heads.get(done..n).unwrap_or_default(),
+                payloads: payloads.get(done..n).unwrap_or_default(),
+                peers: peers.get(done..n).unwrap_or_default(),
             };
             match send_batch(fd, batch, b) {
                 Ok((sent, bytes)) if sent > 0 => {
@@ -300,9 +322,11 @@ fn send_messages(fd: RawFd, ctx: &mut Ctx<'_>, b: &Buffers) {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 // UDP is lossy: a full socket buffer drops the rest of this reply.
                 _ => {
-                    let m = msgs[done];
+                    let Some(&m) = msgs.get(done) else {
+                        break;
+                    };
                     dropped = Some(m);
-                    while done < n && msgs[done] == m {
+                    while done < n && msgs.get(done) == Some(&m) {
                         done += 1;
                     }
                 }
@@ -341,12 +365,18 @@ fn send_batch(fd: RawFd, batch: Batch<'_>, b: &Buffers) -> io::Result<(usize, u6
         n += 1;
     }
     let iov_base = iovs.as_mut_ptr();
-    for (i, (h, &peer)) in hdrs.iter_mut().zip(batch.peers).enumerate().take(n) {
-        h.msg_hdr.msg_iov = iov_base.wrapping_add(i).cast();
+    let mut ready = 0;
+    for (h, &peer) in hdrs.iter_mut().zip(batch.peers).take(n) {
+        let (Some(addr), Some(&addr_len)) = (b.addrs.get(peer), b.addr_lens.get(peer)) else {
+            break;
+        };
+        h.msg_hdr.msg_iov = iov_base.wrapping_add(ready).cast();
         h.msg_hdr.msg_iovlen = 2;
-        h.msg_hdr.msg_name = ptr::from_ref(&b.addrs[peer]).cast_mut().cast();
-        h.msg_hdr.msg_namelen = b.addr_lens[peer];
+        h.msg_hdr.msg_name = ptr::from_ref(addr).cast_mut().cast();
+        h.msg_hdr.msg_namelen = addr_len;
+        ready += 1;
     }
+    let n = ready;
     if n == 0 {
         return Ok((0, 0));
     }
@@ -434,7 +464,7 @@ fn execute(ctx: &mut Ctx<'_>, payload: &[u8], out: &mut Vec<u8>, mut reply: Repl
     };
     let mut pos = 0;
     while pos < payload.len() && s.out.len() - base <= MAX_REPLY {
-        let rest = &payload[pos..];
+        let rest = payload.get(pos..).unwrap_or_default();
         let start = s.out.len();
         let mut framing = Datagram {
             reply: &mut reply,
