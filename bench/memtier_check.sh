@@ -9,7 +9,7 @@
 # reports them, the server's own count (cmd_get + cmd_set over the run's wall time) and how
 # busy the server's core was, then the medians and kvblast/memtier per server.
 #
-#   MEMCACHED=PATH MEMTIER=PATH bench/memtier_check.sh [-d SECONDS] [-r ROUNDS]
+#   MEMCACHED=PATH MEMTIER=PATH [KVCACHED=PATH] bench/memtier_check.sh [-d SECONDS] [-r ROUNDS]
 #
 # MEMCACHED defaults to /usr/bin/memcached and MEMTIER to memtier_benchmark on the PATH
 # (the reference build puts both under ~/.cache/kvcache-ref).
@@ -28,7 +28,7 @@ while getopts "d:r:" opt; do
 done
 cargo build --release -q -p kvcached -p kvblast
 target=${CARGO_TARGET_DIR:-target}
-kvcached=$target/release/kvcached
+kvcached=${KVCACHED:-$target/release/kvcached}
 kvblast=$target/release/kvblast
 memcached=${MEMCACHED:-/usr/bin/memcached}
 memtier=${MEMTIER:-memtier_benchmark}
