@@ -65,7 +65,7 @@ impl Engine for LogEngine {
     fn set_max_bytes(&self, max_bytes: usize, now: Time) {
         self.tick(now);
         self.max_bytes.store(max_bytes, Ordering::Relaxed);
-        self.sketch.resize(super::sketch_counters(max_bytes));
+        self.eviction.resize_sketch(max_bytes);
         self.shrink();
     }
 
@@ -127,7 +127,7 @@ impl Engine for LogEngine {
                     live += s.acct.0.live_bytes.load(Ordering::Relaxed);
                 }
                 let free = lock(&self.pool).free.len() as u64;
-                let sealed = lock(&self.fifo).len() as u64;
+                let sealed = self.eviction.sealed() as u64;
                 // memcached's summary names first: the log is one "slab class".
                 put("active_slabs", 1);
                 put("segment_size", self.seg_size as u64);
@@ -404,7 +404,7 @@ impl Engine for LogEngine {
     fn maintain(&self, now: Time, sweep: bool) -> u64 {
         self.tick(now);
         self.repl_log_evictions();
-        self.sketch.halve_if_due();
+        self.eviction.age_sketch();
         let mut n = 0;
         let mut checked = 0u64;
         // A bounded slice of the index per call, continuing where the last call stopped.

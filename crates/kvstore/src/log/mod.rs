@@ -6,9 +6,10 @@
 //!
 //! This file holds the engine's state, its constants and the helpers every path uses
 //! (hashing, pins and barriers, lookups, accounting). The rest, one concern each:
-//! `segments.rs` (segment headers, the free pool, the FIFOs), `write.rs` (the write path
-//! and the commands built on it), `grow.rs` (index growth), `evict.rs` (segment eviction
-//! and copy-forward), `meta.rs` (meta reads), `engine.rs` (the `Engine` trait's entry
+//! `segments.rs` (segment headers, the free pool), `write.rs` (the write path
+//! and the commands built on it), `grow.rs` (index growth), `evict.rs` (the eviction
+//! policy's state, [`evict::Eviction`]: the FIFOs, the evictor, the miss sketch; and segment
+//! eviction and copy-forward), `meta.rs` (meta reads), `engine.rs` (the `Engine` trait's entry
 //! points), `repl/` (log shipping), `snapshot.rs` (warm restart), `walk.rs` (`digest`,
 //! `scan`), `format.rs` (the record format),
 //! `index.rs` (the slot index), `mem.rs` (mappings), `sketch.rs` (the miss sketch).
@@ -174,16 +175,17 @@ mod write;
 mod written;
 
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::{EngineConfig, ItemView, Time};
-use evict::Evictor;
+use evict::Eviction;
+pub use evict::DEFAULT_SIZE_FACTOR;
 use flush::Flush;
 use format::{Rec, Spec, KIND_ITEM, META_BINARY_KEY, META_STALE};
 use grow::Grow;
 use index::{Index, Insert, Slot, IDENT_MASK};
-use segments::{Fifo, Open, Pool, Queue, SegTable};
+use segments::{Open, Pool, Queue, SegTable};
 use sync::{lock, tid, Padded, Pins};
 use ttl::TtlClasses;
 use write::{Commit, Cond, MetaW, Src};
@@ -203,24 +205,6 @@ const LOAD_NUM: usize = 24;
 const LOAD_DEN: usize = 20;
 /// Buckets split per growth step (between pin barriers).
 const GROW_BATCH: usize = 64;
-/// The small (probation) FIFO is evicted first while it holds more than this percentage of
-/// the sealed segments: with a size factor (and the sketch's readmissions), and without.
-const SMALL_PERCENT: usize = 10;
-const SMALL_PERCENT_BLIND: usize = 40;
-/// Eviction's default size factor ([`LogEngine::set_size_factor`]).
-pub const DEFAULT_SIZE_FACTOR: u32 = 4;
-/// The miss sketch has a counter (half a byte) per this many bytes of the memory limit,
-/// within these bounds (2 KiB to 8 MiB of counters): 1/64 of the memory.
-const BYTES_PER_COUNTER: usize = 32;
-const MIN_COUNTERS: usize = 1 << 12;
-const MAX_COUNTERS: usize = 1 << 24;
-
-/// The miss sketch's counters for a memory limit of `max_bytes` (it follows the limit:
-/// `cache_memlimit`, `-m auto` following its cgroup).
-fn sketch_counters(max_bytes: usize) -> usize {
-    (max_bytes / BYTES_PER_COUNTER).clamp(MIN_COUNTERS, MAX_COUNTERS)
-}
-
 /// Buckets a compaction sweep looks at per call (when the index need not grow).
 const SWEEP_SCAN: usize = 1024;
 /// A writer checks whether the index should grow once per this many stores of its shard.
@@ -340,8 +324,9 @@ pub struct LogEngine {
     index: Index,
     segs: SegTable,
     pool: Mutex<Pool>,
-    fifo: Mutex<Fifo>,
-    evictor: Mutex<Evictor>,
+    /// The eviction policy: the FIFOs of sealed segments, the evictor, the miss sketch,
+    /// the size factor and the eviction observer (`evict.rs`).
+    eviction: Eviction,
     /// no_evict only: compaction's segment and spare (see `compact.rs`).
     compactor: Mutex<compact::Compactor>,
     shards: Box<[Padded<Mutex<Option<Open>>>]>,
@@ -389,16 +374,8 @@ pub struct LogEngine {
     repl: repl::ReplFlags,
     /// Live items by size, once the server asks (`tally_sizes`).
     tally: OnceLock<tally::Tally>,
-    /// Told of every item evicted (`watch evictions`); see [`LogEngine::observe_evictions`].
-    on_evict: std::sync::OnceLock<EvictionObserver>,
     /// Event counters, per thread (see [`LogEngine::st`]).
     counters: Box<[Padded<Counters>]>,
-    /// Keys stored while absent, lately (see `admit`).
-    sketch: sketch::MissSketch,
-    /// Eviction's size bias (see [`LogEngine::set_size_factor`]); 0: none.
-    size_factor: AtomicU32,
-    /// Set once eviction first took a segment (never cleared).
-    evicting: AtomicBool,
 }
 
 /// A function told of each evicted item and the engine's time, under the eviction's locks:
@@ -440,8 +417,7 @@ impl LogEngine {
             index,
             segs: SegTable::new(),
             pool: Mutex::new(Pool::default()),
-            fifo: Mutex::new(Fifo::default()),
-            evictor: Mutex::new(Evictor::default()),
+            eviction: Eviction::new(max_bytes),
             compactor: Mutex::new(compact::Compactor::default()),
             shards: (0..nshards).map(|_| Padded::default()).collect(),
             ttl: TtlClasses::new(budget / seg_size, nshards),
@@ -468,11 +444,7 @@ impl LogEngine {
             retired_bytes: AtomicU64::new(0),
             repl: repl::ReplFlags::default(),
             tally: OnceLock::new(),
-            on_evict: std::sync::OnceLock::new(),
             counters: (0..nshards).map(|_| Padded::default()).collect(),
-            sketch: sketch::MissSketch::new(sketch_counters(max_bytes), MAX_COUNTERS),
-            size_factor: AtomicU32::new(DEFAULT_SIZE_FACTOR),
-            evicting: AtomicBool::new(false),
         }
     }
 
@@ -487,12 +459,12 @@ impl LogEngine {
     /// measured for a size-blind policy. A factor trades bytes for items: fewer large items
     /// stay, so more gets hit but a smaller share of the bytes asked for (BENCHMARKS.md).
     pub fn set_size_factor(&self, factor: u32) {
-        self.size_factor.store(factor, Ordering::Relaxed);
+        self.eviction.set_size_factor(factor);
     }
 
     /// The eviction size factor ([`LogEngine::set_size_factor`]).
     pub fn size_factor(&self) -> u32 {
-        self.size_factor.load(Ordering::Relaxed)
+        self.eviction.size_factor()
     }
 
     /// Mean bytes of segment memory per live item (free and dead bytes included: eviction
@@ -507,36 +479,11 @@ impl LogEngine {
         usize::try_from(live).unwrap_or(0)
     }
 
-    /// The reads since it was written that keep an item of `len` record bytes through an
-    /// eviction, given the mean record `unit` and the size factor.
-    fn keep_need(&self, len: usize, unit: usize) -> u64 {
-        let factor = self.size_factor() as usize;
-        if factor == 0 {
-            return 1;
-        }
-        (1 + len / factor.saturating_mul(unit).max(1)).min(index::FREQ_MAX as usize) as u64
-    }
-
-    /// What percentage of the sealed segments the probation queue may hold.
-    fn small_percent(&self) -> usize {
-        if self.size_factor() == 0 {
-            SMALL_PERCENT_BLIND
-        } else {
-            SMALL_PERCENT
-        }
-    }
-
-    /// The slot value `v` of a key stored while absent: with one read counted if the key
-    /// was stored while absent lately (it was evicted unread and asked for again, or it
-    /// churns through the probation queue); and this store counted in the sketch.
+    /// The slot value `v` of a key stored while absent: with one read counted if the
+    /// eviction policy readmits it ([`Eviction::readmits`], which counts this store).
     #[inline]
     fn admit(&self, h: u64, v: u64) -> u64 {
-        // Until eviction first runs no key can have left the cache unread, and the sketch
-        // stays untouched (no memory) in a cache that never fills.
-        if self.size_factor() == 0 || !self.evicting.load(Ordering::Relaxed) {
-            return v;
-        }
-        if self.sketch.add(h) > 0 {
+        if self.eviction.readmits(h) {
             self.st().readmitted.fetch_add(1, Ordering::Relaxed);
             index::with_freq(v, 1)
         } else {
@@ -547,7 +494,7 @@ impl LogEngine {
     /// Have `f` told of every item evicted from now on (once; a second call is ignored).
     /// Items that expired or were flushed are reclaimed, not evicted, and are not told.
     pub fn observe_evictions(&self, f: EvictionObserver) {
-        let _ = self.on_evict.set(f);
+        self.eviction.observe(f);
     }
 
     /// Segment size chosen for this engine's memory limit.
@@ -592,7 +539,7 @@ impl LogEngine {
     #[doc(hidden)]
     pub fn check_accounting(&self) -> Result<(), String> {
         let _cp = lock(&self.compactor);
-        let _ev = lock(&self.evictor);
+        let _ev = self.eviction.evictor();
         let _grow = lock(&self.grow_lock);
         let mut items = std::collections::HashMap::<u32, (u64, u64)>::new();
         for b in 0..self.index.nmain() {
@@ -660,7 +607,7 @@ impl LogEngine {
     /// nothing.
     fn budget(&self) -> usize {
         let max = self.max_bytes.load(Ordering::Relaxed);
-        max.saturating_sub(self.index_bytes() + self.sketch.bytes())
+        max.saturating_sub(self.index_bytes() + self.eviction.sketch_bytes())
             .max(max / 4)
     }
 

@@ -1,7 +1,7 @@
-//! Segments: their headers (`SegTable`), the free pool, the two FIFOs sealed segments wait
-//! in, and taking, opening, sealing, releasing and retiring a segment.
+//! Segments: their headers (`SegTable`), the free pool, which FIFO a sealed segment joins
+//! (`Queue`; the FIFOs are the eviction policy's, `evict.rs`), and taking, opening, sealing,
+//! releasing and retiring a segment.
 
-use std::collections::VecDeque;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
@@ -182,55 +182,6 @@ pub(super) enum Queue {
     Main,
 }
 
-/// The sealed segments in two FIFOs, oldest first (S3-FIFO, by segment): new items wait
-/// in `small`, which is evicted first while it holds more than `SMALL_PERCENT` of the
-/// sealed segments (`SMALL_PERCENT_BLIND` without a size factor), so an item nobody reads
-/// leaves after a short probation instead of a trip through the whole cache; items read
-/// meanwhile are copied into `main`, evicted with CLOCK second chances.
-#[derive(Default)]
-pub(super) struct Fifo {
-    pub(super) small: VecDeque<u32>,
-    pub(super) main: VecDeque<u32>,
-}
-
-impl Fifo {
-    pub(super) fn push(&mut self, id: u32, queue: Queue) {
-        match queue {
-            Queue::Small => self.small.push_back(id),
-            Queue::Main => self.main.push_back(id),
-        }
-    }
-
-    /// The next segment to evict, with the small queue allowed `small_percent` of the
-    /// sealed segments.
-    pub(super) fn pop(&mut self, small_percent: usize) -> Option<u32> {
-        let total = self.small.len() + self.main.len();
-        if self.small.len() * 100 > total * small_percent || self.main.is_empty() {
-            self.small.pop_front().or_else(|| self.main.pop_front())
-        } else {
-            self.main.pop_front()
-        }
-    }
-
-    pub(super) fn len(&self) -> usize {
-        self.small.len() + self.main.len()
-    }
-
-    pub(super) fn remove_first(&mut self, mut f: impl FnMut(u32) -> bool) -> Option<u32> {
-        for q in [&mut self.small, &mut self.main] {
-            if let Some(i) = q.iter().position(|&id| f(id)) {
-                return q.remove(i);
-            }
-        }
-        None
-    }
-
-    pub(super) fn retain(&mut self, mut f: impl FnMut(u32) -> bool) {
-        self.small.retain(|&id| f(id));
-        self.main.retain(|&id| f(id));
-    }
-}
-
 impl LogEngine {
     /// A segment no reader can reach any more is about to be reused or unmapped: end its
     /// lease block ([`super::lease::detach`]). True if holders still read its memory: the
@@ -325,10 +276,9 @@ impl LogEngine {
         } else {
             // Give the evictor a segment to copy second-chance items into before memory
             // runs out (when it runs out, nothing is free until an eviction finishes).
-            let mut ev = lock(&self.evictor);
-            if ev.spare.is_none() && ev.dest.is_none() {
-                ev.spare = self.take_segment_no_evict();
-            }
+            self.eviction
+                .evictor()
+                .fill_spare(|| self.take_segment_no_evict());
         }
         let attempts = 4 * (self.allocated.load(Ordering::Relaxed) / self.seg_size) + 16;
         for _ in 0..attempts {
@@ -364,7 +314,7 @@ impl LogEngine {
     /// `no_evict` (memcached's `-M`), where deleting items must make room again.
     pub(super) fn reclaim_dead(&self) -> bool {
         let id = {
-            let dead = lock(&self.fifo).remove_first(|id| {
+            let dead = self.eviction.take_first(|id| {
                 self.segs
                     .get(id)
                     .is_some_and(|s| s.acct.0.live_items.load(Ordering::Acquire) == 0)
@@ -395,12 +345,12 @@ impl LogEngine {
     pub(super) fn unstick(&self) -> bool {
         let mut changed = false;
         {
-            let mut ev = lock(&self.evictor);
-            if let Some(id) = ev.spare.take() {
+            let mut ev = self.eviction.evictor();
+            if let Some(id) = ev.take_spare() {
                 lock(&self.pool).free.push(id);
                 changed = true;
             }
-            if let Some(o) = ev.dest.take() {
+            if let Some(o) = ev.take_dest() {
                 self.seal(o, Queue::Main);
                 changed = true;
             }
@@ -530,7 +480,7 @@ impl LogEngine {
             seg.mem.0.sealed.store(true, Ordering::Release);
         }
         lock(&self.open_segs).retain(|&(_, i)| i != open.id);
-        lock(&self.fifo).push(open.id, queue);
+        self.eviction.push(open.id, queue);
     }
 
     /// `len` bytes were appended at the end of open segment `o`, which `slot` holds: record
@@ -622,8 +572,8 @@ impl LogEngine {
             }
         }
         if self.allocated.load(Ordering::Relaxed) > self.budget() {
-            let mut ev = lock(&self.evictor);
-            if let Some(id) = ev.spare.take() {
+            let mut ev = self.eviction.evictor();
+            if let Some(id) = ev.take_spare() {
                 self.release(&mut lock(&self.pool), id);
             }
         }
@@ -667,16 +617,8 @@ impl LogEngine {
     /// Take out of the FIFOs every sealed segment `pick` chooses (they are then ours, as
     /// a segment popped for eviction is).
     fn take_sealed(&self, pick: impl Fn(&Seg) -> bool) -> Vec<u32> {
-        let mut fifo = lock(&self.fifo);
-        let mut taken = Vec::new();
-        fifo.retain(|id| {
-            let take = self.segs.get(id).is_some_and(&pick);
-            if take {
-                taken.push(id);
-            }
-            !take
-        });
-        taken
+        self.eviction
+            .take_all(|id| self.segs.get(id).is_some_and(&pick))
     }
 
     /// Segments of ours that no slot points into and that were retired: wait out the
@@ -782,19 +724,16 @@ impl LogEngine {
             return holds;
         }
         let (mut held, mut bytes) = (0u64, 0usize);
-        {
-            let fifo = lock(&self.fifo);
-            for &id in fifo.small.iter().chain(&fifo.main) {
-                let Some(s) = self.segs.get(id) else { continue };
-                let dead = s.acct.0.live_items.load(Ordering::Acquire) == 0;
-                if (dead || expired_whole(s, now))
-                    && held_for_replica(&holds, s.mem.0.seq.load(Ordering::Acquire))
-                {
-                    held += 1;
-                    bytes += s.mem.0.cap.load(Ordering::Relaxed);
-                }
+        self.eviction.for_each_sealed(|id| {
+            let Some(s) = self.segs.get(id) else { return };
+            let dead = s.acct.0.live_items.load(Ordering::Acquire) == 0;
+            if (dead || expired_whole(s, now))
+                && held_for_replica(&holds, s.mem.0.seq.load(Ordering::Acquire))
+            {
+                held += 1;
+                bytes += s.mem.0.cap.load(Ordering::Relaxed);
             }
-        }
+        });
         if bytes > self.repl_backlog() {
             self.repl.held.store(0, Ordering::Relaxed);
             self.repl.hold_dropped.fetch_add(1, Ordering::Relaxed);

@@ -2,6 +2,7 @@
 
 use super::*;
 use std::ptr::NonNull;
+use std::sync::atomic::AtomicBool;
 
 use crate::{
     ArithResult, Engine, EngineConfig, MetaArithResult, ReadOptions, StoreMode, StoreRequest,
@@ -1392,11 +1393,20 @@ fn prefetch_is_only_a_hint() {
 #[test]
 fn the_miss_sketch_follows_the_memory_limit() {
     let e = LogEngine::new(cfg(64 << 20));
-    assert_eq!(e.sketch.counters(), (64 << 20) / BYTES_PER_COUNTER as u64);
+    assert_eq!(
+        e.eviction.sketch_counters(),
+        (64 << 20) / evict::BYTES_PER_COUNTER as u64
+    );
     e.set_max_bytes(256 << 20, 10);
-    assert_eq!(e.sketch.counters(), (256 << 20) / BYTES_PER_COUNTER as u64);
+    assert_eq!(
+        e.eviction.sketch_counters(),
+        (256 << 20) / evict::BYTES_PER_COUNTER as u64
+    );
     e.set_max_bytes(16 << 20, 10);
-    assert_eq!(e.sketch.counters(), (16 << 20) / BYTES_PER_COUNTER as u64);
+    assert_eq!(
+        e.eviction.sketch_counters(),
+        (16 << 20) / evict::BYTES_PER_COUNTER as u64
+    );
 }
 
 /// A fresh write stores no version (its place in its segment gives it) and a small item

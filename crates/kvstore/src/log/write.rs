@@ -442,7 +442,7 @@ impl LogEngine {
         }
         // Queued only now that its slot is installed (the evictor frees large segments
         // that no slot points at).
-        lock(&self.fifo).push(id, Queue::Small);
+        self.eviction.push(id, Queue::Small);
         self.show(held, view);
         out
     }
