@@ -292,15 +292,15 @@ impl LogEngine {
         self.st().segments_compacted.fetch_add(1, Ordering::Relaxed);
         self.retire(victim);
         self.barrier();
-        if c.spare.is_none() && self.allocated.load(Ordering::Relaxed) <= self.budget() {
+        if c.spare.is_none() && self.arena.allocated() <= self.budget() {
             c.spare = Some(victim);
             return;
         }
-        let mut p = lock(&self.pool);
-        if self.allocated.load(Ordering::Relaxed) > self.budget() {
+        let mut p = self.arena.pool();
+        if self.arena.allocated() > self.budget() {
             self.release(&mut p, victim);
         } else {
-            p.free.push(victim);
+            p.push_free(victim);
         }
     }
 

@@ -340,16 +340,16 @@ impl LogEngine {
         }
         self.retire(id);
         self.barrier();
-        let over = self.allocated.load(Ordering::Relaxed) > self.budget();
+        let over = self.arena.allocated() > self.budget();
         let release = release || over || self.gives_back(id);
         if !release && self.eviction.evictor().offer_spare(id) {
             return Evicted::Kept;
         }
-        let mut p = lock(&self.pool);
+        let mut p = self.arena.pool();
         if release {
             self.release(&mut p, id);
         } else {
-            p.free.push(id);
+            p.push_free(id);
         }
         Evicted::Freed
     }

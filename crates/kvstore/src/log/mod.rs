@@ -6,7 +6,9 @@
 //!
 //! This file holds the engine's state, its constants and the helpers every path uses
 //! (hashing, pins and barriers, lookups, accounting). The rest, one concern each:
-//! `segments.rs` (segment headers, the free pool), `write.rs` (the write path
+//! `segments.rs` (segment headers; taking, opening, sealing and freeing segments),
+//! `arena.rs` (the memory limit, the segment memory mapped and leased, the free pool:
+//! [`arena::Arena`]), `write.rs` (the write path
 //! and the commands built on it), `grow.rs` (index growth), `evict.rs` (the eviction
 //! policy's state, [`evict::Eviction`]: the FIFOs, the evictor, the miss sketch; and segment
 //! eviction and copy-forward), `meta.rs` (meta reads), `engine.rs` (the `Engine` trait's entry
@@ -150,6 +152,7 @@
 //!   read since they were written), not since it was last read: no per-item time is
 //!   kept (docs/COMPATIBILITY.md).
 
+mod arena;
 mod cas;
 mod compact;
 mod engine;
@@ -176,16 +179,17 @@ mod written;
 
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Mutex, OnceLock};
 
 use crate::{EngineConfig, ItemView, Time};
+use arena::Arena;
 use evict::Eviction;
 pub use evict::DEFAULT_SIZE_FACTOR;
 use flush::Flush;
 use format::{Rec, Spec, KIND_ITEM, META_BINARY_KEY, META_STALE};
 use grow::Grow;
 use index::{Index, Insert, Slot, IDENT_MASK};
-use segments::{Open, Pool, Queue, SegTable};
+use segments::{Open, Queue, SegTable};
 use sync::{lock, tid, Padded, Pins};
 use ttl::TtlClasses;
 use write::{Commit, Cond, MetaW, Src};
@@ -323,7 +327,6 @@ pub struct LogEngine {
     seed: u64,
     index: Index,
     segs: SegTable,
-    pool: Mutex<Pool>,
     /// The eviction policy: the FIFOs of sealed segments, the evictor, the miss sketch,
     /// the size factor and the eviction observer (`evict.rs`).
     eviction: Eviction,
@@ -342,12 +345,9 @@ pub struct LogEngine {
     /// CAS uniques (see `cas`).
     cas: cas::CasClock,
     seg_seq: AtomicU64,
-    max_bytes: AtomicUsize,
-    /// Bytes of segment memory mapped (shared with lease blocks, whose detached mappings
-    /// stay counted until their last holder unmaps them).
-    allocated: Arc<AtomicUsize>,
-    /// Bytes of segments that leases hold (`lease.rs`).
-    leased: Arc<AtomicUsize>,
+    /// The memory limit, the segment memory mapped and leased, and the free segments
+    /// (`arena.rs`).
+    arena: Arena,
     /// Highest `now` seen (eviction's idea of the time).
     clock: AtomicU32,
     /// `flush_all`'s watermarks and pending deadline (`flush.rs`).
@@ -386,8 +386,8 @@ impl std::fmt::Debug for LogEngine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LogEngine")
             .field("seg_size", &self.seg_size)
-            .field("max_bytes", &self.max_bytes.load(Ordering::Relaxed))
-            .field("allocated", &self.allocated.load(Ordering::Relaxed))
+            .field("max_bytes", &self.arena.limit())
+            .field("allocated", &self.arena.allocated())
             .finish_non_exhaustive()
     }
 }
@@ -416,7 +416,6 @@ impl LogEngine {
                 .hash_one(0x006b_7663_6163_6865_u64),
             index,
             segs: SegTable::new(),
-            pool: Mutex::new(Pool::default()),
             eviction: Eviction::new(max_bytes),
             compactor: Mutex::new(compact::Compactor::default()),
             shards: (0..nshards).map(|_| Padded::default()).collect(),
@@ -427,9 +426,7 @@ impl LogEngine {
             pins: Pins::new(),
             cas: cas::CasClock::new(),
             seg_seq: AtomicU64::new(1),
-            max_bytes: AtomicUsize::new(max_bytes),
-            allocated: Arc::new(AtomicUsize::new(0)),
-            leased: Arc::new(AtomicUsize::new(0)),
+            arena: Arena::new(max_bytes),
             clock: AtomicU32::new(0),
             flush: Flush::default(),
             maint_cursor: AtomicUsize::new(0),
@@ -470,7 +467,7 @@ impl LogEngine {
     /// Mean bytes of segment memory per live item (free and dead bytes included: eviction
     /// runs when there are few of either).
     fn mean_record(&self) -> usize {
-        self.allocated.load(Ordering::Relaxed) / self.live_items().max(1)
+        self.arena.allocated() / self.live_items().max(1)
     }
 
     /// Live items now (the sum of the per-thread counts).
@@ -509,7 +506,7 @@ impl LogEngine {
 
     /// Segment memory plus index: everything the engine holds for items.
     pub fn memory_bytes(&self) -> usize {
-        self.allocated.load(Ordering::Relaxed) + self.index_bytes()
+        self.arena.allocated() + self.index_bytes()
     }
 
     /// The item stored under `key` if a get at `now` would return it, without counting
@@ -590,25 +587,24 @@ impl LogEngine {
                 "live segments: headers say {scanned:?}, the list {listed:?}"
             ));
         }
-        if self.allocated.load(Ordering::Relaxed) > self.budget().max(self.seg_size * 2) {
+        if self.arena.allocated() > self.budget().max(self.seg_size * 2) {
             return Err(format!(
                 "segment memory {} over budget {}",
-                self.allocated.load(Ordering::Relaxed),
+                self.arena.allocated(),
                 self.budget()
             ));
         }
         Ok(())
     }
 
-    /// Bytes segments may use: the limit minus the index. The index grows with the items
-    /// (to at most half the limit by splits; overflow buckets may add a little) and does
-    /// not shrink; if the limit later shrinks under it, segments still get a quarter of
-    /// the new limit (memory then exceeds the limit by up to the index) rather than
-    /// nothing.
+    /// Bytes segments may use: the limit minus the index and the miss sketch
+    /// ([`Arena::budget`]). The index grows with the items (to at most half the limit by
+    /// splits; overflow buckets may add a little) and does not shrink; if the limit later
+    /// shrinks under it, segments still get a quarter of the new limit (memory then exceeds
+    /// the limit by up to the index) rather than nothing.
     fn budget(&self) -> usize {
-        let max = self.max_bytes.load(Ordering::Relaxed);
-        max.saturating_sub(self.index_bytes() + self.eviction.sketch_bytes())
-            .max(max / 4)
+        self.arena
+            .budget(self.index_bytes() + self.eviction.sketch_bytes())
     }
 
     #[inline]
@@ -986,8 +982,8 @@ impl LogEngine {
 
 impl Drop for LogEngine {
     fn drop(&mut self) {
-        let mut p = lock(&self.pool);
-        for id in 0..p.next_id {
+        let mut p = self.arena.pool();
+        for id in 0..p.ids_used() {
             self.release(&mut p, id);
         }
     }

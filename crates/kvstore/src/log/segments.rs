@@ -1,11 +1,13 @@
-//! Segments: their headers (`SegTable`), the free pool, which FIFO a sealed segment joins
-//! (`Queue`; the FIFOs are the eviction policy's, `evict.rs`), and taking, opening, sealing,
-//! releasing and retiring a segment.
+//! Segments: their headers (`SegTable`), which FIFO a sealed segment joins (`Queue`; the
+//! FIFOs are the eviction policy's, `evict.rs`), and taking, opening, sealing, releasing and
+//! retiring a segment (the memory they take is counted, and free ones pooled, by
+//! [`super::arena::Arena`]).
 
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
+use super::arena::Pool;
 use super::format::{self, Spec, SEG_HDR};
 use super::sync::{lock, Padded};
 use super::{index, mem, LogEngine, CHUNK};
@@ -164,15 +166,6 @@ pub(super) struct Open {
     pub(super) opened: Time,
 }
 
-#[derive(Default)]
-pub(super) struct Pool {
-    /// Regular segments with memory, empty, ready to open.
-    pub(super) free: Vec<u32>,
-    /// Ids without memory.
-    pub(super) ids: Vec<u32>,
-    pub(super) next_id: u32,
-}
-
 /// Which FIFO a sealed segment joins.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum Queue {
@@ -224,18 +217,9 @@ impl LogEngine {
         large: bool,
         file: bool,
     ) -> Option<u32> {
-        let id = match p.ids.pop() {
-            Some(id) => id,
-            None => {
-                if p.next_id as usize >= self.index.max_segments() {
-                    return None;
-                }
-                p.next_id += 1;
-                p.next_id - 1
-            }
-        };
+        let id = p.draw_id(self.index.max_segments())?;
         let Some(seg) = self.segs.get_or_create(id) else {
-            p.ids.push(id);
+            p.return_id(id);
             return None;
         };
         seg.mem.0.cap.store(cap, Ordering::Relaxed);
@@ -243,7 +227,7 @@ impl LogEngine {
         seg.mem.0.file.store(file, Ordering::Relaxed);
         seg.mem.0.used.store(0, Ordering::Relaxed);
         seg.mem.0.ptr.store(ptr.as_ptr(), Ordering::Release);
-        self.allocated.fetch_add(cap, Ordering::Relaxed);
+        self.arena.mapped(cap);
         Some(id)
     }
 
@@ -260,11 +244,11 @@ impl LogEngine {
                 // SAFETY: the mapping came from `mem::map(cap)` or `mem::map_file(.., cap)`;
                 // per this function's contract nothing can reach it any more.
                 unsafe { mem::unmap(ptr, cap) };
-                self.allocated.fetch_sub(cap, Ordering::Relaxed);
+                self.arena.unmapped(cap);
             }
             seg.acct.0.reset();
         }
-        p.ids.push(id);
+        p.return_id(id);
     }
 
     /// A free regular segment, evicting if needed (and allowed); with no_evict,
@@ -280,14 +264,14 @@ impl LogEngine {
                 .evictor()
                 .fill_spare(|| self.take_segment_no_evict());
         }
-        let attempts = 4 * (self.allocated.load(Ordering::Relaxed) / self.seg_size) + 16;
+        let attempts = 4 * (self.arena.allocated() / self.seg_size) + 16;
         for _ in 0..attempts {
             {
-                let mut p = lock(&self.pool);
-                if let Some(id) = p.free.pop() {
+                let mut p = self.arena.pool();
+                if let Some(id) = p.pop_free() {
                     return Some(id);
                 }
-                if self.allocated.load(Ordering::Relaxed) + self.seg_size <= self.write_budget() {
+                if self.arena.allocated() + self.seg_size <= self.write_budget() {
                     if let Some((id, _)) = self.new_segment(&mut p, self.seg_size, false) {
                         return Some(id);
                     }
@@ -328,11 +312,11 @@ impl LogEngine {
         self.retire(id);
         // Readers that found a slot into it before it emptied must be done before reuse.
         self.barrier();
-        let mut p = lock(&self.pool);
-        if give_back || self.allocated.load(Ordering::Relaxed) > self.budget() {
+        let mut p = self.arena.pool();
+        if give_back || self.arena.allocated() > self.budget() {
             self.release(&mut p, id);
         } else {
-            p.free.push(id);
+            p.push_free(id);
         }
         true
     }
@@ -347,7 +331,7 @@ impl LogEngine {
         {
             let mut ev = self.eviction.evictor();
             if let Some(id) = ev.take_spare() {
-                lock(&self.pool).free.push(id);
+                self.arena.pool().push_free(id);
                 changed = true;
             }
             if let Some(o) = ev.take_dest() {
@@ -369,11 +353,11 @@ impl LogEngine {
 
     /// Take a free segment without evicting (for the evictor's copies).
     pub(super) fn take_segment_no_evict(&self) -> Option<u32> {
-        let mut p = lock(&self.pool);
-        if let Some(id) = p.free.pop() {
+        let mut p = self.arena.pool();
+        if let Some(id) = p.pop_free() {
             return Some(id);
         }
-        if self.allocated.load(Ordering::Relaxed) + self.seg_size <= self.budget() {
+        if self.arena.allocated() + self.seg_size <= self.budget() {
             return self
                 .new_segment(&mut p, self.seg_size, false)
                 .map(|(id, _)| id);
@@ -469,8 +453,8 @@ impl LogEngine {
             // nothing refers to its old mapping, which came from `mem::map_file(.., cap)`.
             unsafe { mem::unmap(old, cap) };
         }
-        self.allocated.fetch_add(self.seg_size, Ordering::Relaxed);
-        self.allocated.fetch_sub(cap, Ordering::Relaxed);
+        self.arena.mapped(self.seg_size);
+        self.arena.unmapped(cap);
         Some(())
     }
 
@@ -566,24 +550,24 @@ impl LogEngine {
 
     /// Evict and release until the segment memory fits the budget.
     pub(super) fn shrink(&self) {
-        if self.allocated.load(Ordering::Relaxed) > self.budget() {
+        if self.arena.allocated() > self.budget() {
             if let Some(id) = lock(&self.compactor).spare.take() {
-                self.release(&mut lock(&self.pool), id);
+                self.release(&mut self.arena.pool(), id);
             }
         }
-        if self.allocated.load(Ordering::Relaxed) > self.budget() {
+        if self.arena.allocated() > self.budget() {
             let mut ev = self.eviction.evictor();
             if let Some(id) = ev.take_spare() {
-                self.release(&mut lock(&self.pool), id);
+                self.release(&mut self.arena.pool(), id);
             }
         }
         loop {
-            if self.allocated.load(Ordering::Relaxed) <= self.budget() {
+            if self.arena.allocated() <= self.budget() {
                 return;
             }
             {
-                let mut p = lock(&self.pool);
-                if let Some(id) = p.free.pop() {
+                let mut p = self.arena.pool();
+                if let Some(id) = p.pop_free() {
                     self.release(&mut p, id);
                     continue;
                 }
@@ -626,12 +610,12 @@ impl LogEngine {
     /// back (see `gives_back`, or while over the budget).
     fn free_retired(&self, ids: &[u32]) {
         self.barrier();
-        let mut p = lock(&self.pool);
+        let mut p = self.arena.pool();
         for &id in ids {
-            if self.gives_back(id) || self.allocated.load(Ordering::Relaxed) > self.budget() {
+            if self.gives_back(id) || self.arena.allocated() > self.budget() {
                 self.release(&mut p, id);
             } else {
-                p.free.push(id);
+                p.push_free(id);
             }
         }
     }
@@ -762,7 +746,7 @@ impl LogEngine {
     }
 
     pub(super) fn seg_ids(&self) -> u32 {
-        lock(&self.pool).next_id
+        self.arena.pool().ids_used()
     }
 }
 

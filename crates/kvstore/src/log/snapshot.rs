@@ -795,7 +795,7 @@ impl LogEngine {
             }
         };
         let large = image.get(5) == Some(&format::SEG_KIND_LARGE);
-        let Some(id) = self.install_segment(&mut lock(&self.pool), ptr, cap, large, file) else {
+        let Some(id) = self.install_segment(&mut self.arena.pool(), ptr, cap, large, file) else {
             // SAFETY: as above.
             unsafe { mem::unmap(ptr, cap) };
             return Err("no segment id left");

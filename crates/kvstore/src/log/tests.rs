@@ -717,7 +717,7 @@ fn lossy_index_overflow_is_counted() {
         e.memory_bytes() <= 1 << 20,
         "{} = {} + {} (budget {}, seg {})",
         e.memory_bytes(),
-        e.allocated.load(Ordering::Relaxed),
+        e.arena.allocated(),
         e.index_bytes(),
         e.budget(),
         e.segment_size()
@@ -1189,7 +1189,7 @@ fn expired_segments_are_freed_whole() {
     assert_eq!(val(&e, b"hour", 106).as_deref(), Some(&b"v"[..]));
     assert!(val(&e, b"short:0", 106).is_none());
     // The segments are free for new writes (kept mapped, within the limit).
-    assert!(lock(&e.pool).free.len() as u64 >= expired);
+    assert!(e.arena.pool().free_len() as u64 >= expired);
     assert_eq!(e.stats().total_malloced, held);
     // -o no_lru_crawler: no sweep, nothing expires ahead of eviction.
     let e2 = LogEngine::new(cfg(64 << 20));
