@@ -134,7 +134,7 @@ impl LogEngine {
                 .cas_base(first)
                 .is_some_and(|base| self.copied_len(first, base, SEG_HDR) <= payload);
             if !fits {
-                lock(&self.fifo).push(first, Queue::Main);
+                self.eviction.push(first, Queue::Main);
                 return false;
             }
             return self.compact_into_spare(&mut c, first);
@@ -166,7 +166,7 @@ impl LogEngine {
             if let Some(s) = spare {
                 c.spare = Some(s);
             }
-            lock(&self.fifo).push(victim, Queue::Main);
+            self.eviction.push(victim, Queue::Main);
             return false;
         };
         if let Some(o) = c.dest.replace(fresh) {
@@ -194,18 +194,11 @@ impl LogEngine {
     /// Take the regular sealed segment with the fewest live bytes among those
     /// `ok(live_bytes)` accepts out of the FIFO (it is then ours, as in eviction).
     fn take_victim(&self, ok: impl Fn(usize) -> bool) -> Option<u32> {
-        let mut fifo = lock(&self.fifo);
-        let (_, id) = fifo
-            .small
-            .iter()
-            .chain(fifo.main.iter())
-            .filter_map(|&id| {
-                let s = self.segs.get(id)?;
-                let live = s.acct.0.live_bytes.load(Ordering::Acquire) as usize;
-                (!s.mem.0.large.load(Ordering::Relaxed) && ok(live)).then_some((live, id))
-            })
-            .min()?;
-        fifo.remove_first(|x| x == id)
+        self.eviction.take_least(|id| {
+            let s = self.segs.get(id)?;
+            let live = s.acct.0.live_bytes.load(Ordering::Acquire) as usize;
+            (!s.mem.0.large.load(Ordering::Relaxed) && ok(live)).then_some(live)
+        })
     }
 
     /// An upper bound of the bytes `victim`'s (ours) live items take when copied into a
@@ -275,7 +268,7 @@ impl LogEngine {
             true
         });
         if !moved {
-            lock(&self.fifo).push(victim, Queue::Main);
+            self.eviction.push(victim, Queue::Main);
         }
         moved
     }
@@ -299,15 +292,15 @@ impl LogEngine {
         self.st().segments_compacted.fetch_add(1, Ordering::Relaxed);
         self.retire(victim);
         self.barrier();
-        if c.spare.is_none() && self.allocated.load(Ordering::Relaxed) <= self.budget() {
+        if c.spare.is_none() && self.arena.allocated() <= self.budget() {
             c.spare = Some(victim);
             return;
         }
-        let mut p = lock(&self.pool);
-        if self.allocated.load(Ordering::Relaxed) > self.budget() {
+        let mut p = self.arena.pool();
+        if self.arena.allocated() > self.budget() {
             self.release(&mut p, victim);
         } else {
-            p.free.push(victim);
+            p.push_free(victim);
         }
     }
 

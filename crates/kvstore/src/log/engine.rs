@@ -64,8 +64,8 @@ impl Engine for LogEngine {
 
     fn set_max_bytes(&self, max_bytes: usize, now: Time) {
         self.tick(now);
-        self.max_bytes.store(max_bytes, Ordering::Relaxed);
-        self.sketch.resize(super::sketch_counters(max_bytes));
+        self.arena.set_limit(max_bytes);
+        self.eviction.resize_sketch(max_bytes);
         self.shrink();
     }
 
@@ -96,8 +96,8 @@ impl Engine for LogEngine {
             evicted_nonzero: st.evicted_nonzero,
             get_expired: st.get_expired,
             get_flushed: st.get_flushed,
-            limit_maxbytes: self.max_bytes.load(Ordering::Relaxed) as u64,
-            total_malloced: self.allocated.load(Ordering::Relaxed) as u64,
+            limit_maxbytes: self.arena.limit() as u64,
+            total_malloced: self.arena.allocated() as u64,
             hash_power_level: u64::from(self.index.level()),
             hash_bytes: self.index.bytes() as u64,
             // A batch is under way while its steps are pending (or running right now).
@@ -126,8 +126,8 @@ impl Engine for LogEngine {
                     used += s.mem.0.used.load(Ordering::Relaxed).saturating_sub(SEG_HDR) as u64;
                     live += s.acct.0.live_bytes.load(Ordering::Relaxed);
                 }
-                let free = lock(&self.pool).free.len() as u64;
-                let sealed = lock(&self.fifo).len() as u64;
+                let free = self.arena.pool().free_len() as u64;
+                let sealed = self.eviction.sealed() as u64;
                 // memcached's summary names first: the log is one "slab class".
                 put("active_slabs", 1);
                 put("segment_size", self.seg_size as u64);
@@ -148,10 +148,7 @@ impl Engine for LogEngine {
                     self.index.overflow_used() as u64,
                 );
                 put("leased_bytes", self.leased_bytes() as u64);
-                put(
-                    "total_malloced",
-                    self.allocated.load(Ordering::Relaxed) as u64,
-                );
+                put("total_malloced", self.arena.allocated() as u64);
             }
             "items" => {
                 // memcached's names, per slab class; the log has one "class" (1).
@@ -404,7 +401,7 @@ impl Engine for LogEngine {
     fn maintain(&self, now: Time, sweep: bool) -> u64 {
         self.tick(now);
         self.repl_log_evictions();
-        self.sketch.halve_if_due();
+        self.eviction.age_sketch();
         let mut n = 0;
         let mut checked = 0u64;
         // A bounded slice of the index per call, continuing where the last call stopped.

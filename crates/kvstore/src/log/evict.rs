@@ -1,24 +1,310 @@
 //! Eviction: whole segments, oldest first, from the two FIFOs; items read since they were
 //! written are copied forward (CLOCK second chance), the rest dropped.
+//!
+//! [`Eviction`] is the policy's state, owned here: the two FIFOs of sealed segments, the
+//! evictor's copy destination and spare, the miss sketch, the size factor, whether eviction
+//! ever ran, and the eviction observer. The rest of the engine reaches it only through its
+//! methods; the `impl LogEngine` block below is the eviction path itself (popping a
+//! segment, deciding each item's fate, copying forward), which needs the index and the
+//! segments as well.
 
+use std::collections::VecDeque;
 use std::ptr::NonNull;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use super::format::{self, Rec, Spec, HDR_MAX, KIND_ITEM, SEG_HDR};
 use super::index::Slot;
 use super::repl::{held_for_replica, EvictionNotes};
 use super::segments::{Evicted, Open, Queue};
+use super::sketch::MissSketch;
 use super::sync::lock;
-use super::{index, LogEngine, Vis};
+use super::{index, EvictionObserver, LogEngine, Vis};
 use crate::Time;
 
+/// The small (probation) FIFO is evicted first while it holds more than this percentage of
+/// the sealed segments: with a size factor (and the sketch's readmissions), and without.
+const SMALL_PERCENT: usize = 10;
+const SMALL_PERCENT_BLIND: usize = 40;
+/// Eviction's default size factor ([`LogEngine::set_size_factor`]).
+pub const DEFAULT_SIZE_FACTOR: u32 = 4;
+/// The miss sketch has a counter (half a byte) per this many bytes of the memory limit,
+/// within these bounds (2 KiB to 8 MiB of counters): 1/64 of the memory.
+pub(super) const BYTES_PER_COUNTER: usize = 32;
+const MIN_COUNTERS: usize = 1 << 12;
+const MAX_COUNTERS: usize = 1 << 24;
+
+/// The miss sketch's counters for a memory limit of `max_bytes` (it follows the limit:
+/// `cache_memlimit`, `-m auto` following its cgroup).
+fn sketch_counters(max_bytes: usize) -> usize {
+    (max_bytes / BYTES_PER_COUNTER).clamp(MIN_COUNTERS, MAX_COUNTERS)
+}
+
+/// The eviction policy's state (S3-FIFO by whole segments, with a size bias and a miss
+/// sketch as its ghost queue). It owns:
+///
+/// * the two FIFOs of sealed segments ([`Fifo`], behind the FIFO lock, last in the lock
+///   order): a segment is in them from its sealing until someone takes it out (eviction,
+///   compaction, the maintenance pass), and whoever takes it out owns it;
+/// * the evictor ([`Evictor`], behind the evictor lock, taken before the pool and FIFO
+///   locks): the open segment second-chance copies go to and a spare free segment;
+/// * the miss sketch, the size factor, whether eviction ever ran (the sketch is used only
+///   from then on), and the observer told of each evicted item.
+///
+/// Its invariants: the probation queue is evicted first while it holds more than its share
+/// of the sealed segments (`SMALL_PERCENT`, or `SMALL_PERCENT_BLIND` without a size
+/// factor); the sketch counts nothing before eviction first ran, nor without a size factor.
+pub(super) struct Eviction {
+    fifo: Mutex<Fifo>,
+    evictor: Mutex<Evictor>,
+    /// Keys stored while absent, lately (see [`Eviction::readmits`]).
+    sketch: MissSketch,
+    /// Eviction's size bias (see [`LogEngine::set_size_factor`]); 0: none.
+    size_factor: AtomicU32,
+    /// Set once eviction first took a segment (never cleared).
+    evicting: AtomicBool,
+    /// Told of every item evicted (`watch evictions`); see [`LogEngine::observe_evictions`].
+    on_evict: OnceLock<EvictionObserver>,
+}
+
+impl Eviction {
+    /// The policy for a memory limit of `max_bytes`: empty FIFOs, the default size factor.
+    pub(super) fn new(max_bytes: usize) -> Eviction {
+        Eviction {
+            fifo: Mutex::new(Fifo::default()),
+            evictor: Mutex::new(Evictor::default()),
+            sketch: MissSketch::new(sketch_counters(max_bytes), MAX_COUNTERS),
+            size_factor: AtomicU32::new(DEFAULT_SIZE_FACTOR),
+            evicting: AtomicBool::new(false),
+            on_evict: OnceLock::new(),
+        }
+    }
+
+    /// [`LogEngine::set_size_factor`].
+    pub(super) fn set_size_factor(&self, factor: u32) {
+        self.size_factor.store(factor, Ordering::Relaxed);
+    }
+
+    /// [`LogEngine::size_factor`].
+    pub(super) fn size_factor(&self) -> u32 {
+        self.size_factor.load(Ordering::Relaxed)
+    }
+
+    /// The reads since it was written that keep an item of `len` record bytes through an
+    /// eviction, given the mean record `unit` and the size factor.
+    fn keep_need(&self, len: usize, unit: usize) -> u64 {
+        let factor = self.size_factor() as usize;
+        if factor == 0 {
+            return 1;
+        }
+        (1 + len / factor.saturating_mul(unit).max(1)).min(index::FREQ_MAX as usize) as u64
+    }
+
+    /// What percentage of the sealed segments the probation queue may hold.
+    fn small_percent(&self) -> usize {
+        if self.size_factor() == 0 {
+            SMALL_PERCENT_BLIND
+        } else {
+            SMALL_PERCENT
+        }
+    }
+
+    /// A key (hash `h`) is stored while absent: count it in the sketch, and say whether it
+    /// starts with one read counted (the sketch remembers it being stored while absent
+    /// lately: it was evicted unread and asked for again, or it churns through the
+    /// probation queue).
+    #[inline]
+    pub(super) fn readmits(&self, h: u64) -> bool {
+        // Until eviction first runs no key can have left the cache unread, and the sketch
+        // stays untouched (no memory) in a cache that never fills.
+        if self.size_factor() == 0 || !self.evicting.load(Ordering::Relaxed) {
+            return false;
+        }
+        self.sketch.add(h) > 0
+    }
+
+    /// The memory limit is now `max_bytes`: the sketch follows it.
+    pub(super) fn resize_sketch(&self, max_bytes: usize) {
+        self.sketch.resize(sketch_counters(max_bytes));
+    }
+
+    /// Halve the sketch's counters if a period of additions passed (the background pass).
+    pub(super) fn age_sketch(&self) {
+        self.sketch.halve_if_due();
+    }
+
+    /// Bytes the sketch's counters take (counted against the memory limit).
+    pub(super) fn sketch_bytes(&self) -> usize {
+        self.sketch.bytes()
+    }
+
+    /// Counters the sketch uses.
+    #[cfg(test)]
+    pub(super) fn sketch_counters(&self) -> u64 {
+        self.sketch.counters()
+    }
+
+    /// [`LogEngine::observe_evictions`]: once; a second call is ignored.
+    pub(super) fn observe(&self, f: EvictionObserver) {
+        let _ = self.on_evict.set(f);
+    }
+
+    /// Segment `id` was sealed (or kept whole, or given back) and joins `queue`.
+    pub(super) fn push(&self, id: u32, queue: Queue) {
+        lock(&self.fifo).push(id, queue);
+    }
+
+    /// Take the next segment to evict out of the FIFOs (it is then the caller's), and note
+    /// that eviction runs.
+    fn pop(&self) -> Option<u32> {
+        let small = self.small_percent();
+        let id = lock(&self.fifo).pop(small)?;
+        if !self.evicting.load(Ordering::Relaxed) {
+            self.evicting.store(true, Ordering::Relaxed);
+        }
+        Some(id)
+    }
+
+    /// Sealed segments waiting in the FIFOs.
+    pub(super) fn sealed(&self) -> usize {
+        lock(&self.fifo).len()
+    }
+
+    /// Take the first sealed segment (oldest first, probation queue first) that `f`
+    /// chooses out of the FIFOs; it is then the caller's.
+    pub(super) fn take_first(&self, f: impl FnMut(u32) -> bool) -> Option<u32> {
+        lock(&self.fifo).remove_first(f)
+    }
+
+    /// Take every sealed segment `f` chooses out of the FIFOs, in one pass under the FIFO
+    /// lock; they are then the caller's.
+    pub(super) fn take_all(&self, mut f: impl FnMut(u32) -> bool) -> Vec<u32> {
+        let mut taken = Vec::new();
+        lock(&self.fifo).retain(|id| {
+            let take = f(id);
+            if take {
+                taken.push(id);
+            }
+            !take
+        });
+        taken
+    }
+
+    /// Take the sealed segment with the least `key` (among those it gives one for) out of
+    /// the FIFOs, chosen and taken under one hold of the FIFO lock; it is then the caller's.
+    pub(super) fn take_least<K: Ord>(&self, mut key: impl FnMut(u32) -> Option<K>) -> Option<u32> {
+        let mut fifo = lock(&self.fifo);
+        let (_, id) = fifo
+            .small
+            .iter()
+            .chain(fifo.main.iter())
+            .filter_map(|&id| Some((key(id)?, id)))
+            .min()?;
+        fifo.remove_first(|x| x == id)
+    }
+
+    /// Call `f` with every sealed segment, under the FIFO lock (it must not take it).
+    pub(super) fn for_each_sealed(&self, mut f: impl FnMut(u32)) {
+        let fifo = lock(&self.fifo);
+        for &id in fifo.small.iter().chain(&fifo.main) {
+            f(id);
+        }
+    }
+
+    /// The evictor, locked (the lock order's "evictor": after the bucket stripes, before
+    /// the pool and the FIFOs).
+    pub(super) fn evictor(&self) -> MutexGuard<'_, Evictor> {
+        lock(&self.evictor)
+    }
+}
+
+/// The sealed segments in two FIFOs, oldest first (S3-FIFO, by segment): new items wait
+/// in `small`, which is evicted first while it holds more than `SMALL_PERCENT` of the
+/// sealed segments (`SMALL_PERCENT_BLIND` without a size factor), so an item nobody reads
+/// leaves after a short probation instead of a trip through the whole cache; items read
+/// meanwhile are copied into `main`, evicted with CLOCK second chances.
+#[derive(Default)]
+struct Fifo {
+    small: VecDeque<u32>,
+    main: VecDeque<u32>,
+}
+
+impl Fifo {
+    fn push(&mut self, id: u32, queue: Queue) {
+        match queue {
+            Queue::Small => self.small.push_back(id),
+            Queue::Main => self.main.push_back(id),
+        }
+    }
+
+    /// The next segment to evict, with the small queue allowed `small_percent` of the
+    /// sealed segments.
+    fn pop(&mut self, small_percent: usize) -> Option<u32> {
+        let total = self.small.len() + self.main.len();
+        if self.small.len() * 100 > total * small_percent || self.main.is_empty() {
+            self.small.pop_front().or_else(|| self.main.pop_front())
+        } else {
+            self.main.pop_front()
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.small.len() + self.main.len()
+    }
+
+    fn remove_first(&mut self, mut f: impl FnMut(u32) -> bool) -> Option<u32> {
+        for q in [&mut self.small, &mut self.main] {
+            if let Some(i) = q.iter().position(|&id| f(id)) {
+                return q.remove(i);
+            }
+        }
+        None
+    }
+
+    fn retain(&mut self, mut f: impl FnMut(u32) -> bool) {
+        self.small.retain(|&id| f(id));
+        self.main.retain(|&id| f(id));
+    }
+}
+
+/// The segments eviction holds back for itself, behind the evictor lock.
 #[derive(Default)]
 pub(super) struct Evictor {
     /// Where second-chance items are copied.
-    pub(super) dest: Option<Open>,
+    dest: Option<Open>,
     /// A free segment kept for the next `dest`: when eviction runs the free list is empty,
     /// and the segment being cleaned is not free until it is done.
-    pub(super) spare: Option<u32>,
+    spare: Option<u32>,
+}
+
+impl Evictor {
+    /// With neither a destination nor a spare, keep the free segment `take` gives (if any)
+    /// as the spare, so that eviction has somewhere to copy to once memory runs out.
+    pub(super) fn fill_spare(&mut self, take: impl FnOnce() -> Option<u32>) {
+        if self.spare.is_none() && self.dest.is_none() {
+            self.spare = take();
+        }
+    }
+
+    /// Keep the free segment `id` as the spare if there is none; false if there is one
+    /// (the caller keeps `id`).
+    fn offer_spare(&mut self, id: u32) -> bool {
+        if self.spare.is_some() {
+            return false;
+        }
+        self.spare = Some(id);
+        true
+    }
+
+    /// Give up the spare, if any (the caller frees it).
+    pub(super) fn take_spare(&mut self) -> Option<u32> {
+        self.spare.take()
+    }
+
+    /// Give up the open destination, if any (the caller seals it).
+    pub(super) fn take_dest(&mut self) -> Option<Open> {
+        self.dest.take()
+    }
 }
 
 impl LogEngine {
@@ -27,13 +313,9 @@ impl LogEngine {
     pub(super) fn evict_one(&self, release: bool) -> Evicted {
         // Popping the segment makes it ours: several threads may clean different
         // segments at once (they share only the evictor's copy destination).
-        let small = self.small_percent();
-        let Some(id) = lock(&self.fifo).pop(small) else {
+        let Some(id) = self.eviction.pop() else {
             return Evicted::Nothing;
         };
-        if !self.evicting.load(Ordering::Relaxed) {
-            self.evicting.store(true, Ordering::Relaxed);
-        }
         let Some(seg) = self.segs.get(id) else {
             return Evicted::Nothing;
         };
@@ -44,7 +326,7 @@ impl LogEngine {
             // unlinked already): no need to look at its records.
         } else if large {
             if self.clean_large(id) {
-                lock(&self.fifo).push(id, Queue::Main);
+                self.eviction.push(id, Queue::Main);
                 return Evicted::Kept;
             }
         } else {
@@ -58,20 +340,16 @@ impl LogEngine {
         }
         self.retire(id);
         self.barrier();
-        let over = self.allocated.load(Ordering::Relaxed) > self.budget();
+        let over = self.arena.allocated() > self.budget();
         let release = release || over || self.gives_back(id);
-        if !release {
-            let mut ev = lock(&self.evictor);
-            if ev.spare.is_none() {
-                ev.spare = Some(id);
-                return Evicted::Kept;
-            }
+        if !release && self.eviction.evictor().offer_spare(id) {
+            return Evicted::Kept;
         }
-        let mut p = lock(&self.pool);
+        let mut p = self.arena.pool();
         if release {
             self.release(&mut p, id);
         } else {
-            p.free.push(id);
+            p.push_free(id);
         }
         Evicted::Freed
     }
@@ -79,7 +357,7 @@ impl LogEngine {
     /// Tell the eviction observer, if any, of the live item in `slot` being evicted.
     #[inline]
     fn observe_eviction(&self, r: &Rec<'_>, v: u64, now: Time) {
-        if let Some(f) = self.on_evict.get() {
+        if let Some(f) = self.eviction.on_evict.get() {
             let item = crate::ScanItem {
                 key: r.key,
                 meta: self.describe(r, v, now),
@@ -101,7 +379,7 @@ impl LogEngine {
     ) -> bool {
         match self.vis(r, now) {
             Vis::Live => {
-                if index::freq(v) >= self.keep_need(r.len, unit) {
+                if index::freq(v) >= self.eviction.keep_need(r.len, unit) {
                     return true;
                 }
                 self.observe_eviction(r, v, now);
@@ -129,7 +407,7 @@ impl LogEngine {
         let unit = self.mean_record();
         self.for_live(id, |slot, r, v| {
             if self.evict_item(r, v, now, &mut notes, unit) {
-                let copied = self.copy_forward(&mut lock(&self.evictor), r, v, slot);
+                let copied = self.copy_forward(&mut self.eviction.evictor(), r, v, slot);
                 if copied.is_some() {
                     self.account_remove(v, r.len, self.rec_size(r));
                     self.st().copied_forward.fetch_add(1, Ordering::Relaxed);

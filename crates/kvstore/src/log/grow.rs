@@ -66,12 +66,11 @@ impl LogEngine {
                     let mut split = Vec::new();
                     // The index takes at most half the limit (the segments the rest).
                     // With no_evict it grows only into memory no segment uses.
-                    let max = self.max_bytes.load(Ordering::Relaxed);
+                    let max = self.arena.limit();
                     let room = |extra: usize| {
                         let index = self.index_bytes() + extra;
                         index <= max / 2
-                            && (!self.no_evict
-                                || self.allocated.load(Ordering::Relaxed) + index <= max)
+                            && (!self.no_evict || self.arena.allocated() + index <= max)
                     };
                     while split.len() < GROW_BATCH
                         && live * LOAD_DEN > self.index.nmain() * index::SLOTS * LOAD_NUM
@@ -110,7 +109,7 @@ impl LogEngine {
                     g.step = GrowStep::Split;
                     g.expanding = true;
                     // The index is counted against the limit: give back what it took.
-                    if !self.no_evict && self.allocated.load(Ordering::Relaxed) > self.budget() {
+                    if !self.no_evict && self.arena.allocated() > self.budget() {
                         self.shrink();
                     }
                 }
@@ -167,11 +166,11 @@ impl LogEngine {
         if g.step != GrowStep::Idle || live != 0 || self.index.overflow_used() != 0 {
             return BulkLoad(self);
         }
-        let max = self.max_bytes.load(Ordering::Relaxed);
+        let max = self.arena.limit();
         let index = self.index_bytes();
         let mut spare = (max / 2).saturating_sub(index);
         if self.no_evict {
-            spare = spare.min(max.saturating_sub(self.allocated.load(Ordering::Relaxed) + index));
+            spare = spare.min(max.saturating_sub(self.arena.allocated() + index));
         }
         let cap = self.index.nmain() + spare / index::BUCKET_BYTES;
         let slots = usize::try_from(items)

@@ -25,6 +25,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use super::arena::Counts;
 use super::{mem, LogEngine};
 
 /// At most `1 / LEASE_SHARE` of the memory limit may be held by leases (whole segments).
@@ -39,9 +40,8 @@ pub(super) struct Block {
     ptr: NonNull<u8>,
     cap: usize,
     /// The engine's bytes of mapped segment memory (a detached mapping stays counted in it
-    /// until its last holder unmaps it) and of leased segments.
-    allocated: Arc<AtomicUsize>,
-    leased: Arc<AtomicUsize>,
+    /// until its last holder unmaps it) and of leased segments (`arena.rs`).
+    counts: Arc<Counts>,
 }
 
 /// A held value: its bytes stay readable and unchanged until the lease is dropped. Cheap to
@@ -97,10 +97,10 @@ impl Drop for ValueLease {
         let b = unsafe { self.block.as_ref() };
         let prev = b.state.fetch_sub(HOLDER, Ordering::AcqRel);
         if prev >> 1 == 1 {
-            b.leased.fetch_sub(b.cap, Ordering::Relaxed);
+            b.counts.leased_less(b.cap);
             if prev & DETACHED != 0 {
                 // The last holder of a detached block: the mapping and the block are ours.
-                b.allocated.fetch_sub(b.cap, Ordering::Relaxed);
+                b.counts.unmapped(b.cap);
                 // SAFETY: the engine gave the mapping (`cap` bytes from `mem::map` or
                 // `mem::map_file`) to the block at the detach and no lease is left.
                 unsafe {
@@ -155,15 +155,14 @@ impl LeaseSite<'_> {
         if start.checked_add(value.len())? > cap {
             return None;
         }
-        let limit = e.max_bytes.load(Ordering::Relaxed) / LEASE_SHARE;
+        let limit = e.arena.limit() / LEASE_SHARE;
         let mut block = mem.lease.load(Ordering::Acquire);
         if block.is_null() {
             let fresh = Box::into_raw(Box::new(Block {
                 state: AtomicUsize::new(0),
                 ptr,
                 cap,
-                allocated: Arc::clone(&e.allocated),
-                leased: Arc::clone(&e.leased),
+                counts: e.arena.counts(),
             }));
             block = match mem.lease.compare_exchange(
                 std::ptr::null_mut(),
@@ -182,13 +181,12 @@ impl LeaseSite<'_> {
         // SAFETY: a block stays while it is the segment's (it is detached and freed only
         // after the barrier that waits for our pin).
         let b = unsafe { &*block };
-        if b.state.load(Ordering::Relaxed) < HOLDER
-            && e.leased.load(Ordering::Relaxed).saturating_add(cap) > limit
+        if b.state.load(Ordering::Relaxed) < HOLDER && b.counts.leased().saturating_add(cap) > limit
         {
             return None;
         }
         if b.state.fetch_add(HOLDER, Ordering::AcqRel) >> 1 == 0 {
-            e.leased.fetch_add(cap, Ordering::Relaxed);
+            b.counts.leased_more(cap);
         }
         Some(ValueLease {
             block: NonNull::new(block)?,
@@ -225,7 +223,7 @@ pub(super) fn detach(slot: &AtomicPtr<Block>) -> bool {
 impl LogEngine {
     /// Bytes of segments that leases hold (`stats slabs`: `leased_bytes`).
     pub(super) fn leased_bytes(&self) -> usize {
-        self.leased.load(Ordering::Relaxed)
+        self.arena.leased()
     }
 }
 
@@ -283,14 +281,11 @@ mod tests {
         }
         assert!(held[..] == first[..], "the leased bytes changed");
         // The detached mapping is still counted; dropping the lease unmaps it.
-        let before = e.allocated.load(Ordering::Relaxed);
+        let before = e.arena.allocated();
         drop(held);
         assert_eq!(e.leased_bytes(), 0);
-        assert_eq!(
-            e.allocated.load(Ordering::Relaxed),
-            before - e.segment_size()
-        );
-        assert!(e.allocated.load(Ordering::Relaxed) <= e.budget());
+        assert_eq!(e.arena.allocated(), before - e.segment_size());
+        assert!(e.arena.allocated() <= e.budget());
     }
 
     #[test]

@@ -6,9 +6,12 @@
 //!
 //! This file holds the engine's state, its constants and the helpers every path uses
 //! (hashing, pins and barriers, lookups, accounting). The rest, one concern each:
-//! `segments.rs` (segment headers, the free pool, the FIFOs), `write.rs` (the write path
-//! and the commands built on it), `grow.rs` (index growth), `evict.rs` (segment eviction
-//! and copy-forward), `meta.rs` (meta reads), `engine.rs` (the `Engine` trait's entry
+//! `segments.rs` (segment headers; taking, opening, sealing and freeing segments),
+//! `arena.rs` (the memory limit, the segment memory mapped and leased, the free pool:
+//! [`arena::Arena`]), `write.rs` (the write path
+//! and the commands built on it), `grow.rs` (index growth), `evict.rs` (the eviction
+//! policy's state, [`evict::Eviction`]: the FIFOs, the evictor, the miss sketch; and segment
+//! eviction and copy-forward), `meta.rs` (meta reads), `engine.rs` (the `Engine` trait's entry
 //! points), `repl/` (log shipping), `snapshot.rs` (warm restart), `walk.rs` (`digest`,
 //! `scan`), `format.rs` (the record format),
 //! `index.rs` (the slot index), `mem.rs` (mappings), `sketch.rs` (the miss sketch).
@@ -149,6 +152,7 @@
 //!   read since they were written), not since it was last read: no per-item time is
 //!   kept (docs/COMPATIBILITY.md).
 
+mod arena;
 mod cas;
 mod compact;
 mod engine;
@@ -174,16 +178,18 @@ mod write;
 mod written;
 
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
 
 use crate::{EngineConfig, ItemView, Time};
-use evict::Evictor;
+use arena::Arena;
+use evict::Eviction;
+pub use evict::DEFAULT_SIZE_FACTOR;
 use flush::Flush;
 use format::{Rec, Spec, KIND_ITEM, META_BINARY_KEY, META_STALE};
 use grow::Grow;
 use index::{Index, Insert, Slot, IDENT_MASK};
-use segments::{Fifo, Open, Pool, Queue, SegTable};
+use segments::{Open, Queue, SegTable};
 use sync::{lock, tid, Padded, Pins};
 use ttl::TtlClasses;
 use write::{Commit, Cond, MetaW, Src};
@@ -203,24 +209,6 @@ const LOAD_NUM: usize = 24;
 const LOAD_DEN: usize = 20;
 /// Buckets split per growth step (between pin barriers).
 const GROW_BATCH: usize = 64;
-/// The small (probation) FIFO is evicted first while it holds more than this percentage of
-/// the sealed segments: with a size factor (and the sketch's readmissions), and without.
-const SMALL_PERCENT: usize = 10;
-const SMALL_PERCENT_BLIND: usize = 40;
-/// Eviction's default size factor ([`LogEngine::set_size_factor`]).
-pub const DEFAULT_SIZE_FACTOR: u32 = 4;
-/// The miss sketch has a counter (half a byte) per this many bytes of the memory limit,
-/// within these bounds (2 KiB to 8 MiB of counters): 1/64 of the memory.
-const BYTES_PER_COUNTER: usize = 32;
-const MIN_COUNTERS: usize = 1 << 12;
-const MAX_COUNTERS: usize = 1 << 24;
-
-/// The miss sketch's counters for a memory limit of `max_bytes` (it follows the limit:
-/// `cache_memlimit`, `-m auto` following its cgroup).
-fn sketch_counters(max_bytes: usize) -> usize {
-    (max_bytes / BYTES_PER_COUNTER).clamp(MIN_COUNTERS, MAX_COUNTERS)
-}
-
 /// Buckets a compaction sweep looks at per call (when the index need not grow).
 const SWEEP_SCAN: usize = 1024;
 /// A writer checks whether the index should grow once per this many stores of its shard.
@@ -339,9 +327,9 @@ pub struct LogEngine {
     seed: u64,
     index: Index,
     segs: SegTable,
-    pool: Mutex<Pool>,
-    fifo: Mutex<Fifo>,
-    evictor: Mutex<Evictor>,
+    /// The eviction policy: the FIFOs of sealed segments, the evictor, the miss sketch,
+    /// the size factor and the eviction observer (`evict.rs`).
+    eviction: Eviction,
     /// no_evict only: compaction's segment and spare (see `compact.rs`).
     compactor: Mutex<compact::Compactor>,
     shards: Box<[Padded<Mutex<Option<Open>>>]>,
@@ -357,12 +345,9 @@ pub struct LogEngine {
     /// CAS uniques (see `cas`).
     cas: cas::CasClock,
     seg_seq: AtomicU64,
-    max_bytes: AtomicUsize,
-    /// Bytes of segment memory mapped (shared with lease blocks, whose detached mappings
-    /// stay counted until their last holder unmaps them).
-    allocated: Arc<AtomicUsize>,
-    /// Bytes of segments that leases hold (`lease.rs`).
-    leased: Arc<AtomicUsize>,
+    /// The memory limit, the segment memory mapped and leased, and the free segments
+    /// (`arena.rs`).
+    arena: Arena,
     /// Highest `now` seen (eviction's idea of the time).
     clock: AtomicU32,
     /// `flush_all`'s watermarks and pending deadline (`flush.rs`).
@@ -389,16 +374,8 @@ pub struct LogEngine {
     repl: repl::ReplFlags,
     /// Live items by size, once the server asks (`tally_sizes`).
     tally: OnceLock<tally::Tally>,
-    /// Told of every item evicted (`watch evictions`); see [`LogEngine::observe_evictions`].
-    on_evict: std::sync::OnceLock<EvictionObserver>,
     /// Event counters, per thread (see [`LogEngine::st`]).
     counters: Box<[Padded<Counters>]>,
-    /// Keys stored while absent, lately (see `admit`).
-    sketch: sketch::MissSketch,
-    /// Eviction's size bias (see [`LogEngine::set_size_factor`]); 0: none.
-    size_factor: AtomicU32,
-    /// Set once eviction first took a segment (never cleared).
-    evicting: AtomicBool,
 }
 
 /// A function told of each evicted item and the engine's time, under the eviction's locks:
@@ -409,8 +386,8 @@ impl std::fmt::Debug for LogEngine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LogEngine")
             .field("seg_size", &self.seg_size)
-            .field("max_bytes", &self.max_bytes.load(Ordering::Relaxed))
-            .field("allocated", &self.allocated.load(Ordering::Relaxed))
+            .field("max_bytes", &self.arena.limit())
+            .field("allocated", &self.arena.allocated())
             .finish_non_exhaustive()
     }
 }
@@ -439,9 +416,7 @@ impl LogEngine {
                 .hash_one(0x006b_7663_6163_6865_u64),
             index,
             segs: SegTable::new(),
-            pool: Mutex::new(Pool::default()),
-            fifo: Mutex::new(Fifo::default()),
-            evictor: Mutex::new(Evictor::default()),
+            eviction: Eviction::new(max_bytes),
             compactor: Mutex::new(compact::Compactor::default()),
             shards: (0..nshards).map(|_| Padded::default()).collect(),
             ttl: TtlClasses::new(budget / seg_size, nshards),
@@ -451,9 +426,7 @@ impl LogEngine {
             pins: Pins::new(),
             cas: cas::CasClock::new(),
             seg_seq: AtomicU64::new(1),
-            max_bytes: AtomicUsize::new(max_bytes),
-            allocated: Arc::new(AtomicUsize::new(0)),
-            leased: Arc::new(AtomicUsize::new(0)),
+            arena: Arena::new(max_bytes),
             clock: AtomicU32::new(0),
             flush: Flush::default(),
             maint_cursor: AtomicUsize::new(0),
@@ -468,11 +441,7 @@ impl LogEngine {
             retired_bytes: AtomicU64::new(0),
             repl: repl::ReplFlags::default(),
             tally: OnceLock::new(),
-            on_evict: std::sync::OnceLock::new(),
             counters: (0..nshards).map(|_| Padded::default()).collect(),
-            sketch: sketch::MissSketch::new(sketch_counters(max_bytes), MAX_COUNTERS),
-            size_factor: AtomicU32::new(DEFAULT_SIZE_FACTOR),
-            evicting: AtomicBool::new(false),
         }
     }
 
@@ -487,18 +456,18 @@ impl LogEngine {
     /// measured for a size-blind policy. A factor trades bytes for items: fewer large items
     /// stay, so more gets hit but a smaller share of the bytes asked for (BENCHMARKS.md).
     pub fn set_size_factor(&self, factor: u32) {
-        self.size_factor.store(factor, Ordering::Relaxed);
+        self.eviction.set_size_factor(factor);
     }
 
     /// The eviction size factor ([`LogEngine::set_size_factor`]).
     pub fn size_factor(&self) -> u32 {
-        self.size_factor.load(Ordering::Relaxed)
+        self.eviction.size_factor()
     }
 
     /// Mean bytes of segment memory per live item (free and dead bytes included: eviction
     /// runs when there are few of either).
     fn mean_record(&self) -> usize {
-        self.allocated.load(Ordering::Relaxed) / self.live_items().max(1)
+        self.arena.allocated() / self.live_items().max(1)
     }
 
     /// Live items now (the sum of the per-thread counts).
@@ -507,36 +476,11 @@ impl LogEngine {
         usize::try_from(live).unwrap_or(0)
     }
 
-    /// The reads since it was written that keep an item of `len` record bytes through an
-    /// eviction, given the mean record `unit` and the size factor.
-    fn keep_need(&self, len: usize, unit: usize) -> u64 {
-        let factor = self.size_factor() as usize;
-        if factor == 0 {
-            return 1;
-        }
-        (1 + len / factor.saturating_mul(unit).max(1)).min(index::FREQ_MAX as usize) as u64
-    }
-
-    /// What percentage of the sealed segments the probation queue may hold.
-    fn small_percent(&self) -> usize {
-        if self.size_factor() == 0 {
-            SMALL_PERCENT_BLIND
-        } else {
-            SMALL_PERCENT
-        }
-    }
-
-    /// The slot value `v` of a key stored while absent: with one read counted if the key
-    /// was stored while absent lately (it was evicted unread and asked for again, or it
-    /// churns through the probation queue); and this store counted in the sketch.
+    /// The slot value `v` of a key stored while absent: with one read counted if the
+    /// eviction policy readmits it ([`Eviction::readmits`], which counts this store).
     #[inline]
     fn admit(&self, h: u64, v: u64) -> u64 {
-        // Until eviction first runs no key can have left the cache unread, and the sketch
-        // stays untouched (no memory) in a cache that never fills.
-        if self.size_factor() == 0 || !self.evicting.load(Ordering::Relaxed) {
-            return v;
-        }
-        if self.sketch.add(h) > 0 {
+        if self.eviction.readmits(h) {
             self.st().readmitted.fetch_add(1, Ordering::Relaxed);
             index::with_freq(v, 1)
         } else {
@@ -547,7 +491,7 @@ impl LogEngine {
     /// Have `f` told of every item evicted from now on (once; a second call is ignored).
     /// Items that expired or were flushed are reclaimed, not evicted, and are not told.
     pub fn observe_evictions(&self, f: EvictionObserver) {
-        let _ = self.on_evict.set(f);
+        self.eviction.observe(f);
     }
 
     /// Segment size chosen for this engine's memory limit.
@@ -562,7 +506,7 @@ impl LogEngine {
 
     /// Segment memory plus index: everything the engine holds for items.
     pub fn memory_bytes(&self) -> usize {
-        self.allocated.load(Ordering::Relaxed) + self.index_bytes()
+        self.arena.allocated() + self.index_bytes()
     }
 
     /// The item stored under `key` if a get at `now` would return it, without counting
@@ -592,7 +536,7 @@ impl LogEngine {
     #[doc(hidden)]
     pub fn check_accounting(&self) -> Result<(), String> {
         let _cp = lock(&self.compactor);
-        let _ev = lock(&self.evictor);
+        let _ev = self.eviction.evictor();
         let _grow = lock(&self.grow_lock);
         let mut items = std::collections::HashMap::<u32, (u64, u64)>::new();
         for b in 0..self.index.nmain() {
@@ -643,25 +587,24 @@ impl LogEngine {
                 "live segments: headers say {scanned:?}, the list {listed:?}"
             ));
         }
-        if self.allocated.load(Ordering::Relaxed) > self.budget().max(self.seg_size * 2) {
+        if self.arena.allocated() > self.budget().max(self.seg_size * 2) {
             return Err(format!(
                 "segment memory {} over budget {}",
-                self.allocated.load(Ordering::Relaxed),
+                self.arena.allocated(),
                 self.budget()
             ));
         }
         Ok(())
     }
 
-    /// Bytes segments may use: the limit minus the index. The index grows with the items
-    /// (to at most half the limit by splits; overflow buckets may add a little) and does
-    /// not shrink; if the limit later shrinks under it, segments still get a quarter of
-    /// the new limit (memory then exceeds the limit by up to the index) rather than
-    /// nothing.
+    /// Bytes segments may use: the limit minus the index and the miss sketch
+    /// ([`Arena::budget`]). The index grows with the items (to at most half the limit by
+    /// splits; overflow buckets may add a little) and does not shrink; if the limit later
+    /// shrinks under it, segments still get a quarter of the new limit (memory then exceeds
+    /// the limit by up to the index) rather than nothing.
     fn budget(&self) -> usize {
-        let max = self.max_bytes.load(Ordering::Relaxed);
-        max.saturating_sub(self.index_bytes() + self.sketch.bytes())
-            .max(max / 4)
+        self.arena
+            .budget(self.index_bytes() + self.eviction.sketch_bytes())
     }
 
     #[inline]
@@ -1039,8 +982,8 @@ impl LogEngine {
 
 impl Drop for LogEngine {
     fn drop(&mut self) {
-        let mut p = lock(&self.pool);
-        for id in 0..p.next_id {
+        let mut p = self.arena.pool();
+        for id in 0..p.ids_used() {
             self.release(&mut p, id);
         }
     }

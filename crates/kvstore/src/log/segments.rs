@@ -1,11 +1,13 @@
-//! Segments: their headers (`SegTable`), the free pool, the two FIFOs sealed segments wait
-//! in, and taking, opening, sealing, releasing and retiring a segment.
+//! Segments: their headers (`SegTable`), which FIFO a sealed segment joins (`Queue`; the
+//! FIFOs are the eviction policy's, `evict.rs`), and taking, opening, sealing, releasing and
+//! retiring a segment (the memory they take is counted, and free ones pooled, by
+//! [`super::arena::Arena`]).
 
-use std::collections::VecDeque;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
+use super::arena::Pool;
 use super::format::{self, Spec, SEG_HDR};
 use super::sync::{lock, Padded};
 use super::{index, mem, LogEngine, CHUNK};
@@ -164,15 +166,6 @@ pub(super) struct Open {
     pub(super) opened: Time,
 }
 
-#[derive(Default)]
-pub(super) struct Pool {
-    /// Regular segments with memory, empty, ready to open.
-    pub(super) free: Vec<u32>,
-    /// Ids without memory.
-    pub(super) ids: Vec<u32>,
-    pub(super) next_id: u32,
-}
-
 /// Which FIFO a sealed segment joins.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum Queue {
@@ -180,55 +173,6 @@ pub(super) enum Queue {
     Small,
     /// Segments of second-chance copies: items read while on probation or since.
     Main,
-}
-
-/// The sealed segments in two FIFOs, oldest first (S3-FIFO, by segment): new items wait
-/// in `small`, which is evicted first while it holds more than `SMALL_PERCENT` of the
-/// sealed segments (`SMALL_PERCENT_BLIND` without a size factor), so an item nobody reads
-/// leaves after a short probation instead of a trip through the whole cache; items read
-/// meanwhile are copied into `main`, evicted with CLOCK second chances.
-#[derive(Default)]
-pub(super) struct Fifo {
-    pub(super) small: VecDeque<u32>,
-    pub(super) main: VecDeque<u32>,
-}
-
-impl Fifo {
-    pub(super) fn push(&mut self, id: u32, queue: Queue) {
-        match queue {
-            Queue::Small => self.small.push_back(id),
-            Queue::Main => self.main.push_back(id),
-        }
-    }
-
-    /// The next segment to evict, with the small queue allowed `small_percent` of the
-    /// sealed segments.
-    pub(super) fn pop(&mut self, small_percent: usize) -> Option<u32> {
-        let total = self.small.len() + self.main.len();
-        if self.small.len() * 100 > total * small_percent || self.main.is_empty() {
-            self.small.pop_front().or_else(|| self.main.pop_front())
-        } else {
-            self.main.pop_front()
-        }
-    }
-
-    pub(super) fn len(&self) -> usize {
-        self.small.len() + self.main.len()
-    }
-
-    pub(super) fn remove_first(&mut self, mut f: impl FnMut(u32) -> bool) -> Option<u32> {
-        for q in [&mut self.small, &mut self.main] {
-            if let Some(i) = q.iter().position(|&id| f(id)) {
-                return q.remove(i);
-            }
-        }
-        None
-    }
-
-    pub(super) fn retain(&mut self, mut f: impl FnMut(u32) -> bool) {
-        self.small.retain(|&id| f(id));
-        self.main.retain(|&id| f(id));
-    }
 }
 
 impl LogEngine {
@@ -273,18 +217,9 @@ impl LogEngine {
         large: bool,
         file: bool,
     ) -> Option<u32> {
-        let id = match p.ids.pop() {
-            Some(id) => id,
-            None => {
-                if p.next_id as usize >= self.index.max_segments() {
-                    return None;
-                }
-                p.next_id += 1;
-                p.next_id - 1
-            }
-        };
+        let id = p.draw_id(self.index.max_segments())?;
         let Some(seg) = self.segs.get_or_create(id) else {
-            p.ids.push(id);
+            p.return_id(id);
             return None;
         };
         seg.mem.0.cap.store(cap, Ordering::Relaxed);
@@ -292,7 +227,7 @@ impl LogEngine {
         seg.mem.0.file.store(file, Ordering::Relaxed);
         seg.mem.0.used.store(0, Ordering::Relaxed);
         seg.mem.0.ptr.store(ptr.as_ptr(), Ordering::Release);
-        self.allocated.fetch_add(cap, Ordering::Relaxed);
+        self.arena.mapped(cap);
         Some(id)
     }
 
@@ -309,11 +244,11 @@ impl LogEngine {
                 // SAFETY: the mapping came from `mem::map(cap)` or `mem::map_file(.., cap)`;
                 // per this function's contract nothing can reach it any more.
                 unsafe { mem::unmap(ptr, cap) };
-                self.allocated.fetch_sub(cap, Ordering::Relaxed);
+                self.arena.unmapped(cap);
             }
             seg.acct.0.reset();
         }
-        p.ids.push(id);
+        p.return_id(id);
     }
 
     /// A free regular segment, evicting if needed (and allowed); with no_evict,
@@ -325,19 +260,18 @@ impl LogEngine {
         } else {
             // Give the evictor a segment to copy second-chance items into before memory
             // runs out (when it runs out, nothing is free until an eviction finishes).
-            let mut ev = lock(&self.evictor);
-            if ev.spare.is_none() && ev.dest.is_none() {
-                ev.spare = self.take_segment_no_evict();
-            }
+            self.eviction
+                .evictor()
+                .fill_spare(|| self.take_segment_no_evict());
         }
-        let attempts = 4 * (self.allocated.load(Ordering::Relaxed) / self.seg_size) + 16;
+        let attempts = 4 * (self.arena.allocated() / self.seg_size) + 16;
         for _ in 0..attempts {
             {
-                let mut p = lock(&self.pool);
-                if let Some(id) = p.free.pop() {
+                let mut p = self.arena.pool();
+                if let Some(id) = p.pop_free() {
                     return Some(id);
                 }
-                if self.allocated.load(Ordering::Relaxed) + self.seg_size <= self.write_budget() {
+                if self.arena.allocated() + self.seg_size <= self.write_budget() {
                     if let Some((id, _)) = self.new_segment(&mut p, self.seg_size, false) {
                         return Some(id);
                     }
@@ -364,7 +298,7 @@ impl LogEngine {
     /// `no_evict` (memcached's `-M`), where deleting items must make room again.
     pub(super) fn reclaim_dead(&self) -> bool {
         let id = {
-            let dead = lock(&self.fifo).remove_first(|id| {
+            let dead = self.eviction.take_first(|id| {
                 self.segs
                     .get(id)
                     .is_some_and(|s| s.acct.0.live_items.load(Ordering::Acquire) == 0)
@@ -378,11 +312,11 @@ impl LogEngine {
         self.retire(id);
         // Readers that found a slot into it before it emptied must be done before reuse.
         self.barrier();
-        let mut p = lock(&self.pool);
-        if give_back || self.allocated.load(Ordering::Relaxed) > self.budget() {
+        let mut p = self.arena.pool();
+        if give_back || self.arena.allocated() > self.budget() {
             self.release(&mut p, id);
         } else {
-            p.free.push(id);
+            p.push_free(id);
         }
         true
     }
@@ -395,12 +329,12 @@ impl LogEngine {
     pub(super) fn unstick(&self) -> bool {
         let mut changed = false;
         {
-            let mut ev = lock(&self.evictor);
-            if let Some(id) = ev.spare.take() {
-                lock(&self.pool).free.push(id);
+            let mut ev = self.eviction.evictor();
+            if let Some(id) = ev.take_spare() {
+                self.arena.pool().push_free(id);
                 changed = true;
             }
-            if let Some(o) = ev.dest.take() {
+            if let Some(o) = ev.take_dest() {
                 self.seal(o, Queue::Main);
                 changed = true;
             }
@@ -419,11 +353,11 @@ impl LogEngine {
 
     /// Take a free segment without evicting (for the evictor's copies).
     pub(super) fn take_segment_no_evict(&self) -> Option<u32> {
-        let mut p = lock(&self.pool);
-        if let Some(id) = p.free.pop() {
+        let mut p = self.arena.pool();
+        if let Some(id) = p.pop_free() {
             return Some(id);
         }
-        if self.allocated.load(Ordering::Relaxed) + self.seg_size <= self.budget() {
+        if self.arena.allocated() + self.seg_size <= self.budget() {
             return self
                 .new_segment(&mut p, self.seg_size, false)
                 .map(|(id, _)| id);
@@ -519,8 +453,8 @@ impl LogEngine {
             // nothing refers to its old mapping, which came from `mem::map_file(.., cap)`.
             unsafe { mem::unmap(old, cap) };
         }
-        self.allocated.fetch_add(self.seg_size, Ordering::Relaxed);
-        self.allocated.fetch_sub(cap, Ordering::Relaxed);
+        self.arena.mapped(self.seg_size);
+        self.arena.unmapped(cap);
         Some(())
     }
 
@@ -530,7 +464,7 @@ impl LogEngine {
             seg.mem.0.sealed.store(true, Ordering::Release);
         }
         lock(&self.open_segs).retain(|&(_, i)| i != open.id);
-        lock(&self.fifo).push(open.id, queue);
+        self.eviction.push(open.id, queue);
     }
 
     /// `len` bytes were appended at the end of open segment `o`, which `slot` holds: record
@@ -616,24 +550,24 @@ impl LogEngine {
 
     /// Evict and release until the segment memory fits the budget.
     pub(super) fn shrink(&self) {
-        if self.allocated.load(Ordering::Relaxed) > self.budget() {
+        if self.arena.allocated() > self.budget() {
             if let Some(id) = lock(&self.compactor).spare.take() {
-                self.release(&mut lock(&self.pool), id);
+                self.release(&mut self.arena.pool(), id);
             }
         }
-        if self.allocated.load(Ordering::Relaxed) > self.budget() {
-            let mut ev = lock(&self.evictor);
-            if let Some(id) = ev.spare.take() {
-                self.release(&mut lock(&self.pool), id);
+        if self.arena.allocated() > self.budget() {
+            let mut ev = self.eviction.evictor();
+            if let Some(id) = ev.take_spare() {
+                self.release(&mut self.arena.pool(), id);
             }
         }
         loop {
-            if self.allocated.load(Ordering::Relaxed) <= self.budget() {
+            if self.arena.allocated() <= self.budget() {
                 return;
             }
             {
-                let mut p = lock(&self.pool);
-                if let Some(id) = p.free.pop() {
+                let mut p = self.arena.pool();
+                if let Some(id) = p.pop_free() {
                     self.release(&mut p, id);
                     continue;
                 }
@@ -667,16 +601,8 @@ impl LogEngine {
     /// Take out of the FIFOs every sealed segment `pick` chooses (they are then ours, as
     /// a segment popped for eviction is).
     fn take_sealed(&self, pick: impl Fn(&Seg) -> bool) -> Vec<u32> {
-        let mut fifo = lock(&self.fifo);
-        let mut taken = Vec::new();
-        fifo.retain(|id| {
-            let take = self.segs.get(id).is_some_and(&pick);
-            if take {
-                taken.push(id);
-            }
-            !take
-        });
-        taken
+        self.eviction
+            .take_all(|id| self.segs.get(id).is_some_and(&pick))
     }
 
     /// Segments of ours that no slot points into and that were retired: wait out the
@@ -684,12 +610,12 @@ impl LogEngine {
     /// back (see `gives_back`, or while over the budget).
     fn free_retired(&self, ids: &[u32]) {
         self.barrier();
-        let mut p = lock(&self.pool);
+        let mut p = self.arena.pool();
         for &id in ids {
-            if self.gives_back(id) || self.allocated.load(Ordering::Relaxed) > self.budget() {
+            if self.gives_back(id) || self.arena.allocated() > self.budget() {
                 self.release(&mut p, id);
             } else {
-                p.free.push(id);
+                p.push_free(id);
             }
         }
     }
@@ -782,19 +708,16 @@ impl LogEngine {
             return holds;
         }
         let (mut held, mut bytes) = (0u64, 0usize);
-        {
-            let fifo = lock(&self.fifo);
-            for &id in fifo.small.iter().chain(&fifo.main) {
-                let Some(s) = self.segs.get(id) else { continue };
-                let dead = s.acct.0.live_items.load(Ordering::Acquire) == 0;
-                if (dead || expired_whole(s, now))
-                    && held_for_replica(&holds, s.mem.0.seq.load(Ordering::Acquire))
-                {
-                    held += 1;
-                    bytes += s.mem.0.cap.load(Ordering::Relaxed);
-                }
+        self.eviction.for_each_sealed(|id| {
+            let Some(s) = self.segs.get(id) else { return };
+            let dead = s.acct.0.live_items.load(Ordering::Acquire) == 0;
+            if (dead || expired_whole(s, now))
+                && held_for_replica(&holds, s.mem.0.seq.load(Ordering::Acquire))
+            {
+                held += 1;
+                bytes += s.mem.0.cap.load(Ordering::Relaxed);
             }
-        }
+        });
         if bytes > self.repl_backlog() {
             self.repl.held.store(0, Ordering::Relaxed);
             self.repl.hold_dropped.fetch_add(1, Ordering::Relaxed);
@@ -823,7 +746,7 @@ impl LogEngine {
     }
 
     pub(super) fn seg_ids(&self) -> u32 {
-        lock(&self.pool).next_id
+        self.arena.pool().ids_used()
     }
 }
 

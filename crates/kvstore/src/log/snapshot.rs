@@ -795,7 +795,7 @@ impl LogEngine {
             }
         };
         let large = image.get(5) == Some(&format::SEG_KIND_LARGE);
-        let Some(id) = self.install_segment(&mut lock(&self.pool), ptr, cap, large, file) else {
+        let Some(id) = self.install_segment(&mut self.arena.pool(), ptr, cap, large, file) else {
             // SAFETY: as above.
             unsafe { mem::unmap(ptr, cap) };
             return Err("no segment id left");
@@ -818,7 +818,7 @@ impl LogEngine {
         }
         // In the FIFO before its items are indexed: a failed restore wipes the index and
         // frees every segment the FIFO holds.
-        lock(&self.fifo).push(id, Queue::Small);
+        self.eviction.push(id, Queue::Small);
         let image = image.as_ptr();
         let mut loaded = Loaded::default();
         // Counted once per image rather than per item (the restore threads would share

@@ -2,6 +2,7 @@
 
 use super::*;
 use std::ptr::NonNull;
+use std::sync::atomic::AtomicBool;
 
 use crate::{
     ArithResult, Engine, EngineConfig, MetaArithResult, ReadOptions, StoreMode, StoreRequest,
@@ -716,7 +717,7 @@ fn lossy_index_overflow_is_counted() {
         e.memory_bytes() <= 1 << 20,
         "{} = {} + {} (budget {}, seg {})",
         e.memory_bytes(),
-        e.allocated.load(Ordering::Relaxed),
+        e.arena.allocated(),
         e.index_bytes(),
         e.budget(),
         e.segment_size()
@@ -1188,7 +1189,7 @@ fn expired_segments_are_freed_whole() {
     assert_eq!(val(&e, b"hour", 106).as_deref(), Some(&b"v"[..]));
     assert!(val(&e, b"short:0", 106).is_none());
     // The segments are free for new writes (kept mapped, within the limit).
-    assert!(lock(&e.pool).free.len() as u64 >= expired);
+    assert!(e.arena.pool().free_len() as u64 >= expired);
     assert_eq!(e.stats().total_malloced, held);
     // -o no_lru_crawler: no sweep, nothing expires ahead of eviction.
     let e2 = LogEngine::new(cfg(64 << 20));
@@ -1392,11 +1393,20 @@ fn prefetch_is_only_a_hint() {
 #[test]
 fn the_miss_sketch_follows_the_memory_limit() {
     let e = LogEngine::new(cfg(64 << 20));
-    assert_eq!(e.sketch.counters(), (64 << 20) / BYTES_PER_COUNTER as u64);
+    assert_eq!(
+        e.eviction.sketch_counters(),
+        (64 << 20) / evict::BYTES_PER_COUNTER as u64
+    );
     e.set_max_bytes(256 << 20, 10);
-    assert_eq!(e.sketch.counters(), (256 << 20) / BYTES_PER_COUNTER as u64);
+    assert_eq!(
+        e.eviction.sketch_counters(),
+        (256 << 20) / evict::BYTES_PER_COUNTER as u64
+    );
     e.set_max_bytes(16 << 20, 10);
-    assert_eq!(e.sketch.counters(), (16 << 20) / BYTES_PER_COUNTER as u64);
+    assert_eq!(
+        e.eviction.sketch_counters(),
+        (16 << 20) / evict::BYTES_PER_COUNTER as u64
+    );
 }
 
 /// A fresh write stores no version (its place in its segment gives it) and a small item

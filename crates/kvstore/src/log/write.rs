@@ -418,7 +418,7 @@ impl LogEngine {
         let (out, len, held) = self.apply(c, &dest, now);
         if len == 0 {
             // Never visible: free it at once.
-            let mut p = lock(&self.pool);
+            let mut p = self.arena.pool();
             self.release(&mut p, id);
             return out;
         }
@@ -442,21 +442,21 @@ impl LogEngine {
         }
         // Queued only now that its slot is installed (the evictor frees large segments
         // that no slot points at).
-        lock(&self.fifo).push(id, Queue::Small);
+        self.eviction.push(id, Queue::Small);
         self.show(held, view);
         out
     }
 
     /// Map a large segment of `total` bytes within the budget, evicting if allowed.
     pub(super) fn reserve_large(&self, total: usize) -> Option<(u32, NonNull<u8>)> {
-        let attempts = 4 * (self.allocated.load(Ordering::Relaxed) / self.seg_size) + 16;
+        let attempts = 4 * (self.arena.allocated() / self.seg_size) + 16;
         for _ in 0..attempts {
             {
-                let mut p = lock(&self.pool);
-                if self.allocated.load(Ordering::Relaxed) + total <= self.write_budget() {
+                let mut p = self.arena.pool();
+                if self.arena.allocated() + total <= self.write_budget() {
                     return self.new_segment(&mut p, total, true);
                 }
-                if let Some(id) = p.free.pop() {
+                if let Some(id) = p.pop_free() {
                     self.release(&mut p, id);
                     continue;
                 }

@@ -196,7 +196,7 @@ impl LogEngine {
     /// The backlog in force (see [`LogEngine::set_repl_backlog`]).
     pub fn repl_backlog(&self) -> usize {
         match self.repl.backlog.load(Ordering::Relaxed) {
-            0 => self.max_bytes.load(Ordering::Relaxed) / HOLD_SHARE,
+            0 => self.arena.limit() / HOLD_SHARE,
             b => b,
         }
     }
