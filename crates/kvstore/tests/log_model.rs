@@ -319,7 +319,8 @@ fn run_exact_on(ops: &[Op], use_cas: bool, threads: usize) -> Result<(), TestCas
         )
     );
     prop_assert_eq!(es.evictions, 0);
-    e.check_accounting().map_err(TestCaseError::fail)?;
+    e.check_accounting()
+        .map_err(|err| TestCaseError::fail(err.to_string()))?;
     check_tally(&e)?;
     Ok(())
 }

@@ -65,7 +65,8 @@ fn run_exact(ops: &[Op], use_cas: bool) -> Result<(), TestCaseError> {
         )
     );
     prop_assert_eq!(es.evictions, 0);
-    e.check_accounting().map_err(TestCaseError::fail)?;
+    e.check_accounting()
+        .map_err(|err| TestCaseError::fail(err.to_string()))?;
     Ok(())
 }
 

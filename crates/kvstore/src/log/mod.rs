@@ -534,7 +534,7 @@ impl LogEngine {
     /// at a published record of its key's hash in an allocated segment, per-segment live
     /// counts match the slots, and memory is within the limit.
     #[doc(hidden)]
-    pub fn check_accounting(&self) -> Result<(), String> {
+    pub fn check_accounting(&self) -> Result<(), AccountingError> {
         let _cp = lock(&self.compactor);
         let _ev = self.eviction.evictor();
         let _grow = lock(&self.grow_lock);
@@ -557,7 +557,7 @@ impl LogEngine {
                 }
             });
             if let Some(e) = err {
-                return Err(e);
+                return Err(AccountingError(e));
             }
         }
         for id in 0..self.seg_ids() {
@@ -568,9 +568,9 @@ impl LogEngine {
                 s.acct.0.live_bytes.load(Ordering::Relaxed),
             );
             if want != have {
-                return Err(format!(
+                return Err(AccountingError(format!(
                     "segment {id}: slots say {want:?}, counters {have:?}"
-                ));
+                )));
             }
         }
         // The list of live segments log readers use is what the headers say.
@@ -583,16 +583,16 @@ impl LogEngine {
         scanned.sort_unstable();
         let listed = lock(&self.seq_lock).clone();
         if scanned != listed {
-            return Err(format!(
+            return Err(AccountingError(format!(
                 "live segments: headers say {scanned:?}, the list {listed:?}"
-            ));
+            )));
         }
         if self.arena.allocated() > self.budget().max(self.seg_size * 2) {
-            return Err(format!(
+            return Err(AccountingError(format!(
                 "segment memory {} over budget {}",
                 self.arena.allocated(),
                 self.budget()
-            ));
+            )));
         }
         Ok(())
     }
@@ -1023,3 +1023,9 @@ fn key_hash(seed: u64, key: &[u8]) -> u64 {
     h = mix(h ^ u64::from_le_bytes(w), K0);
     mix(h, K1 ^ h.rotate_left(29))
 }
+
+/// What [`LogEngine::check_accounting`] found wrong with the engine's bookkeeping.
+#[doc(hidden)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct AccountingError(String);
