@@ -1173,6 +1173,8 @@ mod tests {
         }
         Report {
             settings: vec![],
+            pipeline: crate::stats::Pipeline::Window,
+            depth: 1,
             seconds: 1.0,
             target_rate: None,
             slo_us: 1000.0,
