@@ -480,6 +480,34 @@ impl Plot {
         fonts()?;
         let err = |e: DrawingAreaErrorKind<DB::ErrorType>| PlotError::Draw(Box::new(e));
         root.fill(&WHITE).map_err(err)?;
+        // The legend goes inside the plot area when its box, sized from its text, fits
+        // there; otherwise below the chart, in a band sized from its lines, its font made
+        // smaller until the widest line fits the page: legend text is never clipped.
+        let labels: Vec<&str> = self.legend_entries();
+        let width_at = |size: u32| -> Result<u32, PlotError> {
+            let font: TextStyle = (FONT, size).into_font().into();
+            labels.iter().try_fold(0u32, |w, l| {
+                root.estimate_text_size(l, &font)
+                    .map(|(lw, _)| w.max(lw))
+                    .map_err(err)
+            })
+        };
+        // The plot area's width (less the margins and the y labels), and the box's extra
+        // width: the legend marks (30) and plotters' margins (2 × 5), with some slack.
+        let inside = SIZE.0.saturating_sub(14 + 34 + 78 + 16);
+        let fits = labels.is_empty() || width_at(12)? + 48 <= inside;
+        let (root, band) = if fits {
+            (root, None)
+        } else {
+            let mut size = 12;
+            while size > 8 && width_at(size)? + 48 > SIZE.0 - 28 {
+                size -= 1;
+            }
+            let line = size + 6;
+            let height = line * labels.len() as u32 + 10;
+            let (top, bottom) = root.split_vertically(SIZE.1.saturating_sub(height));
+            (top, Some((bottom, size, line)))
+        };
         let mut chart = ChartBuilder::on(&root)
             .caption(&self.title, (FONT, 18).into_font().style(FontStyle::Bold))
             .margin(14)
@@ -542,7 +570,28 @@ impl Plot {
                 }
             }
         }
-        if self.series.iter().any(|s| s.label.is_some()) {
+        if let Some((band, size, line)) = band {
+            let font: TextStyle = (FONT, size).into_font().into();
+            for (k, s) in self.series.iter().filter(|s| s.label.is_some()).enumerate() {
+                let y = 5 + (k as u32 * line + line / 2) as i32;
+                let style = ShapeStyle::from(s.colour.mix(s.alpha)).stroke_width(s.width);
+                let x = 20;
+                match s.style {
+                    Style::Solid => band.draw(&PathElement::new(vec![(x, y), (x + 22, y)], style)),
+                    Style::Dashed => band
+                        .draw(&PathElement::new(vec![(x, y), (x + 7, y)], style))
+                        .and_then(|()| {
+                            band.draw(&PathElement::new(vec![(x + 11, y), (x + 18, y)], style))
+                        }),
+                    Style::Dots => band.draw(&Circle::new((x + 11, y), 4, style.filled())),
+                }
+                .map_err(err)?;
+                let text = s.label.as_deref().unwrap_or("");
+                let (_, h) = band.estimate_text_size(text, &font).map_err(err)?;
+                band.draw(&Text::new(text, (x + 34, y - h as i32 / 2), font.clone()))
+                    .map_err(err)?;
+            }
+        } else if self.series.iter().any(|s| s.label.is_some()) {
             chart
                 .configure_series_labels()
                 .position(self.legend.clone())
@@ -1561,6 +1610,30 @@ mod tests {
         let apart = vec![vec![point(1e3, 1e3, 1.0)], vec![point(2e3, 2e3, 1.0)]];
         assert!(median_curve(&apart).is_empty());
         assert_eq!(median_curve(&same[..1]), sorted(&same[0]));
+    }
+
+    /// A legend too wide for the plot area goes below it, in full.
+    #[test]
+    fn long_legends_are_not_clipped() {
+        let mut c = Curve {
+            label: "kvcached-built-from-a-branch-with-a-long-name".into(),
+            ..Default::default()
+        };
+        for slo in ["avg<=1ms", "p99<=10ms", "p99.9<=20ms"] {
+            add_capacity_json(&mut c, &capacity_json(slo, 123_456.0, 1e4))
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        let p = compare(&[c]);
+        let label = p.legend_entries()[1].to_string();
+        assert!(label.len() > 100, "{label}");
+        let svg = p.svg().unwrap_or_else(|e| panic!("{e}"));
+        let label = label.replace('<', "&lt;");
+        assert!(texts(&svg).contains(&label), "{svg}");
+        let png = p.png().unwrap_or_else(|e| panic!("{e}"));
+        if let Some(dir) = std::env::var_os("KVBLAST_PLOT_DIR") {
+            let _ = std::fs::write(std::path::Path::new(&dir).join("long-legend.png"), &png);
+        }
+        assert!(dark_pixels(&png) > 1000);
     }
 
     #[test]
