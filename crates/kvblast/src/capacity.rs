@@ -15,7 +15,7 @@ use std::time::Duration;
 use crate::engine::{self, LoadModel, RunConfig};
 use serde::{Deserialize, Serialize};
 
-use crate::stats::{to_json, Num, Num1, OpStats, Report, RunReport, Summary};
+use crate::stats::{to_json, Num, Num1, OpStats, Pipeline, Report, RunReport, Summary};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Metric {
@@ -66,6 +66,11 @@ pub enum CapacityError {
     Run(#[from] engine::EngineError),
     #[error("bad bracket: low {low} >= high {high}")]
     Bracket { low: f64, high: f64 },
+    #[error(
+        "a capacity search runs open-loop rates, and --pipeline batch is closed-loop only \
+         (here --depth is each connection's cap): drop --pipeline batch"
+    )]
+    Batch,
 }
 
 /// A latency objective, e.g. `p99=1ms`.
@@ -152,6 +157,10 @@ impl Latencies {
 #[derive(Debug, Clone)]
 pub struct Capacity {
     pub target: Target,
+    /// The steps' pipelining (always a window: they are open-loop runs) and cap of
+    /// requests outstanding per connection.
+    pub pipeline: Pipeline,
+    pub depth: usize,
     pub steps: Vec<Step>,
     /// The highest passing rate (0 if none passed).
     pub capacity: f64,
@@ -198,6 +207,9 @@ pub fn search(
     steps: u32,
     mut on_step: impl FnMut(&Step),
 ) -> Result<Capacity, CapacityError> {
+    if base.pipeline == Pipeline::Batch {
+        return Err(CapacityError::Batch);
+    }
     let arrival = match base.load {
         LoadModel::Open { arrival, .. } => arrival,
         LoadModel::Closed => crate::dist::Arrival::Poisson,
@@ -222,6 +234,8 @@ pub fn search(
     }
     let mut out = Capacity {
         target,
+        pipeline: Pipeline::Window,
+        depth: base.depth.max(1000),
         steps: Vec::new(),
         capacity: 0.0,
         best: None,
@@ -235,7 +249,7 @@ pub fn search(
         };
         let mut cfg = base.clone();
         cfg.load = LoadModel::Open { rate, arrival };
-        cfg.depth = base.depth.max(1000);
+        cfg.depth = out.depth;
         cfg.progress = false;
         cfg.slo = target.limit;
         // The load phase needs doing once.
@@ -273,7 +287,13 @@ pub fn search(
 impl Capacity {
     pub fn table(&self) -> String {
         let mut s = String::new();
-        let _ = writeln!(s, "capacity search, SLO {}", self.target.describe());
+        let _ = writeln!(
+            s,
+            "capacity search, SLO {} (open loop, pipeline {}, cap {} per connection)",
+            self.target.describe(),
+            self.pipeline.name(),
+            self.depth
+        );
         let _ = writeln!(
             s,
             "{:>4}{:>12}{:>12}{:>12}  result",
@@ -311,6 +331,8 @@ impl Capacity {
     pub fn report(&self) -> CapacityReport {
         CapacityReport {
             slo: self.target.describe(),
+            pipeline: self.pipeline,
+            depth: self.depth as u64,
             capacity: Num1::of(self.capacity),
             steps: self
                 .steps
@@ -346,6 +368,12 @@ pub struct CapacityReport {
     /// The objective (`p99<=1ms`).
     #[serde(default = "unknown_slo")]
     pub slo: String,
+    /// The steps' pipelining: `window` (open-loop steps; older reports lack it).
+    #[serde(default)]
+    pub pipeline: Pipeline,
+    /// The steps' cap of requests outstanding per connection (0: not recorded).
+    #[serde(default)]
+    pub depth: u64,
     /// The highest passing rate.
     #[serde(default)]
     pub capacity: Num1,
@@ -399,6 +427,8 @@ mod tests {
         let target = Target::parse("p99=1ms").unwrap_or_else(|e| panic!("{e}"));
         let mut r = Report {
             settings: vec![],
+            pipeline: Pipeline::Window,
+            depth: 1,
             seconds: 1.0,
             target_rate: Some(1000.0),
             slo_us: 1000.0,
@@ -445,6 +475,8 @@ mod tests {
         };
         let c = Capacity {
             target,
+            pipeline: Pipeline::Window,
+            depth: 1000,
             steps: vec![step(1000.0, true), step(2000.55, false)],
             capacity: 1000.0,
             best: Some(crate::stats::tests::full_report()),

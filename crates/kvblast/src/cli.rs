@@ -7,6 +7,7 @@ use crate::capacity::{Metric, Target, TargetError};
 use crate::dist::{Arrival, Dist, DistError, Popularity, SizeDist};
 use crate::engine::{ConfigError, LoadModel, Protocol, RunConfig, MAX_VALUE};
 use crate::route::Routing;
+use crate::stats::Pipeline;
 use crate::transport::TransportError;
 use crate::units::{parse_duration, BadChoice};
 use crate::workload::{Mix, Workload, WorkloadError, PRESETS};
@@ -119,6 +120,10 @@ fn number<T: std::str::FromStr>(v: &str) -> Result<T, CliError> {
         .map_err(|_| CliError::Number(v.into()))
 }
 
+fn pipeline(v: &str) -> Result<String, BadChoice> {
+    Pipeline::parse(v).map(|_| v.to_string())
+}
+
 fn agent_keys(v: &str) -> Result<String, BadChoice> {
     AgentKeys::parse(v).map(|_| v.to_string())
 }
@@ -227,6 +232,12 @@ pub struct Args {
     /// connection before a request is skipped (default 1000)
     #[arg(short = 'd', long, value_name = "N", value_parser = number::<usize>, help_heading = "Load")]
     pub depth: Option<usize>,
+    /// How a closed loop keeps --depth requests outstanding on a connection: window
+    /// (default: a new request as soon as a reply arrives) | batch (send --depth requests,
+    /// wait for all their replies, then send the next --depth: memtier_benchmark's
+    /// --pipeline; latency from the batch's send). Closed loop only
+    #[arg(long, value_name = "MODE", value_parser = pipeline, help_heading = "Load")]
+    pub pipeline: Option<String>,
     /// Measured time (default 10s), e.g. 30s, 500ms, 1.5s, 2m, 1m30s
     #[arg(short = 'D', long, value_name = "TIME", value_parser = parse_duration, help_heading = "Load")]
     pub duration: Option<Duration>,
@@ -508,6 +519,7 @@ impl Args {
         opt("--threads", self.threads.map(|x| x.to_string()));
         opt("--conns", self.conns.map(|x| x.to_string()));
         opt("--depth", self.depth.map(|x| x.to_string()));
+        opt("--pipeline", self.pipeline.clone());
         opt("--duration", secs(&self.duration));
         opt("--warmup", secs(&self.warmup));
         opt("--requests", self.requests.map(|x| x.to_string()));
@@ -674,6 +686,11 @@ impl Args {
         })
     }
 
+    /// `--pipeline`, window by default.
+    pub fn pipeline(&self) -> Result<Pipeline, BadChoice> {
+        Pipeline::parse(self.pipeline.as_deref().unwrap_or("window"))
+    }
+
     /// `--agent-keys`, split by default.
     pub fn agent_keys(&self) -> Result<AgentKeys, BadChoice> {
         AgentKeys::parse(self.agent_keys.as_deref().unwrap_or("split"))
@@ -701,6 +718,7 @@ impl Args {
             LoadModel::Closed => 1,
             LoadModel::Open { .. } => 1000,
         });
+        c.pipeline = self.pipeline()?;
         if let Some(d) = self.duration {
             c.duration = d;
         } else if self.requests.is_some() {
@@ -1015,6 +1033,44 @@ mod tests {
             config_flags("servers = 1").map_err(|e| e.to_string()),
             Err("config: bad value for servers: 1".into())
         );
+    }
+
+    /// `--pipeline`: window by default, batch for a closed loop (depth is the batch), and
+    /// refused with an open loop; it travels to agents.
+    #[test]
+    fn pipeline_mode_flag() {
+        let c = |s: &str| args(s).and_then(|a| a.run_config());
+        let w = c("run -d 8 h").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((w.pipeline, w.depth), (Pipeline::Window, 8));
+        let b = c("run -d 8 --pipeline batch h").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((b.pipeline, b.depth), (Pipeline::Batch, 8));
+        assert!(b.settings().iter().any(|(_, v)| v.contains("batches of 8")));
+        let udp =
+            c("run -w usr -d 4 --pipeline batch udp:127.0.0.1:1").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(udp.pipeline, Pipeline::Batch);
+        let open = c("run --rate 100 --pipeline batch h").map(|_| ());
+        assert!(
+            matches!(open, Err(CliError::Config(ConfigError::BatchOpenLoop))),
+            "{open:?}"
+        );
+        let bad = args("run --pipeline burst h")
+            .map(|_| ())
+            .map_err(|e| e.to_string());
+        assert!(
+            bad.as_ref()
+                .is_err_and(|e| e.contains("bad --pipeline \"burst\": window | batch")),
+            "{bad:?}"
+        );
+        let a = args("run -d 3 --pipeline batch --agent 127.0.0.1:1 h").unwrap_or_default();
+        let argv = a.to_argv();
+        assert!(
+            argv.windows(2).any(|w| w == ["--pipeline", "batch"]),
+            "{argv:?}"
+        );
+        let back = Args::parse(std::iter::once("run".to_string()).chain(argv))
+            .and_then(|a| a.run_config())
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((back.pipeline, back.depth), (Pipeline::Batch, 3));
     }
 
     #[test]

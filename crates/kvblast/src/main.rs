@@ -258,6 +258,8 @@ fn compare(args: &Args) -> Result<(), Error> {
     let mut capacities: Vec<Vec<f64>> = vec![Vec::new(); entries.len()];
     // Each search's best run, for the percentile plot of --plot.
     let mut bests: Vec<Vec<Option<kvblast::stats::Report>>> = vec![Vec::new(); entries.len()];
+    // The searches' pipelining and cap per connection (the same for every search).
+    let mut mode = (kvblast::stats::Pipeline::Window, 0);
     for round in 0..rounds {
         let order: Vec<usize> = if round % 2 == 0 {
             (0..entries.len()).collect()
@@ -271,13 +273,20 @@ fn compare(args: &Args) -> Result<(), Error> {
                 eprintln!("round {}/{rounds}: {label}", round + 1);
             }
             let result = search(&cfg, args, target, "  ")?;
+            mode = (result.pipeline, result.depth);
             capacities[i].push(result.capacity);
             plot::add_capacity(&mut curves[i], &result.report());
             bests[i].push(result.best);
         }
     }
     let medians: Vec<f64> = capacities.iter().map(|c| plot::median(c)).collect();
-    say(&compare_table(&entries, &capacities, &medians, &target));
+    say(&compare_table(
+        &entries,
+        &capacities,
+        &medians,
+        &target,
+        mode,
+    ));
     let chart = plot::compare(&curves);
     if let Some(out) = &args.output {
         plot::write_one(out, &chart)?;
@@ -314,6 +323,8 @@ fn compare(args: &Args) -> Result<(), Error> {
     }
     let report = CompareReport {
         slo: target.describe(),
+        pipeline: mode.0,
+        depth: mode.1,
         rounds,
         servers: entries
             .iter()
@@ -342,6 +353,10 @@ fn compare(args: &Args) -> Result<(), Error> {
 #[derive(serde::Serialize)]
 struct CompareReport<'a> {
     slo: String,
+    /// The searches' pipelining (`window`: their steps are open-loop runs) and cap of
+    /// requests outstanding per connection.
+    pipeline: kvblast::stats::Pipeline,
+    depth: usize,
     rounds: usize,
     servers: Vec<CompareServer<'a>>,
 }
@@ -360,10 +375,16 @@ fn compare_table(
     capacities: &[Vec<f64>],
     medians: &[f64],
     target: &capacity::Target,
+    (pipeline, depth): (kvblast::stats::Pipeline, usize),
 ) -> String {
     use std::fmt::Write as _;
     let mut s = String::new();
-    let _ = writeln!(s, "capacity ({}), req/s, by round", target.describe());
+    let _ = writeln!(
+        s,
+        "capacity ({}), req/s, by round (open loop, pipeline {}, cap {depth} per connection)",
+        target.describe(),
+        pipeline.name()
+    );
     let width = entries
         .iter()
         .map(|(l, _)| l.len())

@@ -13,10 +13,11 @@
 //! - [`capacity`]: a capacity search, the objective's metric against the offered rate for
 //!   every step in rate order, passes and failures marked, with the SLO and the capacity;
 //! - [`capacity_curve`]: mean/p50/p99/p99.9/max latency against achieved throughput, from a
-//!   capacity search's steps in throughput order;
+//!   capacity search's steps joined in offered-rate order;
 //! - [`compare`]: several servers' p99 and mean latency against achieved throughput on one
-//!   chart, one line per search (the median search of each server drawn bold), one legend
-//!   entry per server (`kvblast compare`, `kvblast plot`).
+//!   chart, a thin line per search and, bold, each server's median over its searches per
+//!   offered rate ([`median_curve`]), one legend entry per server (`kvblast compare`,
+//!   `kvblast plot`).
 
 use std::ops::Range;
 use std::sync::OnceLock;
@@ -479,6 +480,34 @@ impl Plot {
         fonts()?;
         let err = |e: DrawingAreaErrorKind<DB::ErrorType>| PlotError::Draw(Box::new(e));
         root.fill(&WHITE).map_err(err)?;
+        // The legend goes inside the plot area when its box, sized from its text, fits
+        // there; otherwise below the chart, in a band sized from its lines, its font made
+        // smaller until the widest line fits the page: legend text is never clipped.
+        let labels: Vec<&str> = self.legend_entries();
+        let width_at = |size: u32| -> Result<u32, PlotError> {
+            let font: TextStyle = (FONT, size).into_font().into();
+            labels.iter().try_fold(0u32, |w, l| {
+                root.estimate_text_size(l, &font)
+                    .map(|(lw, _)| w.max(lw))
+                    .map_err(err)
+            })
+        };
+        // The plot area's width (less the margins and the y labels), and the box's extra
+        // width: the legend marks (30) and plotters' margins (2 × 5), with some slack.
+        let inside = SIZE.0.saturating_sub(14 + 34 + 78 + 16);
+        let fits = labels.is_empty() || width_at(12)? + 48 <= inside;
+        let (root, band) = if fits {
+            (root, None)
+        } else {
+            let mut size = 12;
+            while size > 8 && width_at(size)? + 48 > SIZE.0 - 28 {
+                size -= 1;
+            }
+            let line = size + 6;
+            let height = line * labels.len() as u32 + 10;
+            let (top, bottom) = root.split_vertically(SIZE.1.saturating_sub(height));
+            (top, Some((bottom, size, line)))
+        };
         let mut chart = ChartBuilder::on(&root)
             .caption(&self.title, (FONT, 18).into_font().style(FontStyle::Bold))
             .margin(14)
@@ -541,7 +570,28 @@ impl Plot {
                 }
             }
         }
-        if self.series.iter().any(|s| s.label.is_some()) {
+        if let Some((band, size, line)) = band {
+            let font: TextStyle = (FONT, size).into_font().into();
+            for (k, s) in self.series.iter().filter(|s| s.label.is_some()).enumerate() {
+                let y = 5 + (k as u32 * line + line / 2) as i32;
+                let style = ShapeStyle::from(s.colour.mix(s.alpha)).stroke_width(s.width);
+                let x = 20;
+                match s.style {
+                    Style::Solid => band.draw(&PathElement::new(vec![(x, y), (x + 22, y)], style)),
+                    Style::Dashed => band
+                        .draw(&PathElement::new(vec![(x, y), (x + 7, y)], style))
+                        .and_then(|()| {
+                            band.draw(&PathElement::new(vec![(x + 11, y), (x + 18, y)], style))
+                        }),
+                    Style::Dots => band.draw(&Circle::new((x + 11, y), 4, style.filled())),
+                }
+                .map_err(err)?;
+                let text = s.label.as_deref().unwrap_or("");
+                let (_, h) = band.estimate_text_size(text, &font).map_err(err)?;
+                band.draw(&Text::new(text, (x + 34, y - h as i32 / 2), font.clone()))
+                    .map_err(err)?;
+            }
+        } else if self.series.iter().any(|s| s.label.is_some()) {
             chart
                 .configure_series_labels()
                 .position(self.legend.clone())
@@ -806,15 +856,123 @@ pub fn capacity(c: &Capacity) -> Plot {
     f
 }
 
-/// Points (achieved requests/s, latencies) in throughput order.
-fn sorted(points: &[(f64, Latencies)]) -> Vec<(f64, Latencies)> {
-    let mut v: Vec<(f64, Latencies)> = points
+/// One step of a capacity search as a curve draws it: the offered rate (the step's target),
+/// the achieved throughput (the x axis) and the latencies.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Point {
+    pub offered: f64,
+    pub achieved: f64,
+    pub latency: Latencies,
+}
+
+/// A search's points joined in offered-rate order: the order of the load the server was
+/// given. Neither the order the bisection visited them (a zigzag) nor the achieved throughput
+/// (an overloaded step achieves less than it was offered, so sorting by it folds the curve's
+/// end back over itself).
+pub fn sorted(points: &[Point]) -> Vec<Point> {
+    let mut v: Vec<Point> = points
         .iter()
-        .filter(|(x, _)| x.is_finite() && *x > 0.0)
+        .filter(|p| p.achieved.is_finite() && p.achieved > 0.0 && p.offered.is_finite())
         .copied()
         .collect();
-    v.sort_by(|a, b| a.0.total_cmp(&b.0));
+    v.sort_by(|a, b| a.offered.total_cmp(&b.offered));
     v
+}
+
+/// A search's latencies at offered rate `r` within its range, by linear interpolation
+/// between its two steps around `r` (latencies on the log scale they are drawn on, when
+/// positive; the achieved throughput linearly). `pts` is [`sorted`]; None outside its range.
+fn at_rate(pts: &[Point], r: f64) -> Option<Point> {
+    let (first, last) = (pts.first()?, pts.last()?);
+    if r < first.offered || r > last.offered {
+        return None;
+    }
+    let i = pts.partition_point(|p| p.offered < r);
+    let b = pts.get(i)?;
+    if b.offered == r || i == 0 {
+        return Some(*b);
+    }
+    let a = pts.get(i - 1)?;
+    let f = (r - a.offered) / (b.offered - a.offered);
+    let lin = |x: f64, y: f64| x + f * (y - x);
+    let mix = |x: f64, y: f64| {
+        if x > 0.0 && y > 0.0 {
+            10f64.powf(lin(x.log10(), y.log10()))
+        } else {
+            lin(x, y)
+        }
+    };
+    let (la, lb) = (a.latency, b.latency);
+    Some(Point {
+        offered: r,
+        achieved: lin(a.achieved, b.achieved),
+        latency: Latencies {
+            mean_us: mix(la.mean_us, lb.mean_us),
+            p50_us: mix(la.p50_us, lb.p50_us),
+            p99_us: mix(la.p99_us, lb.p99_us),
+            p999_us: mix(la.p999_us, lb.p999_us),
+            max_us: mix(la.max_us, lb.max_us),
+        },
+    })
+}
+
+/// The median curve of several searches (rounds) of one server: at each offered rate, the
+/// median across the rounds of the achieved throughput and of each latency, each taken on
+/// its own.
+///
+/// Matching rates across rounds: a bisection visits the same rates in two rounds only while
+/// every pass and fail agrees, and with the bracket's top from a closed-loop probe (no
+/// `--high`) no two rounds share a rate at all. Rates present in every round would then
+/// leave nothing, and fixed bins would put a round's overloaded step beside another's
+/// comfortable one. So each round is read as the curve it is drawn as: at every rate any
+/// round visited, within the range every round covers (no extrapolation), each round's
+/// value comes from its own steps around that rate ([`at_rate`]: linear interpolation,
+/// log-linear for latencies), and the median is taken over the rounds. Rounds that share
+/// their rates get the plain per-rate median; at any rate the median lies within the
+/// rounds' own values, so it cannot start far above all of them.
+pub fn median_curve(searches: &[Vec<Point>]) -> Vec<Point> {
+    let searches: Vec<Vec<Point>> = searches
+        .iter()
+        .map(|s| sorted(s))
+        .filter(|s| !s.is_empty())
+        .collect();
+    let lo = searches
+        .iter()
+        .filter_map(|s| s.first().map(|p| p.offered))
+        .fold(f64::MIN, f64::max);
+    let hi = searches
+        .iter()
+        .filter_map(|s| s.last().map(|p| p.offered))
+        .fold(f64::MAX, f64::min);
+    let mut rates: Vec<f64> = searches
+        .iter()
+        .flatten()
+        .map(|p| p.offered)
+        .filter(|r| (lo..=hi).contains(r))
+        .collect();
+    rates.sort_by(f64::total_cmp);
+    rates.dedup();
+    rates
+        .into_iter()
+        .filter_map(|r| {
+            let at: Vec<Point> = searches.iter().filter_map(|s| at_rate(s, r)).collect();
+            if at.len() != searches.len() {
+                return None;
+            }
+            let m = |pick: fn(&Point) -> f64| median(&at.iter().map(pick).collect::<Vec<_>>());
+            Some(Point {
+                offered: r,
+                achieved: m(|p| p.achieved),
+                latency: Latencies {
+                    mean_us: m(|p| p.latency.mean_us),
+                    p50_us: m(|p| p.latency.p50_us),
+                    p99_us: m(|p| p.latency.p99_us),
+                    p999_us: m(|p| p.latency.p999_us),
+                    max_us: m(|p| p.latency.max_us),
+                },
+            })
+        })
+        .collect()
 }
 
 type Pick = fn(&Latencies) -> f64;
@@ -829,12 +987,19 @@ const PERCENTILES: [(&str, Pick); 5] = [
 
 /// Latency percentiles against achieved throughput, from a capacity search's steps.
 pub fn capacity_curve(c: &Capacity) -> Plot {
-    let pts = sorted(
+    let pts: Vec<(f64, Latencies)> = sorted(
         &c.steps
             .iter()
-            .map(|s| (s.achieved, s.latency))
+            .map(|s| Point {
+                offered: s.rate,
+                achieved: s.achieved,
+                latency: s.latency,
+            })
             .collect::<Vec<_>>(),
-    );
+    )
+    .into_iter()
+    .map(|p| (p.achieved, p.latency))
+    .collect();
     let limit_us = c.target.limit.as_secs_f64() * 1e6;
     let x = Axis::linear(
         pts.iter().map(|p| p.0).fold(1.0f64, f64::max),
@@ -883,12 +1048,12 @@ pub fn median(v: &[f64]) -> f64 {
     }
 }
 
-/// One server's searches for [`compare`]: its label; per search, the (achieved requests/s,
-/// latencies) of its steps and the capacity found as (objective, requests/s).
+/// One server's searches for [`compare`]: its label; per search, its steps (offered and
+/// achieved requests/s, latencies) and the capacity found as (objective, requests/s).
 #[derive(Debug, Clone, Default)]
 pub struct Curve {
     pub label: String,
-    pub searches: Vec<Vec<(f64, Latencies)>>,
+    pub searches: Vec<Vec<Point>>,
     pub capacities: Vec<(String, f64)>,
     pub slo_us: Option<f64>,
 }
@@ -936,26 +1101,37 @@ impl Curve {
 }
 
 /// Several servers' p99 (solid) and mean (dashed) latency against achieved throughput: one
-/// line per search, the median search of each server drawn bold, one legend entry per server.
+/// thin line per search, and bold, each server's median over its searches ([`median_curve`];
+/// a single search is drawn bold itself), one legend entry per server. Every line joins its
+/// points in offered-rate order.
 pub fn compare(curves: &[Curve]) -> Plot {
-    type Searches = Vec<Vec<(f64, Latencies)>>;
-    let sorted_curves: Vec<(&Curve, Searches)> = curves
+    // Per server: its searches (sorted) and their median curve.
+    type Lines<'a> = Vec<(&'a Curve, Vec<Vec<Point>>, Vec<Point>)>;
+    let lines: Lines = curves
         .iter()
-        .map(|c| (c, c.searches.iter().map(|s| sorted(s)).collect()))
+        .map(|c| {
+            let searches: Vec<Vec<Point>> = c.searches.iter().map(|s| sorted(s)).collect();
+            let median = if searches.len() > 1 {
+                median_curve(&searches)
+            } else {
+                Vec::new()
+            };
+            (c, searches, median)
+        })
         .collect();
     let all = || {
-        sorted_curves
+        lines
             .iter()
-            .flat_map(|(_, s)| s.iter().flat_map(|p| p.iter()))
+            .flat_map(|(_, s, m)| s.iter().flatten().chain(m.iter()))
     };
     let slo_us = curves.iter().find_map(|c| c.slo_us).unwrap_or(1000.0);
     let x = Axis::linear(
-        all().map(|q| q.0).fold(1.0f64, f64::max),
+        all().map(|p| p.achieved).fold(1.0f64, f64::max),
         Unit::Count,
         "achieved throughput (requests/s)",
     );
     let y = Axis::latency(
-        all().flat_map(|(_, l)| [l.p99_us, l.mean_us]),
+        all().flat_map(|p| [p.latency.p99_us, p.latency.mean_us]),
         slo_us,
         "latency (log scale)",
     );
@@ -966,16 +1142,20 @@ pub fn compare(curves: &[Curve]) -> Plot {
         SeriesLabelPosition::UpperLeft,
     );
     f.hline(slo_us, GREY, Some(format!("SLO {}", latency_label(slo_us))));
-    for (i, (c, searches)) in sorted_curves.iter().enumerate() {
-        let bold = c.median_search();
-        for (j, pts) in searches.iter().enumerate() {
-            let (width, alpha) = if Some(j) == bold { (2, 1.0) } else { (1, 0.45) };
+    for (i, (c, searches, median)) in lines.iter().enumerate() {
+        let single = searches.len() == 1;
+        let bold = searches.iter().filter(|_| single).chain(Some(median));
+        let thin = searches.iter().filter(|_| !single);
+        for (pts, width, alpha) in thin.map(|p| (p, 1, 0.45)).chain(bold.map(|p| (p, 2, 1.0))) {
+            if pts.is_empty() {
+                continue;
+            }
             for (pick, style) in [
                 ((|l| l.p99_us) as Pick, Style::Solid),
                 (|l| l.mean_us, Style::Dashed),
             ] {
                 f.series.push(Series {
-                    points: pts.iter().map(|(a, l)| (*a, pick(l))).collect(),
+                    points: pts.iter().map(|p| (p.achieved, pick(&p.latency))).collect(),
                     colour: colour(i),
                     width,
                     alpha,
@@ -1016,17 +1196,22 @@ pub fn add_capacity(curve: &mut Curve, report: &CapacityReport) {
     let search = report
         .steps
         .iter()
-        .map(|s| {
-            (
-                s.achieved.0,
-                Latencies {
-                    mean_us: s.mean_us.0,
-                    p50_us: s.p50_us.0,
-                    p99_us: s.p99_us.0,
-                    p999_us: s.p999_us.0,
-                    max_us: s.max_us.0,
-                },
-            )
+        .map(|s| Point {
+            // Reports from before the steps' rates were written lack them: their achieved
+            // throughput stands in.
+            offered: if s.rate.0 > 0.0 {
+                s.rate.0
+            } else {
+                s.achieved.0
+            },
+            achieved: s.achieved.0,
+            latency: Latencies {
+                mean_us: s.mean_us.0,
+                p50_us: s.p50_us.0,
+                p99_us: s.p99_us.0,
+                p999_us: s.p999_us.0,
+                max_us: s.max_us.0,
+            },
         })
         .collect();
     let slo = report.slo.as_str();
@@ -1173,6 +1358,8 @@ mod tests {
         }
         Report {
             settings: vec![],
+            pipeline: crate::stats::Pipeline::Window,
+            depth: 1,
             seconds: 1.0,
             target_rate: None,
             slo_us: 1000.0,
@@ -1295,8 +1482,9 @@ mod tests {
                 "two: 500k/s at p99<=20us"
             ]
         );
-        // Two lines per search, one SLO line and a legend entry per server.
-        assert_eq!(p.series.len(), 1 + 2 * 3 + 1 + 2 + 1);
+        // The SLO line; two lines per search of "one", two for its median and its legend
+        // entry; two for the single search of "two" and its legend entry.
+        assert_eq!(p.series.len(), 1 + 2 * 3 + 2 + 1 + 2 + 1);
         let line = &p.series[1].points;
         assert!(line.windows(2).all(|w| w[0].0 <= w[1].0), "{line:?}");
         let svg = p.svg().unwrap_or_else(|e| panic!("{e}"));
@@ -1312,6 +1500,140 @@ mod tests {
             add_capacity_json(&mut Curve::default(), "nope"),
             Err(PlotError::NotJson(_))
         ));
+    }
+
+    fn point(offered: f64, achieved: f64, p99_us: f64) -> Point {
+        Point {
+            offered,
+            achieved,
+            latency: Latencies {
+                mean_us: p99_us / 2.0,
+                p50_us: p99_us / 3.0,
+                p99_us,
+                p999_us: p99_us * 2.0,
+                max_us: p99_us * 4.0,
+            },
+        }
+    }
+
+    /// A search as the bisection visits it (20k passes, 210k fails overloaded and achieves
+    /// only 150k, then 115k, 162k, ...): its lines join the steps in offered-rate order, so
+    /// latency rises with the load and no line zigzags back.
+    #[test]
+    fn curves_join_their_points_by_offered_rate() {
+        let visited = [
+            point(20e3, 20e3, 140.0),
+            point(210e3, 150e3, 50_000.0),
+            point(115e3, 115e3, 200.0),
+            point(162e3, 158e3, 3000.0),
+            point(138e3, 138e3, 400.0),
+        ];
+        let offered: Vec<f64> = sorted(&visited).iter().map(|p| p.offered).collect();
+        assert_eq!(offered, [20e3, 115e3, 138e3, 162e3, 210e3]);
+        let mut c = Curve {
+            label: "one".into(),
+            ..Default::default()
+        };
+        c.searches.push(visited.to_vec());
+        let p = compare(&[c]);
+        let p99: Vec<(f64, f64)> = p.series[1].points.clone();
+        assert_eq!(
+            p99,
+            [
+                (20e3, 140.0),
+                (115e3, 200.0),
+                (138e3, 400.0),
+                (158e3, 3000.0),
+                (150e3, 50_000.0)
+            ]
+        );
+        // The capacity report's steps carry their rates; an older report's achieved
+        // throughput stands in for them.
+        let mut c = Curve::default();
+        add_capacity_json(
+            &mut c,
+            r#"{"steps": [{"rate": 200, "achieved": 150, "mean_us": 1, "p50_us": 1, "p99_us": 9, "p999_us": 1, "max_us": 1},
+                {"achieved": 120, "mean_us": 1, "p50_us": 1, "p99_us": 2, "p999_us": 1, "max_us": 1}]}"#,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let offered: Vec<f64> = sorted(&c.searches[0]).iter().map(|p| p.offered).collect();
+        assert_eq!(offered, [120.0, 200.0]);
+    }
+
+    /// The median curve takes the median per offered rate across rounds: a round disturbed
+    /// at one rate does not carry the curve with it (the median search, drawn whole, did:
+    /// 1 ms at 20k while the other rounds measured 140 µs there).
+    #[test]
+    fn the_median_curve_is_the_median_at_each_rate() {
+        let same = vec![
+            vec![point(20e3, 20e3, 140.0), point(100e3, 99e3, 300.0)],
+            vec![point(20e3, 20e3, 1000.0), point(100e3, 98e3, 280.0)],
+            vec![point(20e3, 20e3, 150.0), point(100e3, 97e3, 900.0)],
+        ];
+        let m = median_curve(&same);
+        let got: Vec<(f64, f64, f64)> = m
+            .iter()
+            .map(|p| (p.offered, p.achieved, p.latency.p99_us))
+            .collect();
+        assert_eq!(got, [(20e3, 20e3, 150.0), (100e3, 98e3, 300.0)]);
+        // Every latency is a median of its own (mean: 75, 500, 70 -> 75).
+        assert_eq!(m[0].latency.mean_us, 75.0);
+        // Rounds that visited different rates: each round read at every rate any round
+        // visited within the range all cover (50k..=100k here; 20k and 120k are left out),
+        // between its own steps on the log scale; the median lies among the rounds' values.
+        let differ = vec![
+            vec![point(20e3, 20e3, 100.0), point(100e3, 100e3, 1000.0)],
+            vec![point(50e3, 50e3, 200.0), point(100e3, 100e3, 400.0)],
+            vec![point(40e3, 40e3, 150.0), point(120e3, 110e3, 10_000.0)],
+        ];
+        let m = median_curve(&differ);
+        let rates: Vec<f64> = m.iter().map(|p| p.offered).collect();
+        assert_eq!(rates, [50e3, 100e3]);
+        // At 50k: round 1 at 10^(2 + 30/80) = 237 µs, round 2 200 µs, round 3 at 10^(log 150
+        // + (1/8) log(10000/150)) = 253 µs: the median is round 1's.
+        let r1 = 10f64.powf(2.0 + 30.0 / 80.0);
+        assert!((m[0].latency.p99_us - r1).abs() < 1e-6, "{:?}", m[0]);
+        for p in &m {
+            let each: Vec<f64> = differ
+                .iter()
+                .filter_map(|s| at_rate(s, p.offered).map(|q| q.latency.p99_us))
+                .collect();
+            let (lo, hi) = each
+                .iter()
+                .fold((f64::MAX, 0f64), |(a, b), v| (a.min(*v), b.max(*v)));
+            assert!(
+                lo <= p.latency.p99_us && p.latency.p99_us <= hi,
+                "{p:?} {each:?}"
+            );
+        }
+        // Rounds with no rate in common range give no median curve; one round is itself.
+        let apart = vec![vec![point(1e3, 1e3, 1.0)], vec![point(2e3, 2e3, 1.0)]];
+        assert!(median_curve(&apart).is_empty());
+        assert_eq!(median_curve(&same[..1]), sorted(&same[0]));
+    }
+
+    /// A legend too wide for the plot area goes below it, in full.
+    #[test]
+    fn long_legends_are_not_clipped() {
+        let mut c = Curve {
+            label: "kvcached-built-from-a-branch-with-a-long-name".into(),
+            ..Default::default()
+        };
+        for slo in ["avg<=1ms", "p99<=10ms", "p99.9<=20ms"] {
+            add_capacity_json(&mut c, &capacity_json(slo, 123_456.0, 1e4))
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        let p = compare(&[c]);
+        let label = p.legend_entries()[1].to_string();
+        assert!(label.len() > 100, "{label}");
+        let svg = p.svg().unwrap_or_else(|e| panic!("{e}"));
+        let label = label.replace('<', "&lt;");
+        assert!(texts(&svg).contains(&label), "{svg}");
+        let png = p.png().unwrap_or_else(|e| panic!("{e}"));
+        if let Some(dir) = std::env::var_os("KVBLAST_PLOT_DIR") {
+            let _ = std::fs::write(std::path::Path::new(&dir).join("long-legend.png"), &png);
+        }
+        assert!(dark_pixels(&png) > 1000);
     }
 
     #[test]

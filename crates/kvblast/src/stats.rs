@@ -437,6 +437,52 @@ impl Summary {
     }
 }
 
+/// How the closed loop keeps `--depth` requests outstanding on a connection
+/// (`--pipeline`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Pipeline {
+    /// A refilling window: as soon as one reply arrives, the next request goes out.
+    #[default]
+    Window,
+    /// Batches: `depth` requests sent together, the next batch only once every reply of
+    /// this one is in (memtier_benchmark's `--pipeline`, most pipelining clients).
+    Batch,
+}
+
+impl Pipeline {
+    pub fn parse(s: &str) -> Result<Pipeline, crate::units::BadChoice> {
+        match s {
+            "window" => Ok(Pipeline::Window),
+            "batch" => Ok(Pipeline::Batch),
+            _ => Err(crate::units::BadChoice {
+                setting: "--pipeline",
+                given: s.to_string(),
+                choices: "window | batch",
+            }),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Pipeline::Window => "window",
+            Pipeline::Batch => "batch",
+        }
+    }
+
+    /// How many new requests a closed-loop connection sends when it has `outstanding`
+    /// requests in flight: a window tops up to `depth`; a batch of `depth` goes out only
+    /// when nothing is outstanding (so never more than `depth` are, and the next batch
+    /// waits for every reply of the last).
+    pub fn sends(self, depth: usize, outstanding: usize) -> usize {
+        match self {
+            Pipeline::Window => depth.saturating_sub(outstanding),
+            Pipeline::Batch if outstanding == 0 => depth,
+            Pipeline::Batch => 0,
+        }
+    }
+}
+
 /// Requests completed (and error replies) in one second of a run, the probe's included.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Sample {
@@ -451,6 +497,10 @@ pub struct Sample {
 pub struct Report {
     /// Settings worth printing, in order (name, value).
     pub settings: Vec<(String, String)>,
+    /// How requests were pipelined on a connection, and the depth: closed loop, the
+    /// requests outstanding (window) or per batch; open loop, the cap per connection.
+    pub pipeline: Pipeline,
+    pub depth: usize,
     /// Length of the measured window, in seconds.
     pub seconds: f64,
     /// Open loop target, requests per second.
@@ -731,6 +781,8 @@ impl Report {
         let st = &self.stats;
         RunReport {
             settings: self.settings.clone(),
+            pipeline: self.pipeline,
+            depth: self.depth as u64,
             seconds: Num::of(self.seconds),
             target_rate: self.target_rate.map(Num::of),
             offered_rate: Num::of(self.offered_rate()),
@@ -855,6 +907,11 @@ pub struct RunReport {
     /// The settings worth printing, in order.
     #[serde(serialize_with = "pairs")]
     pub settings: Vec<(String, String)>,
+    /// `window` or `batch` ([`Pipeline`]).
+    pub pipeline: Pipeline,
+    /// Closed loop: requests outstanding per connection (window) or per batch; open loop:
+    /// the cap per connection.
+    pub depth: u64,
     pub seconds: Num,
     pub target_rate: Option<Num>,
     pub offered_rate: Num,
@@ -1179,6 +1236,8 @@ pub(crate) mod tests {
         st.issued = latencies_us.len() as u64;
         Report {
             settings: vec![("workload".into(), "test \"q\"".into())],
+            pipeline: Pipeline::Window,
+            depth: 1,
             seconds: 2.0,
             target_rate: Some(2.0),
             slo_us: 1000.0,
@@ -1284,6 +1343,67 @@ pub(crate) mod tests {
         let closes = j.matches('}').count();
         assert_eq!(opens, closes);
         assert!(r.table().contains("get"));
+    }
+
+    /// A connection driven by [`Pipeline::sends`] as the closed loop drives it (a send at the
+    /// start and after every reply), with replies in order: a window keeps `depth`
+    /// outstanding; a batch never has more than `depth` outstanding and sends the next
+    /// batch only once every reply of the last is in.
+    #[test]
+    fn batches_wait_for_every_reply_and_windows_refill() {
+        for depth in [1usize, 2, 7, 32] {
+            for mode in [Pipeline::Window, Pipeline::Batch] {
+                // Each outstanding request, by the batch (send) it went out in.
+                let mut outstanding: std::collections::VecDeque<u64> = Default::default();
+                let (mut sends, mut sent) = (0u64, 0u64);
+                let mut send = |outstanding: &mut std::collections::VecDeque<u64>| {
+                    let n = mode.sends(depth, outstanding.len());
+                    if n > 0 {
+                        sends += 1;
+                        outstanding.extend(std::iter::repeat_n(sends, n));
+                        sent += n as u64;
+                    }
+                    n
+                };
+                assert_eq!(send(&mut outstanding), depth, "{mode:?} starts full");
+                for _ in 0..1000 {
+                    let answered = outstanding.pop_front().unwrap_or(0);
+                    let before = outstanding.len();
+                    let n = send(&mut outstanding);
+                    assert!(outstanding.len() <= depth, "{mode:?} {depth}");
+                    match mode {
+                        Pipeline::Window => {
+                            assert_eq!((n, outstanding.len()), (1, depth), "refills one slot")
+                        }
+                        Pipeline::Batch if before > 0 => {
+                            assert_eq!(n, 0, "a batch waits for its last reply");
+                            assert_eq!(outstanding.front(), Some(&answered), "one batch at a time");
+                        }
+                        Pipeline::Batch => assert_eq!(n, depth, "the next batch is whole"),
+                    }
+                    // Every request outstanding belongs to one batch.
+                    if mode == Pipeline::Batch {
+                        assert!(outstanding.iter().all(|b| Some(b) == outstanding.front()));
+                    }
+                }
+                match mode {
+                    Pipeline::Window => assert_eq!(sent, depth as u64 + 1000),
+                    // 1000 replies complete 1000 / depth batches, each followed by the next.
+                    Pipeline::Batch => {
+                        assert_eq!(sent, depth as u64 * (1 + 1000 / depth as u64))
+                    }
+                }
+            }
+        }
+        assert_eq!(Pipeline::parse("batch"), Ok(Pipeline::Batch));
+        assert_eq!(
+            Pipeline::parse("burst").map_err(|e| e.to_string()),
+            Err("bad --pipeline \"burst\": window | batch".into())
+        );
+        assert_eq!(
+            serde_json::to_string(&Pipeline::Batch).ok().as_deref(),
+            Some("\"batch\"")
+        );
     }
 
     #[test]

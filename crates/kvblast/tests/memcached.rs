@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use kvblast::dist::Arrival;
-use kvblast::engine::{self, LoadModel, Protocol, RunConfig};
+use kvblast::engine::{self, LoadModel, Pipeline, Protocol, RunConfig};
 use kvblast::stats::{server_delta, server_stats, Report};
 use kvblast::workload::{Mix, Workload};
 
@@ -530,7 +530,9 @@ fn compare_two_servers_in_alternating_rounds() {
     );
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(
-        lines[0], "capacity (p99<=200ms), req/s, by round",
+        lines[0],
+        "capacity (p99<=200ms), req/s, by round (open loop, pipeline window, cap 1000 per \
+         connection)",
         "{stdout}"
     );
     assert!(
@@ -553,6 +555,9 @@ fn compare_two_servers_in_alternating_rounds() {
     );
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("JSON");
+    // The searches' pipelining and cap per connection are named.
+    assert_eq!(report["pipeline"], "window", "{report}");
+    assert_eq!(report["depth"], 1000, "{report}");
     let servers = report["servers"].as_array().expect("servers");
     assert_eq!(servers.len(), 2);
     for s in servers {
@@ -1543,4 +1548,185 @@ fn tls_runs_against_memcached_with_tls() {
     .expect("client config");
     assert!(server_stats(&mc.addr, Duration::from_secs(5), Some(&bad)).is_err());
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `--pipeline batch` against memcached, over every protocol and transport kvblast speaks:
+/// a run bounded by a request count sends exactly that many, one bounded by time sends
+/// whole batches only (the measured requests are a multiple of the depth), the server counts
+/// what kvblast counts, and the reports name the mode.
+#[test]
+fn batch_pipeline_runs_against_memcached() {
+    let mc = start_memcached_udp(true);
+    let udp = format!("udp:{}", mc.addr);
+    for (protocol, server) in [
+        (Protocol::Text, &mc.addr),
+        (Protocol::Meta, &mc.addr),
+        (Protocol::Binary, &mc.addr),
+        (Protocol::Text, &udp),
+    ] {
+        let what = format!("{protocol:?} {server}");
+        let mut w = Workload::preset("usr").expect("usr");
+        w.keys = 1000;
+        w.mix = Mix::parse("get=0.9,set=0.1").expect("mix");
+        let mut cfg = RunConfig::new(w, vec![server.clone()]);
+        cfg.protocol = protocol;
+        cfg.conns = 2;
+        cfg.depth = 8;
+        cfg.pipeline = Pipeline::Batch;
+        cfg.requests = Some(500);
+        cfg.duration = Duration::from_secs(20);
+        let r = run_against(&cfg, &[&mc]);
+        assert_counts_match(&r);
+        assert_eq!(r.stats.all().count, 500, "{what}: {}", r.table());
+        assert_eq!(r.stats.issued, 500, "{what}");
+        assert_eq!((r.pipeline, r.depth), (Pipeline::Batch, 8), "{what}");
+        // Bounded by time: whole batches of 8, at least a few per connection.
+        cfg.requests = None;
+        cfg.duration = Duration::from_millis(400);
+        cfg.look_aside = true;
+        let r = run_against(&cfg, &[&mc]);
+        assert_counts_match(&r);
+        let st = &r.stats;
+        // A look-aside set takes a slot of the next batch: whole batches are in the count of
+        // measured requests (drawn ones and sets), all answered.
+        let sent = st.all().count;
+        assert_eq!(sent % 8, 0, "{what}: {sent} requests\n{}", r.table());
+        assert!(st.issued >= 2 * 8 * 4, "{what}: {}", r.table());
+        assert_eq!(
+            st.timeouts + st.lost + st.conn_failures + st.dropped,
+            0,
+            "{what}"
+        );
+        assert!(r.table().contains("batches of 8"), "{}", r.table());
+        assert!(r.json().contains("\"pipeline\": \"batch\""), "{what}");
+    }
+    // The binary: --pipeline in the help, the text report and the JSON report.
+    let dir = std::env::temp_dir().join(format!("kvblast-batch-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp dir");
+    let json = dir.join("report.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_kvblast"))
+        .args(["run", "-w", "usr", "--keys", "500", "-c", "2", "-d", "4"])
+        .args(["--pipeline", "batch", "-n", "400", "-q", "--json"])
+        .arg(&json)
+        .arg(&mc.addr)
+        .output()
+        .expect("run kvblast");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("batches of 4"), "{stdout}");
+    let text = std::fs::read_to_string(&json).expect("json written");
+    assert!(
+        text.contains("\"pipeline\": \"batch\",\n  \"depth\": 4,"),
+        "{text}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    // An open loop, and a capacity search (open-loop steps), refuse batches before any load.
+    for args in [
+        &["run", "--rate", "1000"][..],
+        &["capacity", "--low", "100", "--high", "200"][..],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_kvblast"))
+            .args(args)
+            .args(["--pipeline", "batch", "-q", "--no-server-stats", &mc.addr])
+            .output()
+            .expect("run kvblast");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} accepted");
+        assert!(stderr.contains("--pipeline batch"), "{args:?}: {stderr}");
+    }
+}
+
+/// A server that answers one request at a time (`END`, a miss), and records each arrival of
+/// requests: how many were outstanding just before it, and how many it brought. Bytes that
+/// arrive within 5 ms of each other are one arrival (a batch is one write on loopback).
+fn pacing_server(
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> (String, std::thread::JoinHandle<Vec<(usize, usize)>>) {
+    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
+    let addr = l.local_addr().expect("addr").to_string();
+    let h = std::thread::spawn(move || {
+        let mut arrivals = Vec::new();
+        let Ok((mut s, _)) = l.accept() else {
+            return arrivals;
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_millis(5)));
+        let deadline = Instant::now() + TIMEOUT;
+        let (mut received, mut answered, mut partial) = (0usize, 0usize, Vec::new());
+        while Instant::now() < deadline && !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let before = received - answered;
+            let mut got = 0;
+            let mut buf = [0u8; 4096];
+            loop {
+                match s.read(&mut buf) {
+                    Ok(0) => return arrivals,
+                    Ok(n) => {
+                        partial.extend_from_slice(&buf[..n]);
+                        while let Some(i) = partial.windows(2).position(|w| w == b"\r\n") {
+                            partial.drain(..i + 2);
+                            got += 1;
+                        }
+                    }
+                    Err(_) => break,
+                }
+            }
+            if got > 0 {
+                arrivals.push((before, got));
+                received += got;
+            }
+            if received > answered {
+                if s.write_all(b"END\r\n").is_err() {
+                    return arrivals;
+                }
+                answered += 1;
+            }
+        }
+        arrivals
+    });
+    (addr, h)
+}
+
+/// On the wire: a batch of `depth` goes out only once every reply of the last is in, and
+/// never more than `depth` are outstanding; a window sends into each freed slot.
+#[test]
+fn batches_wait_for_all_replies_on_the_wire() {
+    for pipeline in [Pipeline::Batch, Pipeline::Window] {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (addr, server) = pacing_server(stop.clone());
+        let mut w = Workload::preset("usr").expect("usr");
+        w.keys = 100;
+        w.mix = Mix::parse("get=1").expect("mix");
+        let mut cfg = RunConfig::new(w, vec![addr]);
+        cfg.depth = 4;
+        cfg.pipeline = pipeline;
+        cfg.duration = Duration::from_millis(500);
+        cfg.drain = Duration::from_millis(300);
+        let r = engine::run(&cfg).expect("run");
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let arrivals = server.join().expect("server");
+        assert!(
+            arrivals.len() >= 5,
+            "{pipeline:?}: {arrivals:?}\n{}",
+            r.table()
+        );
+        assert!(
+            arrivals.iter().all(|(before, got)| before + got <= 4),
+            "{pipeline:?}: more than 4 outstanding: {arrivals:?}"
+        );
+        match pipeline {
+            Pipeline::Batch => assert!(
+                arrivals.iter().all(|a| *a == (0, 4)),
+                "a batch came before the last was answered, or not whole: {arrivals:?}"
+            ),
+            // (3, 1) each time, unless the machine is slow enough that the server answers
+            // again before a refill arrives: only "while others are outstanding" is certain.
+            Pipeline::Window => assert!(
+                arrivals.iter().skip(1).any(|(before, _)| *before > 0),
+                "a window refills each slot: {arrivals:?}"
+            ),
+        }
+    }
 }

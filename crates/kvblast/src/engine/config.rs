@@ -29,6 +29,12 @@ pub enum ConfigError {
     UdpProtocol,
     #[error("UDP requests must fit one datagram: use --value-max {max} or less")]
     UdpValueSize { max: usize },
+    #[error(
+        "--pipeline batch is a closed-loop schedule (send --depth requests, wait for every \
+         reply): an open loop (--rate) sends each request at its own time; drop --rate or \
+         --pipeline batch"
+    )]
+    BatchOpenLoop,
     #[error("probe rate must be positive")]
     ProbeRate,
     #[error("value sizes are limited to {MAX_VALUE} bytes")]
@@ -107,6 +113,8 @@ pub struct RunConfig {
     /// Closed loop: requests outstanding per connection. Open loop: the most a connection
     /// may have outstanding before a due request is skipped (and counted).
     pub depth: usize,
+    /// Closed loop: a refilling window of `depth`, or batches of `depth` (`--pipeline`).
+    pub pipeline: Pipeline,
     pub load: LoadModel,
     pub warmup: Duration,
     pub duration: Duration,
@@ -156,6 +164,7 @@ impl RunConfig {
             threads: 1,
             conns: 1,
             depth: 1,
+            pipeline: Pipeline::Window,
             load: LoadModel::Closed,
             warmup: Duration::ZERO,
             duration: Duration::from_secs(10),
@@ -216,6 +225,9 @@ impl RunConfig {
                 return Err(E::Rate);
             }
         }
+        if self.pipeline == Pipeline::Batch && self.load != LoadModel::Closed {
+            return Err(E::BatchOpenLoop);
+        }
         if self.duration.is_zero() && self.requests.is_none() {
             return Err(E::NoEnd);
         }
@@ -266,8 +278,16 @@ impl RunConfig {
             "load".into(),
             match self.load {
                 LoadModel::Closed => format!(
-                    "closed loop, {} thread(s) x {} conn(s)/server x depth {}",
-                    self.threads, self.conns, self.depth
+                    "closed loop, {} thread(s) x {} conn(s)/server x {}",
+                    self.threads,
+                    self.conns,
+                    match self.pipeline {
+                        Pipeline::Window => format!("depth {} (pipeline window)", self.depth),
+                        Pipeline::Batch => format!(
+                            "batches of {} (pipeline batch: the next once all are answered)",
+                            self.depth
+                        ),
+                    }
                 ),
                 LoadModel::Open { rate, arrival } => format!(
                     "open loop, {rate:.0} req/s {} arrivals, {} thread(s) x {} conn(s)/server, cap {}/conn",
@@ -311,6 +331,7 @@ impl RunConfig {
         p.threads = 1;
         p.conns = 1;
         p.depth = 1;
+        p.pipeline = Pipeline::Window;
         p.load = LoadModel::Open {
             rate,
             arrival: Arrival::Poisson,

@@ -31,6 +31,8 @@ pub(super) struct Conn {
     pub(super) rpos: usize,
     pub(super) rlen: usize,
     pub(super) inflight: VecDeque<Pending>,
+    /// Closed loop, batch: keys whose look-aside set goes out with the next batch.
+    pub(super) aside: VecDeque<u64>,
     /// `VALUE` items seen so far for the get at the front of `inflight`.
     pub(super) values: u32,
     pub(super) alive: bool,
@@ -346,6 +348,7 @@ impl Worker {
             .errors
             .fetch_add(conn.inflight.len() as u64 + 1, Ordering::Relaxed);
         conn.inflight.clear();
+        conn.aside.clear();
         conn.wbuf = Vec::new();
         conn.rbuf = Vec::new();
     }
@@ -429,7 +432,7 @@ impl Worker {
     }
 
     /// Give a freshly reopened connection its work: the load phase's window, or the closed
-    /// loop's `depth` requests (the open loop picks connections as requests fall due).
+    /// loop's `depth` requests (a window, or the first batch) (the open loop picks connections as requests fall due).
     pub(super) fn prime(&mut self, c: usize, now: Instant) {
         if self.load_deadline.is_some() {
             for _ in 0..self.load_window(c) {
@@ -439,9 +442,7 @@ impl Worker {
                 self.send_load(c, now);
             }
         } else if self.cfg.load == LoadModel::Closed {
-            for _ in 0..self.cfg.depth {
-                self.refill_closed(c, now);
-            }
+            self.prime_closed(c, now);
         }
     }
 

@@ -30,6 +30,7 @@ use rand::SeedableRng;
 
 use crate::dist::{self, Arrival, Dist, KeyChooser};
 use crate::route::{Ring, Routing};
+pub use crate::stats::Pipeline;
 use crate::stats::{late_send_ns, Report, Sample, Stats};
 use crate::transport::{Endpoint, Stream};
 use crate::workload::{Keyspace, Op, Workload};
@@ -271,6 +272,8 @@ pub fn run_synced<E: From<EngineError>>(
     let seconds = measured_seconds(cfg, &stats);
     Ok(Report {
         settings: cfg.settings(),
+        pipeline: cfg.pipeline,
+        depth: cfg.depth,
         seconds,
         target_rate: match cfg.load {
             LoadModel::Open { rate, .. } => Some(rate),

@@ -263,9 +263,11 @@ impl Worker {
             if self.load_deadline.is_some() {
                 self.stats.load_retries += 1;
                 self.send(c, Op::Set, p.key, now, false, true);
+            } else {
+                self.load_leftover_done(c, now);
             }
         } else if self.cfg.load == LoadModel::Closed {
-            self.refill_closed(c, now);
+            self.slot_freed(c, now);
         }
     }
 
@@ -386,6 +388,15 @@ impl Worker {
         }
     }
 
+    /// A load-phase request left over from the load phase was answered (or given up) during
+    /// the main phase. It held no slot of a window; a batch, which waits for nothing to be
+    /// outstanding, may now go out.
+    fn load_leftover_done(&mut self, c: usize, now: Instant) {
+        if self.cfg.load == LoadModel::Closed && self.cfg.pipeline == Pipeline::Batch {
+            self.send_batch(c, now);
+        }
+    }
+
     pub(super) fn complete(&mut self, c: usize, p: Pending, o: Outcome, now: Instant) {
         // A reply: the connection works, so its next failure starts the backoff afresh.
         self.conns[c].backoff = RECONNECT_MIN;
@@ -399,8 +410,12 @@ impl Worker {
         }
         if p.load {
             self.stats.loaded += 1;
-            if self.load_deadline.is_some() && self.load_next < self.cfg.workload.keys {
-                self.send_load(c, now);
+            if self.load_deadline.is_some() {
+                if self.load_next < self.cfg.workload.keys {
+                    self.send_load(c, now);
+                }
+            } else {
+                self.load_leftover_done(c, now);
             }
             return;
         }
@@ -441,14 +456,20 @@ impl Worker {
         // Look-aside: fill the cache after a single-key get misses.
         let refill = self.cfg.look_aside && p.op == Op::Get && p.nkeys == 1 && o.misses == 1;
         match self.cfg.load {
-            LoadModel::Closed => {
-                if refill && !self.stopping {
+            LoadModel::Closed => match self.cfg.pipeline {
+                Pipeline::Window if refill && !self.stopping => {
                     let m = self.in_window(now);
                     self.send(c, Op::Set, p.key, now, m, false);
-                } else {
-                    self.refill_closed(c, now);
                 }
-            }
+                Pipeline::Window => self.refill_closed(c, now),
+                // The set goes with the next batch, which waits for this one's replies.
+                Pipeline::Batch => {
+                    if refill && !self.stopping {
+                        self.conns[c].aside.push_back(p.key);
+                    }
+                    self.send_batch(c, now);
+                }
+            },
             LoadModel::Open { .. } => {
                 if refill && !self.stopping {
                     let m = self.in_window(now);

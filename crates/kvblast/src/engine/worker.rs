@@ -160,6 +160,7 @@ impl Worker {
                     rpos: 0,
                     rlen: 0,
                     inflight: VecDeque::with_capacity(cfg.depth.min(4096)),
+                    aside: VecDeque::new(),
                     values: 0,
                     alive: true,
                     retry_at: None,
@@ -281,6 +282,47 @@ impl Worker {
             self.stats.issued += 1;
         }
         self.send(c, op, key, now, measured, false);
+    }
+
+    /// Closed loop: `c` has room again (a reply came in, or a UDP request was given up). A
+    /// window sends one request into the freed slot; a batch sends the next batch once every
+    /// reply of the last is in ([`Pipeline::sends`]).
+    pub(super) fn slot_freed(&mut self, c: usize, now: Instant) {
+        match self.cfg.pipeline {
+            Pipeline::Window => self.refill_closed(c, now),
+            Pipeline::Batch => self.send_batch(c, now),
+        }
+    }
+
+    /// Closed loop, batch: when nothing is outstanding on `c`, send `depth` requests at once,
+    /// the look-aside sets held back from the last batch first. All take `now` as their
+    /// start, so a request's latency runs from its batch's send to its reply (as
+    /// memtier_benchmark measures).
+    pub(super) fn send_batch(&mut self, c: usize, now: Instant) {
+        let n = Pipeline::Batch.sends(self.cfg.depth, self.conns[c].inflight.len());
+        for _ in 0..n {
+            match self.conns[c].aside.pop_front() {
+                // Not counted as issued, as a window's look-aside set is not.
+                Some(key) if !self.stopping => {
+                    let m = self.in_window(now);
+                    self.send(c, Op::Set, key, now, m, false);
+                }
+                _ => self.refill_closed(c, now),
+            }
+        }
+    }
+
+    /// Closed loop: a connection's first requests (at the start, or once reopened): `depth`
+    /// of them, as a window or as the first batch.
+    pub(super) fn prime_closed(&mut self, c: usize, now: Instant) {
+        match self.cfg.pipeline {
+            Pipeline::Window => {
+                for _ in 0..self.cfg.depth {
+                    self.refill_closed(c, now);
+                }
+            }
+            Pipeline::Batch => self.send_batch(c, now),
+        }
     }
 
     // ----- phases ---------------------------------------------------------------------------
@@ -417,9 +459,7 @@ impl Worker {
     pub(super) fn closed_loop(&mut self) {
         let now = Instant::now();
         for c in 0..self.conns.len() {
-            for _ in 0..self.cfg.depth {
-                self.refill_closed(c, now);
-            }
+            self.prime_closed(c, now);
         }
         self.flush();
         let mut events = Events::with_capacity(1024);
