@@ -1091,6 +1091,14 @@ impl Curve {
         }
     }
 
+    /// Whether every search was for the same objective (rounds of one search), so that a
+    /// median over them means something.
+    fn one_objective(&self) -> bool {
+        let mut objectives = self.capacities.iter().map(|(o, _)| o);
+        let first = objectives.next();
+        objectives.all(|o| Some(o) == first)
+    }
+
     /// The search whose capacity is the median (the lower middle one for an even count).
     pub fn median_search(&self) -> Option<usize> {
         let mut order: Vec<usize> = (0..self.searches.len()).collect();
@@ -1111,7 +1119,7 @@ pub fn compare(curves: &[Curve]) -> Plot {
         .iter()
         .map(|c| {
             let searches: Vec<Vec<Point>> = c.searches.iter().map(|s| sorted(s)).collect();
-            let median = if searches.len() > 1 {
+            let median = if searches.len() > 1 && c.one_objective() {
                 median_curve(&searches)
             } else {
                 Vec::new()
@@ -1143,7 +1151,9 @@ pub fn compare(curves: &[Curve]) -> Plot {
     );
     f.hline(slo_us, GREY, Some(format!("SLO {}", latency_label(slo_us))));
     for (i, (c, searches, median)) in lines.iter().enumerate() {
-        let single = searches.len() == 1;
+        // A search alone, or searches for different objectives (`bench/capacity.sh`), whose
+        // median would mean nothing: each drawn bold itself.
+        let single = searches.len() == 1 || !c.one_objective();
         let bold = searches.iter().filter(|_| single).chain(Some(median));
         let thin = searches.iter().filter(|_| !single);
         for (pts, width, alpha) in thin.map(|p| (p, 1, 0.45)).chain(bold.map(|p| (p, 2, 1.0))) {
@@ -1500,6 +1510,24 @@ mod tests {
             add_capacity_json(&mut Curve::default(), "nope"),
             Err(PlotError::NotJson(_))
         ));
+    }
+
+    /// `bench/capacity.sh` plots one search per objective for each server: no median over
+    /// searches for different objectives, each search drawn bold.
+    #[test]
+    fn searches_for_different_objectives_have_no_median() {
+        let mut c = Curve {
+            label: "server".into(),
+            ..Default::default()
+        };
+        for (slo, cap, scale) in [("avg<=1ms", 30e3, 1e4), ("p99<=10ms", 60e3, 2e4)] {
+            add_capacity_json(&mut c, &capacity_json(slo, cap, scale))
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        let p = compare(&[c]);
+        // The SLO line; two bold lines per search; the legend entry.
+        assert_eq!(p.series.len(), 1 + 2 * 2 + 1);
+        assert!(p.series.iter().skip(1).all(|s| s.width == 2));
     }
 
     fn point(offered: f64, achieved: f64, p99_us: f64) -> Point {
