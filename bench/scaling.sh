@@ -8,7 +8,7 @@
 # servers alternate, the first one swapped every round) and kvcached/memcached ratios.
 #
 #   [MEMCACHED=PATH] [KVCACHED=PATH] [MEMTIER=PATH] bench/scaling.sh [-d SECONDS] [-r ROUNDS]
-#       [-g kvblast|memtier] [-c CONNS_PER_SERVER_CORE] [-p DEPTH] [-m MAX_N]
+#       [-g kvblast|memtier] [-c CONNS_PER_SERVER_CORE] [-p DEPTH] [-m MAX_N] [-R RATE]
 #
 #   -g: the load generator: kvblast (default; its closed loop with a window of DEPTH
 #       requests per connection) or memtier_benchmark (MEMTIER, or memtier_benchmark on the
@@ -16,6 +16,9 @@
 #   -c: connections per server core (default 50), spread over the generator's threads.
 #   -p: requests in flight per connection (default 1).
 #   -m: the largest N to try (default: cores / 2).
+#   -R: open loop at RATE GETs/s per server core instead of the closed loop (kvblast --rate,
+#       Poisson arrivals; memtier --rate-limiting, RATE spread over the connections), to
+#       compare CPU per GET at a load below capacity.
 # MEMCACHED defaults to Debian's /usr/bin/memcached; the reference build
 # (~/.cache/kvcache-ref/memcached) is memcached 1.6.45. The script runs unchanged on 2 to
 # 64 cores (it reads the count from nproc).
@@ -29,7 +32,8 @@ gen=kvblast
 per_core=50
 depth=1
 max_n=0
-while getopts "d:r:g:c:p:m:" opt; do
+rate=0
+while getopts "d:r:g:c:p:m:R:" opt; do
     case $opt in
         d) duration=$OPTARG ;;
         r) rounds=$OPTARG ;;
@@ -37,6 +41,7 @@ while getopts "d:r:g:c:p:m:" opt; do
         c) per_core=$OPTARG ;;
         p) depth=$OPTARG ;;
         m) max_n=$OPTARG ;;
+        R) rate=$OPTARG ;;
         *) echo "usage: $0 [-d SECONDS] [-r ROUNDS] [-g kvblast|memtier] [-c CONNS] [-p DEPTH] [-m MAX_N]" >&2; exit 2 ;;
     esac
 done
@@ -84,17 +89,21 @@ stop_server() { kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true
 run_load() { # run_load N PORT
     local n=$1 port=$2 threads=$((cores - $1)) conns=$(($1 * per_core))
     local per_thread=$(((conns + threads - 1) / threads))
+    local open=()
     if [ "$gen" = kvblast ]; then
+        [ "$rate" -gt 0 ] && open=(--rate $((rate * n)))
         timeout $((duration + 30)) taskset -c "$(load_cpus "$n")" "$kvblast" run -q \
             --no-server-stats -w fixedsize --key-size 9 --value-size 32 --keys 100000 \
             --mix get=1 --popularity uniform --threads "$threads" -c "$per_thread" --depth "$depth" \
-            -D "${duration}s" "127.0.0.1:$port" >/dev/null
+            "${open[@]}" -D "${duration}s" "127.0.0.1:$port" >/dev/null
     else
+        # memtier's limit is per connection.
+        [ "$rate" -gt 0 ] && open=(--rate-limiting=$(((rate * n + per_thread * threads - 1) / (per_thread * threads))))
         timeout $((duration + 30)) taskset -c "$(load_cpus "$n")" "$memtier" -s 127.0.0.1 \
             -p "$port" -P memcache_text -t "$threads" -c "$per_thread" --pipeline="$depth" \
-            --ratio=0:1 -d 32 --key-prefix=key: --key-minimum=1 --key-maximum=100000 \
-            --key-pattern=R:R --distinct-client-seed --test-time="$duration" \
-            --hide-histogram >/dev/null 2>&1
+            "${open[@]}" --ratio=0:1 -d 32 --key-prefix=key: --key-minimum=1 \
+            --key-maximum=100000 --key-pattern=R:R --distinct-client-seed \
+            --test-time="$duration" --hide-histogram >/dev/null 2>&1
     fi
 }
 
@@ -102,7 +111,7 @@ ns=()
 for ((n = 1; n <= max_n && n < cores; n *= 2)); do ns+=("$n"); done
 
 echo "machine: $cores cores; $(uname -r); $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
-echo "memcached $mc_version ($memcached); kvcached: $("$kvcached" -V); generator: $gen, $per_core connections per server core, $depth in flight each, ${duration}s per run, $rounds rounds"
+echo "memcached $mc_version ($memcached); kvcached: $("$kvcached" -V); generator: $gen, $per_core connections per server core, $depth in flight each, $([ "$rate" -gt 0 ] && echo "open loop at $rate GETs/s per server core" || echo "closed loop"), ${duration}s per run, $rounds rounds"
 for round in $(seq "$rounds"); do
     for n in "${ns[@]}"; do
         servers=(memcached kvcached)
