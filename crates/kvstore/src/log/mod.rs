@@ -8,7 +8,8 @@
 //! (hashing, pins and barriers, lookups, accounting). The rest, one concern each:
 //! `segments.rs` (segment headers; taking, opening, sealing and freeing segments),
 //! `arena.rs` (the memory limit, the segment memory mapped and leased, the free pool:
-//! [`arena::Arena`]), `write.rs` (the write path
+//! [`arena::Arena`]), `order.rs` (the log's order: segments' sequence numbers, the live and
+//! open segments in that order, [`order::LogOrder`]), `write.rs` (the write path
 //! and the commands built on it), `grow.rs` (index growth), `evict.rs` (the eviction
 //! policy's state, [`evict::Eviction`]: the FIFOs, the evictor, the miss sketch; and segment
 //! eviction and copy-forward), `meta.rs` (meta reads), `engine.rs` (the `Engine` trait's entry
@@ -164,6 +165,7 @@ mod index;
 pub(crate) mod lease;
 mod mem;
 mod meta;
+mod order;
 pub mod repl;
 mod segments;
 mod sketch;
@@ -189,6 +191,7 @@ use flush::Flush;
 use format::{Rec, Spec, KIND_ITEM, META_BINARY_KEY, META_STALE};
 use grow::Grow;
 use index::{Index, Insert, Slot, IDENT_MASK};
+use order::LogOrder;
 use segments::{Open, Queue, SegTable};
 use sync::{lock, tid, Padded, Pins};
 use ttl::TtlClasses;
@@ -344,7 +347,6 @@ pub struct LogEngine {
     pins: Pins,
     /// CAS uniques (see `cas`).
     cas: cas::CasClock,
-    seg_seq: AtomicU64,
     /// The memory limit, the segment memory mapped and leased, and the free segments
     /// (`arena.rs`).
     arena: Arena,
@@ -358,18 +360,9 @@ pub struct LogEngine {
     sweep_marks: Mutex<SweepMarks>,
     /// Rewrite stamps (see `rewrite_stamp`), drawn as CAS uniques are.
     stamps: cas::CasClock,
-    /// Held while a segment sequence number is drawn and published (see `open_segment`);
-    /// it guards the live segments, (sequence number, id) in increasing order, so that a
-    /// log reader (a replica's pull) need not look at every segment's header.
-    seq_lock: Mutex<Vec<(u64, u32)>>,
-    /// The regular segments opened for appending and not sealed yet, (sequence number, id)
-    /// in increasing order: a handful (a few per writer thread) where the live ones may be
-    /// many thousands. Added to under `seq_lock` (taken first when both are held), removed
-    /// from when sealed or retired; a replica reads it for its own log position after each
-    /// batch (`own_position`).
-    open_segs: Mutex<Vec<(u64, u32)>>,
-    /// Log bytes of segments retired so far (for the replication offset).
-    retired_bytes: AtomicU64,
+    /// The log's order: segments' sequence numbers, the live and open segments in that
+    /// order, the bytes retired (`order.rs`).
+    order: LogOrder,
     /// Replication state of this engine (see `repl`).
     repl: repl::ReplFlags,
     /// Live items by size, once the server asks (`tally_sizes`).
@@ -425,7 +418,6 @@ impl LogEngine {
             grow_lock: Mutex::new(Grow::default()),
             pins: Pins::new(),
             cas: cas::CasClock::new(),
-            seg_seq: AtomicU64::new(1),
             arena: Arena::new(max_bytes),
             clock: AtomicU32::new(0),
             flush: Flush::default(),
@@ -436,9 +428,7 @@ impl LogEngine {
                 scanned: usize::MAX,
             }),
             stamps: cas::CasClock::new(),
-            seq_lock: Mutex::new(Vec::new()),
-            open_segs: Mutex::new(Vec::new()),
-            retired_bytes: AtomicU64::new(0),
+            order: LogOrder::new(),
             repl: repl::ReplFlags::default(),
             tally: OnceLock::new(),
             counters: (0..nshards).map(|_| Padded::default()).collect(),
@@ -581,7 +571,7 @@ impl LogEngine {
             })
             .collect();
         scanned.sort_unstable();
-        let listed = lock(&self.seq_lock).clone();
+        let listed = self.order.live();
         if scanned != listed {
             return Err(AccountingError(format!(
                 "live segments: headers say {scanned:?}, the list {listed:?}"
