@@ -29,7 +29,6 @@ use super::repl::ReplError;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::format::{self, KIND_ITEM, SEG_HDR};
-use super::sync::tid;
 use super::{
     compact, index, mem, segments::Seg, Insert, LogEngine, Queue, Rec, Vis, MAX_KEY, PAGE,
 };
@@ -1154,9 +1153,7 @@ impl ImageAcct {
         if self.items == 0 {
             return;
         }
-        e.live[tid() % e.live.len()]
-            .0
-            .fetch_add(self.items as i64, Ordering::Relaxed);
+        e.stats.add_live(self.items as i64);
         seg.acct
             .0
             .live_items

@@ -355,9 +355,7 @@ impl LogEngine {
         if len > 0 {
             self.advance(&mut sh, open, len);
             if !c.keep_cas && !c.keep_access {
-                let n = self.shard_items[tid() % self.shard_items.len()]
-                    .0
-                    .fetch_add(1, Ordering::Relaxed);
+                let n = self.stats.count_store();
                 grow = n % GROW_EVERY == GROW_EVERY - 1;
             }
         }
@@ -435,9 +433,7 @@ impl LogEngine {
             seg.mem.0.seq.store(seq, Ordering::Release);
         }
         if !c.keep_cas && !c.keep_access {
-            self.shard_items[tid() % self.shard_items.len()]
-                .0
-                .fetch_add(1, Ordering::Relaxed);
+            self.stats.count_store();
         }
         // Queued only now that its slot is installed (the evictor frees large segments
         // that no slot points at).
