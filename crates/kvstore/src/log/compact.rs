@@ -54,7 +54,10 @@ impl LogEngine {
     pub(super) fn write_budget(&self) -> usize {
         let b = self.budget();
         if self.no_evict {
-            let per_item = self.live_items().saturating_mul(REWRITE_BYTES_PER_ITEM);
+            let per_item = self
+                .stats
+                .live_items()
+                .saturating_mul(REWRITE_BYTES_PER_ITEM);
             b - (b / REWRITE_RESERVE_DIVISOR).max(per_item.min(b / 8))
         } else {
             b

@@ -78,15 +78,11 @@ impl Engine for LogEngine {
                 bytes += s.acct.0.live_bytes.load(Ordering::Relaxed);
             }
         }
-        let st = self.totals();
+        let st = self.stats.totals();
         EngineStats {
             bytes,
             curr_items: items,
-            total_items: self
-                .shard_items
-                .iter()
-                .map(|c| c.0.load(Ordering::Relaxed))
-                .sum(),
+            total_items: self.stats.stored(),
             evictions: st.evictions,
             reclaimed: st.reclaimed,
             crawler_reclaimed: st.crawler_reclaimed,
@@ -108,7 +104,7 @@ impl Engine for LogEngine {
     fn stats_detail(&self, group: &str) -> Vec<(String, String)> {
         let mut out = Vec::new();
         let mut put = |k: &str, v: u64| out.push((k.to_string(), v.to_string()));
-        let st = self.totals();
+        let st = self.stats.totals();
         match group {
             "slabs" => {
                 let (mut regular, mut large, mut large_bytes, mut used, mut live) = (0, 0, 0, 0, 0);
@@ -181,7 +177,7 @@ impl Engine for LogEngine {
     }
 
     fn tally_sizes(&self, bounds: &[u32], steps: bool) {
-        let t = super::tally::Tally::new(bounds, self.live.len(), steps, self.max_item_size);
+        let t = super::tally::Tally::new(bounds, self.stats.cells(), steps, self.max_item_size);
         if self.tally.set(t).is_err() {
             return;
         }
@@ -204,12 +200,7 @@ impl Engine for LogEngine {
     }
 
     fn reset_stats(&self) {
-        for c in self.counters.iter() {
-            c.0.reset();
-        }
-        for c in self.shard_items.iter() {
-            c.0.store(0, Ordering::Relaxed);
-        }
+        self.stats.reset();
         if let Some(t) = self.tally.get() {
             t.reset();
         }

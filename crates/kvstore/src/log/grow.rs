@@ -62,7 +62,7 @@ impl LogEngine {
         loop {
             match g.step {
                 GrowStep::Idle => {
-                    let live = self.live_items();
+                    let live = self.stats.live_items();
                     let mut split = Vec::new();
                     // The index takes at most half the limit (the segments the rest).
                     // With no_evict it grows only into memory no segment uses.
@@ -162,7 +162,7 @@ impl LogEngine {
     pub(super) fn bulk_load(&self, items: u64) -> BulkLoad<'_> {
         let mut g = lock(&self.grow_lock);
         g.loading = true;
-        let live: i64 = self.live.iter().map(|c| c.0.load(Ordering::Relaxed)).sum();
+        let live = self.stats.live_sum();
         if g.step != GrowStep::Idle || live != 0 || self.index.overflow_used() != 0 {
             return BulkLoad(self);
         }

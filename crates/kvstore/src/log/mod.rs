@@ -8,7 +8,9 @@
 //! (hashing, pins and barriers, lookups, accounting). The rest, one concern each:
 //! `segments.rs` (segment headers; taking, opening, sealing and freeing segments),
 //! `arena.rs` (the memory limit, the segment memory mapped and leased, the free pool:
-//! [`arena::Arena`]), `write.rs` (the write path
+//! [`arena::Arena`]), `order.rs` (the log's order: segments' sequence numbers, the live and
+//! open segments in that order, [`order::LogOrder`]), `stats.rs` (live items, items stored
+//! and event counters, per thread: [`stats::Stats`]), `write.rs` (the write path
 //! and the commands built on it), `grow.rs` (index growth), `evict.rs` (the eviction
 //! policy's state, [`evict::Eviction`]: the FIFOs, the evictor, the miss sketch; and segment
 //! eviction and copy-forward), `meta.rs` (meta reads), `engine.rs` (the `Engine` trait's entry
@@ -164,10 +166,12 @@ mod index;
 pub(crate) mod lease;
 mod mem;
 mod meta;
+mod order;
 pub mod repl;
 mod segments;
 mod sketch;
 pub mod snapshot;
+mod stats;
 mod sync;
 pub mod tally;
 #[cfg(test)]
@@ -178,7 +182,7 @@ mod write;
 mod written;
 
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use crate::{EngineConfig, ItemView, Time};
@@ -189,8 +193,10 @@ use flush::Flush;
 use format::{Rec, Spec, KIND_ITEM, META_BINARY_KEY, META_STALE};
 use grow::Grow;
 use index::{Index, Insert, Slot, IDENT_MASK};
+use order::LogOrder;
 use segments::{Open, Queue, SegTable};
-use sync::{lock, tid, Padded, Pins};
+use stats::Stats;
+use sync::{lock, Padded, Pins};
 use ttl::TtlClasses;
 use write::{Commit, Cond, MetaW, Src};
 
@@ -233,58 +239,6 @@ struct SweepMarks {
 
 /// Main buckets `maintain` scans per call (each a cache line of 8 slots).
 const MAINTAIN_BUCKETS: usize = 1 << 16;
-/// The engine's event counters, one set per thread (see [`LogEngine::st`]): a write or a
-/// read that counts something touches its own thread's cache line, not one every thread
-/// writes. [`Totals`] sums them for `stats`.
-macro_rules! counters {
-    ($($(#[$doc:meta])* $name:ident,)*) => {
-        #[derive(Default)]
-        struct Counters {
-            $($(#[$doc])* $name: AtomicU64,)*
-        }
-
-        /// [`Counters`] summed over the threads.
-        #[derive(Default)]
-        struct Totals {
-            $($name: u64,)*
-        }
-
-        impl Counters {
-            fn add_to(&self, t: &mut Totals) {
-                $(t.$name += self.$name.load(Ordering::Relaxed);)*
-            }
-
-            fn reset(&self) {
-                $(self.$name.store(0, Ordering::Relaxed);)*
-            }
-        }
-    };
-}
-
-counters! {
-    evictions,
-    evicted_index,
-    reclaimed,
-    crawler_reclaimed,
-    crawler_checked,
-    expired_unfetched,
-    evicted_unfetched,
-    evicted_nonzero,
-    get_expired,
-    get_flushed,
-    copied_forward,
-    /// Keys stored while absent that the sketch remembered (given one read).
-    readmitted,
-    segments_evicted,
-    segments_compacted,
-    segments_expired,
-    /// Records with a time to live written to a shard's segment because every open
-    /// segment of their TTL class was busy.
-    ttl_class_busy,
-    tombstones,
-    index_splits,
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Vis {
     Live,
@@ -332,19 +286,17 @@ pub struct LogEngine {
     eviction: Eviction,
     /// no_evict only: compaction's segment and spare (see `compact.rs`).
     compactor: Mutex<compact::Compactor>,
+    /// The append shards' open segments, a thread's picked by `tid()` (the shard locks,
+    /// first in the lock order).
     shards: Box<[Padded<Mutex<Option<Open>>>]>,
     /// Open segments of items with a time to live, by how long they live (`ttl.rs`).
     ttl: TtlClasses,
-    shard_items: Box<[Padded<AtomicU64>]>,
-    /// Items the index points at, summed over cells (a cell may go negative).
-    live: Box<[Padded<AtomicI64>]>,
     /// Index growth, one thread at a time, and its pending steps.
     grow_lock: Mutex<Grow>,
     /// Readers' pins, and the barrier reclaiming memory waits on (`sync.rs`).
     pins: Pins,
     /// CAS uniques (see `cas`).
     cas: cas::CasClock,
-    seg_seq: AtomicU64,
     /// The memory limit, the segment memory mapped and leased, and the free segments
     /// (`arena.rs`).
     arena: Arena,
@@ -358,24 +310,15 @@ pub struct LogEngine {
     sweep_marks: Mutex<SweepMarks>,
     /// Rewrite stamps (see `rewrite_stamp`), drawn as CAS uniques are.
     stamps: cas::CasClock,
-    /// Held while a segment sequence number is drawn and published (see `open_segment`);
-    /// it guards the live segments, (sequence number, id) in increasing order, so that a
-    /// log reader (a replica's pull) need not look at every segment's header.
-    seq_lock: Mutex<Vec<(u64, u32)>>,
-    /// The regular segments opened for appending and not sealed yet, (sequence number, id)
-    /// in increasing order: a handful (a few per writer thread) where the live ones may be
-    /// many thousands. Added to under `seq_lock` (taken first when both are held), removed
-    /// from when sealed or retired; a replica reads it for its own log position after each
-    /// batch (`own_position`).
-    open_segs: Mutex<Vec<(u64, u32)>>,
-    /// Log bytes of segments retired so far (for the replication offset).
-    retired_bytes: AtomicU64,
+    /// The log's order: segments' sequence numbers, the live and open segments in that
+    /// order, the bytes retired (`order.rs`).
+    order: LogOrder,
     /// Replication state of this engine (see `repl`).
     repl: repl::ReplFlags,
     /// Live items by size, once the server asks (`tally_sizes`).
     tally: OnceLock<tally::Tally>,
-    /// Event counters, per thread (see [`LogEngine::st`]).
-    counters: Box<[Padded<Counters>]>,
+    /// Live items, items stored and event counters, per thread (`stats.rs`).
+    stats: Stats,
 }
 
 /// A function told of each evicted item and the engine's time, under the eviction's locks:
@@ -420,12 +363,9 @@ impl LogEngine {
             compactor: Mutex::new(compact::Compactor::default()),
             shards: (0..nshards).map(|_| Padded::default()).collect(),
             ttl: TtlClasses::new(budget / seg_size, nshards),
-            shard_items: (0..nshards).map(|_| Padded::default()).collect(),
-            live: (0..nshards).map(|_| Padded::default()).collect(),
             grow_lock: Mutex::new(Grow::default()),
             pins: Pins::new(),
             cas: cas::CasClock::new(),
-            seg_seq: AtomicU64::new(1),
             arena: Arena::new(max_bytes),
             clock: AtomicU32::new(0),
             flush: Flush::default(),
@@ -436,12 +376,10 @@ impl LogEngine {
                 scanned: usize::MAX,
             }),
             stamps: cas::CasClock::new(),
-            seq_lock: Mutex::new(Vec::new()),
-            open_segs: Mutex::new(Vec::new()),
-            retired_bytes: AtomicU64::new(0),
+            order: LogOrder::new(),
             repl: repl::ReplFlags::default(),
             tally: OnceLock::new(),
-            counters: (0..nshards).map(|_| Padded::default()).collect(),
+            stats: Stats::new(nshards),
         }
     }
 
@@ -467,13 +405,7 @@ impl LogEngine {
     /// Mean bytes of segment memory per live item (free and dead bytes included: eviction
     /// runs when there are few of either).
     fn mean_record(&self) -> usize {
-        self.arena.allocated() / self.live_items().max(1)
-    }
-
-    /// Live items now (the sum of the per-thread counts).
-    fn live_items(&self) -> usize {
-        let live: i64 = self.live.iter().map(|c| c.0.load(Ordering::Relaxed)).sum();
-        usize::try_from(live).unwrap_or(0)
+        self.arena.allocated() / self.stats.live_items().max(1)
     }
 
     /// The slot value `v` of a key stored while absent: with one read counted if the
@@ -581,7 +513,7 @@ impl LogEngine {
             })
             .collect();
         scanned.sort_unstable();
-        let listed = lock(&self.seq_lock).clone();
+        let listed = self.order.live();
         if scanned != listed {
             return Err(AccountingError(format!(
                 "live segments: headers say {scanned:?}, the list {listed:?}"
@@ -617,19 +549,10 @@ impl LogEngine {
         self.config.item_size(key_len, value_len, flags) > self.max_item_size
     }
 
-    /// This thread's event counters.
+    /// This thread's event counters ([`Stats::mine`]).
     #[inline]
-    fn st(&self) -> &Counters {
-        &self.counters[tid() % self.counters.len()].0
-    }
-
-    /// The event counters summed over the threads.
-    fn totals(&self) -> Totals {
-        let mut t = Totals::default();
-        for c in self.counters.iter() {
-            c.0.add_to(&mut t);
-        }
-        t
+    fn st(&self) -> &stats::Counters {
+        self.stats.mine()
     }
 
     /// A rewrite stamp for a copy of an item whose record has stamp `old` (stamps order
@@ -890,9 +813,7 @@ impl LogEngine {
         if let Some(t) = self.tally.get() {
             t.count(size, 1);
         }
-        self.live[tid() % self.live.len()]
-            .0
-            .fetch_add(1, Ordering::Relaxed);
+        self.stats.add_live(1);
         if let Some(seg) = self.segs.get(id) {
             seg.acct.0.live_items.fetch_add(1, Ordering::Relaxed);
             seg.acct
@@ -908,9 +829,7 @@ impl LogEngine {
         if let Some(t) = self.tally.get() {
             t.count(size, -1);
         }
-        self.live[tid() % self.live.len()]
-            .0
-            .fetch_sub(1, Ordering::Relaxed);
+        self.stats.add_live(-1);
         if let Some(seg) = self.segs.get(index::slot_seg(v)) {
             // Release: whoever sees the count reach 0 (acquire) and then reuses the
             // segment also sees the slot change that preceded this decrement.

@@ -404,18 +404,16 @@ impl LogEngine {
             unsafe { ptr.as_ptr().add(SEG_HDR).write(0) };
         }
         seg.acct.0.reset();
-        // The number is drawn and published under `seq_lock`, so that a log reader that
-        // holds it sees every number below `seg_seq` either live or retired.
-        let mut live = lock(&self.seq_lock);
+        // The number is drawn and published under the order lock, so that a log reader
+        // that holds it sees every number below the next one either live or retired.
+        let mut order = self.order.lock();
         // Records start at `SEG_HDR`: the block's first unique is the first record's.
         let base = base.unwrap_or_else(|| {
             self.cas
                 .reserve_block(cap.saturating_sub(SEG_HDR) as u64)
                 .wrapping_sub(SEG_HDR as u64)
         });
-        let seq = self.seg_seq.fetch_add(1, Ordering::Relaxed);
-        publish_live(&mut live, seq, id);
-        publish_live(&mut lock(&self.open_segs), seq, id);
+        let seq = order.number(id, true);
         // SAFETY: as above.
         unsafe { format::write_seg_header(ptr.as_ptr(), format::SEG_KIND_REGULAR, seq, base) };
         seg.mem.0.used.store(SEG_HDR, Ordering::Release);
@@ -463,7 +461,7 @@ impl LogEngine {
             seg.mem.0.used.store(open.used, Ordering::Release);
             seg.mem.0.sealed.store(true, Ordering::Release);
         }
-        lock(&self.open_segs).retain(|&(_, i)| i != open.id);
+        self.order.sealed(open.id);
         self.eviction.push(open.id, queue);
     }
 
@@ -731,16 +729,12 @@ impl LogEngine {
     /// its reuse); its bytes count towards the log offset already shipped or lost.
     pub(super) fn retire(&self, id: u32) {
         if let Some(seg) = self.segs.get(id) {
-            let mut live = lock(&self.seq_lock);
+            let mut order = self.order.lock();
             let seq = seg.mem.0.seq.swap(0, Ordering::AcqRel);
-            if let Ok(i) = live.binary_search(&(seq, id)) {
-                live.remove(i);
-            }
-            lock(&self.open_segs).retain(|&(_, i)| i != id);
-            drop(live);
+            order.unlist(seq, id);
+            drop(order);
             if seq != 0 {
-                let used = seg.mem.0.used.load(Ordering::Acquire);
-                self.retired_bytes.fetch_add(used as u64, Ordering::Relaxed);
+                self.order.retired(seg.mem.0.used.load(Ordering::Acquire));
             }
         }
     }
@@ -748,13 +742,6 @@ impl LogEngine {
     pub(super) fn seg_ids(&self) -> u32 {
         self.arena.pool().ids_used()
     }
-}
-
-/// Add segment `id`, just given the number `seq` (the largest so far), to the live
-/// segments `live` (the `seq_lock`'s list), dropping any entry the id still had.
-pub(super) fn publish_live(live: &mut Vec<(u64, u32)>, seq: u64, id: u32) {
-    live.retain(|&(_, i)| i != id);
-    live.push((seq, id));
 }
 
 /// Every item `s` was given has a time to live, and the latest of them passed by `now`.

@@ -29,7 +29,6 @@ use super::repl::ReplError;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::format::{self, KIND_ITEM, SEG_HDR};
-use super::sync::{lock, tid};
 use super::{
     compact, index, mem, segments::Seg, Insert, LogEngine, Queue, Rec, Vis, MAX_KEY, PAGE,
 };
@@ -476,7 +475,7 @@ impl LogEngine {
         let now = self.clock.load(Ordering::Relaxed);
         let mut image = Vec::new();
         let mut bytes = 0u64;
-        for (seq, id) in self.live_segments() {
+        for (seq, id) in self.order.live() {
             if let Some(live) = self.segment_image(seq, id, now, &mut image) {
                 bytes += live;
                 fw.frame(&image)?;
@@ -807,9 +806,8 @@ impl LogEngine {
             // The header keeps the image's zero sequence number: the segment's number is
             // the one in `seg.mem.seq` (nothing reads the header's), and leaving the page
             // unwritten leaves it shared with the file.
-            let mut live = lock(&self.seq_lock);
-            let seq = self.seg_seq.fetch_add(1, Ordering::Relaxed);
-            super::segments::publish_live(&mut live, seq, id);
+            let mut order = self.order.lock();
+            let seq = order.number(id, false);
             seg.mem.0.used.store(used, Ordering::Release);
             seg.mem.0.sealed.store(true, Ordering::Release);
             seg.mem.0.seq.store(seq, Ordering::Release);
@@ -1155,9 +1153,7 @@ impl ImageAcct {
         if self.items == 0 {
             return;
         }
-        e.live[tid() % e.live.len()]
-            .0
-            .fetch_add(self.items as i64, Ordering::Relaxed);
+        e.stats.add_live(self.items as i64);
         seg.acct
             .0
             .live_items

@@ -4,8 +4,9 @@
 //!
 //! An item's size is memcached's ([`crate::item_size`]), computed from the record when the
 //! index gains it and again when the index loses it, so the two always agree. Counts live
-//! in cells picked by thread, as `live` does: no lock and no shared cache line on the
-//! request path; a reader sums the cells (a cell alone may go negative).
+//! in cells picked by thread, as the engine's live items do (`stats.rs`): no lock and no
+//! shared cache line on the request path; a reader sums the cells (a cell alone may go
+//! negative).
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 
@@ -15,7 +16,8 @@ use super::sync::{tid, Padded};
 pub const MAX_BANDS: usize = 64;
 /// `stats sizes` steps, as memcached's (items.c `item_stats_sizes_add`).
 pub const SIZE_STEP: usize = 32;
-/// Cells of the size steps: each is `item_size_max / 32` counters, so fewer than `live`.
+/// Cells of the size steps: each is `item_size_max / 32` counters, so fewer than the
+/// engine's (`stats.rs`).
 const STEP_CELLS: usize = 4;
 
 struct Cell {

@@ -796,7 +796,7 @@ fn a_view_stays_valid_while_its_segment_is_evicted() {
             let _ = tx.send(());
             // Wait (without sleeping) until an eviction has cleaned a segment: the first
             // one is the victim's, and its evictor is now held up by our pin.
-            while e.totals().segments_evicted == 0 {
+            while e.stats.totals().segments_evicted == 0 {
                 std::thread::yield_now();
             }
             // While we hold the pin, that evictor cannot finish; if it could (a broken
@@ -811,7 +811,7 @@ fn a_view_stays_valid_while_its_segment_is_evicted() {
                     r.value == &pattern[..],
                     "the value changed under a pinned reader"
                 );
-                if e.totals().segments_evicted > 64
+                if e.stats.totals().segments_evicted > 64
                     || held.elapsed() > std::time::Duration::from_millis(500)
                 {
                     break;
@@ -1173,14 +1173,14 @@ fn expired_segments_are_freed_whole() {
     assert_eq!(e.stats().curr_items, n as u64 + 2);
     // Before the expiry nothing goes.
     e.maintain(104, true);
-    assert_eq!(e.totals().segments_expired, 0);
+    assert_eq!(e.stats.totals().segments_expired, 0);
     assert_eq!(e.stats().curr_items, n as u64 + 2);
     // After it the full segments of the class go at once; the open one is sealed once
     // its first items have all expired (the class's longest time to live, 6 s, after it
     // was opened), and goes too.
     assert_eq!(e.ttl.bounds()[0], 6);
     e.maintain(106, true);
-    let expired = e.totals().segments_expired;
+    let expired = e.stats.totals().segments_expired;
     assert!(expired >= 3, "{expired} segments expired");
     assert_eq!(e.stats().curr_items, 2);
     assert_eq!(e.stats().reclaimed, n as u64);
@@ -1204,7 +1204,7 @@ fn expired_segments_are_freed_whole() {
         );
     }
     e2.maintain(200, false);
-    assert_eq!(e2.totals().segments_expired, 0);
+    assert_eq!(e2.stats.totals().segments_expired, 0);
 }
 
 /// Bytes of expired item records in every mapped segment at `now` (a quiescent engine).
@@ -1352,12 +1352,12 @@ fn busy_ttl_class_falls_back_to_the_shard() {
         }
     }
     assert!(matches!(e.store(ttl(b"a"), 100), StoreResult::Stored(_)));
-    assert_eq!(e.totals().ttl_class_busy, 0);
+    assert_eq!(e.stats.totals().ttl_class_busy, 0);
     // Another writer holds every open segment of the class (10 s lives in class 1).
     assert_eq!(e.ttl.bounds().partition_point(|&b| b <= 10), 1);
     let held = e.ttl.lock_class(1);
     assert!(matches!(e.store(ttl(b"b"), 100), StoreResult::Stored(_)));
-    assert_eq!(e.totals().ttl_class_busy, 1);
+    assert_eq!(e.stats.totals().ttl_class_busy, 1);
     drop(held);
     assert_eq!(val(&e, b"a", 100).as_deref(), Some(&b"v"[..]));
     assert_eq!(val(&e, b"b", 100).as_deref(), Some(&b"v"[..]));

@@ -12,7 +12,7 @@ use super::index::{Insert, Slot, IDENT_MASK};
 use super::segments::{Dest, Evicted, Open, Queue};
 use super::sync::{lock, tid};
 use super::ttl::ClassSeg;
-use super::{index, segments, LogEngine, Vis, GROW_EVERY, MAX_KEY, PAGE, RETRIES};
+use super::{index, LogEngine, Vis, GROW_EVERY, MAX_KEY, PAGE, RETRIES};
 use crate::{
     number, ItemView, MetaArith, MetaArithResult, MetaStoreRequest, StoreMode, StoreResult, Time,
 };
@@ -355,9 +355,7 @@ impl LogEngine {
         if len > 0 {
             self.advance(&mut sh, open, len);
             if !c.keep_cas && !c.keep_access {
-                let n = self.shard_items[tid() % self.shard_items.len()]
-                    .0
-                    .fetch_add(1, Ordering::Relaxed);
+                let n = self.stats.count_store();
                 grow = n % GROW_EVERY == GROW_EVERY - 1;
             }
         }
@@ -423,9 +421,8 @@ impl LogEngine {
             return out;
         }
         if let Some(seg) = self.segs.get(id) {
-            let mut live = lock(&self.seq_lock);
-            let seq = self.seg_seq.fetch_add(1, Ordering::Relaxed);
-            segments::publish_live(&mut live, seq, id);
+            let mut order = self.order.lock();
+            let seq = order.number(id, false);
             // SAFETY: bytes 8..16 of the header (the sequence number) are read by no one
             // (readers of the record read the CAS base, bytes 16..24).
             unsafe {
@@ -436,9 +433,7 @@ impl LogEngine {
             seg.mem.0.seq.store(seq, Ordering::Release);
         }
         if !c.keep_cas && !c.keep_access {
-            self.shard_items[tid() % self.shard_items.len()]
-                .0
-                .fetch_add(1, Ordering::Relaxed);
+            self.stats.count_store();
         }
         // Queued only now that its slot is installed (the evictor frees large segments
         // that no slot points at).

@@ -401,10 +401,10 @@ impl LogEngine {
         self.free_dead_segments(&Holds::new(), &Holds::new());
         // Replicas of this engine resynchronize too: the drops above are in no log, so
         // a replica whose cursor is still valid here (segments still open) would keep
-        // them. Every cursor made so far has `below` at most `seg_seq`; skipping a
-        // number makes every cursor made from here on start above it.
-        let _live = lock(&self.seq_lock);
-        let floor = self.seg_seq.fetch_add(1, Ordering::SeqCst) + 1;
+        // them. Every cursor made so far has `below` at most the next sequence number;
+        // skipping a number makes every cursor made from here on start above it.
+        let mut order = self.order.lock();
+        let floor = order.skip();
         self.repl.wiped_below.store(floor, Ordering::SeqCst);
     }
 

@@ -6,7 +6,7 @@
 //! *batch*; both are byte strings in this module's format (`FORMAT.md`, "Replication"),
 //! carried opaquely by the server.
 //!
-//! * **Position.** Every segment gets a sequence number when it opens (`seg_seq`). The
+//! * **Position.** Every segment gets a sequence number when it opens (`order.rs`). The
 //!   cursor is `below` (every segment numbered below it was consumed completely or is
 //!   gone) and, for segments at or above it, how many bytes were consumed and whether
 //!   the segment is complete (sealed and consumed to its end).

@@ -31,18 +31,6 @@ impl LogEngine {
             .is_some()
     }
 
-    /// Live segments as (sequence number, id), in sequence order.
-    pub(in crate::log) fn live_segments(&self) -> Vec<(u64, u32)> {
-        lock(&self.seq_lock).clone()
-    }
-
-    /// The next segment number and the live segments, read together under `seq_lock`:
-    /// every number below the first is live (in the list) or retired.
-    pub(in crate::log) fn numbered_segments(&self) -> (u64, Vec<(u64, u32)>) {
-        let live = lock(&self.seq_lock);
-        (self.seg_seq.load(Ordering::SeqCst), live.clone())
-    }
-
     /// Bytes written to the log so far: a replication offset that only grows.
     pub fn log_offset(&self) -> u64 {
         let live: u64 = (0..self.seg_ids())
@@ -50,7 +38,7 @@ impl LogEngine {
             .filter(|s| s.mem.0.seq.load(Ordering::Acquire) != 0)
             .map(|s| s.mem.0.used.load(Ordering::Acquire) as u64)
             .sum();
-        self.retired_bytes.load(Ordering::Relaxed) + live
+        self.order.retired_bytes() + live
     }
 
     /// Write a batch header; returns where it starts and the log offset it carries.
@@ -61,7 +49,7 @@ impl LogEngine {
         out.push(kind);
         out.push(0);
         out.push(0);
-        out.extend_from_slice(&self.seg_seq.load(Ordering::SeqCst).to_le_bytes());
+        out.extend_from_slice(&self.order.next().to_le_bytes());
         let (mark, delayed) = self.flush.shipped_marks();
         out.extend_from_slice(&mark.to_le_bytes());
         out.extend_from_slice(&delayed.to_le_bytes());
@@ -254,14 +242,11 @@ impl LogEngine {
     }
 
     /// Where this engine's own log stands: every segment below the next number done,
-    /// open ones at their length. Only the open segments are looked at (`open_segs`), not
-    /// every live one: a replica takes this after each batch it applies.
+    /// open ones at their length. Only the open segments are looked at
+    /// (`LogOrder::open`), not every live one: a replica takes this after each batch it
+    /// applies.
     pub(in crate::log) fn own_position(&self) -> Cursor {
-        let (next, open) = {
-            let _live = lock(&self.seq_lock);
-            let next = self.seg_seq.load(Ordering::SeqCst);
-            (next, lock(&self.open_segs).clone())
-        };
+        let (next, open) = self.order.open();
         let mut entries = Vec::new();
         for &(seq, id) in &open {
             let Some(seg) = self.segs.get(id) else {
@@ -288,7 +273,7 @@ impl LogEngine {
 
     /// A reset batch, and the snapshot cursor it announces.
     pub(in crate::log) fn serve_reset_cursor(&self, out: &mut Vec<u8>) -> (Served, Cursor) {
-        let (next, live) = self.numbered_segments();
+        let (next, live) = self.order.numbered();
         let (at, log_offset) = self.batch_header(KIND_RESET, out);
         // First which segments are open, then (a second pass) their lengths. Every segment
         // open when the first length is read is then in the cursor, even one sealed before
@@ -370,7 +355,7 @@ impl LogEngine {
             served.reset_why = WHY_CURSOR;
             return (served, None);
         };
-        let live = self.live_segments();
+        let live = self.order.live();
         let (at, log_offset) = self.batch_header(KIND_SNAPSHOT, out);
         let pos_at = out.len();
         out.extend_from_slice(&from_seq.to_le_bytes());
@@ -488,7 +473,7 @@ impl LogEngine {
         if self.before_wipe(c) {
             return Err(WHY_WIPED);
         }
-        let (next, live) = self.numbered_segments();
+        let (next, live) = self.order.numbered();
         // Segments freed before the replica read them, whose records that it could miss
         // were logged anew (`relog_for_skip`): it may skip them. Read after the live list:
         // a segment retired in between was remembered here before it was retired.

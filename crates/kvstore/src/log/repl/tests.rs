@@ -270,7 +270,7 @@ fn a_replica_remembers_its_own_removals_only_while_older_records_may_come() {
 #[test]
 fn own_position_lists_exactly_the_open_live_segments() {
     let scan = |e: &LogEngine| {
-        let (next, live) = e.numbered_segments();
+        let (next, live) = e.order.numbered();
         let mut entries = Vec::new();
         for &(seq, id) in &live {
             let Some(seg) = e.segs.get(id) else {
@@ -333,8 +333,8 @@ fn own_position_lists_exactly_the_open_live_segments() {
         assert_eq!((next, entries.clone()), scan(&e), "round {round}");
         // Only open segments are listed (a sealed or retired one left in the list would
         // grow it without bound), however many live ones there are.
-        assert_eq!(lock(&e.open_segs).len(), entries.len(), "round {round}");
-        assert!(e.live_segments().len() > entries.len());
+        assert_eq!(e.order.open().1.len(), entries.len(), "round {round}");
+        assert!(e.order.live().len() > entries.len());
     }
 }
 
