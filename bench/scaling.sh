@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Scaling with cores (issue 46, item 5): kvcached and memcached with `-t N`, pinned to N
 # cores, the load generator pinned to the others, for N = 1, 2, 4, ... while the generator
-# keeps at least N cores (N <= cores / 2; on 2 cores that is N = 1 alone). GETs of 32-byte
-# values over 100,000 preloaded keys, closed loop. For each N and server it reports GET/s
+# keeps at least N cores (N <= cores / 2; on 2 cores that is N = 1 alone). GETs, by default
+# of 32-byte values over 100,000 preloaded keys, closed loop. For each N and server it reports GET/s
 # (from the server's own cmd_get over the run), the server's CPU per GET (user + system from
 # /proc) and how many of its cores it kept busy; then the medians of ROUNDS rounds (the
 # servers alternate, the first one swapped every round) and kvcached/memcached ratios.
 #
 #   [MEMCACHED=PATH] [KVCACHED=PATH] [MEMTIER=PATH] bench/scaling.sh [-d SECONDS] [-r ROUNDS]
 #       [-g kvblast|memtier] [-c CONNS_PER_SERVER_CORE] [-p DEPTH] [-m MAX_N] [-R RATE]
+#       [-v VALUE_BYTES] [-k KEYS]
 #
 #   -g: the load generator: kvblast (default; its closed loop with a window of DEPTH
 #       requests per connection) or memtier_benchmark (MEMTIER, or memtier_benchmark on the
@@ -19,6 +20,8 @@
 #   -R: open loop at RATE GETs/s per server core instead of the closed loop (kvblast --rate,
 #       Poisson arrivals; memtier --rate-limiting, RATE spread over the connections), to
 #       compare CPU per GET at a load below capacity.
+#   -v, -k: value size (default 32 bytes) and keys (default 100,000; keep KEYS x VALUE_BYTES
+#       well inside the servers' -m 1024).
 # MEMCACHED defaults to Debian's /usr/bin/memcached; the reference build
 # (~/.cache/kvcache-ref/memcached) is memcached 1.6.45. The script runs unchanged on 2 to
 # 64 cores (it reads the count from nproc).
@@ -33,7 +36,9 @@ per_core=50
 depth=1
 max_n=0
 rate=0
-while getopts "d:r:g:c:p:m:R:" opt; do
+value=32
+keys=100000
+while getopts "d:r:g:c:p:m:R:v:k:" opt; do
     case $opt in
         d) duration=$OPTARG ;;
         r) rounds=$OPTARG ;;
@@ -42,6 +47,8 @@ while getopts "d:r:g:c:p:m:R:" opt; do
         p) depth=$OPTARG ;;
         m) max_n=$OPTARG ;;
         R) rate=$OPTARG ;;
+        v) value=$OPTARG ;;
+        k) keys=$OPTARG ;;
         *) echo "usage: $0 [-d SECONDS] [-r ROUNDS] [-g kvblast|memtier] [-c CONNS] [-p DEPTH] [-m MAX_N]" >&2; exit 2 ;;
     esac
 done
@@ -76,11 +83,11 @@ start_server() { # start_server NAME N PORT
     # fill run.
     if [ "$gen" = kvblast ]; then
         taskset -c "$(load_cpus "$2")" "$kvblast" run -q --no-server-stats -w fixedsize \
-            --key-size 9 --value-size 32 --keys 100000 --load --mix get=1 -c 10 -D 1s \
+            --key-size 9 --value-size "$value" --keys "$keys" --load --mix get=1 -c 10 -D 1s \
             "127.0.0.1:$3" >/dev/null
     else
         taskset -c "$(load_cpus "$2")" "$memtier" -s 127.0.0.1 -p "$3" -P memcache_text -t 1 \
-            -c 1 --ratio=1:0 -d 32 --key-prefix=key: --key-minimum=1 --key-maximum=100000 \
+            -c 1 --ratio=1:0 -d "$value" --key-prefix=key: --key-minimum=1 --key-maximum="$keys" \
             --key-pattern=P:P -n allkeys --hide-histogram >/dev/null 2>&1
     fi
 }
@@ -93,7 +100,7 @@ run_load() { # run_load N PORT
     if [ "$gen" = kvblast ]; then
         [ "$rate" -gt 0 ] && open=(--rate $((rate * n)))
         timeout $((duration + 30)) taskset -c "$(load_cpus "$n")" "$kvblast" run -q \
-            --no-server-stats -w fixedsize --key-size 9 --value-size 32 --keys 100000 \
+            --no-server-stats -w fixedsize --key-size 9 --value-size "$value" --keys "$keys" \
             --mix get=1 --popularity uniform --threads "$threads" -c "$per_thread" --depth "$depth" \
             "${open[@]}" -D "${duration}s" "127.0.0.1:$port" >/dev/null
     else
@@ -102,7 +109,7 @@ run_load() { # run_load N PORT
         timeout $((duration + 30)) taskset -c "$(load_cpus "$n")" "$memtier" -s 127.0.0.1 \
             -p "$port" -P memcache_text -t "$threads" -c "$per_thread" --pipeline="$depth" \
             "${open[@]}" --ratio=0:1 -d 32 --key-prefix=key: --key-minimum=1 \
-            --key-maximum=100000 --key-pattern=R:R --distinct-client-seed \
+            --key-maximum="$keys" --key-pattern=R:R --distinct-client-seed \
             --test-time="$duration" --hide-histogram >/dev/null 2>&1
     fi
 }
@@ -111,7 +118,7 @@ ns=()
 for ((n = 1; n <= max_n && n < cores; n *= 2)); do ns+=("$n"); done
 
 echo "machine: $cores cores; $(uname -r); $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
-echo "memcached $mc_version ($memcached); kvcached: $("$kvcached" -V); generator: $gen, $per_core connections per server core, $depth in flight each, $([ "$rate" -gt 0 ] && echo "open loop at $rate GETs/s per server core" || echo "closed loop"), ${duration}s per run, $rounds rounds"
+echo "memcached $mc_version ($memcached); kvcached: $("$kvcached" -V); $value-byte values over $keys keys; generator: $gen, $per_core connections per server core, $depth in flight each, $([ "$rate" -gt 0 ] && echo "open loop at $rate GETs/s per server core" || echo "closed loop"), ${duration}s per run, $rounds rounds"
 for round in $(seq "$rounds"); do
     for n in "${ns[@]}"; do
         servers=(memcached kvcached)
