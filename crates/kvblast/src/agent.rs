@@ -812,6 +812,30 @@ mod tests {
             matches!(&e, Err(ProtocolError::Malformed(m)) if m.to_string().contains("bounds larger than kvblast's")),
             "{e:?}"
         );
+        // A payload length the data does not hold (found by fuzzing: the decoder allocated
+        // the length announced, up to 4 GiB), and a compressed or foreign cookie: refused
+        // before decoding.
+        let mut good = Vec::new();
+        V2Serializer::new()
+            .serialize(&h, &mut good)
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        let mut long = good.clone();
+        long[4..8].copy_from_slice(&0xffff_fff0u32.to_be_bytes());
+        let b64 = base64::engine::general_purpose::STANDARD.encode(&long);
+        assert!(matches!(
+            hist_v2::decode(&b64, new_histogram()),
+            Err(HistogramDataError::PayloadLength {
+                declared: 0xffff_fff0,
+                ..
+            })
+        ));
+        let mut deflated = good.clone();
+        deflated[3] = 0x14;
+        let b64 = base64::engine::general_purpose::STANDARD.encode(&deflated);
+        assert!(matches!(
+            hist_v2::decode(&b64, new_histogram()),
+            Err(HistogramDataError::Cookie(0x1c84_9314))
+        ));
         // Truncated, empty, not base64.
         let short = base64::engine::general_purpose::STANDARD.encode(&bytes[..10]);
         for bad in [short.as_str(), "", "!!!!"] {

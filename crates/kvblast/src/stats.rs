@@ -185,6 +185,14 @@ pub enum HistogramDataError {
     NotBase64(#[source] base64::DecodeError),
     #[error("bad histogram data: short header")]
     ShortHeader,
+    /// Not plain V2 (compressed, or another format), whose payload could not be checked
+    /// before it is expanded.
+    #[error("bad histogram data: not an uncompressed V2 histogram (cookie {0:#x})")]
+    Cookie(u64),
+    /// The header announces more payload than the data holds (the decoder would allocate
+    /// what it announces).
+    #[error("bad histogram data: a payload of {declared} bytes announced, {have} present")]
+    PayloadLength { declared: u64, have: u64 },
     /// The V2 header asks for more than kvblast's own histograms hold.
     #[error(
         "bad histogram data: bounds larger than kvblast's ({lowest}..={highest}, {digits} \
@@ -225,6 +233,10 @@ pub mod hist_v2 {
         Ok(base64::engine::general_purpose::STANDARD.encode(&bytes))
     }
 
+    /// HdrHistogram's V2 cookie (uncompressed) and header length.
+    const V2_COOKIE: u64 = 0x1c84_9313;
+    const V2_HEADER_LEN: usize = 40;
+
     /// The inverse of [`encode`], added into `into` (a fresh histogram of kvblast's): the V2
     /// header must describe a histogram no larger than kvblast's own (at most 3 significant
     /// figures, values from 1 to [`HIST_MAX_NS`]) before it is decoded.
@@ -243,6 +255,17 @@ pub mod hist_v2 {
         };
         // V2 header: cookie, payload length, normalizing offset, significant figures, lowest
         // and highest trackable values, conversion ratio; all big-endian.
+        let (cookie, payload) = (field(0, 4)?, field(4, 4)?);
+        if cookie != V2_COOKIE {
+            return Err(HistogramDataError::Cookie(cookie));
+        }
+        let have = bytes.len().saturating_sub(V2_HEADER_LEN) as u64;
+        if payload > have {
+            return Err(HistogramDataError::PayloadLength {
+                declared: payload,
+                have,
+            });
+        }
         let (digits, lowest, highest) = (field(12, 4)?, field(16, 8)?, field(24, 8)?);
         if digits > 3 || lowest < 1 || highest > HIST_MAX_NS {
             return Err(HistogramDataError::TooLarge {
