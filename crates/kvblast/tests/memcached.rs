@@ -842,7 +842,7 @@ fn master_and_agent_split_the_load() {
         &agent_addr,
         &mc.addr,
     ];
-    let args = kvblast::cli::Args::parse(argv.iter().map(|s| s.to_string())).expect("args");
+    let args = parse_args(&argv);
     let before = stats_of(&[&mc]);
     let mut r = kvblast::agent::run_with_agents(&args).expect("distributed run");
     r.server = Some(server_delta(&before, &stats_of(&[&mc])));
@@ -896,6 +896,19 @@ fn job_flags(line: &[u8]) -> String {
     }
 }
 
+/// `kvblast ARGV...` parsed.
+fn parse_args(argv: &[&str]) -> kvblast::cli::Args {
+    kvblast::cli::Args::parse(argv.iter().map(|s| s.to_string())).expect("args")
+}
+
+/// A short open-loop run against `server` with one agent at `agent`, for the fake agents.
+fn short_agent_run(agent: &str, server: &str) -> kvblast::cli::Args {
+    parse_args(&[
+        "run", "-w", "usr", "--keys", "100", "--rate", "1000", "-D", "300ms", "-q", "--agent",
+        agent, server,
+    ])
+}
+
 /// An agent that fails before the start (here: a fake one that answers its job with `err`
 /// instead of `ready`) fails the run, naming it, and nobody sends measured load.
 #[test]
@@ -916,22 +929,7 @@ fn agent_failing_before_the_start_fails_the_run() {
         let _ = s.write_all(err.to_line().expect("encode").as_bytes());
         job_flags(&line)
     });
-    let argv = [
-        "run",
-        "-w",
-        "usr",
-        "--keys",
-        "100",
-        "--rate",
-        "1000",
-        "-D",
-        "300ms",
-        "-q",
-        "--agent",
-        &agent_addr,
-        &mc.addr,
-    ];
-    let args = kvblast::cli::Args::parse(argv.iter().map(|s| s.to_string())).expect("args");
+    let args = short_agent_run(&agent_addr, &mc.addr);
     let before = stats_of(&[&mc]);
     let err = kvblast::agent::run_with_agents(&args).expect_err("the agent failed");
     let after = stats_of(&[&mc]);
@@ -962,22 +960,7 @@ fn agent_sending_garbage_fails_the_run() {
         while s.read(&mut b).map(|n| n == 1).unwrap_or(false) && b[0] != b'\n' {}
         let _ = s.write_all(b"READY\n");
     });
-    let argv = [
-        "run",
-        "-w",
-        "usr",
-        "--keys",
-        "100",
-        "--rate",
-        "1000",
-        "-D",
-        "300ms",
-        "-q",
-        "--agent",
-        &agent_addr,
-        &mc.addr,
-    ];
-    let args = kvblast::cli::Args::parse(argv.iter().map(|s| s.to_string())).expect("args");
+    let args = short_agent_run(&agent_addr, &mc.addr);
     let before = stats_of(&[&mc]);
     let err = kvblast::agent::run_with_agents(&args).expect_err("the agent sent garbage");
     let after = stats_of(&[&mc]);
@@ -1036,7 +1019,7 @@ fn agents_split_the_key_space() {
             &addrs[1],
             &mc.addr,
         ];
-        let args = kvblast::cli::Args::parse(argv.iter().map(|s| s.to_string())).expect("args");
+        let args = parse_args(&argv);
         let r = kvblast::agent::run_with_agents(&args).expect("distributed run");
         for a in agents {
             a.join().expect("agent thread").expect("agent");
@@ -1482,7 +1465,7 @@ fn agents_get_histograms_inline() {
         &agent_addr,
         &mc.addr,
     ];
-    let args = kvblast::cli::Args::parse(argv.iter().map(|s| s.to_string())).expect("args");
+    let args = parse_args(&argv);
     let err = kvblast::agent::run_with_agents(&args).expect_err("the fake agent failed");
     assert_eq!(err.to_string(), format!("agent {agent_addr}: fake agent"));
     let job = fake.join().expect("fake agent");
