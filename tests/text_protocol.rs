@@ -20,7 +20,6 @@ mod common;
 
 use common::{poll_until, Client, Kind, Server, XorShift};
 use std::io::{BufRead, ErrorKind, Read, Write};
-use std::net::TcpStream;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
@@ -959,10 +958,9 @@ fn shutdown_enabled_exits(kind: Kind) {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
-    assert!(
-        TcpStream::connect(server.addr()).is_err(),
-        "still listening"
-    );
+    // The process is gone, and its listening socket with it. The port is not probed: a
+    // test running beside this one may already have been given it (that made this test
+    // fail once), and a connect to a free ephemeral port can even reach itself.
 }
 
 // ---------------------------------------------------------------------------------------------
