@@ -357,7 +357,7 @@ fn kvproto_has_no_import_circle() {
 /// parts are `impl LogEngine` blocks; a part's use of its parent (the engine's type and the
 /// helpers every path shares, in `log/mod.rs`) is not counted, as for any `mod.rs`.
 fn store_layer(module: &str) -> usize {
-    let order: [(&str, usize); 33] = [
+    let order: [(&str, usize); 34] = [
         // Foundations: formats and structures that own their state.
         ("number", 0),
         ("log::sync", 0),
@@ -374,10 +374,11 @@ fn store_layer(module: &str) -> usize {
         ("log::index", 1),
         ("log::lease", 1),
         ("log::sketch", 1),
+        ("log::seg", 1),
         ("log::repl::wire", 1),
         // The types replication shares with the write and eviction paths.
         ("log::repl", 1),
-        // Segments: headers, pool, FIFOs, open segments.
+        // Segments' lives: taking, opening, sealing, retiring; open segments.
         ("log::segments", 2),
         ("log::ttl", 2),
         // The paths that write, evict and grow.

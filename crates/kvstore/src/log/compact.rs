@@ -184,14 +184,14 @@ impl LogEngine {
 
     fn cas_base(&self, id: u32) -> Option<u64> {
         let seg = self.segs.get(id)?;
-        let ptr = NonNull::new(seg.mem.0.ptr.load(Ordering::Acquire))?;
+        let ptr = seg.ptr()?;
         // SAFETY: a sealed segment we took out of the FIFO: ours, mapped, not reused.
         Some(unsafe { format::seg_cas_base(ptr.as_ptr()) })
     }
 
     fn live_bytes(&self, id: u32) -> Option<usize> {
         let s = self.segs.get(id)?;
-        Some(s.acct.0.live_bytes.load(Ordering::Acquire) as usize)
+        Some(s.live_bytes() as usize)
     }
 
     /// Take the regular sealed segment with the fewest live bytes among those
@@ -199,8 +199,8 @@ impl LogEngine {
     fn take_victim(&self, ok: impl Fn(usize) -> bool) -> Option<u32> {
         self.eviction.take_least(|id| {
             let s = self.segs.get(id)?;
-            let live = s.acct.0.live_bytes.load(Ordering::Acquire) as usize;
-            (!s.mem.0.large.load(Ordering::Relaxed) && ok(live)).then_some(live)
+            let live = s.live_bytes() as usize;
+            (!s.is_large() && ok(live)).then_some(live)
         })
     }
 
@@ -230,10 +230,10 @@ impl LogEngine {
         let Some(seg) = self.segs.get(id) else {
             return true;
         };
-        let Some(ptr) = NonNull::new(seg.mem.0.ptr.load(Ordering::Acquire)) else {
+        let Some(ptr) = seg.ptr() else {
             return true;
         };
-        let used = seg.mem.0.used.load(Ordering::Acquire);
+        let used = seg.used();
         // SAFETY: a sealed segment we took out of the FIFO (callers' contract): ours,
         // mapped, not reused; `used` is its published length.
         unsafe {

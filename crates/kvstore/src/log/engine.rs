@@ -74,8 +74,8 @@ impl Engine for LogEngine {
         let mut bytes = 0;
         for id in 0..self.seg_ids() {
             if let Some(s) = self.segs.get(id) {
-                items += s.acct.0.live_items.load(Ordering::Relaxed);
-                bytes += s.acct.0.live_bytes.load(Ordering::Relaxed);
+                items += s.live_items();
+                bytes += s.live_bytes();
             }
         }
         let st = self.stats.totals();
@@ -110,17 +110,17 @@ impl Engine for LogEngine {
                 let (mut regular, mut large, mut large_bytes, mut used, mut live) = (0, 0, 0, 0, 0);
                 for id in 0..self.seg_ids() {
                     let Some(s) = self.segs.get(id) else { continue };
-                    if s.mem.0.ptr.load(Ordering::Relaxed).is_null() {
+                    if s.ptr().is_none() {
                         continue;
                     }
-                    if s.mem.0.large.load(Ordering::Relaxed) {
+                    if s.is_large() {
                         large += 1;
-                        large_bytes += s.mem.0.cap.load(Ordering::Relaxed) as u64;
+                        large_bytes += s.cap() as u64;
                     } else {
                         regular += 1;
                     }
-                    used += s.mem.0.used.load(Ordering::Relaxed).saturating_sub(SEG_HDR) as u64;
-                    live += s.acct.0.live_bytes.load(Ordering::Relaxed);
+                    used += s.used().saturating_sub(SEG_HDR) as u64;
+                    live += s.live_bytes();
                 }
                 let free = self.arena.pool().free_len() as u64;
                 let sealed = self.eviction.sealed() as u64;
@@ -420,11 +420,9 @@ impl Engine for LogEngine {
         // Nothing to look for at all (no segment's earliest expiry has come): the index is
         // not walked. A segment header each is far less than a walk of the index.
         let chunk = if every
-            || (0..self.seg_ids()).any(|id| {
-                self.segs
-                    .get(id)
-                    .is_some_and(|s| s.acct.0.may_have_expired(now))
-            }) {
+            || (0..self.seg_ids())
+                .any(|id| self.segs.get(id).is_some_and(|s| s.may_have_expired(now)))
+        {
             chunk
         } else {
             0
@@ -437,7 +435,7 @@ impl Engine for LogEngine {
                     && !self
                         .segs
                         .get(index::slot_seg(v))
-                        .is_some_and(|s| s.acct.0.may_have_expired(now))
+                        .is_some_and(|s| s.may_have_expired(now))
                 {
                     return;
                 }

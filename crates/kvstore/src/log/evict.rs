@@ -9,7 +9,6 @@
 //! segments as well.
 
 use std::collections::VecDeque;
-use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
@@ -319,8 +318,8 @@ impl LogEngine {
         let Some(seg) = self.segs.get(id) else {
             return Evicted::Nothing;
         };
-        let large = seg.mem.0.large.load(Ordering::Relaxed);
-        let empty = seg.acct.0.live_items.load(Ordering::Acquire) == 0;
+        let large = seg.is_large();
+        let empty = seg.live_items() == 0;
         if empty {
             // Nothing in it is referenced (everything was overwritten, deleted or
             // unlinked already): no need to look at its records.
@@ -483,10 +482,10 @@ impl LogEngine {
         let Some(seg) = self.segs.get(id) else {
             return false;
         };
-        let Some(ptr) = NonNull::new(seg.mem.0.ptr.load(Ordering::Acquire)) else {
+        let Some(ptr) = seg.ptr() else {
             return false;
         };
-        let used = seg.mem.0.used.load(Ordering::Acquire);
+        let used = seg.used();
         // SAFETY: sealed large segment popped from the FIFO under the evictor lock: ours.
         let base = unsafe { format::seg_cas_base(ptr.as_ptr()) };
         // SAFETY: as above.

@@ -148,15 +148,15 @@ impl LeaseSite<'_> {
     /// before the lease is counted in the block.
     pub(crate) fn lease(&self, value: &[u8]) -> Option<ValueLease> {
         let e = self.engine;
-        let mem = &e.segs.get(self.seg)?.mem.0;
-        let ptr = NonNull::new(mem.ptr.load(Ordering::Acquire))?;
-        let cap = mem.cap.load(Ordering::Relaxed);
+        let seg = e.segs.get(self.seg)?;
+        let (ptr, cap) = seg.mapping()?;
+        let cell = seg.lease_cell();
         let start = (value.as_ptr() as usize).checked_sub(ptr.as_ptr() as usize)?;
         if start.checked_add(value.len())? > cap {
             return None;
         }
         let limit = e.arena.limit() / LEASE_SHARE;
-        let mut block = mem.lease.load(Ordering::Acquire);
+        let mut block = cell.load(Ordering::Acquire);
         if block.is_null() {
             let fresh = Box::into_raw(Box::new(Block {
                 state: AtomicUsize::new(0),
@@ -164,7 +164,7 @@ impl LeaseSite<'_> {
                 cap,
                 counts: e.arena.counts(),
             }));
-            block = match mem.lease.compare_exchange(
+            block = match cell.compare_exchange(
                 std::ptr::null_mut(),
                 fresh,
                 Ordering::AcqRel,

@@ -168,6 +168,7 @@ mod mem;
 mod meta;
 mod order;
 pub mod repl;
+mod seg;
 mod segments;
 mod sketch;
 pub mod snapshot;
@@ -194,7 +195,8 @@ use format::{Rec, Spec, KIND_ITEM, META_BINARY_KEY, META_STALE};
 use grow::Grow;
 use index::{Index, Insert, Slot, IDENT_MASK};
 use order::LogOrder;
-use segments::{Open, Queue, SegTable};
+use seg::SegTable;
+use segments::{Open, Queue};
 use stats::Stats;
 use sync::{lock, Padded, Pins};
 use ttl::TtlClasses;
@@ -222,8 +224,6 @@ const GROW_EVERY: u64 = 64;
 const PAGE: usize = 4096;
 /// Keys longer than this cannot be stored (memcached allows 250).
 const MAX_KEY: usize = 255;
-/// Segment headers are allocated in chunks of this many.
-const CHUNK: usize = 1024;
 /// Attempts of an optimistic read-then-write (append, incr, touch) before giving up.
 const RETRIES: usize = 64;
 /// What the background sweep knows of flushes: the watermarks (`flush_mark`,
@@ -358,7 +358,7 @@ impl LogEngine {
             seed: std::collections::hash_map::RandomState::new()
                 .hash_one(0x006b_7663_6163_6865_u64),
             index,
-            segs: SegTable::new(),
+            segs: SegTable::new(index::MAX_SEGMENTS),
             eviction: Eviction::new(max_bytes),
             compactor: Mutex::new(compact::Compactor::default()),
             shards: (0..nshards).map(|_| Padded::default()).collect(),
@@ -495,10 +495,7 @@ impl LogEngine {
         for id in 0..self.seg_ids() {
             let Some(s) = self.segs.get(id) else { continue };
             let want = items.get(&id).copied().unwrap_or_default();
-            let have = (
-                s.acct.0.live_items.load(Ordering::Relaxed),
-                s.acct.0.live_bytes.load(Ordering::Relaxed),
-            );
+            let have = (s.live_items(), s.live_bytes());
             if want != have {
                 return Err(AccountingError(format!(
                     "segment {id}: slots say {want:?}, counters {have:?}"
@@ -508,7 +505,7 @@ impl LogEngine {
         // The list of live segments log readers use is what the headers say.
         let mut scanned: Vec<(u64, u32)> = (0..self.seg_ids())
             .filter_map(|id| {
-                let seq = self.segs.get(id)?.mem.0.seq.load(Ordering::Acquire);
+                let seq = self.segs.get(id)?.seq();
                 (seq != 0).then_some((seq, id))
             })
             .collect();
@@ -629,11 +626,8 @@ impl LogEngine {
     /// loaded from a slot that still holds it, or owns the segment (evictor).
     unsafe fn rec<'a>(&'a self, v: u64) -> Option<Rec<'a>> {
         let seg = self.segs.get(index::slot_seg(v))?;
-        let p = seg.mem.0.ptr.load(Ordering::Acquire);
-        if p.is_null() {
-            return None;
-        }
-        let cap = seg.mem.0.cap.load(Ordering::Relaxed);
+        let (p, cap) = seg.mapping()?;
+        let p = p.as_ptr();
         // SAFETY: per the contract the mapping `p .. p + cap` lives for `'a`; its header
         // was written before any slot pointing into it was published.
         unsafe {
@@ -685,10 +679,9 @@ impl LogEngine {
     fn prefetch_record_lines(&self, h: u64) {
         self.index.tagged_in_main(h, |v| {
             if let Some(seg) = self.segs.get(index::slot_seg(v)) {
-                let p = seg.mem.0.ptr.load(Ordering::Relaxed);
-                let cap = seg.mem.0.cap.load(Ordering::Relaxed);
                 let off = index::slot_off(v);
-                if !p.is_null() && off < cap {
+                if let Some((p, _)) = seg.mapping().filter(|&(_, cap)| off < cap) {
+                    let p = p.as_ptr();
                     // Address arithmetic only (a prefetch reads nothing observable):
                     // `off < cap` keeps it inside the mapping.
                     let at = p.wrapping_add(off);
@@ -783,7 +776,7 @@ impl LogEngine {
     fn written_at(&self, v: u64, now: Time) -> Time {
         self.segs
             .get(index::slot_seg(v))
-            .and_then(|s| s.acct.0.written.at(index::slot_off(v)))
+            .and_then(|s| s.written_at(index::slot_off(v)))
             .map_or(now, |t| t.min(now))
     }
 
@@ -815,12 +808,8 @@ impl LogEngine {
         }
         self.stats.add_live(1);
         if let Some(seg) = self.segs.get(id) {
-            seg.acct.0.live_items.fetch_add(1, Ordering::Relaxed);
-            seg.acct
-                .0
-                .live_bytes
-                .fetch_add(len as u64, Ordering::Relaxed);
-            seg.acct.0.note_expiry(exptime);
+            seg.add_live(1, len as u64);
+            seg.note_expiry(exptime);
         }
     }
 
@@ -833,11 +822,7 @@ impl LogEngine {
         if let Some(seg) = self.segs.get(index::slot_seg(v)) {
             // Release: whoever sees the count reach 0 (acquire) and then reuses the
             // segment also sees the slot change that preceded this decrement.
-            seg.acct.0.live_items.fetch_sub(1, Ordering::Release);
-            seg.acct
-                .0
-                .live_bytes
-                .fetch_sub(len as u64, Ordering::Relaxed);
+            seg.remove_live(len as u64);
         }
     }
 

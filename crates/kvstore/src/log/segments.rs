@@ -1,16 +1,16 @@
-//! Segments: their headers (`SegTable`), which FIFO a sealed segment joins (`Queue`; the
-//! FIFOs are the eviction policy's, `evict.rs`), and taking, opening, sealing, releasing and
-//! retiring a segment (the memory they take is counted, and free ones pooled, by
-//! [`super::arena::Arena`]).
+//! Segments' lives: which FIFO a sealed segment joins (`Queue`; the FIFOs are the eviction
+//! policy's, `evict.rs`), and taking, opening, sealing, releasing and retiring a segment.
+//! Their headers are [`super::seg::Seg`]s; the memory they take is counted, and free ones
+//! pooled, by [`super::arena::Arena`].
 
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::OnceLock;
+use std::sync::atomic::Ordering;
 
 use super::arena::Pool;
 use super::format::{self, Spec, SEG_HDR};
-use super::sync::{lock, Padded};
-use super::{index, mem, LogEngine, CHUNK};
+use super::seg::Seg;
+use super::sync::lock;
+use super::{mem, LogEngine};
 use crate::Time;
 
 use super::repl::{held_for_replica, Holds};
@@ -42,118 +42,6 @@ pub(super) enum Evicted {
     Freed,
 }
 
-#[derive(Default)]
-pub(super) struct SegMem {
-    /// The mapping, or null when the segment id has no memory.
-    pub(super) ptr: AtomicPtr<u8>,
-    pub(super) cap: AtomicUsize,
-    /// Bytes appended so far (published length, release-stored after each append).
-    pub(super) used: AtomicUsize,
-    pub(super) large: AtomicBool,
-    /// The memory is a private mapping of a warm restart's snapshot file (`adopt_image`),
-    /// not an anonymous one: it is replaced by a fresh mapping before the segment is
-    /// opened for appending again (`remap`).
-    pub(super) file: AtomicBool,
-    /// The segment's sequence number while it is live (open or sealed, holding records a
-    /// log reader may ship), 0 otherwise. Set after the header is written; cleared when
-    /// the segment leaves the FIFO to be freed, before the pin barrier that precedes its
-    /// reuse (so a pinned reader that still sees the number may read the segment).
-    pub(super) seq: AtomicU64,
-    /// Sealed: `used` is final (release-stored before this flag).
-    pub(super) sealed: AtomicBool,
-    /// The lease block of this mapping, once a value in it was leased (`lease.rs`).
-    pub(super) lease: AtomicPtr<super::lease::Block>,
-}
-
-#[derive(Default)]
-pub(super) struct SegAcct {
-    pub(super) live_items: AtomicU64,
-    pub(super) live_bytes: AtomicU64,
-    /// The latest expiry of any item the segment was given: 0 while it has none,
-    /// `Time::MAX` once one never expires. Once the clock passes it, everything in the
-    /// segment is dead and the whole segment can go (`expire_segments`).
-    pub(super) max_exp: AtomicU32,
-    /// The earliest expiry of any item the segment was given (0 while it has none with a
-    /// time to live). Until the clock reaches it nothing in the segment has expired, so
-    /// the background sweep need not read its records (`maintain`).
-    pub(super) min_exp: AtomicU32,
-    /// When its records were written (`written.rs`).
-    pub(super) written: super::written::WriteTimes,
-}
-
-impl SegAcct {
-    /// The segment was given an item expiring at `exptime` (0: never).
-    pub(super) fn note_expiry(&self, exptime: Time) {
-        let latest = if exptime == 0 { Time::MAX } else { exptime };
-        if self.max_exp.load(Ordering::Relaxed) < latest {
-            self.max_exp.fetch_max(latest, Ordering::Relaxed);
-        }
-        if exptime != 0 {
-            let mut cur = self.min_exp.load(Ordering::Relaxed);
-            while cur == 0 || exptime < cur {
-                match self.min_exp.compare_exchange_weak(
-                    cur,
-                    exptime,
-                    Ordering::Relaxed,
-                    Ordering::Relaxed,
-                ) {
-                    Ok(_) => break,
-                    Err(seen) => cur = seen,
-                }
-            }
-        }
-    }
-
-    /// Whether an item of the segment may have expired by `now`.
-    pub(super) fn may_have_expired(&self, now: Time) -> bool {
-        let soonest = self.min_exp.load(Ordering::Relaxed);
-        soonest != 0 && soonest <= now
-    }
-
-    fn reset(&self) {
-        self.live_items.store(0, Ordering::Relaxed);
-        self.live_bytes.store(0, Ordering::Relaxed);
-        self.max_exp.store(0, Ordering::Relaxed);
-        self.min_exp.store(0, Ordering::Relaxed);
-        self.written.reset();
-    }
-}
-
-#[derive(Default)]
-pub(super) struct Seg {
-    pub(super) mem: Padded<SegMem>,
-    pub(super) acct: Padded<SegAcct>,
-}
-
-/// Segment headers by id, allocated a chunk at a time and never moved or freed while the
-/// engine lives.
-pub(super) struct SegTable {
-    pub(super) chunks: Box<[OnceLock<Box<[Seg]>>]>,
-}
-
-impl SegTable {
-    pub(super) fn new() -> SegTable {
-        SegTable {
-            chunks: (0..index::MAX_SEGMENTS / CHUNK)
-                .map(|_| OnceLock::new())
-                .collect(),
-        }
-    }
-
-    pub(super) fn get(&self, id: u32) -> Option<&Seg> {
-        let id = id as usize;
-        self.chunks.get(id / CHUNK)?.get()?.get(id % CHUNK)
-    }
-
-    pub(super) fn get_or_create(&self, id: u32) -> Option<&Seg> {
-        let id = id as usize;
-        self.chunks
-            .get(id / CHUNK)?
-            .get_or_init(|| (0..CHUNK).map(|_| Seg::default()).collect())
-            .get(id % CHUNK)
-    }
-}
-
 /// A segment being appended to, owned by a shard or by the evictor.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Open {
@@ -180,12 +68,10 @@ impl LogEngine {
     /// lease block ([`super::lease::detach`]). True if holders still read its memory: the
     /// mapping is theirs now, and the segment is left without one.
     pub(super) fn detach_leases(&self, seg: &Seg) -> bool {
-        if !super::lease::detach(&seg.mem.0.lease) {
+        if !super::lease::detach(seg.lease_cell()) {
             return false;
         }
-        seg.mem.0.ptr.store(std::ptr::null_mut(), Ordering::Release);
-        seg.mem.0.cap.store(0, Ordering::Relaxed);
-        seg.mem.0.used.store(0, Ordering::Relaxed);
+        seg.take_mapping();
         true
     }
 
@@ -222,11 +108,7 @@ impl LogEngine {
             p.return_id(id);
             return None;
         };
-        seg.mem.0.cap.store(cap, Ordering::Relaxed);
-        seg.mem.0.large.store(large, Ordering::Relaxed);
-        seg.mem.0.file.store(file, Ordering::Relaxed);
-        seg.mem.0.used.store(0, Ordering::Relaxed);
-        seg.mem.0.ptr.store(ptr.as_ptr(), Ordering::Release);
+        seg.install(ptr, cap, large, file);
         self.arena.mapped(cap);
         Some(id)
     }
@@ -237,16 +119,13 @@ impl LogEngine {
         if let Some(seg) = self.segs.get(id) {
             // Leased: the mapping goes with its holders (and stays counted until then).
             self.detach_leases(seg);
-            let ptr = seg.mem.0.ptr.swap(std::ptr::null_mut(), Ordering::AcqRel);
-            let cap = seg.mem.0.cap.swap(0, Ordering::Relaxed);
-            seg.mem.0.file.store(false, Ordering::Relaxed);
-            if let Some(ptr) = NonNull::new(ptr) {
+            if let Some((ptr, cap)) = seg.take_mapping() {
                 // SAFETY: the mapping came from `mem::map(cap)` or `mem::map_file(.., cap)`;
                 // per this function's contract nothing can reach it any more.
                 unsafe { mem::unmap(ptr, cap) };
                 self.arena.unmapped(cap);
             }
-            seg.acct.0.reset();
+            seg.reset_accounting();
         }
         p.return_id(id);
     }
@@ -298,11 +177,9 @@ impl LogEngine {
     /// `no_evict` (memcached's `-M`), where deleting items must make room again.
     pub(super) fn reclaim_dead(&self) -> bool {
         let id = {
-            let dead = self.eviction.take_first(|id| {
-                self.segs
-                    .get(id)
-                    .is_some_and(|s| s.acct.0.live_items.load(Ordering::Acquire) == 0)
-            });
+            let dead = self
+                .eviction
+                .take_first(|id| self.segs.get(id).is_some_and(|s| s.live_items() == 0));
             match dead {
                 Some(id) => id,
                 None => return false,
@@ -380,14 +257,10 @@ impl LogEngine {
         let seg = self.segs.get(id)?;
         // A leased mapping stays with its holders; the segment gets a fresh one.
         let leased = self.detach_leases(seg);
-        if leased
-            || seg.mem.0.file.load(Ordering::Relaxed)
-            || seg.mem.0.cap.load(Ordering::Relaxed) != self.seg_size
-        {
+        if leased || seg.is_file() || seg.cap() != self.seg_size {
             self.remap(seg)?;
         }
-        let ptr = NonNull::new(seg.mem.0.ptr.load(Ordering::Acquire))?;
-        let cap = seg.mem.0.cap.load(Ordering::Relaxed);
+        let (ptr, cap) = seg.mapping()?;
         // A fresh mapping (`used` is 0 only until its first opening) gets its pages with
         // one system call rather than a fault each, zeroed by the kernel; a reused
         // segment's are resident and hold old records, which stay: only the first state
@@ -395,7 +268,7 @@ impl LogEngine {
         // the written part still ends at the first unpublished state byte. (Clearing the
         // whole segment cost as much as writing it: 16% of the CPU of gets and sets of
         // 256 KiB values.)
-        if seg.mem.0.used.load(Ordering::Relaxed) == 0 {
+        if seg.is_fresh() {
             mem::populate(ptr, cap);
         } else if cap > SEG_HDR {
             // SAFETY: a free segment is unreachable (no slot points into it, readers from
@@ -403,7 +276,7 @@ impl LogEngine {
             // now, so we may write any of its `cap` bytes.
             unsafe { ptr.as_ptr().add(SEG_HDR).write(0) };
         }
-        seg.acct.0.reset();
+        seg.reset_accounting();
         // The number is drawn and published under the order lock, so that a log reader
         // that holds it sees every number below the next one either live or retired.
         let mut order = self.order.lock();
@@ -416,9 +289,7 @@ impl LogEngine {
         let seq = order.number(id, true);
         // SAFETY: as above.
         unsafe { format::write_seg_header(ptr.as_ptr(), format::SEG_KIND_REGULAR, seq, base) };
-        seg.mem.0.used.store(SEG_HDR, Ordering::Release);
-        seg.mem.0.sealed.store(false, Ordering::Relaxed);
-        seg.mem.0.seq.store(seq, Ordering::Release);
+        seg.open(seq, SEG_HDR);
         Some(Open {
             id,
             cap,
@@ -432,9 +303,9 @@ impl LogEngine {
     /// pool: a large one's, and a mapping of a warm restart's snapshot file (which would
     /// keep the file's pages, and need `remap` before reuse anyway).
     pub(super) fn gives_back(&self, id: u32) -> bool {
-        self.segs.get(id).is_some_and(|s| {
-            s.mem.0.large.load(Ordering::Relaxed) || s.mem.0.file.load(Ordering::Relaxed)
-        })
+        self.segs
+            .get(id)
+            .is_some_and(|s| s.is_large() || s.is_file())
     }
 
     /// Replace a free segment's mapping with a fresh anonymous one of the regular size:
@@ -442,24 +313,21 @@ impl LogEngine {
     /// pages would each be copied when written) or a copy of the image's size.
     fn remap(&self, seg: &Seg) -> Option<()> {
         let fresh = mem::map(self.seg_size)?;
-        let old = seg.mem.0.ptr.swap(fresh.as_ptr(), Ordering::AcqRel);
-        let cap = seg.mem.0.cap.swap(self.seg_size, Ordering::Relaxed);
-        seg.mem.0.file.store(false, Ordering::Relaxed);
-        seg.mem.0.used.store(0, Ordering::Relaxed);
-        if let Some(old) = NonNull::new(old) {
-            // SAFETY: the segment is free (unreachable, see `open_segment`), so
-            // nothing refers to its old mapping, which came from `mem::map_file(.., cap)`.
-            unsafe { mem::unmap(old, cap) };
-        }
+        let old = seg.replace_mapping(fresh, self.seg_size);
         self.arena.mapped(self.seg_size);
-        self.arena.unmapped(cap);
+        if let Some((old, cap)) = old {
+            // SAFETY: the segment is free (unreachable, see `open_segment`), so
+            // nothing refers to its old mapping, which came from `mem::map_file(.., cap)`
+            // or `mem::map(cap)`.
+            unsafe { mem::unmap(old, cap) };
+            self.arena.unmapped(cap);
+        }
         Some(())
     }
 
     pub(super) fn seal(&self, open: Open, queue: Queue) {
         if let Some(seg) = self.segs.get(open.id) {
-            seg.mem.0.used.store(open.used, Ordering::Release);
-            seg.mem.0.sealed.store(true, Ordering::Release);
+            seg.seal(open.used);
         }
         self.order.sealed(open.id);
         self.eviction.push(open.id, queue);
@@ -471,11 +339,8 @@ impl LogEngine {
         let used = o.used + len;
         *slot = Some(Open { used, ..o });
         if let Some(seg) = self.segs.get(o.id) {
-            seg.acct
-                .0
-                .written
-                .note(o.used, self.clock.load(Ordering::Relaxed));
-            seg.mem.0.used.store(used, Ordering::Release);
+            seg.note_written(o.used, self.clock.load(Ordering::Relaxed));
+            seg.publish_used(used);
         }
     }
 
@@ -535,8 +400,7 @@ impl LogEngine {
     }
 
     pub(super) fn dest(&self, o: &Open) -> Option<Dest> {
-        let seg = self.segs.get(o.id)?;
-        let ptr = NonNull::new(seg.mem.0.ptr.load(Ordering::Acquire))?;
+        let ptr = self.segs.get(o.id)?.ptr()?;
         Some(Dest {
             id: o.id,
             ptr,
@@ -581,10 +445,7 @@ impl LogEngine {
     /// One a replica of `wanted` (every replica's position, kept or not) still needs is
     /// logged anew first, so that the replica can skip it (`relog_for_skip`).
     pub(super) fn free_dead_segments(&self, holds: &Holds, wanted: &Holds) -> usize {
-        let dead = self.take_sealed(|s| {
-            s.acct.0.live_items.load(Ordering::Acquire) == 0
-                && !held_for_replica(holds, s.mem.0.seq.load(Ordering::Acquire))
-        });
+        let dead = self.take_sealed(|s| s.live_items() == 0 && !held_for_replica(holds, s.seq()));
         if dead.is_empty() {
             return 0;
         }
@@ -649,9 +510,8 @@ impl LogEngine {
     /// One a replica of `wanted` still needs is logged anew first (`relog_for_skip`).
     pub(super) fn expire_segments(&self, holds: &Holds, wanted: &Holds) -> usize {
         let now = self.clock.load(Ordering::Relaxed);
-        let expired = self.take_sealed(|s| {
-            expired_whole(s, now) && !held_for_replica(holds, s.mem.0.seq.load(Ordering::Acquire))
-        });
+        let expired =
+            self.take_sealed(|s| s.expired_whole(now) && !held_for_replica(holds, s.seq()));
         if expired.is_empty() {
             return 0;
         }
@@ -662,8 +522,8 @@ impl LogEngine {
             self.relog_if_unread(id, |seq| held_for_replica(wanted, seq));
             // Every item in it is dead: cleaning unlinks the ones still indexed and
             // copies none forward.
-            if seg.acct.0.live_items.load(Ordering::Acquire) != 0 {
-                if seg.mem.0.large.load(Ordering::Relaxed) {
+            if seg.live_items() != 0 {
+                if seg.is_large() {
                     self.clean_large(id);
                 } else {
                     self.clean(id);
@@ -682,11 +542,7 @@ impl LogEngine {
     /// eviction): if a replica has not read all of it (`unread` says so of its sequence
     /// number), log anew what that replica would miss by skipping it.
     pub(super) fn relog_if_unread(&self, id: u32, unread: impl FnOnce(u64) -> bool) {
-        let Some(seq) = self
-            .segs
-            .get(id)
-            .map(|s| s.mem.0.seq.load(Ordering::Acquire))
-        else {
+        let Some(seq) = self.segs.get(id).map(Seg::seq) else {
             return;
         };
         if seq != 0 && unread(seq) {
@@ -708,12 +564,10 @@ impl LogEngine {
         let (mut held, mut bytes) = (0u64, 0usize);
         self.eviction.for_each_sealed(|id| {
             let Some(s) = self.segs.get(id) else { return };
-            let dead = s.acct.0.live_items.load(Ordering::Acquire) == 0;
-            if (dead || expired_whole(s, now))
-                && held_for_replica(&holds, s.mem.0.seq.load(Ordering::Acquire))
-            {
+            let dead = s.live_items() == 0;
+            if (dead || s.expired_whole(now)) && held_for_replica(&holds, s.seq()) {
                 held += 1;
-                bytes += s.mem.0.cap.load(Ordering::Relaxed);
+                bytes += s.cap();
             }
         });
         if bytes > self.repl_backlog() {
@@ -730,11 +584,11 @@ impl LogEngine {
     pub(super) fn retire(&self, id: u32) {
         if let Some(seg) = self.segs.get(id) {
             let mut order = self.order.lock();
-            let seq = seg.mem.0.seq.swap(0, Ordering::AcqRel);
+            let seq = seg.take_seq();
             order.unlist(seq, id);
             drop(order);
             if seq != 0 {
-                self.order.retired(seg.mem.0.used.load(Ordering::Acquire));
+                self.order.retired(seg.used());
             }
         }
     }
@@ -742,10 +596,4 @@ impl LogEngine {
     pub(super) fn seg_ids(&self) -> u32 {
         self.arena.pool().ids_used()
     }
-}
-
-/// Every item `s` was given has a time to live, and the latest of them passed by `now`.
-fn expired_whole(s: &Seg, now: Time) -> bool {
-    let m = s.acct.0.max_exp.load(Ordering::Relaxed);
-    m != 0 && m != Time::MAX && m <= now
 }

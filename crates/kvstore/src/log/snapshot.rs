@@ -29,9 +29,7 @@ use super::repl::ReplError;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::format::{self, KIND_ITEM, SEG_HDR};
-use super::{
-    compact, index, mem, segments::Seg, Insert, LogEngine, Queue, Rec, Vis, MAX_KEY, PAGE,
-};
+use super::{compact, index, mem, seg::Seg, Insert, LogEngine, Queue, Rec, Vis, MAX_KEY, PAGE};
 use crate::Engine;
 use crate::Time;
 
@@ -508,13 +506,13 @@ impl LogEngine {
         out.clear();
         let _pin = self.pin();
         let seg = self.segs.get(id)?;
-        if seg.mem.0.seq.load(Ordering::Acquire) != seq {
+        if seg.seq() != seq {
             return None;
         }
-        let used = seg.mem.0.used.load(Ordering::Acquire);
-        let ptr = std::ptr::NonNull::new(seg.mem.0.ptr.load(Ordering::Acquire))?;
+        let used = seg.used();
+        let ptr = seg.ptr()?;
         let used32 = u32::try_from(used).ok()?;
-        let kind = if seg.mem.0.large.load(Ordering::Relaxed) {
+        let kind = if seg.is_large() {
             format::SEG_KIND_LARGE
         } else {
             format::SEG_KIND_REGULAR
@@ -804,15 +802,13 @@ impl LogEngine {
         let seg = self.segs.get(id).ok_or("no segment id left")?;
         {
             // The header keeps the image's zero sequence number: the segment's number is
-            // the one in `seg.mem.seq` (nothing reads the header's), and leaving the page
+            // the one its header `Seg` keeps (nothing reads the header's), and leaving the page
             // unwritten leaves it shared with the file.
             let mut order = self.order.lock();
             let seq = order.number(id, false);
-            seg.mem.0.used.store(used, Ordering::Release);
-            seg.mem.0.sealed.store(true, Ordering::Release);
-            seg.mem.0.seq.store(seq, Ordering::Release);
+            seg.publish_sealed(seq, used);
             // Its records were written before the restart; their times are not kept.
-            seg.acct.0.written.note(SEG_HDR, now);
+            seg.note_written(SEG_HDR, now);
         }
         // In the FIFO before its items are indexed: a failed restore wipes the index and
         // frees every segment the FIFO holds.
@@ -1154,20 +1150,10 @@ impl ImageAcct {
             return;
         }
         e.stats.add_live(self.items as i64);
-        seg.acct
-            .0
-            .live_items
-            .fetch_add(self.items, Ordering::Relaxed);
-        seg.acct
-            .0
-            .live_bytes
-            .fetch_add(self.bytes, Ordering::Relaxed);
-        seg.acct
-            .0
-            .max_exp
-            .fetch_max(self.max_exp, Ordering::Relaxed);
+        seg.add_live(self.items, self.bytes);
+        seg.note_latest_expiry(self.max_exp);
         if self.min_exp != 0 {
-            seg.acct.0.note_expiry(self.min_exp);
+            seg.note_expiry(self.min_exp);
         }
     }
 }

@@ -1,7 +1,6 @@
 //! Unit tests of the log engine.
 
 use super::*;
-use std::ptr::NonNull;
 use std::sync::atomic::AtomicBool;
 
 use crate::{
@@ -859,11 +858,10 @@ fn replay(e: &LogEngine, now: Time) -> std::collections::HashMap<Vec<u8>, Item> 
     let mut tombs: HashMap<Vec<u8>, u64> = HashMap::new();
     for id in 0..e.seg_ids() {
         let Some(seg) = e.segs.get(id) else { continue };
-        let p = seg.mem.0.ptr.load(Ordering::Acquire);
-        if p.is_null() {
+        let Some((p, cap)) = seg.mapping() else {
             continue;
-        }
-        let cap = seg.mem.0.cap.load(Ordering::Relaxed);
+        };
+        let p = p.as_ptr();
         // SAFETY: the test is single-threaded here; the mapping is live and unmodified.
         let hdr = unsafe { std::slice::from_raw_parts(p, format::SEG_HDR) };
         if &hdr[0..4] != b"KVLG" {
@@ -1212,13 +1210,13 @@ fn expired_bytes(e: &LogEngine, now: Time) -> usize {
     let mut total = 0;
     for id in 0..e.seg_ids() {
         let Some(seg) = e.segs.get(id) else { continue };
-        let Some(ptr) = NonNull::new(seg.mem.0.ptr.load(Ordering::Acquire)) else {
+        let Some(ptr) = seg.ptr() else {
             continue;
         };
-        if seg.mem.0.seq.load(Ordering::Acquire) == 0 {
+        if seg.seq() == 0 {
             continue; // free
         }
-        let used = seg.mem.0.used.load(Ordering::Acquire);
+        let used = seg.used();
         // SAFETY: a live segment of a quiescent engine; `used` is its published length.
         unsafe {
             compact::for_records(ptr, used, |_, r| {

@@ -428,9 +428,7 @@ impl LogEngine {
             unsafe {
                 std::ptr::copy_nonoverlapping(seq.to_le_bytes().as_ptr(), ptr.as_ptr().add(8), 8)
             };
-            seg.mem.0.used.store(SEG_HDR + len, Ordering::Release);
-            seg.mem.0.sealed.store(true, Ordering::Release);
-            seg.mem.0.seq.store(seq, Ordering::Release);
+            seg.publish_sealed(seq, SEG_HDR + len);
         }
         if !c.keep_cas && !c.keep_access {
             self.stats.count_store();

@@ -355,7 +355,7 @@ impl LogEngine {
         let seq = self
             .segs
             .get(index::slot_seg(v))
-            .map(|s| s.mem.0.seq.load(Ordering::Acquire))
+            .map(|s| s.seq())
             // 0: retired (numbers start at 1); where it was is no longer known.
             .filter(|&seq| seq != 0);
         if let (Some(seq), Some(settled)) = (seq, &*lock(&self.repl.settled)) {

@@ -87,10 +87,10 @@ impl LogEngine {
         let Some(seg) = self.segs.get(id) else {
             return;
         };
-        let Some(ptr) = std::ptr::NonNull::new(seg.mem.0.ptr.load(Ordering::Acquire)) else {
+        let Some(ptr) = seg.ptr() else {
             return;
         };
-        let used = seg.mem.0.used.load(Ordering::Acquire);
+        let used = seg.used();
         let mut notes = EvictionNotes::default();
         let mut note = |here: usize, r: &Rec<'_>| {
             if notes.len() >= MAX_PENDING_EVICTIONS {

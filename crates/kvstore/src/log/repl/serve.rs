@@ -35,8 +35,8 @@ impl LogEngine {
     pub fn log_offset(&self) -> u64 {
         let live: u64 = (0..self.seg_ids())
             .filter_map(|id| self.segs.get(id))
-            .filter(|s| s.mem.0.seq.load(Ordering::Acquire) != 0)
-            .map(|s| s.mem.0.used.load(Ordering::Acquire) as u64)
+            .filter(|s| s.seq() != 0)
+            .map(|s| s.used() as u64)
             .sum();
         self.order.retired_bytes() + live
     }
@@ -252,9 +252,9 @@ impl LogEngine {
             let Some(seg) = self.segs.get(id) else {
                 continue;
             };
-            let sealed = seg.mem.0.sealed.load(Ordering::Acquire);
-            let used = seg.mem.0.used.load(Ordering::Acquire);
-            if !sealed && seg.mem.0.seq.load(Ordering::Acquire) == seq {
+            let sealed = seg.is_sealed();
+            let used = seg.used();
+            if !sealed && seg.seq() == seq {
                 entries.push((
                     seq,
                     Pos {
@@ -281,11 +281,7 @@ impl LogEngine {
         // (see `serve_snapshot`).
         let unsealed: Vec<bool> = live
             .iter()
-            .map(|&(_, id)| {
-                self.segs
-                    .get(id)
-                    .is_some_and(|seg| !seg.mem.0.sealed.load(Ordering::Acquire))
-            })
+            .map(|&(_, id)| self.segs.get(id).is_some_and(|seg| !seg.is_sealed()))
             .collect();
         let mut open = Vec::new();
         let mut lag = 0;
@@ -293,8 +289,8 @@ impl LogEngine {
             let Some(seg) = self.segs.get(id) else {
                 continue;
             };
-            let used = seg.mem.0.used.load(Ordering::Acquire);
-            if seg.mem.0.seq.load(Ordering::Acquire) != seq {
+            let used = seg.used();
+            if seg.seq() != seq {
                 continue;
             }
             lag += used as u64;
@@ -369,10 +365,10 @@ impl LogEngine {
             let Some(seg) = self.segs.get(id) else {
                 continue;
             };
-            if seg.mem.0.seq.load(Ordering::Acquire) != seq {
+            if seg.seq() != seq {
                 continue;
             }
-            let used = seg.mem.0.used.load(Ordering::Acquire);
+            let used = seg.used();
             let at_start = c.get(seq);
             let in_cursor = at_start.is_some();
             let limit = at_start.map_or(used, |p| (p.off as usize).min(used));
@@ -385,7 +381,7 @@ impl LogEngine {
             if next_pos.is_some() || start >= limit {
                 continue;
             }
-            let Some(ptr) = std::ptr::NonNull::new(seg.mem.0.ptr.load(Ordering::Acquire)) else {
+            let Some(ptr) = seg.ptr() else {
                 continue;
             };
             // SAFETY: pinned, and the segment is still live (its number did not change
@@ -538,9 +534,9 @@ impl LogEngine {
                 continue;
             }
             let seg = self.segs.get(id).ok_or(WHY_UNREAD_GONE)?;
-            let sealed = seg.mem.0.sealed.load(Ordering::Acquire);
-            let used = seg.mem.0.used.load(Ordering::Acquire);
-            if seg.mem.0.seq.load(Ordering::Acquire) != seq {
+            let sealed = seg.is_sealed();
+            let used = seg.used();
+            if seg.seq() != seq {
                 // Retired since the check: unless it was new to the replica, part of it
                 // is lost, unless it may be skipped (remembered before it was retired).
                 if lock(&self.repl.skippable).contains(&seq) {
@@ -557,8 +553,7 @@ impl LogEngine {
             if start == used && !sealed {
                 continue;
             }
-            let ptr = std::ptr::NonNull::new(seg.mem.0.ptr.load(Ordering::Acquire))
-                .ok_or(WHY_UNREAD_GONE)?;
+            let ptr = seg.ptr().ok_or(WHY_UNREAD_GONE)?;
             // SAFETY: pinned and still live, as in `serve_snapshot`.
             let base = unsafe { format::seg_cas_base(ptr.as_ptr()) };
             let mut end = start;

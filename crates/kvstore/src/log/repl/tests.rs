@@ -276,10 +276,8 @@ fn own_position_lists_exactly_the_open_live_segments() {
             let Some(seg) = e.segs.get(id) else {
                 continue;
             };
-            if !seg.mem.0.sealed.load(Ordering::Acquire)
-                && seg.mem.0.seq.load(Ordering::Acquire) == seq
-            {
-                let off = seg.mem.0.used.load(Ordering::Acquire) as u32;
+            if !seg.is_sealed() && seg.seq() == seq {
+                let off = seg.used() as u32;
                 entries.push((seq, off));
             }
         }
