@@ -53,7 +53,7 @@ impl LogEngine {
     /// where [`REWRITE_RESERVE_DIVISOR`] keeps a part for rewrites.
     pub(super) fn write_budget(&self) -> usize {
         let b = self.budget();
-        if self.no_evict {
+        if self.config.no_evict {
             let per_item = self
                 .stats
                 .live_items()

@@ -177,7 +177,8 @@ impl Engine for LogEngine {
     }
 
     fn tally_sizes(&self, bounds: &[u32], steps: bool) {
-        let t = super::tally::Tally::new(bounds, self.stats.cells(), steps, self.max_item_size);
+        let t =
+            super::tally::Tally::new(bounds, self.stats.cells(), steps, self.config.max_item_size);
         if self.tally.set(t).is_err() {
             return;
         }
@@ -402,21 +403,11 @@ impl Engine for LogEngine {
         } else {
             0
         };
-        let start = self.maint_cursor.fetch_add(chunk, Ordering::Relaxed) % nmain;
         // Items are read only where one may be dead: in a segment whose earliest expiry
         // has come, or anywhere during the first pass after a flush (an idle cache of items
         // without times to live costs the sweep no reads of the log).
-        let every = {
-            let marks = self.flush.marks();
-            let mut s = lock(&self.sweep_marks);
-            if s.marks != marks {
-                s.marks = marks;
-                s.scanned = 0;
-            }
-            let every = s.scanned < nmain;
-            s.scanned = s.scanned.saturating_add(chunk);
-            every || self.flush.deadline_passed(now)
-        };
+        let (start, every) = self.sweep.next(nmain, chunk, self.flush.marks());
+        let every = every || self.flush.deadline_passed(now);
         // Nothing to look for at all (no segment's earliest expiry has come): the index is
         // not walked. A segment header each is far less than a walk of the index.
         let chunk = if every

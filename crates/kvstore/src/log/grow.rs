@@ -70,7 +70,7 @@ impl LogEngine {
                     let room = |extra: usize| {
                         let index = self.index_bytes() + extra;
                         index <= max / 2
-                            && (!self.no_evict || self.arena.allocated() + index <= max)
+                            && (!self.config.no_evict || self.arena.allocated() + index <= max)
                     };
                     while split.len() < GROW_BATCH
                         && live * LOAD_DEN > self.index.nmain() * index::SLOTS * LOAD_NUM
@@ -109,7 +109,7 @@ impl LogEngine {
                     g.step = GrowStep::Split;
                     g.expanding = true;
                     // The index is counted against the limit: give back what it took.
-                    if !self.no_evict && self.arena.allocated() > self.budget() {
+                    if !self.config.no_evict && self.arena.allocated() > self.budget() {
                         self.shrink();
                     }
                 }
@@ -169,7 +169,7 @@ impl LogEngine {
         let max = self.arena.limit();
         let index = self.index_bytes();
         let mut spare = (max / 2).saturating_sub(index);
-        if self.no_evict {
+        if self.config.no_evict {
             spare = spare.min(max.saturating_sub(self.arena.allocated() + index));
         }
         let cap = self.index.nmain() + spare / index::BUCKET_BYTES;

@@ -39,7 +39,7 @@
 //!   TTL class (`ttl.rs`: geometric classes from 1 s to 36 hours), so the
 //!   items of a segment expire about together. A segment keeps the latest expiry it was
 //!   given (`SegAcct::max_exp`), and the earliest (`SegAcct::min_exp`: `maintain`'s sweep
-//!   of the index reads no record of a segment before it, see [`SweepMarks`]);
+//!   of the index reads no record of a segment before it, see `sweep.rs`);
 //!   `maintain` frees every sealed segment past the latest, anywhere in
 //!   the FIFOs, without waiting for eviction (`expire_segments`), and seals a class's
 //!   open segment once its first items have all expired (`seal_aged`), so a class written
@@ -166,6 +166,7 @@ mod index;
 pub(crate) mod lease;
 mod mem;
 mod meta;
+mod open;
 mod order;
 pub mod repl;
 mod seg;
@@ -173,6 +174,7 @@ mod segments;
 mod sketch;
 pub mod snapshot;
 mod stats;
+mod sweep;
 mod sync;
 pub mod tally;
 #[cfg(test)]
@@ -183,7 +185,7 @@ mod write;
 mod written;
 
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use crate::{EngineConfig, ItemView, Time};
@@ -194,12 +196,13 @@ use flush::Flush;
 use format::{Rec, Spec, KIND_ITEM, META_BINARY_KEY, META_STALE};
 use grow::Grow;
 use index::{Index, Insert, Slot, IDENT_MASK};
+use open::OpenSegs;
 use order::LogOrder;
 use seg::SegTable;
-use segments::{Open, Queue};
+use segments::Queue;
 use stats::Stats;
-use sync::{lock, Padded, Pins};
-use ttl::TtlClasses;
+use sweep::Sweep;
+use sync::{lock, Pins};
 use write::{Commit, Cond, MetaW, Src};
 
 /// Largest segment (offsets must fit the slot's offset field).
@@ -226,16 +229,6 @@ const PAGE: usize = 4096;
 const MAX_KEY: usize = 255;
 /// Attempts of an optimistic read-then-write (append, incr, touch) before giving up.
 const RETRIES: usize = 64;
-/// What the background sweep knows of flushes: the watermarks (`flush_mark`,
-/// `delayed_mark`) it last saw, and how many buckets it has scanned since they changed.
-/// Once a whole pass has gone by under the same watermarks, no indexed item is below them
-/// (each one found was unlinked, and items stored since are above them), so only expiry
-/// can make an item dead and a segment whose earliest expiry is still ahead needs no
-/// reading.
-struct SweepMarks {
-    marks: (u64, u64),
-    scanned: usize,
-}
 
 /// Main buckets `maintain` scans per call (each a cache line of 8 slots).
 const MAINTAIN_BUCKETS: usize = 1 << 16;
@@ -272,11 +265,9 @@ struct Peek {
 
 /// The log-structured storage engine. See the module documentation.
 pub struct LogEngine {
-    max_item_size: usize,
-    /// For [`EngineConfig::item_size`] (the -I rule).
+    /// What the engine was made with (`-I`, `-M`, `-C`; the memory limit as it was then:
+    /// the arena keeps the current one).
     config: EngineConfig,
-    no_evict: bool,
-    use_cas: bool,
     seg_size: usize,
     seed: u64,
     index: Index,
@@ -286,11 +277,9 @@ pub struct LogEngine {
     eviction: Eviction,
     /// no_evict only: compaction's segment and spare (see `compact.rs`).
     compactor: Mutex<compact::Compactor>,
-    /// The append shards' open segments, a thread's picked by `tid()` (the shard locks,
-    /// first in the lock order).
-    shards: Box<[Padded<Mutex<Option<Open>>>]>,
-    /// Open segments of items with a time to live, by how long they live (`ttl.rs`).
-    ttl: TtlClasses,
+    /// The open segments writers append to: the append shards' and the TTL classes'
+    /// (`open.rs`; their locks come first in the lock order).
+    open: OpenSegs,
     /// Index growth, one thread at a time, and its pending steps.
     grow_lock: Mutex<Grow>,
     /// Readers' pins, and the barrier reclaiming memory waits on (`sync.rs`).
@@ -304,10 +293,8 @@ pub struct LogEngine {
     clock: AtomicU32,
     /// `flush_all`'s watermarks and pending deadline (`flush.rs`).
     flush: Flush,
-    maint_cursor: AtomicUsize,
-    /// The flush watermarks the sweep last saw, and the buckets it has scanned since they
-    /// changed (see `maintain`).
-    sweep_marks: Mutex<SweepMarks>,
+    /// Where the background sweep is, and the flush watermarks it last saw (`sweep.rs`).
+    sweep: Sweep,
     /// Rewrite stamps (see `rewrite_stamp`), drawn as CAS uniques are.
     stamps: cas::CasClock,
     /// The log's order: segments' sequence numbers, the live and open segments in that
@@ -350,10 +337,7 @@ impl LogEngine {
         let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
         let nshards = (cpus * 2).clamp(2, 16).min((budget / seg_size / 8).max(1));
         LogEngine {
-            max_item_size: config.max_item_size,
             config: config.clone(),
-            no_evict: config.no_evict,
-            use_cas: config.use_cas,
             seg_size,
             seed: std::collections::hash_map::RandomState::new()
                 .hash_one(0x006b_7663_6163_6865_u64),
@@ -361,20 +345,14 @@ impl LogEngine {
             segs: SegTable::new(index::MAX_SEGMENTS),
             eviction: Eviction::new(max_bytes),
             compactor: Mutex::new(compact::Compactor::default()),
-            shards: (0..nshards).map(|_| Padded::default()).collect(),
-            ttl: TtlClasses::new(budget / seg_size, nshards),
+            open: OpenSegs::new(nshards, budget / seg_size),
             grow_lock: Mutex::new(Grow::default()),
             pins: Pins::new(),
             cas: cas::CasClock::new(),
             arena: Arena::new(max_bytes),
             clock: AtomicU32::new(0),
             flush: Flush::default(),
-            maint_cursor: AtomicUsize::new(0),
-            sweep_marks: Mutex::new(SweepMarks {
-                marks: (0, 0),
-                // Nothing is below watermarks of 0: no pass is owed.
-                scanned: usize::MAX,
-            }),
+            sweep: Sweep::default(),
             stamps: cas::CasClock::new(),
             order: LogOrder::new(),
             repl: repl::ReplFlags::default(),
@@ -543,7 +521,7 @@ impl LogEngine {
 
     /// memcached's -I rule: the item as memcached would size it exceeds the limit.
     fn too_large(&self, key_len: usize, value_len: usize, flags: u32) -> bool {
-        self.config.item_size(key_len, value_len, flags) > self.max_item_size
+        self.config.item_size(key_len, value_len, flags) > self.config.max_item_size
     }
 
     /// This thread's event counters ([`Stats::mine`]).
@@ -576,7 +554,7 @@ impl LogEngine {
     /// The CAS unique clients see for a record: its explicit one, else its version
     /// (0 with CAS off).
     fn rec_cas(&self, r: &Rec<'_>) -> u64 {
-        if self.use_cas {
+        if self.config.use_cas {
             r.explicit_cas.unwrap_or(r.cas)
         } else {
             0

@@ -133,7 +133,7 @@ impl LogEngine {
     /// A free regular segment, evicting if needed (and allowed); with no_evict,
     /// compacting if `compact`.
     pub(super) fn take_segment(&self, compact: bool) -> Option<u32> {
-        if self.no_evict {
+        if self.config.no_evict {
             // Keep segments back for compaction and rewrites while memory is free.
             self.keep_reserve(&mut lock(&self.compactor));
         } else {
@@ -156,7 +156,7 @@ impl LogEngine {
                     }
                 }
             }
-            if self.no_evict {
+            if self.config.no_evict {
                 if self.reclaim_dead()
                     || self.unstick() && self.reclaim_dead()
                     || compact && self.compact_for_segment()
@@ -216,8 +216,7 @@ impl LogEngine {
                 changed = true;
             }
         }
-        let shards = self.shards.iter().map(|s| &s.0);
-        for shard in shards.chain(self.ttl.slots().map(|(s, _)| s)) {
+        for shard in self.open.all() {
             if let Ok(mut sh) = shard.try_lock() {
                 if let Some(o) = sh.take() {
                     self.seal(o, Queue::Small);
@@ -488,7 +487,7 @@ impl LogEngine {
     /// Shard locks are only tried (a writer holding one is busy with it and will come
     /// back).
     pub(super) fn seal_aged(&self, now: Time) {
-        for (slot, longest) in self.ttl.slots() {
+        for (slot, longest) in self.open.ttl().slots() {
             let Ok(mut sh) = slot.try_lock() else {
                 continue;
             };

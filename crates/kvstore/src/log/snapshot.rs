@@ -454,8 +454,8 @@ impl LogEngine {
     pub fn snapshot_settings(&self) -> SnapshotSettings {
         SnapshotSettings {
             record_format: RECORD_FORMAT,
-            use_cas: self.use_cas,
-            max_item_size: self.max_item_size as u64,
+            use_cas: self.config.use_cas,
+            max_item_size: self.config.max_item_size as u64,
         }
     }
 
@@ -638,7 +638,7 @@ impl LogEngine {
         // are loaded (splits still happen if the header's count was short).
         let _bulk = self.bulk_load(info.items);
         // An image holds at most a regular segment, or one item in a large one.
-        fr.max_frame = (index::MAX_OFFSET + self.max_item_size + (64 << 10)) as u64;
+        fr.max_frame = (index::MAX_OFFSET + self.config.max_item_size + (64 << 10)) as u64;
         let first = self.first_image_that_fits(&fr);
         let loaded = fan_out(
             |send| loop {
@@ -856,7 +856,7 @@ impl LogEngine {
                 if r.kind != KIND_ITEM {
                     return Err("a record that is not an item");
                 }
-                if r.key.len() > MAX_KEY || r.value.len() > self.max_item_size {
+                if r.key.len() > MAX_KEY || r.value.len() > self.config.max_item_size {
                     return Err("an item larger than allowed");
                 }
                 if large && (done > 1 || off != SEG_HDR) {
@@ -908,7 +908,7 @@ impl LogEngine {
             if r.kind != KIND_ITEM {
                 return Err("a record that is not an item");
             }
-            if r.key.len() > MAX_KEY || r.value.len() > self.max_item_size {
+            if r.key.len() > MAX_KEY || r.value.len() > self.config.max_item_size {
                 return Err("an item larger than allowed");
             }
             loaded.cas = loaded.cas.max(r.cas.saturating_add(1));
@@ -964,7 +964,7 @@ impl LogEngine {
         // are loaded (splits still happen if the header's count was short).
         let _bulk = self.bulk_load(info.items);
         // A batch holds its budget and at most one record more.
-        fr.max_frame = (BATCH_BUDGET + self.max_item_size + (64 << 10)) as u64;
+        fr.max_frame = (BATCH_BUDGET + self.config.max_item_size + (64 << 10)) as u64;
         let invalid = |offset, source: ReplError| SnapshotError::Batch { offset, source };
         // The reset batch first, alone: it sets up the cursor every snapshot batch is
         // checked against.

@@ -1143,7 +1143,7 @@ fn ttl_classes_fit_the_memory() {
 #[test]
 fn expired_segments_are_freed_whole() {
     let e = LogEngine::new(cfg(64 << 20));
-    assert!(!e.ttl.bounds().is_empty());
+    assert!(!e.open.ttl().bounds().is_empty());
     // Items that live 5 s fill a few segments of their class; items that never expire
     // and items that live an hour go elsewhere.
     let value = [7u8; 1000];
@@ -1176,7 +1176,7 @@ fn expired_segments_are_freed_whole() {
     // After it the full segments of the class go at once; the open one is sealed once
     // its first items have all expired (the class's longest time to live, 6 s, after it
     // was opened), and goes too.
-    assert_eq!(e.ttl.bounds()[0], 6);
+    assert_eq!(e.open.ttl().bounds()[0], 6);
     e.maintain(106, true);
     let expired = e.stats.totals().segments_expired;
     assert!(expired >= 3, "{expired} segments expired");
@@ -1287,12 +1287,12 @@ fn expired_items_hold_little_memory() {
     let e = LogEngine::new(cfg(16 << 20));
     let (worst, live) = ttl_workload(&e, 150, 3000, 2);
     let mut plain = LogEngine::new(cfg(16 << 20));
-    plain.ttl = super::ttl::TtlClasses::none();
+    plain.open.set_ttl(super::ttl::TtlClasses::none());
     let (plain_worst, plain_live) = ttl_workload(&plain, 150, 3000, 2);
     println!(
         "TTL classes {:?}: expired bytes at most {:.1}% of the limit, {live:.0} live items; \
          without: {:.1}%, {plain_live:.0}",
-        e.ttl.bounds(),
+        e.open.ttl().bounds(),
         worst * 100.0,
         plain_worst * 100.0
     );
@@ -1321,12 +1321,12 @@ fn ttl_workload_1g() {
     for classes in [true, false] {
         let mut e = LogEngine::new(cfg(1 << 30));
         if !classes {
-            e.ttl = super::ttl::TtlClasses::none();
+            e.open.set_ttl(super::ttl::TtlClasses::none());
         }
         let (worst, live) = ttl_workload(&e, 150, 200_000, 5);
         println!(
             "1 GiB, {} TTL classes: expired bytes at most {:.2}% of the limit, {live:.0} live items",
-            e.ttl.bounds().len(),
+            e.open.ttl().bounds().len(),
             worst * 100.0
         );
         runs.push((worst, live));
@@ -1352,8 +1352,8 @@ fn busy_ttl_class_falls_back_to_the_shard() {
     assert!(matches!(e.store(ttl(b"a"), 100), StoreResult::Stored(_)));
     assert_eq!(e.stats.totals().ttl_class_busy, 0);
     // Another writer holds every open segment of the class (10 s lives in class 1).
-    assert_eq!(e.ttl.bounds().partition_point(|&b| b <= 10), 1);
-    let held = e.ttl.lock_class(1);
+    assert_eq!(e.open.ttl().bounds().partition_point(|&b| b <= 10), 1);
+    let held = e.open.ttl().lock_class(1);
     assert!(matches!(e.store(ttl(b"b"), 100), StoreResult::Stored(_)));
     assert_eq!(e.stats.totals().ttl_class_busy, 1);
     drop(held);

@@ -10,8 +10,6 @@ use super::format::{
 };
 use super::index::{Insert, Slot, IDENT_MASK};
 use super::segments::{Dest, Evicted, Open, Queue};
-use super::sync::{lock, tid};
-use super::ttl::ClassSeg;
 use super::{index, LogEngine, Vis, GROW_EVERY, MAX_KEY, PAGE, RETRIES};
 use crate::{
     number, ItemView, MetaArith, MetaArithResult, MetaStoreRequest, StoreMode, StoreResult, Time,
@@ -198,7 +196,7 @@ impl LogEngine {
                 } else {
                     self.cas.draw(min)
                 };
-                (cas, 0, c.meta.explicit_cas.filter(|_| self.use_cas))
+                (cas, 0, c.meta.explicit_cas.filter(|_| self.config.use_cas))
             }
         };
         let old_meta = old.map_or(0, |r| r.meta);
@@ -290,7 +288,7 @@ impl LogEngine {
                 }
             }
         }
-        let shown = if self.use_cas {
+        let shown = if self.config.use_cas {
             explicit_cas.unwrap_or(cas)
         } else {
             0
@@ -329,7 +327,7 @@ impl LogEngine {
             Src::Bytes(_) => extra,
             _ => extra + c.old_len,
         };
-        if c.key.len() > MAX_KEY || vlen > self.max_item_size {
+        if c.key.len() > MAX_KEY || vlen > self.config.max_item_size {
             return Outcome::TooLarge;
         }
         let need = HDR_MAX + c.key.len() + vlen;
@@ -339,7 +337,7 @@ impl LogEngine {
         let mut sh = self.open_for(c.exptime, now);
         // A rewrite of the item's own bytes (touch) frees as much as it takes: with -M and
         // full memory it goes where compaction makes room.
-        let rewrite = self.no_evict && c.keep_cas && matches!(c.src, Src::Old);
+        let rewrite = self.config.no_evict && c.keep_cas && matches!(c.src, Src::Old);
         let Some(open) = self.room_with(&mut sh, need, !rewrite) else {
             drop(sh);
             if rewrite {
@@ -369,21 +367,15 @@ impl LogEngine {
 
     /// The open segment a new record expiring at `exptime` goes to (None: the old item's
     /// expiry, unknown before the stripe lock), locked: its TTL class's, or the thread's
-    /// shard's for items that never expire, expire beyond the classes or have no class.
-    /// A class's segments are shared by the threads, so they are only tried: when every
-    /// one of the class is busy, the record goes to the shard's segment instead of waiting
-    /// (it then expires with less company, and no writer ever waits for another's class).
+    /// shard's for items that never expire, expire beyond the classes or have no class
+    /// (see [`super::open::OpenSegs::for_expiry`]).
     fn open_for(&self, exptime: Option<Time>, now: Time) -> MutexGuard<'_, Option<Open>> {
-        if let Some(e) = exptime.filter(|&e| e > now) {
-            match self.ttl.try_open(e - now, tid()) {
-                ClassSeg::Open(g) => return g,
-                ClassSeg::Busy => {
-                    self.st().ttl_class_busy.fetch_add(1, Ordering::Relaxed);
-                }
-                ClassSeg::NoClass => {}
-            }
+        let ttl = exptime.filter(|&e| e > now).map(|e| e - now);
+        let (slot, busy) = self.open.for_expiry(ttl);
+        if busy {
+            self.st().ttl_class_busy.fetch_add(1, Ordering::Relaxed);
         }
-        lock(&self.shards[tid() % self.shards.len()].0)
+        slot
     }
 
     pub(super) fn commit_large(
@@ -454,7 +446,7 @@ impl LogEngine {
                     continue;
                 }
             }
-            if self.no_evict {
+            if self.config.no_evict {
                 if self.reclaim_dead() || self.unstick() && self.reclaim_dead() {
                     continue;
                 }
@@ -672,8 +664,7 @@ impl LogEngine {
         want: Option<u64>,
     ) -> Option<bool> {
         let need = HDR_MAX + key.len();
-        let shard = &self.shards[tid() % self.shards.len()];
-        let mut sh = lock(&shard.0);
+        let mut sh = self.open.shard();
         // Without room for a tombstone (no_evict and full) the delete still happens; only
         // a log reader would miss it.
         let open = self.room(&mut sh, need);

@@ -6,7 +6,7 @@
 use std::sync::atomic::Ordering;
 
 use super::super::format::{Rec, HDR_MAX, KIND_ITEM, KIND_TOMBSTONE};
-use super::super::sync::{lock, tid};
+use super::super::sync::lock;
 use super::super::{index, LogEngine};
 use super::{held_for_replica, EvictionNotes, Holds, Version};
 
@@ -158,8 +158,7 @@ impl LogEngine {
     /// item of the key. Without room for it (no_evict and full) only the removal happens.
     pub(in crate::log) fn write_tombstone(&self, key: &[u8], h: u64, ver: Option<Version>) {
         let need = HDR_MAX + key.len();
-        let shard = &self.shards[tid() % self.shards.len()];
-        let mut sh = lock(&shard.0);
+        let mut sh = self.open.shard();
         let open = self.room(&mut sh, need);
         let dest = open.as_ref().and_then(|o| self.dest(o));
         let _g = self.index.lock(h);
