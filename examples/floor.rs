@@ -64,11 +64,13 @@ fn udp(addr: (std::net::IpAddr, u16), value: &[u8]) -> io::Result<()> {
     let mut input = vec![[0u8; DGRAM]; BATCH];
     let mut output: Vec<Vec<u8>> = (0..BATCH).map(|_| Vec::with_capacity(DGRAM)).collect();
     // SAFETY: all-zero sockaddr_storage, iovec and mmsghdr are valid values of these C types.
-    let mut peers: Vec<libc::sockaddr_storage> = vec![unsafe { std::mem::zeroed() }; BATCH];
-    let mut in_iov: Vec<libc::iovec> = vec![unsafe { std::mem::zeroed() }; BATCH];
-    let mut out_iov: Vec<libc::iovec> = vec![unsafe { std::mem::zeroed() }; BATCH];
-    let mut in_msgs: Vec<libc::mmsghdr> = vec![unsafe { std::mem::zeroed() }; BATCH];
-    let mut out_msgs: Vec<libc::mmsghdr> = vec![unsafe { std::mem::zeroed() }; BATCH];
+    let (peer, iov, msg): (libc::sockaddr_storage, libc::iovec, libc::mmsghdr) =
+        unsafe { (std::mem::zeroed(), std::mem::zeroed(), std::mem::zeroed()) };
+    let mut peers: Vec<libc::sockaddr_storage> = vec![peer; BATCH];
+    let mut in_iov: Vec<libc::iovec> = vec![iov; BATCH];
+    let mut out_iov: Vec<libc::iovec> = vec![iov; BATCH];
+    let mut in_msgs: Vec<libc::mmsghdr> = vec![msg; BATCH];
+    let mut out_msgs: Vec<libc::mmsghdr> = vec![msg; BATCH];
     loop {
         for i in 0..BATCH {
             in_iov[i] = libc::iovec {

@@ -242,6 +242,7 @@ impl ServerStats {
 pub fn rusage() -> ((i64, i64), (i64, i64)) {
     // SAFETY: getrusage writes into the zeroed struct we pass; RUSAGE_SELF is always valid.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
     let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
     if rc != 0 {
         return ((0, 0), (0, 0));

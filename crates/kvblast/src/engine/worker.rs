@@ -44,9 +44,8 @@ impl Timer {
             return Err(std::io::Error::last_os_error());
         }
         // SAFETY: fd is a fresh descriptor that nothing else owns.
-        Ok(Timer {
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
-        })
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(Timer { fd })
     }
 
     pub(super) fn arm(&self, after: Duration) {

@@ -246,7 +246,7 @@ pub(crate) unsafe fn write(dst: *mut u8, room: usize, spec: &Spec<'_>, natural: 
     let mut hdr = [0u8; HDR_MAX];
     let hlen = encode_header(spec, natural, &mut hdr);
     let mut at = 1;
-    // SAFETY (whole block): the caller guarantees `dst .. dst + encoded_len` is writable
+    // SAFETY: (the whole block) the caller guarantees `dst .. dst + encoded_len` is writable
     // and exclusively ours; every copy below stays inside that range (header, key and
     // value parts add up to exactly `encoded_len`), and the sources are caller slices
     // that cannot overlap the unpublished destination.
@@ -401,7 +401,7 @@ pub(crate) unsafe fn read<'a>(
     cas_base: u64,
 ) -> Option<Rec<'a>> {
     let p = base_ptr;
-    // SAFETY (whole function): every read below goes through the bounded helpers, which
+    // SAFETY: (the whole function) every read below goes through the bounded helpers, which
     // stop at `end`, on bytes of this published record (the caller's contract).
     unsafe {
         let state = state_at(p, end, off)?;
@@ -486,7 +486,7 @@ pub(crate) mod v1 {
         cas_base: u64,
     ) -> Option<Rec<'a>> {
         let p = base_ptr;
-        // SAFETY (whole function): as in `super::read`.
+        // SAFETY: (the whole function) as in `super::read`.
         unsafe {
             let state = state_at(p, end, off)?;
             let kind = match state & KIND_MASK {
@@ -714,10 +714,8 @@ mod tests {
             unsafe { write(buf.as_mut_ptr(), buf.len(), &spec, 0) };
             for end in 0..len {
                 // SAFETY: `buf` outlives the call; `end <= buf.len()`.
-                assert!(
-                    unsafe { read(buf.as_ptr(), end, 0, 0) }.is_none(),
-                    "end {end}"
-                );
+                let rec = unsafe { read(buf.as_ptr(), end, 0, 0) };
+                assert!(rec.is_none(), "end {end}");
             }
             buf[0] &= !PUBLISHED;
             // SAFETY: as above.
