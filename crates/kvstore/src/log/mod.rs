@@ -4,19 +4,27 @@
 //!
 //! # Files
 //!
-//! This file holds the engine's state, its constants and the helpers every path uses
-//! (hashing, pins and barriers, lookups, accounting). The rest, one concern each:
-//! `segments.rs` (segment headers; taking, opening, sealing and freeing segments),
-//! `arena.rs` (the memory limit, the segment memory mapped and leased, the free pool:
-//! [`arena::Arena`]), `order.rs` (the log's order: segments' sequence numbers, the live and
-//! open segments in that order, [`order::LogOrder`]), `stats.rs` (live items, items stored
-//! and event counters, per thread: [`stats::Stats`]), `write.rs` (the write path
-//! and the commands built on it), `grow.rs` (index growth), `evict.rs` (the eviction
-//! policy's state, [`evict::Eviction`]: the FIFOs, the evictor, the miss sketch; and segment
-//! eviction and copy-forward), `meta.rs` (meta reads), `engine.rs` (the `Engine` trait's entry
+//! This file holds the engine, its constants and the helpers every path uses (hashing,
+//! pins and barriers, lookups, accounting). `LogEngine`'s fields are its parts and its
+//! settings; each part is a type with private fields and narrow methods, and owns the
+//! invariants it keeps (its `unsafe` blocks say which):
+//! `index.rs` (the slot index, [`index::Index`]), `seg.rs` (segment headers and what they
+//! promise readers, [`seg::Seg`]), `arena.rs` (the memory limit, the segment memory mapped
+//! and leased, the free pool: [`arena::Arena`]), `order.rs` (the log's order: segments'
+//! sequence numbers, the live and open segments in that order, [`order::LogOrder`]),
+//! `open.rs` (the open segments writers append to, [`open::OpenSegs`], with `ttl.rs`'s
+//! classes), `evict.rs` (the eviction policy's state, [`evict::Eviction`]: the FIFOs, the
+//! evictor, the miss sketch of `sketch.rs`), `stats.rs` (per-thread counters,
+//! [`stats::Stats`]), `sweep.rs` (the background sweep's place), `flush.rs`, `cas.rs`,
+//! `grow.rs` (index growth's pending steps), `sync.rs` (pins), `mem.rs` (mappings),
+//! `format.rs` (the record format), `lease.rs` (leased values), `tally.rs`.
+//!
+//! The paths that combine the parts are `impl LogEngine` blocks, one concern each:
+//! `segments.rs` (taking, opening, sealing and freeing segments), `write.rs` (the write
+//! path and the commands built on it), `evict.rs` (segment eviction and copy-forward),
+//! `compact.rs` (`-M`), `meta.rs` (meta reads), `engine.rs` (the `Engine` trait's entry
 //! points), `repl/` (log shipping), `snapshot.rs` (warm restart), `walk.rs` (`digest`,
-//! `scan`), `format.rs` (the record format),
-//! `index.rs` (the slot index), `mem.rs` (mappings), `sketch.rs` (the miss sketch).
+//! `scan`).
 //!
 //! # Layout
 //!
@@ -38,7 +46,7 @@
 //! * **TTL classes**: an item with a time to live goes instead to the open segment of its
 //!   TTL class (`ttl.rs`: geometric classes from 1 s to 36 hours), so the
 //!   items of a segment expire about together. A segment keeps the latest expiry it was
-//!   given (`SegAcct::max_exp`), and the earliest (`SegAcct::min_exp`: `maintain`'s sweep
+//!   given, and the earliest (`seg.rs`; `maintain`'s sweep
 //!   of the index reads no record of a segment before it, see `sweep.rs`);
 //!   `maintain` frees every sealed segment past the latest, anywhere in
 //!   the FIFOs, without waiting for eviction (`expire_segments`), and seals a class's
