@@ -9,6 +9,7 @@
 //! the clock. An item's `exptime` is absolute: 0 means "never expires", and an item with
 //! `0 < exptime <= now` is expired and never returned.
 
+pub mod flash;
 mod log;
 #[doc(hidden)]
 pub mod model;

@@ -1,0 +1,547 @@
+//! One flash file: made or opened, its header checked, pages written whole and ranges of
+//! them read back and checked (`layout.rs` says what the bytes are). I/O bypasses the page
+//! cache (`O_DIRECT`) where the file system allows it, so a flash tier cannot quietly use
+//! RAM beyond `-m`; where it does not (tmpfs), the file is used buffered and
+//! [`FlashFile::is_direct`] says so. Reads and writes are positioned (`pread`/`pwrite`), so
+//! one file serves many threads without a lock.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+
+use thiserror::Error;
+
+use super::layout::{Header, LayoutError, BLOCK, BLOCK_DATA};
+
+/// Why a flash file could not be made, opened, written or read.
+#[derive(Debug, Error)]
+pub enum FlashError {
+    #[error("{path}: {op}: {source}")]
+    Io {
+        path: PathBuf,
+        op: &'static str,
+        source: io::Error,
+    },
+    #[error("{path}: {source}")]
+    Layout { path: PathBuf, source: LayoutError },
+    #[error("{path}: {size} bytes hold no page of {page} bytes beside the header")]
+    TooSmall {
+        path: PathBuf,
+        size: u64,
+        page: usize,
+    },
+    #[error("{path}: not a regular file")]
+    NotAFile { path: PathBuf },
+    #[error("{path}: the file is {got} bytes, its header says {want}")]
+    Length { path: PathBuf, want: u64, got: u64 },
+}
+
+/// A flash file in use.
+#[derive(Debug)]
+pub struct FlashFile {
+    file: File,
+    path: PathBuf,
+    header: Header,
+    direct: bool,
+}
+
+impl FlashFile {
+    /// Make a fresh flash file at `path` of at most `size` bytes, in pages that each hold a
+    /// segment image of `page_bytes` bytes, with a new random tier id: whatever the file
+    /// held before is gone. The space is allocated now (so that a full disk shows at
+    /// start, not at the first write), where the file system can.
+    pub fn create(path: &Path, size: u64, page_bytes: usize) -> Result<FlashFile, FlashError> {
+        let page_blocks = page_bytes.div_ceil(BLOCK_DATA).max(1);
+        let per_page = (page_blocks * BLOCK) as u64;
+        let pages = size.saturating_sub(BLOCK as u64) / per_page;
+        let (Ok(page_blocks), Ok(pages)) = (u32::try_from(page_blocks), u32::try_from(pages))
+        else {
+            return Err(FlashError::TooSmall {
+                path: path.to_path_buf(),
+                size,
+                page: page_bytes,
+            });
+        };
+        if pages == 0 {
+            return Err(FlashError::TooSmall {
+                path: path.to_path_buf(),
+                size,
+                page: page_bytes,
+            });
+        }
+        let header = Header {
+            tier_id: new_tier_id(),
+            page_blocks,
+            pages,
+        };
+        let (file, direct) = open(path, true)?;
+        let io = |op: &'static str| {
+            let path = path.to_path_buf();
+            move |source| FlashError::Io { path, op, source }
+        };
+        file.set_len(0).map_err(io("truncate"))?;
+        allocate(&file, header.file_len()).map_err(io("allocate"))?;
+        let mut buf = AlignedBuf::new();
+        let block = buf.get(BLOCK);
+        block.copy_from_slice(&header.encode());
+        file.write_all_at(block, 0).map_err(io("write header"))?;
+        file.sync_all().map_err(io("sync"))?;
+        Ok(FlashFile {
+            file,
+            path: path.to_path_buf(),
+            header,
+            direct,
+        })
+    }
+
+    /// Open the flash file at `path` as it is, checking its header and its length.
+    pub fn open(path: &Path) -> Result<FlashFile, FlashError> {
+        let (file, direct) = open(path, false)?;
+        let io = |op: &'static str| {
+            let path = path.to_path_buf();
+            move |source| FlashError::Io { path, op, source }
+        };
+        let mut buf = AlignedBuf::new();
+        let block = buf.get(BLOCK);
+        let got = file.metadata().map_err(io("stat"))?.len();
+        if got < BLOCK as u64 {
+            return Err(FlashError::Length {
+                path: path.to_path_buf(),
+                want: BLOCK as u64,
+                got,
+            });
+        }
+        file.read_exact_at(block, 0).map_err(io("read header"))?;
+        let header = Header::parse(block).map_err(|source| FlashError::Layout {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        if got < header.file_len() {
+            return Err(FlashError::Length {
+                path: path.to_path_buf(),
+                want: header.file_len(),
+                got,
+            });
+        }
+        Ok(FlashFile {
+            file,
+            path: path.to_path_buf(),
+            header,
+            direct,
+        })
+    }
+
+    /// The file's header: its tier id and geometry.
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    /// Where the file is.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether I/O bypasses the page cache.
+    pub fn is_direct(&self) -> bool {
+        self.direct
+    }
+
+    /// Write `image` (at most a page's capacity) as page `page` at generation `gen`, using
+    /// `buf` for the blocks. Returns the bytes written to the device (whole blocks: for
+    /// write amplification).
+    pub fn write_page(
+        &self,
+        page: u32,
+        gen: u32,
+        image: &[u8],
+        buf: &mut AlignedBuf,
+    ) -> Result<usize, FlashError> {
+        if page >= self.header.pages {
+            return Err(self.layout(LayoutError::Range {
+                off: 0,
+                end: image.len(),
+                cap: self.header.page_capacity(),
+            }));
+        }
+        let out = buf.get(self.header.page_blocks as usize * BLOCK);
+        let n = self
+            .header
+            .encode_page(page, gen, image, out)
+            .map_err(|e| self.layout(e))?;
+        let blocks = out.get(..n).unwrap_or_default();
+        self.file
+            .write_all_at(blocks, self.header.page_offset(page))
+            .map_err(|source| self.io("write", source))?;
+        Ok(n)
+    }
+
+    /// Read image bytes `[off, off + len)` of page `page`, written at generation `gen`,
+    /// into the end of `out`, using `buf` for the blocks. A damaged, stale or missing
+    /// block (a truncated file) is an error, and nothing is appended then.
+    pub fn read(
+        &self,
+        page: u32,
+        gen: u32,
+        off: usize,
+        len: usize,
+        buf: &mut AlignedBuf,
+        out: &mut Vec<u8>,
+    ) -> Result<(), FlashError> {
+        let (at, n) = self
+            .header
+            .span(page, off, len)
+            .map_err(|e| self.layout(e))?;
+        let raw = buf.get(n);
+        self.file
+            .read_exact_at(raw, at)
+            .map_err(|source| self.io("read", source))?;
+        self.header
+            .decode(page, gen, off, len, raw, out)
+            .map_err(|e| self.layout(e))
+    }
+
+    /// Make what was written durable (a warm restart's stop).
+    pub fn sync(&self) -> Result<(), FlashError> {
+        self.file
+            .sync_data()
+            .map_err(|source| self.io("sync", source))
+    }
+
+    fn io(&self, op: &'static str, source: io::Error) -> FlashError {
+        FlashError::Io {
+            path: self.path.clone(),
+            op,
+            source,
+        }
+    }
+
+    fn layout(&self, source: LayoutError) -> FlashError {
+        FlashError::Layout {
+            path: self.path.clone(),
+            source,
+        }
+    }
+}
+
+/// Open `path` read-write (made if `create`), with `O_DIRECT` unless the file system
+/// refuses it. Only a regular file is used.
+fn open(path: &Path, create: bool) -> Result<(File, bool), FlashError> {
+    let io = |op: &'static str| {
+        let path = path.to_path_buf();
+        move |source| FlashError::Io { path, op, source }
+    };
+    if let Ok(m) = std::fs::metadata(path) {
+        if !m.file_type().is_file() {
+            return Err(FlashError::NotAFile {
+                path: path.to_path_buf(),
+            });
+        }
+    }
+    let mut opts = OpenOptions::new();
+    opts.read(true).write(true).create(create);
+    match opts.clone().custom_flags(libc::O_DIRECT).open(path) {
+        Ok(f) => Ok((f, true)),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            opts.open(path).map(|f| (f, false)).map_err(io("open"))
+        }
+        Err(e) => Err(io("open")(e)),
+    }
+}
+
+/// Allocate `len` bytes of the file's space, or only set its length where the file
+/// system cannot allocate ahead.
+fn allocate(file: &File, len: u64) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let Ok(n) = libc::off_t::try_from(len) else {
+        return Err(io::Error::from_raw_os_error(libc::EFBIG));
+    };
+    // SAFETY: fallocate on a descriptor we own, with plain integer arguments.
+    let rc = unsafe { libc::fallocate(file.as_raw_fd(), 0, 0, n) };
+    if rc == 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => file.set_len(len),
+        _ => Err(e),
+    }
+}
+
+/// A tier id: random and never 0.
+fn new_tier_id() -> u64 {
+    use std::hash::BuildHasher;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let id = std::collections::hash_map::RandomState::new().hash_one((now, std::process::id()));
+    id.max(1)
+}
+
+/// A zeroed buffer aligned to [`BLOCK`], as `O_DIRECT` asks of the memory it reads into
+/// and writes from; it grows to the largest length asked of it and is reused.
+pub struct AlignedBuf {
+    ptr: NonNull<u8>,
+    cap: usize,
+}
+
+// SAFETY: the buffer owns its memory exclusively (as a `Vec<u8>` would).
+unsafe impl Send for AlignedBuf {}
+
+impl AlignedBuf {
+    /// An empty buffer (it allocates on first use).
+    pub fn new() -> AlignedBuf {
+        AlignedBuf {
+            ptr: NonNull::dangling(),
+            cap: 0,
+        }
+    }
+
+    /// The first `len` bytes (rounded up to whole blocks in memory), grown if needed.
+    pub fn get(&mut self, len: usize) -> &mut [u8] {
+        if len > self.cap {
+            let cap = len.div_ceil(BLOCK) * BLOCK;
+            let Ok(layout) = std::alloc::Layout::from_size_align(cap, BLOCK) else {
+                std::alloc::handle_alloc_error(std::alloc::Layout::new::<[u8; BLOCK]>());
+            };
+            // SAFETY: `cap` is at least one block, so the layout is not zero-sized.
+            let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+            let Some(ptr) = NonNull::new(ptr) else {
+                std::alloc::handle_alloc_error(layout);
+            };
+            self.release();
+            self.ptr = ptr;
+            self.cap = cap;
+        }
+        // SAFETY: `ptr` holds `cap >= len` initialized (zeroed, then only written through
+        // this slice) bytes that we own, borrowed mutably for as long as `self` is.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), len) }
+    }
+
+    fn release(&mut self) {
+        if self.cap == 0 {
+            return;
+        }
+        if let Ok(layout) = std::alloc::Layout::from_size_align(self.cap, BLOCK) {
+            // SAFETY: allocated by `get` with this very layout, and not used after.
+            unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
+        }
+        self.ptr = NonNull::dangling();
+        self.cap = 0;
+    }
+}
+
+impl Default for AlignedBuf {
+    fn default() -> AlignedBuf {
+        AlignedBuf::new()
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+impl std::fmt::Debug for AlignedBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AlignedBuf")
+            .field("cap", &self.cap)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fresh directory for one test's files, removed when dropped.
+    struct Dir(PathBuf);
+
+    impl Dir {
+        fn new(name: &str) -> Dir {
+            let d =
+                std::env::temp_dir().join(format!("kvstore-flash-{name}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&d);
+            std::fs::create_dir_all(&d).expect("make a directory");
+            Dir(d)
+        }
+
+        fn file(&self) -> PathBuf {
+            self.0.join("flash")
+        }
+    }
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn image(len: usize, seed: u8) -> Vec<u8> {
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(13) ^ seed)
+            .collect()
+    }
+
+    const PAGE: usize = 64 << 10;
+
+    #[test]
+    fn pages_written_read_back_after_reopening() {
+        let d = Dir::new("reopen");
+        let f = FlashFile::create(&d.file(), 1 << 20, PAGE).expect("create");
+        let h = *f.header();
+        assert!(h.pages >= 14, "{h:?}");
+        assert_eq!(
+            std::fs::metadata(d.file()).expect("stat").len(),
+            h.file_len()
+        );
+        let mut buf = AlignedBuf::new();
+        let a = image(PAGE, 1);
+        let b = image(1000, 2);
+        assert_eq!(f.write_page(0, 1, &a, &mut buf).expect("write"), 17 * BLOCK);
+        assert_eq!(
+            f.write_page(h.pages - 1, 7, &b, &mut buf).expect("write"),
+            BLOCK
+        );
+        drop(f);
+        let f = FlashFile::open(&d.file()).expect("open");
+        assert_eq!(*f.header(), h);
+        let mut out = Vec::new();
+        f.read(0, 1, 5000, 20000, &mut buf, &mut out).expect("read");
+        assert_eq!(out, a[5000..25000]);
+        out.clear();
+        f.read(h.pages - 1, 7, 0, 1000, &mut buf, &mut out)
+            .expect("read");
+        assert_eq!(out, b);
+        // A stale generation, and a page never written.
+        assert!(matches!(
+            f.read(0, 2, 0, 10, &mut buf, &mut out),
+            Err(FlashError::Layout {
+                source: LayoutError::Block { page: 0, block: 0 },
+                ..
+            })
+        ));
+        assert!(f.read(1, 0, 0, 10, &mut buf, &mut out).is_err());
+        assert!(f.write_page(h.pages, 0, &b, &mut buf).is_err());
+        assert!(f
+            .write_page(0, 0, &image(h.page_capacity() + 1, 0), &mut buf)
+            .is_err());
+        assert_eq!(out, b, "nothing appended by a refused read");
+    }
+
+    #[test]
+    fn damage_on_disk_is_found() {
+        let d = Dir::new("damage");
+        let f = FlashFile::create(&d.file(), 1 << 20, PAGE).expect("create");
+        let mut buf = AlignedBuf::new();
+        let a = image(PAGE, 3);
+        f.write_page(2, 4, &a, &mut buf).expect("write");
+        // Flip one byte of page 2's fourth block behind the file's back.
+        let at = f.header().page_offset(2) + 3 * BLOCK as u64 + 100;
+        let raw = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(d.file())
+            .expect("open");
+        let mut byte = [0u8];
+        raw.read_exact_at(&mut byte, at).expect("read");
+        raw.write_all_at(&[byte[0] ^ 0x40], at).expect("write");
+        drop(raw);
+        let mut out = Vec::new();
+        f.read(2, 4, 0, 3 * BLOCK_DATA, &mut buf, &mut out)
+            .expect("blocks 0-2 are sound");
+        out.clear();
+        let err = f
+            .read(2, 4, 3 * BLOCK_DATA - 1, 2, &mut buf, &mut out)
+            .expect_err("damaged");
+        assert!(
+            matches!(
+                err,
+                FlashError::Layout {
+                    source: LayoutError::Block { page: 2, block: 3 },
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn a_truncated_file_fails_reads_and_refuses_to_open() {
+        let d = Dir::new("truncated");
+        let f = FlashFile::create(&d.file(), 1 << 20, PAGE).expect("create");
+        let mut buf = AlignedBuf::new();
+        let last = f.header().pages - 1;
+        f.write_page(last, 1, &image(PAGE, 5), &mut buf)
+            .expect("write");
+        let cut = f.header().page_offset(last) + BLOCK as u64;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(d.file())
+            .and_then(|t| t.set_len(cut))
+            .expect("truncate");
+        let mut out = Vec::new();
+        f.read(last, 1, 0, 100, &mut buf, &mut out)
+            .expect("the first block is still there");
+        out.clear();
+        let err = f
+            .read(last, 1, 0, PAGE, &mut buf, &mut out)
+            .expect_err("cut");
+        assert!(matches!(err, FlashError::Io { op: "read", .. }), "{err}");
+        assert!(out.is_empty());
+        let err = FlashFile::open(&d.file()).expect_err("shorter than its header says");
+        assert!(matches!(err, FlashError::Length { .. }), "{err}");
+    }
+
+    #[test]
+    fn bad_files_and_sizes_are_refused_with_their_reason() {
+        let d = Dir::new("bad");
+        let err = FlashFile::create(&d.file(), 64 << 10, PAGE).expect_err("too small");
+        assert!(matches!(err, FlashError::TooSmall { .. }), "{err}");
+        let err = FlashFile::create(&d.0, 1 << 20, PAGE).expect_err("a directory");
+        assert!(matches!(err, FlashError::NotAFile { .. }), "{err}");
+        std::fs::write(d.file(), vec![7u8; 3 * BLOCK]).expect("write");
+        let err = FlashFile::open(&d.file()).expect_err("not ours");
+        assert!(
+            matches!(
+                err,
+                FlashError::Layout {
+                    source: LayoutError::Magic,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        std::fs::write(d.file(), b"short").expect("write");
+        assert!(matches!(
+            FlashFile::open(&d.file()),
+            Err(FlashError::Length { .. })
+        ));
+        let err = FlashFile::open(&d.0.join("absent")).expect_err("absent");
+        assert!(matches!(err, FlashError::Io { op: "open", .. }), "{err}");
+        // A file made again gets a new tier id: the old one's blocks no longer pass.
+        let f = FlashFile::create(&d.file(), 1 << 20, PAGE).expect("create");
+        let mut buf = AlignedBuf::new();
+        f.write_page(0, 1, &image(100, 0), &mut buf).expect("write");
+        let old = *f.header();
+        drop(f);
+        let f = FlashFile::create(&d.file(), 1 << 20, PAGE).expect("create again");
+        assert_ne!(f.header().tier_id, old.tier_id);
+        assert!(f.read(0, 1, 0, 100, &mut buf, &mut Vec::new()).is_err());
+    }
+
+    #[test]
+    fn aligned_buffers_are_aligned_and_grow() {
+        let mut b = AlignedBuf::new();
+        let p = b.get(10);
+        assert_eq!(p.len(), 10);
+        assert_eq!(p.as_ptr() as usize % BLOCK, 0);
+        p.fill(9);
+        let p = b.get(3 * BLOCK + 1);
+        assert_eq!(p.as_ptr() as usize % BLOCK, 0);
+        assert_eq!(p.len(), 3 * BLOCK + 1);
+    }
+}

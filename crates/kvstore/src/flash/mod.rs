@@ -1,0 +1,18 @@
+//! The flash tier's page store: files on flash that hold segment images whole, one per
+//! page, each block of a page checksummed with where and when it was written (see
+//! `docs/design/flash-tier.md` for the tier this is the bottom of).
+//!
+//! - `layout.rs`: the bytes: the file header, a page's blocks, the span of blocks a range
+//!   of an image needs, and the checks made on them. No I/O.
+//! - `file.rs`: [`FlashFile`], one file: made or opened, pages written, ranges read back
+//!   and checked; [`AlignedBuf`], the block-aligned memory its I/O uses.
+//!
+//! This layer knows nothing of items or of the log: a page is bytes, its generation a
+//! number the caller keeps (bumped each time it reuses the page, so that a read that
+//! raced with the reuse is refused rather than served).
+
+mod file;
+mod layout;
+
+pub use file::{AlignedBuf, FlashError, FlashFile};
+pub use layout::{blocks_for, Header, LayoutError, BLOCK, BLOCK_DATA, FLASH_VERSION};
