@@ -171,10 +171,24 @@ impl FlashFile {
             .encode_page(page, gen, image, out)
             .map_err(|e| self.layout(e))?;
         let blocks = out.get(..n).unwrap_or_default();
+        self.write_blocks(page, blocks)
+    }
+
+    /// Write `blocks`, the first blocks of page `page` as [`Header::encode_page`] made
+    /// them, from block-aligned memory. Returns the bytes written.
+    pub fn write_blocks(&self, page: u32, blocks: &[u8]) -> Result<usize, FlashError> {
+        let page_len = self.header.page_blocks as usize * BLOCK;
+        if page >= self.header.pages || blocks.len() % BLOCK != 0 || blocks.len() > page_len {
+            return Err(self.layout(LayoutError::Range {
+                off: 0,
+                end: blocks.len(),
+                cap: page_len,
+            }));
+        }
         self.file
             .write_all_at(blocks, self.header.page_offset(page))
             .map_err(|source| self.io("write", source))?;
-        Ok(n)
+        Ok(blocks.len())
     }
 
     /// Read image bytes `[off, off + len)` of page `page`, written at generation `gen`,

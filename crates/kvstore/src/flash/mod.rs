@@ -6,6 +6,9 @@
 //!   of an image needs, and the checks made on them. No I/O.
 //! - `file.rs`: [`FlashFile`], one file: made or opened, pages written, ranges read back
 //!   and checked; [`AlignedBuf`], the block-aligned memory its I/O uses.
+//! - `tier.rs`: [`Tier`], the files of one server as one set of pages: free pages and
+//!   their generations, writes queued to writer threads within a buffer bound, blocking
+//!   reads, and memcached's extstore counters.
 //!
 //! This layer knows nothing of items or of the log: a page is bytes, its generation a
 //! number the caller keeps (bumped each time it reuses the page, so that a read that
@@ -13,6 +16,8 @@
 
 mod file;
 mod layout;
+mod tier;
 
 pub use file::{AlignedBuf, FlashError, FlashFile};
 pub use layout::{blocks_for, Header, LayoutError, BLOCK, BLOCK_DATA, FLASH_VERSION};
+pub use tier::{Loc, Tier, TierConfig, TierError, TierStats};

@@ -1,0 +1,773 @@
+//! [`Tier`]: the flash files of one server as one set of pages (memcached's `ext_path`,
+//! repeatable), which pages are free, each page's write generation, the writes queued to
+//! the writer threads (`ext_threads`) within a bound of buffered bytes (`ext_wbuf_size`),
+//! and the counters memcached's `stats` shows for extstore.
+//!
+//! # Pages and generations
+//!
+//! Pages are numbered across the files (the first file's, then the next's), and handed out
+//! from a free list that alternates between the files, so consecutive writes go to
+//! different devices. Each page has a generation, bumped when it is freed: a [`Loc`] names
+//! a page at one generation. A read succeeds only if the page held that generation from
+//! before the read began until after its bytes were checked (each block's CRC covers the
+//! generation, and the generation is loaded again after the read), so a reader that raced
+//! with a page's reuse gets [`TierError::Stale`], never another segment's bytes.
+//!
+//! # Writes
+//!
+//! [`Tier::write`] encodes the image on the caller's thread (a copy and a CRC: the caller
+//! may reuse its memory as soon as the call returns) into a buffer counted against the
+//! write buffer, and queues it; a writer thread writes it and calls the caller's `done`
+//! with the outcome. When the buffer is full the write is refused at once
+//! ([`TierError::Busy`]): callers (eviction) never wait for the device. After
+//! `OFFLINE_AFTER` write errors in a row the tier goes offline: it hands out no page until
+//! [`Tier::set_online`].
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use thiserror::Error;
+
+use super::file::{AlignedBuf, FlashError, FlashFile};
+use super::layout::{blocks_for, BLOCK};
+
+/// Write errors in a row that take the tier offline.
+const OFFLINE_AFTER: u32 = 8;
+
+/// What a tier is made of.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TierConfig {
+    /// The flash files and the bytes each may take (`ext_path=PATH:SIZE`).
+    pub files: Vec<(PathBuf, u64)>,
+    /// Bytes of segment image a page holds (the engine's segment size).
+    pub page_bytes: usize,
+    /// Writer threads (`ext_threads`), at least one.
+    pub write_threads: usize,
+    /// Bytes of encoded pages that may wait for a writer (`ext_wbuf_size`); at least one
+    /// page's worth is always allowed.
+    pub write_buffer: usize,
+}
+
+/// A page at one write generation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Loc {
+    pub page: u32,
+    pub gen: u32,
+}
+
+/// Why the tier could not do what was asked.
+#[derive(Debug, Error)]
+pub enum TierError {
+    #[error(transparent)]
+    Flash(#[from] FlashError),
+    #[error("the page was freed or reused while it was read")]
+    Stale,
+    #[error("the flash write buffer is full")]
+    Busy,
+    #[error("page {0} is not a page of this tier")]
+    NoSuchPage(u32),
+    #[error("no flash file given")]
+    NoFiles,
+}
+
+/// The tier's counters, under memcached's extstore names where the meaning is the same.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TierStats {
+    /// Bytes of flash the pages cover (`extstore_limit_maxbytes`).
+    pub limit_maxbytes: u64,
+    pub pages_free: u64,
+    pub pages_used: u64,
+    /// Pages handed out, ever (`extstore_page_allocs`).
+    pub page_allocs: u64,
+    /// Pages freed, ever (`extstore_page_reclaims`).
+    pub page_reclaims: u64,
+    /// Bytes written to the files, whole blocks (`extstore_bytes_written`).
+    pub bytes_written: u64,
+    /// Bytes read from the files, whole blocks (`extstore_bytes_read`).
+    pub bytes_read: u64,
+    /// Writes waiting for a writer (`extstore_io_queue`).
+    pub io_queue: u64,
+    /// kvcached's own: writes refused because the buffer was full.
+    pub writes_busy: u64,
+    /// kvcached's own: failed writes and reads (I/O errors, damaged or short blocks).
+    pub io_errors: u64,
+    /// kvcached's own: whether the tier is offline after write errors.
+    pub offline: bool,
+}
+
+type Done = Box<dyn FnOnce(Result<usize, TierError>) + Send>;
+
+struct Job {
+    loc: Loc,
+    blocks: AlignedBuf,
+    len: usize,
+    done: Done,
+}
+
+struct Queue {
+    jobs: VecDeque<Job>,
+    /// Writes taken by a writer and not finished yet.
+    running: usize,
+    stop: bool,
+}
+
+struct Inner {
+    files: Vec<FlashFile>,
+    /// The first global page number of each file, and one past the last.
+    starts: Vec<u32>,
+    gens: Box<[AtomicU32]>,
+    free: Mutex<VecDeque<u32>>,
+    queue: Mutex<Queue>,
+    /// Signalled when a job is queued or stop is asked (writers wait on it).
+    work: Condvar,
+    /// Signalled when a job finishes (`drain` waits on it).
+    idle: Condvar,
+    buffered: AtomicUsize,
+    write_buffer: usize,
+    errors_in_row: AtomicU32,
+    offline: AtomicBool,
+    /// Encoded-page buffers kept for reuse (at most what the write buffer allows).
+    spare: Mutex<Vec<AlignedBuf>>,
+    page_allocs: AtomicU64,
+    page_reclaims: AtomicU64,
+    bytes_written: AtomicU64,
+    bytes_read: AtomicU64,
+    writes_busy: AtomicU64,
+    io_errors: AtomicU64,
+    #[cfg(test)]
+    hold: Mutex<()>,
+    #[cfg(test)]
+    fail_writes: AtomicBool,
+}
+
+/// A flash tier: its files, pages and writer threads. Dropping it finishes the queued
+/// writes and stops the threads.
+pub struct Tier {
+    inner: Arc<Inner>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Tier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tier")
+            .field("files", &self.inner.files.len())
+            .field("pages", &self.inner.gens.len())
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Tier {
+    /// Make the files afresh (what they held is gone) and start the writers.
+    pub fn create(config: &TierConfig) -> Result<Tier, TierError> {
+        if config.files.is_empty() {
+            return Err(TierError::NoFiles);
+        }
+        let mut files = Vec::with_capacity(config.files.len());
+        for (path, size) in &config.files {
+            files.push(FlashFile::create(path, *size, config.page_bytes)?);
+        }
+        Ok(Tier::start(files, config))
+    }
+
+    fn start(files: Vec<FlashFile>, config: &TierConfig) -> Tier {
+        let mut starts = vec![0u32];
+        for f in &files {
+            let last = starts.last().copied().unwrap_or(0);
+            starts.push(last.saturating_add(f.header().pages));
+        }
+        let total = starts.last().copied().unwrap_or(0);
+        // Free pages alternate between the files.
+        let mut free = VecDeque::with_capacity(total as usize);
+        let most = files.iter().map(|f| f.header().pages).max().unwrap_or(0);
+        for i in 0..most {
+            for (f, file) in files.iter().enumerate() {
+                if i < file.header().pages {
+                    free.push_back(starts.get(f).copied().unwrap_or(0) + i);
+                }
+            }
+        }
+        let page_len = files
+            .iter()
+            .map(|f| f.header().page_blocks as usize * BLOCK)
+            .max()
+            .unwrap_or(BLOCK);
+        let inner = Arc::new(Inner {
+            files,
+            starts,
+            gens: (0..total).map(|_| AtomicU32::new(1)).collect(),
+            free: Mutex::new(free),
+            queue: Mutex::new(Queue {
+                jobs: VecDeque::new(),
+                running: 0,
+                stop: false,
+            }),
+            work: Condvar::new(),
+            idle: Condvar::new(),
+            buffered: AtomicUsize::new(0),
+            write_buffer: config.write_buffer.max(page_len),
+            errors_in_row: AtomicU32::new(0),
+            offline: AtomicBool::new(false),
+            spare: Mutex::new(Vec::new()),
+            page_allocs: AtomicU64::new(0),
+            page_reclaims: AtomicU64::new(0),
+            bytes_written: AtomicU64::new(0),
+            bytes_read: AtomicU64::new(0),
+            writes_busy: AtomicU64::new(0),
+            io_errors: AtomicU64::new(0),
+            #[cfg(test)]
+            hold: Mutex::new(()),
+            #[cfg(test)]
+            fail_writes: AtomicBool::new(false),
+        });
+        let threads = (0..config.write_threads.max(1))
+            .filter_map(|i| {
+                let inner = Arc::clone(&inner);
+                std::thread::Builder::new()
+                    .name(format!("flash-write-{i}"))
+                    .spawn(move || writer(&inner))
+                    .ok()
+            })
+            .collect();
+        Tier { inner, threads }
+    }
+
+    /// Bytes of segment image a page holds (the smallest of the files').
+    pub fn page_capacity(&self) -> usize {
+        self.inner
+            .files
+            .iter()
+            .map(|f| f.header().page_capacity())
+            .min()
+            .unwrap_or(0)
+    }
+
+    /// Pages in the tier.
+    pub fn pages(&self) -> u32 {
+        self.inner.gens.len() as u32
+    }
+
+    /// A free page, at its current generation; None when every page is in use or the
+    /// tier is offline.
+    pub fn alloc(&self) -> Option<Loc> {
+        if self.inner.offline.load(Ordering::Relaxed) {
+            return None;
+        }
+        let page = lock(&self.inner.free).pop_front()?;
+        self.inner.page_allocs.fetch_add(1, Ordering::Relaxed);
+        let gen = self.inner.gen(page)?.load(Ordering::Acquire);
+        Some(Loc { page, gen })
+    }
+
+    /// Give `loc`'s page back: its generation moves on (reads of `loc` from now on fail)
+    /// and it may be handed out again. A page must be freed once per allocation.
+    pub fn free(&self, loc: Loc) {
+        let Some(g) = self.inner.gen(loc.page) else {
+            return;
+        };
+        if g.compare_exchange(
+            loc.gen,
+            loc.gen.wrapping_add(1),
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        )
+        .is_ok()
+        {
+            self.inner.page_reclaims.fetch_add(1, Ordering::Relaxed);
+            lock(&self.inner.free).push_back(loc.page);
+        }
+    }
+
+    /// Whether `loc` is still its page's generation (not freed since it was handed out).
+    pub fn is_current(&self, loc: Loc) -> bool {
+        self.inner
+            .gen(loc.page)
+            .is_some_and(|g| g.load(Ordering::Acquire) == loc.gen)
+    }
+
+    /// Queue `image` (at most [`Tier::page_capacity`] bytes) to be written as `loc`'s page.
+    /// It is encoded before this returns; `done` is called on a writer thread with the
+    /// bytes written, or the error. Refused at once, without calling `done`, when the
+    /// write buffer is full (`Busy`) or the image does not fit.
+    pub fn write(&self, loc: Loc, image: &[u8], done: Done) -> Result<(), TierError> {
+        let inner = &*self.inner;
+        let (file, page) = inner.file_of(loc.page)?;
+        let len = blocks_for(image.len()) * BLOCK;
+        if inner.buffered.fetch_add(len, Ordering::AcqRel) + len > inner.write_buffer {
+            inner.buffered.fetch_sub(len, Ordering::AcqRel);
+            inner.writes_busy.fetch_add(1, Ordering::Relaxed);
+            return Err(TierError::Busy);
+        }
+        let mut blocks = lock(&inner.spare).pop().unwrap_or_default();
+        let out = blocks.get(file.header().page_blocks as usize * BLOCK);
+        if let Err(e) = file.header().encode_page(page, loc.gen, image, out) {
+            inner.buffered.fetch_sub(len, Ordering::AcqRel);
+            return Err(TierError::Flash(FlashError::Layout {
+                path: file.path().to_path_buf(),
+                source: e,
+            }));
+        }
+        let mut q = lock(&inner.queue);
+        q.jobs.push_back(Job {
+            loc,
+            blocks,
+            len,
+            done,
+        });
+        drop(q);
+        inner.work.notify_one();
+        Ok(())
+    }
+
+    /// Read image bytes `[off, off + len)` of `loc`'s page into the end of `out`, on this
+    /// thread, using `buf` for the blocks. Nothing is appended unless the bytes are
+    /// sound and `loc` was current throughout.
+    pub fn read(
+        &self,
+        loc: Loc,
+        off: usize,
+        len: usize,
+        buf: &mut AlignedBuf,
+        out: &mut Vec<u8>,
+    ) -> Result<(), TierError> {
+        let inner = &*self.inner;
+        let (file, page) = inner.file_of(loc.page)?;
+        if !self.is_current(loc) {
+            return Err(TierError::Stale);
+        }
+        let start = out.len();
+        match file.read(page, loc.gen, off, len, buf, out) {
+            Ok(()) => {}
+            Err(e) => {
+                if !self.is_current(loc) {
+                    return Err(TierError::Stale);
+                }
+                inner.io_errors.fetch_add(1, Ordering::Relaxed);
+                return Err(e.into());
+            }
+        }
+        inner.bytes_read.fetch_add(
+            file.header().span(page, off, len).map_or(0, |s| s.1) as u64,
+            Ordering::Relaxed,
+        );
+        if !self.is_current(loc) {
+            out.truncate(start);
+            return Err(TierError::Stale);
+        }
+        Ok(())
+    }
+
+    /// Wait until every queued write has finished.
+    pub fn drain(&self) {
+        let mut q = lock(&self.inner.queue);
+        while !q.jobs.is_empty() || q.running > 0 {
+            q = self.inner.idle.wait(q).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Make what was written durable.
+    pub fn sync(&self) -> Result<(), TierError> {
+        self.drain();
+        for f in &self.inner.files {
+            f.sync()?;
+        }
+        Ok(())
+    }
+
+    /// Hand out pages again after write errors took the tier offline.
+    pub fn set_online(&self) {
+        self.inner.errors_in_row.store(0, Ordering::Relaxed);
+        self.inner.offline.store(false, Ordering::Relaxed);
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> TierStats {
+        let i = &*self.inner;
+        let free = lock(&i.free).len() as u64;
+        let limit = i.files.iter().map(|f| f.header().file_len()).sum();
+        TierStats {
+            limit_maxbytes: limit,
+            pages_free: free,
+            pages_used: i.gens.len() as u64 - free,
+            page_allocs: i.page_allocs.load(Ordering::Relaxed),
+            page_reclaims: i.page_reclaims.load(Ordering::Relaxed),
+            bytes_written: i.bytes_written.load(Ordering::Relaxed),
+            bytes_read: i.bytes_read.load(Ordering::Relaxed),
+            io_queue: lock(&i.queue).jobs.len() as u64,
+            writes_busy: i.writes_busy.load(Ordering::Relaxed),
+            io_errors: i.io_errors.load(Ordering::Relaxed),
+            offline: i.offline.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Hold the writers before their next write while the guard lives (a test's full
+    /// buffer).
+    #[cfg(test)]
+    fn hold_writers(&self) -> MutexGuard<'_, ()> {
+        lock(&self.inner.hold)
+    }
+}
+
+impl Drop for Tier {
+    fn drop(&mut self) {
+        lock(&self.inner.queue).stop = true;
+        self.inner.work.notify_all();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Inner {
+    fn gen(&self, page: u32) -> Option<&AtomicU32> {
+        self.gens.get(page as usize)
+    }
+
+    /// The file of global page `page`, and the page's number in it.
+    fn file_of(&self, page: u32) -> Result<(&FlashFile, u32), TierError> {
+        let f = self.starts.partition_point(|&s| s <= page);
+        let file = f
+            .checked_sub(1)
+            .and_then(|f| Some((self.files.get(f)?, self.starts.get(f)?)));
+        match file {
+            Some((file, &start)) if page - start < file.header().pages => Ok((file, page - start)),
+            _ => Err(TierError::NoSuchPage(page)),
+        }
+    }
+
+    fn finish(&self, job: Job, outcome: Result<usize, TierError>) {
+        match &outcome {
+            Ok(n) => {
+                self.errors_in_row.store(0, Ordering::Relaxed);
+                self.bytes_written.fetch_add(*n as u64, Ordering::Relaxed);
+            }
+            Err(_) => {
+                self.io_errors.fetch_add(1, Ordering::Relaxed);
+                if self.errors_in_row.fetch_add(1, Ordering::Relaxed) + 1 >= OFFLINE_AFTER {
+                    self.offline.store(true, Ordering::Relaxed);
+                }
+            }
+        }
+        self.buffered.fetch_sub(job.len, Ordering::AcqRel);
+        {
+            let mut spare = lock(&self.spare);
+            if spare.len() * job.len < self.write_buffer {
+                spare.push(job.blocks);
+            }
+        }
+        (job.done)(outcome);
+    }
+}
+
+/// A writer thread: take queued writes until stopped with nothing left.
+fn writer(inner: &Inner) {
+    loop {
+        let job = {
+            let mut q = lock(&inner.queue);
+            loop {
+                if let Some(job) = q.jobs.pop_front() {
+                    q.running += 1;
+                    break Some(job);
+                }
+                if q.stop {
+                    break None;
+                }
+                q = inner.work.wait(q).unwrap_or_else(|e| e.into_inner());
+            }
+        };
+        let Some(mut job) = job else {
+            return;
+        };
+        #[cfg(test)]
+        drop(lock(&inner.hold));
+        let outcome = write_job(inner, &mut job);
+        inner.finish(job, outcome);
+        lock(&inner.queue).running -= 1;
+        inner.idle.notify_all();
+    }
+}
+
+fn write_job(inner: &Inner, job: &mut Job) -> Result<usize, TierError> {
+    #[cfg(test)]
+    if inner.fail_writes.load(Ordering::Relaxed) {
+        return Err(TierError::Flash(FlashError::Io {
+            path: PathBuf::from("test"),
+            op: "write",
+            source: std::io::Error::from_raw_os_error(libc::EIO),
+        }));
+    }
+    let (file, page) = inner.file_of(job.loc.page)?;
+    let blocks = job.blocks.get(job.len);
+    Ok(file.write_blocks(page, blocks)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::flash::BLOCK_DATA;
+    use std::sync::mpsc;
+
+    struct Dir(PathBuf);
+
+    impl Dir {
+        fn new(name: &str) -> Dir {
+            let d =
+                std::env::temp_dir().join(format!("kvstore-tier-{name}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&d);
+            std::fs::create_dir_all(&d).expect("make a directory");
+            Dir(d)
+        }
+    }
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    const PAGE: usize = 32 << 10;
+
+    fn config(d: &Dir, sizes: &[u64], write_buffer: usize) -> TierConfig {
+        TierConfig {
+            files: sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &s)| (d.0.join(format!("f{i}")), s))
+                .collect(),
+            page_bytes: PAGE,
+            write_threads: 2,
+            write_buffer,
+        }
+    }
+
+    fn image(len: usize, seed: u8) -> Vec<u8> {
+        (0..len).map(|i| (i as u8).wrapping_mul(7) ^ seed).collect()
+    }
+
+    /// Write and wait for the outcome.
+    fn write(t: &Tier, loc: Loc, img: &[u8]) -> Result<usize, TierError> {
+        let (tx, rx) = mpsc::channel();
+        t.write(loc, img, Box::new(move |r| drop(tx.send(r))))?;
+        rx.recv().expect("done is called")
+    }
+
+    #[test]
+    fn pages_alternate_between_files_and_read_back() {
+        let d = Dir::new("alternate");
+        let t = Tier::create(&config(&d, &[(1 << 20) + 4096, 300 << 10], 1 << 20)).expect("tier");
+        let s = t.stats();
+        assert_eq!(s.pages_free, u64::from(t.pages()));
+        assert!(t.pages() >= 30, "{}", t.pages());
+        let a = t.alloc().expect("a page");
+        let b = t.alloc().expect("a page");
+        let first = t.inner.starts[1];
+        assert!(
+            (a.page < first) != (b.page < first),
+            "{a:?} {b:?}: one from each file"
+        );
+        let (ia, ib) = (image(PAGE, 1), image(5000, 2));
+        assert_eq!(write(&t, a, &ia).expect("write"), 9 * BLOCK);
+        assert_eq!(write(&t, b, &ib).expect("write"), 2 * BLOCK);
+        let mut buf = AlignedBuf::new();
+        let mut out = Vec::new();
+        t.read(a, 100, 9000, &mut buf, &mut out).expect("read");
+        assert_eq!(out, ia[100..9100]);
+        out.clear();
+        t.read(b, 0, 5000, &mut buf, &mut out).expect("read");
+        assert_eq!(out, ib);
+        let s = t.stats();
+        assert_eq!((s.page_allocs, s.pages_used), (2, 2));
+        assert_eq!(s.bytes_written, 11 * BLOCK as u64);
+        assert_eq!(s.bytes_read, (3 + 2) * BLOCK as u64);
+    }
+
+    #[test]
+    fn a_freed_page_is_stale_for_its_old_readers() {
+        let d = Dir::new("stale");
+        let t = Tier::create(&config(&d, &[1 << 20], 1 << 20)).expect("tier");
+        let a = t.alloc().expect("a page");
+        write(&t, a, &image(1000, 3)).expect("write");
+        t.free(a);
+        t.free(a); // a second free of the same allocation changes nothing
+        assert!(!t.is_current(a));
+        let mut buf = AlignedBuf::new();
+        let mut out = vec![9];
+        assert!(matches!(
+            t.read(a, 0, 10, &mut buf, &mut out),
+            Err(TierError::Stale)
+        ));
+        assert_eq!(out, [9]);
+        // Every page is handed out once before a freed one comes back.
+        let mut seen = Vec::new();
+        while let Some(l) = t.alloc() {
+            seen.push(l);
+        }
+        assert_eq!(seen.len() as u32, t.pages());
+        let again = seen.last().copied().expect("pages");
+        assert_eq!((again.page, again.gen), (a.page, a.gen + 1));
+        // The old generation's blocks fail against the new one, before it is written too.
+        assert!(t.read(again, 0, 10, &mut buf, &mut out).is_err());
+        assert_eq!(t.stats().page_reclaims, 1);
+        assert_eq!(t.stats().pages_free, 0);
+    }
+
+    #[test]
+    fn a_full_write_buffer_refuses_at_once() {
+        let d = Dir::new("busy");
+        // Room for one page of blocks.
+        let t = Tier::create(&config(&d, &[1 << 20], 1)).expect("tier");
+        let held = t.hold_writers();
+        let (a, b) = (t.alloc().expect("page"), t.alloc().expect("page"));
+        let (tx, rx) = mpsc::channel();
+        t.write(a, &image(PAGE, 0), Box::new(move |r| drop(tx.send(r))))
+            .expect("queued");
+        assert!(matches!(
+            t.write(
+                b,
+                &image(PAGE, 1),
+                Box::new(|_| panic!("refused writes are not done"))
+            ),
+            Err(TierError::Busy)
+        ));
+        assert_eq!(t.stats().writes_busy, 1);
+        drop(held);
+        rx.recv().expect("done").expect("written");
+        t.drain();
+        write(&t, b, &image(PAGE, 1)).expect("room again");
+    }
+
+    #[test]
+    fn write_errors_are_reported_and_take_the_tier_offline() {
+        let d = Dir::new("errors");
+        let t = Tier::create(&config(&d, &[1 << 20], 1 << 20)).expect("tier");
+        t.inner.fail_writes.store(true, Ordering::Relaxed);
+        for _ in 0..OFFLINE_AFTER {
+            let loc = t.alloc().expect("online");
+            assert!(write(&t, loc, &image(100, 0)).is_err());
+            t.free(loc);
+        }
+        let s = t.stats();
+        assert!(s.offline);
+        assert_eq!(s.io_errors, u64::from(OFFLINE_AFTER));
+        assert_eq!(t.alloc(), None, "offline: no page");
+        t.inner.fail_writes.store(false, Ordering::Relaxed);
+        t.set_online();
+        let loc = t.alloc().expect("online again");
+        write(&t, loc, &image(100, 0)).expect("write");
+    }
+
+    #[test]
+    fn drop_finishes_queued_writes() {
+        let d = Dir::new("drop");
+        let t = Tier::create(&config(&d, &[1 << 20], 1 << 20)).expect("tier");
+        let (tx, rx) = mpsc::channel();
+        for i in 0..8 {
+            let loc = t.alloc().expect("page");
+            let tx = tx.clone();
+            t.write(
+                loc,
+                &image(PAGE, i),
+                Box::new(move |r| {
+                    let _ = tx.send(r.is_ok());
+                }),
+            )
+            .expect("queued");
+        }
+        drop(tx);
+        drop(t);
+        assert_eq!(rx.iter().filter(|&ok| ok).count(), 8);
+    }
+
+    /// Readers racing with pages being freed and rewritten get the bytes of the generation
+    /// they asked for, or an error: never another generation's bytes.
+    #[test]
+    fn racing_readers_never_get_another_generations_bytes() {
+        let d = Dir::new("race");
+        let t =
+            Tier::create(&config(&d, &[(4 * 9 * BLOCK + BLOCK) as u64], 1 << 20)).expect("tier");
+        let content = |l: Loc| image(3 * BLOCK_DATA, (l.page * 31 + l.gen) as u8);
+        let current = Mutex::new(Vec::<Loc>::new());
+        let stop = AtomicBool::new(false);
+        let mut freed = Vec::new();
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                s.spawn(|| {
+                    let mut buf = AlignedBuf::new();
+                    let mut out = Vec::new();
+                    while !stop.load(Ordering::Relaxed) {
+                        let locs = lock(&current).clone();
+                        for l in locs {
+                            out.clear();
+                            match t.read(l, BLOCK_DATA - 10, 20, &mut buf, &mut out) {
+                                Ok(()) => {
+                                    assert_eq!(out, content(l)[BLOCK_DATA - 10..BLOCK_DATA + 10]);
+                                }
+                                Err(_) => assert!(!t.is_current(l), "{l:?} failed while current"),
+                            }
+                        }
+                    }
+                });
+            }
+            for _ in 0..300 {
+                let l = match t.alloc() {
+                    Some(l) => l,
+                    None => {
+                        let old = lock(&current).remove(0);
+                        t.free(old);
+                        freed.push(old);
+                        continue;
+                    }
+                };
+                write(&t, l, &content(l)).expect("write");
+                lock(&current).push(l);
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+        // Whatever the interleaving above, the ends are certain: the pages in use read
+        // back as written, and every freed generation is refused.
+        let (mut buf, mut out) = (AlignedBuf::new(), Vec::new());
+        for l in lock(&current).iter() {
+            out.clear();
+            t.read(*l, 0, 3 * BLOCK_DATA, &mut buf, &mut out)
+                .expect("current");
+            assert_eq!(out, content(*l));
+        }
+        assert!(freed.len() > 100, "{} pages reused", freed.len());
+        for l in freed {
+            assert!(t.read(l, 0, 10, &mut buf, &mut out).is_err(), "{l:?}");
+        }
+    }
+
+    #[test]
+    fn bad_configurations_are_refused() {
+        let d = Dir::new("bad");
+        assert!(matches!(
+            Tier::create(&config(&d, &[], 1)),
+            Err(TierError::NoFiles)
+        ));
+        assert!(matches!(
+            Tier::create(&config(&d, &[1 << 20, 1000], 1)),
+            Err(TierError::Flash(FlashError::TooSmall { .. }))
+        ));
+        let t = Tier::create(&config(&d, &[1 << 20], 1 << 20)).expect("tier");
+        let past = Loc {
+            page: t.pages(),
+            gen: 1,
+        };
+        assert!(matches!(
+            t.write(past, &[1], Box::new(|_| {})),
+            Err(TierError::NoSuchPage(_))
+        ));
+        let loc = t.alloc().expect("page");
+        assert!(t
+            .write(loc, &image(PAGE + BLOCK, 0), Box::new(|_| {}))
+            .is_err());
+        assert_eq!(t.stats().io_queue, 0);
+    }
+}
