@@ -64,14 +64,15 @@ bench_binaries() {
 # network receive work an interrupt or IPI runs on that core while the process sleeps.
 cpu_busy() { awk -v c="cpu$1" '$1 == c {print $2 + $3 + $4 + $7 + $8}' /proc/stat; }
 
-# netns_setup SERVER_CORE LOAD_CORE: two network namespaces joined by a veth pair, as two
+# netns_setup SERVER_CORES LOAD_CORES: two network namespaces joined by a veth pair, as two
 # machines on one link: the server's namespace (10.213.0.1) and the load generator's
 # (10.213.0.2). Receive Packet Steering on each end runs the kernel's receive work for
-# packets arriving there on that side's core (a request's on the server's core, a reply's on
+# packets arriving there on that side's cores (a request's on the server's, a reply's on
 # the load generator's), where on loopback the sender's core runs both sides of every
-# packet. Sets bench_host, in_srv and in_load; netns_teardown removes it all. Needs root.
+# packet. Cores are one number or a range (2-5); netns_rps changes them later. Sets
+# bench_host, in_srv and in_load; netns_teardown removes it all. Needs root.
 netns_setup() {
-    local tag=kvb$$
+    local tag=kvb$$ ns
     netns_srv=${tag}s
     netns_load=${tag}c
     ip netns add "$netns_srv"
@@ -86,11 +87,24 @@ netns_setup() {
     done
     ip -n "$netns_srv" link set "${tag}s0" up
     ip -n "$netns_load" link set "${tag}c0" up
-    ip netns exec "$netns_srv" sh -c "printf '%x' $((1 << $1)) > /sys/class/net/${tag}s0/queues/rx-0/rps_cpus"
-    ip netns exec "$netns_load" sh -c "printf '%x' $((1 << $2)) > /sys/class/net/${tag}c0/queues/rx-0/rps_cpus"
+    netns_tag=$tag
     bench_host=10.213.0.1
     in_srv=(ip netns exec "$netns_srv")
     in_load=(ip netns exec "$netns_load")
+    netns_rps "$1" "$2"
+}
+
+# cpu_mask CORES: the hexadecimal mask of one core (3) or a range of them (2-5).
+cpu_mask() {
+    local lo=${1%-*} hi=${1#*-}
+    printf '%x' $(((1 << (hi + 1)) - (1 << lo)))
+}
+
+# netns_rps SERVER_CORES LOAD_CORES: which cores run each side's receive work (see
+# netns_setup).
+netns_rps() {
+    "${in_srv[@]}" sh -c "echo $(cpu_mask "$1") > /sys/class/net/${netns_tag}s0/queues/rx-0/rps_cpus"
+    "${in_load[@]}" sh -c "echo $(cpu_mask "$2") > /sys/class/net/${netns_tag}c0/queues/rx-0/rps_cpus"
 }
 
 netns_teardown() {
