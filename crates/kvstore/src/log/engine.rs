@@ -5,7 +5,6 @@ use std::sync::atomic::Ordering;
 use super::format::{Rec, SEG_HDR};
 use super::index::Slot;
 use super::meta::Step;
-use super::sync::lock;
 use super::write::{Commit, Cond, Fail, MetaW, Outcome, Src};
 use super::{index, LogEngine, Vis, MAINTAIN_BUCKETS, MAX_KEY, RETRIES};
 use crate::{
@@ -450,7 +449,7 @@ impl Engine for LogEngine {
         // The segments kept for replicas, and every replica's position (what is freed
         // while one still needs it is logged anew so that it can skip it).
         let holds = self.retire_holds(now);
-        let wanted = lock(&self.repl.holds).clone();
+        let wanted = self.repl.holds();
         if sweep {
             self.seal_aged(now);
             self.expire_segments(&holds, &wanted);

@@ -14,7 +14,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use super::format::{self, Rec, Spec, HDR_MAX, KIND_ITEM, SEG_HDR};
 use super::index::Slot;
-use super::repl::{held_for_replica, EvictionNotes};
+use super::repl::EvictionNotes;
 use super::segments::{Evicted, Open, Queue};
 use super::sketch::MissSketch;
 use super::sync::lock;
@@ -334,8 +334,8 @@ impl LogEngine {
         self.st().segments_evicted.fetch_add(1, Ordering::Relaxed);
         // A replica that has not read it skips it, once what it held is logged anew (what
         // was copied forward is in the log already).
-        if self.repl.active.load(Ordering::Relaxed) {
-            self.relog_if_unread(id, |seq| held_for_replica(&lock(&self.repl.holds), seq));
+        if self.repl.is_active() {
+            self.relog_if_unread(id, |seq| self.repl.is_held(seq));
         }
         self.retire(id);
         self.barrier();
@@ -455,7 +455,7 @@ impl LogEngine {
             cas: r.cas,
             // A replica keeps the master's stamp: its copies must not outrank a later
             // rewrite of the same item on the master.
-            stamp: if self.repl.replica.load(Ordering::Relaxed) {
+            stamp: if self.repl.is_replica() {
                 r.stamp
             } else {
                 self.rewrite_stamp(r.stamp)

@@ -555,9 +555,9 @@ impl LogEngine {
     /// pass then frees them, and the replica that needed them will need a full sync;
     /// counted).
     pub(super) fn retire_holds(&self, now: Time) -> Holds {
-        let holds = lock(&self.repl.holds).clone();
+        let holds = self.repl.holds();
         if holds.is_empty() {
-            self.repl.held.store(0, Ordering::Relaxed);
+            self.repl.note_held(Some(0));
             return holds;
         }
         let (mut held, mut bytes) = (0u64, 0usize);
@@ -570,11 +570,10 @@ impl LogEngine {
             }
         });
         if bytes > self.repl_backlog() {
-            self.repl.held.store(0, Ordering::Relaxed);
-            self.repl.hold_dropped.fetch_add(1, Ordering::Relaxed);
+            self.repl.note_held(None);
             return Holds::new();
         }
-        self.repl.held.store(held, Ordering::Relaxed);
+        self.repl.note_held(Some(held));
         holds
     }
 

@@ -73,7 +73,9 @@ mod tests;
 pub(super) mod wire;
 
 use std::sync::atomic::AtomicBool;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::sync::lock;
 
 use remembered::Remembered;
 pub(super) use wire::Cursor;
@@ -83,9 +85,9 @@ pub use wire::ReplicaState;
 #[derive(Default)]
 pub(in crate::log) struct ReplFlags {
     /// This engine follows a master (copies forward keep the master's stamps).
-    pub(super) replica: AtomicBool,
+    replica: AtomicBool,
     /// A replica has pulled from this engine: deletes of absent keys are logged too.
-    pub(super) active: AtomicBool,
+    active: AtomicBool,
     /// While following (and after a promotion): where this engine's own log stood after
     /// each tail batch it applied, with its position in the upstream log then. Lets a
     /// replica of the same upstream switch to this engine without a full sync.
@@ -96,15 +98,15 @@ pub(in crate::log) struct ReplFlags {
     /// Per replica served with [`LogEngine::repl_serve_as`] (at most `MAX_HOLDS`), its
     /// position: the maintenance pass keeps the dead and expired segments it has not
     /// read instead of freeing them (see `held_segments`).
-    pub(super) holds: std::sync::Mutex<Holds>,
+    holds: std::sync::Mutex<Holds>,
     /// Segments kept for replicas at the last maintenance pass.
-    pub(super) held: AtomicU64,
+    held: AtomicU64,
     /// The most bytes of segments kept for replicas (`set_repl_backlog`); 0: the default,
     /// `1 / HOLD_SHARE` of the memory limit.
-    pub(super) backlog: std::sync::atomic::AtomicUsize,
+    backlog: std::sync::atomic::AtomicUsize,
     /// Maintenance passes that freed segments a replica still needed, because keeping
     /// them would have taken more than the backlog (`repl_backlog`).
-    pub(super) hold_dropped: AtomicU64,
+    hold_dropped: AtomicU64,
     /// Sequence numbers of segments the maintenance pass freed while a replica of `holds`
     /// still needed them, after logging anew what a replica could miss by skipping them
     /// (`relog_for_skip`): a cursor that still needs one is told it is complete instead of
@@ -112,7 +114,7 @@ pub(in crate::log) struct ReplFlags {
     /// `MAX_SKIPPABLE`.
     skippable: std::sync::Mutex<std::collections::BTreeSet<u64>>,
     /// Segments added to `skippable` so far.
-    pub(super) relogged: AtomicU64,
+    relogged: AtomicU64,
     /// Cursors whose `below` is under this number predate this engine's last full sync as
     /// a replica (`wipe`), which replaced its items without logging what it dropped: their
     /// replicas hold what this engine no longer has, so they get a reset, not the tail.
@@ -140,6 +142,37 @@ pub(in crate::log) struct ReplFlags {
 pub(in crate::log) const HOLD_SHARE: usize = 16;
 /// Replicas' names and positions, for [`held_for_replica`].
 pub(in crate::log) type Holds = Vec<(Box<str>, Cursor)>;
+
+impl ReplFlags {
+    /// This engine follows a master.
+    pub(in crate::log) fn is_replica(&self) -> bool {
+        self.replica.load(Ordering::Relaxed)
+    }
+
+    /// A replica has pulled from this engine.
+    pub(in crate::log) fn is_active(&self) -> bool {
+        self.active.load(Ordering::Relaxed)
+    }
+
+    /// Every replica's position, kept or not (see `holds`).
+    pub(in crate::log) fn holds(&self) -> Holds {
+        lock(&self.holds).clone()
+    }
+
+    /// Whether a replica of `holds` has not read segment `seq` yet.
+    pub(in crate::log) fn is_held(&self, seq: u64) -> bool {
+        held_for_replica(&lock(&self.holds), seq)
+    }
+
+    /// The maintenance pass kept `n` segments for replicas (None: it kept none because
+    /// keeping them would have taken more than the backlog; counted).
+    pub(in crate::log) fn note_held(&self, n: Option<u64>) {
+        self.held.store(n.unwrap_or(0), Ordering::Relaxed);
+        if n.is_none() {
+            self.hold_dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
 /// Replicas whose positions are kept at most (others are served, not held for).
 pub(in crate::log) const MAX_HOLDS: usize = 64;
 
