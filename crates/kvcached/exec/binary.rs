@@ -46,13 +46,13 @@ pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
     match req.command {
         Command::Get { with_key } => get(ctx, out, spliced, &req, with_key, None),
         Command::GetAndTouch { with_key, exptime } => {
-            let at = Some(shared.clock.expiry(exptime));
+            let at = Some(ctx.expiry(exptime));
             get(ctx, out, spliced, &req, with_key, at);
         }
         Command::Touch { exptime } => {
-            let at = Some(shared.clock.expiry(exptime));
+            let at = Some(ctx.expiry(exptime));
             let mut found = None;
-            let hit = ops::read(ctx, req.key, shared.clock.now(), at, &mut |item| {
+            let hit = ops::read(ctx, req.key, ctx.now, at, &mut |item| {
                 found = Some((item.flags, item.cas))
             });
             shared.detail.record_get(req.key, hit);
@@ -88,7 +88,7 @@ pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
                 ..MetaDelete::default()
             };
             shared.detail.record_delete(req.key);
-            match ops::delete(ctx, req.key, shared.clock.now(), req_del, Proto::Binary) {
+            match ops::delete(ctx, req.key, ctx.now, req_del, Proto::Binary) {
                 MetaDeleteResult::Deleted => {
                     if !req.quiet {
                         bin::write_ok(out, op, opaque, 0);
@@ -121,9 +121,9 @@ pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
                 return Step::Next;
             }
             let at = if exptime > 0 {
-                shared.clock.expiry(exptime)
+                ctx.expiry(exptime)
             } else {
-                shared.clock.now()
+                ctx.now
             };
             ops::flush_all(ctx, at);
             if !req.quiet {
@@ -184,7 +184,7 @@ fn get(
     touch: Option<u32>,
 ) {
     let key = if with_key { Some(req.key) } else { None };
-    let now = ctx.shared.clock.now();
+    let now = ctx.now;
     let hit = ops::read(ctx, req.key, now, touch, &mut |item| {
         let (op, opaque) = (req.opcode, req.opaque);
         match splice::lease_into(spliced.as_deref_mut(), &item) {
@@ -228,14 +228,14 @@ fn store(
             key: req.key,
             value: req.value,
             flags,
-            exptime: shared.clock.expiry(exptime),
+            exptime: ctx.expiry(exptime),
             compare_cas: (req.cas != 0).then_some(req.cas),
             new_cas: None,
             invalidate: false,
             vivify: false,
             binary_key: false,
         },
-        shared.clock.now(),
+        ctx.now,
     )
     .result;
     let status = match result {
@@ -270,17 +270,16 @@ fn arith(
     exptime: i64,
     create: bool,
 ) {
-    let shared = ctx.shared;
     let (op, opaque) = (req.opcode, req.opaque);
     // A miss creates the item with `initial` (no delta applied) unless `create` is off; the
     // engine does it atomically and returns the new CAS.
     let arith = MetaArith {
         incr,
         delta,
-        vivify: create.then(|| (shared.clock.expiry(exptime), initial)),
+        vivify: create.then(|| (ctx.expiry(exptime), initial)),
         ..MetaArith::default()
     };
-    match ops::arith(ctx, req.key, shared.clock.now(), arith, Proto::Binary) {
+    match ops::arith(ctx, req.key, ctx.now, arith, Proto::Binary) {
         MetaArithResult::Value { value, cas, .. } => {
             if !req.quiet {
                 bin::write_arith(out, op, opaque, cas, value);

@@ -70,7 +70,7 @@ pub fn execute(req: MetaRequest<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step
             let shared = ctx.shared;
             let mut buf: KeyBuf = [0; MAX_KEY_LEN];
             let k = key.bytes(&mut buf);
-            let now = shared.clock.now();
+            let now = ctx.now;
             match ops::debug_item(ctx, k, now) {
                 Some(d) => {
                     let (size, cls) = size_and_class(&shared.config, k.len(), d.value_len, d.flags);
@@ -130,7 +130,7 @@ pub(crate) fn digits(n: u64, buf: &mut [u8; 20]) -> &[u8] {
 
 /// Absolute expiry (from a protocol TTL) of a flag's argument.
 fn expiry(ctx: &Ctx<'_>, ttl: Option<i64>) -> Option<Time> {
-    ttl.map(|t| ctx.shared.clock.expiry(t))
+    ttl.map(|t| ctx.expiry(t))
 }
 
 /// TTL remaining for `me`: -1 for never, else seconds (negative if already past).
@@ -165,8 +165,7 @@ fn echo<'o>(mut r: MetaReply<'o>, args: &MetaArgs<'_>, key: &[u8]) -> MetaReply<
 }
 
 fn get(ctx: &mut Ctx<'_>, s: &mut Session, args: &MetaArgs<'_>) -> Step {
-    let shared = ctx.shared;
-    let now = shared.clock.now();
+    let now = ctx.now;
     let mut buf: KeyBuf = [0; MAX_KEY_LEN];
     let key = args.key();
     let k = key.bytes(&mut buf);
@@ -283,7 +282,7 @@ fn set(
     data: &[u8],
 ) -> Step {
     let shared = ctx.shared;
-    let now = shared.clock.now();
+    let now = ctx.now;
     let mut buf: KeyBuf = [0; MAX_KEY_LEN];
     let key = args.key();
     let k = key.bytes(&mut buf);
@@ -367,7 +366,7 @@ fn delete(ctx: &mut Ctx<'_>, s: &mut Session, args: &MetaArgs<'_>) -> Step {
         ttl: expiry(ctx, args.ttl()),
         flags: args.client_flags().unwrap_or(0),
     };
-    let code = match ops::delete(ctx, k, ctx.shared.clock.now(), req, Proto::Meta) {
+    let code = match ops::delete(ctx, k, ctx.now, req, Proto::Meta) {
         MetaDeleteResult::Deleted => {
             if args.quiet() {
                 return Step::Next;
@@ -383,8 +382,7 @@ fn delete(ctx: &mut Ctx<'_>, s: &mut Session, args: &MetaArgs<'_>) -> Step {
 }
 
 fn arith(ctx: &mut Ctx<'_>, s: &mut Session, args: &MetaArgs<'_>, mode: ArithMode) -> Step {
-    let shared = ctx.shared;
-    let now = shared.clock.now();
+    let now = ctx.now;
     let mut buf: KeyBuf = [0; MAX_KEY_LEN];
     let key = args.key();
     let k = key.bytes(&mut buf);

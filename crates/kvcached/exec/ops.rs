@@ -223,7 +223,7 @@ fn watch_store(ctx: &Ctx<'_>, req: &MetaStoreRequest<'_>, result: StoreResult, n
 pub fn store_too_large(ctx: &Ctx<'_>, key: &[u8], set: bool) {
     ctx.stats.store_too_large.incr();
     if set {
-        ctx.shared.engine.delete(key, ctx.shared.clock.now());
+        ctx.shared.engine.delete(key, ctx.now);
     }
 }
 
@@ -300,7 +300,7 @@ pub fn debug_item(ctx: &Ctx<'_>, key: &[u8], now: Time) -> Option<DebugItem> {
 /// `flush_all` (at `at`, absolute), counted in `cmd_flush`.
 pub fn flush_all(ctx: &Ctx<'_>, at: Time) {
     ctx.stats.cmd_flush.incr();
-    ctx.shared.engine.flush_all(at, ctx.shared.clock.now());
+    ctx.shared.engine.flush_all(at, ctx.now);
 }
 
 /// A `flush_all` refused because `-F` disabled it, which memcached's binary protocol still

@@ -194,7 +194,9 @@ pub struct Ctx<'a> {
     pub stats: &'a WorkerStats,
     /// The worker's read buffer, shared by all its connections.
     pub scratch: &'a mut Vec<u8>,
-    /// Server time (unix seconds), read once per turn of the worker's loop.
+    /// Server time (unix seconds), read once per turn of the worker's loop: every request
+    /// of the turn uses it, as memcached's requests use its once-a-second `current_time`
+    /// (a clock read per request was 3.6% of the worker's CPU at 16 GETs in flight).
     pub now: u32,
     /// Buffer memory the connection being driven may hold.
     pub buffers: BufferLimit,
@@ -202,4 +204,11 @@ pub struct Ctx<'a> {
     pub worker: usize,
     /// The socket of the connection being served (`cfd` in `watch` lines); -1 for none.
     pub cfd: i32,
+}
+
+impl Ctx<'_> {
+    /// A protocol exptime as an absolute expiry time, at this turn's time ([`Ctx::now`]).
+    pub fn expiry(&self, exptime: i64) -> kvstore::Time {
+        self.shared.clock.expiry_at(exptime, self.now)
+    }
 }

@@ -75,7 +75,7 @@ pub fn execute<F: GetFraming>(
             keys,
             rejected,
         } => {
-            let at = shared.clock.expiry(exptime);
+            let at = ctx.expiry(exptime);
             get(ctx, s, keys, with_cas, Some(at), rejected, framing)
         }
         Request::Store {
@@ -93,14 +93,14 @@ pub fn execute<F: GetFraming>(
                 key,
                 value: data,
                 flags,
-                exptime: shared.clock.expiry(exptime),
+                exptime: ctx.expiry(exptime),
                 compare_cas: None,
                 new_cas: None,
                 invalidate: false,
                 vivify: false,
                 binary_key: false,
             };
-            let reply: &[u8] = match ops::store(ctx, req, shared.clock.now()).result {
+            let reply: &[u8] = match ops::store(ctx, req, ctx.now).result {
                 StoreResult::Stored(_) => proto::STORED,
                 StoreResult::NotStored => proto::NOT_STORED,
                 StoreResult::Exists => proto::EXISTS,
@@ -113,7 +113,7 @@ pub fn execute<F: GetFraming>(
         }
         Request::Delete { key, noreply } => {
             shared.detail.record_delete(key);
-            let now = shared.clock.now();
+            let now = ctx.now;
             let reply = match ops::delete(ctx, key, now, MetaDelete::default(), Proto::Text) {
                 MetaDeleteResult::Deleted => proto::DELETED,
                 _ => proto::NOT_FOUND,
@@ -132,7 +132,7 @@ pub fn execute<F: GetFraming>(
                 delta,
                 ..MetaArith::default()
             };
-            match ops::arith(ctx, key, shared.clock.now(), req, Proto::Text) {
+            match ops::arith(ctx, key, ctx.now, req, Proto::Text) {
                 MetaArithResult::Value { value, .. } => {
                     if !noreply {
                         proto::write_number(&mut s.out, value);
@@ -158,8 +158,8 @@ pub fn execute<F: GetFraming>(
             exptime,
             noreply,
         } => {
-            let at = Some(shared.clock.expiry(exptime));
-            let reply = if ops::read(ctx, key, shared.clock.now(), at, &mut |_| {}) {
+            let at = Some(ctx.expiry(exptime));
+            let reply = if ops::read(ctx, key, ctx.now, at, &mut |_| {}) {
                 proto::TOUCHED
             } else {
                 proto::NOT_FOUND
@@ -170,9 +170,9 @@ pub fn execute<F: GetFraming>(
         Request::FlushAll { delay, noreply } => {
             // The parser already refused flush_all when -F disabled it.
             let at = if delay > 0 {
-                shared.clock.expiry(delay)
+                ctx.expiry(delay)
             } else {
-                shared.clock.now()
+                ctx.now
             };
             ops::flush_all(ctx, at);
             reply_unless(s, noreply, proto::OK);
@@ -207,7 +207,7 @@ pub fn execute<F: GetFraming>(
                 b"MEMLIMIT_ADJUST_FAILED input value is megabytes not bytes\r\n"
             } else {
                 let bytes = (megabytes as usize).saturating_mul(1 << 20);
-                engine.set_max_bytes(bytes, shared.clock.now());
+                engine.set_max_bytes(bytes, ctx.now);
                 if noreply {
                     return Step::Next;
                 }
@@ -219,6 +219,8 @@ pub fn execute<F: GetFraming>(
         Request::DebugTime { seconds } => {
             if shared.config.debug_clock {
                 shared.clock.advance(seconds);
+                // The connection's next requests see the shifted time at once.
+                ctx.now = shared.clock.now();
                 s.out.extend_from_slice(proto::OK);
             } else {
                 s.out.extend_from_slice(proto::ERROR);
@@ -464,7 +466,7 @@ fn get<F: GetFraming>(
     rejected: bool,
     framing: &mut F,
 ) -> Step {
-    let now = ctx.shared.clock.now();
+    let now = ctx.now;
     // Where this get's replies start, unless an earlier turn already sent some of them.
     let start = (s.get_progress == 0).then_some(s.out.len());
     let mut last = s.out.len();

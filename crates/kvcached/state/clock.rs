@@ -54,11 +54,12 @@ impl Clock {
         self.offset.fetch_add(seconds, Ordering::Relaxed);
     }
 
-    /// Turn a protocol exptime into an absolute expiry time, as memcached does: 0 never
-    /// expires; negative is already expired; up to 30 days is relative to now; larger is a
-    /// unix time (one at or before the start of the process is already expired).
-    pub fn expiry(&self, exptime: i64) -> Time {
-        expiry_at(exptime, self.now(), self.started_unix)
+    /// Turn a protocol exptime into an absolute expiry time at `now` (a time read from this
+    /// clock), as memcached does: 0 never expires; negative is already expired; up to 30
+    /// days is relative to now; larger is a unix time (one at or before the start of the
+    /// process is already expired).
+    pub fn expiry_at(&self, exptime: i64, now: Time) -> Time {
+        expiry_at(exptime, now, self.started_unix)
     }
 }
 
@@ -68,7 +69,7 @@ impl Default for Clock {
     }
 }
 
-/// [`Clock::expiry`] for a given `now` and process start time.
+/// [`Clock::expiry_at`] for a given process start time.
 pub fn expiry_at(exptime: i64, now: Time, started: i64) -> Time {
     if exptime == 0 {
         0
