@@ -368,30 +368,8 @@ impl std::fmt::Debug for AlignedBuf {
 
 #[cfg(test)]
 mod tests {
+    use super::super::testdir::Dir;
     use super::*;
-
-    /// A fresh directory for one test's files, removed when dropped.
-    struct Dir(PathBuf);
-
-    impl Dir {
-        fn new(name: &str) -> Dir {
-            let d =
-                std::env::temp_dir().join(format!("kvstore-flash-{name}-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&d);
-            std::fs::create_dir_all(&d).expect("make a directory");
-            Dir(d)
-        }
-
-        fn file(&self) -> PathBuf {
-            self.0.join("flash")
-        }
-    }
-
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
 
     fn image(len: usize, seed: u8) -> Vec<u8> {
         (0..len)
@@ -403,7 +381,7 @@ mod tests {
 
     #[test]
     fn pages_written_read_back_after_reopening() {
-        let d = Dir::new("reopen");
+        let d = Dir::new("file-reopen");
         let f = FlashFile::create(&d.file(), 1 << 20, PAGE).expect("create");
         let h = *f.header();
         assert!(h.pages >= 14, "{h:?}");
@@ -447,7 +425,7 @@ mod tests {
 
     #[test]
     fn damage_on_disk_is_found() {
-        let d = Dir::new("damage");
+        let d = Dir::new("file-damage");
         let f = FlashFile::create(&d.file(), 1 << 20, PAGE).expect("create");
         let mut buf = AlignedBuf::new();
         let a = image(PAGE, 3);
@@ -485,7 +463,7 @@ mod tests {
 
     #[test]
     fn a_truncated_file_fails_reads_and_refuses_to_open() {
-        let d = Dir::new("truncated");
+        let d = Dir::new("file-truncated");
         let f = FlashFile::create(&d.file(), 1 << 20, PAGE).expect("create");
         let mut buf = AlignedBuf::new();
         let last = f.header().pages - 1;
@@ -512,7 +490,7 @@ mod tests {
 
     #[test]
     fn bad_files_and_sizes_are_refused_with_their_reason() {
-        let d = Dir::new("bad");
+        let d = Dir::new("file-bad");
         let err = FlashFile::create(&d.file(), 64 << 10, PAGE).expect_err("too small");
         assert!(matches!(err, FlashError::TooSmall { .. }), "{err}");
         let err = FlashFile::create(&d.0, 1 << 20, PAGE).expect_err("a directory");

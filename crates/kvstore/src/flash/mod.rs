@@ -21,3 +21,31 @@ mod tier;
 pub use file::{AlignedBuf, FlashError, FlashFile};
 pub use layout::{blocks_for, Header, LayoutError, BLOCK, BLOCK_DATA, FLASH_VERSION};
 pub use tier::{Loc, Tier, TierConfig, TierError, TierStats};
+
+/// A fresh directory for one test's flash files, removed when dropped.
+#[cfg(test)]
+mod testdir {
+    use std::path::PathBuf;
+
+    pub(super) struct Dir(pub(super) PathBuf);
+
+    impl Dir {
+        pub(super) fn new(name: &str) -> Dir {
+            let d = std::env::temp_dir().join(format!("kvstore-{name}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&d);
+            std::fs::create_dir_all(&d).expect("make a directory");
+            Dir(d)
+        }
+
+        /// The usual flash file's path in it.
+        pub(super) fn file(&self) -> PathBuf {
+            self.0.join("flash")
+        }
+    }
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}

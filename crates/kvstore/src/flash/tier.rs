@@ -509,27 +509,10 @@ fn write_job(inner: &Inner, job: &mut Job) -> Result<usize, TierError> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::testdir::Dir;
     use super::*;
     use crate::flash::BLOCK_DATA;
     use std::sync::mpsc;
-
-    struct Dir(PathBuf);
-
-    impl Dir {
-        fn new(name: &str) -> Dir {
-            let d =
-                std::env::temp_dir().join(format!("kvstore-tier-{name}-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&d);
-            std::fs::create_dir_all(&d).expect("make a directory");
-            Dir(d)
-        }
-    }
-
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
 
     const PAGE: usize = 32 << 10;
 
@@ -559,7 +542,7 @@ mod tests {
 
     #[test]
     fn pages_alternate_between_files_and_read_back() {
-        let d = Dir::new("alternate");
+        let d = Dir::new("tier-alternate");
         let t = Tier::create(&config(&d, &[(1 << 20) + 4096, 300 << 10], 1 << 20)).expect("tier");
         let s = t.stats();
         assert_eq!(s.pages_free, u64::from(t.pages()));
@@ -589,7 +572,7 @@ mod tests {
 
     #[test]
     fn a_freed_page_is_stale_for_its_old_readers() {
-        let d = Dir::new("stale");
+        let d = Dir::new("tier-stale");
         let t = Tier::create(&config(&d, &[1 << 20], 1 << 20)).expect("tier");
         let a = t.alloc().expect("a page");
         write(&t, a, &image(1000, 3)).expect("write");
@@ -619,7 +602,7 @@ mod tests {
 
     #[test]
     fn a_full_write_buffer_refuses_at_once() {
-        let d = Dir::new("busy");
+        let d = Dir::new("tier-busy");
         // Room for one page of blocks.
         let t = Tier::create(&config(&d, &[1 << 20], 1)).expect("tier");
         let held = t.hold_writers();
@@ -644,7 +627,7 @@ mod tests {
 
     #[test]
     fn write_errors_are_reported_and_take_the_tier_offline() {
-        let d = Dir::new("errors");
+        let d = Dir::new("tier-errors");
         let t = Tier::create(&config(&d, &[1 << 20], 1 << 20)).expect("tier");
         t.inner.fail_writes.store(true, Ordering::Relaxed);
         for _ in 0..OFFLINE_AFTER {
@@ -664,7 +647,7 @@ mod tests {
 
     #[test]
     fn drop_finishes_queued_writes() {
-        let d = Dir::new("drop");
+        let d = Dir::new("tier-drop");
         let t = Tier::create(&config(&d, &[1 << 20], 1 << 20)).expect("tier");
         let (tx, rx) = mpsc::channel();
         for i in 0..8 {
@@ -688,7 +671,7 @@ mod tests {
     /// they asked for, or an error: never another generation's bytes.
     #[test]
     fn racing_readers_never_get_another_generations_bytes() {
-        let d = Dir::new("race");
+        let d = Dir::new("tier-race");
         let t =
             Tier::create(&config(&d, &[(4 * 9 * BLOCK + BLOCK) as u64], 1 << 20)).expect("tier");
         let content = |l: Loc| image(3 * BLOCK_DATA, (l.page * 31 + l.gen) as u8);
@@ -746,7 +729,7 @@ mod tests {
 
     #[test]
     fn bad_configurations_are_refused() {
-        let d = Dir::new("bad");
+        let d = Dir::new("tier-bad");
         assert!(matches!(
             Tier::create(&config(&d, &[], 1)),
             Err(TierError::NoFiles)
