@@ -907,11 +907,27 @@ fn key_hash(seed: u64, key: &[u8]) -> u64 {
         w.copy_from_slice(c);
         h = mix(h ^ u64::from_le_bytes(w), K1);
     }
-    let rem = chunks.remainder();
-    let mut w = [0u8; 8];
-    w[..rem.len()].copy_from_slice(rem);
-    h = mix(h ^ u64::from_le_bytes(w), K0);
+    h = mix(h ^ tail_word(chunks.remainder()), K0);
     mix(h, K1 ^ h.rotate_left(29))
+}
+
+/// `rem` (under 8 bytes) as a little-endian word padded with zeros, read with at most two
+/// loads. (Copying it into a zeroed `[u8; 8]` compiled to a call to `memcpy` whose byte
+/// stores the word's load then waited for: a fifth of `Conn::execute`'s own samples at 16
+/// GETs in flight.)
+#[inline]
+fn tail_word(rem: &[u8]) -> u64 {
+    let n = rem.len();
+    if let (Some(lo), Some(hi)) = (rem.first_chunk::<4>(), rem.last_chunk::<4>()) {
+        // 4 to 7 bytes: the first four and the last four (they overlap; both put the same
+        // byte in the same place).
+        u64::from(u32::from_le_bytes(*lo)) | u64::from(u32::from_le_bytes(*hi)) << (8 * (n - 4))
+    } else if let (Some(&a), Some(&b), Some(&c)) = (rem.first(), rem.get(n / 2), rem.last()) {
+        // 1 to 3 bytes: the first, the middle and the last.
+        u64::from(a) | u64::from(b) << (8 * (n / 2)) | u64::from(c) << (8 * (n - 1))
+    } else {
+        0
+    }
 }
 
 /// What [`LogEngine::check_accounting`] found wrong with the engine's bookkeeping.

@@ -1816,3 +1816,14 @@ fn no_evict_refuses_consistently_once_full() {
         assert_eq!(e.stats().curr_items, stored as u64);
     }
 }
+
+#[test]
+fn tail_word_is_the_zero_padded_little_endian_word() {
+    let bytes = [0x81u8, 0x02, 0xf3, 0x44, 0x05, 0xa6, 0x77];
+    for n in 0..8 {
+        let rem = &bytes[..n];
+        let mut w = [0u8; 8];
+        w[..n].copy_from_slice(rem);
+        assert_eq!(super::tail_word(rem), u64::from_le_bytes(w), "{n} bytes");
+    }
+}
