@@ -10,12 +10,18 @@
 # measured window; CPU is the server's user + system time over that window (a TCP load's
 # keys are set before it, except on the floor, which stores nothing).
 #
-# usage: bench/floor.sh [-u] [-n] [-d SECONDS] [-r ROUNDS] [-c CONNS] [-v VALUE_BYTES] [-- LOAD ARGS]
+# usage: bench/floor.sh [-u] [-n] [-g kvblast|memtier] [-p DEPTH] [-d SECONDS] [-r ROUNDS] [-c CONNS]
+#                       [-v VALUE_BYTES] [-- LOAD ARGS]
 #   -u: UDP (default load: the USR workload's GETs over 100,000 keys, 2-byte values)
 #   -n: as two machines (root): across a veth pair between two network namespaces, each
 #       side's receive work on its own core (netns_setup in bench/lib.sh), not loopback
 #   TCP default load: --mix get=1 --value-size 32 --keys 100000 --popularity uniform --depth 1
 #   -v: the floor's value size (default: 32 over TCP, 2 over UDP; match LOAD ARGS)
+#   -g memtier: memtier_benchmark ($MEMTIER) as the load instead of kvblast (TCP only):
+#       GETs over 100,000 `key:N` keys (set by a memtier fill run, except on the floor),
+#       one thread, --pipeline=DEPTH (-p, default 1), closed loop unless LOAD ARGS add
+#       --rate-limiting=N (per connection); requests are memtier's GET/s times the run's
+#       length.
 # The reference is $MEMCACHED (default: Debian's /usr/bin/memcached); $KVCACHED runs another
 # kvcached build.
 set -euo pipefail
@@ -28,7 +34,9 @@ conns=50
 udp=0
 netns=0
 vbytes=
-while getopts "und:r:c:v:" opt; do
+gen=kvblast
+depth=1
+while getopts "und:r:c:v:g:p:" opt; do
     case $opt in
         u) udp=1 ;;
         n) netns=1 ;;
@@ -36,17 +44,28 @@ while getopts "und:r:c:v:" opt; do
         r) rounds=$OPTARG ;;
         c) conns=$OPTARG ;;
         v) vbytes=$OPTARG ;;
-        *) echo "usage: $0 [-u] [-n] [-d SECONDS] [-r ROUNDS] [-c CONNS] [-v VALUE_BYTES] [-- LOAD ARGS]" >&2; exit 2 ;;
+        g) gen=$OPTARG ;;
+        p) depth=$OPTARG ;;
+        *) echo "usage: $0 [-u] [-n] [-g kvblast|memtier] [-p DEPTH] [-d SECONDS] [-r ROUNDS] [-c CONNS] [-v VALUE_BYTES] [-- LOAD ARGS]" >&2; exit 2 ;;
     esac
 done
 shift $((OPTIND - 1))
 extra=("$@")
+case $gen in kvblast | memtier) ;; *) echo "unknown generator $gen" >&2; exit 2 ;; esac
+if [ "$gen" = memtier ] && [ $udp = 1 ]; then
+    echo "-g memtier is TCP only (memtier_benchmark has no memcache UDP)" >&2; exit 2
+fi
 keys=100000
 if [ $udp = 1 ]; then
     mode=udp
     [ ${#extra[@]} -gt 0 ] || extra=(--workload usr --keys $keys --mix get=1)
     vbytes=${vbytes:-2}
     fill=(--workload usr)
+elif [ "$gen" = memtier ]; then
+    mode=tcp
+    vbytes=${vbytes:-32}
+    memtier=${MEMTIER:-memtier_benchmark}
+    command -v "$memtier" >/dev/null || { echo "no memtier_benchmark (set MEMTIER)" >&2; exit 2; }
 else
     mode=tcp
     [ ${#extra[@]} -gt 0 ] || extra=(--mix get=1 --value-size 32 --keys $keys --popularity uniform --depth 1)
@@ -92,16 +111,32 @@ for round in $(seq 1 "$rounds"); do
                     -t 1 -m 1024 -c 4096 &
                 pid=$!
                 wait_port "$port"
-                "${in_load[@]}" "$kvblast" run -q --no-server-stats "${fill[@]}" --keys $keys --mix set=1 \
-                    --popularity sequential -c 8 -d 8 -n $keys "$bench_host:$port" >/dev/null ;;
+                if [ "$gen" = memtier ]; then
+                    "${in_load[@]}" "$memtier" -s "$bench_host" -p "$port" -P memcache_text -t 1 -c 1 \
+                        --ratio=1:0 -d "$vbytes" --key-prefix=key: --key-minimum=1 --key-maximum=$keys \
+                        --key-pattern=P:P -n allkeys --hide-histogram >/dev/null 2>&1
+                else
+                    "${in_load[@]}" "$kvblast" run -q --no-server-stats "${fill[@]}" --keys $keys --mix set=1 \
+                        --popularity sequential -c 8 -d 8 -n $keys "$bench_host:$port" >/dev/null
+                fi ;;
         esac
         t0=$(cpu_ticks $pid)
-        out=$("${in_load[@]}" timeout $((duration + 30)) taskset -c $load_core "$kvblast" run --no-server-stats \
-            -c "$conns" -D "${duration}s" "${extra[@]}" "$target" 2>&1)
-        t1=$(cpu_ticks $pid)
+        if [ "$gen" = memtier ]; then
+            out=$("${in_load[@]}" timeout $((duration + 30)) taskset -c $load_core "$memtier" -s "$bench_host" \
+                -p "$port" -P memcache_text -t 1 -c "$conns" --pipeline="$depth" --ratio=0:1 \
+                --key-prefix=key: --key-minimum=1 --key-maximum=$keys --key-pattern=R:R \
+                --test-time="$duration" --hide-histogram "${extra[@]}" 2>/dev/null)
+            t1=$(cpu_ticks $pid)
+            n=$(awk -v d="$duration" '$1 == "Gets" {printf "%d", $2 * d}' <<<"$out")
+            errs=0
+        else
+            out=$("${in_load[@]}" timeout $((duration + 30)) taskset -c $load_core "$kvblast" run --no-server-stats \
+                -c "$conns" -D "${duration}s" "${extra[@]}" "$target" 2>&1)
+            t1=$(cpu_ticks $pid)
+            n=$(awk '$1 == "all" {print $2}' <<<"$out")
+            errs=$(awk '$1 == "all" {print $6}' <<<"$out")
+        fi
         kill "$pid"; wait "$pid" 2>/dev/null || true; pid=
-        n=$(awk '$1 == "all" {print $2}' <<<"$out")
-        errs=$(awk '$1 == "all" {print $6}' <<<"$out")
         [ -n "$n" ] && [ "$n" -gt 0 ] || { echo "no requests counted against $server:" >&2; echo "$out" >&2; exit 1; }
         echo "$server $round $n $((t1 - t0)) ${errs:-0}" >>"$results"
     done
@@ -109,7 +144,7 @@ done
 
 link=loopback
 [ $netns = 1 ] && link="a veth pair between two network namespaces (-n)"
-echo "load: kvblast over ${mode^^} on $link, $conns connections, ${duration}s per run, $rounds rounds; $(nproc) cores; server on core $server_core, load on core $load_core"
+echo "load: $([ "$gen" = memtier ] && echo "memtier_benchmark (--pipeline=$depth ${extra[*]})" || echo kvblast) over ${mode^^} on $link, $conns connections, ${duration}s per run, $rounds rounds; $(nproc) cores; server on core $server_core, load on core $load_core"
 echo "floor: examples/floor.rs ($mode, $vbytes-byte canned value); kvcached: $($kvcached -V); reference: $memcached $mc_version (1 worker thread each)"
 python3 - "$results" "$duration" "$hz" <<'EOF'
 import sys, statistics
