@@ -56,38 +56,28 @@ impl FlashFile {
         let page_blocks = page_bytes.div_ceil(BLOCK_DATA).max(1);
         let per_page = (page_blocks * BLOCK) as u64;
         let pages = size.saturating_sub(BLOCK as u64) / per_page;
-        let (Ok(page_blocks), Ok(pages)) = (u32::try_from(page_blocks), u32::try_from(pages))
-        else {
+        let pages = u32::try_from(pages).ok().filter(|&p| p > 0);
+        let (Ok(page_blocks), Some(pages)) = (u32::try_from(page_blocks), pages) else {
             return Err(FlashError::TooSmall {
                 path: path.to_path_buf(),
                 size,
                 page: page_bytes,
             });
         };
-        if pages == 0 {
-            return Err(FlashError::TooSmall {
-                path: path.to_path_buf(),
-                size,
-                page: page_bytes,
-            });
-        }
         let header = Header {
             tier_id: new_tier_id(),
             page_blocks,
             pages,
         };
         let (file, direct) = open(path, true)?;
-        let io = |op: &'static str| {
-            let path = path.to_path_buf();
-            move |source| FlashError::Io { path, op, source }
-        };
-        file.set_len(0).map_err(io("truncate"))?;
-        allocate(&file, header.file_len()).map_err(io("allocate"))?;
+        file.set_len(0).map_err(io_err(path, "truncate"))?;
+        allocate(&file, header.file_len()).map_err(io_err(path, "allocate"))?;
         let mut buf = AlignedBuf::new();
         let block = buf.get(BLOCK);
         block.copy_from_slice(&header.encode());
-        file.write_all_at(block, 0).map_err(io("write header"))?;
-        file.sync_all().map_err(io("sync"))?;
+        file.write_all_at(block, 0)
+            .map_err(io_err(path, "write header"))?;
+        file.sync_all().map_err(io_err(path, "sync"))?;
         Ok(FlashFile {
             file,
             path: path.to_path_buf(),
@@ -99,13 +89,9 @@ impl FlashFile {
     /// Open the flash file at `path` as it is, checking its header and its length.
     pub fn open(path: &Path) -> Result<FlashFile, FlashError> {
         let (file, direct) = open(path, false)?;
-        let io = |op: &'static str| {
-            let path = path.to_path_buf();
-            move |source| FlashError::Io { path, op, source }
-        };
         let mut buf = AlignedBuf::new();
         let block = buf.get(BLOCK);
-        let got = file.metadata().map_err(io("stat"))?.len();
+        let got = file.metadata().map_err(io_err(path, "stat"))?.len();
         if got < BLOCK as u64 {
             return Err(FlashError::Length {
                 path: path.to_path_buf(),
@@ -113,7 +99,8 @@ impl FlashFile {
                 got,
             });
         }
-        file.read_exact_at(block, 0).map_err(io("read header"))?;
+        file.read_exact_at(block, 0)
+            .map_err(io_err(path, "read header"))?;
         let header = Header::parse(block).map_err(|source| FlashError::Layout {
             path: path.to_path_buf(),
             source,
@@ -158,6 +145,19 @@ impl FlashFile {
         image: &[u8],
         buf: &mut AlignedBuf,
     ) -> Result<usize, FlashError> {
+        let n = self.encode(page, gen, image, buf)?;
+        self.write_blocks(page, buf.get(n))
+    }
+
+    /// Cut `image` (at most a page's capacity) into the blocks of page `page` at generation
+    /// `gen`, at the start of `buf`, for [`FlashFile::write_blocks`]. Returns their length.
+    pub fn encode(
+        &self,
+        page: u32,
+        gen: u32,
+        image: &[u8],
+        buf: &mut AlignedBuf,
+    ) -> Result<usize, FlashError> {
         if page >= self.header.pages {
             return Err(self.layout(LayoutError::Range {
                 off: 0,
@@ -166,12 +166,9 @@ impl FlashFile {
             }));
         }
         let out = buf.get(self.header.page_blocks as usize * BLOCK);
-        let n = self
-            .header
+        self.header
             .encode_page(page, gen, image, out)
-            .map_err(|e| self.layout(e))?;
-        let blocks = out.get(..n).unwrap_or_default();
-        self.write_blocks(page, blocks)
+            .map_err(|e| self.layout(e))
     }
 
     /// Write `blocks`, the first blocks of page `page` as [`Header::encode_page`] made
@@ -193,7 +190,8 @@ impl FlashFile {
 
     /// Read image bytes `[off, off + len)` of page `page`, written at generation `gen`,
     /// into the end of `out`, using `buf` for the blocks. A damaged, stale or missing
-    /// block (a truncated file) is an error, and nothing is appended then.
+    /// block (a truncated file) is an error, and nothing is appended then. Returns the
+    /// bytes read from the device (whole blocks).
     pub fn read(
         &self,
         page: u32,
@@ -202,7 +200,7 @@ impl FlashFile {
         len: usize,
         buf: &mut AlignedBuf,
         out: &mut Vec<u8>,
-    ) -> Result<(), FlashError> {
+    ) -> Result<usize, FlashError> {
         let (at, n) = self
             .header
             .span(page, off, len)
@@ -213,7 +211,8 @@ impl FlashFile {
             .map_err(|source| self.io("read", source))?;
         self.header
             .decode(page, gen, off, len, raw, out)
-            .map_err(|e| self.layout(e))
+            .map_err(|e| self.layout(e))?;
+        Ok(n)
     }
 
     /// Make what was written durable (a warm restart's stop).
@@ -224,11 +223,7 @@ impl FlashFile {
     }
 
     fn io(&self, op: &'static str, source: io::Error) -> FlashError {
-        FlashError::Io {
-            path: self.path.clone(),
-            op,
-            source,
-        }
+        io_err(&self.path, op)(source)
     }
 
     fn layout(&self, source: LayoutError) -> FlashError {
@@ -239,13 +234,15 @@ impl FlashFile {
     }
 }
 
+/// The error of I/O operation `op` on the flash file at `path`.
+fn io_err(path: &Path, op: &'static str) -> impl FnOnce(io::Error) -> FlashError {
+    let path = path.to_path_buf();
+    move |source| FlashError::Io { path, op, source }
+}
+
 /// Open `path` read-write (made if `create`), with `O_DIRECT` unless the file system
 /// refuses it. Only a regular file is used.
 fn open(path: &Path, create: bool) -> Result<(File, bool), FlashError> {
-    let io = |op: &'static str| {
-        let path = path.to_path_buf();
-        move |source| FlashError::Io { path, op, source }
-    };
     if let Ok(m) = std::fs::metadata(path) {
         if !m.file_type().is_file() {
             return Err(FlashError::NotAFile {
@@ -257,10 +254,11 @@ fn open(path: &Path, create: bool) -> Result<(File, bool), FlashError> {
     opts.read(true).write(true).create(create);
     match opts.clone().custom_flags(libc::O_DIRECT).open(path) {
         Ok(f) => Ok((f, true)),
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-            opts.open(path).map(|f| (f, false)).map_err(io("open"))
-        }
-        Err(e) => Err(io("open")(e)),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => opts
+            .open(path)
+            .map(|f| (f, false))
+            .map_err(io_err(path, "open")),
+        Err(e) => Err(io_err(path, "open")(e)),
     }
 }
 

@@ -305,13 +305,9 @@ impl Tier {
             return Err(TierError::Busy);
         }
         let mut blocks = lock(&inner.spare).pop().unwrap_or_default();
-        let out = blocks.get(file.header().page_blocks as usize * BLOCK);
-        if let Err(e) = file.header().encode_page(page, loc.gen, image, out) {
+        if let Err(e) = file.encode(page, loc.gen, image, &mut blocks) {
             inner.buffered.fetch_sub(len, Ordering::AcqRel);
-            return Err(TierError::Flash(FlashError::Layout {
-                path: file.path().to_path_buf(),
-                source: e,
-            }));
+            return Err(e.into());
         }
         let mut q = lock(&inner.queue);
         q.jobs.push_back(Job {
@@ -342,8 +338,8 @@ impl Tier {
             return Err(TierError::Stale);
         }
         let start = out.len();
-        match file.read(page, loc.gen, off, len, buf, out) {
-            Ok(()) => {}
+        let n = match file.read(page, loc.gen, off, len, buf, out) {
+            Ok(n) => n,
             Err(e) => {
                 if !self.is_current(loc) {
                     return Err(TierError::Stale);
@@ -351,11 +347,8 @@ impl Tier {
                 inner.io_errors.fetch_add(1, Ordering::Relaxed);
                 return Err(e.into());
             }
-        }
-        inner.bytes_read.fetch_add(
-            file.header().span(page, off, len).map_or(0, |s| s.1) as u64,
-            Ordering::Relaxed,
-        );
+        };
+        inner.bytes_read.fetch_add(n as u64, Ordering::Relaxed);
         if !self.is_current(loc) {
             out.truncate(start);
             return Err(TierError::Stale);
