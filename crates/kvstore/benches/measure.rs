@@ -12,7 +12,7 @@
 
 use std::time::Instant;
 
-use kvstore::{Engine, EngineConfig, LogEngine, ReadOptions, StoreResult};
+use kvstore::{Engine, EngineConfig, IndexLayout, LogEngine, ReadOptions, StoreResult};
 
 #[path = "../tests/support/fill.rs"]
 mod fill;
@@ -45,11 +45,13 @@ fn main() {
 }
 
 fn memory() {
-    let (acct, rss) = bytes_per_item(2_000_000, 136 << 20);
-    eprintln!("2M items, 15-byte keys, 32-byte values, -m 136 MiB:");
-    eprintln!("  engine accounting (segment mappings + index): {acct:.1} bytes/item");
-    if let Some(r) = rss {
-        eprintln!("  RSS delta: {r:.1} bytes/item");
+    for layout in [IndexLayout::Compact, IndexLayout::Wide] {
+        let (acct, rss) = bytes_per_item(2_000_000, 136 << 20, layout);
+        eprintln!("2M items, 15-byte keys, 32-byte values, -m 136 MiB, {layout:?} index:");
+        eprintln!("  engine accounting (segment mappings + index): {acct:.1} bytes/item");
+        if let Some(r) = rss {
+            eprintln!("  RSS delta: {r:.1} bytes/item");
+        }
     }
 }
 

@@ -6,7 +6,8 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use kvstore::{
-    ArithResult, Engine, EngineConfig, LogEngine, ReadOptions, StoreMode, StoreRequest, StoreResult,
+    ArithResult, Engine, EngineConfig, IndexLayout, LogEngine, ReadOptions, StoreMode,
+    StoreRequest, StoreResult,
 };
 
 /// Multiplies the operation counts (`LOG_STRESS=20 cargo test --release ...` for a soak).
@@ -203,20 +204,32 @@ fn worker_with(e: &LogEngine, seed: u64, ops: usize, keys: u64, big: bool, no_ev
     hits
 }
 
-fn engine(max_bytes: usize) -> LogEngine {
-    LogEngine::new(EngineConfig {
+fn config(max_bytes: usize) -> EngineConfig {
+    EngineConfig {
         max_bytes,
         max_item_size: 1 << 20,
         no_evict: false,
         use_cas: true,
-    })
+    }
+}
+
+fn engine(max_bytes: usize) -> LogEngine {
+    LogEngine::new(config(max_bytes))
 }
 
 #[test]
 fn log_concurrent_mixed_ops_never_return_torn_values() {
+    mixed_ops_never_return_torn_values(engine(2 << 20));
+}
+
+#[test]
+fn log_wide_concurrent_mixed_ops_never_return_torn_values() {
+    mixed_ops_never_return_torn_values(LogEngine::with_layout(config(2 << 20), IndexLayout::Wide));
+}
+
+fn mixed_ops_never_return_torn_values(e: LogEngine) {
     // 2 MiB: 64 KiB segments, constantly evicted and reused; some items are larger than
     // a segment (their own mapping, unmapped on eviction).
-    let e = engine(2 << 20);
     let threads = 4;
     let hits: u64 = std::thread::scope(|s| {
         let hs: Vec<_> = (0..threads)
@@ -476,7 +489,18 @@ fn log_concurrent_meta_win_token_is_unique() {
 /// along: no lookup may miss one, see another key's value, or lose a win token.
 #[test]
 fn log_index_growth_never_hides_a_present_key() {
-    let e = engine(512 << 20);
+    growth_never_hides_a_present_key(engine(512 << 20));
+}
+
+/// The same with the wide index, whose splits take each key's next address bit from its
+/// slot's tag. It starts at a larger size (its base level), so a smaller limit makes it
+/// grow as far.
+#[test]
+fn log_wide_index_growth_never_hides_a_present_key() {
+    growth_never_hides_a_present_key(LogEngine::with_layout(config(32 << 20), IndexLayout::Wide));
+}
+
+fn growth_never_hides_a_present_key(e: LogEngine) {
     let stable = 20_000u64;
     for i in 0..stable {
         let k = format!("stable:{i}");

@@ -5,8 +5,8 @@
 
 use kvstore::model::Model;
 use kvstore::{
-    ArithResult, Engine, EngineConfig, LogEngine, ReadOptions, StoreMode, StoreRequest,
-    StoreResult, Time,
+    ArithResult, Engine, EngineConfig, IndexLayout, LogEngine, ReadOptions, StoreMode,
+    StoreRequest, StoreResult, Time,
 };
 use proptest::prelude::*;
 
@@ -256,16 +256,30 @@ fn apply(e: &dyn Engine, op: &Op, now: Time, cas_right: u64) -> Reply {
     }
 }
 
+/// Each property runs on both index layouts.
+fn layout(wide: bool) -> IndexLayout {
+    if wide {
+        IndexLayout::Wide
+    } else {
+        IndexLayout::Compact
+    }
+}
+
 /// Plenty of memory: every reply and the counters both keep must agree.
-fn run_exact(ops: &[Op], use_cas: bool) -> Result<(), TestCaseError> {
-    run_exact_on(ops, use_cas, 1)
+fn run_exact(ops: &[Op], use_cas: bool, layout: IndexLayout) -> Result<(), TestCaseError> {
+    run_exact_on(ops, use_cas, 1, layout)
 }
 
 /// [`run_exact`] with the engine's operations on `threads` threads in turn. Their CAS
 /// uniques come from ranges of their own and differ from the model's single counter, so
 /// with more than one thread CAS must be off (replies then show 0); what is compared is
 /// that versions still order stores, deletes and flushes.
-fn run_exact_on(ops: &[Op], use_cas: bool, threads: usize) -> Result<(), TestCaseError> {
+fn run_exact_on(
+    ops: &[Op],
+    use_cas: bool,
+    threads: usize,
+    layout: IndexLayout,
+) -> Result<(), TestCaseError> {
     assert!(threads == 1 || !use_cas);
     let cfg = EngineConfig {
         max_bytes: 4 << 20,
@@ -273,7 +287,7 @@ fn run_exact_on(ops: &[Op], use_cas: bool, threads: usize) -> Result<(), TestCas
         no_evict: false,
         use_cas,
     };
-    let e = LogEngine::new(cfg.clone());
+    let e = LogEngine::with_layout(cfg.clone(), layout);
     e.tally_sizes(&BANDS, true);
     let m = Model::new(cfg);
     let mut now = START;
@@ -371,14 +385,19 @@ fn mem_failure(got: &Reply) -> bool {
 /// Little memory: before each keyed op, an item the engine would return must equal the
 /// model's; an item the engine no longer has is dropped from the model too, after which
 /// every reply must agree. With `no_evict`, a write may fail for memory instead.
-fn run_small(ops: &[Op], max_bytes: usize, no_evict: bool) -> Result<(), TestCaseError> {
+fn run_small(
+    ops: &[Op],
+    max_bytes: usize,
+    no_evict: bool,
+    layout: IndexLayout,
+) -> Result<(), TestCaseError> {
     let cfg = EngineConfig {
         max_bytes,
         max_item_size: 6000,
         no_evict,
         use_cas: true,
     };
-    let e = LogEngine::new(cfg.clone());
+    let e = LogEngine::with_layout(cfg.clone(), layout);
     e.tally_sizes(&BANDS, true);
     let mut m = Model::new(EngineConfig {
         max_bytes: 1 << 30,
@@ -482,32 +501,34 @@ proptest! {
     })]
 
     #[test]
-    fn log_agrees_with_model(ops in prop::collection::vec(op(4, 3000), 1..150), use_cas in any::<bool>()) {
-        run_exact(&ops, use_cas)?;
+    fn log_agrees_with_model(ops in prop::collection::vec(op(4, 3000), 1..150), use_cas in any::<bool>(), wide in any::<bool>()) {
+        run_exact(&ops, use_cas, layout(wide))?;
     }
 
     /// The same with the operations on two or three threads in turn (each with its own
     /// range of CAS uniques): a store after a flush or a delete made on another thread
     /// still counts.
     #[test]
-    fn log_agrees_with_model_on_several_threads(ops in prop::collection::vec(op(4, 3000), 1..150), threads in 2usize..4) {
-        run_exact_on(&ops, false, threads)?;
+    fn log_agrees_with_model_on_several_threads(ops in prop::collection::vec(op(4, 3000), 1..150), threads in 2usize..4, wide in any::<bool>()) {
+        run_exact_on(&ops, false, threads, layout(wide))?;
     }
 
     #[test]
     fn log_agrees_with_model_under_eviction(
         ops in prop::collection::vec(op(24, 9000), 1..300),
         kib in prop::sample::select(vec![24usize, 32, 64]),
+        wide in any::<bool>(),
     ) {
-        run_small(&ops, kib << 10, false)?;
+        run_small(&ops, kib << 10, false, layout(wide))?;
     }
 
     #[test]
     fn log_agrees_with_model_without_eviction(
         ops in prop::collection::vec(op(24, 9000), 1..300),
         kib in prop::sample::select(vec![24usize, 32]),
+        wide in any::<bool>(),
     ) {
-        run_small(&ops, kib << 10, true)?;
+        run_small(&ops, kib << 10, true, layout(wide))?;
     }
 }
 

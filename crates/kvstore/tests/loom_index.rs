@@ -9,7 +9,8 @@
 //! lives in an mmap'd table of std atomics. Each model mirrors, step for step and ordering
 //! for ordering, `Index::find`, `Index::split`, `Index::compact`, `Slot::fetch_update`,
 //! `Slot::compare_exchange` and the win mark's compare-exchange under the stripe lock
-//! (`LogEngine::meta_read`); a change to those must be made here too.
+//! (`LogEngine::meta_read`); a change to those must be made here too. The `wide` models do
+//! the same for the wide layout's one-word slots.
 
 use loom::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use loom::sync::{Arc, Mutex};
@@ -270,4 +271,177 @@ fn a_replacement_carries_a_readers_mark_or_fences_it_out() {
             assert_eq!(t.loc[0].load(Ordering::Relaxed), NEXT);
         }
     });
+}
+
+/// The wide layout's slot: one word holding the whole value (`Slot`'s `Wide` words).
+mod wide {
+    use super::{model, thread};
+    use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+    use loom::sync::{Arc, Mutex};
+
+    const VALID: u64 = 1 << 63;
+    const MOVED: u64 = 1 << 62;
+    const WIN: u64 = 1 << 61;
+    const FETCHED: u64 = 1 << 60;
+    /// The tag and valid bits a lookup compares (`WIDE_MATCH`).
+    const MATCH: u64 = VALID | (0xffff << 42);
+    const ITEM: u64 = VALID | (7 << 42) | 0x10_0018;
+    const NEXT: u64 = VALID | (7 << 42) | 0x20_0018;
+
+    struct Table {
+        /// Bucket 0 is slots 0-1, bucket 1 (the split image) slots 2-3.
+        slot: [AtomicU64; 4],
+        addr: AtomicU64,
+        work: AtomicUsize,
+        lock: Mutex<()>,
+    }
+
+    impl Table {
+        fn new(at: usize) -> Arc<Table> {
+            let t = Table {
+                slot: Default::default(),
+                addr: AtomicU64::new(0),
+                work: AtomicUsize::new(0),
+                lock: Mutex::new(()),
+            };
+            t.slot[at].store(ITEM, Ordering::Relaxed);
+            Arc::new(t)
+        }
+
+        /// `Index::find`'s wide arm for our key: its slot and value.
+        fn find(&self) -> Option<(usize, u64)> {
+            let mut b = self.addr.load(Ordering::Acquire) as usize;
+            let mut rescanned = false;
+            loop {
+                let mut moved = false;
+                for i in b * 2..b * 2 + 2 {
+                    let v = self.slot[i].load(Ordering::Acquire);
+                    if v & MATCH != ITEM & MATCH {
+                        continue;
+                    }
+                    if v & MOVED != 0 {
+                        moved = true;
+                    } else {
+                        return Some((i, v));
+                    }
+                }
+                if !moved {
+                    return None;
+                }
+                while self.work.load(Ordering::Acquire) == b + 1 {
+                    thread::yield_now();
+                }
+                let nb = self.addr.load(Ordering::Acquire) as usize;
+                if nb != b {
+                    b = nb;
+                } else if rescanned {
+                    return None;
+                } else {
+                    rescanned = true;
+                }
+            }
+        }
+
+        /// `Slot::fetch_update` on a wide slot: a compare-exchange loop.
+        fn update(&self, i: usize, f: impl Fn(u64) -> u64) -> u64 {
+            let mut cur = self.slot[i].load(Ordering::Relaxed);
+            loop {
+                match self.slot[i].compare_exchange_weak(
+                    cur,
+                    f(cur),
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                ) {
+                    Ok(_) => return cur,
+                    Err(x) => cur = x,
+                }
+            }
+        }
+
+        /// `Index::split` of bucket 0: mark, copy into the new bucket, publish.
+        fn split(&self) {
+            let _g = self.lock.lock().unwrap();
+            self.work.store(1, Ordering::Release);
+            let x = self.slot[0].fetch_or(MOVED, Ordering::AcqRel);
+            self.update(2, |_| x);
+            self.addr.store(1, Ordering::Release);
+            self.work.store(0, Ordering::Release);
+        }
+
+        /// A touch: the item's new location, access and win bits carried over.
+        fn replace(&self, i: usize) -> u64 {
+            let _g = self.lock.lock().unwrap();
+            self.update(i, |x| NEXT | (x & (WIN | FETCHED)))
+        }
+
+        fn mark(&self) -> Option<bool> {
+            let (i, v) = self.find()?;
+            Some(
+                self.slot[i]
+                    .compare_exchange(v, v | FETCHED, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok(),
+            )
+        }
+
+        /// `LogEngine::meta_read`'s win under the stripe lock.
+        fn try_win(&self) -> bool {
+            let _g = self.lock.lock().unwrap();
+            let Some((i, v)) = self.find() else {
+                panic!("the item was missed");
+            };
+            v & WIN == 0
+                && self.slot[i]
+                    .compare_exchange(v, v | WIN, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+        }
+    }
+
+    #[test]
+    fn a_reader_never_misses_a_wide_item_being_split() {
+        model(|| {
+            let t = Table::new(0);
+            let r = {
+                let t = t.clone();
+                thread::spawn(move || t.find().map(|(_, v)| v & !MOVED))
+            };
+            t.split();
+            assert_eq!(r.join().unwrap(), Some(ITEM));
+            assert_eq!(t.find().map(|(i, _)| i), Some(2));
+        });
+    }
+
+    #[test]
+    fn a_wide_win_is_never_lost_across_a_split() {
+        model(|| {
+            let t = Table::new(0);
+            let r = {
+                let t = t.clone();
+                thread::spawn(move || t.try_win())
+            };
+            t.split();
+            assert!(r.join().unwrap(), "the only reader wins");
+            assert_eq!(t.slot[2].load(Ordering::Relaxed) & WIN, WIN);
+            assert!(!t.try_win(), "a second reader sees the token sent");
+        });
+    }
+
+    /// A reader's access mark on a wide slot is carried into the replacement or lands on
+    /// the new item: the writer's exchange never overwrites it.
+    #[test]
+    fn a_wide_replacement_never_loses_a_readers_mark() {
+        model(|| {
+            let t = Table::new(0);
+            let r = {
+                let t = t.clone();
+                thread::spawn(move || t.mark())
+            };
+            t.replace(0);
+            let marked = r.join().unwrap();
+            let fin = t.slot[0].load(Ordering::Relaxed);
+            assert_eq!(fin & !(FETCHED | WIN), NEXT);
+            if marked == Some(true) {
+                assert_eq!(fin & FETCHED, FETCHED, "a mark that succeeded was lost");
+            }
+        });
+    }
 }

@@ -73,7 +73,8 @@ impl LogEngine {
                             && (!self.config.no_evict || self.arena.allocated() + index <= max)
                     };
                     while split.len() < GROW_BATCH
-                        && live * LOAD_DEN > self.index.nmain() * index::SLOTS * LOAD_NUM
+                        && live * LOAD_DEN
+                            > self.index.nmain() * self.index.slots_per_main() * LOAD_NUM
                         && room(index::BUCKET_BYTES)
                     {
                         let Some((b, l)) = self.index.next_split() else {
@@ -177,7 +178,8 @@ impl LogEngine {
             .unwrap_or(usize::MAX)
             .saturating_mul(LOAD_DEN)
             / LOAD_NUM;
-        self.index.presize(slots.div_ceil(index::SLOTS).min(cap));
+        self.index
+            .presize(slots.div_ceil(self.index.slots_per_main()).min(cap));
         BulkLoad(self)
     }
 

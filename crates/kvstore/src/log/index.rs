@@ -14,6 +14,13 @@
 //! (`VALID | MOVED | win | fetched | freq | tag | segment | offset`, see [`pack`]): the
 //! handle turns the two words into that value and back.
 //!
+//! That is the *compact* layout. The *wide* one ([`IndexLayout::Wide`], for a cache whose
+//! items may live outside RAM) stores the logical value itself, one 64-bit word a slot,
+//! seven to a main bucket and three to an overflow bucket: 2^22 segment ids, and a 16-bit
+//! tag taken from hash bits `[base, base + 16)`, where `base` is the level the index
+//! starts at (see below), so that a split reads a key's next address bit from its slot,
+//! never from its record.
+//!
 //! # Who writes what
 //!
 //! Writers change a slot only while holding the lock stripe of its bucket, so writers
@@ -28,6 +35,10 @@
 //! the old one reads the old record, which its pin keeps valid (the write is then not yet
 //! visible to it, a linearizable outcome). A slot being filled for the first time gets its
 //! meta word before its location, so a reader that sees the location sees the tag.
+//!
+//! A wide slot needs no `BUSY` window: readers and writers alike change it by
+//! compare-exchange of the whole word, and a writer whose exchange fails (a reader set an
+//! access bit) computes its value again from the one the reader left.
 //!
 //! An access mark that lands on the next item of a slot (a reader that loaded the old
 //! item, raced with a replacement that left the meta word as it was) only misplaces one
@@ -45,8 +56,9 @@
 //! valid. An empty index that is about to be bulk loaded (a warm restart, which knows its
 //! item count) is set to its final size at once instead (`presize`). Main and overflow
 //! buckets each live in one mapping reserved up front for the most the memory limit could
-//! need and touched only as the index grows. The tag is the top bits of the hash, the
-//! bucket the low bits, the lock stripe the low bits too (`h mod nlocks`, with
+//! need and touched only as the index grows. A wide index starts at its `base` level,
+//! chosen so that at its largest size its tag still has 11 bits beyond the address. The
+//! compact tag is the top bits of the hash, the bucket the low bits, the lock stripe the low bits too (`h mod nlocks`, with
 //! `nlocks <= 2^L`), so a key's stripe never changes as the table grows and a split needs
 //! one stripe lock.
 //!
@@ -117,6 +129,18 @@ const MAX_EXT: u32 = 6;
 /// Largest number of segments any index can name.
 pub(crate) const MAX_SEGMENTS: usize = 1 << (LOC_SEG_BITS + MAX_EXT);
 const _: () = assert!(LOC_SEG_BITS + MAX_EXT <= SEG_BITS);
+
+/// Slots of a main bucket of the wide layout.
+pub(crate) const WIDE_SLOTS: usize = 7;
+/// Slots of an overflow bucket of the wide layout.
+const WIDE_OVER_SLOTS: usize = 3;
+/// Tag bits of a wide slot.
+const WIDE_TAG_BITS: u32 = 16;
+/// Tag bits a wide index keeps beyond a bucket's address at its largest size (a
+/// tag false positive then costs about 12 / 2^11 reads per miss).
+const WIDE_SPARE_TAG: u32 = 11;
+/// The bits of a wide slot a lookup compares: valid, and the tag.
+const WIDE_MATCH: u64 = VALID | (((1 << WIDE_TAG_BITS) - 1) << TAG_SHIFT);
 
 /// Meta word bits.
 const M_MOVED: u16 = 1 << 15;
@@ -237,7 +261,7 @@ pub(crate) enum Insert<'a> {
     Full,
 }
 
-/// A main bucket: one cache line.
+/// A main bucket of the compact layout: one cache line.
 #[derive(Default)]
 #[repr(C, align(64))]
 struct Main {
@@ -247,7 +271,7 @@ struct Main {
     next: AtomicU32,
 }
 
-/// An overflow bucket: half a cache line.
+/// An overflow bucket of the compact layout: half a cache line.
 #[derive(Default)]
 #[repr(C, align(32))]
 struct Over {
@@ -257,16 +281,87 @@ struct Over {
     next: AtomicU32,
 }
 
+/// A main bucket of the wide layout: one cache line.
+#[derive(Default)]
+#[repr(C, align(64))]
+struct WideMain {
+    slot: [AtomicU64; WIDE_SLOTS],
+    /// 1 + the overflow bucket that follows, or 0.
+    next: AtomicU32,
+}
+
+/// An overflow bucket of the wide layout: half a cache line.
+#[derive(Default)]
+#[repr(C, align(32))]
+struct WideOver {
+    slot: [AtomicU64; WIDE_OVER_SLOTS],
+    /// 1 + the overflow bucket that follows, or 0.
+    next: AtomicU32,
+}
+
 const _: () = assert!(std::mem::size_of::<Main>() == 64);
 const _: () = assert!(std::mem::size_of::<Over>() == 32);
+const _: () = assert!(std::mem::size_of::<WideMain>() == 64);
+const _: () = assert!(std::mem::size_of::<WideOver>() == 32);
 
-/// One slot of the index (see the module documentation): a handle on its two words, with
-/// the index's segment-id split.
+/// The logical value of a compact slot's location `loc` and meta word `m` (0: empty),
+/// with `ext` segment-id bits in the meta word.
+#[inline]
+fn compact_value(loc: u32, m: u16, ext: u32) -> u64 {
+    if loc == 0 {
+        return 0;
+    }
+    let low = u64::from(m & M_LOW);
+    let hi_mask = (1u64 << ext) - 1;
+    let seg = ((low & hi_mask) << LOC_SEG_BITS) | u64::from(loc >> OFF_BITS);
+    let tag = low & !hi_mask;
+    let mut v = VALID
+        | (tag << TAG_SHIFT)
+        | (seg << OFF_BITS)
+        | u64::from(loc & ((1 << OFF_BITS) - 1))
+        | (u64::from((m >> M_FREQ_SHIFT) & 3) << FREQ_SHIFT);
+    if m & M_MOVED != 0 {
+        v |= MOVED;
+    }
+    if m & M_WIN != 0 {
+        v |= WIN;
+    }
+    if m & M_FETCHED != 0 {
+        v |= FETCHED;
+    }
+    v
+}
+
+/// The two words of a compact slot holding logical value `v` (a valid one).
+#[inline]
+fn compact_words(v: u64, ext: u32) -> (u32, u16) {
+    let seg = u64::from(slot_seg(v));
+    let loc = (((seg & ((1 << LOC_SEG_BITS) - 1)) << OFF_BITS) as u32) | slot_off(v) as u32;
+    let hi_mask = (1u64 << ext) - 1;
+    let low = (slot_tag(v) & !hi_mask & u64::from(M_LOW)) | ((seg >> LOC_SEG_BITS) & hi_mask);
+    let mut m = low as u16 | ((freq(v) as u16) << M_FREQ_SHIFT);
+    if v & MOVED != 0 {
+        m |= M_MOVED;
+    }
+    if v & WIN != 0 {
+        m |= M_WIN;
+    }
+    if v & FETCHED != 0 {
+        m |= M_FETCHED;
+    }
+    (loc, m)
+}
+
+/// One slot of the index (see the module documentation): a handle on its words.
 #[derive(Clone, Copy)]
-pub(crate) struct Slot<'a> {
-    loc: &'a AtomicU32,
-    meta: &'a AtomicU16,
-    ext: u32,
+pub(crate) struct Slot<'a>(Words<'a>);
+
+#[derive(Clone, Copy)]
+enum Words<'a> {
+    /// A compact slot: its location and meta words, and the index's `ext`.
+    Compact(&'a AtomicU32, &'a AtomicU16, u32),
+    /// A wide slot: one word that is the logical value itself.
+    Wide(&'a AtomicU64),
 }
 
 impl std::fmt::Debug for Slot<'_> {
@@ -276,63 +371,29 @@ impl std::fmt::Debug for Slot<'_> {
 }
 
 impl<'a> Slot<'a> {
-    /// The logical value of location `loc` and meta word `m` (0: empty).
-    #[inline]
-    fn value(&self, loc: u32, m: u16) -> u64 {
-        if loc == 0 {
-            return 0;
-        }
-        let low = u64::from(m & M_LOW);
-        let hi_mask = (1u64 << self.ext) - 1;
-        let seg = ((low & hi_mask) << LOC_SEG_BITS) | u64::from(loc >> OFF_BITS);
-        let tag = low & !hi_mask;
-        let mut v = VALID
-            | (tag << TAG_SHIFT)
-            | (seg << OFF_BITS)
-            | u64::from(loc & ((1 << OFF_BITS) - 1))
-            | (u64::from((m >> M_FREQ_SHIFT) & 3) << FREQ_SHIFT);
-        if m & M_MOVED != 0 {
-            v |= MOVED;
-        }
-        if m & M_WIN != 0 {
-            v |= WIN;
-        }
-        if m & M_FETCHED != 0 {
-            v |= FETCHED;
-        }
-        v
-    }
-
-    /// The two words of logical value `v` (a valid one).
-    #[inline]
-    fn words(&self, v: u64) -> (u32, u16) {
-        let seg = u64::from(slot_seg(v));
-        let loc = (((seg & ((1 << LOC_SEG_BITS) - 1)) << OFF_BITS) as u32) | slot_off(v) as u32;
-        let hi_mask = (1u64 << self.ext) - 1;
-        let low = (slot_tag(v) & !hi_mask & u64::from(M_LOW)) | ((seg >> LOC_SEG_BITS) & hi_mask);
-        let mut m = low as u16 | ((freq(v) as u16) << M_FREQ_SHIFT);
-        if v & MOVED != 0 {
-            m |= M_MOVED;
-        }
-        if v & WIN != 0 {
-            m |= M_WIN;
-        }
-        if v & FETCHED != 0 {
-            m |= M_FETCHED;
-        }
-        (loc, m)
-    }
-
     /// The slot's value (acquire): 0 when empty. A value being replaced reads as the old
     /// item or the new one.
     #[inline]
     pub(crate) fn load(&self) -> u64 {
-        let loc = self.loc.load(Ordering::Acquire);
-        if loc == 0 {
-            return 0;
+        match self.0 {
+            Words::Compact(loc, meta, ext) => {
+                let l = loc.load(Ordering::Acquire);
+                if l == 0 {
+                    return 0;
+                }
+                compact_value(l, meta.load(Ordering::Acquire), ext)
+            }
+            Words::Wide(w) => w.load(Ordering::Acquire),
         }
-        let m = self.meta.load(Ordering::Acquire);
-        self.value(loc, m)
+    }
+
+    /// Whether the slot is empty (no item, no marker). Writers, under the stripe lock.
+    #[inline]
+    fn is_empty(&self) -> bool {
+        match self.0 {
+            Words::Compact(loc, ..) => loc.load(Ordering::Relaxed) == 0,
+            Words::Wide(w) => w.load(Ordering::Relaxed) == 0,
+        }
     }
 
     /// Store `v` (0: clear the slot). Writers only, under the slot's stripe lock.
@@ -341,32 +402,48 @@ impl<'a> Slot<'a> {
     }
 
     /// Replace the slot's value by `f(current)`; returns the value replaced. The current
-    /// value includes every access bit a reader set before (readers' compare-exchanges fail
-    /// from the moment it is read until the new value is in). Writers only, under the
-    /// slot's stripe lock.
+    /// value includes every access bit a reader set before (compact: readers'
+    /// compare-exchanges fail from the moment it is read until the new value is in; wide:
+    /// a reader's change in between makes the writer's compare-exchange fail, and `f` is
+    /// called again on the new value, so `f` must be a pure function of it). Writers only,
+    /// under the slot's stripe lock.
     pub(crate) fn fetch_update(&self, mut f: impl FnMut(u64) -> u64) -> u64 {
-        let loc = self.loc.load(Ordering::Relaxed);
-        if loc == 0 {
+        let (loc, meta, ext) = match self.0 {
+            Words::Compact(loc, meta, ext) => (loc, meta, ext),
+            Words::Wide(w) => {
+                let mut cur = w.load(Ordering::Relaxed);
+                loop {
+                    let v = f(cur);
+                    let new = if is_valid(v) { v } else { 0 };
+                    match w.compare_exchange_weak(cur, new, Ordering::AcqRel, Ordering::Relaxed) {
+                        Ok(_) => return cur,
+                        Err(x) => cur = x,
+                    }
+                }
+            }
+        };
+        let l = loc.load(Ordering::Relaxed);
+        if l == 0 {
             let v = f(0);
             if is_valid(v) {
                 // A fresh slot: the tag before the location, so that a reader that sees
                 // the location sees the tag.
-                let (l, m) = self.words(v);
-                self.meta.store(m, Ordering::Relaxed);
-                self.loc.store(l, Ordering::Release);
+                let (l, m) = compact_words(v, ext);
+                meta.store(m, Ordering::Relaxed);
+                loc.store(l, Ordering::Release);
             }
             return 0;
         }
-        let m = self.meta.fetch_or(M_BUSY, Ordering::Acquire);
-        let prev = self.value(loc, m & !M_BUSY);
+        let m = meta.fetch_or(M_BUSY, Ordering::Acquire);
+        let prev = compact_value(l, m & !M_BUSY, ext);
         let v = f(prev);
         if is_valid(v) {
-            let (l, m) = self.words(v);
-            self.loc.store(l, Ordering::Release);
-            self.meta.store(m, Ordering::Release);
+            let (l, m) = compact_words(v, ext);
+            loc.store(l, Ordering::Release);
+            meta.store(m, Ordering::Release);
         } else {
-            self.loc.store(0, Ordering::Release);
-            self.meta.store(0, Ordering::Release);
+            loc.store(0, Ordering::Release);
+            meta.store(0, Ordering::Release);
         }
         prev
     }
@@ -375,18 +452,23 @@ impl<'a> Slot<'a> {
     /// those of `cur` to those of `new` (which names the same item), if they still are
     /// `cur`'s and no writer is replacing the item; else the current value. Without the
     /// stripe lock the change may land on a item that replaced `cur` meanwhile with equal
-    /// bits: fine for access marks, not for the win mark (whose callers hold the lock).
+    /// bits (compact slots compare only their meta word): fine for access marks, not for
+    /// the win mark (whose callers hold the lock).
     #[inline]
     pub(crate) fn compare_exchange(&self, cur: u64, new: u64) -> Result<u64, u64> {
         debug_assert_eq!(cur & IDENT_MASK, new & IDENT_MASK);
-        let (_, mc) = self.words(cur);
-        let (_, mn) = self.words(new);
-        match self
-            .meta
-            .compare_exchange(mc, mn, Ordering::AcqRel, Ordering::Acquire)
-        {
-            Ok(_) => Ok(cur),
-            Err(m) => Err(self.value(self.loc.load(Ordering::Acquire), m & !M_BUSY)),
+        match self.0 {
+            Words::Compact(loc, meta, ext) => {
+                let (_, mc) = compact_words(cur, ext);
+                let (_, mn) = compact_words(new, ext);
+                match meta.compare_exchange(mc, mn, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => Ok(cur),
+                    Err(m) => Err(compact_value(loc.load(Ordering::Acquire), m & !M_BUSY, ext)),
+                }
+            }
+            Words::Wide(w) => w
+                .compare_exchange(cur, new, Ordering::AcqRel, Ordering::Acquire)
+                .map(|_| cur),
         }
     }
 
@@ -394,10 +476,87 @@ impl<'a> Slot<'a> {
     /// reader set before the mark: their compare-exchanges fail after it). Under the
     /// stripe lock.
     fn mark(&self) -> u64 {
-        let loc = self.loc.load(Ordering::Relaxed);
-        let m = self.meta.fetch_or(M_MOVED, Ordering::AcqRel);
-        self.value(loc, m)
+        match self.0 {
+            Words::Compact(loc, meta, ext) => {
+                let l = loc.load(Ordering::Relaxed);
+                let m = meta.fetch_or(M_MOVED, Ordering::AcqRel);
+                compact_value(l, m, ext)
+            }
+            Words::Wide(w) => w.fetch_or(MOVED, Ordering::AcqRel),
+        }
     }
+}
+
+/// One bucket of a chain, in either layout.
+#[derive(Clone, Copy)]
+enum Bucket<'a> {
+    Compact(&'a [AtomicU32], &'a [AtomicU16], &'a AtomicU32, u32),
+    Wide(&'a [AtomicU64], &'a AtomicU32),
+}
+
+impl<'a> Bucket<'a> {
+    /// The link to the next bucket (1 + its index in the pool, or 0).
+    #[inline]
+    fn next(self) -> &'a AtomicU32 {
+        match self {
+            Bucket::Compact(_, _, next, _) | Bucket::Wide(_, next) => next,
+        }
+    }
+
+    fn len(self) -> usize {
+        match self {
+            Bucket::Compact(locs, ..) => locs.len(),
+            Bucket::Wide(words, _) => words.len(),
+        }
+    }
+
+    /// Slot `i`, None past the end.
+    #[inline]
+    fn slot(self, i: usize) -> Option<Slot<'a>> {
+        match self {
+            Bucket::Compact(locs, metas, _, ext) => {
+                Some(Slot(Words::Compact(locs.get(i)?, metas.get(i)?, ext)))
+            }
+            Bucket::Wide(words, _) => Some(Slot(Words::Wide(words.get(i)?))),
+        }
+    }
+
+    /// Call `f` with each slot.
+    #[inline]
+    fn each(self, mut f: impl FnMut(Slot<'a>)) {
+        match self {
+            Bucket::Compact(locs, metas, _, ext) => {
+                for (loc, meta) in locs.iter().zip(metas) {
+                    f(Slot(Words::Compact(loc, meta, ext)));
+                }
+            }
+            Bucket::Wide(words, _) => words.iter().for_each(|w| f(Slot(Words::Wide(w)))),
+        }
+    }
+}
+
+/// The index's tables, in one of its two layouts (see the module documentation).
+enum Tables {
+    Compact {
+        main: ZeroedSlice<Main>,
+        over: ZeroedSlice<Over>,
+    },
+    Wide {
+        main: ZeroedSlice<WideMain>,
+        over: ZeroedSlice<WideOver>,
+    },
+}
+
+/// How an index stores its slots (see the module documentation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum IndexLayout {
+    /// Six bytes a slot, ten slots a cache line: the least memory per item, up to 2^18
+    /// segments (a shorter tag past 4096).
+    #[default]
+    Compact,
+    /// Eight bytes a slot, seven a cache line: 2^22 segments and 16-bit tags that growth
+    /// splits by, so a split reads no record (what items outside RAM need).
+    Wide,
 }
 
 /// A bucket of a chain: a main bucket (its index), or an overflow bucket (its index in
@@ -409,13 +568,13 @@ enum Node {
 }
 
 pub(crate) struct Index {
-    /// Main buckets `0 .. max_main`.
-    main: ZeroedSlice<Main>,
-    /// The overflow pool.
-    over: ZeroedSlice<Over>,
+    /// Main buckets `0 .. max_main` and the overflow pool.
+    tables: Tables,
     max_main: usize,
-    /// Segment-id bits taken from the tag (see the module documentation).
+    /// Compact layout: segment-id bits taken from the tag (see the module documentation).
     ext: u32,
+    /// Wide layout: the lowest hash bit of the tag (the level it starts at).
+    base: u32,
     /// `level << 32 | split pointer` (see the module documentation).
     state: AtomicU64,
     /// 1 + the main bucket whose chain is being split or compacted, or 0.
@@ -431,56 +590,109 @@ pub(crate) struct Index {
     floors: Box<[AtomicU64]>,
 }
 
+/// Slots of a main bucket in `layout`.
+fn main_slots(layout: IndexLayout) -> usize {
+    match layout {
+        IndexLayout::Compact => SLOTS,
+        IndexLayout::Wide => WIDE_SLOTS,
+    }
+}
+
+/// The level a wide index of at most `max_main` main buckets with `nlocks` stripes starts
+/// at, which is also its tag's lowest hash bit: high enough that at the largest size the
+/// tag still has `WIDE_SPARE_TAG` bits beyond the bucket's address.
+fn wide_base(max_main: usize, nlocks: usize) -> u32 {
+    let top = usize::BITS - 1 - max_main.leading_zeros();
+    top.saturating_sub(WIDE_TAG_BITS - WIDE_SPARE_TAG - 1)
+        .max(nlocks.trailing_zeros())
+}
+
 impl Index {
-    /// The bytes [`Index::new`]`(max_slots, _)` starts with.
-    pub(crate) fn initial_bytes(max_slots: usize) -> usize {
-        let (_, nlocks) = Self::start(max_slots);
-        nlocks * (BUCKET_BYTES + std::mem::size_of::<Mutex<()>>() + 8)
+    /// The bytes [`Index::new`]`(max_slots, _, layout)` starts with.
+    pub(crate) fn initial_bytes(max_slots: usize, layout: IndexLayout) -> usize {
+        let (max_main, nlocks) = Self::start(max_slots, layout);
+        let nmain = match layout {
+            IndexLayout::Compact => nlocks,
+            IndexLayout::Wide => 1 << wide_base(max_main, nlocks),
+        };
+        nmain * BUCKET_BYTES + nlocks * (std::mem::size_of::<Mutex<()>>() + 8)
     }
 
     /// The most main buckets for `max_slots`, and the lock stripes (also the main buckets
-    /// it starts with).
-    fn start(max_slots: usize) -> (usize, usize) {
-        let max_main = max_slots.div_ceil(SLOTS).clamp(16, u32::MAX as usize / 2);
+    /// a compact index starts with).
+    fn start(max_slots: usize, layout: IndexLayout) -> (usize, usize) {
+        let max_main = max_slots
+            .div_ceil(main_slots(layout))
+            .clamp(16, u32::MAX as usize / 2);
         let nlocks = (max_main / 4).clamp(16, 4096).next_power_of_two();
         (max_main, nlocks)
     }
 
     /// An index that can grow to about `max_slots` slots in main buckets (plus 40% more
-    /// in overflow buckets), naming up to `max_segments` segments. It starts small; its
-    /// pages become resident only as it grows.
-    pub(crate) fn new(max_slots: usize, max_segments: usize) -> Index {
-        let (mut max_main, nlocks) = Self::start(max_slots);
-        let start = nlocks;
+    /// in overflow buckets), naming up to `max_segments` segments (compact; a wide index
+    /// names 2^22). It starts small (a wide one at its base level); its pages become
+    /// resident only as it grows.
+    pub(crate) fn new(max_slots: usize, max_segments: usize, layout: IndexLayout) -> Index {
+        let (mut max_main, nlocks) = Self::start(max_slots, layout);
         let mut ext = 0;
-        while ext < MAX_EXT && max_segments > 1 << (LOC_SEG_BITS + ext) {
+        while layout == IndexLayout::Compact
+            && ext < MAX_EXT
+            && max_segments > 1 << (LOC_SEG_BITS + ext)
+        {
             ext += 1;
         }
         loop {
             let over = max_main + 8;
-            // SAFETY: buckets are atomics, valid and empty as all-zero bytes (no item, no
-            // link); none needs drop; alignment is at most 64.
-            let parts = unsafe {
-                (
-                    ZeroedSlice::<Main>::reserve(max_main),
-                    ZeroedSlice::<Over>::reserve(over),
-                )
+            let tables = match layout {
+                // SAFETY: buckets are atomics, valid and empty as all-zero bytes (no item,
+                // no link); none needs drop; alignment is at most 64.
+                IndexLayout::Compact => unsafe {
+                    match (ZeroedSlice::reserve(max_main), ZeroedSlice::reserve(over)) {
+                        (Some(main), Some(over)) => Some(Tables::Compact { main, over }),
+                        _ => None,
+                    }
+                },
+                // SAFETY: as above.
+                IndexLayout::Wide => unsafe {
+                    match (ZeroedSlice::reserve(max_main), ZeroedSlice::reserve(over)) {
+                        (Some(main), Some(over)) => Some(Tables::Wide { main, over }),
+                        _ => None,
+                    }
+                },
             };
-            let (main, over) = match parts {
-                (Some(m), Some(o)) => (m, o),
-                _ if max_main > 2 * start => {
+            let tables = match tables {
+                Some(t) => t,
+                None if max_main > 2 * nlocks => {
                     max_main /= 2;
                     continue;
                 }
                 // SAFETY: as above.
-                _ => unsafe { (ZeroedSlice::new(max_main), ZeroedSlice::new(over)) },
+                None => unsafe {
+                    match layout {
+                        IndexLayout::Compact => Tables::Compact {
+                            main: ZeroedSlice::new(max_main),
+                            over: ZeroedSlice::new(over),
+                        },
+                        IndexLayout::Wide => Tables::Wide {
+                            main: ZeroedSlice::new(max_main),
+                            over: ZeroedSlice::new(over),
+                        },
+                    }
+                },
+            };
+            let (base, level) = match layout {
+                IndexLayout::Compact => (0, nlocks.trailing_zeros()),
+                IndexLayout::Wide => {
+                    let base = wide_base(max_main, nlocks);
+                    (base, base)
+                }
             };
             return Index {
-                main,
-                over,
+                tables,
                 max_main,
                 ext,
-                state: AtomicU64::new(u64::from(start.trailing_zeros()) << LEVEL_SHIFT),
+                base,
+                state: AtomicU64::new(u64::from(level) << LEVEL_SHIFT),
                 work: AtomicUsize::new(0),
                 over_used: AtomicUsize::new(0),
                 over_free: Mutex::new(Vec::new()),
@@ -488,6 +700,19 @@ impl Index {
                 floors: (0..nlocks).map(|_| AtomicU64::new(0)).collect(),
             };
         }
+    }
+
+    /// The index's layout.
+    pub(crate) fn layout(&self) -> IndexLayout {
+        match self.tables {
+            Tables::Compact { .. } => IndexLayout::Compact,
+            Tables::Wide { .. } => IndexLayout::Wide,
+        }
+    }
+
+    /// Slots of a main bucket.
+    pub(crate) fn slots_per_main(&self) -> usize {
+        main_slots(self.layout())
     }
 
     /// Bytes the index occupies (main buckets in use and every overflow bucket ever
@@ -500,13 +725,19 @@ impl Index {
 
     /// The most segments a slot of this index can name.
     pub(crate) fn max_segments(&self) -> usize {
-        1 << (LOC_SEG_BITS + self.ext)
+        match self.tables {
+            Tables::Compact { .. } => 1 << (LOC_SEG_BITS + self.ext),
+            Tables::Wide { .. } => 1 << SEG_BITS,
+        }
     }
 
     /// The tag this index keeps for hash `h` (as [`slot_tag`] reads it back).
     #[inline]
     pub(crate) fn tag(&self, h: u64) -> u64 {
-        tag_of(h) & !((1u64 << self.ext) - 1)
+        match self.tables {
+            Tables::Compact { .. } => tag_of(h) & !((1u64 << self.ext) - 1),
+            Tables::Wide { .. } => (h >> self.base) & ((1 << WIDE_TAG_BITS) - 1),
+        }
     }
 
     /// Main buckets in use now.
@@ -530,37 +761,44 @@ impl Index {
         self.max_main
     }
 
-    /// Overflow buckets ever handed out.
-    pub(crate) fn overflow_used(&self) -> usize {
-        self.over_used.load(Ordering::Relaxed).min(self.over.len())
-    }
-
-    /// The slot handles of chain bucket `n`, and its link.
-    #[inline]
-    fn bucket(&self, n: Node) -> Option<(&[AtomicU32], &[AtomicU16], &AtomicU32)> {
-        match n {
-            Node::Main(b) => self.main.get(b).map(|m| (&m.loc[..], &m.meta[..], &m.next)),
-            Node::Over(o) => self.over.get(o).map(|m| (&m.loc[..], &m.meta[..], &m.next)),
+    /// Overflow buckets in the pool.
+    fn over_len(&self) -> usize {
+        match &self.tables {
+            Tables::Compact { over, .. } => over.len(),
+            Tables::Wide { over, .. } => over.len(),
         }
     }
 
+    /// Overflow buckets ever handed out.
+    pub(crate) fn overflow_used(&self) -> usize {
+        self.over_used.load(Ordering::Relaxed).min(self.over_len())
+    }
+
+    /// Chain bucket `n`.
     #[inline]
-    fn slot<'a>(&self, loc: &'a AtomicU32, meta: &'a AtomicU16) -> Slot<'a> {
-        Slot {
-            loc,
-            meta,
-            ext: self.ext,
+    fn bucket(&self, n: Node) -> Option<Bucket<'_>> {
+        match (&self.tables, n) {
+            (Tables::Compact { main, .. }, Node::Main(b)) => main
+                .get(b)
+                .map(|m| Bucket::Compact(&m.loc, &m.meta, &m.next, self.ext)),
+            (Tables::Compact { over, .. }, Node::Over(o)) => over
+                .get(o)
+                .map(|m| Bucket::Compact(&m.loc, &m.meta, &m.next, self.ext)),
+            (Tables::Wide { main, .. }, Node::Main(b)) => {
+                main.get(b).map(|m| Bucket::Wide(&m.slot, &m.next))
+            }
+            (Tables::Wide { over, .. }, Node::Over(o)) => {
+                over.get(o).map(|m| Bucket::Wide(&m.slot, &m.next))
+            }
         }
     }
 
     /// Call `f` with each slot of chain bucket `n`; returns its link.
     #[inline]
-    fn slots_of<'a>(&'a self, n: Node, mut f: impl FnMut(Slot<'a>)) -> Option<&'a AtomicU32> {
-        let (locs, metas, next) = self.bucket(n)?;
-        for (loc, meta) in locs.iter().zip(metas) {
-            f(self.slot(loc, meta));
-        }
-        Some(next)
+    fn slots_of<'a>(&'a self, n: Node, f: impl FnMut(Slot<'a>)) -> Option<&'a AtomicU32> {
+        let bucket = self.bucket(n)?;
+        bucket.each(f);
+        Some(bucket.next())
     }
 
     /// The chain bucket after `n`, if any.
@@ -605,63 +843,114 @@ impl Index {
     /// true; returns that slot and the value `f` saw. Lock-free (see the module
     /// documentation for how a concurrent split or compaction is followed).
     #[inline]
-    pub(crate) fn find(&self, h: u64, mut f: impl FnMut(u64) -> bool) -> Option<(Slot<'_>, u64)> {
-        let tag = self.tag(h);
+    pub(crate) fn find(&self, h: u64, f: impl FnMut(u64) -> bool) -> Option<(Slot<'_>, u64)> {
+        // One dispatch on the layout per lookup, none per bucket or slot.
+        match &self.tables {
+            Tables::Compact { main, over } => self.find_compact(main, over, h, f),
+            Tables::Wide { main, over } => self.find_wide(main, over, h, f),
+        }
+    }
+
+    #[inline]
+    fn find_compact<'a>(
+        &'a self,
+        main: &'a ZeroedSlice<Main>,
+        over: &'a ZeroedSlice<Over>,
+        h: u64,
+        mut f: impl FnMut(u64) -> bool,
+    ) -> Option<(Slot<'a>, u64)> {
+        let tag = tag_of(h) & !((1u64 << self.ext) - 1);
         let (want, mask) = self.meta_tag(tag);
         let mut b = addr(h, self.state.load(Ordering::Acquire));
         let mut rescanned = false;
         loop {
             let mut moved = false;
-            let mut c = Node::Main(b);
-            loop {
-                let (locs, metas, next) = self.bucket(c)?;
-                for (loc, meta) in locs.iter().zip(metas) {
-                    // The tag alone first, from the meta word (another key's slot costs one
-                    // load); a slot whose item changes meanwhile was being written, which
-                    // a lookup may see before or after. A split or compaction leaves the
-                    // tag of the slot it marks as it was.
-                    if meta.load(Ordering::Relaxed) & mask != want {
-                        continue;
-                    }
-                    let slot = self.slot(loc, meta);
-                    let v = slot.load();
-                    if is_valid(v) && slot_tag(v) == tag {
-                        if v & MOVED != 0 {
-                            moved = true;
-                        } else if f(v) {
-                            return Some((slot, v));
-                        }
-                    }
+            let m = main.get(b)?;
+            let ext = self.ext;
+            if let Some(hit) =
+                scan_compact(&m.loc, &m.meta, ext, (tag, want, mask), &mut moved, &mut f)
+            {
+                return Some(hit);
+            }
+            let mut next = &m.next;
+            while let Some(Node::Over(o)) = self.follow(next) {
+                let ob = over.get(o)?;
+                let found = scan_compact(
+                    &ob.loc,
+                    &ob.meta,
+                    ext,
+                    (tag, want, mask),
+                    &mut moved,
+                    &mut f,
+                );
+                if found.is_some() {
+                    return found;
                 }
-                match self.follow(next) {
-                    Some(n) => c = n,
-                    None => break,
-                }
+                next = &ob.next;
             }
             if !moved {
                 return None;
             }
-            // A slot with our tag moved during the scan: maybe our item. Its copy is
-            // in place once the work on this chain is over.
-            let mut spins = 0u32;
-            while self.work.load(Ordering::Acquire) == b + 1 {
-                // Bounded work by a thread that holds this chain's stripe lock.
-                spins += 1;
-                if spins < 64 {
-                    std::hint::spin_loop();
-                } else {
-                    std::thread::yield_now();
+            b = self.after_moved(h, b, &mut rescanned)?;
+        }
+    }
+
+    #[inline]
+    fn find_wide<'a>(
+        &'a self,
+        main: &'a ZeroedSlice<WideMain>,
+        over: &'a ZeroedSlice<WideOver>,
+        h: u64,
+        mut f: impl FnMut(u64) -> bool,
+    ) -> Option<(Slot<'a>, u64)> {
+        let want = VALID | (self.tag(h) << TAG_SHIFT);
+        let mut b = addr(h, self.state.load(Ordering::Acquire));
+        let mut rescanned = false;
+        loop {
+            let mut moved = false;
+            let m = main.get(b)?;
+            if let Some(hit) = scan_wide(&m.slot, want, &mut moved, &mut f) {
+                return Some(hit);
+            }
+            let mut next = &m.next;
+            while let Some(Node::Over(o)) = self.follow(next) {
+                let ob = over.get(o)?;
+                if let Some(hit) = scan_wide(&ob.slot, want, &mut moved, &mut f) {
+                    return Some(hit);
                 }
+                next = &ob.next;
             }
-            let nb = addr(h, self.state.load(Ordering::Acquire));
-            if nb != b {
-                b = nb;
-            } else if rescanned {
+            if !moved {
                 return None;
-            } else {
-                // Moved within the chain (compaction), or another key's marker.
-                rescanned = true;
             }
+            b = self.after_moved(h, b, &mut rescanned)?;
+        }
+    }
+
+    /// A lookup of `h` in main bucket `b`'s chain met a `MOVED` slot with its tag and
+    /// found nothing: maybe its item, whose copy is in place once the work on this chain
+    /// is over. The bucket to search again, or None when it was searched again already.
+    #[cold]
+    fn after_moved(&self, h: u64, b: usize, rescanned: &mut bool) -> Option<usize> {
+        let mut spins = 0u32;
+        while self.work.load(Ordering::Acquire) == b + 1 {
+            // Bounded work by a thread that holds this chain's stripe lock.
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        let nb = addr(h, self.state.load(Ordering::Acquire));
+        if nb != b {
+            Some(nb)
+        } else if *rescanned {
+            None
+        } else {
+            // Moved within the chain (compaction), or another key's marker.
+            *rescanned = true;
+            Some(b)
         }
     }
 
@@ -674,29 +963,32 @@ impl Index {
             .pop();
         if let Some(o) = reused {
             let o = o as usize;
-            self.over.get(o)?.next.store(0, Ordering::Relaxed);
+            self.bucket(Node::Over(o))?
+                .next()
+                .store(0, Ordering::Relaxed);
             return Some(o);
         }
         let o = self.over_used.fetch_add(1, Ordering::Relaxed);
-        (o < self.over.len()).then_some(o)
+        (o < self.over_len()).then_some(o)
     }
 
     /// Put `v` into the first free slot of the chain of main bucket `b`; link an overflow
     /// bucket if the chain is full. When none is left, returns a slot of the chain's last
-    /// bucket to replace.
-    fn insert_at(&self, b: usize, h: u64, v: u64) -> Insert<'_> {
+    /// bucket to replace, looking from slot `start` (modulo the bucket's slots) on.
+    fn insert_at(&self, b: usize, start: usize, v: u64) -> Insert<'_> {
         let mut c = Node::Main(b);
         loop {
-            let Some((locs, metas, next)) = self.bucket(c) else {
+            let Some(bucket) = self.bucket(c) else {
                 return Insert::Full;
             };
-            for (loc, meta) in locs.iter().zip(metas) {
-                if loc.load(Ordering::Relaxed) == 0 {
-                    self.slot(loc, meta).store(v);
+            let n = bucket.len();
+            for i in 0..n {
+                if let Some(slot) = bucket.slot(i).filter(Slot::is_empty) {
+                    slot.store(v);
                     return Insert::Stored;
                 }
             }
-            if let Some(n) = self.follow(next) {
+            if let Some(n) = self.follow(bucket.next()) {
                 c = n;
                 continue;
             }
@@ -704,18 +996,17 @@ impl Index {
             if let Some(o) = self.take_overflow() {
                 // The new bucket is empty and unreachable: fill its first slot before
                 // linking it so readers find the item as soon as they see the bucket.
-                if let Some(fresh) = self.over.get(o) {
-                    self.slot(&fresh.loc[0], &fresh.meta[0]).store(v);
-                    next.store(o as u32 + 1, Ordering::Release);
+                if let Some(first) = self.bucket(Node::Over(o)).and_then(|f| f.slot(0)) {
+                    first.store(v);
+                    bucket.next().store(o as u32 + 1, Ordering::Release);
                     return Insert::Stored;
                 }
             }
-            let start = (h >> 32) as usize;
-            for i in 0..locs.len() {
-                let at = (start + i) % locs.len();
-                let slot = self.slot(&locs[at], &metas[at]);
-                if is_item(slot.load()) {
-                    return Insert::Victim(slot);
+            for i in 0..n {
+                if let Some(slot) = bucket.slot((start + i) % n) {
+                    if is_item(slot.load()) {
+                        return Insert::Victim(slot);
+                    }
                 }
             }
             return Insert::Full;
@@ -727,7 +1018,7 @@ impl Index {
     /// The caller holds `h`'s stripe lock (which keeps `h`'s bucket fixed).
     pub(crate) fn insert(&self, h: u64, v: u64) -> Insert<'_> {
         let b = addr(h, self.state.load(Ordering::Acquire));
-        self.insert_at(b, h, v)
+        self.insert_at(b, (h >> 32) as usize, v)
     }
 
     /// Visit every item slot of the main bucket `b` and its chain.
@@ -764,7 +1055,8 @@ impl Index {
     }
 
     /// Split bucket `b` at level `l` (from [`Index::next_split`]): `hash` gives the hash of
-    /// an item slot's key (it may read the record: the caller holds `b`'s stripe lock).
+    /// an item slot's key (it may read the record: the caller holds `b`'s stripe lock; a
+    /// wide index takes bit `l` from the slot's tag and never calls it).
     /// Items whose bit `l` is set move to bucket `b + 2^l`, leaving `MOVED` markers here;
     /// `evict` is called with a slot (already a marker) and the item it held when the
     /// new bucket has no room, and must clear the slot. Then the state advances.
@@ -782,18 +1074,25 @@ impl Index {
             return;
         }
         let to = b + (1usize << l);
+        let from_tag =
+            self.layout() == IndexLayout::Wide && l >= self.base && l < self.base + WIDE_TAG_BITS;
         self.work.store(b + 1, Ordering::Release);
         self.walk(b, |_, slot| {
             let v = slot.load();
             if !is_item(v) {
                 return;
             }
-            let Some(h) = hash(v) else { return };
-            if h >> l & 1 == 0 {
+            let (bit, start) = if from_tag {
+                (slot_tag(v) >> (l - self.base) & 1, slot_off(v))
+            } else {
+                let Some(h) = hash(v) else { return };
+                (h >> l & 1, (h >> 32) as usize)
+            };
+            if bit == 0 {
                 return;
             }
             let x = slot.mark();
-            if !matches!(self.insert_at(to, h, x & !MOVED), Insert::Stored) {
+            if !matches!(self.insert_at(to, start, x & !MOVED), Insert::Stored) {
                 evict(slot, x);
             }
         });
@@ -808,9 +1107,8 @@ impl Index {
 
     /// Whether main bucket `b`'s chain has an overflow bucket.
     pub(crate) fn has_overflow(&self, b: usize) -> bool {
-        self.main
-            .get(b)
-            .is_some_and(|m| m.next.load(Ordering::Relaxed) != 0)
+        self.bucket(Node::Main(b))
+            .is_some_and(|m| m.next().load(Ordering::Relaxed) != 0)
     }
 
     /// Compact `b`'s chain after a barrier: clear its `MOVED` markers, then move items
@@ -851,7 +1149,7 @@ impl Index {
     pub(crate) fn release_chain(&self, b: usize) -> Vec<u32> {
         self.clear_markers(b);
         let mut out = Vec::new();
-        let Some(mut link) = self.main.get(b).map(|m| &m.next) else {
+        let Some(mut link) = self.bucket(Node::Main(b)).map(Bucket::next) else {
             return out;
         };
         loop {
@@ -859,16 +1157,18 @@ impl Index {
             if n == 0 {
                 return out;
             }
-            let Some(cur) = self.over.get(n as usize - 1) else {
+            let Some(cur) = self.bucket(Node::Over(n as usize - 1)) else {
                 return out;
             };
-            if cur.loc.iter().all(|l| l.load(Ordering::Relaxed) == 0) {
+            let mut empty = true;
+            cur.each(|s| empty &= s.is_empty());
+            if empty {
                 // Readers inside `cur` still follow its own link back into the chain;
                 // it is reused only after another barrier.
-                link.store(cur.next.load(Ordering::Acquire), Ordering::Release);
+                link.store(cur.next().load(Ordering::Acquire), Ordering::Release);
                 out.push(n - 1);
             } else {
-                link = &cur.next;
+                link = cur.next();
             }
         }
     }
@@ -900,7 +1200,10 @@ impl Index {
         self.state
             .store((u64::from(l) << LEVEL_SHIFT) | p as u64, Ordering::Release);
         // The whole table is about to be written: fault it in at once.
-        self.main.populate(n);
+        match &self.tables {
+            Tables::Compact { main, .. } => main.populate(n),
+            Tables::Wide { main, .. } => main.populate(n),
+        }
     }
 
     /// Start loading the cache line of `h`'s main bucket (its slots and link), for a caller
@@ -908,8 +1211,12 @@ impl Index {
     #[inline]
     pub(crate) fn prefetch(&self, h: u64) {
         let b = addr(h, self.state.load(Ordering::Relaxed));
-        if let Some(bucket) = self.main.get(b) {
-            prefetch(std::ptr::from_ref(bucket).cast());
+        let line = match &self.tables {
+            Tables::Compact { main, .. } => main.get(b).map(|m| std::ptr::from_ref(m).cast()),
+            Tables::Wide { main, .. } => main.get(b).map(|m| std::ptr::from_ref(m).cast()),
+        };
+        if let Some(p) = line {
+            prefetch(p);
         }
     }
 
@@ -920,20 +1227,32 @@ impl Index {
         let tag = self.tag(h);
         let (want, mask) = self.meta_tag(tag);
         let b = addr(h, self.state.load(Ordering::Relaxed));
-        let Some(bucket) = self.main.get(b) else {
-            return;
-        };
-        for (loc, meta) in bucket.loc.iter().zip(&bucket.meta) {
-            if meta.load(Ordering::Relaxed) & mask == want {
-                let v = self.slot(loc, meta).load();
-                if is_item(v) && slot_tag(v) == tag {
-                    f(v);
+        match &self.tables {
+            Tables::Compact { main, .. } => {
+                let Some(m) = main.get(b) else { return };
+                for (loc, meta) in m.loc.iter().zip(&m.meta) {
+                    if meta.load(Ordering::Relaxed) & mask == want {
+                        let v = Slot(Words::Compact(loc, meta, self.ext)).load();
+                        if is_item(v) && slot_tag(v) == tag {
+                            f(v);
+                        }
+                    }
+                }
+            }
+            Tables::Wide { main, .. } => {
+                let Some(m) = main.get(b) else { return };
+                for w in &m.slot {
+                    let v = w.load(Ordering::Relaxed);
+                    if v & (WIDE_MATCH | MOVED) == VALID | (tag << TAG_SHIFT) {
+                        f(v);
+                    }
                 }
             }
         }
     }
 
-    /// The meta word's bits that hold a tag, and tag `tag` (from [`Index::tag`]) in them.
+    /// The meta word's bits that hold a tag, and tag `tag` (from [`Index::tag`]) in them
+    /// (compact layout).
     #[inline]
     fn meta_tag(&self, tag: u64) -> (u16, u16) {
         let mask = M_LOW & !(((1u32 << self.ext) - 1) as u16);
@@ -947,6 +1266,62 @@ impl Index {
             }
         });
     }
+}
+
+/// [`Index::find`] in one compact bucket (a fixed-size array, so the loop is unrolled):
+/// `f` on each item slot whose tag (`tag`, in the meta word's `mask` as `want`) matches,
+/// until it returns true; `moved` is set when a marker with the tag was passed.
+#[inline(always)]
+fn scan_compact<'a, const N: usize>(
+    locs: &'a [AtomicU32; N],
+    metas: &'a [AtomicU16; N],
+    ext: u32,
+    (tag, want, mask): (u64, u16, u16),
+    moved: &mut bool,
+    f: &mut impl FnMut(u64) -> bool,
+) -> Option<(Slot<'a>, u64)> {
+    for i in 0..N {
+        let (loc, meta) = (&locs[i], &metas[i]);
+        // The tag alone first, from the meta word (another key's slot costs one load); a
+        // slot whose item changes meanwhile was being written, which a lookup may see
+        // before or after. A split or compaction leaves the tag of the slot it marks as it
+        // was.
+        if meta.load(Ordering::Relaxed) & mask != want {
+            continue;
+        }
+        let slot = Slot(Words::Compact(loc, meta, ext));
+        let v = slot.load();
+        if is_valid(v) && slot_tag(v) == tag {
+            if v & MOVED != 0 {
+                *moved = true;
+            } else if f(v) {
+                return Some((slot, v));
+            }
+        }
+    }
+    None
+}
+
+/// [`Index::find`] in one wide bucket: one load a slot, the word being the whole value.
+#[inline(always)]
+fn scan_wide<'a, const N: usize>(
+    words: &'a [AtomicU64; N],
+    want: u64,
+    moved: &mut bool,
+    f: &mut impl FnMut(u64) -> bool,
+) -> Option<(Slot<'a>, u64)> {
+    for w in words {
+        let v = w.load(Ordering::Acquire);
+        if v & WIDE_MATCH != want {
+            continue;
+        }
+        if v & MOVED != 0 {
+            *moved = true;
+        } else if f(v) {
+            return Some((Slot(Words::Wide(w)), v));
+        }
+    }
+    None
 }
 
 /// A hint to load the cache line at `p` (no effect on other architectures).
@@ -974,10 +1349,10 @@ mod tests {
         for ext in 0..=MAX_EXT {
             let idx = Index {
                 ext,
-                ..Index::new(64, 1)
+                ..Index::new(64, 1, IndexLayout::Compact)
             };
             let (loc, meta) = (AtomicU32::new(0), AtomicU16::new(0));
-            let slot = idx.slot(&loc, &meta);
+            let slot = Slot(Words::Compact(&loc, &meta, ext));
             let max_seg = (idx.max_segments() - 1) as u32;
             for (tag, seg, off) in [
                 (0x3ff, max_seg, (MAX_OFFSET - 1) as u32),
@@ -1012,14 +1387,47 @@ mod tests {
         assert!(is_valid(z) && z != 0 && !fetched(z) && freq(z) == 0);
     }
 
+    /// A wide slot holds every field at full width: 16-bit tags, 22-bit segment ids.
+    #[test]
+    fn wide_slot_packing() {
+        let idx = Index::new(64, 1, IndexLayout::Wide);
+        assert_eq!(idx.max_segments(), 1 << SEG_BITS);
+        let w = AtomicU64::new(0);
+        let slot = Slot(Words::Wide(&w));
+        for (tag, seg, off) in [
+            (0xffff, (1 << SEG_BITS) - 1, (MAX_OFFSET - 1) as u32),
+            (0, 0, 24),
+            (0x8001, 1 << 21, 12_345),
+        ] {
+            let v = pack(tag, seg, off, 2, true);
+            slot.store(v);
+            assert_eq!(slot.load(), v);
+            assert_eq!(
+                (slot_tag(v), slot_seg(v), slot_off(v)),
+                (tag, seg, off as usize)
+            );
+            let x = v | WIN;
+            assert_eq!(slot.compare_exchange(v, x), Ok(v));
+            assert_eq!(slot.compare_exchange(v, bumped(v)), Err(x));
+            assert_eq!(slot.mark(), x);
+            assert_eq!(slot.load(), x | MOVED);
+            assert_eq!(slot.fetch_update(|_| 0), x | MOVED);
+            assert!(slot.is_empty());
+        }
+        // The tag is the hash's bits from the base level up.
+        let h = 0xabcd_u64 << idx.base | 0x5;
+        assert_eq!(idx.tag(h), 0xabcd);
+    }
+
     /// The segment-id split follows the segments asked for, and the tag keeps the rest.
     #[test]
     fn tag_bits_make_room_for_segments() {
-        assert_eq!(Index::new(64, 1).max_segments(), 1 << 12);
-        assert_eq!(Index::new(64, 4096).max_segments(), 1 << 12);
-        assert_eq!(Index::new(64, 4097).max_segments(), 1 << 13);
-        assert_eq!(Index::new(64, 1 << 30).max_segments(), MAX_SEGMENTS);
-        let idx = Index::new(64, 5000);
+        let compact = |n| Index::new(64, n, IndexLayout::Compact);
+        assert_eq!(compact(1).max_segments(), 1 << 12);
+        assert_eq!(compact(4096).max_segments(), 1 << 12);
+        assert_eq!(compact(4097).max_segments(), 1 << 13);
+        assert_eq!(compact(1 << 30).max_segments(), MAX_SEGMENTS);
+        let idx = compact(5000);
         assert_eq!(idx.tag(u64::MAX), 0x3fe);
     }
 
@@ -1027,9 +1435,8 @@ mod tests {
     /// writer's replacement sees the access bits set before it.
     #[test]
     fn writers_keep_readers_bits_and_fence_them_out() {
-        let idx = Index::new(64, 1);
         let (loc, meta) = (AtomicU32::new(0), AtomicU16::new(0));
-        let slot = idx.slot(&loc, &meta);
+        let slot = Slot(Words::Compact(&loc, &meta, 0));
         let v = pack(0x100, 3, 100, 0, false);
         slot.store(v);
         assert_eq!(slot.compare_exchange(v, bumped(v)), Ok(v));
@@ -1044,6 +1451,28 @@ mod tests {
         assert_eq!(slot_seg(slot.load()), 4);
         assert_eq!(freq(slot.load()), 1);
         assert_eq!(slot.load() & WIN, 0);
+    }
+
+    /// A wide slot's writer that loses its exchange to a reader computes its value again
+    /// from the reader's, so the replaced value carries the reader's bits.
+    #[test]
+    fn wide_writers_keep_readers_bits() {
+        let w = AtomicU64::new(0);
+        let slot = Slot(Words::Wide(&w));
+        let v = pack(0x100, 3, 100, 0, false);
+        slot.store(v);
+        let mut calls = 0;
+        let prev = slot.fetch_update(|x| {
+            calls += 1;
+            if calls == 1 {
+                // A reader marks the item between the writer's load and its exchange.
+                assert_eq!(slot.compare_exchange(x, bumped(x) | WIN), Ok(x));
+            }
+            pack(0x100, 4, 200, 0, false) | (x & !IDENT_MASK)
+        });
+        assert_eq!(calls, 2);
+        assert_eq!(prev, bumped(v) | WIN);
+        assert_eq!(slot.load(), pack(0x100, 4, 200, 1, true) | WIN);
     }
 
     #[test]
@@ -1064,13 +1493,34 @@ mod tests {
         pack(idx.tag(h), i as u32, 24, 0, false)
     }
 
+    /// Slots of an overflow bucket of `idx`.
+    fn over_slots(idx: &Index) -> usize {
+        match idx.layout() {
+            IndexLayout::Compact => OVER_SLOTS,
+            IndexLayout::Wide => WIDE_OVER_SLOTS,
+        }
+    }
+
+    const LAYOUTS: [IndexLayout; 2] = [IndexLayout::Compact, IndexLayout::Wide];
+
     #[test]
     fn chains_and_lossy_overflow() {
-        let idx = Index::new(16, 1 << 18);
+        for layout in LAYOUTS {
+            chains_and_lossy_overflow_in(layout);
+        }
+    }
+
+    fn chains_and_lossy_overflow_in(layout: IndexLayout) {
+        let idx = Index::new(16, 1 << 18, layout);
         // Every key in bucket 0 (low bits zero), different tags.
-        let h = |i: u64| i << 30;
+        let shift = match layout {
+            IndexLayout::Compact => 30,
+            IndexLayout::Wide => idx.base,
+        };
+        let h = |i: u64| i << shift;
+        let (slots, over) = (idx.slots_per_main(), over_slots(&idx));
         let mut victims = 0;
-        let n = (SLOTS + OVER_SLOTS * (idx.over.len() + 4)) as u64;
+        let n = (slots + over * (idx.over_len() + 4)) as u64;
         for i in 0..n {
             let _g = idx.lock(h(i));
             let v = item(&idx, h(i), i);
@@ -1085,7 +1535,7 @@ mod tests {
             }
         }
         // The chain consumed the whole overflow pool before any slot was replaced.
-        let chain_slots = SLOTS + OVER_SLOTS * idx.over.len();
+        let chain_slots = slots + over * idx.over_len();
         assert_eq!(victims as usize, n as usize - chain_slots);
         let mut seen = 0;
         idx.for_each_in_chain(0, |_, _| seen += 1);
@@ -1108,10 +1558,14 @@ mod tests {
     fn split_next(idx: &Index) -> Option<usize> {
         let (b, l) = idx.next_split()?;
         let _g = idx.lock_bucket(b);
+        let wide = idx.layout() == IndexLayout::Wide;
         idx.split(
             b,
             l,
-            |v| Some(test_hash(u64::from(slot_seg(v)))),
+            |v| {
+                assert!(!wide, "a wide index splits by its tags");
+                Some(test_hash(u64::from(slot_seg(v))))
+            },
             |_, _| panic!("room for every moved item"),
         );
         Some(b)
@@ -1121,7 +1575,13 @@ mod tests {
     /// were inserted, splits on from there, never shrinks and stops at its largest size.
     #[test]
     fn presize_then_split() {
-        let idx = Index::new(1 << 18, 1 << 18);
+        for layout in LAYOUTS {
+            presize_then_split_in(layout);
+        }
+    }
+
+    fn presize_then_split_in(layout: IndexLayout) {
+        let idx = Index::new(1 << 18, 1 << 18, layout);
         let start = idx.nmain();
         idx.presize(start - 1);
         assert_eq!(idx.nmain(), start, "never shrinks");
@@ -1176,7 +1636,14 @@ mod tests {
 
     #[test]
     fn splits_compaction_and_reuse_keep_every_item() {
-        let idx = Index::new(1 << 16, 1 << 18);
+        for layout in LAYOUTS {
+            splits_compaction_and_reuse_in(layout);
+        }
+    }
+
+    fn splits_compaction_and_reuse_in(layout: IndexLayout) {
+        let idx = Index::new(1 << 16, 1 << 18, layout);
+        let (slots, over) = (idx.slots_per_main(), over_slots(&idx));
         let n = 40_000u64;
         let put = |i: u64| {
             let h = test_hash(i);
@@ -1203,7 +1670,7 @@ mod tests {
             }
             inserted += 1000;
             let mut split = Vec::new();
-            while inserted as usize > idx.nmain() * SLOTS {
+            while inserted as usize > idx.nmain() * slots {
                 let Some(b) = split_next(&idx) else {
                     break;
                 };
@@ -1227,7 +1694,7 @@ mod tests {
             overflow_high = overflow_high.max(idx.overflow_used());
         }
         assert!(
-            idx.nmain() > start && idx.nmain() * SLOTS >= n as usize,
+            idx.nmain() > start && idx.nmain() * slots >= n as usize,
             "grew from {start} to {}",
             idx.nmain()
         );
@@ -1249,7 +1716,7 @@ mod tests {
         // stay fewer than half the main buckets'.
         assert!(recycled > 0);
         assert!(
-            overflow_high * OVER_SLOTS < idx.nmain() * SLOTS / 2,
+            overflow_high * over < idx.nmain() * slots / 2,
             "{overflow_high} overflow buckets"
         );
     }

@@ -203,6 +203,7 @@ pub use evict::DEFAULT_SIZE_FACTOR;
 use flush::Flush;
 use format::{Rec, Spec, KIND_ITEM, META_BINARY_KEY, META_STALE};
 use grow::Grow;
+pub use index::IndexLayout;
 use index::{Index, Insert, Slot, IDENT_MASK};
 use open::OpenSegs;
 use order::LogOrder;
@@ -331,17 +332,27 @@ impl std::fmt::Debug for LogEngine {
 }
 
 impl LogEngine {
-    /// An engine bounded by `config.max_bytes` (index included).
+    /// An engine bounded by `config.max_bytes` (index included), with the compact index.
     pub fn new(config: EngineConfig) -> LogEngine {
+        Self::with_layout(config, IndexLayout::Compact)
+    }
+
+    /// An engine bounded by `config.max_bytes` (index included), its index in `layout`.
+    pub fn with_layout(config: EngineConfig, layout: IndexLayout) -> LogEngine {
         let max_bytes = config.max_bytes;
         let max_slots = max_bytes / BYTES_PER_SLOT;
-        let budget = max_bytes.saturating_sub(Index::initial_bytes(max_slots));
+        let budget = max_bytes.saturating_sub(Index::initial_bytes(max_slots, layout));
         let mut seg_size = MAX_SEG_SIZE;
         while seg_size > MIN_SEG_SIZE && seg_size * 32 > budget {
             seg_size /= 2;
         }
         // Segment ids for twice the limit's segments (large items, a limit raised later).
-        let index = Index::new(max_slots, (max_bytes / seg_size).saturating_mul(2) + 64);
+        let index = Index::new(
+            max_slots,
+            (max_bytes / seg_size).saturating_mul(2) + 64,
+            layout,
+        );
+        let segs = SegTable::new(index.max_segments().max(index::MAX_SEGMENTS));
         let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
         let nshards = (cpus * 2).clamp(2, 16).min((budget / seg_size / 8).max(1));
         LogEngine {
@@ -350,7 +361,7 @@ impl LogEngine {
             seed: std::collections::hash_map::RandomState::new()
                 .hash_one(0x006b_7663_6163_6865_u64),
             index,
-            segs: SegTable::new(index::MAX_SEGMENTS),
+            segs,
             eviction: Eviction::new(max_bytes),
             compactor: Mutex::new(compact::Compactor::default()),
             open: OpenSegs::new(nshards, budget / seg_size),

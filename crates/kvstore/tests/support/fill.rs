@@ -1,7 +1,9 @@
 //! Filling a `LogEngine` with small items and measuring its memory per item, shared by the
 //! accounting test (tests/log_perf.rs) and the measurements (benches/measure.rs).
 
-use kvstore::{Engine, EngineConfig, LogEngine, ReadOptions, StoreMode, StoreRequest, StoreResult};
+use kvstore::{
+    Engine, EngineConfig, IndexLayout, LogEngine, ReadOptions, StoreMode, StoreRequest, StoreResult,
+};
 
 pub fn key(i: u64) -> [u8; 15] {
     let mut k = *b"key:00000000000";
@@ -33,16 +35,20 @@ pub fn rss() -> Option<u64> {
     Some(pages * 4096)
 }
 
-/// Fill `n` items (15-byte keys, 32-byte values) into an engine of `max_bytes`; returns
+/// Fill `n` items (15-byte keys, 32-byte values) into an engine of `max_bytes` whose index
+/// is in `layout`; returns
 /// (engine-accounted bytes per item, RSS delta per item).
-pub fn bytes_per_item(n: u64, max_bytes: usize) -> (f64, Option<f64>) {
+pub fn bytes_per_item(n: u64, max_bytes: usize, layout: IndexLayout) -> (f64, Option<f64>) {
     let before = rss();
-    let e = LogEngine::new(EngineConfig {
-        max_bytes,
-        max_item_size: 1 << 20,
-        no_evict: true,
-        use_cas: true,
-    });
+    let e = LogEngine::with_layout(
+        EngineConfig {
+            max_bytes,
+            max_item_size: 1 << 20,
+            no_evict: true,
+            use_cas: true,
+        },
+        layout,
+    );
     let value = [b'v'; 32];
     for i in 0..n {
         assert!(
