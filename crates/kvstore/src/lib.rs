@@ -26,7 +26,10 @@ pub use log::snapshot::{
 };
 pub use log::tally::Band as SizeBand;
 pub use log::walk::Digest;
-pub use log::{AccountingError, EvictionObserver, IndexLayout, LogEngine, DEFAULT_SIZE_FACTOR};
+pub use log::{
+    AccountingError, EvictionObserver, FlashAttachError, FlashStats, IndexLayout, LogEngine,
+    DEFAULT_SIZE_FACTOR,
+};
 
 /// Unix time in whole seconds.
 pub type Time = u32;

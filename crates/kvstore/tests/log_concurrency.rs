@@ -227,7 +227,32 @@ fn log_wide_concurrent_mixed_ops_never_return_torn_values() {
     mixed_ops_never_return_torn_values(LogEngine::with_layout(config(2 << 20), IndexLayout::Wide));
 }
 
-fn mixed_ops_never_return_torn_values(e: LogEngine) {
+/// The same with a flash tier: items on their way to flash, bound, read back and taken
+/// back with their pages, under every operation at once.
+#[test]
+fn log_flash_concurrent_mixed_ops_never_return_torn_values() {
+    let dir = std::env::temp_dir().join(format!("kvstore-conc-flash-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("make a directory");
+    let e = LogEngine::with_layout(config(2 << 20), IndexLayout::Wide);
+    let tier = kvstore::flash::Tier::create(&kvstore::flash::TierConfig {
+        files: vec![(dir.join("flash"), 8 << 20)],
+        page_bytes: e.segment_size(),
+        write_threads: 2,
+        write_buffer: 1 << 20,
+    })
+    .expect("make the tier");
+    e.attach_flash(tier).expect("attach");
+    let e = mixed_ops_never_return_torn_values(e);
+    e.flash_settle();
+    e.check_accounting().unwrap();
+    let s = e.flash_stats().expect("a tier");
+    assert!(s.objects_written > 0 && s.reads > 0, "{s:?}");
+    drop(e);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn mixed_ops_never_return_torn_values(e: LogEngine) -> LogEngine {
     // 2 MiB: 64 KiB segments, constantly evicted and reused; some items are larger than
     // a segment (their own mapping, unmapped on eviction).
     let threads = 4;
@@ -245,6 +270,7 @@ fn mixed_ops_never_return_torn_values(e: LogEngine) {
     assert!(s.evictions > 0, "{s:?}");
     e.check_accounting().unwrap();
     assert!(e.memory_bytes() <= 2 << 20);
+    e
 }
 
 #[test]

@@ -391,6 +391,45 @@ fn run_small(
     no_evict: bool,
     layout: IndexLayout,
 ) -> Result<(), TestCaseError> {
+    run_small_with(ops, max_bytes, no_evict, layout, None)
+}
+
+/// A flash file's directory, removed when dropped.
+struct FlashDir(std::path::PathBuf);
+
+impl Drop for FlashDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Attach a tier of `pages` pages (in a fresh directory) to `e`.
+fn attach_tier(e: &LogEngine, pages: u64) -> FlashDir {
+    static CASE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = CASE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("kvstore-model-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("make a directory");
+    let page = e.segment_size() as u64;
+    let tier = kvstore::flash::Tier::create(&kvstore::flash::TierConfig {
+        files: vec![(dir.join("flash"), (pages + 1) * (page + 4096))],
+        page_bytes: e.segment_size(),
+        write_threads: 1,
+        write_buffer: 1 << 20,
+    })
+    .expect("make the tier");
+    e.attach_flash(tier).expect("attach the tier");
+    FlashDir(dir)
+}
+
+/// [`run_small`], with a flash tier of `flash` pages if given.
+fn run_small_with(
+    ops: &[Op],
+    max_bytes: usize,
+    no_evict: bool,
+    layout: IndexLayout,
+    flash: Option<u64>,
+) -> Result<(), TestCaseError> {
     let cfg = EngineConfig {
         max_bytes,
         max_item_size: 6000,
@@ -398,6 +437,8 @@ fn run_small(
         use_cas: true,
     };
     let e = LogEngine::with_layout(cfg.clone(), layout);
+    let _dir = flash.map(|pages| attach_tier(&e, pages));
+
     e.tally_sizes(&BANDS, true);
     let mut m = Model::new(EngineConfig {
         max_bytes: 1 << 30,
@@ -445,6 +486,7 @@ fn run_small(
         let before = m.clone();
         let want = apply(&m, op, now, right);
         let got = apply(&e, op, now, engine_cas(&e, op, now));
+
         if same(&mut cas, &got, &want) || matches!(op, Op::Maintain) {
             // (Maintain counts are not comparable here: the model counts items the engine
             // evicted, the engine dead items the harness made the model forget.)
@@ -529,6 +571,17 @@ proptest! {
         wide in any::<bool>(),
     ) {
         run_small(&ops, kib << 10, true, layout(wide))?;
+    }
+
+    /// With a flash tier (a few pages, so that they are taken back too): items eviction
+    /// sends to flash come back as they were, and every command agrees with the model.
+    #[test]
+    fn log_agrees_with_model_with_a_flash_tier(
+        ops in prop::collection::vec(op(24, 9000), 1..300),
+        kib in prop::sample::select(vec![24usize, 32, 64]),
+        pages in 2u64..12,
+    ) {
+        run_small_with(&ops, kib << 10, false, IndexLayout::Wide, Some(pages))?;
     }
 }
 

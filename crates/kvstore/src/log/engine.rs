@@ -28,8 +28,9 @@ impl Engine for LogEngine {
         }
         let dead = {
             let _pin = self.pin();
+            let mut fetch = super::flash::Fetch::default();
             // SAFETY: pinned for as long as `r` is used (the callback included).
-            let Some((slot, v, r)) = (unsafe { self.lookup(h, key) }) else {
+            let Some((slot, v, r)) = (unsafe { self.lookup(h, key, &mut fetch) }) else {
                 return false;
             };
             match self.vis(&r, now) {
@@ -184,8 +185,9 @@ impl Engine for LogEngine {
         let Some(t) = self.tally.get() else { return };
         // Count what the index already holds (a warm restart's items).
         self.for_each_indexed(|_, v| {
+            let mut fetch = super::flash::Fetch::default();
             // SAFETY: we hold the chain's stripe lock and `v` is in its slot.
-            if let Some(r) = unsafe { self.rec(v) } {
+            if let Some(r) = unsafe { self.rec_any(v, &mut fetch) } {
                 t.count(self.rec_size(&r), 1);
             }
         });
@@ -377,8 +379,9 @@ impl Engine for LogEngine {
         let h = self.hash(key);
         let dead = {
             let _pin = self.pin();
+            let mut fetch = super::flash::Fetch::default();
             // SAFETY: pinned while `r` is used.
-            let (_, v, r) = unsafe { self.lookup(h, key) }?;
+            let (_, v, r) = unsafe { self.lookup(h, key, &mut fetch) }?;
             match self.vis(&r, now) {
                 Vis::Live => return Some(self.describe(&r, v, now)),
                 vis => (v, vis),
@@ -391,6 +394,7 @@ impl Engine for LogEngine {
 
     fn maintain(&self, now: Time, sweep: bool) -> u64 {
         self.tick(now);
+        self.settle();
         self.repl_log_evictions();
         self.eviction.age_sketch();
         let mut n = 0;
@@ -429,8 +433,10 @@ impl Engine for LogEngine {
                 {
                     return;
                 }
+                // A flash item is read too (blocking: this is the maintenance thread).
+                let mut fetch = super::flash::Fetch::default();
                 // SAFETY: we hold the stripe lock of this chain and `v` is in its slot.
-                let Some(r) = (unsafe { self.rec(v) }) else {
+                let Some(r) = (unsafe { self.rec_any(v, &mut fetch) }) else {
                     return;
                 };
                 checked += 1;

@@ -91,7 +91,7 @@ impl Eviction {
 
     /// The reads since it was written that keep an item of `len` record bytes through an
     /// eviction, given the mean record `unit` and the size factor.
-    fn keep_need(&self, len: usize, unit: usize) -> u64 {
+    pub(super) fn keep_need(&self, len: usize, unit: usize) -> u64 {
         let factor = self.size_factor() as usize;
         if factor == 0 {
             return 1;
@@ -310,6 +310,8 @@ impl LogEngine {
     /// Evict the oldest sealed segment. With `release`, or when over budget, its memory
     /// goes back to the OS, else to the free list.
     pub(super) fn evict_one(&self, release: bool) -> Evicted {
+        // Flash writes that finished: their segments' memory comes back (`flash.rs`).
+        self.settle();
         // Popping the segment makes it ours: several threads may clean different
         // segments at once (they share only the evictor's copy destination).
         let Some(id) = self.eviction.pop() else {
@@ -328,6 +330,11 @@ impl LogEngine {
                 self.eviction.push(id, Queue::Main);
                 return Evicted::Kept;
             }
+        } else if self.demoting() && self.demote_segment(id) {
+            // Its cold items go to flash with it; its memory comes back once it is
+            // written (`flash.rs`).
+            self.st().segments_evicted.fetch_add(1, Ordering::Relaxed);
+            return Evicted::Kept;
         } else {
             self.clean(id);
         }

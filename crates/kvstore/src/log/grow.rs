@@ -230,8 +230,9 @@ impl LogEngine {
     /// The caller holds the slot's stripe lock and `slot` still holds `v` (as an item or
     /// as a marker), so its record is live.
     pub(super) fn evict_index_slot(&self, slot: Slot<'_>, v: u64, replacement: u64) {
+        let mut fetch = super::flash::Fetch::default();
         // SAFETY: per the contract; the length is read before the slot is overwritten.
-        let (len, size) = unsafe { self.rec(v) }.map_or((0, 0), |r| {
+        let (len, size) = unsafe { self.rec_any(v, &mut fetch) }.map_or((0, 0), |r| {
             self.note_eviction(r.key, (r.cas, r.stamp));
             self.note_removed(&r, v);
             (r.len, self.rec_size(&r))

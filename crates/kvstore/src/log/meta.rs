@@ -52,8 +52,9 @@ impl LogEngine {
     ) -> Step {
         let dead = {
             let _pin = self.pin();
+            let mut fetch = super::flash::Fetch::default();
             // SAFETY: pinned for as long as `r` is used (the callback included).
-            let Some((slot, v, r)) = (unsafe { self.lookup(h, key) }) else {
+            let Some((slot, v, r)) = (unsafe { self.lookup(h, key, &mut fetch) }) else {
                 return Step::Missing;
             };
             match self.vis(&r, now) {

@@ -167,6 +167,7 @@ mod cas;
 mod compact;
 mod engine;
 mod evict;
+mod flash;
 mod flush;
 mod format;
 mod grow;
@@ -200,6 +201,7 @@ use crate::{EngineConfig, ItemView, Time};
 use arena::Arena;
 use evict::Eviction;
 pub use evict::DEFAULT_SIZE_FACTOR;
+pub use flash::{FlashAttachError, FlashStats};
 use flush::Flush;
 use format::{Rec, Spec, KIND_ITEM, META_BINARY_KEY, META_STALE};
 use grow::Grow;
@@ -315,6 +317,8 @@ pub struct LogEngine {
     tally: OnceLock<tally::Tally>,
     /// Live items, items stored and event counters, per thread (`stats.rs`).
     stats: Stats,
+    /// The flash tier, once attached (`flash.rs`).
+    flash: OnceLock<flash::Flash>,
 }
 
 /// A function told of each evicted item and the engine's time, under the eviction's locks:
@@ -377,6 +381,7 @@ impl LogEngine {
             repl: repl::ReplFlags::default(),
             tally: OnceLock::new(),
             stats: Stats::new(nshards),
+            flash: OnceLock::new(),
         }
     }
 
@@ -444,8 +449,9 @@ impl LogEngine {
     pub fn peek_item(&self, key: &[u8], now: Time) -> Option<(Vec<u8>, u32, Time, u64)> {
         let h = self.hash(key);
         let _pin = self.pin();
+        let mut fetch = flash::Fetch::default();
         // SAFETY: pinned while `r` is used.
-        let (_, _, r) = unsafe { self.lookup(h, key) }?;
+        let (_, _, r) = unsafe { self.lookup(h, key, &mut fetch) }?;
         (self.vis(&r, now) == Vis::Live)
             .then(|| (r.value.to_vec(), r.flags, r.exptime, self.rec_cas(&r)))
     }
@@ -455,8 +461,9 @@ impl LogEngine {
     pub fn holds_record(&self, key: &[u8]) -> bool {
         let h = self.hash(key);
         let _pin = self.pin();
+        let mut fetch = flash::Fetch::default();
         // SAFETY: pinned while the record is looked at.
-        unsafe { self.lookup(h, key) }.is_some()
+        unsafe { self.lookup(h, key, &mut fetch) }.is_some()
     }
 
     /// Check the engine's bookkeeping against a full walk of the index: every slot points
@@ -472,8 +479,9 @@ impl LogEngine {
             let _g = self.index.lock_bucket(b);
             let mut err = None;
             self.index.for_each_in_chain(b, |_, v| {
+                let mut fetch = flash::Fetch::default();
                 // SAFETY: we hold the chain's stripe lock and `v` is in its slot.
-                match unsafe { self.rec(v) } {
+                match unsafe { self.rec_any(v, &mut fetch) } {
                     Some(r) if r.kind == KIND_ITEM => {
                         if self.index.tag(self.hash(r.key)) != index::slot_tag(v) {
                             err = Some(format!("slot {v:#x}: tag does not match its key"));
@@ -689,25 +697,54 @@ impl LogEngine {
         });
     }
 
-    /// The slot holding `key`'s current record, if any.
+    /// The slot holding `key`'s current record, if any. A record on flash is read into
+    /// `fetch` (blocking, `flash.rs`) and returned from there.
     ///
     /// # Safety
     /// The caller holds a pin, or `h`'s bucket stripe lock; the returned record is valid
     /// as long as that protection is held.
-    unsafe fn lookup<'a>(&'a self, h: u64, key: &[u8]) -> Option<(Slot<'a>, u64, Rec<'a>)> {
+    unsafe fn lookup<'a: 'f, 'f>(
+        &'a self,
+        h: u64,
+        key: &[u8],
+        fetch: &'f mut flash::Fetch,
+    ) -> Option<(Slot<'a>, u64, Rec<'f>)> {
         let mut out = None;
+        let mut fetched = None;
         let found = self.index.find(h, |v| {
             // SAFETY: forwarded from the caller: pinned or holding the stripe lock.
             match unsafe { self.rec(v) } {
-                Some(r) if r.kind == KIND_ITEM && r.key == key => {
-                    out = Some(r);
-                    true
+                Some(r) => {
+                    if r.kind == KIND_ITEM && r.key == key {
+                        out = Some(r);
+                        return true;
+                    }
+                    false
                 }
-                _ => false,
+                // No mapping: on flash, or being reused.
+                None => self.flash_match(v, key, &mut fetched),
             }
         });
         let (slot, v) = found?;
-        Some((slot, v, out?))
+        if let Some(r) = out {
+            return Some((slot, v, r));
+        }
+        *fetch = fetched?;
+        Some((slot, v, fetch.rec()?))
+    }
+
+    /// Whether slot value `v` names a flash record of `key` (read into `fetched`).
+    #[cold]
+    fn flash_match(&self, v: u64, key: &[u8], fetched: &mut Option<flash::Fetch>) -> bool {
+        let Some(f) = self.fetch_record(v) else {
+            return false;
+        };
+        if !f.rec().is_some_and(|r| r.kind == KIND_ITEM && r.key == key) {
+            self.note_tag_misread();
+            return false;
+        }
+        *fetched = Some(f);
+        true
     }
 
     /// Record a read of the live item slot `slot` holds as `v`: its access counter and
@@ -844,8 +881,9 @@ impl LogEngine {
         let _g = self.index.lock(h);
         let found = self.index.find(h, |x| x & IDENT_MASK == v & IDENT_MASK);
         if let Some((slot, cur)) = found {
+            let mut fetch = flash::Fetch::default();
             // SAFETY: we hold the stripe lock and `cur` is still in its slot.
-            let (len, size) = unsafe { self.rec(cur) }.map_or((0, 0), |r| {
+            let (len, size) = unsafe { self.rec_any(cur, &mut fetch) }.map_or((0, 0), |r| {
                 self.note_removed(&r, cur);
                 (r.len, self.rec_size(&r))
             });
@@ -859,8 +897,9 @@ impl LogEngine {
     fn peek(&self, h: u64, key: &[u8], now: Time) -> Option<Peek> {
         let dead = {
             let _pin = self.pin();
+            let mut fetch = flash::Fetch::default();
             // SAFETY: pinned.
-            let (_, v, r) = unsafe { self.lookup(h, key) }?;
+            let (_, v, r) = unsafe { self.lookup(h, key, &mut fetch) }?;
             match self.vis(&r, now) {
                 Vis::Live => {
                     return Some(Peek {

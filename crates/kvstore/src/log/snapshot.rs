@@ -929,8 +929,9 @@ impl LogEngine {
         let _g = self.index.lock(h);
         // The key's next version goes above this one (see `cas.rs`).
         self.index.raise_floor(h, r.cas.saturating_add(1));
+        let mut fetch = super::flash::Fetch::default();
         // SAFETY: we hold `h`'s stripe lock.
-        match unsafe { self.lookup(h, r.key) } {
+        match unsafe { self.lookup(h, r.key, &mut fetch) } {
             Some((slot, old_v, old)) => {
                 if (old.cas, old.stamp) >= (r.cas, r.stamp) {
                     return false;

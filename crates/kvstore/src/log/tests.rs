@@ -790,8 +790,9 @@ fn a_view_stays_valid_while_its_segment_is_evicted() {
             // victim is not copied forward and its segment goes straight to reuse).
             let pin = e.pin();
             let h = e.hash(b"victim");
+            let mut fetch = super::flash::Fetch::default();
             // SAFETY: pinned for as long as `r` is used.
-            let (_, _, r) = unsafe { e.lookup(h, b"victim") }.expect("victim present");
+            let (_, _, r) = unsafe { e.lookup(h, b"victim", &mut fetch) }.expect("victim present");
             let _ = tx.send(());
             // Wait (without sleeping) until an eviction has cleaned a segment: the first
             // one is the victim's, and its evictor is now held up by our pin.

@@ -120,8 +120,9 @@ impl LogEngine {
         now: Time,
     ) -> (Outcome, usize, Option<Held<'_>>) {
         let g = self.index.lock(c.h);
+        let mut fetch = super::flash::Fetch::default();
         // SAFETY: we hold `c.h`'s stripe lock.
-        let cur = unsafe { self.lookup(c.h, c.key) };
+        let cur = unsafe { self.lookup(c.h, c.key, &mut fetch) };
         let mut live = None;
         if let Some((_, v, r)) = &cur {
             match self.vis(r, now) {
@@ -596,8 +597,9 @@ impl LogEngine {
                 // rewrite or replicate), so this is an access, as a get is. (A gat that
                 // slides a time to live gives each key one new expiry a second at most.)
                 let _pin = self.pin();
+                let mut fetch = super::flash::Fetch::default();
                 // SAFETY: pinned while `r` is used (the callback included).
-                match unsafe { self.lookup(h, key) } {
+                match unsafe { self.lookup(h, key, &mut fetch) } {
                     Some((slot, v, r))
                         if v & IDENT_MASK == p.ident && self.vis(&r, now) == Vis::Live =>
                     {
@@ -670,8 +672,9 @@ impl LogEngine {
         let open = self.room(&mut sh, need);
         let dest = open.as_ref().and_then(|o| self.dest(o));
         let _g = self.index.lock(h);
+        let mut fetch = super::flash::Fetch::default();
         // SAFETY: we hold `h`'s stripe lock.
-        let Some((slot, v, r)) = (unsafe { self.lookup(h, key) }) else {
+        let Some((slot, v, r)) = (unsafe { self.lookup(h, key, &mut fetch) }) else {
             return want.map_or(Some(false), |_| None);
         };
         let vis = self.vis(&r, now);
@@ -741,8 +744,9 @@ impl LogEngine {
         for _ in 0..RETRIES {
             let read = {
                 let _pin = self.pin();
+                let mut fetch = super::flash::Fetch::default();
                 // SAFETY: pinned.
-                match unsafe { self.lookup(h, key) } {
+                match unsafe { self.lookup(h, key, &mut fetch) } {
                     Some((_, v, r)) if self.vis(&r, now) == Vis::Live => Some((
                         v & IDENT_MASK,
                         r.value.len(),

@@ -391,8 +391,10 @@ impl LogEngine {
     /// Drop every item (a full sync starts from nothing).
     pub(in crate::log) fn wipe(&self) {
         self.for_each_indexed(|slot, v| {
+            let mut fetch = crate::log::flash::Fetch::default();
             // SAFETY: we hold the chain's stripe lock and `v` is in its slot.
-            let (len, size) = unsafe { self.rec(v) }.map_or((0, 0), |r| (r.len, self.rec_size(&r)));
+            let (len, size) = unsafe { self.rec_any(v, &mut fetch) }
+                .map_or((0, 0), |r| (r.len, self.rec_size(&r)));
             slot.store(0);
             self.account_remove(v, len, size);
         });

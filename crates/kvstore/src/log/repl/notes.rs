@@ -102,8 +102,9 @@ impl LogEngine {
             let h = self.hash(r.key);
             let elsewhere = {
                 let _g = self.index.lock(h);
+                let mut fetch = crate::log::flash::Fetch::default();
                 // SAFETY: we hold `h`'s stripe lock while the record is used.
-                unsafe { self.lookup(h, r.key) }
+                unsafe { self.lookup(h, r.key, &mut fetch) }
                     .is_some_and(|(_, v, _)| index::slot_seg(v) != id || index::slot_off(v) != here)
             };
             // The key's current item lies elsewhere (a later version, or a copy forward of
@@ -166,8 +167,9 @@ impl LogEngine {
         // hold goes. The stripe's floor keeps the key's next version at or above it.
         let (cas, stamp) = ver.unwrap_or_else(|| (self.cas.reserved(), 0));
         self.index.raise_floor(h, cas);
+        let mut fetch = crate::log::flash::Fetch::default();
         // SAFETY: we hold `h`'s stripe lock.
-        if let Some((slot, v, r)) = unsafe { self.lookup(h, key) } {
+        if let Some((slot, v, r)) = unsafe { self.lookup(h, key, &mut fetch) } {
             if (r.cas, r.stamp) < (cas, stamp) {
                 slot.store(0);
                 self.account_remove(v, r.len, self.rec_size(&r));

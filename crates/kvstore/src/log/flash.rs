@@ -1,0 +1,553 @@
+//! The flash tier's engine side (issue 43, stage 2 of `docs/design/flash-tier.md`): cold
+//! items leave RAM for a [`Tier`] instead of being dropped, and lookups read them back.
+//!
+//! [`Flash`] is this part's state, owned here: the tier, the writes it finished, how many
+//! are under way, and the *bound* segments (written whole to a flash page, their RAM given
+//! back) oldest first. The `impl LogEngine` block below is the path that combines it with
+//! the index, the segments and eviction.
+//!
+//! # A segment's way to flash
+//!
+//! 1. Eviction pops a sealed segment as usual. With a tier it sends it to flash whole
+//!    (`demote_segment`) instead of dropping its items: items read enough get their
+//!    second chance in RAM (copied forward, as without a tier), dead ones are unlinked,
+//!    and the rest stay where they are, their slots unchanged, their reads counted from
+//!    none. The segment keeps its id.
+//! 2. Its image is queued to the tier (`ship`); it stays mapped and readable meanwhile. A
+//!    page comes from the tier's free list, or from the oldest bound segment, whose items
+//!    are then evicted (`drop_oldest`). Too many writes under way (an eighth of the
+//!    segments), or a full write buffer, make eviction wait for them. A write the tier
+//!    refuses or fails leaves the segment in RAM: it is evicted as without a tier.
+//! 3. When the write has finished (`settle`, from eviction and `maintain`), the segment is
+//!    *bound*: its page, generation, length and CAS base are recorded before its mapping
+//!    is taken away; after a pin barrier the mapping goes back to the free pool under
+//!    another id (or to the system, over budget). The bound id keeps its accounting (live
+//!    items and bytes, expiry range, write times), and its slots keep pointing at it.
+//!
+//! # Reads
+//!
+//! A slot whose segment has no mapping but a binding names a flash record:
+//! [`LogEngine::fetch_record`] reads it (blocking, on the calling thread, in this stage)
+//! into a [`Fetch`], checked block by block by the tier (CRC, generation) and then by the
+//! key. Lookups return it as they return a RAM record, so every command behaves as with
+//! a RAM item, and writers replace a flash item's slot as they would a RAM one's (one slot
+//! per key). A read that fails (an I/O error, a damaged block, a page reused meanwhile)
+//! is a miss, counted. The maintenance sweep reads flash items too, to unlink dead ones.
+//!
+//! Not yet (later stages): reads that do not block the worker, promotion of items read
+//! again, repacking partly live segments and flash compaction, warm restart and
+//! replication with a tier (eviction drops items while replicas are attached), large
+//! items, the server's options. `walk.rs` (digests, `lru_crawler metadump`) sees RAM
+//! items only.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::format::{self, Rec, KIND_ITEM, SEG_HDR};
+use super::index::{self, IndexLayout, Slot};
+use super::repl::EvictionNotes;
+use super::segments::Queue;
+use super::sync::lock;
+use super::{LogEngine, Vis};
+use crate::flash::{AlignedBuf, Loc, Tier, TierError, TierStats};
+
+/// Bytes a flash read asks for first (a small record's, whichever block it starts in); a
+/// longer record is read again, sixteen times as much each time.
+const FIRST_READ: usize = 2 << 10;
+
+/// Where a bound segment's image is.
+#[derive(Debug, Clone, Copy)]
+struct Binding {
+    loc: Loc,
+    /// Bytes of the image (the segment's final length).
+    used: usize,
+    /// The segment's CAS base (records' versions follow from it and their place).
+    base: u64,
+}
+
+/// A write the tier finished: the segment, its page, whether it succeeded.
+struct Written {
+    id: u32,
+    loc: Loc,
+    ok: bool,
+}
+
+#[derive(Default)]
+struct Bound {
+    by_id: HashMap<u32, Binding>,
+    /// Oldest first: the order pages are taken back in.
+    order: VecDeque<u32>,
+}
+
+#[derive(Default)]
+struct Counters {
+    objects_written: AtomicU64,
+    bytes_demoted: AtomicU64,
+    reads: AtomicU64,
+    tag_misreads: AtomicU64,
+    read_errors: AtomicU64,
+    pages_dropped: AtomicU64,
+    objects_evicted: AtomicU64,
+    write_failures: AtomicU64,
+}
+
+/// What the engine's flash part counts, beside the tier's own counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FlashStats {
+    pub tier: TierStats,
+    /// Items in segments written to flash (`extstore_objects_written`).
+    pub objects_written: u64,
+    /// Live record bytes in segments written to flash.
+    pub bytes_demoted: u64,
+    /// Flash records read (`get_extstore`).
+    pub reads: u64,
+    /// Flash records read whose key was another's (a tag false positive).
+    pub tag_misreads: u64,
+    /// Flash reads that failed: I/O errors, damaged blocks (`badcrc_from_extstore`), pages
+    /// reused meanwhile (`miss_from_extstore`).
+    pub read_errors: u64,
+    /// Pages taken back to make room, their items evicted (`extstore_page_evictions`).
+    pub pages_dropped: u64,
+    /// Items evicted from flash (`extstore_objects_evicted`).
+    pub objects_evicted: u64,
+    /// Segments whose write failed or was refused (they stayed in RAM and were evicted).
+    pub write_failures: u64,
+    /// Items on flash now (`extstore_objects_used`).
+    pub objects_used: u64,
+    /// Record bytes on flash now (`extstore_bytes_used`).
+    pub bytes_used: u64,
+}
+
+/// The flash part's state (see the module documentation).
+pub(super) struct Flash {
+    tier: Tier,
+    done: Arc<Mutex<Vec<Written>>>,
+    bound: Mutex<Bound>,
+    /// Segments whose write is queued or under way.
+    in_flight: AtomicUsize,
+    counters: Counters,
+}
+
+/// Why a tier could not be attached.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum FlashAttachError {
+    #[error("a flash tier needs the wide index layout")]
+    Layout,
+    #[error("a flash page holds {page} bytes, less than a segment ({seg})")]
+    PageTooSmall { page: usize, seg: usize },
+    #[error("a flash tier is attached already")]
+    Attached,
+}
+
+/// A record read from flash: its bytes from its first, and the CAS base that gives it its
+/// version at offset 0.
+#[derive(Default)]
+pub(super) struct Fetch {
+    bytes: Vec<u8>,
+    base: u64,
+}
+
+impl Fetch {
+    /// The record.
+    pub(super) fn rec(&self) -> Option<Rec<'_>> {
+        // SAFETY: `bytes` is ours and initialized; `read` checks every length against its
+        // end.
+        unsafe { format::read(self.bytes.as_ptr(), self.bytes.len(), 0, self.base) }
+    }
+}
+
+impl LogEngine {
+    /// Move cold items to `tier` from now on instead of dropping them (see the module
+    /// documentation). The engine must have the wide index
+    /// ([`LogEngine::with_layout`]) and the tier pages of at least a segment.
+    pub fn attach_flash(&self, tier: Tier) -> Result<(), FlashAttachError> {
+        if self.index.layout() != IndexLayout::Wide {
+            return Err(FlashAttachError::Layout);
+        }
+        if tier.page_capacity() < self.seg_size {
+            return Err(FlashAttachError::PageTooSmall {
+                page: tier.page_capacity(),
+                seg: self.seg_size,
+            });
+        }
+        let flash = Flash {
+            tier,
+            done: Arc::default(),
+            bound: Mutex::default(),
+            in_flight: AtomicUsize::new(0),
+            counters: Counters::default(),
+        };
+        self.flash
+            .set(flash)
+            .map_err(|_| FlashAttachError::Attached)
+    }
+
+    /// The flash part's counters, with a tier.
+    pub fn flash_stats(&self) -> Option<FlashStats> {
+        let f = self.flash.get()?;
+        let c = &f.counters;
+        let (mut objects_used, mut bytes_used) = (0, 0);
+        for id in lock(&f.bound).by_id.keys() {
+            if let Some(s) = self.segs.get(*id) {
+                objects_used += s.live_items();
+                bytes_used += s.live_bytes();
+            }
+        }
+        Some(FlashStats {
+            tier: f.tier.stats(),
+            objects_written: c.objects_written.load(Ordering::Relaxed),
+            bytes_demoted: c.bytes_demoted.load(Ordering::Relaxed),
+            reads: c.reads.load(Ordering::Relaxed),
+            tag_misreads: c.tag_misreads.load(Ordering::Relaxed),
+            read_errors: c.read_errors.load(Ordering::Relaxed),
+            pages_dropped: c.pages_dropped.load(Ordering::Relaxed),
+            objects_evicted: c.objects_evicted.load(Ordering::Relaxed),
+            write_failures: c.write_failures.load(Ordering::Relaxed),
+            objects_used,
+            bytes_used,
+        })
+    }
+
+    /// Wait for every queued flash write and bind what was written (tests, and a stop).
+    pub fn flash_settle(&self) {
+        if let Some(f) = self.flash.get() {
+            f.tier.drain();
+            self.settle();
+        }
+    }
+
+    /// The binding of segment `id`, if it is on flash.
+    fn binding(&self, id: u32) -> Option<Binding> {
+        let f = self.flash.get()?;
+        lock(&f.bound).by_id.get(&id).copied()
+    }
+
+    /// Read the flash record slot value `v` names, if its segment is bound; None for a RAM
+    /// slot, without a tier, or when the read fails (counted).
+    pub(super) fn fetch_record(&self, v: u64) -> Option<Fetch> {
+        let f = self.flash.get()?;
+        let b = self.binding(index::slot_seg(v))?;
+        let off = index::slot_off(v);
+        let rest = b.used.checked_sub(off).filter(|&n| n > 0)?;
+        let mut buf = AlignedBuf::new();
+        let mut want = rest.min(FIRST_READ);
+        loop {
+            let mut out = Vec::with_capacity(want);
+            if f.tier.read(b.loc, off, want, &mut buf, &mut out).is_err() {
+                f.counters.read_errors.fetch_add(1, Ordering::Relaxed);
+                return None;
+            }
+            let fetch = Fetch {
+                bytes: out,
+                base: b.base.wrapping_add(off as u64),
+            };
+            if fetch.rec().is_some() {
+                f.counters.reads.fetch_add(1, Ordering::Relaxed);
+                return Some(fetch);
+            }
+            if want == rest {
+                // The whole rest of the image and still no record: damaged (the blocks'
+                // checks passed, so this is not expected).
+                f.counters.read_errors.fetch_add(1, Ordering::Relaxed);
+                return None;
+            }
+            // A longer record: read more, up to the rest of the image.
+            want = rest.min(want.saturating_mul(16));
+        }
+    }
+
+    /// A flash record read for a lookup of another key (its tag matched).
+    pub(super) fn note_tag_misread(&self) {
+        if let Some(f) = self.flash.get() {
+            f.counters.tag_misreads.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The record slot value `v` points at, in RAM or (read into `fetch`) on flash.
+    ///
+    /// # Safety
+    /// As [`LogEngine::rec`].
+    pub(super) unsafe fn rec_any<'a>(&'a self, v: u64, fetch: &'a mut Fetch) -> Option<Rec<'a>> {
+        // SAFETY: forwarded.
+        if let Some(r) = unsafe { self.rec(v) } {
+            return Some(r);
+        }
+        *fetch = self.fetch_record(v)?;
+        fetch.rec()
+    }
+
+    /// Whether eviction sends cold items to flash now.
+    pub(super) fn demoting(&self) -> bool {
+        self.flash.get().is_some_and(|f| !f.tier.stats().offline) && !self.repl.is_active()
+    }
+
+    /// Send sealed segment `id` (popped from the FIFO, so ours) to flash whole instead of
+    /// evicting it: items read enough get their second chance in RAM, dead ones are
+    /// unlinked, and the rest stay where they are, their reads counted from none, while the
+    /// segment's image is written. False when nothing is left to write or the tier took no
+    /// write (the caller evicts the segment as usual). No stripe lock may be held.
+    pub(super) fn demote_segment(&self, id: u32) -> bool {
+        let now = self.clock.load(Ordering::Relaxed);
+        let unit = self.mean_record();
+        let mut cold = 0u64;
+        self.for_live(id, |slot, r, v| {
+            match self.vis(r, now) {
+                Vis::Live => {
+                    if index::freq(v) >= self.eviction.keep_need(r.len, unit)
+                        && self
+                            .copy_forward(&mut self.eviction.evictor(), r, v, slot)
+                            .is_some()
+                    {
+                        self.account_remove(v, r.len, self.rec_size(r));
+                        self.st().copied_forward.fetch_add(1, Ordering::Relaxed);
+                        return true;
+                    }
+                    self.relocate(slot, index::with_freq(v, 0));
+                    cold += 1;
+                }
+                Vis::Expired | Vis::Flushed => {
+                    self.note_removed(r, v);
+                    slot.store(0);
+                    self.account_remove(v, r.len, self.rec_size(r));
+                    self.count_reclaimed(v, self.rec_size(r), false);
+                }
+            }
+            true
+        });
+        cold > 0 && self.ship(id, cold)
+    }
+
+    /// Queue sealed segment `id`'s image to the tier, taking a page back if none is free
+    /// and waiting for the writes under way when too many are (or the tier's buffer is
+    /// full). False when no write was queued.
+    fn ship(&self, id: u32, items: u64) -> bool {
+        let Some(f) = self.flash.get() else {
+            return false;
+        };
+        let Some(seg) = self.segs.get(id) else {
+            return false;
+        };
+        let Some(ptr) = seg.ptr() else {
+            return false;
+        };
+        let most = (self.budget() / self.seg_size / 8).max(1);
+        for _ in 0..2 {
+            if f.in_flight.load(Ordering::Relaxed) >= most {
+                f.tier.drain();
+                self.settle();
+            }
+            let Some(loc) = f.tier.alloc().or_else(|| {
+                self.drop_oldest();
+                f.tier.alloc()
+            }) else {
+                return false;
+            };
+            // SAFETY: the segment is sealed (`used` final) and ours until it is bound or
+            // handed back to the FIFO; `used` bytes of it are written.
+            let image = unsafe { std::slice::from_raw_parts(ptr.as_ptr(), seg.used()) };
+            let done = Arc::clone(&f.done);
+            let sent = f.tier.write(
+                loc,
+                image,
+                Box::new(move |res| {
+                    lock(&done).push(Written {
+                        id,
+                        loc,
+                        ok: res.is_ok(),
+                    })
+                }),
+            );
+            match sent {
+                Ok(()) => {
+                    f.in_flight.fetch_add(1, Ordering::Relaxed);
+                    f.counters
+                        .objects_written
+                        .fetch_add(items, Ordering::Relaxed);
+                    f.counters
+                        .bytes_demoted
+                        .fetch_add(seg.live_bytes(), Ordering::Relaxed);
+                    return true;
+                }
+                Err(TierError::Busy) => {
+                    f.tier.free(loc);
+                    f.tier.drain();
+                    self.settle();
+                }
+                Err(_) => {
+                    f.tier.free(loc);
+                    break;
+                }
+            }
+        }
+        f.counters.write_failures.fetch_add(1, Ordering::Relaxed);
+        false
+    }
+
+    /// Bind the segments whose writes finished; give those that failed to the FIFO.
+    pub(super) fn settle(&self) {
+        let Some(f) = self.flash.get() else {
+            return;
+        };
+        let written = std::mem::take(&mut *lock(&f.done));
+        if written.is_empty() {
+            return;
+        }
+        f.in_flight.fetch_sub(written.len(), Ordering::Relaxed);
+        let mut moved = Vec::new();
+        for w in written {
+            let Some(seg) = self.segs.get(w.id) else {
+                continue;
+            };
+            let (Some(ptr), true) = (seg.ptr(), w.ok) else {
+                f.tier.free(w.loc);
+                f.counters.write_failures.fetch_add(1, Ordering::Relaxed);
+                self.eviction.push(w.id, Queue::Small);
+                continue;
+            };
+            // SAFETY: the segment is sealed and ours (out of every queue); its header was
+            // written when it was opened.
+            let base = unsafe { format::seg_cas_base(ptr.as_ptr()) };
+            let b = Binding {
+                loc: w.loc,
+                used: seg.used(),
+                base,
+            };
+            {
+                let mut bound = lock(&f.bound);
+                bound.by_id.insert(w.id, b);
+                bound.order.push_back(w.id);
+            }
+            // Readers that load a slot from now on and find no mapping find the binding.
+            self.retire(w.id);
+            if !self.detach_leases(seg) {
+                if let Some(m) = seg.take_mapping() {
+                    moved.push(m);
+                }
+            }
+        }
+        if moved.is_empty() {
+            return;
+        }
+        // Readers that found the mapping before it was taken are gone after this.
+        self.barrier();
+        let mut p = self.arena.pool();
+        for (ptr, cap) in moved {
+            // Over budget (the index grew with the items flash holds): give it back.
+            let keep = self.arena.allocated() <= self.budget();
+            let id = keep.then(|| p.draw_id(self.index.max_segments())).flatten();
+            match id.and_then(|id| Some((id, self.segs.get_or_create(id)?))) {
+                Some((id, seg)) => {
+                    seg.install(ptr, cap, false, false);
+                    p.push_free(id);
+                }
+                None => {
+                    // SAFETY: unreachable now (barrier above); it came from `mem::map`.
+                    unsafe { super::mem::unmap(ptr, cap) };
+                    self.arena.unmapped(cap);
+                }
+            }
+        }
+    }
+
+    /// Take the oldest bound segment's page back: evict every item still on it, then free
+    /// the page and the id. No stripe lock may be held.
+    fn drop_oldest(&self) {
+        let Some(f) = self.flash.get() else {
+            return;
+        };
+        let Some((id, b)) = ({
+            let mut bound = lock(&f.bound);
+            let id = bound.order.pop_front();
+            id.and_then(|id| Some((id, bound.by_id.get(&id).copied()?)))
+        }) else {
+            return;
+        };
+        let mut image = Vec::with_capacity(b.used);
+        let mut buf = AlignedBuf::new();
+        let read = f.tier.read(b.loc, 0, b.used, &mut buf, &mut image);
+        let now = self.clock.load(Ordering::Relaxed);
+        let mut notes = EvictionNotes::default();
+        let mut evict = |slot: Slot<'_>, cur: u64, r: &Rec<'_>| {
+            self.count_flash_eviction(r, cur, now, &mut notes);
+            slot.store(0);
+            self.account_remove(cur, r.len, self.rec_size(r));
+        };
+        if read.is_ok() {
+            let mut off = SEG_HDR;
+            while off < b.used {
+                // SAFETY: `image` is ours; `read` checks every length against its end.
+                let Some(r) = (unsafe { format::read(image.as_ptr(), image.len(), off, b.base) })
+                else {
+                    break;
+                };
+                let here = off;
+                off += r.len.max(1);
+                if r.kind != KIND_ITEM {
+                    continue;
+                }
+                let h = self.hash(r.key);
+                let _g = self.index.lock(h);
+                if let Some((slot, cur)) = self.index.find(h, |x| {
+                    index::slot_seg(x) == id && index::slot_off(x) == here
+                }) {
+                    evict(slot, cur, &r);
+                }
+            }
+        } else {
+            f.counters.read_errors.fetch_add(1, Ordering::Relaxed);
+        }
+        // Whatever a damaged or unreadable image did not name: find it by the index.
+        if self.segs.get(id).is_some_and(|s| s.live_items() > 0) {
+            self.for_each_indexed(|slot, cur| {
+                if index::slot_seg(cur) == id {
+                    let mut fetch = Fetch::default();
+                    // SAFETY: we hold the chain's stripe lock and `cur` is in its slot.
+                    match unsafe { self.rec_any(cur, &mut fetch) } {
+                        Some(r) => evict(slot, cur, &r),
+                        None => {
+                            slot.store(0);
+                            self.stats.add_live(-1);
+                        }
+                    }
+                }
+            });
+        }
+        self.note_evictions(notes);
+        lock(&f.bound).by_id.remove(&id);
+        // Readers that loaded a slot of it may still read the page: freeing it moves its
+        // generation on, so their reads fail (a miss) rather than see the next image.
+        f.tier.free(b.loc);
+        self.barrier();
+        f.counters.pages_dropped.fetch_add(1, Ordering::Relaxed);
+        if let Some(seg) = self.segs.get(id) {
+            seg.reset_accounting();
+        }
+        self.arena.pool().return_id(id);
+    }
+
+    /// Count the eviction of the flash item `r` (slot value `v`).
+    fn count_flash_eviction(
+        &self,
+        r: &Rec<'_>,
+        v: u64,
+        now: crate::Time,
+        notes: &mut EvictionNotes,
+    ) {
+        if let Some(f) = self.flash.get() {
+            f.counters.objects_evicted.fetch_add(1, Ordering::Relaxed);
+        }
+        match self.vis(r, now) {
+            Vis::Live => {
+                self.note_removed(r, v);
+                self.note_eviction_in(notes, r.key, (r.cas, r.stamp));
+                self.st().evictions.fetch_add(1, Ordering::Relaxed);
+                self.tally_evicted(self.rec_size(r));
+            }
+            _ => {
+                self.note_removed(r, v);
+                self.count_reclaimed(v, self.rec_size(r), false);
+            }
+        }
+    }
+}

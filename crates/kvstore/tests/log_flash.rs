@@ -1,0 +1,290 @@
+//! `LogEngine` with a flash tier (issue 43, stage 2: `src/log/flash.rs`): cold items leave
+//! RAM for flash instead of being dropped, every command sees a flash item as it would a
+//! RAM one, nothing wrong is ever returned, and the engine's accounting stays exact while
+//! pages are written, bound and taken back. Reads block in this stage.
+
+use std::path::PathBuf;
+
+use kvstore::flash::{Tier, TierConfig};
+use kvstore::{
+    ArithResult, Engine, EngineConfig, FlashAttachError, IndexLayout, LogEngine, ReadOptions,
+    StoreMode, StoreRequest, StoreResult, Time,
+};
+
+const NOW: Time = 1000;
+
+/// A fresh directory for one test's flash file, removed when dropped.
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(name: &str) -> Dir {
+        let d = std::env::temp_dir().join(format!("kvstore-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).expect("make a directory");
+        Dir(d)
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn config(max_bytes: usize) -> EngineConfig {
+    EngineConfig {
+        max_bytes,
+        max_item_size: 1 << 20,
+        no_evict: false,
+        use_cas: true,
+    }
+}
+
+/// An engine of `max_bytes` with a tier of `flash` bytes in `dir`.
+fn engine(dir: &Dir, max_bytes: usize, flash: u64) -> LogEngine {
+    let e = LogEngine::with_layout(config(max_bytes), IndexLayout::Wide);
+    let tier = Tier::create(&TierConfig {
+        files: vec![(dir.0.join("flash"), flash)],
+        page_bytes: e.segment_size(),
+        write_threads: 1,
+        write_buffer: 4 << 20,
+    })
+    .expect("make the tier");
+    e.attach_flash(tier).expect("attach");
+    e
+}
+
+fn value(i: u64, len: usize) -> Vec<u8> {
+    let tag = format!("{i}:");
+    tag.bytes()
+        .chain(std::iter::repeat(b'x'))
+        .take(len)
+        .collect()
+}
+
+fn set(e: &LogEngine, key: &[u8], v: &[u8]) -> StoreResult {
+    e.store(
+        StoreRequest {
+            mode: StoreMode::Set,
+            key,
+            value: v,
+            flags: 7,
+            exptime: 0,
+        },
+        NOW,
+    )
+}
+
+fn get(e: &LogEngine, key: &[u8]) -> Option<(Vec<u8>, u32, u64)> {
+    let mut out = None;
+    e.get(key, NOW, ReadOptions::default(), &mut |v| {
+        out = Some((v.value.to_vec(), v.flags, v.cas))
+    });
+    out
+}
+
+fn key(i: u64) -> Vec<u8> {
+    format!("key:{i}").into_bytes()
+}
+
+#[test]
+fn a_tier_needs_the_wide_index() {
+    let dir = Dir::new("flash-layout");
+    let e = LogEngine::new(config(4 << 20));
+    let tier = Tier::create(&TierConfig {
+        files: vec![(dir.0.join("flash"), 8 << 20)],
+        page_bytes: e.segment_size(),
+        write_threads: 1,
+        write_buffer: 1 << 20,
+    })
+    .expect("make the tier");
+    assert_eq!(e.attach_flash(tier), Err(FlashAttachError::Layout));
+}
+
+/// Ten times the memory written, a tier that holds it all: nearly every item is still
+/// there, read from flash with its value, flags and CAS; the accounting is exact.
+#[test]
+fn items_beyond_memory_are_read_back_from_flash() {
+    let dir = Dir::new("flash-beyond");
+    let e = engine(&dir, 4 << 20, 96 << 20);
+    let n = 40_000u64;
+    let mut cas = vec![0; n as usize];
+    for i in 0..n {
+        match set(&e, &key(i), &value(i, 1000)) {
+            StoreResult::Stored(c) => cas[i as usize] = c,
+            other => panic!("set {i}: {other:?}"),
+        }
+    }
+    e.flash_settle();
+    e.check_accounting().expect("accounting after the load");
+    let s = e.flash_stats().expect("a tier");
+    assert!(s.objects_written > n / 2, "{s:?}");
+    assert!(s.tier.pages_used > 0, "{s:?}");
+    let mut hits = 0;
+    for i in 0..n {
+        if let Some((v, flags, c)) = get(&e, &key(i)) {
+            assert_eq!(v, value(i, 1000), "key {i}: wrong value");
+            assert_eq!(flags, 7);
+            assert_eq!(
+                c, cas[i as usize],
+                "key {i}: CAS changed on its way to flash"
+            );
+            hits += 1;
+        }
+    }
+    // 4 MiB of RAM holds about 3,500 of these items; flash the rest.
+    eprintln!("{hits} of {n} read back; {:?}", e.flash_stats());
+    assert!(hits > n * 9 / 10, "{hits} of {n} read back");
+    let s = e.flash_stats().expect("a tier");
+    assert!(s.reads > n / 2, "{s:?}");
+    assert_eq!(s.read_errors, 0, "{s:?}");
+    e.check_accounting().expect("accounting after the reads");
+}
+
+/// Writes over flash items replace them (one slot per key): overwrite, delete, add,
+/// append, incr and touch behave as on RAM items.
+#[test]
+fn commands_on_flash_items_behave_as_on_ram_items() {
+    let dir = Dir::new("flash-commands");
+    let e = engine(&dir, 4 << 20, 96 << 20);
+    let n = 20_000u64;
+    for i in 0..n {
+        let v = if i % 10 == 3 {
+            i.to_string().into_bytes()
+        } else {
+            value(i, 1000)
+        };
+        assert!(matches!(set(&e, &key(i), &v), StoreResult::Stored(_)));
+    }
+    e.flash_settle();
+    // The first keys are long gone from RAM (a few may have been evicted, not demoted:
+    // the commands run on those still present).
+    let mut absent = 0;
+    for i in 0..200u64 {
+        let k = key(i);
+        if e.peek_item(&k, NOW).is_none() {
+            absent += 1;
+            continue;
+        }
+        match i % 10 {
+            0 => {
+                assert!(matches!(set(&e, &k, b"new"), StoreResult::Stored(_)));
+                assert_eq!(get(&e, &k).map(|x| x.0), Some(b"new".to_vec()));
+            }
+            1 => {
+                assert!(e.delete(&k, NOW));
+                assert!(get(&e, &k).is_none(), "key {i} deleted");
+                assert!(!e.delete(&k, NOW));
+            }
+            2 => {
+                let add = e.store(
+                    StoreRequest {
+                        mode: StoreMode::Add,
+                        key: &k,
+                        value: b"added",
+                        flags: 0,
+                        exptime: 0,
+                    },
+                    NOW,
+                );
+                assert!(matches!(add, StoreResult::NotStored), "key {i}: {add:?}");
+                assert_eq!(get(&e, &k).map(|x| x.0), Some(value(i, 1000)));
+            }
+            3 => {
+                let r = e.arith(&k, true, 5, NOW);
+                assert!(matches!(r, ArithResult::Value(x) if x == i + 5), "{r:?}");
+                assert_eq!(
+                    get(&e, &k).map(|x| x.0),
+                    Some((i + 5).to_string().into_bytes())
+                );
+            }
+            4 => {
+                let r = e.store(
+                    StoreRequest {
+                        mode: StoreMode::Append,
+                        key: &k,
+                        value: b"!",
+                        flags: 0,
+                        exptime: 0,
+                    },
+                    NOW,
+                );
+                assert!(matches!(r, StoreResult::Stored(_)), "{r:?}");
+                let mut want = value(i, 1000);
+                want.push(b'!');
+                assert_eq!(get(&e, &k).map(|x| x.0), Some(want));
+            }
+            5 => {
+                assert!(e.touch(&k, NOW + 100, NOW));
+                assert_eq!(get(&e, &k).map(|x| x.0), Some(value(i, 1000)));
+            }
+            6 => {
+                let (_, _, c) = get(&e, &k).expect("present");
+                let stale = e.store(
+                    StoreRequest {
+                        mode: StoreMode::Cas(c + 1),
+                        key: &k,
+                        value: b"cas",
+                        flags: 0,
+                        exptime: 0,
+                    },
+                    NOW,
+                );
+                assert!(matches!(stale, StoreResult::Exists), "{stale:?}");
+                let ok = e.store(
+                    StoreRequest {
+                        mode: StoreMode::Cas(c),
+                        key: &k,
+                        value: b"cas",
+                        flags: 0,
+                        exptime: 0,
+                    },
+                    NOW,
+                );
+                assert!(matches!(ok, StoreResult::Stored(_)), "{ok:?}");
+                assert_eq!(get(&e, &k).map(|x| x.0), Some(b"cas".to_vec()));
+            }
+            _ => {}
+        }
+    }
+    assert!(absent < 20, "{absent} of the first 200 keys absent");
+    e.check_accounting().expect("accounting after the commands");
+    e.flush_all(0, NOW);
+    for i in (0..n).step_by(97) {
+        assert!(get(&e, &key(i)).is_none(), "key {i} after flush_all");
+    }
+}
+
+/// A tier smaller than what is written: its oldest pages are taken back and their items
+/// evicted, counted; nothing wrong is returned and the accounting stays exact.
+#[test]
+fn a_full_tier_gives_back_its_oldest_pages() {
+    let dir = Dir::new("flash-full");
+    let e = engine(&dir, 4 << 20, 16 << 20);
+    let n = 60_000u64;
+    for i in 0..n {
+        assert!(matches!(
+            set(&e, &key(i), &value(i, 1000)),
+            StoreResult::Stored(_)
+        ));
+    }
+    e.flash_settle();
+    e.check_accounting().expect("accounting");
+    let s = e.flash_stats().expect("a tier");
+    assert!(s.pages_dropped > 0, "{s:?}");
+    assert!(s.objects_evicted > 0, "{s:?}");
+    let (mut hits, mut newest) = (0, 0);
+    for i in 0..n {
+        if let Some((v, _, _)) = get(&e, &key(i)) {
+            assert_eq!(v, value(i, 1000), "key {i}");
+            hits += 1;
+            if i >= n - 10_000 {
+                newest += 1;
+            }
+        }
+    }
+    // About 20 MiB fit in RAM and flash together: the newest items are kept.
+    assert!(hits > 10_000 && hits < n, "{hits}");
+    assert!(newest > 9_000, "{newest} of the newest 10,000");
+    assert!(e.stats().evictions > 0);
+}
