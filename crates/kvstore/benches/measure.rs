@@ -6,9 +6,10 @@
 //! cargo bench -p kvstore --bench measure -- memory
 //! cargo bench -p kvstore --bench measure -- throughput
 //! cargo bench -p kvstore --bench measure -- restore
+//! KVSTORE_FLASH_DIR=/some/dir cargo bench -p kvstore --bench measure -- flash
 //! ```
 //!
-//! With no name, all three run in turn.
+//! With no name, all of them run in turn (`flash` only with `KVSTORE_FLASH_DIR`).
 
 use std::time::Instant;
 
@@ -25,14 +26,15 @@ fn main() {
         .skip(1)
         .filter(|a| !a.starts_with("--"))
         .collect();
-    let all: [(&str, fn()); 3] = [
+    let all: [(&str, fn()); 4] = [
         ("memory", memory),
         ("throughput", throughput_scaling),
         ("restore", restore_speed),
+        ("flash", flash_memory),
     ];
     for name in &wanted {
         if !all.iter().any(|(n, _)| n == name) {
-            eprintln!("unknown measurement {name:?}: memory, throughput or restore");
+            eprintln!("unknown measurement {name:?}: memory, throughput, restore or flash");
             std::process::exit(2);
         }
     }
@@ -180,4 +182,87 @@ fn restore_speed() {
             file.len() >> 20
         );
     }
+}
+
+/// RAM per item with a flash tier (issue 43's target: at most 16 bytes per flash-resident
+/// item): 10,000,000 items of 15-byte keys and 32-byte values into an engine of `-m 192`
+/// (`KVSTORE_FLASH_M` MiB) with a 2 GiB tier file in `KVSTORE_FLASH_DIR` (skipped without
+/// it). Prints where the items are, the index's bytes per item, and RSS growth per item.
+fn flash_memory() {
+    let Some(dir) = std::env::var_os("KVSTORE_FLASH_DIR") else {
+        eprintln!("  (skipped: set KVSTORE_FLASH_DIR to a directory for the tier's file)");
+        return;
+    };
+    let path = std::path::Path::new(&dir).join("kvstore-measure-flash");
+    let n = 10_000_000u64;
+    let max_bytes = std::env::var("KVSTORE_FLASH_M")
+        .ok()
+        .and_then(|m| m.parse::<usize>().ok())
+        .unwrap_or(192)
+        << 20;
+    let before = fill::rss();
+    let e = LogEngine::with_layout(
+        EngineConfig {
+            max_bytes,
+            max_item_size: 1 << 20,
+            no_evict: false,
+            use_cas: true,
+        },
+        IndexLayout::Wide,
+    );
+    let tier = kvstore::flash::Tier::create(&kvstore::flash::TierConfig {
+        files: vec![(path.clone(), 2 << 30)],
+        page_bytes: e.segment_size(),
+        write_threads: 1,
+        write_buffer: 8 << 20,
+    })
+    .expect("make the tier");
+    e.attach_flash(tier).expect("attach the tier");
+    let start = Instant::now();
+    let value = [b'v'; 32];
+    for i in 0..n {
+        set(&e, &key(i), &value);
+    }
+    e.flash_settle();
+    let load = start.elapsed();
+    let after = fill::rss();
+    let s = e.stats();
+    let f = e.flash_stats().expect("a tier");
+    let mut hits = 0u64;
+    for i in (0..n).step_by(1000) {
+        let mut ok = false;
+        e.get(&key(i), 100, ReadOptions::default(), &mut |v| {
+            ok = v.value == value
+        });
+        hits += u64::from(ok);
+    }
+    eprintln!(
+        "{n} items (15-byte keys, 32-byte values), -m {} MiB, 2 GiB tier, loaded in {:.1} s:",
+        max_bytes >> 20,
+        load.as_secs_f64()
+    );
+    eprintln!(
+        "  items: {} in all, {} on flash ({} flash pages, {} evicted); {} of {} sampled gets hit",
+        s.curr_items,
+        f.objects_used,
+        f.tier.pages_used,
+        s.evictions,
+        hits,
+        n / 1000
+    );
+    eprintln!(
+        "  index: {} bytes, {:.1} per item; engine memory {:.1} MiB",
+        e.index_bytes(),
+        e.index_bytes() as f64 / s.curr_items.max(1) as f64,
+        e.memory_bytes() as f64 / f64::from(1 << 20)
+    );
+    if let (Some(b), Some(a)) = (before, after) {
+        eprintln!(
+            "  RSS growth: {:.1} MiB, {:.1} bytes per item",
+            a.saturating_sub(b) as f64 / f64::from(1 << 20),
+            a.saturating_sub(b) as f64 / s.curr_items.max(1) as f64
+        );
+    }
+    drop(e);
+    let _ = std::fs::remove_file(&path);
 }

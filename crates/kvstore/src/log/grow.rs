@@ -64,12 +64,13 @@ impl LogEngine {
                 GrowStep::Idle => {
                     let live = self.stats.live_items();
                     let mut split = Vec::new();
-                    // The index takes at most half the limit (the segments the rest).
+                    // The index takes at most half the limit (the segments the rest;
+                    // three quarters with a flash tier: `index_cap`).
                     // With no_evict it grows only into memory no segment uses.
                     let max = self.arena.limit();
                     let room = |extra: usize| {
                         let index = self.index_bytes() + extra;
-                        index <= max / 2
+                        index <= self.index_cap(max)
                             && (!self.config.no_evict || self.arena.allocated() + index <= max)
                     };
                     while split.len() < GROW_BATCH
@@ -169,7 +170,7 @@ impl LogEngine {
         }
         let max = self.arena.limit();
         let index = self.index_bytes();
-        let mut spare = (max / 2).saturating_sub(index);
+        let mut spare = self.index_cap(max).saturating_sub(index);
         if self.config.no_evict {
             spare = spare.min(max.saturating_sub(self.arena.allocated() + index));
         }

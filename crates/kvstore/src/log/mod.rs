@@ -223,6 +223,9 @@ const _: () = assert!(MAX_SEG_SIZE <= index::MAX_OFFSET);
 /// The index may grow to one main slot per this many bytes of `-m` (it is sized to the
 /// items it holds; beyond this many items it becomes lossy).
 const BYTES_PER_SLOT: usize = 32;
+/// The same for the wide index, whose items may be on flash: it may take three quarters
+/// of `-m` ([`LogEngine::index_cap`]), at about 9 bytes a main slot.
+const WIDE_BYTES_PER_SLOT: usize = 12;
 /// The index grows while its items exceed this fraction of its main slots
 /// (`LOAD_NUM / LOAD_DEN`): 1.2 (twelve items per ten-slot bucket on average, a sixth of
 /// them in overflow buckets) measured 0.3 bytes per small item less than 1.0
@@ -344,7 +347,11 @@ impl LogEngine {
     /// An engine bounded by `config.max_bytes` (index included), its index in `layout`.
     pub fn with_layout(config: EngineConfig, layout: IndexLayout) -> LogEngine {
         let max_bytes = config.max_bytes;
-        let max_slots = max_bytes / BYTES_PER_SLOT;
+        let max_slots = max_bytes
+            / match layout {
+                IndexLayout::Compact => BYTES_PER_SLOT,
+                IndexLayout::Wide => WIDE_BYTES_PER_SLOT,
+            };
         let budget = max_bytes.saturating_sub(Index::initial_bytes(max_slots, layout));
         let mut seg_size = MAX_SEG_SIZE;
         while seg_size > MIN_SEG_SIZE && seg_size * 32 > budget {
@@ -529,6 +536,16 @@ impl LogEngine {
             )));
         }
         Ok(())
+    }
+
+    /// The most bytes the index may grow to, of a memory limit of `max`: half, or with a
+    /// flash tier three quarters (its items are mostly on flash, their slots in RAM).
+    fn index_cap(&self, max: usize) -> usize {
+        if self.flash.get().is_some() {
+            max / 4 * 3
+        } else {
+            max / 2
+        }
     }
 
     /// Bytes segments may use: the limit minus the index and the miss sketch
