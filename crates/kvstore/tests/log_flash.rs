@@ -288,3 +288,45 @@ fn a_full_tier_gives_back_its_oldest_pages() {
     assert!(newest > 9_000, "{newest} of the newest 10,000");
     assert!(e.stats().evictions > 0);
 }
+
+/// With flash I/O deferred (a server's worker), a lookup of a flash item finds nothing and
+/// names the read it needs; once that read is done elsewhere, the lookup run again finds
+/// the item without I/O. RAM items need no read.
+#[test]
+fn deferred_lookups_name_their_reads_and_find_the_item_once_done() {
+    let dir = Dir::new("flash-deferred");
+    let e = engine(&dir, 4 << 20, 96 << 20);
+    let n = 20_000u64;
+    for i in 0..n {
+        assert!(matches!(set(&e, &key(i), &value(i, 1000)), StoreResult::Stored(_)));
+    }
+    e.flash_settle();
+    let (newest, reads) = e.defer_flash(|| get(&e, &key(n - 1)));
+    assert!(reads.is_empty(), "a RAM item needs no read");
+    assert_eq!(newest.map(|x| x.0), Some(value(n - 1, 1000)));
+    let mut checked = 0;
+    for i in (0..n / 2).step_by(101) {
+        let k = key(i);
+        let (first, reads) = e.defer_flash(|| get(&e, &k));
+        if reads.is_empty() {
+            // Not on flash (a second chance kept it in RAM), or evicted.
+            continue;
+        }
+        assert!(first.is_none(), "key {i}: found without its read");
+        assert_eq!(reads.len(), 1, "key {i}: {reads:?}");
+        let reads_before = e.flash_stats().map(|s| s.reads);
+        for r in &reads {
+            e.complete_flash_read(r);
+        }
+        let (again, more) = e.defer_flash(|| get(&e, &k));
+        assert!(more.is_empty(), "key {i}: read again");
+        assert_eq!(again.map(|x| x.0), Some(value(i, 1000)), "key {i}");
+        assert_eq!(
+            e.flash_stats().map(|s| s.reads),
+            reads_before.map(|r| r + 1),
+            "one read for the two lookups"
+        );
+        checked += 1;
+    }
+    assert!(checked > 50, "{checked} flash items looked up");
+}

@@ -119,6 +119,33 @@ pub struct FlashStats {
     pub bytes_used: u64,
 }
 
+/// A flash read a lookup needed while flash I/O was deferred on its thread
+/// ([`LogEngine::defer_flash`]): do it with [`LogEngine::complete_flash_read`] (on an I/O
+/// thread), then run the request again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlashRead {
+    id: u32,
+    off: u32,
+    loc: Loc,
+}
+
+/// Records read for deferred lookups, kept for their re-runs: keyed by segment, offset and
+/// page generation (a page's bytes never change within a generation), oldest dropped
+/// first beyond `FETCHED_MAX`.
+#[derive(Default)]
+struct Fetched {
+    by_key: HashMap<(u32, u32, Loc), Fetch>,
+    order: VecDeque<(u32, u32, Loc)>,
+}
+
+/// Records kept for re-runs (a bound: a re-run that finds its record gone reads again).
+const FETCHED_MAX: usize = 4096;
+
+thread_local! {
+    /// While set, lookups on this thread do no flash I/O: they note the reads they need.
+    static DEFERRED: std::cell::RefCell<Option<Vec<FlashRead>>> = const { std::cell::RefCell::new(None) };
+}
+
 /// The flash part's state (see the module documentation).
 pub(super) struct Flash {
     tier: Tier,
@@ -126,6 +153,8 @@ pub(super) struct Flash {
     bound: Mutex<Bound>,
     /// Segments whose write is queued or under way.
     in_flight: AtomicUsize,
+    /// Records read for deferred lookups.
+    fetched: Mutex<Fetched>,
     counters: Counters,
 }
 
@@ -142,7 +171,7 @@ pub enum FlashAttachError {
 
 /// A record read from flash: its bytes from its first, and the CAS base that gives it its
 /// version at offset 0.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub(super) struct Fetch {
     bytes: Vec<u8>,
     base: u64,
@@ -176,6 +205,7 @@ impl LogEngine {
             done: Arc::default(),
             bound: Mutex::default(),
             in_flight: AtomicUsize::new(0),
+            fetched: Mutex::default(),
             counters: Counters::default(),
         };
         self.flash
@@ -217,6 +247,52 @@ impl LogEngine {
         }
     }
 
+    /// Whether a flash tier is attached.
+    pub fn has_flash(&self) -> bool {
+        self.flash.get().is_some()
+    }
+
+    /// Run `f` with the flash reads its lookups need deferred instead of done on this
+    /// thread: a lookup that would read a flash record finds nothing, and the read is
+    /// returned. With reads returned, what `f` did is to be discarded and done again once
+    /// they are complete ([`LogEngine::complete_flash_read`]), so `f` must be a read
+    /// without effects on what it did not find (a get, not a store). Records read before
+    /// for deferred lookups are found without I/O.
+    pub fn defer_flash<T>(&self, f: impl FnOnce() -> T) -> (T, Vec<FlashRead>) {
+        if self.flash.get().is_none() {
+            return (f(), Vec::new());
+        }
+        let outer = DEFERRED.with(|d| d.borrow_mut().replace(Vec::new()));
+        let out = f();
+        let reads = DEFERRED.with(|d| std::mem::replace(&mut *d.borrow_mut(), outer));
+        (out, reads.unwrap_or_default())
+    }
+
+    /// Do a read a deferred lookup needed (blocking: an I/O thread's work) and keep the
+    /// record for the lookup's re-run. A page taken back meanwhile reads nothing (the
+    /// re-run then finds the item's new place, or nothing).
+    pub fn complete_flash_read(&self, r: &FlashRead) {
+        let Some(f) = self.flash.get() else {
+            return;
+        };
+        let Some(b) = self.binding(r.id).filter(|b| b.loc == r.loc) else {
+            return;
+        };
+        let Some(fetch) = self.read_record(f, b, r.off as usize) else {
+            return;
+        };
+        let key = (r.id, r.off, r.loc);
+        let mut kept = lock(&f.fetched);
+        if kept.by_key.insert(key, fetch).is_none() {
+            kept.order.push_back(key);
+        }
+        while kept.order.len() > FETCHED_MAX {
+            if let Some(old) = kept.order.pop_front() {
+                kept.by_key.remove(&old);
+            }
+        }
+    }
+
     /// The binding of segment `id`, if it is on flash.
     fn binding(&self, id: u32) -> Option<Binding> {
         let f = self.flash.get()?;
@@ -227,8 +303,35 @@ impl LogEngine {
     /// slot, without a tier, or when the read fails (counted).
     pub(super) fn fetch_record(&self, v: u64) -> Option<Fetch> {
         let f = self.flash.get()?;
-        let b = self.binding(index::slot_seg(v))?;
+        let id = index::slot_seg(v);
+        let b = self.binding(id)?;
         let off = index::slot_off(v);
+        let key = (id, off as u32, b.loc);
+        if let Some(hit) = lock(&f.fetched).by_key.get(&key) {
+            return Some(hit.clone());
+        }
+        let deferred = DEFERRED.with(|d| match d.borrow_mut().as_mut() {
+            Some(reads) => {
+                let r = FlashRead {
+                    id,
+                    off: off as u32,
+                    loc: b.loc,
+                };
+                if !reads.contains(&r) {
+                    reads.push(r);
+                }
+                true
+            }
+            None => false,
+        });
+        if deferred {
+            return None;
+        }
+        self.read_record(f, b, off)
+    }
+
+    /// Read the record at `off` of bound image `b` (blocking).
+    fn read_record(&self, f: &Flash, b: Binding, off: usize) -> Option<Fetch> {
         let rest = b.used.checked_sub(off).filter(|&n| n > 0)?;
         let mut buf = AlignedBuf::new();
         let mut want = rest.min(FIRST_READ);
@@ -515,6 +618,11 @@ impl LogEngine {
         }
         self.note_evictions(notes);
         lock(&f.bound).by_id.remove(&id);
+        {
+            let mut kept = lock(&f.fetched);
+            kept.by_key.retain(|k, _| k.0 != id);
+            kept.order.retain(|k| k.0 != id);
+        }
         // Readers that loaded a slot of it may still read the page: freeing it moves its
         // generation on, so their reads fail (a miss) rather than see the next image.
         f.tier.free(b.loc);
