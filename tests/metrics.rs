@@ -191,3 +191,45 @@ fn common_root() -> bool {
         })
         .unwrap_or(false)
 }
+
+/// With a flash tier (`-o ext_path`), the exporter's extstore series are there, and agree
+/// with `stats`; without one they are absent (as the exporter's without extstore).
+#[test]
+fn flash_tier_series_follow_the_exporter() {
+    let dir = std::env::temp_dir().join(format!("kvcached-metrics-flash-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("make a directory");
+    let mport = free_port();
+    let ext = format!("ext_path={}:64m", dir.join("ext").display());
+    let server = Server::start_verified(
+        Kind::Kvcached,
+        &[
+            "-m",
+            "4",
+            "-U",
+            "0",
+            "-o",
+            &ext,
+            "-o",
+            &format!("metrics=127.0.0.1:{mport}"),
+        ],
+    );
+    let mut c = server.connect();
+    let value_of = "v".repeat(500);
+    for i in 0..20_000 {
+        c.send(format!("set k{i} 0 0 500 noreply\r\n{value_of}\r\n").as_bytes());
+    }
+    assert!(c.call("version\r\n").starts_with("VERSION"));
+    let s = scrape(mport);
+    let limit = value(&s, "memcached_extstore_bytes_limit", &[]).expect("the limit");
+    assert!(limit >= f64::from(60u32 << 20), "{limit}");
+    let written = value(&s, "memcached_extstore_objects_written_total", &[]).expect("written");
+    assert!(written > 0.0, "{written}");
+    let (_plain, mport2) = start_with_metrics();
+    assert_eq!(
+        value(&scrape(mport2), "memcached_extstore_bytes_limit", &[]),
+        None
+    );
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+}

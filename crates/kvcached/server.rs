@@ -35,21 +35,38 @@ pub fn memory_bytes(limit: MemoryLimit) -> usize {
     }
 }
 
-/// Build the engine the configuration asks for.
-pub fn build_engine(config: &Config) -> LogEngine {
+/// Build the engine the configuration asks for (with its flash tier, made afresh: what
+/// the files held is gone).
+pub fn build_engine(config: &Config) -> Result<LogEngine, String> {
     let ec = EngineConfig {
         max_bytes: memory_bytes(config.memory_limit),
         max_item_size: config.item_size_max,
         no_evict: config.no_evict,
         use_cas: config.use_cas,
     };
-    let engine = LogEngine::new(ec);
+    let engine = match &config.flash {
+        None => LogEngine::new(ec),
+        Some(f) => {
+            let engine = LogEngine::with_layout(ec, kvstore::IndexLayout::Wide);
+            let tier = kvstore::flash::Tier::create(&kvstore::flash::TierConfig {
+                files: f.files.clone(),
+                page_bytes: engine.segment_size(),
+                write_threads: f.threads,
+                write_buffer: usize::try_from(f.wbuf_size).unwrap_or(usize::MAX),
+            })
+            .map_err(|e| format!("-o ext_path: {e}"))?;
+            engine
+                .attach_flash(tier)
+                .map_err(|e| format!("-o ext_path: {e}"))?;
+            engine
+        }
+    };
     engine.set_size_factor(config.evict_size_factor);
     engine.set_repl_backlog(config.repl_backlog);
     // Per-class `stats items`/`stats slabs`, and `stats sizes` with -o track_sizes. Items
     // a warm restart loads later are counted as they are indexed.
     engine.tally_sizes(&config.slab_classes, config.track_sizes);
-    engine
+    Ok(engine)
 }
 
 /// The I/O runtime this kernel allows for the one asked for: io_uring only where a ring can
@@ -84,7 +101,7 @@ pub fn run(
     tune_heap();
     // Like memcached, the auth file is read after dropping privileges and daemonizing.
     let auth = Auth::new(&config)?;
-    let engine = build_engine(&config);
+    let engine = build_engine(&config)?;
     let restored = match &config.memory_file {
         Some(path) => warm::load(&engine, path, &Clock::new(), config.warm_ignore_bad_file)?,
         None => warm::Restored::default(),
@@ -146,6 +163,10 @@ pub fn run(
     }
     shared.set_wakers(wakers);
     shared.set_arc();
+    if let Some(f) = &shared.config.flash {
+        crate::state::flash::FlashIo::start(&shared, f.threads)
+            .map_err(|e| format!("flash I/O threads: {e}"))?;
+    }
     // --min-replicas: no replica yet, so writes start refused.
     shared.repl.check_min_replicas(&shared.config);
     if let Some(master) = shared.config.replica_of.clone() {

@@ -286,6 +286,7 @@ pub fn stream(ctx: &mut Ctx<'_>, s: &mut Session, data: &[u8], budget: &mut usiz
                 match step {
                     Step::Next => pos += used,
                     Step::Pause => return done(pos, Step::Pause),
+                    Step::Wait => return done(pos, Step::Wait),
                     Step::Close => return done(pos + used, Step::Close),
                 }
                 if s.close_after_write {

@@ -50,6 +50,39 @@ pub fn read(
     hit
 }
 
+/// [`read`] for a request that can wait (a get on a TCP or unix connection): with a flash
+/// tier, a key whose item is on flash and not read yet is not answered here. Its reads
+/// are returned (nothing counted, `found` not called), for the request to run again from
+/// this key once an I/O thread has done them (`state/flash.rs`).
+pub fn read_or_wait(
+    ctx: &Ctx<'_>,
+    key: &[u8],
+    now: Time,
+    found: &mut dyn FnMut(ItemView<'_>),
+) -> Result<bool, Vec<kvstore::FlashRead>> {
+    let engine = &ctx.shared.engine;
+    if !engine.has_flash() {
+        return Ok(read(ctx, key, now, None, found));
+    }
+    if ctx.shared.watchers.wants(watch::FETCHERS) {
+        // Watched: find out first whether the item must be read, so that the watcher's
+        // line is written once, for the lookup that answers.
+        let (found_it, reads) = engine.defer_flash(|| engine.peek_item(key, now).is_some());
+        if !found_it && !reads.is_empty() {
+            return Err(reads);
+        }
+        return Ok(read_watched(ctx, key, now, None, found));
+    }
+    let (hit, reads) =
+        engine.defer_flash(|| engine.get(key, now, ReadOptions { touch: None }, found));
+    // Reads a hit needed are another key's (a tag that matched): only a miss waits.
+    if !hit && !reads.is_empty() {
+        return Err(reads);
+    }
+    ctx.stats.count_read(false, hit);
+    Ok(hit)
+}
+
 /// [`read`] while a `watch fetchers` watcher is attached: the same, and an `item_get` line.
 #[cold]
 #[inline(never)]

@@ -55,6 +55,15 @@ pub struct Session {
     /// 16 KiB read buffer; a connection whose reads come in smaller pieces (io_uring's 4 KiB
     /// buffers) waits for the rest before judging (`exec::dispatch`).
     pub more_input: bool,
+    /// Flash reads the request at the front of the input needs, for the worker to hand to
+    /// the I/O threads.
+    pub flash_reads: Vec<kvstore::FlashRead>,
+    /// Waiting for flash reads: nothing runs until they are done. The ticket names this
+    /// wait (a completion with another ticket is not this connection's).
+    pub flash_wait: Option<u64>,
+    /// Times the request at the front waited for flash reads: after three, its reads are
+    /// done on the worker (a read whose record was dropped again before its re-run).
+    pub flash_rounds: u8,
 }
 
 impl Drop for Session {
@@ -101,6 +110,9 @@ impl Session {
             splice_ok: false,
             swallow: 0,
             get_progress: 0,
+            flash_reads: Vec::new(),
+            flash_wait: None,
+            flash_rounds: 0,
             resume: Resume::Start,
             close_after_write: false,
             protocol: None,
@@ -160,6 +172,9 @@ pub enum Step {
     Pause,
     /// Close the connection now, without writing what is pending.
     Close,
+    /// The request needs flash reads (`Session::flash_reads`): keep its bytes, send what
+    /// is owed, and run it again once the reads are done (`state/flash.rs`).
+    Wait,
 }
 
 /// What a queued reply counts against `-o read_buf_mem_limit` at least, whatever its

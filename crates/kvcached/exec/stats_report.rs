@@ -468,6 +468,41 @@ fn general(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
             emit(sink, name, 0);
         }
     }
+    if let Some(f) = shared.engine.flash_stats() {
+        flash(ctx, &f, sink);
+    }
+}
+
+/// The flash tier's counters (`-o ext_path`), under memcached's extstore names where the
+/// meaning is the same; `flash_*` are kvcached's own (docs/METRICS.md).
+fn flash(ctx: &Ctx<'_>, f: &kvstore::FlashStats, sink: &mut Sink<'_>) {
+    let aborted = ctx.shared.flash_io.as_ref().map_or(0, |io| io.aborted());
+    let queued = ctx.shared.flash_io.as_ref().map_or(0, |io| io.queued());
+    emit(sink, "get_extstore", f.reads);
+    emit(sink, "get_aborted_extstore", aborted);
+    // Reads are not limited by a memory budget of their own (memcached's `get_oom`).
+    emit(sink, "get_oom_extstore", 0);
+    // Items read from flash are not yet copied back to memory (memcached's recache).
+    emit(sink, "recache_from_extstore", 0);
+    emit(sink, "miss_from_extstore", f.read_errors);
+    emit(sink, "badcrc_from_extstore", f.tier.io_errors);
+    emit(sink, "extstore_limit_maxbytes", f.tier.limit_maxbytes);
+    emit(sink, "extstore_io_queue", f.tier.io_queue + queued as u64);
+    emit(sink, "extstore_pages_free", f.tier.pages_free);
+    emit(sink, "extstore_pages_used", f.tier.pages_used);
+    emit(sink, "extstore_page_allocs", f.tier.page_allocs);
+    emit(sink, "extstore_page_evictions", f.pages_dropped);
+    emit(sink, "extstore_page_reclaims", f.tier.page_reclaims);
+    emit(sink, "extstore_objects_written", f.objects_written);
+    emit(sink, "extstore_objects_used", f.objects_used);
+    emit(sink, "extstore_objects_evicted", f.objects_evicted);
+    emit(sink, "extstore_bytes_written", f.tier.bytes_written);
+    emit(sink, "extstore_bytes_read", f.tier.bytes_read);
+    emit(sink, "extstore_bytes_used", f.bytes_used);
+    emit(sink, "flash_tag_misreads", f.tag_misreads);
+    emit(sink, "flash_write_failures", f.write_failures);
+    emit(sink, "flash_writes_busy", f.tier.writes_busy);
+    emit(sink, "flash_offline", u8::from(f.tier.offline));
 }
 
 fn settings(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {

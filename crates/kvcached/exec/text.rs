@@ -476,9 +476,11 @@ fn get<F: GetFraming>(
             return step;
         }
         last = s.out.len();
+        // A get (not gat) on a connection that can wait does not read flash on the worker.
+        let may_wait = touch.is_none() && s.may_yield && s.flash_rounds < 3;
         let out = &mut s.out;
         let mut spliced = s.splice_ok.then_some(&mut s.spliced);
-        let hit = ops::read(ctx, key, now, touch, &mut |item| {
+        let mut emit = |item: kvstore::ItemView<'_>| {
             if !rejected {
                 let cas = if with_cas { Some(item.cas) } else { None };
                 match splice::lease_into(spliced.as_deref_mut(), &item) {
@@ -490,7 +492,20 @@ fn get<F: GetFraming>(
                     None => proto::write_value(out, item.key, item.flags, item.value, cas),
                 }
             }
-        });
+        };
+        let hit = if may_wait {
+            match ops::read_or_wait(ctx, key, now, &mut emit) {
+                Ok(hit) => hit,
+                Err(reads) => {
+                    // Run again from this key once the reads are done.
+                    s.flash_reads = reads;
+                    s.flash_rounds += 1;
+                    return Step::Wait;
+                }
+            }
+        } else {
+            ops::read(ctx, key, now, touch, &mut emit)
+        };
         ctx.shared.detail.record_get(key, hit);
         s.get_progress += 1;
         if let Some(step) = framing.after_key(s, last, keys.peek().is_some(), rejected) {
@@ -498,6 +513,7 @@ fn get<F: GetFraming>(
         }
     }
     s.get_progress = 0;
+    s.flash_rounds = 0;
     framing.finish(s, rejected, last);
     Step::Next
 }

@@ -404,6 +404,15 @@ impl Conn {
         }
     }
 
+    /// The request at the front needs flash reads (`Session::flash_reads`, which the worker
+    /// hands to the I/O threads): send what is owed and wait.
+    fn wait_flash(&mut self, ctx: &mut Ctx<'_>) -> Drive {
+        if self.flush(ctx.stats).is_err() {
+            return Drive::Close;
+        }
+        Drive::Wait
+    }
+
     pub fn drive(&mut self, ctx: &mut Ctx<'_>, spares: &mut Spares) -> Drive {
         let reqs = ctx.shared.config.reqs_per_event.max(1);
         let mut budget = reqs;
@@ -428,6 +437,11 @@ impl Conn {
             // 1. Write what is owed.
             if self.flush(ctx.stats).is_err() {
                 return Drive::Close;
+            }
+            // Flash reads under way for the request at the front: it runs again when the
+            // worker hears they are done.
+            if self.session.flash_wait.is_some() {
+                return Drive::Wait;
             }
             if watch_more && self.session.pending() == 0 {
                 continue;
@@ -472,6 +486,7 @@ impl Conn {
                         return Drive::Yield;
                     }
                     Step::Pause => continue,
+                    Step::Wait => return self.wait_flash(ctx),
                     Step::Next => {}
                 }
                 if *budget == 0 {
@@ -549,6 +564,7 @@ impl Conn {
                         ctx.stats.conn_yields.incr();
                         return Drive::Yield;
                     }
+                    Step::Wait => return self.wait_flash(ctx),
                     Step::Pause | Step::Next => {}
                 }
                 if *budget == 0 {

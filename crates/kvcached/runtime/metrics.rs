@@ -462,6 +462,87 @@ fn registry(
         num(s, "store_no_memory"),
     );
 
+    // The flash tier (`-o ext_path`), as the exporter names extstore's series; absent
+    // without a tier, as the exporter's are without extstore.
+    for (name, help, key) in [
+        (
+            "memcached_extstore_bytes_limit",
+            "Bytes of flash the tier may use",
+            "extstore_limit_maxbytes",
+        ),
+        (
+            "memcached_extstore_objects_used",
+            "Items on flash",
+            "extstore_objects_used",
+        ),
+        (
+            "memcached_extstore_pages_used",
+            "Flash pages in use",
+            "extstore_pages_used",
+        ),
+        (
+            "memcached_extstore_pages_free",
+            "Flash pages free",
+            "extstore_pages_free",
+        ),
+        (
+            "memcached_extstore_io_queue_depth",
+            "Flash reads and writes waiting",
+            "extstore_io_queue",
+        ),
+    ] {
+        gauge(&mut r, name, help, num(s, key));
+    }
+    for (name, help, key) in [
+        (
+            "memcached_extstore_bytes_used",
+            "Bytes of items on flash",
+            "extstore_bytes_used",
+        ),
+        (
+            "memcached_extstore_bytes_written",
+            "Bytes written to flash",
+            "extstore_bytes_written",
+        ),
+        (
+            "memcached_extstore_bytes_read",
+            "Bytes read from flash",
+            "extstore_bytes_read",
+        ),
+        (
+            "memcached_extstore_objects_written",
+            "Items written to flash",
+            "extstore_objects_written",
+        ),
+        (
+            "memcached_extstore_objects_read",
+            "Items read from flash",
+            "get_extstore",
+        ),
+        (
+            "memcached_extstore_objects_evicted",
+            "Items evicted from flash",
+            "extstore_objects_evicted",
+        ),
+        (
+            "memcached_extstore_pages_allocated",
+            "Flash pages allocated",
+            "extstore_page_allocs",
+        ),
+        (
+            "memcached_extstore_pages_evicted",
+            "Flash pages taken back with their items",
+            "extstore_page_evictions",
+        ),
+        (
+            "memcached_extstore_pages_reclaimed",
+            "Flash pages freed",
+            "extstore_page_reclaims",
+        ),
+    ] {
+        counter(&mut r, name, help, num(s, key));
+    }
+
     // memcached_commands_total{command,status}, as the exporter derives it from `stats`.
     let commands = Family::<Vec<(String, String)>, Counter>::default();
     let command = |cmd: &str, status: &str, v: Option<u64>| {

@@ -507,6 +507,9 @@ fn execute(ctx: &mut Ctx<'_>, payload: &[u8], out: &mut Vec<u8>, mut reply: Repl
                         Step::Close => break,
                         // Over MAX_REPLY (the error replaces the reply below).
                         Step::Pause => break,
+                        // Not on UDP: reads there never wait (and UDP is refused with a
+                        // flash tier).
+                        Step::Wait => break,
                         Step::Next => pos += used,
                     }
                 }

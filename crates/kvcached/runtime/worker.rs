@@ -123,6 +123,8 @@ pub struct Worker {
     next_gen: u32,
     /// Input buffers kept for the next large request.
     spares: Spares,
+    /// The last ticket given to a connection waiting for flash reads.
+    flash_tickets: u64,
 }
 
 impl Worker {
@@ -189,6 +191,7 @@ impl Worker {
             ring: None,
             next_gen: 0,
             spares: Spares::new(buffer_limit),
+            flash_tickets: 0,
         })
     }
 
@@ -433,6 +436,8 @@ impl Worker {
     ) {
         let token = event.token();
         if token == WAKER {
+            // Connections whose flash reads are done go on.
+            self.flash_done(scratch);
             // Watchers with new lines (or a shutdown, seen by the loop's test).
             for slot in self.watching.clone() {
                 self.drive(slot, scratch);
@@ -450,6 +455,27 @@ impl Worker {
                     conn.hangup = true;
                 }
             }
+            self.drive(slot, scratch);
+        }
+    }
+
+    /// Drive again the connections whose flash reads the I/O threads finished (a
+    /// connection closed meanwhile, its slot perhaps reused, has another ticket).
+    fn flash_done(&mut self, scratch: &mut Vec<u8>) {
+        let shared = Arc::clone(&self.shared);
+        let Some(io) = &shared.flash_io else {
+            return;
+        };
+        for (slot, ticket) in io.take_done(self.index) {
+            let Some(Some(conn)) = self.conns.get_mut(slot) else {
+                io.note_aborted();
+                continue;
+            };
+            if conn.session.flash_wait != Some(ticket) {
+                io.note_aborted();
+                continue;
+            }
+            conn.session.flash_wait = None;
             self.drive(slot, scratch);
         }
     }
@@ -565,6 +591,20 @@ impl Worker {
             cfd: conn.fd,
         };
         let drive = conn.drive(&mut ctx, &mut self.spares);
+        if !conn.session.flash_reads.is_empty() {
+            // A get needs flash reads: the I/O threads do them (`state/flash.rs`).
+            let reads = std::mem::take(&mut conn.session.flash_reads);
+            if let Some(io) = &self.shared.flash_io {
+                self.flash_tickets += 1;
+                conn.session.flash_wait = Some(self.flash_tickets);
+                io.submit(crate::state::flash::Job {
+                    reads,
+                    worker: self.index,
+                    slot,
+                    ticket: self.flash_tickets,
+                });
+            }
+        }
         self.account(slot);
         let Some(conn) = self.conns.get_mut(slot).and_then(|c| c.as_mut()) else {
             return;

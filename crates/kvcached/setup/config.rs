@@ -116,6 +116,18 @@ impl ListenAddr {
     }
 }
 
+/// The flash tier's settings (memcached's extstore options, where the meaning carries
+/// over: docs/CONFIGURATION.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FlashSettings {
+    /// The flash files and the bytes each may take (`ext_path=PATH:SIZE`, repeatable).
+    pub files: Vec<(PathBuf, u64)>,
+    /// Bytes of segment images that may wait for the writers (`ext_wbuf_size`).
+    pub wbuf_size: u64,
+    /// Writer threads, and threads reading flash for the workers (`ext_threads`).
+    pub threads: usize,
+}
+
 /// The whole configuration of a kvcached process.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
@@ -234,6 +246,8 @@ pub struct Config {
     pub auth_file: Option<PathBuf>,
     /// Warm-restart memory file (`-e`).
     pub memory_file: Option<PathBuf>,
+    /// The flash tier (`-o ext_path=...` and the `ext_*` options that carry over), if any.
+    pub flash: Option<FlashSettings>,
     /// Start with an empty cache when the `-e` file cannot be used, moving it to
     /// `FILE.bad`, instead of refusing to start (`-o warm_restart_ignore_bad_file`;
     /// kvcached's own).
@@ -320,6 +334,7 @@ impl Default for Config {
             sasl: false,
             auth_file: None,
             memory_file: None,
+            flash: None,
             warm_ignore_bad_file: false,
             log_format: crate::setup::logging::Format::Text,
             debug_clock: false,

@@ -6,6 +6,7 @@ pub mod clock;
 pub mod crawler;
 pub mod credentials;
 pub mod detail;
+pub mod flash;
 pub mod registry;
 pub mod replication;
 pub mod shared;

@@ -62,6 +62,8 @@ pub struct Shared {
     /// Sockets by file descriptor, for `stats conns`; written on accept and close only.
     registry: Mutex<BTreeMap<i32, (ConnKind, Arc<ConnInfo>)>>,
     wakers: OnceLock<Vec<Arc<mio::Waker>>>,
+    /// The flash tier's reads for the workers (`-o ext_path`).
+    pub flash_io: Option<crate::state::flash::FlashIo>,
     /// The maintenance thread, which a shutdown unparks (it sleeps between its ticks).
     maintenance: OnceLock<std::thread::Thread>,
     /// The `Arc` this state lives in, for threads started from a request (`replicaof`).
@@ -77,6 +79,9 @@ impl Shared {
         worker_stats: Vec<Arc<WorkerStats>>,
         tls: Option<kvtls::server::ServerTls>,
     ) -> Shared {
+        let flash_io = engine
+            .has_flash()
+            .then(|| crate::state::flash::FlashIo::new(worker_stats.len().max(1)));
         Shared {
             limits: Limits {
                 max_value: config.item_size_max,
@@ -106,6 +111,7 @@ impl Shared {
             shutdown: AtomicBool::new(false),
             registry: Mutex::new(BTreeMap::new()),
             wakers: OnceLock::new(),
+            flash_io,
             maintenance: OnceLock::new(),
             me: OnceLock::new(),
             config,

@@ -298,7 +298,10 @@ fn deferred_lookups_name_their_reads_and_find_the_item_once_done() {
     let e = engine(&dir, 4 << 20, 96 << 20);
     let n = 20_000u64;
     for i in 0..n {
-        assert!(matches!(set(&e, &key(i), &value(i, 1000)), StoreResult::Stored(_)));
+        assert!(matches!(
+            set(&e, &key(i), &value(i, 1000)),
+            StoreResult::Stored(_)
+        ));
     }
     e.flash_settle();
     let (newest, reads) = e.defer_flash(|| get(&e, &key(n - 1)));

@@ -37,7 +37,7 @@ impl TestSession {
             other => panic!("{args:?} does not run a server: {other:?}"),
         };
         let auth = Auth::new(&config).expect("credentials");
-        let engine = crate::server::build_engine(&config);
+        let engine = crate::server::build_engine(&config).expect("the engine");
         TestSession {
             shared: Shared::new(config, engine, auth, Vec::new(), None),
             stats: WorkerStats::default(),

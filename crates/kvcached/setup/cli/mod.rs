@@ -268,10 +268,12 @@ pub(super) struct Builder {
     hot_lru_pct: u32,
     warm_lru_pct: u32,
     temporary_ttl: bool,
-    /// `-o ext_path` was given (extstore would be on).
-    ext_path: bool,
+    /// `-o ext_path` files and sizes, in the order given.
+    ext_files: Vec<(std::path::PathBuf, u64)>,
     /// `-o ext_wbuf_size`, in bytes (memcached's default 4 MiB).
     ext_wbuf_size: u64,
+    /// `-o ext_threads` (memcached's default 1).
+    ext_threads: usize,
 }
 
 impl Builder {
@@ -291,8 +293,9 @@ impl Builder {
             hot_lru_pct: 20,
             warm_lru_pct: 40,
             temporary_ttl: false,
-            ext_path: false,
+            ext_files: Vec::new(),
             ext_wbuf_size: 4 << 20,
+            ext_threads: 1,
         }
     }
 

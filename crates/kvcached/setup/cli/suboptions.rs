@@ -304,20 +304,29 @@ impl Builder {
                 ))
             }
 
-            // extstore: kvcached keeps every item in memory.
+            // extstore: kvcached's flash tier (docs/CONFIGURATION.md).
             "ext_path" => {
-                ext_path(&need(val)?)?;
-                self.ext_path = true;
-                self.ext_ignored(sp);
+                let file = ext_path(&need(val)?)?;
+                if self.ext_files.iter().any(|(p, _)| *p == file.0) {
+                    return Err(format!("{sp}: {} given twice", file.0.display()));
+                }
+                self.ext_files.push(file);
             }
             "ext_wbuf_size" => {
                 let mb: u64 = int::<u32>(sp, &need(val)?, "a number of megabytes")?.into();
                 self.ext_wbuf_size = mb << 20;
-                self.ext_ignored(sp);
             }
-            "ext_page_size" | "ext_threads" | "ext_io_depth" | "ext_item_size" | "ext_item_age"
-            | "ext_low_ttl" | "ext_recache_rate" | "ext_compact_under" | "ext_drop_under"
-            | "ext_max_sleep" => {
+            "ext_threads" => {
+                self.ext_threads = int_in::<usize>(sp, &need(val)?, 1, 64, "a number of threads")?;
+            }
+            "ext_page_size" => {
+                int::<u32>(sp, &need(val)?, "a whole number")?;
+                self.note(format!(
+                    "{sp}: kvcached's flash pages are one segment each; ignored"
+                ));
+            }
+            "ext_io_depth" | "ext_item_size" | "ext_item_age" | "ext_low_ttl"
+            | "ext_recache_rate" | "ext_compact_under" | "ext_drop_under" | "ext_max_sleep" => {
                 int::<u32>(sp, &need(val)?, "a whole number")?;
                 self.ext_ignored(sp);
             }
@@ -334,8 +343,8 @@ impl Builder {
 
     fn ext_ignored(&mut self, sp: &str) {
         self.note(format!(
-            "ignoring memcached option {sp}: kvcached has no external storage (extstore); \
-             all items stay in memory"
+            "{sp}: kvcached's flash tier has no such setting yet (docs/CONFIGURATION.md); \
+             ignored"
         ));
     }
 }

@@ -528,7 +528,12 @@ fn rejected_command_lines() {
         (&["-o", "ext_path=/mnt/ext"], "no size"),
         (&["-o", "ext_path=/mnt/ext:64"], "suffix"),
         (&["-o", "ext_path=/mnt/ext:64g:nope"], "bucket"),
-        (&["-o", "ext_threads=abc"], "whole number"),
+        (&["-o", "ext_threads=abc"], "number of threads"),
+        (&["-o", "ext_threads=0"], "number of threads"),
+        (
+            &["-o", "ext_path=/mnt/a:1g,ext_path=/mnt/a:2g"],
+            "given twice",
+        ),
         (&["-o", "ext_path=/mnt/ext:1g", "-I", "8m"], "ext_wbuf_size"),
         (&["-o", "ext_path=/mnt/ext:1g", "-U", "5"], "UDP"),
     ];
@@ -538,6 +543,32 @@ fn rejected_command_lines() {
             Err(e) => assert!(e.contains(want), "{args:?}: {e:?} lacks {want:?}"),
         }
     }
+}
+
+/// `-o ext_path` (repeatable) and the `ext_*` options that carry over make the flash
+/// tier's settings.
+#[test]
+fn ext_path_configures_the_flash_tier() {
+    let (c, notes) = run(&[
+        "-o",
+        "ext_path=/mnt/a:64m,ext_path=/mnt/b:2g:compact,ext_wbuf_size=8,ext_threads=3",
+    ])
+    .unwrap();
+    let f = c.flash.expect("a flash tier");
+    assert_eq!(
+        f.files,
+        vec![
+            (std::path::PathBuf::from("/mnt/a"), 64 << 20),
+            (std::path::PathBuf::from("/mnt/b"), 2 << 30),
+        ]
+    );
+    assert_eq!((f.wbuf_size, f.threads), (8 << 20, 3));
+    assert!(notes.is_empty(), "{notes:?}");
+    let (c, _) = run(&[]).unwrap();
+    assert!(c.flash.is_none());
+    // memcached starts without the warm restart too.
+    let (c, _) = run(&["-o", "ext_path=/mnt/a:64m", "-e", "/dev/shm/kv"]).unwrap();
+    assert!(c.memory_file.is_none() && c.flash.is_some());
 }
 
 #[test]
@@ -567,7 +598,18 @@ fn ignored_options_are_noted() {
         (&["-o", "modern"], "-o modern"),
         (&["-o", "relaxed_privileges"], "-o relaxed_privileges"),
         (&["-o", "resp_obj_mem_limit=5"], "deprecated"),
-        (&["-o", "ext_path=/mnt/ext:64g"], "extstore"),
+        (
+            &["-o", "ext_path=/mnt/ext:64g,ext_item_size=64"],
+            "-o ext_item_size",
+        ),
+        (
+            &["-o", "ext_path=/mnt/ext:64g,ext_page_size=8"],
+            "one segment",
+        ),
+        (
+            &["-o", "ext_path=/mnt/ext:64g", "-e", "/dev/shm/kv"],
+            "warm restart",
+        ),
         (&["-t", "65"], "not recommended"),
         (&["stray"], "ignoring extra argument 'stray'"),
     ];

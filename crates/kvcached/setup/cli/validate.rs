@@ -99,7 +99,7 @@ impl Builder {
                     .into(),
             );
         }
-        if self.ext_path && cfg.item_size_max as u64 > self.ext_wbuf_size {
+        if !self.ext_files.is_empty() && cfg.item_size_max as u64 > self.ext_wbuf_size {
             return Err(format!(
                 "-I ({} bytes) cannot be more than -o ext_wbuf_size ({} bytes)",
                 cfg.item_size_max, self.ext_wbuf_size
@@ -202,8 +202,24 @@ impl Builder {
         if cfg.auth_file.is_some() && cfg.udp_port != 0 {
             return Err("-Y: UDP cannot be used with ASCII authentication (-U 0)".into());
         }
-        if self.ext_path && cfg.udp_port != 0 {
+        if !self.ext_files.is_empty() && cfg.udp_port != 0 {
             return Err("-o ext_path: UDP cannot be used with extstore (-U 0)".into());
+        }
+        if !self.ext_files.is_empty() {
+            if cfg.memory_file.take().is_some() {
+                // memcached does the same: "memory restart with extstore not presently
+                // supported".
+                self.notes.push(
+                    "-e: a warm restart with -o ext_path is not supported yet; starting \
+                     without -e"
+                        .into(),
+                );
+            }
+            cfg.flash = Some(crate::setup::config::FlashSettings {
+                files: std::mem::take(&mut self.ext_files),
+                wbuf_size: self.ext_wbuf_size,
+                threads: self.ext_threads,
+            });
         }
         Ok(Action::Run {
             config: Box::new(self.cfg),

@@ -246,21 +246,31 @@ pub(super) fn listen_entry(entry: &str, auth_file: bool) -> Result<ListenAddr, S
     })
 }
 
-/// `-o ext_path`'s value: `PATH:SIZE[:BUCKET]`, SIZE a number with m, g, t or p.
-pub(super) fn ext_path(value: &str) -> Result<(), String> {
+/// `-o ext_path`'s value: `PATH:SIZE[:BUCKET]`, SIZE a number with m, g, t or p; the
+/// path and the size in bytes.
+pub(super) fn ext_path(value: &str) -> Result<(std::path::PathBuf, u64), String> {
     let err = |why: &str| format!("invalid -o ext_path={value}: {why}");
     let mut parts = value.split(':').filter(|s| !s.is_empty());
-    parts.next().ok_or_else(|| err("no file"))?;
+    let path = parts.next().ok_or_else(|| err("no file"))?;
     let size = parts
         .next()
         .ok_or_else(|| err("no size (like ext_path=/mnt/extstore:64g)"))?;
     let (digits, unit) = size.split_at(size.len() - 1);
-    if !matches!(unit, "m" | "M" | "g" | "G" | "t" | "T" | "p" | "P")
-        || digits.is_empty()
-        || !digits.bytes().all(|b| b.is_ascii_digit())
-    {
+    let shift = match unit {
+        "m" | "M" => 20,
+        "g" | "G" => 30,
+        "t" | "T" => 40,
+        "p" | "P" => 50,
+        _ => 0,
+    };
+    if shift == 0 || digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
         return Err(err("the size must be a number with an m, g, t or p suffix"));
     }
+    let bytes = digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(1 << shift))
+        .ok_or_else(|| err("the size is too large"))?;
     if let Some(bucket) = parts.next() {
         if !matches!(
             bucket,
@@ -269,5 +279,5 @@ pub(super) fn ext_path(value: &str) -> Result<(), String> {
             return Err(err(&format!("unknown bucket '{bucket}'")));
         }
     }
-    Ok(())
+    Ok((std::path::PathBuf::from(path), bytes))
 }

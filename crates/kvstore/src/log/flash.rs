@@ -278,9 +278,9 @@ impl LogEngine {
         let Some(b) = self.binding(r.id).filter(|b| b.loc == r.loc) else {
             return;
         };
-        let Some(fetch) = self.read_record(f, b, r.off as usize) else {
-            return;
-        };
+        // A failed read is kept too (no bytes): the re-run then finds no record there (a
+        // miss, counted as a read error) instead of waiting for the same read again.
+        let fetch = self.read_record(f, b, r.off as usize).unwrap_or_default();
         let key = (r.id, r.off, r.loc);
         let mut kept = lock(&f.fetched);
         if kept.by_key.insert(key, fetch).is_none() {
@@ -308,7 +308,8 @@ impl LogEngine {
         let off = index::slot_off(v);
         let key = (id, off as u32, b.loc);
         if let Some(hit) = lock(&f.fetched).by_key.get(&key) {
-            return Some(hit.clone());
+            // Empty: the read failed (see `complete_flash_read`).
+            return (!hit.bytes.is_empty()).then(|| hit.clone());
         }
         let deferred = DEFERRED.with(|d| match d.borrow_mut().as_mut() {
             Some(reads) => {

@@ -1,0 +1,122 @@
+//! Flash reads for the workers (`-o ext_path`): a worker never reads flash itself. A get
+//! that meets an item on flash stops (`Step::Wait`); its worker hands the reads it needs
+//! to [`FlashIo`]'s threads (`ext_threads`), which do them (`LogEngine::complete_flash_read`
+//! keeps each checked record for the re-run) and tell the worker, by its waker, which
+//! connection can go on. Jobs are bounded by the connections: each has at most one.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
+
+use kvstore::FlashRead;
+
+use crate::state::shared::Shared;
+
+/// The reads one connection waits for.
+pub struct Job {
+    pub reads: Vec<FlashRead>,
+    pub worker: usize,
+    pub slot: usize,
+    /// The connection's ticket: a completion for a connection closed meanwhile (its slot
+    /// reused) is recognized and dropped.
+    pub ticket: u64,
+}
+
+/// The flash reads queued for the I/O threads, and per worker the connections whose reads
+/// are done.
+pub struct FlashIo {
+    queue: Mutex<VecDeque<Job>>,
+    work: Condvar,
+    done: Vec<Mutex<Vec<(usize, u64)>>>,
+    /// Reads done for connections that had closed (memcached's `get_aborted_extstore`).
+    aborted: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl FlashIo {
+    pub fn new(workers: usize) -> FlashIo {
+        FlashIo {
+            queue: Mutex::new(VecDeque::new()),
+            work: Condvar::new(),
+            done: (0..workers).map(|_| Mutex::new(Vec::new())).collect(),
+            aborted: AtomicU64::new(0),
+        }
+    }
+
+    /// A connection's reads were done after it closed.
+    pub fn note_aborted(&self) {
+        self.aborted.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Reads done for connections that had closed.
+    pub fn aborted(&self) -> u64 {
+        self.aborted.load(Ordering::Relaxed)
+    }
+
+    /// Jobs waiting for an I/O thread.
+    pub fn queued(&self) -> usize {
+        lock(&self.queue).len()
+    }
+
+    /// Queue `job` for the I/O threads.
+    pub fn submit(&self, job: Job) {
+        lock(&self.queue).push_back(job);
+        self.work.notify_one();
+    }
+
+    /// The connections (slot, ticket) of worker `worker` whose reads are done.
+    pub fn take_done(&self, worker: usize) -> Vec<(usize, u64)> {
+        self.done
+            .get(worker)
+            .map(|d| std::mem::take(&mut *lock(d)))
+            .unwrap_or_default()
+    }
+
+    /// Start `threads` I/O threads; they stop once the server is shutting down.
+    pub fn start(shared: &Arc<Shared>, threads: usize) -> std::io::Result<()> {
+        for i in 0..threads.max(1) {
+            let shared = Arc::clone(shared);
+            std::thread::Builder::new()
+                .name(format!("flash-io-{i}"))
+                .spawn(move || io_thread(&shared))?;
+        }
+        Ok(())
+    }
+}
+
+fn io_thread(shared: &Shared) {
+    let Some(io) = shared.flash_io.as_ref() else {
+        return;
+    };
+    loop {
+        let job = {
+            let mut q = lock(&io.queue);
+            loop {
+                if shared.shutting_down() {
+                    return;
+                }
+                if let Some(job) = q.pop_front() {
+                    break job;
+                }
+                q = io
+                    .work
+                    .wait_timeout(q, Duration::from_millis(200))
+                    .map(|(q, _)| q)
+                    .unwrap_or_else(|e| e.into_inner().0);
+            }
+        };
+        for r in &job.reads {
+            shared.engine.complete_flash_read(r);
+        }
+        if let Some(d) = io.done.get(job.worker) {
+            lock(d).push((job.slot, job.ticket));
+        }
+        if let Some(w) = shared.worker_waker(job.worker) {
+            let _ = w.wake();
+        }
+    }
+}

@@ -1,0 +1,225 @@
+//! The flash tier through the real binary (`-o ext_path=PATH:SIZE`, issue 43): a working
+//! set many times `-m` stays readable, values come back exactly, multigets mixing memory
+//! and flash items are one reply in order, commands on flash items behave as on memory
+//! items, a client that leaves with reads under way costs nothing, and `stats` counts
+//! under memcached's extstore names. The engine's side is tested in
+//! `crates/kvstore/tests/log_flash.rs`.
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::{Client, Kind, Server};
+
+/// A fresh directory for one test's flash file, removed when dropped.
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(name: &str) -> Dir {
+        let d = std::env::temp_dir().join(format!("kvcached-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).expect("make a directory");
+        Dir(d)
+    }
+
+    fn ext_path(&self, size: &str) -> String {
+        format!("ext_path={}:{size}", self.0.join("ext").display())
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn value(i: usize) -> String {
+    format!("{i}:")
+        .chars()
+        .chain(std::iter::repeat('x'))
+        .take(500)
+        .collect()
+}
+
+/// `n` items of 500-byte values, written with noreply in batches, then a round trip.
+fn load(c: &mut Client, n: usize) {
+    let mut batch = String::new();
+    for i in 0..n {
+        batch.push_str(&format!("set key:{i} 0 0 500 noreply\r\n{}\r\n", value(i)));
+        if batch.len() > 1 << 20 {
+            c.send(batch.as_bytes());
+            batch.clear();
+        }
+    }
+    c.send(batch.as_bytes());
+    assert_eq!(c.call("version\r\n").split(' ').next(), Some("VERSION"));
+}
+
+/// The reply to a get-type command (up to its `END`).
+fn get(c: &mut Client, cmd: &str) -> String {
+    c.send(cmd.as_bytes());
+    c.until("END\r\n")
+}
+
+fn stat(c: &mut Client, name: &str) -> u64 {
+    c.stat(name)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no stat {name}"))
+}
+
+/// Ten times the memory written: every item is still there, read back exactly, one key
+/// at a time and in multigets that mix memory and flash; `stats` says where they are.
+#[test]
+fn a_working_set_beyond_memory_is_read_back_from_flash() {
+    beyond_memory("flash-beyond", &[]);
+}
+
+/// The same under the epoll runtime (the default is io_uring where the kernel allows it).
+#[test]
+fn a_working_set_beyond_memory_is_read_back_from_flash_under_epoll() {
+    beyond_memory("flash-beyond-epoll", &["-o", "io=epoll"]);
+}
+
+fn beyond_memory(name: &str, extra: &[&str]) {
+    let dir = Dir::new(name);
+    let ext = dir.ext_path("256m");
+    let mut args = vec!["-m", "8", "-U", "0", "-o", &ext];
+    args.extend_from_slice(extra);
+    let server = Server::start_verified(Kind::Kvcached, &args);
+    let mut c = server.connect();
+    let n = 160_000; // 80 MB of values
+    load(&mut c, n);
+    assert_eq!(stat(&mut c, "curr_items"), n as u64);
+    assert_eq!(stat(&mut c, "evictions"), 0);
+    assert!(stat(&mut c, "extstore_objects_used") > n as u64 / 2);
+    for i in (0..n).step_by(37) {
+        let reply = get(&mut c, &format!("get key:{i}\r\n"));
+        assert_eq!(
+            reply,
+            format!("VALUE key:{i} 0 500\r\n{}\r\nEND\r\n", value(i)),
+            "key {i}"
+        );
+    }
+    // A multiget over old (flash) and new (memory) keys, answered in order.
+    let keys: Vec<usize> = (0..n).step_by(n / 40).chain([n - 1, n - 2, 3]).collect();
+    let line: Vec<String> = keys.iter().map(|i| format!("key:{i}")).collect();
+    c.send(format!("get {}\r\n", line.join(" ")).as_bytes());
+    let reply = c.until("END\r\n");
+    let want: String = keys
+        .iter()
+        .map(|&i| format!("VALUE key:{i} 0 500\r\n{}\r\n", value(i)))
+        .chain(["END\r\n".to_string()])
+        .collect();
+    assert_eq!(reply, want);
+    assert!(stat(&mut c, "get_extstore") > 0);
+    assert_eq!(stat(&mut c, "get_misses"), 0);
+    assert_eq!(stat(&mut c, "miss_from_extstore"), 0);
+}
+
+/// gets, delete, overwrite, append, incr, touch and flush_all on items that are on flash.
+#[test]
+fn commands_on_flash_items() {
+    let dir = Dir::new("flash-commands");
+    let server = Server::start_verified(
+        Kind::Kvcached,
+        &["-m", "8", "-U", "0", "-o", &dir.ext_path("256m")],
+    );
+    let mut c = server.connect();
+    load(&mut c, 100_000);
+    assert!(stat(&mut c, "extstore_objects_used") > 50_000);
+    // The first keys are on flash by now.
+    let gets = get(&mut c, "gets key:1\r\n");
+    let cas: u64 = gets
+        .lines()
+        .next()
+        .and_then(|l| l.split(' ').nth(4))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("{gets}"));
+    assert_eq!(
+        c.call(&format!("cas key:1 0 0 3 {}\r\nnew\r\n", cas + 1)),
+        "EXISTS\r\n"
+    );
+    assert_eq!(
+        c.call(&format!("cas key:1 0 0 3 {cas}\r\nnew\r\n")),
+        "STORED\r\n"
+    );
+    assert_eq!(
+        get(&mut c, "get key:1\r\n"),
+        "VALUE key:1 0 3\r\nnew\r\nEND\r\n"
+    );
+    assert_eq!(c.call("delete key:2\r\n"), "DELETED\r\n");
+    assert_eq!(get(&mut c, "get key:2\r\n"), "END\r\n");
+    assert_eq!(c.call("set key:3 5 0 2\r\nhi\r\n"), "STORED\r\n");
+    assert_eq!(
+        get(&mut c, "get key:3\r\n"),
+        "VALUE key:3 5 2\r\nhi\r\nEND\r\n"
+    );
+    assert_eq!(c.call("append key:4 0 0 1\r\n!\r\n"), "STORED\r\n");
+    assert_eq!(
+        get(&mut c, "get key:4\r\n"),
+        format!("VALUE key:4 0 501\r\n{}!\r\nEND\r\n", value(4))
+    );
+    assert_eq!(c.call("add key:5 0 0 1\r\n?\r\n"), "NOT_STORED\r\n");
+    assert_eq!(c.call("touch key:6 1000\r\n"), "TOUCHED\r\n");
+    assert_eq!(
+        get(&mut c, "get key:6\r\n"),
+        format!("VALUE key:6 0 500\r\n{}\r\nEND\r\n", value(6))
+    );
+    assert_eq!(c.call("set num 0 0 2\r\n41\r\n"), "STORED\r\n");
+    assert!(c.call("incr key:7 1\r\n").starts_with("CLIENT_ERROR"));
+    assert_eq!(c.call("flush_all\r\n"), "OK\r\n");
+    for i in [8, 9, 50_000, 99_999] {
+        assert_eq!(
+            get(&mut c, &format!("get key:{i}\r\n")),
+            "END\r\n",
+            "key {i}"
+        );
+    }
+}
+
+/// Clients that send gets for flash items and leave at once (or leave half a pipeline):
+/// the reads finish for nobody, counted, and the server goes on serving others.
+#[test]
+fn clients_leaving_with_reads_under_way_cost_nothing() {
+    let dir = Dir::new("flash-leave");
+    let server = Server::start_verified(
+        Kind::Kvcached,
+        &["-m", "8", "-U", "0", "-o", &dir.ext_path("256m")],
+    );
+    let mut c = server.connect();
+    load(&mut c, 100_000);
+    for round in 0..20usize {
+        let mut gone = server.connect();
+        let keys: Vec<String> = (0..50).map(|k| format!("key:{}", round * 50 + k)).collect();
+        gone.send(format!("get {}\r\nget key:1", keys.join(" ")).as_bytes());
+        drop(gone);
+    }
+    // The others are served, with every value exact.
+    for i in (0..2000).step_by(97) {
+        assert_eq!(
+            get(&mut c, &format!("get key:{i}\r\n")),
+            format!("VALUE key:{i} 0 500\r\n{}\r\nEND\r\n", value(i)),
+            "key {i}"
+        );
+    }
+    // And counts what it read for nobody (how many depends on when each close was seen).
+    c.stat("get_aborted_extstore").expect("counted");
+}
+
+/// A flash file that cannot be made stops the start with a clear message.
+#[test]
+fn a_flash_path_that_cannot_be_made_is_refused_at_start() {
+    let err = Server::try_start(
+        Kind::Kvcached,
+        &[
+            "-U",
+            "0",
+            "-o",
+            "ext_path=/nonexistent-dir/kvcached/ext:64m",
+        ],
+        &[],
+    )
+    .err()
+    .unwrap_or_default();
+    assert!(err.contains("ext_path"), "{err}");
+}
