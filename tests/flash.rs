@@ -223,3 +223,61 @@ fn a_flash_path_that_cannot_be_made_is_refused_at_start() {
     .unwrap_or_default();
     assert!(err.contains("ext_path"), "{err}");
 }
+
+/// Meta `mg` and binary gets find flash items too (read by the I/O threads, the request
+/// run again), in pipelines that mix memory and flash items.
+#[test]
+fn meta_and_binary_gets_read_flash_items() {
+    let dir = Dir::new("flash-meta-binary");
+    let server = Server::start_verified(
+        Kind::Kvcached,
+        &["-m", "8", "-U", "0", "-o", &dir.ext_path("256m")],
+    );
+    let mut c = server.connect();
+    let n = 100_000;
+    load(&mut c, n);
+    let before = stat(&mut c, "get_extstore");
+    // A pipeline of mg: flash, memory, absent, flash; then mn.
+    c.send(b"mg key:10 v f k\r\nmg key:99999 v\r\nmg nokey v\r\nmg key:11 s\r\nmn\r\n");
+    let reply = c.until("MN\r\n");
+    let want = format!(
+        "VA 500 f0 kkey:10\r\n{}\r\nVA 500\r\n{}\r\nEN\r\nHD s500\r\nMN\r\n",
+        value(10),
+        value(99_999)
+    );
+    assert_eq!(reply, want);
+    // Binary GETK for a flash item and a memory item, then NOOP (on a connection of its
+    // own: a connection's first byte decides its protocol).
+    let mut c = server.connect();
+    let request = |opcode: u8, key: &[u8], opaque: u32| {
+        let mut r = vec![0x80, opcode];
+        r.extend_from_slice(&(key.len() as u16).to_be_bytes());
+        r.extend_from_slice(&[0, 0, 0, 0]);
+        r.extend_from_slice(&(key.len() as u32).to_be_bytes());
+        r.extend_from_slice(&opaque.to_be_bytes());
+        r.extend_from_slice(&[0; 8]);
+        r.extend_from_slice(key);
+        r
+    };
+    let mut batch = request(0x0c, b"key:12", 1);
+    batch.extend(request(0x0c, b"key:99998", 2));
+    batch.extend(request(0x0a, b"", 3));
+    c.send(&batch);
+    for (key, i, opaque) in [("key:12", 12usize, 1u32), ("key:99998", 99_998, 2)] {
+        let head = c.exact(24);
+        assert_eq!((head[0], head[1]), (0x81, 0x0c), "{head:?}");
+        assert_eq!(&head[6..8], &[0, 0], "status of {key}");
+        let body = u32::from_be_bytes([head[8], head[9], head[10], head[11]]) as usize;
+        assert_eq!(
+            u32::from_be_bytes([head[12], head[13], head[14], head[15]]),
+            opaque
+        );
+        let body = c.exact(body);
+        assert_eq!(&body[4..4 + key.len()], key.as_bytes());
+        assert_eq!(&body[4 + key.len()..], value(i).as_bytes(), "{key}");
+    }
+    let noop = c.exact(24);
+    assert_eq!((noop[0], noop[1]), (0x81, 0x0a));
+    let mut t = server.connect();
+    assert!(stat(&mut t, "get_extstore") >= before + 3);
+}

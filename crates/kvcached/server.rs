@@ -69,6 +69,31 @@ pub fn build_engine(config: &Config) -> Result<LogEngine, String> {
     Ok(engine)
 }
 
+/// Start `threads` threads doing the flash reads the workers' gets wait for
+/// (`state/flash.rs`); they stop once the server is shutting down.
+fn start_flash_io(shared: &Arc<Shared>, threads: usize) -> std::io::Result<()> {
+    for i in 0..threads.max(1) {
+        let shared = Arc::clone(shared);
+        std::thread::Builder::new()
+            .name(format!("flash-io-{i}"))
+            .spawn(move || {
+                let Some(io) = shared.flash_io.as_ref() else {
+                    return;
+                };
+                while let Some(job) = io.next(|| shared.shutting_down()) {
+                    for r in &job.reads {
+                        shared.engine.complete_flash_read(r);
+                    }
+                    io.done(&job);
+                    if let Some(w) = shared.worker_waker(job.worker) {
+                        let _ = w.wake();
+                    }
+                }
+            })?;
+    }
+    Ok(())
+}
+
 /// The I/O runtime this kernel allows for the one asked for: io_uring only where a ring can
 /// be set up (the kernel is new enough, `kernel.io_uring_disabled` and seccomp allow it);
 /// else epoll, said on stderr when io_uring was asked for by name.
@@ -164,8 +189,7 @@ pub fn run(
     shared.set_wakers(wakers);
     shared.set_arc();
     if let Some(f) = &shared.config.flash {
-        crate::state::flash::FlashIo::start(&shared, f.threads)
-            .map_err(|e| format!("flash I/O threads: {e}"))?;
+        start_flash_io(&shared, f.threads).map_err(|e| format!("flash I/O threads: {e}"))?;
     }
     // --min-replicas: no replica yet, so writes start refused.
     shared.repl.check_min_replicas(&shared.config);

@@ -20,6 +20,8 @@ use crate::state::replication::Access;
 /// Execute one binary request, appending its reply (if any) to `s.out`.
 pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
     let shared = ctx.shared;
+    // A get on a stream may wait for flash reads (`state/flash.rs`).
+    let may_wait = s.may_yield && s.flash_rounds < 3;
     let out = &mut s.out;
     // Large values of the get family are spliced into the output (exec/splice.rs).
     let spliced = s.splice_ok.then_some(&mut s.spliced);
@@ -44,10 +46,18 @@ pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
         return Step::Next;
     }
     match req.command {
-        Command::Get { with_key } => get(ctx, out, spliced, &req, with_key, None),
+        Command::Get { with_key } => {
+            if let Some(reads) = get(ctx, out, spliced, &req, with_key, None, may_wait) {
+                // Run again once an I/O thread has read the item.
+                s.flash_reads = reads;
+                s.flash_rounds += 1;
+                return Step::Wait;
+            }
+            s.flash_rounds = 0;
+        }
         Command::GetAndTouch { with_key, exptime } => {
             let at = Some(ctx.expiry(exptime));
-            get(ctx, out, spliced, &req, with_key, at);
+            get(ctx, out, spliced, &req, with_key, at, false);
         }
         Command::Touch { exptime } => {
             let at = Some(ctx.expiry(exptime));
@@ -175,6 +185,8 @@ pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
 }
 
 /// A get-family command; a large value is spliced into the output when `spliced` is given.
+/// A get (or gat, with `touch`); with `may_wait`, a get that meets an item on flash not
+/// read yet answers nothing and returns the reads it needs (`ops::read_or_wait`).
 fn get(
     ctx: &Ctx<'_>,
     out: &mut Vec<u8>,
@@ -182,10 +194,11 @@ fn get(
     req: &Request<'_>,
     with_key: bool,
     touch: Option<u32>,
-) {
+    may_wait: bool,
+) -> Option<Vec<kvstore::FlashRead>> {
     let key = if with_key { Some(req.key) } else { None };
     let now = ctx.now;
-    let hit = ops::read(ctx, req.key, now, touch, &mut |item| {
+    let mut found = |item: kvstore::ItemView<'_>| {
         let (op, opaque) = (req.opcode, req.opaque);
         match splice::lease_into(spliced.as_deref_mut(), &item) {
             Some((q, value)) => {
@@ -194,11 +207,20 @@ fn get(
             }
             None => bin::write_get_hit(out, op, opaque, item.cas, item.flags, key, item.value),
         }
-    });
+    };
+    let hit = if may_wait && touch.is_none() {
+        match ops::read_or_wait(ctx, req.key, now, &mut found) {
+            Ok(hit) => hit,
+            Err(reads) => return Some(reads),
+        }
+    } else {
+        ops::read(ctx, req.key, now, touch, &mut found)
+    };
     ctx.shared.detail.record_get(req.key, hit);
     if !hit && !req.quiet {
         bin::write_get_miss(out, req.opcode, req.opaque, key);
     }
+    None
 }
 
 fn store(

@@ -181,12 +181,27 @@ fn get(ctx: &mut Ctx<'_>, s: &mut Session, args: &MetaArgs<'_>) -> Step {
         new_cas: args.new_cas(),
         binary_key: key.is_base64(),
     };
+    let may_wait = s.may_yield && s.flash_rounds < 3;
     let out = &mut s.out;
     let mut spliced = s.splice_ok.then_some(&mut s.spliced);
-    let result = ops::meta_read(ctx, k, now, opts, &mut |mi: MetaItem<'_>| {
+    let mut hit = |mi: MetaItem<'_>| {
         let shown = ttl_shown(args, mi.exptime_before, mi.created, touch, vivify);
         write_hit(out, spliced.as_deref_mut(), args, &mi, shown, now);
-    });
+    };
+    let result = if may_wait {
+        match ops::meta_read_or_wait(ctx, k, now, opts, &mut hit) {
+            Ok(result) => result,
+            Err(reads) => {
+                // Run again once an I/O thread has read the item (`state/flash.rs`).
+                s.flash_reads = reads;
+                s.flash_rounds += 1;
+                return Step::Wait;
+            }
+        }
+    } else {
+        ops::meta_read(ctx, k, now, opts, &mut hit)
+    };
+    s.flash_rounds = 0;
     if result == MetaGet::Miss && !args.quiet() {
         echo(MetaReply::en(&mut s.out), args, k).finish();
     }

@@ -161,6 +161,11 @@ pub fn meta_read(
     } else {
         ctx.shared.engine.meta_get(key, now, opts, found)
     };
+    count_meta_read(st, &opts, result);
+    result
+}
+
+fn count_meta_read(st: &crate::state::stats::WorkerStats, opts: &MetaRead, result: MetaGet) {
     match result {
         MetaGet::Hit | MetaGet::Vivified if opts.touch.is_some() => {
             st.cmd_touch.incr();
@@ -175,7 +180,35 @@ pub fn meta_read(
             st.get_misses.incr();
         }
     }
-    result
+}
+
+/// [`meta_read`] for a request that can wait, as [`read_or_wait`]: an `mg` that writes
+/// nothing on a miss (no `T`, no `N`) and meets an item on flash not read yet returns the
+/// reads it needs, counting nothing and calling nothing.
+pub fn meta_read_or_wait(
+    ctx: &Ctx<'_>,
+    key: &[u8],
+    now: Time,
+    opts: MetaRead,
+    found: &mut dyn FnMut(MetaItem<'_>),
+) -> Result<MetaGet, Vec<kvstore::FlashRead>> {
+    let engine = &ctx.shared.engine;
+    if !engine.has_flash() || opts.touch.is_some() || opts.vivify.is_some() {
+        return Ok(meta_read(ctx, key, now, opts, found));
+    }
+    if ctx.shared.watchers.wants(watch::FETCHERS) {
+        let (found_it, reads) = engine.defer_flash(|| engine.peek_item(key, now).is_some());
+        if !found_it && !reads.is_empty() {
+            return Err(reads);
+        }
+        return Ok(meta_read(ctx, key, now, opts, found));
+    }
+    let (result, reads) = engine.defer_flash(|| engine.meta_get(key, now, opts, found));
+    if result == MetaGet::Miss && !reads.is_empty() {
+        return Err(reads);
+    }
+    count_meta_read(ctx.stats, &opts, result);
+    Ok(result)
 }
 
 /// A store in any mode. `cmd_set` counts a store whose item could be built (memcached counts

@@ -2,16 +2,15 @@
 //! that meets an item on flash stops (`Step::Wait`); its worker hands the reads it needs
 //! to [`FlashIo`]'s threads (`ext_threads`), which do them (`LogEngine::complete_flash_read`
 //! keeps each checked record for the re-run) and tell the worker, by its waker, which
-//! connection can go on. Jobs are bounded by the connections: each has at most one.
+//! connection can go on (the threads are started by `server.rs`). Jobs are bounded by the
+//! connections: each has at most one.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use kvstore::FlashRead;
-
-use crate::state::shared::Shared;
 
 /// The reads one connection waits for.
 pub struct Job {
@@ -76,47 +75,30 @@ impl FlashIo {
             .unwrap_or_default()
     }
 
-    /// Start `threads` I/O threads; they stop once the server is shutting down.
-    pub fn start(shared: &Arc<Shared>, threads: usize) -> std::io::Result<()> {
-        for i in 0..threads.max(1) {
-            let shared = Arc::clone(shared);
-            std::thread::Builder::new()
-                .name(format!("flash-io-{i}"))
-                .spawn(move || io_thread(&shared))?;
-        }
-        Ok(())
-    }
-}
-
-fn io_thread(shared: &Shared) {
-    let Some(io) = shared.flash_io.as_ref() else {
-        return;
-    };
-    loop {
-        let job = {
-            let mut q = lock(&io.queue);
-            loop {
-                if shared.shutting_down() {
-                    return;
-                }
-                if let Some(job) = q.pop_front() {
-                    break job;
-                }
-                q = io
-                    .work
-                    .wait_timeout(q, Duration::from_millis(200))
-                    .map(|(q, _)| q)
-                    .unwrap_or_else(|e| e.into_inner().0);
+    /// The next job for an I/O thread, waiting for one; None once `stopping` says so
+    /// (checked at least every 200 ms).
+    pub fn next(&self, stopping: impl Fn() -> bool) -> Option<Job> {
+        let mut q = lock(&self.queue);
+        loop {
+            if stopping() {
+                return None;
             }
-        };
-        for r in &job.reads {
-            shared.engine.complete_flash_read(r);
+            if let Some(job) = q.pop_front() {
+                return Some(job);
+            }
+            q = self
+                .work
+                .wait_timeout(q, Duration::from_millis(200))
+                .map(|(q, _)| q)
+                .unwrap_or_else(|e| e.into_inner().0);
         }
-        if let Some(d) = io.done.get(job.worker) {
+    }
+
+    /// An I/O thread did `job`'s reads: its worker learns which connection may go on (and
+    /// is to be woken by the caller).
+    pub fn done(&self, job: &Job) {
+        if let Some(d) = self.done.get(job.worker) {
             lock(d).push((job.slot, job.ticket));
-        }
-        if let Some(w) = shared.worker_waker(job.worker) {
-            let _ = w.wake();
         }
     }
 }
