@@ -16,7 +16,9 @@
 # prints every round, then each server's medians and kvcached's over memcached's.
 #
 # usage: bench/hitratio.sh [-m MEGABYTES] [-k KEYS] [-w WARMUP] [-n MEASURE] [-a "0.99 0.8"]
-#                          [-r ROUNDS] [-S] [-- KVCACHED ARGS]
+#                          [-r ROUNDS] [-S] [-v BYTES] [-M "MEMCACHED ARGS"] [-- KVCACHED ARGS]
+# -v BYTES: every value that size (kvblast's fixedsize workload, 32-byte keys) instead of
+# ETC sizes. -M: arguments for memcached only (bench/flash.sh gives each its flash file).
 # The reference server is $MEMCACHED (default Debian's /usr/bin/memcached); $KVCACHED
 # replaces the kvcached built here.
 set -euo pipefail
@@ -30,7 +32,9 @@ measure=2000000
 alphas="0.99 0.8"
 rounds=1
 sizes=(--value-size-per-key)
-while getopts "m:k:w:n:a:r:S" opt; do
+workload=(--workload etc)
+mc_extra=()
+while getopts "m:k:w:n:a:r:Sv:M:" opt; do
     case $opt in
         m) mem=$OPTARG ;;
         k) keys=$OPTARG ;;
@@ -39,7 +43,9 @@ while getopts "m:k:w:n:a:r:S" opt; do
         a) alphas=$OPTARG ;;
         r) rounds=$OPTARG ;;
         S) sizes=() ;;
-        *) echo "usage: $0 [-m MB] [-k KEYS] [-w WARMUP] [-n MEASURE] [-a ALPHAS] [-r ROUNDS] [-S]" >&2; exit 2 ;;
+        v) workload=(--workload fixedsize --key-size 32 --value-size "$OPTARG") sizes=() ;;
+        M) read -r -a mc_extra <<<"$OPTARG" ;;
+        *) echo "usage: $0 [-m MB] [-k KEYS] [-w WARMUP] [-n MEASURE] [-a ALPHAS] [-r ROUNDS] [-S] [-v BYTES] [-M ARGS]" >&2; exit 2 ;;
     esac
 done
 shift $((OPTIND - 1))
@@ -50,8 +56,8 @@ json=$(mktemp)
 results=$(mktemp)
 trap 'rm -f "$json" "$results"' EXIT
 
-echo "look-aside, etc sizes$([ ${#sizes[@]} -gt 0 ] && echo ", one value size per key" || echo ", a value size per set"), $keys keys, -m $mem, 1 worker thread; $warmup warm-up requests, $measure measured; $rounds round(s); $(nproc) cores"
-echo "memcached: $("$memcached" -V) ($memcached); kvcached: $("$kvcached" -V) ${kv_extra[*]}"
+echo "look-aside, ${workload[*]}$([ ${#sizes[@]} -gt 0 ] && echo ", one value size per key"), $keys keys, -m $mem, 1 worker thread; $warmup warm-up requests, $measure measured; $rounds round(s); $(nproc) cores"
+echo "memcached: $("$memcached" -V) ($memcached) ${mc_extra[*]}; kvcached: $("$kvcached" -V) ${kv_extra[*]}"
 printf '%-6s %-5s %-10s %12s %10s %10s %10s\n' alpha round server gets hit_ratio miss_ratio byte_miss
 
 # one ALPHA ROUND SERVER: a fresh server, the warm-up, the measured run; appends a result line.
@@ -59,7 +65,8 @@ one() {
     local alpha=$1 round=$2 server=$3 port pid
     port=$(free_port)
     if [ "$server" = memcached ]; then
-        taskset -c "$server_core" "$memcached" "${user_args[@]}" -l 127.0.0.1 -p "$port" -t 1 -m "$mem" &
+        taskset -c "$server_core" "$memcached" "${user_args[@]}" -l 127.0.0.1 -p "$port" -t 1 -m "$mem" \
+            "${mc_extra[@]}" &
     else
         taskset -c "$server_core" "$kvcached" "${user_args[@]}" -l 127.0.0.1 -p "$port" \
             -t 1 -m "$mem" "${kv_extra[@]}" &
@@ -69,7 +76,7 @@ one() {
     for phase in warmup measure; do
         n=$warmup seed=7
         [ $phase = measure ] && n=$measure seed=8
-        taskset -c "$load_core" "$kvblast" run -q --no-server-stats --workload etc "${sizes[@]}" \
+        taskset -c "$load_core" "$kvblast" run -q --no-server-stats "${workload[@]}" "${sizes[@]}" \
             --keys "$keys" --popularity "zipf:$alpha" --look-aside -c 16 -d 4 --seed $seed \
             -n "$n" -D 600s --json "$json" "127.0.0.1:$port" >/dev/null
     done
