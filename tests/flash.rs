@@ -281,3 +281,40 @@ fn meta_and_binary_gets_read_flash_items() {
     let mut t = server.connect();
     assert!(stat(&mut t, "get_extstore") >= before + 3);
 }
+
+/// A `watch fetchers` watcher sees one `item_get` line for a get of a flash item (the
+/// lookup that waits for the read logs nothing; the one that answers does).
+#[test]
+fn a_watcher_sees_one_line_per_get_of_a_flash_item() {
+    let dir = Dir::new("flash-watch");
+    let server = Server::start_verified(
+        Kind::Kvcached,
+        &["-m", "8", "-U", "0", "-o", &dir.ext_path("256m")],
+    );
+    let mut c = server.connect();
+    load(&mut c, 100_000);
+    let mut w = server.connect();
+    assert_eq!(w.call("watch fetchers\r\n"), "OK\r\n");
+    assert_eq!(
+        get(&mut c, "get key:13\r\n"),
+        format!("VALUE key:13 0 500\r\n{}\r\nEND\r\n", value(13))
+    );
+    assert_eq!(
+        get(&mut c, "get key:14 key:99999\r\n")
+            .matches("VALUE")
+            .count(),
+        2
+    );
+    let first = w.line();
+    assert!(
+        first.contains("key=key%3A13") && first.contains("status=found"),
+        "{first}"
+    );
+    let second = w.line();
+    assert!(
+        second.contains("key=key%3A14") && second.contains("status=found"),
+        "{second}"
+    );
+    let third = w.line();
+    assert!(third.contains("key=key%3A99999"), "{third}");
+}

@@ -21,7 +21,7 @@ use crate::state::replication::Access;
 pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
     let shared = ctx.shared;
     // A get on a stream may wait for flash reads (`state/flash.rs`).
-    let may_wait = s.may_yield && s.flash_rounds < 3;
+    let may_wait = s.may_wait_for_flash();
     let out = &mut s.out;
     // Large values of the get family are spliced into the output (exec/splice.rs).
     let spliced = s.splice_ok.then_some(&mut s.spliced);
@@ -49,9 +49,7 @@ pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
         Command::Get { with_key } => {
             if let Some(reads) = get(ctx, out, spliced, &req, with_key, None, may_wait) {
                 // Run again once an I/O thread has read the item.
-                s.flash_reads = reads;
-                s.flash_rounds += 1;
-                return Step::Wait;
+                return s.wait_for_flash(reads);
             }
             s.flash_rounds = 0;
         }

@@ -181,7 +181,7 @@ fn get(ctx: &mut Ctx<'_>, s: &mut Session, args: &MetaArgs<'_>) -> Step {
         new_cas: args.new_cas(),
         binary_key: key.is_base64(),
     };
-    let may_wait = s.may_yield && s.flash_rounds < 3;
+    let may_wait = s.may_wait_for_flash();
     let out = &mut s.out;
     let mut spliced = s.splice_ok.then_some(&mut s.spliced);
     let mut hit = |mi: MetaItem<'_>| {
@@ -191,12 +191,8 @@ fn get(ctx: &mut Ctx<'_>, s: &mut Session, args: &MetaArgs<'_>) -> Step {
     let result = if may_wait {
         match ops::meta_read_or_wait(ctx, k, now, opts, &mut hit) {
             Ok(result) => result,
-            Err(reads) => {
-                // Run again once an I/O thread has read the item (`state/flash.rs`).
-                s.flash_reads = reads;
-                s.flash_rounds += 1;
-                return Step::Wait;
-            }
+            // Run again once an I/O thread has read the item (`state/flash.rs`).
+            Err(reads) => return s.wait_for_flash(reads),
         }
     } else {
         ops::meta_read(ctx, k, now, opts, &mut hit)

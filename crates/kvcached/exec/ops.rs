@@ -65,12 +65,7 @@ pub fn read_or_wait(
         return Ok(read(ctx, key, now, None, found));
     }
     if ctx.shared.watchers.wants(watch::FETCHERS) {
-        // Watched: find out first whether the item must be read, so that the watcher's
-        // line is written once, for the lookup that answers.
-        let (found_it, reads) = engine.defer_flash(|| engine.peek_item(key, now).is_some());
-        if !found_it && !reads.is_empty() {
-            return Err(reads);
-        }
+        watched_flash_reads(ctx, key, now)?;
         return Ok(read_watched(ctx, key, now, None, found));
     }
     let (hit, reads) =
@@ -81,6 +76,23 @@ pub fn read_or_wait(
     }
     ctx.stats.count_read(false, hit);
     Ok(hit)
+}
+
+/// With a watcher attached, whether `key`'s item must be read from flash first (its
+/// reads), found out before the lookup that answers, so that the watcher's line is written
+/// once, for that lookup.
+#[cold]
+fn watched_flash_reads(
+    ctx: &Ctx<'_>,
+    key: &[u8],
+    now: Time,
+) -> Result<(), Vec<kvstore::FlashRead>> {
+    let engine = &ctx.shared.engine;
+    let (found, reads) = engine.defer_flash(|| engine.peek_item(key, now).is_some());
+    if !found && !reads.is_empty() {
+        return Err(reads);
+    }
+    Ok(())
 }
 
 /// [`read`] while a `watch fetchers` watcher is attached: the same, and an `item_get` line.
@@ -197,10 +209,7 @@ pub fn meta_read_or_wait(
         return Ok(meta_read(ctx, key, now, opts, found));
     }
     if ctx.shared.watchers.wants(watch::FETCHERS) {
-        let (found_it, reads) = engine.defer_flash(|| engine.peek_item(key, now).is_some());
-        if !found_it && !reads.is_empty() {
-            return Err(reads);
-        }
+        watched_flash_reads(ctx, key, now)?;
         return Ok(meta_read(ctx, key, now, opts, found));
     }
     let (result, reads) = engine.defer_flash(|| engine.meta_get(key, now, opts, found));

@@ -66,6 +66,22 @@ pub struct Session {
     pub flash_rounds: u8,
 }
 
+impl Session {
+    /// Whether the request at the front may wait for flash reads (a stream's, not yet
+    /// waited for three times: then its reads are done on the worker).
+    pub fn may_wait_for_flash(&self) -> bool {
+        self.may_yield && self.flash_rounds < 3
+    }
+
+    /// The request at the front needs `reads` from flash: the worker hands them to the I/O
+    /// threads and the request runs again once they are done.
+    pub fn wait_for_flash(&mut self, reads: Vec<kvstore::FlashRead>) -> Step {
+        self.flash_reads = reads;
+        self.flash_rounds += 1;
+        Step::Wait
+    }
+}
+
 impl Drop for Session {
     fn drop(&mut self) {
         // A watcher's connection is gone: its watcher gets no more lines.

@@ -477,7 +477,7 @@ fn get<F: GetFraming>(
         }
         last = s.out.len();
         // A get (not gat) on a connection that can wait does not read flash on the worker.
-        let may_wait = touch.is_none() && s.may_yield && s.flash_rounds < 3;
+        let may_wait = touch.is_none() && s.may_wait_for_flash();
         let out = &mut s.out;
         let mut spliced = s.splice_ok.then_some(&mut s.spliced);
         let mut emit = |item: kvstore::ItemView<'_>| {
@@ -496,12 +496,8 @@ fn get<F: GetFraming>(
         let hit = if may_wait {
             match ops::read_or_wait(ctx, key, now, &mut emit) {
                 Ok(hit) => hit,
-                Err(reads) => {
-                    // Run again from this key once the reads are done.
-                    s.flash_reads = reads;
-                    s.flash_rounds += 1;
-                    return Step::Wait;
-                }
+                // Run again from this key once the reads are done.
+                Err(reads) => return s.wait_for_flash(reads),
             }
         } else {
             ops::read(ctx, key, now, touch, &mut emit)
