@@ -318,3 +318,52 @@ fn a_watcher_sees_one_line_per_get_of_a_flash_item() {
     let third = w.line();
     assert!(third.contains("key=key%3A99999"), "{third}");
 }
+
+/// Writes over items on flash (text, meta and binary) wait for an I/O thread to read the
+/// old item instead of reading it on the worker: with the background sweep off (it reads
+/// flash on its own thread), no lookup reads flash itself.
+#[test]
+fn writes_over_flash_items_do_not_read_on_the_worker() {
+    let dir = Dir::new("flash-writes");
+    let server = Server::start_verified(
+        Kind::Kvcached,
+        &[
+            "-m",
+            "8",
+            "-U",
+            "0",
+            "-o",
+            &dir.ext_path("256m"),
+            "-o",
+            "no_lru_crawler",
+        ],
+    );
+    let mut c = server.connect();
+    load(&mut c, 100_000);
+    assert_eq!(c.call("set key:20 0 0 3\r\nnew\r\n"), "STORED\r\n");
+    assert_eq!(c.call("append key:21 0 0 1\r\n!\r\n"), "STORED\r\n");
+    assert_eq!(c.call("delete key:22\r\n"), "DELETED\r\n");
+    assert!(c.call("incr key:23 1\r\n").starts_with("CLIENT_ERROR"));
+    assert_eq!(c.call("touch key:24 100\r\n"), "TOUCHED\r\n");
+    assert_eq!(c.call("ms key:25 2\r\nhi\r\n"), "HD\r\n");
+    assert_eq!(c.call("md key:26\r\n"), "HD\r\n");
+    assert_eq!(c.call("mg key:27 T100 s\r\n"), "HD s500\r\n");
+    assert_eq!(
+        get(&mut c, "get key:20 key:21 key:22\r\n")
+            .matches("VALUE")
+            .count(),
+        2
+    );
+    assert_eq!(
+        get(&mut c, "get key:25\r\n"),
+        "VALUE key:25 0 2\r\nhi\r\nEND\r\n"
+    );
+    assert_eq!(
+        get(&mut c, "gat 100 key:28 key:29 key:99990\r\n")
+            .matches("VALUE")
+            .count(),
+        3
+    );
+    assert_eq!(stat(&mut c, "flash_inline_reads"), 0);
+    assert!(stat(&mut c, "get_extstore") >= 8);
+}

@@ -21,10 +21,7 @@ use crate::state::replication::Access;
 pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
     let shared = ctx.shared;
     // A get on a stream may wait for flash reads (`state/flash.rs`).
-    let may_wait = s.may_wait_for_flash();
-    let out = &mut s.out;
-    // Large values of the get family are spliced into the output (exec/splice.rs).
-    let spliced = s.splice_ok.then_some(&mut s.spliced);
+    let may_wait = s.may_wait_for_flash(shared.engine.has_flash());
     let (op, opaque) = (req.opcode, req.opaque);
     let access = match req.command {
         Command::GetAndTouch { .. }
@@ -42,9 +39,17 @@ pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
         // protocol's message, without its SERVER_ERROR prefix.
         let msg = std::str::from_utf8(refusal).unwrap_or_default();
         let msg = msg.trim_start_matches("SERVER_ERROR ").trim_end();
-        bin::write_error_message(out, op, opaque, Status::NotStored, msg);
+        bin::write_error_message(&mut s.out, op, opaque, Status::NotStored, msg);
         return Step::Next;
     }
+    // A write over an item on flash: read it on an I/O thread first (`ops::flash_first`).
+    if matches!(access, Access::Write) && !matches!(req.command, Command::Flush { .. }) {
+        if let Some(step) = ops::flash_first(ctx, s, req.key) {
+            return step;
+        }
+    }
+    let out = &mut s.out;
+    let spliced = s.splice_ok.then_some(&mut s.spliced);
     match req.command {
         Command::Get { with_key } => {
             if let Some(reads) = get(ctx, out, spliced, &req, with_key, None, may_wait) {

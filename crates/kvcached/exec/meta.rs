@@ -57,6 +57,23 @@ pub fn execute(req: MetaRequest<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step
         s.out.extend_from_slice(refusal);
         return Step::Next;
     }
+    // A command that may write over an item on flash: read it on an I/O thread first
+    // (`ops::flash_first`; a plain `mg` waits in `get`).
+    let writes = match &req {
+        MetaRequest::Set { args, .. }
+        | MetaRequest::Delete(args)
+        | MetaRequest::Arith { args, .. } => Some(args),
+        MetaRequest::Get(args) if args.ttl().is_some() || args.vivify().is_some() => Some(args),
+        _ => None,
+    };
+    if let Some(args) = writes {
+        let mut buf: KeyBuf = [0; MAX_KEY_LEN];
+        let key = args.key();
+        let k = key.bytes(&mut buf);
+        if let Some(step) = ops::flash_first(ctx, s, k) {
+            return step;
+        }
+    }
     match req {
         MetaRequest::Get(args) => get(ctx, s, &args),
         MetaRequest::Set { args, mode, data } => set(ctx, s, &args, mode, data),
@@ -181,7 +198,7 @@ fn get(ctx: &mut Ctx<'_>, s: &mut Session, args: &MetaArgs<'_>) -> Step {
         new_cas: args.new_cas(),
         binary_key: key.is_base64(),
     };
-    let may_wait = s.may_wait_for_flash();
+    let may_wait = s.may_wait_for_flash(ctx.shared.engine.has_flash());
     let out = &mut s.out;
     let mut spliced = s.splice_ok.then_some(&mut s.spliced);
     let mut hit = |mi: MetaItem<'_>| {

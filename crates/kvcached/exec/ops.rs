@@ -17,7 +17,7 @@ use kvstore::{
 use std::io::Write as _;
 
 use crate::exec::items::size_and_class;
-use crate::exec::session::Ctx;
+use crate::exec::session::{Ctx, Session, Step};
 use crate::state::watch;
 
 /// The protocol a command came in, where memcached's counting depends on it.
@@ -65,7 +65,7 @@ pub fn read_or_wait(
         return Ok(read(ctx, key, now, None, found));
     }
     if ctx.shared.watchers.wants(watch::FETCHERS) {
-        watched_flash_reads(ctx, key, now)?;
+        watched_flash_reads(ctx, key)?;
         return Ok(read_watched(ctx, key, now, None, found));
     }
     let (hit, reads) =
@@ -82,17 +82,50 @@ pub fn read_or_wait(
 /// reads), found out before the lookup that answers, so that the watcher's line is written
 /// once, for that lookup.
 #[cold]
-fn watched_flash_reads(
-    ctx: &Ctx<'_>,
-    key: &[u8],
-    now: Time,
-) -> Result<(), Vec<kvstore::FlashRead>> {
-    let engine = &ctx.shared.engine;
-    let (found, reads) = engine.defer_flash(|| engine.peek_item(key, now).is_some());
-    if !found && !reads.is_empty() {
-        return Err(reads);
+fn watched_flash_reads(ctx: &Ctx<'_>, key: &[u8]) -> Result<(), Vec<kvstore::FlashRead>> {
+    let reads = ctx.shared.engine.flash_reads_for(key);
+    if reads.is_empty() {
+        Ok(())
+    } else {
+        Err(reads)
     }
-    Ok(())
+}
+
+/// [`flash_first`] for the keys of a multi-key command that writes (`gat`): the reads of
+/// all of them, waited for together.
+pub fn flash_first_all<'k>(
+    ctx: &Ctx<'_>,
+    s: &mut Session,
+    keys: impl Iterator<Item = &'k [u8]>,
+) -> Option<Step> {
+    if !s.may_wait_for_flash(ctx.shared.engine.has_flash()) {
+        return None;
+    }
+    let mut reads = Vec::new();
+    for key in keys {
+        reads.extend(ctx.shared.engine.flash_reads_for(key));
+    }
+    if reads.is_empty() {
+        s.flash_rounds = 0;
+        return None;
+    }
+    Some(s.wait_for_flash(reads))
+}
+
+/// Before a command that may write `key` (a store, delete, incr/decr, touch, a meta
+/// command that writes): with a flash tier, the reads its item needs first, if any, so
+/// that the command waits for an I/O thread instead of reading flash on the worker; it
+/// then runs again and finds the item read. None: run it now.
+pub fn flash_first(ctx: &Ctx<'_>, s: &mut Session, key: &[u8]) -> Option<Step> {
+    if !s.may_wait_for_flash(ctx.shared.engine.has_flash()) {
+        return None;
+    }
+    let reads = ctx.shared.engine.flash_reads_for(key);
+    if reads.is_empty() {
+        s.flash_rounds = 0;
+        return None;
+    }
+    Some(s.wait_for_flash(reads))
 }
 
 /// [`read`] while a `watch fetchers` watcher is attached: the same, and an `item_get` line.
@@ -209,7 +242,7 @@ pub fn meta_read_or_wait(
         return Ok(meta_read(ctx, key, now, opts, found));
     }
     if ctx.shared.watchers.wants(watch::FETCHERS) {
-        watched_flash_reads(ctx, key, now)?;
+        watched_flash_reads(ctx, key)?;
         return Ok(meta_read(ctx, key, now, opts, found));
     }
     let (result, reads) = engine.defer_flash(|| engine.meta_get(key, now, opts, found));

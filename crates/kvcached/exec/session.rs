@@ -67,10 +67,12 @@ pub struct Session {
 }
 
 impl Session {
-    /// Whether the request at the front may wait for flash reads (a stream's, not yet
-    /// waited for three times: then its reads are done on the worker).
-    pub fn may_wait_for_flash(&self) -> bool {
-        self.may_yield && self.flash_rounds < 3
+    /// Whether the request at the front may wait for flash reads: `flash` (the engine has
+    /// a tier), on a stream, not yet waited for three times (then its reads are done on
+    /// the worker).
+    #[inline]
+    pub fn may_wait_for_flash(&self, flash: bool) -> bool {
+        flash && self.may_yield && self.flash_rounds < 3
     }
 
     /// The request at the front needs `reads` from flash: the worker hands them to the I/O

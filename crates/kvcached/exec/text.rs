@@ -42,6 +42,16 @@ pub fn execute<F: GetFraming>(
         s.out.extend_from_slice(refusal);
         return Step::Next;
     }
+    // A write over an item on flash: read it on an I/O thread first (`ops::flash_first`).
+    if let Request::Store { key, .. }
+    | Request::Delete { key, .. }
+    | Request::Arith { key, .. }
+    | Request::Touch { key, .. } = &req
+    {
+        if let Some(step) = ops::flash_first(ctx, s, key) {
+            return step;
+        }
+    }
     match req {
         Request::ReplPull {
             replid,
@@ -75,6 +85,10 @@ pub fn execute<F: GetFraming>(
             keys,
             rejected,
         } => {
+            // A touch writes: the keys' items on flash are read on I/O threads first.
+            if let Some(step) = ops::flash_first_all(ctx, s, keys.skip(s.get_progress)) {
+                return step;
+            }
             let at = ctx.expiry(exptime);
             get(ctx, s, keys, with_cas, Some(at), rejected, framing)
         }
@@ -477,7 +491,7 @@ fn get<F: GetFraming>(
         }
         last = s.out.len();
         // A get (not gat) on a connection that can wait does not read flash on the worker.
-        let may_wait = touch.is_none() && s.may_wait_for_flash();
+        let may_wait = touch.is_none() && s.may_wait_for_flash(ctx.shared.engine.has_flash());
         let out = &mut s.out;
         let mut spliced = s.splice_ok.then_some(&mut s.spliced);
         let mut emit = |item: kvstore::ItemView<'_>| {

@@ -90,6 +90,7 @@ struct Counters {
     pages_dropped: AtomicU64,
     objects_evicted: AtomicU64,
     write_failures: AtomicU64,
+    inline_reads: AtomicU64,
 }
 
 /// What the engine's flash part counts, beside the tier's own counters.
@@ -113,6 +114,9 @@ pub struct FlashStats {
     pub objects_evicted: u64,
     /// Segments whose write failed or was refused (they stayed in RAM and were evicted).
     pub write_failures: u64,
+    /// Flash reads a lookup did itself, on its own thread (not deferred to another: a
+    /// server's maintenance sweep, or a request that could not wait).
+    pub inline_reads: u64,
     /// Items on flash now (`extstore_objects_used`).
     pub objects_used: u64,
     /// Record bytes on flash now (`extstore_bytes_used`).
@@ -234,6 +238,7 @@ impl LogEngine {
             pages_dropped: c.pages_dropped.load(Ordering::Relaxed),
             objects_evicted: c.objects_evicted.load(Ordering::Relaxed),
             write_failures: c.write_failures.load(Ordering::Relaxed),
+            inline_reads: c.inline_reads.load(Ordering::Relaxed),
             objects_used,
             bytes_used,
         })
@@ -248,6 +253,7 @@ impl LogEngine {
     }
 
     /// Whether a flash tier is attached.
+    #[inline]
     pub fn has_flash(&self) -> bool {
         self.flash.get().is_some()
     }
@@ -266,6 +272,21 @@ impl LogEngine {
         let out = f();
         let reads = DEFERRED.with(|d| std::mem::replace(&mut *d.borrow_mut(), outer));
         (out, reads.unwrap_or_default())
+    }
+
+    /// The flash reads a lookup of `key` needs now: none when its item is in memory, not
+    /// there, or read already. A server reads them on other threads before it runs a
+    /// command on `key` (a write then finds the old item without I/O of its own).
+    pub fn flash_reads_for(&self, key: &[u8]) -> Vec<FlashRead> {
+        if self.flash.get().is_none() {
+            return Vec::new();
+        }
+        let (found, reads) = self.defer_flash(|| self.holds_record(key));
+        if found {
+            // Another key's record matched the tag: nothing to wait for.
+            return Vec::new();
+        }
+        reads
     }
 
     /// Do a read a deferred lookup needed (blocking: an I/O thread's work) and keep the
@@ -328,6 +349,7 @@ impl LogEngine {
         if deferred {
             return None;
         }
+        f.counters.inline_reads.fetch_add(1, Ordering::Relaxed);
         self.read_record(f, b, off)
     }
 
