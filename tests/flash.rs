@@ -367,3 +367,55 @@ fn writes_over_flash_items_do_not_read_on_the_worker() {
     assert_eq!(stat(&mut c, "flash_inline_reads"), 0);
     assert!(stat(&mut c, "get_extstore") >= 8);
 }
+
+/// The flash file removed under a running server: the open descriptor keeps it, every item
+/// is still read back. Then truncated to nothing: what was on flash can no longer be read,
+/// and is a miss, counted, never wrong bytes; the server goes on serving and writing.
+#[test]
+fn a_flash_file_removed_or_truncated_under_the_server_serves_nothing_wrong() {
+    let dir = Dir::new("flash-faults");
+    let server = Server::start_verified(
+        Kind::Kvcached,
+        &["-m", "8", "-U", "0", "-o", &dir.ext_path("256m")],
+    );
+    let mut c = server.connect();
+    let n = 100_000;
+    load(&mut c, n);
+    let file = dir.0.join("ext");
+    // Keep a handle to truncate it through after the name is gone.
+    let handle = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&file)
+        .expect("open the flash file");
+    std::fs::remove_file(&file).expect("remove the flash file");
+    for i in (0..n / 2).step_by(101) {
+        assert_eq!(
+            get(&mut c, &format!("get key:{i}\r\n")),
+            format!("VALUE key:{i} 0 500\r\n{}\r\nEND\r\n", value(i)),
+            "key {i} after the file was removed"
+        );
+    }
+    handle.set_len(0).expect("truncate the flash file");
+    let mut misses = 0;
+    // Other keys than above (records read lately are kept for re-runs).
+    for i in (50..n / 2).step_by(101) {
+        let reply = get(&mut c, &format!("get key:{i}\r\n"));
+        if reply == "END\r\n" {
+            misses += 1;
+        } else {
+            assert_eq!(
+                reply,
+                format!("VALUE key:{i} 0 500\r\n{}\r\nEND\r\n", value(i)),
+                "key {i} after the file was truncated"
+            );
+        }
+    }
+    assert!(misses > 0, "the truncated items read as misses");
+    assert!(stat(&mut c, "miss_from_extstore") > 0);
+    // Writing and reading go on.
+    load(&mut c, 20_000);
+    assert_eq!(
+        get(&mut c, "get key:19999\r\n"),
+        format!("VALUE key:19999 0 500\r\n{}\r\nEND\r\n", value(19_999))
+    );
+}

@@ -117,15 +117,7 @@ pub fn flash_first_all<'k>(
 /// that the command waits for an I/O thread instead of reading flash on the worker; it
 /// then runs again and finds the item read. None: run it now.
 pub fn flash_first(ctx: &Ctx<'_>, s: &mut Session, key: &[u8]) -> Option<Step> {
-    if !s.may_wait_for_flash(ctx.shared.engine.has_flash()) {
-        return None;
-    }
-    let reads = ctx.shared.engine.flash_reads_for(key);
-    if reads.is_empty() {
-        s.flash_rounds = 0;
-        return None;
-    }
-    Some(s.wait_for_flash(reads))
+    flash_first_all(ctx, s, std::iter::once(key))
 }
 
 /// [`read`] while a `watch fetchers` watcher is attached: the same, and an `item_get` line.
