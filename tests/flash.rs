@@ -7,30 +7,16 @@
 
 mod common;
 
-use std::path::PathBuf;
+use common::{Client, Kind, Server, TempDir};
 
-use common::{Client, Kind, Server};
-
-/// A fresh directory for one test's flash file, removed when dropped.
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(name: &str) -> Dir {
-        let d = std::env::temp_dir().join(format!("kvcached-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).expect("make a directory");
-        Dir(d)
-    }
-
-    fn ext_path(&self, size: &str) -> String {
-        format!("ext_path={}:{size}", self.0.join("ext").display())
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// A server with `-m 8` and a 256 MiB flash file in a fresh directory (and `extra`); the
+/// directory goes when the second value is dropped.
+fn start(name: &str, extra: &[&str]) -> (Server, TempDir) {
+    let dir = TempDir::new(name);
+    let ext = dir.ext_path("256m");
+    let mut args = vec!["-m", "8", "-U", "0", "-o", &ext];
+    args.extend_from_slice(extra);
+    (Server::start_verified(Kind::Kvcached, &args), dir)
 }
 
 fn value(i: usize) -> String {
@@ -81,11 +67,7 @@ fn a_working_set_beyond_memory_is_read_back_from_flash_under_epoll() {
 }
 
 fn beyond_memory(name: &str, extra: &[&str]) {
-    let dir = Dir::new(name);
-    let ext = dir.ext_path("256m");
-    let mut args = vec!["-m", "8", "-U", "0", "-o", &ext];
-    args.extend_from_slice(extra);
-    let server = Server::start_verified(Kind::Kvcached, &args);
+    let (server, _dir) = start(name, extra);
     let mut c = server.connect();
     let n = 160_000; // 80 MB of values
     load(&mut c, n);
@@ -119,11 +101,7 @@ fn beyond_memory(name: &str, extra: &[&str]) {
 /// gets, delete, overwrite, append, incr, touch and flush_all on items that are on flash.
 #[test]
 fn commands_on_flash_items() {
-    let dir = Dir::new("flash-commands");
-    let server = Server::start_verified(
-        Kind::Kvcached,
-        &["-m", "8", "-U", "0", "-o", &dir.ext_path("256m")],
-    );
+    let (server, _dir) = start("flash-commands", &[]);
     let mut c = server.connect();
     load(&mut c, 100_000);
     assert!(stat(&mut c, "extstore_objects_used") > 50_000);
@@ -181,11 +159,7 @@ fn commands_on_flash_items() {
 /// the reads finish for nobody, counted, and the server goes on serving others.
 #[test]
 fn clients_leaving_with_reads_under_way_cost_nothing() {
-    let dir = Dir::new("flash-leave");
-    let server = Server::start_verified(
-        Kind::Kvcached,
-        &["-m", "8", "-U", "0", "-o", &dir.ext_path("256m")],
-    );
+    let (server, _dir) = start("flash-leave", &[]);
     let mut c = server.connect();
     load(&mut c, 100_000);
     for round in 0..20usize {
@@ -228,11 +202,7 @@ fn a_flash_path_that_cannot_be_made_is_refused_at_start() {
 /// run again), in pipelines that mix memory and flash items.
 #[test]
 fn meta_and_binary_gets_read_flash_items() {
-    let dir = Dir::new("flash-meta-binary");
-    let server = Server::start_verified(
-        Kind::Kvcached,
-        &["-m", "8", "-U", "0", "-o", &dir.ext_path("256m")],
-    );
+    let (server, _dir) = start("flash-meta-binary", &[]);
     let mut c = server.connect();
     let n = 100_000;
     load(&mut c, n);
@@ -286,11 +256,7 @@ fn meta_and_binary_gets_read_flash_items() {
 /// lookup that waits for the read logs nothing; the one that answers does).
 #[test]
 fn a_watcher_sees_one_line_per_get_of_a_flash_item() {
-    let dir = Dir::new("flash-watch");
-    let server = Server::start_verified(
-        Kind::Kvcached,
-        &["-m", "8", "-U", "0", "-o", &dir.ext_path("256m")],
-    );
+    let (server, _dir) = start("flash-watch", &[]);
     let mut c = server.connect();
     load(&mut c, 100_000);
     let mut w = server.connect();
@@ -324,20 +290,7 @@ fn a_watcher_sees_one_line_per_get_of_a_flash_item() {
 /// flash on its own thread), no lookup reads flash itself.
 #[test]
 fn writes_over_flash_items_do_not_read_on_the_worker() {
-    let dir = Dir::new("flash-writes");
-    let server = Server::start_verified(
-        Kind::Kvcached,
-        &[
-            "-m",
-            "8",
-            "-U",
-            "0",
-            "-o",
-            &dir.ext_path("256m"),
-            "-o",
-            "no_lru_crawler",
-        ],
-    );
+    let (server, _dir) = start("flash-writes", &["-o", "no_lru_crawler"]);
     let mut c = server.connect();
     load(&mut c, 100_000);
     assert_eq!(c.call("set key:20 0 0 3\r\nnew\r\n"), "STORED\r\n");
@@ -373,11 +326,7 @@ fn writes_over_flash_items_do_not_read_on_the_worker() {
 /// and is a miss, counted, never wrong bytes; the server goes on serving and writing.
 #[test]
 fn a_flash_file_removed_or_truncated_under_the_server_serves_nothing_wrong() {
-    let dir = Dir::new("flash-faults");
-    let server = Server::start_verified(
-        Kind::Kvcached,
-        &["-m", "8", "-U", "0", "-o", &dir.ext_path("256m")],
-    );
+    let (server, dir) = start("flash-faults", &[]);
     let mut c = server.connect();
     let n = 100_000;
     load(&mut c, n);

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{free_port, Kind, Server};
+use common::{free_port, Kind, Server, TempDir};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
@@ -196,11 +196,9 @@ fn common_root() -> bool {
 /// with `stats`; without one they are absent (as the exporter's without extstore).
 #[test]
 fn flash_tier_series_follow_the_exporter() {
-    let dir = std::env::temp_dir().join(format!("kvcached-metrics-flash-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("make a directory");
+    let dir = TempDir::new("metrics-flash");
     let mport = free_port();
-    let ext = format!("ext_path={}:64m", dir.join("ext").display());
+    let ext = dir.ext_path("64m");
     let server = Server::start_verified(
         Kind::Kvcached,
         &[
@@ -231,5 +229,4 @@ fn flash_tier_series_follow_the_exporter() {
         None
     );
     drop(server);
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -618,3 +618,29 @@ impl XorShift {
         self.next() % n
     }
 }
+
+/// A fresh directory for one test's files (a flash tier's, say), removed when dropped;
+/// unique per process and call.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(name: &str) -> TempDir {
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let d = std::env::temp_dir().join(format!("kvcached-{name}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).expect("make a directory");
+        TempDir(d)
+    }
+
+    /// `-o ext_path=` a flash file of `size` (memcached's suffixes) in this directory.
+    pub fn ext_path(&self, size: &str) -> String {
+        format!("ext_path={}:{size}", self.0.join("ext").display())
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

@@ -3,6 +3,9 @@
 //! self-checking chunks that name their key, so a torn, stale-segment or wrong-key read
 //! is caught. Operation counts are bounded; nothing sleeps.
 
+#[path = "support/tier.rs"]
+mod tier;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use kvstore::{
@@ -231,25 +234,15 @@ fn log_wide_concurrent_mixed_ops_never_return_torn_values() {
 /// back with their pages, under every operation at once.
 #[test]
 fn log_flash_concurrent_mixed_ops_never_return_torn_values() {
-    let dir = std::env::temp_dir().join(format!("kvstore-conc-flash-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("make a directory");
     let e = LogEngine::with_layout(config(2 << 20), IndexLayout::Wide);
-    let tier = kvstore::flash::Tier::create(&kvstore::flash::TierConfig {
-        files: vec![(dir.join("flash"), 8 << 20)],
-        page_bytes: e.segment_size(),
-        write_threads: 2,
-        write_buffer: 1 << 20,
-    })
-    .expect("make the tier");
-    e.attach_flash(tier).expect("attach");
+    let dir = tier::attach(&e, 8 << 20, 2, 1 << 20);
     let e = mixed_ops_never_return_torn_values(e);
     e.flash_settle();
     e.check_accounting().unwrap();
     let s = e.flash_stats().expect("a tier");
     assert!(s.objects_written > 0 && s.reads > 0, "{s:?}");
     drop(e);
-    let _ = std::fs::remove_dir_all(&dir);
+    drop(dir);
 }
 
 fn mixed_ops_never_return_torn_values(e: LogEngine) -> LogEngine {

@@ -3,33 +3,15 @@
 //! RAM one, nothing wrong is ever returned, and the engine's accounting stays exact while
 //! pages are written, bound and taken back. Reads block in this stage.
 
-use std::path::PathBuf;
+#[path = "support/tier.rs"]
+mod tier;
 
-use kvstore::flash::{Tier, TierConfig};
 use kvstore::{
     ArithResult, Engine, EngineConfig, FlashAttachError, IndexLayout, LogEngine, ReadOptions,
     StoreMode, StoreRequest, StoreResult, Time,
 };
 
 const NOW: Time = 1000;
-
-/// A fresh directory for one test's flash file, removed when dropped.
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(name: &str) -> Dir {
-        let d = std::env::temp_dir().join(format!("kvstore-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).expect("make a directory");
-        Dir(d)
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn config(max_bytes: usize) -> EngineConfig {
     EngineConfig {
@@ -40,18 +22,12 @@ fn config(max_bytes: usize) -> EngineConfig {
     }
 }
 
-/// An engine of `max_bytes` with a tier of `flash` bytes in `dir`.
-fn engine(dir: &Dir, max_bytes: usize, flash: u64) -> LogEngine {
+/// An engine of `max_bytes` with a tier of `flash` bytes (in a directory that lives as
+/// long as the engine's test keeps the second value).
+fn engine(max_bytes: usize, flash: u64) -> (LogEngine, tier::Dir) {
     let e = LogEngine::with_layout(config(max_bytes), IndexLayout::Wide);
-    let tier = Tier::create(&TierConfig {
-        files: vec![(dir.0.join("flash"), flash)],
-        page_bytes: e.segment_size(),
-        write_threads: 1,
-        write_buffer: 4 << 20,
-    })
-    .expect("make the tier");
-    e.attach_flash(tier).expect("attach");
-    e
+    let dir = tier::attach(&e, flash, 1, 4 << 20);
+    (e, dir)
 }
 
 fn value(i: u64, len: usize) -> Vec<u8> {
@@ -89,15 +65,9 @@ fn key(i: u64) -> Vec<u8> {
 
 #[test]
 fn a_tier_needs_the_wide_index() {
-    let dir = Dir::new("flash-layout");
+    let dir = tier::Dir::new("flash-layout");
     let e = LogEngine::new(config(4 << 20));
-    let tier = Tier::create(&TierConfig {
-        files: vec![(dir.0.join("flash"), 8 << 20)],
-        page_bytes: e.segment_size(),
-        write_threads: 1,
-        write_buffer: 1 << 20,
-    })
-    .expect("make the tier");
+    let tier = dir.tier(&e, 8 << 20, 1, 1 << 20);
     assert_eq!(e.attach_flash(tier), Err(FlashAttachError::Layout));
 }
 
@@ -105,8 +75,7 @@ fn a_tier_needs_the_wide_index() {
 /// there, read from flash with its value, flags and CAS; the accounting is exact.
 #[test]
 fn items_beyond_memory_are_read_back_from_flash() {
-    let dir = Dir::new("flash-beyond");
-    let e = engine(&dir, 4 << 20, 96 << 20);
+    let (e, _dir) = engine(4 << 20, 96 << 20);
     let n = 40_000u64;
     let mut cas = vec![0; n as usize];
     for i in 0..n {
@@ -145,8 +114,7 @@ fn items_beyond_memory_are_read_back_from_flash() {
 /// append, incr and touch behave as on RAM items.
 #[test]
 fn commands_on_flash_items_behave_as_on_ram_items() {
-    let dir = Dir::new("flash-commands");
-    let e = engine(&dir, 4 << 20, 96 << 20);
+    let (e, _dir) = engine(4 << 20, 96 << 20);
     let n = 20_000u64;
     for i in 0..n {
         let v = if i % 10 == 3 {
@@ -259,8 +227,7 @@ fn commands_on_flash_items_behave_as_on_ram_items() {
 /// evicted, counted; nothing wrong is returned and the accounting stays exact.
 #[test]
 fn a_full_tier_gives_back_its_oldest_pages() {
-    let dir = Dir::new("flash-full");
-    let e = engine(&dir, 4 << 20, 16 << 20);
+    let (e, _dir) = engine(4 << 20, 16 << 20);
     let n = 60_000u64;
     for i in 0..n {
         assert!(matches!(
@@ -294,8 +261,7 @@ fn a_full_tier_gives_back_its_oldest_pages() {
 /// the item without I/O. RAM items need no read.
 #[test]
 fn deferred_lookups_name_their_reads_and_find_the_item_once_done() {
-    let dir = Dir::new("flash-deferred");
-    let e = engine(&dir, 4 << 20, 96 << 20);
+    let (e, _dir) = engine(4 << 20, 96 << 20);
     let n = 20_000u64;
     for i in 0..n {
         assert!(matches!(

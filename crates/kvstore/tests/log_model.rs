@@ -15,6 +15,9 @@ mod threads;
 use threads::Threads;
 #[path = "support/casmap.rs"]
 mod casmap;
+
+#[path = "support/tier.rs"]
+mod tier;
 use casmap::CasMap;
 
 const START: Time = 1_000_000;
@@ -394,34 +397,6 @@ fn run_small(
     run_small_with(ops, max_bytes, no_evict, layout, None)
 }
 
-/// A flash file's directory, removed when dropped.
-struct FlashDir(std::path::PathBuf);
-
-impl Drop for FlashDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Attach a tier of `pages` pages (in a fresh directory) to `e`.
-fn attach_tier(e: &LogEngine, pages: u64) -> FlashDir {
-    static CASE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = CASE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let dir = std::env::temp_dir().join(format!("kvstore-model-{}-{n}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("make a directory");
-    let page = e.segment_size() as u64;
-    let tier = kvstore::flash::Tier::create(&kvstore::flash::TierConfig {
-        files: vec![(dir.join("flash"), (pages + 1) * (page + 4096))],
-        page_bytes: e.segment_size(),
-        write_threads: 1,
-        write_buffer: 1 << 20,
-    })
-    .expect("make the tier");
-    e.attach_flash(tier).expect("attach the tier");
-    FlashDir(dir)
-}
-
 /// [`run_small`], with a flash tier of `flash` pages if given.
 fn run_small_with(
     ops: &[Op],
@@ -437,7 +412,9 @@ fn run_small_with(
         use_cas: true,
     };
     let e = LogEngine::with_layout(cfg.clone(), layout);
-    let _dir = flash.map(|pages| attach_tier(&e, pages));
+    // A tier of a few pages, so that they are taken back too.
+    let page = e.segment_size() as u64 + 4096;
+    let _dir = flash.map(|pages| tier::attach(&e, (pages + 1) * page, 1, 1 << 20));
 
     e.tally_sizes(&BANDS, true);
     let mut m = Model::new(EngineConfig {

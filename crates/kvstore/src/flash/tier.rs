@@ -256,7 +256,7 @@ impl Tier {
     /// A free page, at its current generation; None when every page is in use or the
     /// tier is offline.
     pub fn alloc(&self) -> Option<Loc> {
-        if self.inner.offline.load(Ordering::Relaxed) {
+        if self.is_offline() {
             return None;
         }
         let page = lock(&self.inner.free).pop_front()?;
@@ -371,6 +371,11 @@ impl Tier {
             f.sync()?;
         }
         Ok(())
+    }
+
+    /// Whether write errors took the tier offline (it hands out no page).
+    pub fn is_offline(&self) -> bool {
+        self.inner.offline.load(Ordering::Relaxed)
     }
 
     /// Hand out pages again after write errors took the tier offline.

@@ -173,12 +173,22 @@ pub enum FlashAttachError {
     Attached,
 }
 
-/// A record read from flash: its bytes from its first, and the CAS base that gives it its
-/// version at offset 0.
-#[derive(Default, Clone)]
+/// A record read from flash: its bytes from its first (shared with the records kept for
+/// re-runs, so a re-run copies nothing), and the CAS base that gives it its version at
+/// offset 0.
+#[derive(Clone)]
 pub(super) struct Fetch {
-    bytes: Vec<u8>,
+    bytes: Arc<[u8]>,
     base: u64,
+}
+
+impl Default for Fetch {
+    fn default() -> Fetch {
+        Fetch {
+            bytes: Arc::from(Vec::new()),
+            base: 0,
+        }
+    }
 }
 
 impl Fetch {
@@ -365,7 +375,7 @@ impl LogEngine {
                 return None;
             }
             let fetch = Fetch {
-                bytes: out,
+                bytes: Arc::from(out),
                 base: b.base.wrapping_add(off as u64),
             };
             if fetch.rec().is_some() {
@@ -405,7 +415,7 @@ impl LogEngine {
 
     /// Whether eviction sends cold items to flash now.
     pub(super) fn demoting(&self) -> bool {
-        self.flash.get().is_some_and(|f| !f.tier.stats().offline) && !self.repl.is_active()
+        self.flash.get().is_some_and(|f| !f.tier.is_offline()) && !self.repl.is_active()
     }
 
     /// Send sealed segment `id` (popped from the FIFO, so ours) to flash whole instead of
@@ -562,12 +572,16 @@ impl LogEngine {
             // Over budget (the index grew with the items flash holds): give it back.
             let keep = self.arena.allocated() <= self.budget();
             let id = keep.then(|| p.draw_id(self.index.max_segments())).flatten();
-            match id.and_then(|id| Some((id, self.segs.get_or_create(id)?))) {
-                Some((id, seg)) => {
+            let seg = id.map(|id| (id, self.segs.get_or_create(id)));
+            match seg {
+                Some((id, Some(seg))) => {
                     seg.install(ptr, cap, false, false);
                     p.push_free(id);
                 }
-                None => {
+                other => {
+                    if let Some((id, None)) = other {
+                        p.return_id(id);
+                    }
                     // SAFETY: unreachable now (barrier above); it came from `mem::map`.
                     unsafe { super::mem::unmap(ptr, cap) };
                     self.arena.unmapped(cap);
@@ -668,17 +682,13 @@ impl LogEngine {
         if let Some(f) = self.flash.get() {
             f.counters.objects_evicted.fetch_add(1, Ordering::Relaxed);
         }
-        match self.vis(r, now) {
-            Vis::Live => {
-                self.note_removed(r, v);
-                self.note_eviction_in(notes, r.key, (r.cas, r.stamp));
-                self.st().evictions.fetch_add(1, Ordering::Relaxed);
-                self.tally_evicted(self.rec_size(r));
-            }
-            _ => {
-                self.note_removed(r, v);
-                self.count_reclaimed(v, self.rec_size(r), false);
-            }
+        self.note_removed(r, v);
+        if self.vis(r, now) == Vis::Live {
+            self.note_eviction_in(notes, r.key, (r.cas, r.stamp));
+            self.st().evictions.fetch_add(1, Ordering::Relaxed);
+            self.tally_evicted(self.rec_size(r));
+        } else {
+            self.count_reclaimed(v, self.rec_size(r), false);
         }
     }
 }
