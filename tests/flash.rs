@@ -29,8 +29,13 @@ fn value(i: usize) -> String {
 
 /// `n` items of 500-byte values, written with noreply in batches, then a round trip.
 fn load(c: &mut Client, n: usize) {
+    load_keys(c, 0..n);
+}
+
+/// [`load`] of the keys `keys`.
+fn load_keys(c: &mut Client, keys: std::ops::Range<usize>) {
     let mut batch = String::new();
-    for i in 0..n {
+    for i in keys {
         batch.push_str(&format!("set key:{i} 0 0 500 noreply\r\n{}\r\n", value(i)));
         if batch.len() > 1 << 20 {
             c.send(batch.as_bytes());
@@ -367,4 +372,162 @@ fn a_flash_file_removed_or_truncated_under_the_server_serves_nothing_wrong() {
         get(&mut c, "get key:19999\r\n"),
         format!("VALUE key:19999 0 500\r\n{}\r\nEND\r\n", value(19_999))
     );
+}
+
+/// A flash file that cannot be allocated (no room: here the file size limit, as a full
+/// disk would) stops the start with a message naming it; with `-o ext_ignore_bad_file`
+/// the server starts and serves from memory alone, and says so.
+#[test]
+fn a_flash_file_without_room_stops_the_start_or_is_done_without() {
+    let dir = TempDir::new("flash-no-room");
+    let ext = dir.ext_path("64m");
+    let args = ["-m", "8", "-U", "0", "-o", &ext];
+    let err = Server::try_start_with_file_limit(Kind::Kvcached, &args, 1 << 20)
+        .err()
+        .unwrap_or_default();
+    assert!(
+        err.contains("ext_path") && err.contains("allocate"),
+        "{err}"
+    );
+
+    let args = [
+        "-m",
+        "8",
+        "-U",
+        "0",
+        "-o",
+        &ext,
+        "-o",
+        "ext_ignore_bad_file",
+    ];
+    let server = Server::try_start_with_file_limit(Kind::Kvcached, &args, 1 << 20)
+        .unwrap_or_else(|e| panic!("did not start: {e}"));
+    assert!(server.wait_stderr("serving from memory alone", 1));
+    let mut c = server.connect();
+    load(&mut c, 40_000);
+    assert!(c.stat("extstore_objects_used").is_none(), "no tier");
+    assert!(stat(&mut c, "evictions") > 0, "evicted as without a tier");
+    assert_eq!(
+        get(&mut c, "get key:39999\r\n"),
+        format!("VALUE key:39999 0 500\r\n{}\r\nEND\r\n", value(39_999))
+    );
+    let settings = get(&mut c, "stats settings\r\n");
+    assert!(!settings.contains("ext_"), "{settings}");
+}
+
+/// Flash writes that fail under a running server (past the file size limit, as on a full
+/// or failing device): every write is still stored, nothing wrong is read, the tier goes
+/// offline with a message; once writes work again a probe brings it back, said too, and
+/// items go to flash again.
+#[test]
+fn flash_write_errors_under_the_server_and_a_probe_brings_the_tier_back() {
+    let (server, _dir) = start("flash-write-errors", &[]);
+    let mut c = server.connect();
+    load_keys(&mut c, 0..40_000);
+    let before = stat(&mut c, "extstore_objects_used");
+    assert!(before > 20_000, "{before} on flash");
+
+    server.set_file_limit(4096);
+    let mut end = 40_000;
+    while stat(&mut c, "flash_offline") == 0 && end < 400_000 {
+        load_keys(&mut c, end..end + 20_000);
+        end += 20_000;
+    }
+    assert_eq!(stat(&mut c, "flash_offline"), 1, "offline after {end} keys");
+    assert!(stat(&mut c, "flash_write_failures") > 0);
+    assert!(server.wait_stderr("flash tier offline", 1));
+    load_keys(&mut c, end..end + 20_000);
+    end += 20_000;
+    let mut hits = 0;
+    for i in (0..end).step_by(97) {
+        let reply = get(&mut c, &format!("get key:{i}\r\n"));
+        if reply != "END\r\n" {
+            assert_eq!(
+                reply,
+                format!("VALUE key:{i} 0 500\r\n{}\r\nEND\r\n", value(i)),
+                "key {i} while flash writes fail"
+            );
+            hits += 1;
+        }
+    }
+    assert!(hits > 0);
+    assert_eq!(
+        get(&mut c, &format!("get key:{}\r\n", end - 1)),
+        format!(
+            "VALUE key:{0} 0 500\r\n{1}\r\nEND\r\n",
+            end - 1,
+            value(end - 1)
+        ),
+        "the newest item is in memory"
+    );
+    assert!(stat(&mut c, "evictions") > 0, "evicted as without a tier");
+
+    // The device works again: within a bounded number of writes a probe succeeds.
+    server.set_file_limit(libc::RLIM_INFINITY);
+    let resumed = end;
+    while stat(&mut c, "flash_offline") == 1 && end < resumed + 800_000 {
+        load_keys(&mut c, end..end + 20_000);
+        end += 20_000;
+    }
+    assert_eq!(
+        stat(&mut c, "flash_offline"),
+        0,
+        "still offline at {end} keys"
+    );
+    assert_eq!(stat(&mut c, "flash_recoveries"), 1);
+    assert!(server.wait_stderr("flash tier back online", 1));
+    let written = stat(&mut c, "extstore_objects_written");
+    load_keys(&mut c, end..end + 40_000);
+    assert!(stat(&mut c, "extstore_objects_written") > written);
+    assert_eq!(
+        get(&mut c, &format!("get key:{end}\r\n")),
+        format!("VALUE key:{end} 0 500\r\n{}\r\nEND\r\n", value(end)),
+        "read back from flash"
+    );
+}
+
+/// A file at the flash path holding something else (an old tier, garbage) is made
+/// afresh: the server starts and serves; `stats extstore` lists the pages as memcached
+/// lists extstore's, and `stats settings` the ext_* settings that apply.
+#[test]
+fn a_damaged_file_at_start_is_made_afresh_and_stats_extstore_lists_pages() {
+    let dir = TempDir::new("flash-damaged");
+    std::fs::write(dir.0.join("ext"), vec![0xa5u8; 3 << 20]).expect("write garbage");
+    let ext = dir.ext_path("64m");
+    let server = Server::start_verified(Kind::Kvcached, &["-m", "8", "-U", "0", "-o", &ext]);
+    let mut c = server.connect();
+    load(&mut c, 60_000);
+    assert_eq!(
+        get(&mut c, "get key:3\r\n"),
+        format!("VALUE key:3 0 500\r\n{}\r\nEND\r\n", value(3))
+    );
+    let pages = get(&mut c, "stats extstore\r\n");
+    let lines: Vec<&str> = pages.lines().collect();
+    assert_eq!(lines.last(), Some(&"END"));
+    assert_eq!((lines.len() - 1) % 4, 0, "four lines a page");
+    assert!(lines.len() > 4, "{pages}");
+    for (i, page) in lines[..lines.len() - 1].chunks(4).enumerate() {
+        let names: Vec<&str> = page.iter().filter_map(|l| l.split(' ').nth(1)).collect();
+        assert_eq!(
+            names,
+            [
+                format!("{i}:version"),
+                format!("{i}:bytes"),
+                format!("{i}:bucket"),
+                format!("{i}:free_bucket")
+            ]
+        );
+    }
+    let used: u64 = lines
+        .iter()
+        .filter(|l| l.contains(":bytes "))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    assert_eq!(used, stat(&mut c, "extstore_bytes_used"));
+    let settings = get(&mut c, "stats settings\r\n");
+    assert!(
+        settings.contains("STAT ext_wbuf_size 4194304\r\n"),
+        "{settings}"
+    );
+    assert!(settings.contains("STAT ext_threads 1\r\n"), "{settings}");
 }

@@ -85,6 +85,7 @@ fn tls_setup(config: &config::Config) -> Result<Option<kvtls::server::ServerTls>
 
 fn start(config: config::Config, tls: Option<kvtls::server::ServerTls>) -> Result<(), String> {
     daemon::drop_privileges(config.user.as_deref())?;
+    daemon::ignore_file_size_signal();
     let listeners = runtime::listener::bind_listeners(&config)?;
     let udp = runtime::udp::bind_first(&config)?;
     if config.unix_socket.is_none() {

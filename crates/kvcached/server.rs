@@ -126,7 +126,14 @@ pub fn run(
     tune_heap();
     // Like memcached, the auth file is read after dropping privileges and daemonizing.
     let auth = Auth::new(&config)?;
-    let engine = build_engine(&config)?;
+    let engine = match build_engine(&config) {
+        Err(e) if config.flash.as_ref().is_some_and(|f| f.ignore_bad_file) => {
+            tracing::error!("{e}; serving from memory alone (-o ext_ignore_bad_file)");
+            config.flash = None;
+            build_engine(&config)?
+        }
+        built => built?,
+    };
     let restored = match &config.memory_file {
         Some(path) => warm::load(&engine, path, &Clock::new(), config.warm_ignore_bad_file)?,
         None => warm::Restored::default(),
@@ -327,6 +334,20 @@ fn trim_heap() {
 
 /// Reclaim expired items in the background, a bounded amount each tick, until shutdown;
 /// with `-m auto`, follow the memory available once a second (`memory::adjust`).
+/// Say that the flash tier went offline (and why) or came back online.
+fn log_flash_state(shared: &Shared, offline: bool) {
+    let why = shared.engine.flash_write_error().unwrap_or_default();
+    if offline {
+        tracing::error!(
+            "flash tier offline after write errors ({why}): cold items are evicted as \
+             without -o ext_path, items on flash are still read; a probe write every 64 \
+             evictions brings the tier back"
+        );
+    } else {
+        tracing::warn!("flash tier back online: a probe write succeeded (last error: {why})");
+    }
+}
+
 fn maintenance_loop(shared: &Shared) {
     // One tick every 200 ms (the expiry sweep's pace); the once-a-second tasks every fifth.
     // Between ticks the thread is parked, and a shutdown unparks it: an idle server's
@@ -345,8 +366,13 @@ fn maintenance_loop(shared: &Shared) {
             sizer.describe()
         );
     }
+    let mut flash_offline = false;
     while !shared.shutting_down() {
         let now = shared.clock.now();
+        if shared.engine.flash_offline() != flash_offline {
+            flash_offline = !flash_offline;
+            log_flash_state(shared, flash_offline);
+        }
         if shared.crawler.running() {
             // `lru_crawler crawl`: a whole pass of the sweep now, then the crawl is done.
             for _ in 0..shared.engine.sweep_calls() {

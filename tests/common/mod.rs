@@ -137,6 +137,25 @@ impl Server {
         args: &[&str],
         envs: &[(&str, &std::ffi::OsStr)],
     ) -> Result<Server, String> {
+        Server::try_start_in(kind, args, envs, None)
+    }
+
+    /// [`Server::try_start`] with the process's file size limit (`RLIMIT_FSIZE`) set to
+    /// `bytes`: writes and allocations past it fail (`EFBIG`), as on a full disk.
+    pub fn try_start_with_file_limit(
+        kind: Kind,
+        args: &[&str],
+        bytes: u64,
+    ) -> Result<Server, String> {
+        Server::try_start_in(kind, args, &[], Some(bytes))
+    }
+
+    fn try_start_in(
+        kind: Kind,
+        args: &[&str],
+        envs: &[(&str, &std::ffi::OsStr)],
+        file_limit: Option<u64>,
+    ) -> Result<Server, String> {
         let program = match kind {
             Kind::Kvcached => PathBuf::from(env!("CARGO_BIN_EXE_kvcached")),
             Kind::Memcached => memcached_path(),
@@ -163,6 +182,25 @@ impl Server {
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::piped());
+            if let Some(bytes) = file_limit {
+                use std::os::unix::process::CommandExt;
+                // SAFETY: only setrlimit and signal (both async-signal-safe) run between
+                // fork and exec.
+                unsafe {
+                    cmd.pre_exec(move || {
+                        // A write past the limit then fails instead of killing the child.
+                        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+                        let lim = libc::rlimit {
+                            rlim_cur: bytes,
+                            rlim_max: libc::RLIM_INFINITY,
+                        };
+                        if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                        Ok(())
+                    });
+                }
+            }
             let mut child = cmd.spawn().expect("spawn server");
             match wait_listening(&mut child, port) {
                 Ok(()) => return Ok(Server::new(kind, port, child, None)),
@@ -220,6 +258,25 @@ impl Server {
         let stream = TcpStream::connect(self.addr()).expect("connect");
         stream.set_nodelay(true).expect("nodelay");
         Client::new(stream)
+    }
+
+    /// Set the running server's file size limit (`RLIMIT_FSIZE`) to `bytes` (its writes
+    /// past it then fail with `EFBIG`; kvcached ignores the signal that comes with them).
+    pub fn set_file_limit(&self, bytes: u64) {
+        let lim = libc::rlimit {
+            rlim_cur: bytes,
+            rlim_max: libc::RLIM_INFINITY,
+        };
+        // SAFETY: prlimit on our own child's pid with a valid rlimit; no old value asked.
+        let rc = unsafe {
+            libc::prlimit(
+                self.child.id() as libc::pid_t,
+                libc::RLIMIT_FSIZE,
+                &lim,
+                std::ptr::null_mut(),
+            )
+        };
+        assert_eq!(rc, 0, "prlimit: {}", std::io::Error::last_os_error());
     }
 
     /// Send SIGTERM and wait for the exit status (None if it had to be killed).

@@ -33,6 +33,8 @@ pub enum Group {
     Replication,
     /// `stats digest`: kvcached's own, a digest of the live items.
     Digest,
+    /// `stats extstore`: the flash tier's pages, as memcached lists extstore's.
+    Extstore,
     Reset,
     Detail,
     CacheDump,
@@ -63,6 +65,7 @@ pub fn classify(group: Option<&[u8]>) -> Group {
             b"sizes" => Group::Sizes,
             b"replication" => Group::Replication,
             b"digest" => Group::Digest,
+            b"extstore" => Group::Extstore,
             _ => Group::Unknown,
         }
     }
@@ -82,8 +85,11 @@ pub fn classify_binary(key: &[u8]) -> Group {
         Group::Detail
     } else {
         match classify(Some(key)) {
-            // Whole names only, as memcached's get_stats compares them.
-            Group::Reset | Group::Settings | Group::Detail | Group::CacheDump => Group::Unknown,
+            // Whole names only, as memcached's get_stats compares them; memcached's binary
+            // protocol has no `extstore` group.
+            Group::Reset | Group::Settings | Group::Detail | Group::CacheDump | Group::Extstore => {
+                Group::Unknown
+            }
             Group::Conns if key != b"conns" => Group::Unknown,
             g => g,
         }
@@ -154,6 +160,16 @@ pub fn emit_group(ctx: &Ctx<'_>, group: Group, sink: &mut Sink<'_>) -> bool {
             let d = ctx.shared.engine.digest(ctx.shared.clock.now());
             emit(sink, "digest_items", d.items);
             emit(sink, "digest", d.hex());
+        }
+        Group::Extstore => {
+            // memcached's four lines per page; kvcached has no page buckets (one FIFO of
+            // segments), so `bucket` and `free_bucket` are 0. Nothing without a tier.
+            for (i, (version, bytes)) in ctx.shared.engine.flash_pages().into_iter().enumerate() {
+                emit(sink, &format!("{i}:version"), version);
+                emit(sink, &format!("{i}:bytes"), bytes);
+                emit(sink, &format!("{i}:bucket"), 0);
+                emit(sink, &format!("{i}:free_bucket"), 0);
+            }
         }
         Group::Reset | Group::Detail | Group::CacheDump | Group::Unknown => return false,
     }
@@ -504,6 +520,7 @@ fn flash(ctx: &Ctx<'_>, f: &kvstore::FlashStats, sink: &mut Sink<'_>) {
     emit(sink, "flash_writes_busy", f.tier.writes_busy);
     emit(sink, "flash_inline_reads", f.inline_reads);
     emit(sink, "flash_offline", u8::from(f.tier.offline));
+    emit(sink, "flash_recoveries", f.tier.recoveries);
 }
 
 fn settings(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
@@ -557,6 +574,14 @@ fn settings(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
     match &c.memory_file {
         Some(p) => emit(sink, "memory_file", p.display()),
         None => emit(sink, "memory_file", "(null)"),
+    }
+    // With a flash tier, memcached's extstore settings that mean something here (the
+    // others are accepted and unused, so not shown); ext_threads and ext_ignore_bad_file
+    // are kvcached's own lines.
+    if let Some(f) = &c.flash {
+        emit(sink, "ext_wbuf_size", f.wbuf_size);
+        emit(sink, "ext_threads", f.threads);
+        emit(sink, "ext_ignore_bad_file", yes_no(f.ignore_bad_file));
     }
     let ssl = &c.ssl;
     let path = |p: &Option<std::path::PathBuf>, none: &'static str| match p {

@@ -126,6 +126,9 @@ pub struct FlashSettings {
     pub wbuf_size: u64,
     /// Writer threads, and threads reading flash for the workers (`ext_threads`).
     pub threads: usize,
+    /// Serve from memory alone when the files cannot be made (no space, a bad path)
+    /// instead of refusing to start (`-o ext_ignore_bad_file`; kvcached's own).
+    pub ignore_bad_file: bool,
 }
 
 /// The whole configuration of a kvcached process.

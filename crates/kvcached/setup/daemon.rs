@@ -282,6 +282,16 @@ pub fn set_core_limit() -> Result<(), String> {
     }
 }
 
+/// Take a write past the file size limit (`RLIMIT_FSIZE`) as an error (`EFBIG`) instead
+/// of the signal that would kill the server: the flash tier and `-e`'s memory file then
+/// report it, and the server goes on from memory.
+pub fn ignore_file_size_signal() {
+    // SAFETY: setting a standard signal's disposition to SIG_IGN; no handler runs.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

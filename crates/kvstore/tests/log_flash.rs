@@ -228,6 +228,13 @@ fn commands_on_flash_items_behave_as_on_ram_items() {
 #[test]
 fn a_full_tier_gives_back_its_oldest_pages() {
     let (e, _dir) = engine(4 << 20, 16 << 20);
+    // Evictions from flash are told to the observer (`watch evictions`) as from RAM.
+    let observed = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let seen = std::sync::Arc::clone(&observed);
+    e.observe_evictions(Box::new(move |item, _| {
+        assert!(item.key.starts_with(b"key:"));
+        seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }));
     let n = 60_000u64;
     for i in 0..n {
         assert!(matches!(
@@ -253,7 +260,14 @@ fn a_full_tier_gives_back_its_oldest_pages() {
     // About 20 MiB fit in RAM and flash together: the newest items are kept.
     assert!(hits > 10_000 && hits < n, "{hits}");
     assert!(newest > 9_000, "{newest} of the newest 10,000");
-    assert!(e.stats().evictions > 0);
+    let st = e.stats();
+    assert!(st.evictions > 0);
+    // Every eviction is observed and, never read, counted as unfetched.
+    assert_eq!(
+        observed.load(std::sync::atomic::Ordering::Relaxed),
+        st.evictions
+    );
+    assert_eq!(st.evicted_unfetched, st.evictions, "{st:?}");
 }
 
 /// With flash I/O deferred (a server's worker), a lookup of a flash item finds nothing and

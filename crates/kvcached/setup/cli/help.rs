@@ -143,6 +143,9 @@ Extended options: -o, --extended=OPT[,OPT=VALUE...]
                               systemd, whose journal adds them) or as one JSON object per
                               line (kvcached's own). -v, -vv, -vvv add info, debug and
                               trace events, as memcached's -v levels
+  ext_ignore_bad_file         with ext_path: when a flash file cannot be made (no space,
+                              a bad path), log why and serve from memory alone instead
+                              of exiting (kvcached's own)
   warm_restart_ignore_bad_file
                               with -e: when the file cannot be used (damaged, cut short,
                               another format or other -C/-I), move it to FILE.bad and

@@ -274,6 +274,8 @@ pub(super) struct Builder {
     ext_wbuf_size: u64,
     /// `-o ext_threads` (memcached's default 1).
     ext_threads: usize,
+    /// `-o ext_ignore_bad_file` (kvcached's own).
+    ext_ignore_bad_file: bool,
 }
 
 impl Builder {
@@ -296,6 +298,7 @@ impl Builder {
             ext_files: Vec::new(),
             ext_wbuf_size: 4 << 20,
             ext_threads: 1,
+            ext_ignore_bad_file: false,
         }
     }
 

@@ -219,6 +219,7 @@ impl Builder {
                 files: std::mem::take(&mut self.ext_files),
                 wbuf_size: self.ext_wbuf_size,
                 threads: self.ext_threads,
+                ignore_bad_file: self.ext_ignore_bad_file,
             });
         }
         Ok(Action::Run {

@@ -20,8 +20,10 @@
 //! write buffer, and queues it; a writer thread writes it and calls the caller's `done`
 //! with the outcome. When the buffer is full the write is refused at once
 //! ([`TierError::Busy`]): callers (eviction) never wait for the device. After
-//! `OFFLINE_AFTER` write errors in a row the tier goes offline: it hands out no page until
-//! [`Tier::set_online`].
+//! `OFFLINE_AFTER` write errors in a row the tier goes offline: [`Tier::accepts_writes`]
+//! says no, except once in `PROBE_EVERY` asks, when the next [`Tier::alloc`] hands out a
+//! page for a probe write. The first write that succeeds brings the tier back online
+//! (the device was replaced, space was freed); [`Tier::last_error`] keeps what failed.
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -36,6 +38,10 @@ use super::layout::{blocks_for, BLOCK};
 
 /// Write errors in a row that take the tier offline.
 const OFFLINE_AFTER: u32 = 8;
+
+/// While offline, one ask in this many of [`Tier::accepts_writes`] is let through to try
+/// a write (a count, not a clock: a tier nobody writes to needs no probe).
+const PROBE_EVERY: u32 = 64;
 
 /// What a tier is made of.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,6 +102,8 @@ pub struct TierStats {
     pub io_errors: u64,
     /// kvcached's own: whether the tier is offline after write errors.
     pub offline: bool,
+    /// kvcached's own: times a probe write brought the tier back online.
+    pub recoveries: u64,
 }
 
 type Done = Box<dyn FnOnce(Result<usize, TierError>) + Send>;
@@ -129,6 +137,13 @@ struct Inner {
     write_buffer: usize,
     errors_in_row: AtomicU32,
     offline: AtomicBool,
+    /// Asks of `accepts_writes` while offline, and whether a probe's page may be handed out.
+    offline_asks: AtomicU32,
+    probe: AtomicBool,
+    /// The last write error, as text (for the server's log and `stats`).
+    last_error: Mutex<Option<String>>,
+    /// Times the tier came back online after a probe write succeeded.
+    recoveries: AtomicU64,
     /// Encoded-page buffers kept for reuse (at most what the write buffer allows).
     spare: Mutex<Vec<AlignedBuf>>,
     page_allocs: AtomicU64,
@@ -214,6 +229,10 @@ impl Tier {
             write_buffer: config.write_buffer.max(page_len),
             errors_in_row: AtomicU32::new(0),
             offline: AtomicBool::new(false),
+            offline_asks: AtomicU32::new(0),
+            probe: AtomicBool::new(false),
+            last_error: Mutex::new(None),
+            recoveries: AtomicU64::new(0),
             spare: Mutex::new(Vec::new()),
             page_allocs: AtomicU64::new(0),
             page_reclaims: AtomicU64::new(0),
@@ -253,10 +272,10 @@ impl Tier {
         self.inner.gens.len() as u32
     }
 
-    /// A free page, at its current generation; None when every page is in use or the
-    /// tier is offline.
+    /// A free page, at its current generation; None when every page is in use, or when
+    /// the tier is offline and no probe was let through by [`Tier::accepts_writes`].
     pub fn alloc(&self) -> Option<Loc> {
-        if self.is_offline() {
+        if self.is_offline() && !self.inner.probe.swap(false, Ordering::Relaxed) {
             return None;
         }
         let page = lock(&self.inner.free).pop_front()?;
@@ -378,10 +397,29 @@ impl Tier {
         self.inner.offline.load(Ordering::Relaxed)
     }
 
+    /// Whether a caller should try to write now: yes while online; while offline, once in
+    /// `PROBE_EVERY` asks (the next [`Tier::alloc`] then hands out a page for the probe).
+    pub fn accepts_writes(&self) -> bool {
+        let inner = &*self.inner;
+        if !self.is_offline() {
+            return true;
+        }
+        if inner.offline_asks.fetch_add(1, Ordering::Relaxed) % PROBE_EVERY == PROBE_EVERY - 1 {
+            inner.probe.store(true, Ordering::Relaxed);
+            return true;
+        }
+        false
+    }
+
     /// Hand out pages again after write errors took the tier offline.
     pub fn set_online(&self) {
         self.inner.errors_in_row.store(0, Ordering::Relaxed);
         self.inner.offline.store(false, Ordering::Relaxed);
+    }
+
+    /// The last write error, as text, if a write ever failed.
+    pub fn last_error(&self) -> Option<String> {
+        lock(&self.inner.last_error).clone()
     }
 
     /// The counters.
@@ -401,7 +439,14 @@ impl Tier {
             writes_busy: i.writes_busy.load(Ordering::Relaxed),
             io_errors: i.io_errors.load(Ordering::Relaxed),
             offline: i.offline.load(Ordering::Relaxed),
+            recoveries: i.recoveries.load(Ordering::Relaxed),
         }
+    }
+
+    /// Make every write fail with an I/O error (`on`), or work again (a test's device).
+    #[cfg(test)]
+    pub(crate) fn fail_writes(&self, on: bool) {
+        self.inner.fail_writes.store(on, Ordering::Relaxed);
     }
 
     /// Hold the writers before their next write while the guard lives (a test's full
@@ -444,8 +489,12 @@ impl Inner {
             Ok(n) => {
                 self.errors_in_row.store(0, Ordering::Relaxed);
                 self.bytes_written.fetch_add(*n as u64, Ordering::Relaxed);
+                if self.offline.swap(false, Ordering::Relaxed) {
+                    self.recoveries.fetch_add(1, Ordering::Relaxed);
+                }
             }
-            Err(_) => {
+            Err(e) => {
+                *lock(&self.last_error) = Some(e.to_string());
                 self.io_errors.fetch_add(1, Ordering::Relaxed);
                 if self.errors_in_row.fetch_add(1, Ordering::Relaxed) + 1 >= OFFLINE_AFTER {
                     self.offline.store(true, Ordering::Relaxed);
@@ -624,11 +673,12 @@ mod tests {
     }
 
     #[test]
-    fn write_errors_are_reported_and_take_the_tier_offline() {
+    fn write_errors_take_the_tier_offline_and_a_probe_brings_it_back() {
         let d = Dir::new("tier-errors");
         let t = Tier::create(&config(&d, &[1 << 20], 1 << 20)).expect("tier");
-        t.inner.fail_writes.store(true, Ordering::Relaxed);
+        t.fail_writes(true);
         for _ in 0..OFFLINE_AFTER {
+            assert!(t.accepts_writes());
             let loc = t.alloc().expect("online");
             assert!(write(&t, loc, &image(100, 0)).is_err());
             t.free(loc);
@@ -636,11 +686,43 @@ mod tests {
         let s = t.stats();
         assert!(s.offline);
         assert_eq!(s.io_errors, u64::from(OFFLINE_AFTER));
+        assert!(t.last_error().is_some_and(|e| e.contains("write")));
         assert_eq!(t.alloc(), None, "offline: no page");
-        t.inner.fail_writes.store(false, Ordering::Relaxed);
-        t.set_online();
+        // Offline, one ask in PROBE_EVERY lets a write through; a failed probe keeps the
+        // tier offline.
+        let probe = |t: &Tier| {
+            for _ in 1..PROBE_EVERY {
+                assert!(!t.accepts_writes());
+                assert_eq!(t.alloc(), None);
+            }
+            assert!(t.accepts_writes(), "the probe's turn");
+            t.alloc().expect("the probe's page")
+        };
+        let loc = probe(&t);
+        assert!(write(&t, loc, &image(100, 0)).is_err());
+        t.free(loc);
+        assert!(t.stats().offline, "a failed probe");
+        // The device works again: the next probe's write brings the tier back.
+        t.fail_writes(false);
+        let loc = probe(&t);
+        write(&t, loc, &image(100, 0)).expect("the probe is written");
+        let s = t.stats();
+        assert!(!s.offline);
+        assert_eq!(s.recoveries, 1);
+        assert!(t.accepts_writes());
         let loc = t.alloc().expect("online again");
         write(&t, loc, &image(100, 0)).expect("write");
+        // set_online does the same by hand.
+        t.fail_writes(true);
+        for _ in 0..OFFLINE_AFTER {
+            let loc = t.alloc().expect("online");
+            assert!(write(&t, loc, &image(100, 0)).is_err());
+            t.free(loc);
+        }
+        assert!(t.is_offline());
+        t.fail_writes(false);
+        t.set_online();
+        assert!(t.alloc().is_some());
     }
 
     #[test]

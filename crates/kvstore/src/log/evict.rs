@@ -388,20 +388,26 @@ impl LogEngine {
                 if index::freq(v) >= self.eviction.keep_need(r.len, unit) {
                     return true;
                 }
-                self.observe_eviction(r, v, now);
-                self.note_eviction_in(notes, r.key, (r.cas, r.stamp));
-                self.st().evictions.fetch_add(1, Ordering::Relaxed);
-                self.tally_evicted(self.rec_size(r));
-                if !index::fetched(v) {
-                    self.st().evicted_unfetched.fetch_add(1, Ordering::Relaxed);
-                }
-                if r.exptime != 0 {
-                    self.st().evicted_nonzero.fetch_add(1, Ordering::Relaxed);
-                }
+                self.count_evicted(r, v, now, notes);
             }
             Vis::Expired | Vis::Flushed => self.count_reclaimed(v, self.rec_size(r), false),
         }
         false
+    }
+
+    /// Count the eviction of the live item `r` (slot value `v`), from memory or from
+    /// flash: memcached's counters, the `watch evictions` observer, replicas' notes.
+    pub(super) fn count_evicted(&self, r: &Rec<'_>, v: u64, now: Time, notes: &mut EvictionNotes) {
+        self.observe_eviction(r, v, now);
+        self.note_eviction_in(notes, r.key, (r.cas, r.stamp));
+        self.st().evictions.fetch_add(1, Ordering::Relaxed);
+        self.tally_evicted(self.rec_size(r));
+        if !index::fetched(v) {
+            self.st().evicted_unfetched.fetch_add(1, Ordering::Relaxed);
+        }
+        if r.exptime != 0 {
+            self.st().evicted_nonzero.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Process every record of sealed segment `id` (popped from the FIFO, so ours). The
@@ -419,10 +425,7 @@ impl LogEngine {
                     self.st().copied_forward.fetch_add(1, Ordering::Relaxed);
                     return true;
                 }
-                self.observe_eviction(r, v, now);
-                self.note_eviction_in(&mut notes, r.key, (r.cas, r.stamp));
-                self.st().evictions.fetch_add(1, Ordering::Relaxed);
-                self.tally_evicted(self.rec_size(r));
+                self.count_evicted(r, v, now, &mut notes);
             }
             self.note_removed(r, v);
             slot.store(0);

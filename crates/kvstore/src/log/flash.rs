@@ -262,6 +262,34 @@ impl LogEngine {
         }
     }
 
+    /// The tier's last write error, as text, if a write ever failed (the tier goes
+    /// offline after several in a row and back online when a probe write succeeds).
+    pub fn flash_write_error(&self) -> Option<String> {
+        self.flash.get()?.tier.last_error()
+    }
+
+    /// Every page of the tier in order, as memcached's `stats extstore` lists them: the
+    /// write generation of the segment it holds and that segment's live record bytes, or
+    /// (0, 0) for a page holding none (free, or its write not finished). Empty without a
+    /// tier.
+    pub fn flash_pages(&self) -> Vec<(u32, u64)> {
+        let Some(f) = self.flash.get() else {
+            return Vec::new();
+        };
+        let mut pages = vec![(0, 0); f.tier.pages() as usize];
+        for (id, b) in &lock(&f.bound).by_id {
+            if let (Some(p), Some(s)) = (pages.get_mut(b.loc.page as usize), self.segs.get(*id)) {
+                *p = (b.loc.gen, s.live_bytes());
+            }
+        }
+        pages
+    }
+
+    /// Whether write errors took the tier offline (false without a tier).
+    pub fn flash_offline(&self) -> bool {
+        self.flash.get().is_some_and(|f| f.tier.is_offline())
+    }
+
     /// Whether a flash tier is attached.
     #[inline]
     pub fn has_flash(&self) -> bool {
@@ -415,7 +443,7 @@ impl LogEngine {
 
     /// Whether eviction sends cold items to flash now.
     pub(super) fn demoting(&self) -> bool {
-        self.flash.get().is_some_and(|f| !f.tier.is_offline()) && !self.repl.is_active()
+        self.flash.get().is_some_and(|f| f.tier.accepts_writes()) && !self.repl.is_active()
     }
 
     /// Send sealed segment `id` (popped from the FIFO, so ours) to flash whole instead of
@@ -473,7 +501,11 @@ impl LogEngine {
                 f.tier.drain();
                 self.settle();
             }
+            // Offline (a probe's page already taken), nothing is worth dropping a page for.
             let Some(loc) = f.tier.alloc().or_else(|| {
+                if f.tier.is_offline() {
+                    return None;
+                }
                 self.drop_oldest();
                 f.tier.alloc()
             }) else {
@@ -684,11 +716,143 @@ impl LogEngine {
         }
         self.note_removed(r, v);
         if self.vis(r, now) == Vis::Live {
-            self.note_eviction_in(notes, r.key, (r.cas, r.stamp));
-            self.st().evictions.fetch_add(1, Ordering::Relaxed);
-            self.tally_evicted(self.rec_size(r));
+            self.count_evicted(r, v, now, notes);
         } else {
             self.count_reclaimed(v, self.rec_size(r), false);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::flash::{Tier, TierConfig};
+    use crate::{Engine, EngineConfig, IndexLayout, LogEngine, ReadOptions, StoreMode};
+    use crate::{StoreRequest, StoreResult, Time};
+
+    const NOW: Time = 1000;
+
+    fn set(e: &LogEngine, i: u64) -> bool {
+        let (k, v) = (format!("key:{i}"), value(i));
+        let req = StoreRequest {
+            mode: StoreMode::Set,
+            key: k.as_bytes(),
+            value: &v,
+            flags: 0,
+            exptime: 0,
+        };
+        matches!(e.store(req, NOW), StoreResult::Stored(_))
+    }
+
+    fn value(i: u64) -> Vec<u8> {
+        let tag = format!("{i}:");
+        tag.bytes()
+            .chain(std::iter::repeat(b'v'))
+            .take(1000)
+            .collect()
+    }
+
+    /// Keys read back among `keys`, each checked byte for byte.
+    fn read_back(e: &LogEngine, keys: std::ops::Range<u64>) -> u64 {
+        let mut hits = 0;
+        for i in keys {
+            let mut got = None;
+            e.get(
+                format!("key:{i}").as_bytes(),
+                NOW,
+                ReadOptions::default(),
+                &mut |v| got = Some(v.value.to_vec()),
+            );
+            if let Some(v) = got {
+                assert_eq!(v, value(i), "key {i}: wrong bytes");
+                hits += 1;
+            }
+        }
+        hits
+    }
+
+    /// A device whose writes fail: segments are evicted as without a tier (nothing wrong
+    /// is read, the accounting stays exact), the tier goes offline with the error kept,
+    /// and once the device works again a probe write brings it back and items go to
+    /// flash again.
+    #[test]
+    fn write_errors_evict_as_without_a_tier_and_a_probe_recovers() {
+        let dir = std::env::temp_dir().join(format!("kvstore-flash-fail-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        let e = LogEngine::with_layout(
+            EngineConfig {
+                max_bytes: 4 << 20,
+                max_item_size: 1 << 20,
+                no_evict: false,
+                use_cas: true,
+            },
+            IndexLayout::Wide,
+        );
+        let made = Tier::create(&TierConfig {
+            files: vec![(dir.join("flash"), 96 << 20)],
+            page_bytes: e.segment_size(),
+            write_threads: 1,
+            write_buffer: 4 << 20,
+        })
+        .expect("tier");
+        e.attach_flash(made).expect("attach");
+        fn tier(e: &LogEngine) -> &Tier {
+            &e.flash.get().expect("a tier").tier
+        }
+
+        // Working: beyond memory goes to flash.
+        let first = 10_000;
+        for i in 0..first {
+            assert!(set(&e, i));
+        }
+        e.flash_settle();
+        let on_flash = e.flash_stats().expect("stats").objects_used;
+        assert!(on_flash > first / 2, "{on_flash} on flash");
+
+        // Failing: writes go on, segments are evicted, the tier goes offline.
+        tier(&e).fail_writes(true);
+        let failing = first..first + 20_000;
+        for i in failing.clone() {
+            assert!(set(&e, i), "a set while flash fails");
+        }
+        e.flash_settle();
+        let s = e.flash_stats().expect("stats");
+        assert!(s.tier.offline, "{s:?}");
+        assert!(s.write_failures > 0, "{s:?}");
+        assert!(e.flash_write_error().is_some());
+        e.check_accounting().expect("accounting while failing");
+        let hits = read_back(&e, 0..failing.end);
+        assert!(
+            hits >= on_flash,
+            "{hits} read back, {on_flash} were on flash"
+        );
+
+        // Working again: a probe brings the tier back (bounded: a probe comes every 64
+        // segments evicted).
+        tier(&e).fail_writes(false);
+        let mut next = failing.end;
+        while e.flash_stats().expect("stats").tier.offline && next < failing.end + 200_000 {
+            assert!(set(&e, next));
+            next += 1;
+            if next % 1000 == 0 {
+                e.flash_settle();
+            }
+        }
+        let s = e.flash_stats().expect("stats");
+        assert!(
+            !s.tier.offline,
+            "still offline after {} sets: {s:?}",
+            next - failing.end
+        );
+        assert_eq!(s.tier.recoveries, 1);
+        let after = next;
+        for i in after..after + 20_000 {
+            assert!(set(&e, i));
+        }
+        e.flash_settle();
+        e.check_accounting().expect("accounting after recovery");
+        let hits = read_back(&e, after..after + 20_000);
+        assert!(hits > 18_000, "{hits} of 20,000 read back after recovery");
+        drop(e);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
