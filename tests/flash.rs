@@ -531,3 +531,40 @@ fn a_damaged_file_at_start_is_made_afresh_and_stats_extstore_lists_pages() {
     );
     assert!(settings.contains("STAT ext_threads 1\r\n"), "{settings}");
 }
+
+/// A flash item read again is copied back to memory (`recache_from_extstore`): later gets
+/// need no flash read. `ext_recache_rate=0` turns it off.
+#[test]
+fn flash_items_read_again_are_copied_back_to_memory() {
+    for (rate, copied) in [("1", true), ("0", false)] {
+        let recache = format!("ext_recache_rate={rate}");
+        let (server, _dir) = start("flash-recache", &["-o", &recache]);
+        let mut c = server.connect();
+        load(&mut c, 60_000);
+        let want = format!("VALUE key:5 0 500\r\n{}\r\nEND\r\n", value(5));
+        let reads = stat(&mut c, "get_extstore");
+        assert_eq!(get(&mut c, "get key:5\r\n"), want);
+        assert_eq!(stat(&mut c, "get_extstore"), reads + 1, "on flash");
+        for _ in 0..3 {
+            assert_eq!(get(&mut c, "get key:5\r\n"), want);
+        }
+        assert_eq!(stat(&mut c, "recache_from_extstore"), u64::from(copied));
+        // Read 4,200 other flash items, so that the records read lately are no longer kept
+        // for re-runs (at most 4,096 are).
+        // One key a request: a request that waited three times reads on the worker, and
+        // keeps nothing.
+        for first in (100..4_300).step_by(100) {
+            let gets: String = (first..first + 100)
+                .map(|i| format!("get key:{i}\r\n"))
+                .collect();
+            c.send(gets.as_bytes());
+            for _ in 0..100 {
+                assert!(c.until("END\r\n").starts_with("VALUE "));
+            }
+        }
+        let reads = stat(&mut c, "get_extstore");
+        assert_eq!(get(&mut c, "get key:5\r\n"), want);
+        let read_again = stat(&mut c, "get_extstore") > reads;
+        assert_eq!(read_again, !copied, "rate {rate}");
+    }
+}

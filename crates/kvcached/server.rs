@@ -58,6 +58,7 @@ pub fn build_engine(config: &Config) -> Result<LogEngine, String> {
             engine
                 .attach_flash(tier)
                 .map_err(|e| format!("-o ext_path: {e}"))?;
+            engine.set_flash_recache_rate(f.recache_rate);
             engine
         }
     };

@@ -498,8 +498,7 @@ fn flash(ctx: &Ctx<'_>, f: &kvstore::FlashStats, sink: &mut Sink<'_>) {
     emit(sink, "get_aborted_extstore", aborted);
     // Reads are not limited by a memory budget of their own (memcached's `get_oom`).
     emit(sink, "get_oom_extstore", 0);
-    // Items read from flash are not yet copied back to memory (memcached's recache).
-    emit(sink, "recache_from_extstore", 0);
+    emit(sink, "recache_from_extstore", f.recaches);
     emit(sink, "miss_from_extstore", f.read_errors);
     emit(sink, "badcrc_from_extstore", f.tier.io_errors);
     emit(sink, "extstore_limit_maxbytes", f.tier.limit_maxbytes);
@@ -579,6 +578,7 @@ fn settings(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
     // others are accepted and unused, so not shown); ext_threads and ext_ignore_bad_file
     // are kvcached's own lines.
     if let Some(f) = &c.flash {
+        emit(sink, "ext_recache_rate", f.recache_rate);
         emit(sink, "ext_wbuf_size", f.wbuf_size);
         emit(sink, "ext_threads", f.threads);
         emit(sink, "ext_ignore_bad_file", yes_no(f.ignore_bad_file));

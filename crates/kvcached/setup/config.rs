@@ -129,6 +129,9 @@ pub struct FlashSettings {
     /// Serve from memory alone when the files cannot be made (no space, a bad path)
     /// instead of refusing to start (`-o ext_ignore_bad_file`; kvcached's own).
     pub ignore_bad_file: bool,
+    /// Copy back to memory one in this many flash items read again
+    /// (`ext_recache_rate`; 0 never).
+    pub recache_rate: u32,
 }
 
 /// The whole configuration of a kvcached process.

@@ -313,3 +313,54 @@ fn deferred_lookups_name_their_reads_and_find_the_item_once_done() {
     }
     assert!(checked > 50, "{checked} flash items looked up");
 }
+
+/// A flash item read again is copied back to memory (memcached's recache) with its value,
+/// flags and CAS: the next reads need no flash read. Read once, it stays on flash; with
+/// the rate at 0, nothing is copied back.
+#[test]
+fn flash_items_read_again_are_copied_back_to_memory() {
+    let (e, _dir) = engine(4 << 20, 96 << 20);
+    let n = 20_000u64;
+    let mut cas = Vec::new();
+    for i in 0..n {
+        match set(&e, &key(i), &value(i, 1000)) {
+            StoreResult::Stored(c) => cas.push(c),
+            other => panic!("set {i}: {other:?}"),
+        }
+    }
+    e.flash_settle();
+    let reads = |e: &LogEngine| e.flash_stats().expect("a tier").reads;
+    let recaches = |e: &LogEngine| e.flash_stats().expect("a tier").recaches;
+    // Once: read from flash, not copied.
+    let before = reads(&e);
+    assert_eq!(get(&e, &key(1)), Some((value(1, 1000), 7, cas[1])));
+    assert_eq!(reads(&e), before + 1);
+    assert_eq!(recaches(&e), 0);
+    // Twice: read from flash again and copied back.
+    assert_eq!(get(&e, &key(1)), Some((value(1, 1000), 7, cas[1])));
+    assert_eq!(reads(&e), before + 2);
+    assert_eq!(recaches(&e), 1);
+    // From memory now.
+    for _ in 0..3 {
+        assert_eq!(get(&e, &key(1)), Some((value(1, 1000), 7, cas[1])));
+    }
+    assert_eq!(
+        reads(&e),
+        before + 2,
+        "no flash read for a copied-back item"
+    );
+    assert_eq!(recaches(&e), 1);
+    e.check_accounting().expect("accounting after the copy");
+    // A write over it behaves as over any item.
+    assert!(matches!(set(&e, &key(1), b"new"), StoreResult::Stored(_)));
+    assert_eq!(get(&e, &key(1)).map(|g| g.0), Some(b"new".to_vec()));
+
+    e.set_flash_recache_rate(0);
+    let before = reads(&e);
+    for _ in 0..3 {
+        assert_eq!(get(&e, &key(2)), Some((value(2, 1000), 7, cas[2])));
+    }
+    assert_eq!(reads(&e), before + 3, "rate 0: every read from flash");
+    assert_eq!(recaches(&e), 1);
+    e.check_accounting().expect("accounting");
+}

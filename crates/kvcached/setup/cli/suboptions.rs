@@ -326,8 +326,11 @@ impl Builder {
                     "{sp}: kvcached's flash pages are one segment each; ignored"
                 ));
             }
+            "ext_recache_rate" => {
+                self.ext_recache_rate = int::<u32>(sp, &need(val)?, "a whole number")?;
+            }
             "ext_io_depth" | "ext_item_size" | "ext_item_age" | "ext_low_ttl"
-            | "ext_recache_rate" | "ext_compact_under" | "ext_drop_under" | "ext_max_sleep" => {
+            | "ext_compact_under" | "ext_drop_under" | "ext_max_sleep" => {
                 int::<u32>(sp, &need(val)?, "a whole number")?;
                 self.ext_ignored(sp);
             }

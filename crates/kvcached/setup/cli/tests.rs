@@ -565,8 +565,16 @@ fn ext_path_configures_the_flash_tier() {
     assert_eq!((f.wbuf_size, f.threads), (8 << 20, 3));
     assert!(!f.ignore_bad_file);
     assert!(notes.is_empty(), "{notes:?}");
-    let (c, _) = run(&["-o", "ext_path=/mnt/a:64m,ext_ignore_bad_file"]).unwrap();
-    assert!(c.flash.expect("a flash tier").ignore_bad_file);
+    assert_eq!(f.recache_rate, 1, "kvcached's default");
+    let (c, notes) = run(&[
+        "-o",
+        "ext_path=/mnt/a:64m,ext_ignore_bad_file,ext_recache_rate=0",
+    ])
+    .unwrap();
+    let f = c.flash.expect("a flash tier");
+    assert!(f.ignore_bad_file);
+    assert_eq!(f.recache_rate, 0);
+    assert!(notes.is_empty(), "{notes:?}");
     let (c, _) = run(&[]).unwrap();
     assert!(c.flash.is_none());
     // memcached starts without the warm restart too.

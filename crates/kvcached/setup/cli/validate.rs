@@ -220,6 +220,7 @@ impl Builder {
                 wbuf_size: self.ext_wbuf_size,
                 threads: self.ext_threads,
                 ignore_bad_file: self.ext_ignore_bad_file,
+                recache_rate: self.ext_recache_rate,
             });
         }
         Ok(Action::Run {

@@ -26,9 +26,9 @@ impl Engine for LogEngine {
         if let Some(exptime) = opts.touch {
             return self.touch_inner(key, h, exptime, now, Some(found));
         }
+        let mut fetch = super::flash::Fetch::default();
         let dead = {
             let _pin = self.pin();
-            let mut fetch = super::flash::Fetch::default();
             // SAFETY: pinned for as long as `r` is used (the callback included).
             let Some((slot, v, r)) = (unsafe { self.lookup(h, key, &mut fetch) }) else {
                 return false;
@@ -37,11 +37,19 @@ impl Engine for LogEngine {
                 Vis::Live => {
                     self.mark_access(slot, v);
                     found(self.view_leasable(key, &r, v));
-                    return true;
+                    if !self.wants_recache(v) {
+                        return true;
+                    }
+                    (v, Vis::Live, r.value.len())
                 }
-                vis => (v, vis),
+                vis => (v, vis, 0),
             }
         };
+        if dead.1 == Vis::Live {
+            // A flash item read again: back to memory, after the pin (a write may evict).
+            self.recache(key, h, dead.0, dead.2, fetch, now);
+            return true;
+        }
         self.count_dead(dead.1);
         self.unlink_dead(h, dead.0);
         false

@@ -33,15 +33,24 @@
 //! a RAM item, and writers replace a flash item's slot as they would a RAM one's (one slot
 //! per key). A read that fails (an I/O error, a damaged block, a page reused meanwhile)
 //! is a miss, counted. The maintenance sweep reads flash items too, to unlink dead ones.
+//! A server defers the reads to its I/O threads (`defer_flash`, `complete_flash_read`).
 //!
-//! Not yet (later stages): reads that do not block the worker, promotion of items read
-//! again, repacking partly live segments and flash compaction, warm restart and
+//! A get that reads a flash item read before since it went to flash copies it back to
+//! memory (`recache`: a touch that keeps the expiry, `Cond::Loc`), one in
+//! `ext_recache_rate`.
+//!
+//! # Faults
+//!
+//! A write that fails leaves its segment to be evicted as without a tier; the tier goes
+//! offline after several in a row and lets a probe write through now and then
+//! (`Tier::accepts_writes`, asked by `demoting`).
+//!
+//! Not yet: repacking partly live segments and flash compaction, warm restart and
 //! replication with a tier (eviction drops items while replicas are attached), large
-//! items, the server's options. `walk.rs` (digests, `lru_crawler metadump`) sees RAM
-//! items only.
+//! items. `walk.rs` (digests, `lru_crawler metadump`) sees RAM items only.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::format::{self, Rec, KIND_ITEM, SEG_HDR};
@@ -91,6 +100,7 @@ struct Counters {
     objects_evicted: AtomicU64,
     write_failures: AtomicU64,
     inline_reads: AtomicU64,
+    recaches: AtomicU64,
 }
 
 /// What the engine's flash part counts, beside the tier's own counters.
@@ -117,6 +127,8 @@ pub struct FlashStats {
     /// Flash reads a lookup did itself, on its own thread (not deferred to another: a
     /// server's maintenance sweep, or a request that could not wait).
     pub inline_reads: u64,
+    /// Flash items read again and copied back to memory (`recache_from_extstore`).
+    pub recaches: u64,
     /// Items on flash now (`extstore_objects_used`).
     pub objects_used: u64,
     /// Record bytes on flash now (`extstore_bytes_used`).
@@ -160,6 +172,10 @@ pub(super) struct Flash {
     /// Records read for deferred lookups.
     fetched: Mutex<Fetched>,
     counters: Counters,
+    /// Copy back one in this many flash items read again (`ext_recache_rate`); 0 never.
+    recache_rate: AtomicU32,
+    /// Flash items read again, the count the rate picks from.
+    recache_asks: AtomicU64,
 }
 
 /// Why a tier could not be attached.
@@ -221,6 +237,8 @@ impl LogEngine {
             in_flight: AtomicUsize::new(0),
             fetched: Mutex::default(),
             counters: Counters::default(),
+            recache_rate: AtomicU32::new(1),
+            recache_asks: AtomicU64::new(0),
         };
         self.flash
             .set(flash)
@@ -249,6 +267,7 @@ impl LogEngine {
             objects_evicted: c.objects_evicted.load(Ordering::Relaxed),
             write_failures: c.write_failures.load(Ordering::Relaxed),
             inline_reads: c.inline_reads.load(Ordering::Relaxed),
+            recaches: c.recaches.load(Ordering::Relaxed),
             objects_used,
             bytes_used,
         })
@@ -259,6 +278,78 @@ impl LogEngine {
         if let Some(f) = self.flash.get() {
             f.tier.drain();
             self.settle();
+        }
+    }
+
+    /// Copy back to memory one in `rate` flash items read again since they went to flash
+    /// (memcached's `ext_recache_rate`; 0 never). The default is 1: every one.
+    pub fn set_flash_recache_rate(&self, rate: u32) {
+        if let Some(f) = self.flash.get() {
+            f.recache_rate.store(rate, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether a get that just read the live item slot value `v` should copy it back to
+    /// memory: it is on flash, it was read before since it went there (its access count,
+    /// zeroed on the way, is not), the rate picks it, and this is no replica (whose log is
+    /// its master's).
+    pub(super) fn wants_recache(&self, v: u64) -> bool {
+        let Some(f) = self.flash.get() else {
+            return false;
+        };
+        let rate = u64::from(f.recache_rate.load(Ordering::Relaxed));
+        rate != 0
+            && index::freq(v) >= 1
+            && self
+                .segs
+                .get(index::slot_seg(v))
+                .is_some_and(|s| s.ptr().is_none())
+            && !self.repl.is_replica()
+            && f.recache_asks.fetch_add(1, Ordering::Relaxed) % rate == 0
+    }
+
+    /// Copy the flash item `key` (hash `h`, slot value `v`, a value of `len` bytes, its
+    /// record just read into `fetch`) back to memory at the log's head, with its CAS,
+    /// flags, expiry and access bits, as a touch that keeps the expiry would (memcached's
+    /// recache). The record is kept for the write's own lookup, which so reads nothing
+    /// again. Nothing happens if the item changed meanwhile or there is no room.
+    pub(super) fn recache(
+        &self,
+        key: &[u8],
+        h: u64,
+        v: u64,
+        len: usize,
+        fetch: Fetch,
+        now: crate::Time,
+    ) {
+        use super::write::{Commit, Cond, MetaW, Outcome, Src};
+        let Some(f) = self.flash.get() else {
+            return;
+        };
+        let id = index::slot_seg(v);
+        if let Some(b) = self.binding(id) {
+            let off = index::slot_off(v) as u32;
+            keep_fetched(&mut lock(&f.fetched), (id, off, b.loc), fetch);
+        }
+        let c = Commit {
+            key,
+            h,
+            cond: Cond::Loc(v & index::IDENT_MASK),
+            src: Src::Old,
+            old_len: len,
+            flags: None,
+            exptime: None,
+            keep_cas: true,
+            keep_access: true,
+            access: false,
+            meta: MetaW {
+                stale: None,
+                binary_key: None,
+                ..MetaW::default()
+            },
+        };
+        if let Outcome::Stored(_) = self.commit(&c, now, None) {
+            f.counters.recaches.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -340,16 +431,7 @@ impl LogEngine {
         // A failed read is kept too (no bytes): the re-run then finds no record there (a
         // miss, counted as a read error) instead of waiting for the same read again.
         let fetch = self.read_record(f, b, r.off as usize).unwrap_or_default();
-        let key = (r.id, r.off, r.loc);
-        let mut kept = lock(&f.fetched);
-        if kept.by_key.insert(key, fetch).is_none() {
-            kept.order.push_back(key);
-        }
-        while kept.order.len() > FETCHED_MAX {
-            if let Some(old) = kept.order.pop_front() {
-                kept.by_key.remove(&old);
-            }
-        }
+        keep_fetched(&mut lock(&f.fetched), (r.id, r.off, r.loc), fetch);
     }
 
     /// The binding of segment `id`, if it is on flash.
@@ -719,6 +801,19 @@ impl LogEngine {
             self.count_evicted(r, v, now, notes);
         } else {
             self.count_reclaimed(v, self.rec_size(r), false);
+        }
+    }
+}
+
+/// Keep `fetch` as the record at `key` (segment, offset, page generation) for lookups to
+/// come, dropping the oldest beyond `FETCHED_MAX`.
+fn keep_fetched(kept: &mut Fetched, key: (u32, u32, Loc), fetch: Fetch) {
+    if kept.by_key.insert(key, fetch).is_none() {
+        kept.order.push_back(key);
+    }
+    while kept.order.len() > FETCHED_MAX {
+        if let Some(old) = kept.order.pop_front() {
+            kept.by_key.remove(&old);
         }
     }
 }
