@@ -9,7 +9,8 @@
 # 10; 0 skips it): what a full but quiet cache costs its machine (background threads), and
 # how often its threads were switched to in that time (context switches per second).
 #
-# usage: bench/memory.sh [-n ITEMS] [-k KEY] [-v VALUE] [-m MEGABYTES] [-i IDLE] [-- KVCACHED ARGS]
+# usage: bench/memory.sh [-n ITEMS] [-k KEY] [-v VALUE] [-m MEGABYTES] [-i IDLE] [-M "MEMCACHED ARGS"] [-- KVCACHED ARGS]
+#   -M: arguments for memcached only (e.g. its own extstore file, beside kvcached's flash tier)
 #   MEMCACHED=/path/to/memcached  the reference (default /usr/bin/memcached)
 #   KVCACHED=/path/to/kvcached    another kvcached build (default target/release/kvcached)
 set -euo pipefail
@@ -21,14 +22,16 @@ key=15
 value=32
 mem=1024
 idle=10
-while getopts "n:k:v:m:i:" opt; do
+mc_extra=()
+while getopts "n:k:v:m:i:M:" opt; do
     case $opt in
         n) items=$OPTARG ;;
         k) key=$OPTARG ;;
         v) value=$OPTARG ;;
         m) mem=$OPTARG ;;
         i) idle=$OPTARG ;;
-        *) echo "usage: $0 [-n ITEMS] [-k KEY] [-v VALUE] [-m MEGABYTES] [-i IDLE] [-- KVCACHED ARGS]" >&2; exit 2 ;;
+        M) read -r -a mc_extra <<<"$OPTARG" ;;
+        *) echo "usage: $0 [-n ITEMS] [-k KEY] [-v VALUE] [-m MEGABYTES] [-i IDLE] [-M ARGS] [-- KVCACHED ARGS]" >&2; exit 2 ;;
     esac
 done
 shift $((OPTIND - 1))
@@ -49,7 +52,7 @@ declare -A per_item
 for server in memcached kvcached; do
     port=$(free_port)
     if [ $server = memcached ]; then
-        "$memcached" "${user_args[@]}" -l 127.0.0.1 -p "$port" -t 1 -m "$mem" &
+        "$memcached" "${user_args[@]}" -l 127.0.0.1 -p "$port" -t 1 -m "$mem" "${mc_extra[@]}" &
     else
         "$kvcached" "${user_args[@]}" -l 127.0.0.1 -p "$port" -t 1 -m "$mem" "${kv_extra[@]}" &
     fi
@@ -77,4 +80,4 @@ print(f'{n} {e/1024:.1f} {f/1024:.1f} {f*1024/max(n,1):.2f} {(f-e)*1024/max(n,1)
     printf '%-10s %12s %12s %12s %14s %14s %12s %14s\n' "$server" "$n" "$e" "$f" "$b" "$a" "$cpu" "$wakes"
 done
 python3 -c "print(f'kvcached/memcached bytes per item: {${per_item[kvcached]}/${per_item[memcached]}:.2f}')"
-echo "memcached: $("$memcached" -V); kvcached: $("$kvcached" -V)"
+echo "memcached: $("$memcached" -V) ${mc_extra[*]}; kvcached: $("$kvcached" -V) ${kv_extra[*]}"

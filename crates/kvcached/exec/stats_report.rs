@@ -499,6 +499,7 @@ fn flash(ctx: &Ctx<'_>, f: &kvstore::FlashStats, sink: &mut Sink<'_>) {
     // Reads are not limited by a memory budget of their own (memcached's `get_oom`).
     emit(sink, "get_oom_extstore", 0);
     emit(sink, "recache_from_extstore", f.recaches);
+    emit(sink, "extstore_compact_rescues", f.rescues);
     emit(sink, "miss_from_extstore", f.read_errors);
     emit(sink, "badcrc_from_extstore", f.tier.io_errors);
     emit(sink, "extstore_limit_maxbytes", f.tier.limit_maxbytes);

@@ -364,3 +364,110 @@ fn flash_items_read_again_are_copied_back_to_memory() {
     assert_eq!(recaches(&e), 1);
     e.check_accounting().expect("accounting");
 }
+
+/// Write items until the tier has no free page; the next key.
+fn fill_tier(e: &LogEngine, from: u64) -> u64 {
+    let mut i = from;
+    while e.flash_stats().expect("a tier").tier.pages_free > 0 {
+        assert!(i < from + 200_000, "the tier never filled");
+        assert!(matches!(
+            set(e, &key(i), &value(i, 1000)),
+            StoreResult::Stored(_)
+        ));
+        i += 1;
+        if i % 500 == 0 {
+            e.flash_settle();
+        }
+    }
+    i
+}
+
+/// Items per segment, about (1000-byte values).
+fn per_segment(e: &LogEngine) -> u64 {
+    e.segment_size() as u64 / 1040
+}
+
+/// A full tier takes back, of its oldest pages, the one with the fewest live bytes: pages
+/// emptied by deletes go before the oldest page, whose items stay.
+#[test]
+fn a_full_tier_takes_back_its_emptiest_old_page_first() {
+    let (e, _dir) = engine(4 << 20, 16 << 20);
+    let p = per_segment(&e);
+    let end = fill_tier(&e, 0);
+    e.flash_settle();
+    // Pages were taken back oldest first so far (all equally live): the oldest left is
+    // this one (keys were written in order, a page about `p` of them).
+    let dropped = e.flash_stats().expect("a tier").pages_dropped;
+    let oldest = dropped * p;
+    // The four pages written after it: all dead (a write may take back a page more than
+    // the loop below waits for).
+    for i in oldest + p + p / 4..oldest + 5 * p {
+        assert!(e.delete(&key(i), NOW), "key {i}");
+    }
+    let mut i = end;
+    while e.flash_stats().expect("a tier").pages_dropped < dropped + 2 {
+        assert!(i < end + 20 * p, "no page taken back");
+        assert!(matches!(
+            set(&e, &key(i), &value(i, 1000)),
+            StoreResult::Stored(_)
+        ));
+        i += 1;
+        if i % 50 == 0 {
+            e.flash_settle();
+        }
+    }
+    let middle = oldest + p / 4..oldest + p * 3 / 4;
+    let kept = middle
+        .clone()
+        .filter(|&k| get(&e, &key(k)).is_some())
+        .count();
+    assert_eq!(kept, middle.count(), "the oldest page's items are kept");
+    e.check_accounting().expect("accounting");
+}
+
+/// When a page is taken back, its items read while on flash go back to memory
+/// (`extstore_compact_rescues`); the unread ones are evicted.
+#[test]
+fn items_read_on_a_page_taken_back_are_rescued() {
+    let (e, _dir) = engine(4 << 20, 16 << 20);
+    let p = per_segment(&e);
+    let end = fill_tier(&e, 0);
+    let read: Vec<u64> = (0..p / 2).step_by(10).collect();
+    for &k in &read {
+        assert_eq!(
+            get(&e, &key(k)).map(|g| g.0),
+            Some(value(k, 1000)),
+            "key {k}"
+        );
+    }
+    let mut i = end;
+    while e.flash_stats().expect("a tier").pages_dropped < 3 {
+        assert!(i < end + 20 * p, "no page taken back");
+        assert!(matches!(
+            set(&e, &key(i), &value(i, 1000)),
+            StoreResult::Stored(_)
+        ));
+        i += 1;
+        if i % 100 == 0 {
+            e.flash_settle();
+        }
+    }
+    let s = e.flash_stats().expect("a tier");
+    assert!(s.rescues >= read.len() as u64 * 9 / 10, "{s:?}");
+    let kept = read.iter().filter(|&&k| get(&e, &key(k)).is_some()).count();
+    assert!(
+        kept >= read.len() * 9 / 10,
+        "{kept} of {} read items kept",
+        read.len()
+    );
+    let unread = (0..p / 2).filter(|k| k % 10 != 0);
+    let gone = unread
+        .clone()
+        .filter(|&k| get(&e, &key(k)).is_none())
+        .count();
+    assert!(
+        gone > unread.count() * 9 / 10,
+        "unread items of the first page evicted"
+    );
+    e.check_accounting().expect("accounting");
+}

@@ -101,6 +101,7 @@ struct Counters {
     write_failures: AtomicU64,
     inline_reads: AtomicU64,
     recaches: AtomicU64,
+    rescues: AtomicU64,
 }
 
 /// What the engine's flash part counts, beside the tier's own counters.
@@ -129,6 +130,9 @@ pub struct FlashStats {
     pub inline_reads: u64,
     /// Flash items read again and copied back to memory (`recache_from_extstore`).
     pub recaches: u64,
+    /// Items read while on flash, copied back to memory when their page was taken back
+    /// (`extstore_compact_rescues`).
+    pub rescues: u64,
     /// Items on flash now (`extstore_objects_used`).
     pub objects_used: u64,
     /// Record bytes on flash now (`extstore_bytes_used`).
@@ -153,6 +157,9 @@ struct Fetched {
     by_key: HashMap<(u32, u32, Loc), Fetch>,
     order: VecDeque<(u32, u32, Loc)>,
 }
+
+/// Bound pages, oldest first, among which a full tier picks the one to take back.
+const RECLAIM_WINDOW: usize = 8;
 
 /// Records kept for re-runs (a bound: a re-run that finds its record gone reads again).
 const FETCHED_MAX: usize = 4096;
@@ -268,6 +275,7 @@ impl LogEngine {
             write_failures: c.write_failures.load(Ordering::Relaxed),
             inline_reads: c.inline_reads.load(Ordering::Relaxed),
             recaches: c.recaches.load(Ordering::Relaxed),
+            rescues: c.rescues.load(Ordering::Relaxed),
             objects_used,
             bytes_used,
         })
@@ -712,7 +720,8 @@ impl LogEngine {
         };
         let Some((id, b)) = ({
             let mut bound = lock(&f.bound);
-            let id = bound.order.pop_front();
+            let pick = self.pick_page(&bound);
+            let id = bound.order.remove(pick);
             id.and_then(|id| Some((id, bound.by_id.get(&id).copied()?)))
         }) else {
             return;
@@ -723,6 +732,18 @@ impl LogEngine {
         let now = self.clock.load(Ordering::Relaxed);
         let mut notes = EvictionNotes::default();
         let mut evict = |slot: Slot<'_>, cur: u64, r: &Rec<'_>| {
+            // Read since it went to flash, and live: back to memory if there is room
+            // without evicting (memcached's compaction rescues).
+            if index::freq(cur) >= 1
+                && self.vis(r, now) == Vis::Live
+                && self
+                    .copy_forward(&mut self.eviction.evictor(), r, cur, slot)
+                    .is_some()
+            {
+                self.account_remove(cur, r.len, self.rec_size(r));
+                f.counters.rescues.fetch_add(1, Ordering::Relaxed);
+                return;
+            }
             self.count_flash_eviction(r, cur, now, &mut notes);
             slot.store(0);
             self.account_remove(cur, r.len, self.rec_size(r));
@@ -783,6 +804,19 @@ impl LogEngine {
             seg.reset_accounting();
         }
         self.arena.pool().return_id(id);
+    }
+
+    /// Which bound page to take back, as an index into the reclaim order: of the oldest
+    /// `RECLAIM_WINDOW`, the one with the fewest live bytes (dead space goes first, as
+    /// extstore compacts its most fragmented pages), the oldest of equals.
+    fn pick_page(&self, bound: &Bound) -> usize {
+        bound
+            .order
+            .iter()
+            .take(RECLAIM_WINDOW)
+            .enumerate()
+            .min_by_key(|&(i, id)| (self.segs.get(*id).map_or(0, |s| s.live_bytes()), i))
+            .map_or(0, |(i, _)| i)
     }
 
     /// Count the eviction of the flash item `r` (slot value `v`).

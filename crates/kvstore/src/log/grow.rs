@@ -65,7 +65,7 @@ impl LogEngine {
                     let live = self.stats.live_items();
                     let mut split = Vec::new();
                     // The index takes at most half the limit (the segments the rest;
-                    // three quarters with a flash tier: `index_cap`).
+                    // seven eighths with a flash tier: `index_cap`).
                     // With no_evict it grows only into memory no segment uses.
                     let max = self.arena.limit();
                     let room = |extra: usize| {

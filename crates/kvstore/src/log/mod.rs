@@ -223,7 +223,7 @@ const _: () = assert!(MAX_SEG_SIZE <= index::MAX_OFFSET);
 /// The index may grow to one main slot per this many bytes of `-m` (it is sized to the
 /// items it holds; beyond this many items it becomes lossy).
 const BYTES_PER_SLOT: usize = 32;
-/// The same for the wide index, whose items may be on flash: it may take three quarters
+/// The same for the wide index, whose items may be on flash: it may take seven eighths
 /// of `-m` ([`LogEngine::index_cap`]), at about 9 bytes a main slot.
 const WIDE_BYTES_PER_SLOT: usize = 12;
 /// The index grows while its items exceed this fraction of its main slots
@@ -539,10 +539,10 @@ impl LogEngine {
     }
 
     /// The most bytes the index may grow to, of a memory limit of `max`: half, or with a
-    /// flash tier three quarters (its items are mostly on flash, their slots in RAM).
+    /// flash tier seven eighths (its items are mostly on flash, their slots in RAM).
     fn index_cap(&self, max: usize) -> usize {
         if self.flash.get().is_some() {
-            max / 4 * 3
+            max / 8 * 7
         } else {
             max / 2
         }
