@@ -19,6 +19,7 @@
 #
 # usage: bench/flash_load.sh -d DIR [-f SIZE] [-m MB] [-k KEYS] [-v BYTES|etc] [-w WARMUP]
 #                            [-D SECONDS] [-r ROUNDS] [-c CONNS] [-M "MEMCACHED ARGS"]
+#                            [-- KVCACHED ARGS]
 #   -v: every value BYTES long (32-byte keys; default 1024), or etc (Facebook ETC key and
 #       value sizes, one value size per key)
 #   -M: more arguments for memcached only (its extstore tuning, e.g. ext_item_size=64)
@@ -53,6 +54,8 @@ while getopts "d:f:m:k:v:w:D:r:c:M:" opt; do
         *) echo "$usage" >&2; exit 2 ;;
     esac
 done
+shift $((OPTIND - 1))
+kv_extra=("$@")
 [ -n "$dir" ] || { echo "$usage" >&2; exit 2; }
 if [ "$values" = etc ]; then
     workload=(--workload etc --value-size-per-key)
@@ -86,7 +89,7 @@ start() { # NAME
             -t 1 -m "$mem" -o "ext_path=$dir/memcached-ext:$size" "${mc_extra[@]}" &
     else
         taskset -c "$server_core" "$kvcached" "${user_args[@]}" -l 127.0.0.1 -p "${port[$name]}" \
-            -t 1 -m "$mem" -U 0 -o "ext_path=$dir/kvcached-ext:$size" &
+            -t 1 -m "$mem" -U 0 -o "ext_path=$dir/kvcached-ext:$size" "${kv_extra[@]}" &
     fi
     pid[$name]=$!
     wait_port "${port[$name]}"
@@ -95,7 +98,7 @@ start() { # NAME
 }
 
 echo "flash files: $dir ($(df -h --output=source,fstype "$dir" | tail -1 | tr -s ' ')), $size each; -m $mem"
-echo "memcached: $("$memcached" -V) ($memcached) ${mc_extra[*]}; kvcached: $("$kvcached" -V); $(nproc) cores"
+echo "memcached: $("$memcached" -V) ($memcached) ${mc_extra[*]}; kvcached: $("$kvcached" -V) ${kv_extra[*]}; $(nproc) cores"
 echo "look-aside, ${workload[*]}, $keys keys, Zipf 0.99; $warmup warm-up requests each"
 start memcached
 start kvcached

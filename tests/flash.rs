@@ -65,10 +65,11 @@ fn a_working_set_beyond_memory_is_read_back_from_flash() {
     beyond_memory("flash-beyond", &[]);
 }
 
-/// The same under the epoll runtime (the default is io_uring where the kernel allows it).
+/// The same under the epoll runtime (the default is io_uring where the kernel allows it),
+/// with the files read and written past the page cache (`O_DIRECT`).
 #[test]
 fn a_working_set_beyond_memory_is_read_back_from_flash_under_epoll() {
-    beyond_memory("flash-beyond-epoll", &["-o", "io=epoll"]);
+    beyond_memory("flash-beyond-epoll", &["-o", "io=epoll,ext_direct"]);
 }
 
 fn beyond_memory(name: &str, extra: &[&str]) {

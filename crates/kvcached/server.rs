@@ -53,6 +53,7 @@ pub fn build_engine(config: &Config) -> Result<LogEngine, String> {
                 page_bytes: engine.segment_size(),
                 write_threads: f.threads,
                 write_buffer: usize::try_from(f.wbuf_size).unwrap_or(usize::MAX),
+                direct: f.direct,
             })
             .map_err(|e| format!("-o ext_path: {e}"))?;
             engine

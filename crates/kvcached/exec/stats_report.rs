@@ -583,6 +583,7 @@ fn settings(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
         emit(sink, "ext_wbuf_size", f.wbuf_size);
         emit(sink, "ext_threads", f.threads);
         emit(sink, "ext_ignore_bad_file", yes_no(f.ignore_bad_file));
+        emit(sink, "ext_direct", yes_no(f.direct));
     }
     let ssl = &c.ssl;
     let path = |p: &Option<std::path::PathBuf>, none: &'static str| match p {

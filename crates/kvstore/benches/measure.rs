@@ -215,6 +215,7 @@ fn flash_memory() {
         page_bytes: e.segment_size(),
         write_threads: 1,
         write_buffer: 8 << 20,
+        direct: true,
     })
     .expect("make the tier");
     e.attach_flash(tier).expect("attach the tier");

@@ -143,6 +143,9 @@ Extended options: -o, --extended=OPT[,OPT=VALUE...]
                               systemd, whose journal adds them) or as one JSON object per
                               line (kvcached's own). -v, -vv, -vvv add info, debug and
                               trace events, as memcached's -v levels
+  ext_direct                  with ext_path: read and write the flash files with O_DIRECT,
+                              bypassing the page cache (kvcached's own; memcached, and
+                              kvcached by default, go through it)
   ext_ignore_bad_file         with ext_path: when a flash file cannot be made (no space,
                               a bad path), log why and serve from memory alone instead
                               of exiting (kvcached's own)

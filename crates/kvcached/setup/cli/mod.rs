@@ -276,8 +276,10 @@ pub(super) struct Builder {
     ext_threads: usize,
     /// `-o ext_ignore_bad_file` (kvcached's own).
     ext_ignore_bad_file: bool,
-    /// `-o ext_recache_rate` (kvcached's default 1, memcached's 2000).
+    /// `-o ext_recache_rate` (memcached's default 2000).
     ext_recache_rate: u32,
+    /// `-o ext_direct` (kvcached's own).
+    ext_direct: bool,
 }
 
 impl Builder {
@@ -301,7 +303,8 @@ impl Builder {
             ext_wbuf_size: 4 << 20,
             ext_threads: 1,
             ext_ignore_bad_file: false,
-            ext_recache_rate: 1,
+            ext_recache_rate: 2000,
+            ext_direct: false,
         }
     }
 

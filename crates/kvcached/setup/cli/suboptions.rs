@@ -320,6 +320,7 @@ impl Builder {
                 self.ext_threads = int_in::<usize>(sp, &need(val)?, 1, 64, "a number of threads")?;
             }
             "ext_ignore_bad_file" => self.ext_ignore_bad_file = true,
+            "ext_direct" => self.ext_direct = true,
             "ext_page_size" => {
                 int::<u32>(sp, &need(val)?, "a whole number")?;
                 self.note(format!(

@@ -565,14 +565,15 @@ fn ext_path_configures_the_flash_tier() {
     assert_eq!((f.wbuf_size, f.threads), (8 << 20, 3));
     assert!(!f.ignore_bad_file);
     assert!(notes.is_empty(), "{notes:?}");
-    assert_eq!(f.recache_rate, 1, "kvcached's default");
+    assert_eq!(f.recache_rate, 2000, "memcached's default");
+    assert!(!f.direct, "through the page cache, as memcached");
     let (c, notes) = run(&[
         "-o",
-        "ext_path=/mnt/a:64m,ext_ignore_bad_file,ext_recache_rate=0",
+        "ext_path=/mnt/a:64m,ext_ignore_bad_file,ext_recache_rate=0,ext_direct",
     ])
     .unwrap();
     let f = c.flash.expect("a flash tier");
-    assert!(f.ignore_bad_file);
+    assert!(f.ignore_bad_file && f.direct);
     assert_eq!(f.recache_rate, 0);
     assert!(notes.is_empty(), "{notes:?}");
     let (c, _) = run(&[]).unwrap();

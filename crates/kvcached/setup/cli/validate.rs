@@ -221,6 +221,7 @@ impl Builder {
                 threads: self.ext_threads,
                 ignore_bad_file: self.ext_ignore_bad_file,
                 recache_rate: self.ext_recache_rate,
+                direct: self.ext_direct,
             });
         }
         Ok(Action::Run {

@@ -55,6 +55,9 @@ pub struct TierConfig {
     /// Bytes of encoded pages that may wait for a writer (`ext_wbuf_size`); at least one
     /// page's worth is always allowed.
     pub write_buffer: usize,
+    /// Bypass the page cache (`O_DIRECT`, where the file system allows it); else go
+    /// through it, as memcached's extstore does.
+    pub direct: bool,
 }
 
 /// A page at one write generation.
@@ -186,7 +189,11 @@ impl Tier {
         }
         let mut files = Vec::with_capacity(config.files.len());
         for (path, size) in &config.files {
-            files.push(FlashFile::create(path, *size, config.page_bytes)?);
+            let mut file = FlashFile::create(path, *size, config.page_bytes)?;
+            if !config.direct {
+                file.use_page_cache()?;
+            }
+            files.push(file);
         }
         Ok(Tier::start(files, config))
     }
@@ -573,6 +580,7 @@ mod tests {
             page_bytes: PAGE,
             write_threads: 2,
             write_buffer,
+            direct: true,
         }
     }
 

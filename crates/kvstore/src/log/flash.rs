@@ -921,6 +921,7 @@ mod tests {
             page_bytes: e.segment_size(),
             write_threads: 1,
             write_buffer: 4 << 20,
+            direct: true,
         })
         .expect("tier");
         e.attach_flash(made).expect("attach");

@@ -27,6 +27,7 @@ impl Dir {
             page_bytes: e.segment_size(),
             write_threads: threads,
             write_buffer,
+            direct: true,
         })
         .expect("make the tier")
     }
