@@ -519,6 +519,7 @@ fn flash(ctx: &Ctx<'_>, f: &kvstore::FlashStats, sink: &mut Sink<'_>) {
     emit(sink, "flash_write_failures", f.write_failures);
     emit(sink, "flash_writes_busy", f.tier.writes_busy);
     emit(sink, "flash_inline_reads", f.inline_reads);
+    emit(sink, "flash_cached_reads", f.cached_reads);
     emit(sink, "flash_offline", u8::from(f.tier.offline));
     emit(sink, "flash_recoveries", f.tier.recoveries);
 }

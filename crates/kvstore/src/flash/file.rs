@@ -240,6 +240,50 @@ impl FlashFile {
         Ok(n)
     }
 
+    /// [`FlashFile::read`] only if every block is in the page cache already, without
+    /// waiting for the device (`preadv2` with `RWF_NOWAIT`): None when it is not (or the
+    /// file bypasses the cache), so that the caller can hand the read to a thread that
+    /// may wait.
+    pub fn read_cached(
+        &self,
+        page: u32,
+        gen: u32,
+        off: usize,
+        len: usize,
+        buf: &mut AlignedBuf,
+        out: &mut Vec<u8>,
+    ) -> Result<Option<usize>, FlashError> {
+        use std::os::fd::AsRawFd;
+        if self.direct {
+            return Ok(None);
+        }
+        let (at, n) = self
+            .header
+            .span(page, off, len)
+            .map_err(|e| self.layout(e))?;
+        let raw = buf.get(n);
+        let Ok(at_off) = libc::off_t::try_from(at) else {
+            return Ok(None);
+        };
+        let iov = libc::iovec {
+            iov_base: raw.as_mut_ptr().cast(),
+            iov_len: raw.len(),
+        };
+        // SAFETY: one iovec over `raw`, which we hold mutably for the call; the descriptor
+        // is ours.
+        let got = unsafe {
+            libc::preadv2(self.file.as_raw_fd(), &iov, 1, at_off, libc::RWF_NOWAIT)
+        };
+        // Not cached (EAGAIN), not supported, or only part of it cached: not now.
+        if usize::try_from(got).ok() != Some(raw.len()) {
+            return Ok(None);
+        }
+        self.header
+            .decode(page, gen, off, len, raw, out)
+            .map_err(|e| self.layout(e))?;
+        Ok(Some(n))
+    }
+
     /// Make what was written durable (a warm restart's stop).
     pub fn sync(&self) -> Result<(), FlashError> {
         self.file

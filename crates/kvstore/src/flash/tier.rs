@@ -382,6 +382,41 @@ impl Tier {
         Ok(())
     }
 
+    /// [`Tier::read`] only if the bytes are in the page cache (no wait for the device):
+    /// `Ok(false)` when they are not, nothing appended.
+    pub fn read_cached(
+        &self,
+        loc: Loc,
+        off: usize,
+        len: usize,
+        buf: &mut AlignedBuf,
+        out: &mut Vec<u8>,
+    ) -> Result<bool, TierError> {
+        let inner = &*self.inner;
+        let (file, page) = inner.file_of(loc.page)?;
+        if !self.is_current(loc) {
+            return Err(TierError::Stale);
+        }
+        let start = out.len();
+        let n = match file.read_cached(page, loc.gen, off, len, buf, out) {
+            Ok(Some(n)) => n,
+            Ok(None) => return Ok(false),
+            Err(e) => {
+                if !self.is_current(loc) {
+                    return Err(TierError::Stale);
+                }
+                inner.io_errors.fetch_add(1, Ordering::Relaxed);
+                return Err(e.into());
+            }
+        };
+        inner.bytes_read.fetch_add(n as u64, Ordering::Relaxed);
+        if !self.is_current(loc) {
+            out.truncate(start);
+            return Err(TierError::Stale);
+        }
+        Ok(true)
+    }
+
     /// Wait until every queued write has finished.
     pub fn drain(&self) {
         let mut q = lock(&self.inner.queue);
@@ -593,6 +628,39 @@ mod tests {
         let (tx, rx) = mpsc::channel();
         t.write(loc, img, Box::new(move |r| drop(tx.send(r))))?;
         rx.recv().expect("done is called")
+    }
+
+    /// Through the page cache, a page just written reads back at once (`read_cached`);
+    /// past it (`O_DIRECT`), `read_cached` never reads; a freed page is stale either way.
+    #[test]
+    fn cached_reads_through_the_page_cache_only() {
+        let d = Dir::new("tier-cached");
+        let mut c = config(&d, &[1 << 20], 1 << 20);
+        c.direct = false;
+        let t = Tier::create(&c).expect("tier");
+        let loc = t.alloc().expect("a page");
+        let img = image(PAGE, 9);
+        write(&t, loc, &img).expect("written");
+        let (mut buf, mut out) = (AlignedBuf::new(), Vec::new());
+        assert!(t.read_cached(loc, 100, 5000, &mut buf, &mut out).expect("read"));
+        assert_eq!(out, img[100..5100]);
+        t.free(loc);
+        assert!(matches!(
+            t.read_cached(loc, 0, 10, &mut buf, &mut out),
+            Err(TierError::Stale)
+        ));
+        drop(t);
+
+        let d = Dir::new("tier-direct");
+        let t = Tier::create(&config(&d, &[1 << 20], 1 << 20)).expect("tier");
+        let loc = t.alloc().expect("a page");
+        write(&t, loc, &img).expect("written");
+        let mut out = Vec::new();
+        let cached = t.read_cached(loc, 0, 10, &mut buf, &mut out).expect("no error");
+        // O_DIRECT where the file system allows it: then nothing is read this way.
+        if t.inner.files.iter().all(|f| f.is_direct()) {
+            assert!(!cached && out.is_empty());
+        }
     }
 
     #[test]

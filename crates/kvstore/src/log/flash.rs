@@ -102,6 +102,7 @@ struct Counters {
     inline_reads: AtomicU64,
     recaches: AtomicU64,
     rescues: AtomicU64,
+    cached_reads: AtomicU64,
 }
 
 /// What the engine's flash part counts, beside the tier's own counters.
@@ -133,6 +134,9 @@ pub struct FlashStats {
     /// Items read while on flash, copied back to memory when their page was taken back
     /// (`extstore_compact_rescues`).
     pub rescues: u64,
+    /// Of `reads`, those a deferring lookup did itself because the page cache held the
+    /// bytes (no wait for the device, no hand-off).
+    pub cached_reads: u64,
     /// Items on flash now (`extstore_objects_used`).
     pub objects_used: u64,
     /// Record bytes on flash now (`extstore_bytes_used`).
@@ -165,8 +169,13 @@ const RECLAIM_WINDOW: usize = 8;
 const FETCHED_MAX: usize = 4096;
 
 thread_local! {
-    /// While set, lookups on this thread do no flash I/O: they note the reads they need.
+    /// While set, lookups on this thread do no flash I/O that may wait: they note the
+    /// reads they need (a read the page cache answers at once is done).
     static DEFERRED: std::cell::RefCell<Option<Vec<FlashRead>>> = const { std::cell::RefCell::new(None) };
+    /// Set while `flash_reads_for` looks: records read from the page cache are kept.
+    static KEEP_CACHED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// The blocks of this thread's reads from the page cache.
+    static CACHED_BUF: std::cell::RefCell<AlignedBuf> = std::cell::RefCell::new(AlignedBuf::new());
 }
 
 /// The flash part's state (see the module documentation).
@@ -276,6 +285,7 @@ impl LogEngine {
             inline_reads: c.inline_reads.load(Ordering::Relaxed),
             recaches: c.recaches.load(Ordering::Relaxed),
             rescues: c.rescues.load(Ordering::Relaxed),
+            cached_reads: c.cached_reads.load(Ordering::Relaxed),
             objects_used,
             bytes_used,
         })
@@ -313,7 +323,7 @@ impl LogEngine {
                 .get(index::slot_seg(v))
                 .is_some_and(|s| s.ptr().is_none())
             && !self.repl.is_replica()
-            && f.recache_asks.fetch_add(1, Ordering::Relaxed) % rate == 0
+            && f.recache_asks.fetch_add(1, Ordering::Relaxed) % rate == rate - 1
     }
 
     /// Copy the flash item `key` (hash `h`, slot value `v`, a value of `len` bytes, its
@@ -418,7 +428,9 @@ impl LogEngine {
         if self.flash.get().is_none() {
             return Vec::new();
         }
+        KEEP_CACHED.with(|k| k.set(true));
         let (found, reads) = self.defer_flash(|| self.holds_record(key));
+        KEEP_CACHED.with(|k| k.set(false));
         if found {
             // Another key's record matched the tag: nothing to wait for.
             return Vec::new();
@@ -459,6 +471,17 @@ impl LogEngine {
         if let Some(hit) = lock(&f.fetched).by_key.get(&key) {
             // Empty: the read failed (see `complete_flash_read`).
             return (!hit.bytes.is_empty()).then(|| hit.clone());
+        }
+        if DEFERRED.with(|d| d.borrow().is_some()) {
+            // A read the page cache can answer at once costs less than a hand-off. For a
+            // write's look first (`flash_reads_for`) it is kept, as a handed-off read's is,
+            // so that the write finds it without reading again.
+            if let Some(fetch) = self.read_cached_record(f, b, off) {
+                if KEEP_CACHED.with(std::cell::Cell::get) {
+                    keep_fetched(&mut lock(&f.fetched), key, fetch.clone());
+                }
+                return Some(fetch);
+            }
         }
         let deferred = DEFERRED.with(|d| match d.borrow_mut().as_mut() {
             Some(reads) => {
@@ -509,6 +532,36 @@ impl LogEngine {
             // A longer record: read more, up to the rest of the image.
             want = rest.min(want.saturating_mul(16));
         }
+    }
+
+    /// [`LogEngine::read_record`] if the page cache holds the bytes (no wait for the
+    /// device), else None (and nothing counted: the read is then handed to a thread that
+    /// may wait, which counts what goes wrong).
+    fn read_cached_record(&self, f: &Flash, b: Binding, off: usize) -> Option<Fetch> {
+        let rest = b.used.checked_sub(off).filter(|&n| n > 0)?;
+        let mut want = rest.min(FIRST_READ);
+        CACHED_BUF.with(|buf| {
+            let mut buf = buf.borrow_mut();
+            loop {
+                let mut out = Vec::with_capacity(want);
+                if !matches!(f.tier.read_cached(b.loc, off, want, &mut buf, &mut out), Ok(true)) {
+                    return None;
+                }
+                let fetch = Fetch {
+                    bytes: Arc::from(out),
+                    base: b.base.wrapping_add(off as u64),
+                };
+                if fetch.rec().is_some() {
+                    f.counters.reads.fetch_add(1, Ordering::Relaxed);
+                    f.counters.cached_reads.fetch_add(1, Ordering::Relaxed);
+                    return Some(fetch);
+                }
+                if want == rest {
+                    return None;
+                }
+                want = rest.min(want.saturating_mul(16));
+            }
+        })
     }
 
     /// A flash record read for a lookup of another key (its tag matched).
