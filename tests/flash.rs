@@ -526,7 +526,10 @@ fn a_damaged_file_at_start_is_made_afresh_and_stats_extstore_lists_pages() {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
         .sum();
     // (Writes still finishing may bind more pages between this and `stats`: no equality.)
-    assert!(used > 0 && used <= stat(&mut c, "extstore_limit_maxbytes"), "{used}");
+    assert!(
+        used > 0 && used <= stat(&mut c, "extstore_limit_maxbytes"),
+        "{used}"
+    );
     let settings = get(&mut c, "stats settings\r\n");
     assert!(
         settings.contains("STAT ext_wbuf_size 4194304\r\n"),
@@ -594,7 +597,10 @@ fn flash_through_the_page_cache() {
     assert!(cached > 0, "pages just written are in the page cache");
     assert!(stat(&mut c, "get_extstore") >= cached);
     for i in (1..30_000).step_by(101) {
-        assert_eq!(c.call(&format!("set key:{i} 0 0 3\r\nnew\r\n")), "STORED\r\n");
+        assert_eq!(
+            c.call(&format!("set key:{i} 0 0 3\r\nnew\r\n")),
+            "STORED\r\n"
+        );
     }
     assert_eq!(stat(&mut c, "flash_inline_reads"), 0);
     let settings = get(&mut c, "stats settings\r\n");

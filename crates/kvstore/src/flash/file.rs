@@ -271,9 +271,8 @@ impl FlashFile {
         };
         // SAFETY: one iovec over `raw`, which we hold mutably for the call; the descriptor
         // is ours.
-        let got = unsafe {
-            libc::preadv2(self.file.as_raw_fd(), &iov, 1, at_off, libc::RWF_NOWAIT)
-        };
+        let got =
+            unsafe { libc::preadv2(self.file.as_raw_fd(), &iov, 1, at_off, libc::RWF_NOWAIT) };
         // Not cached (EAGAIN), not supported, or only part of it cached: not now.
         if usize::try_from(got).ok() != Some(raw.len()) {
             return Ok(None);

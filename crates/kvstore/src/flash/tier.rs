@@ -642,7 +642,9 @@ mod tests {
         let img = image(PAGE, 9);
         write(&t, loc, &img).expect("written");
         let (mut buf, mut out) = (AlignedBuf::new(), Vec::new());
-        assert!(t.read_cached(loc, 100, 5000, &mut buf, &mut out).expect("read"));
+        assert!(t
+            .read_cached(loc, 100, 5000, &mut buf, &mut out)
+            .expect("read"));
         assert_eq!(out, img[100..5100]);
         t.free(loc);
         assert!(matches!(
@@ -656,7 +658,9 @@ mod tests {
         let loc = t.alloc().expect("a page");
         write(&t, loc, &img).expect("written");
         let mut out = Vec::new();
-        let cached = t.read_cached(loc, 0, 10, &mut buf, &mut out).expect("no error");
+        let cached = t
+            .read_cached(loc, 0, 10, &mut buf, &mut out)
+            .expect("no error");
         // O_DIRECT where the file system allows it: then nothing is read this way.
         if t.inner.files.iter().all(|f| f.is_direct()) {
             assert!(!cached && out.is_empty());

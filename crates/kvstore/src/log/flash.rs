@@ -544,7 +544,10 @@ impl LogEngine {
             let mut buf = buf.borrow_mut();
             loop {
                 let mut out = Vec::with_capacity(want);
-                if !matches!(f.tier.read_cached(b.loc, off, want, &mut buf, &mut out), Ok(true)) {
+                if !matches!(
+                    f.tier.read_cached(b.loc, off, want, &mut buf, &mut out),
+                    Ok(true)
+                ) {
                     return None;
                 }
                 let fetch = Fetch {
