@@ -382,6 +382,24 @@ fn fill_tier(e: &LogEngine, from: u64) -> u64 {
     i
 }
 
+/// Write items from key `from` on until `pages` pages in all were taken back (settling
+/// writes every 50 items; at most 20 pages' worth of items).
+fn take_back(e: &LogEngine, from: u64, pages: u64) {
+    let p = per_segment(e);
+    let mut i = from;
+    while e.flash_stats().expect("a tier").pages_dropped < pages {
+        assert!(i < from + 20 * p, "no page taken back");
+        assert!(matches!(
+            set(e, &key(i), &value(i, 1000)),
+            StoreResult::Stored(_)
+        ));
+        i += 1;
+        if i % 50 == 0 {
+            e.flash_settle();
+        }
+    }
+}
+
 /// Items per segment, about (1000-byte values).
 fn per_segment(e: &LogEngine) -> u64 {
     e.segment_size() as u64 / 1040
@@ -404,18 +422,7 @@ fn a_full_tier_takes_back_its_emptiest_old_page_first() {
     for i in oldest + p + p / 4..oldest + 5 * p {
         assert!(e.delete(&key(i), NOW), "key {i}");
     }
-    let mut i = end;
-    while e.flash_stats().expect("a tier").pages_dropped < dropped + 2 {
-        assert!(i < end + 20 * p, "no page taken back");
-        assert!(matches!(
-            set(&e, &key(i), &value(i, 1000)),
-            StoreResult::Stored(_)
-        ));
-        i += 1;
-        if i % 50 == 0 {
-            e.flash_settle();
-        }
-    }
+    take_back(&e, end, dropped + 2);
     let middle = oldest + p / 4..oldest + p * 3 / 4;
     let kept = middle
         .clone()
@@ -446,18 +453,7 @@ fn items_read_on_a_page_taken_back_are_rescued() {
             "key {k}"
         );
     }
-    let mut i = end;
-    while e.flash_stats().expect("a tier").pages_dropped < dropped + 3 {
-        assert!(i < end + 20 * p, "no page taken back");
-        assert!(matches!(
-            set(&e, &key(i), &value(i, 1000)),
-            StoreResult::Stored(_)
-        ));
-        i += 1;
-        if i % 100 == 0 {
-            e.flash_settle();
-        }
-    }
+    take_back(&e, end, dropped + 3);
     let s = e.flash_stats().expect("a tier");
     assert!(s.rescues >= read.len() as u64 * 9 / 10, "{s:?}");
     let kept = read.iter().filter(|&&k| get(&e, &key(k)).is_some()).count();

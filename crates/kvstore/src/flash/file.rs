@@ -226,18 +226,9 @@ impl FlashFile {
         buf: &mut AlignedBuf,
         out: &mut Vec<u8>,
     ) -> Result<usize, FlashError> {
-        let (at, n) = self
-            .header
-            .span(page, off, len)
-            .map_err(|e| self.layout(e))?;
-        let raw = buf.get(n);
-        self.file
-            .read_exact_at(raw, at)
-            .map_err(|source| self.io("read", source))?;
-        self.header
-            .decode(page, gen, off, len, raw, out)
-            .map_err(|e| self.layout(e))?;
-        Ok(n)
+        Ok(self
+            .read_in(page, gen, off, len, buf, out, false)?
+            .unwrap_or(0))
     }
 
     /// [`FlashFile::read`] only if every block is in the page cache already, without
@@ -253,29 +244,50 @@ impl FlashFile {
         buf: &mut AlignedBuf,
         out: &mut Vec<u8>,
     ) -> Result<Option<usize>, FlashError> {
-        use std::os::fd::AsRawFd;
         if self.direct {
             return Ok(None);
         }
+        self.read_in(page, gen, off, len, buf, out, true)
+    }
+
+    /// The read of [`FlashFile::read`], or with `nowait` of [`FlashFile::read_cached`].
+    #[allow(clippy::too_many_arguments)]
+    fn read_in(
+        &self,
+        page: u32,
+        gen: u32,
+        off: usize,
+        len: usize,
+        buf: &mut AlignedBuf,
+        out: &mut Vec<u8>,
+        nowait: bool,
+    ) -> Result<Option<usize>, FlashError> {
+        use std::os::fd::AsRawFd;
         let (at, n) = self
             .header
             .span(page, off, len)
             .map_err(|e| self.layout(e))?;
         let raw = buf.get(n);
-        let Ok(at_off) = libc::off_t::try_from(at) else {
-            return Ok(None);
-        };
-        let iov = libc::iovec {
-            iov_base: raw.as_mut_ptr().cast(),
-            iov_len: raw.len(),
-        };
-        // SAFETY: one iovec over `raw`, which we hold mutably for the call; the descriptor
-        // is ours.
-        let got =
-            unsafe { libc::preadv2(self.file.as_raw_fd(), &iov, 1, at_off, libc::RWF_NOWAIT) };
-        // Not cached (EAGAIN), not supported, or only part of it cached: not now.
-        if usize::try_from(got).ok() != Some(raw.len()) {
-            return Ok(None);
+        if nowait {
+            let Ok(at_off) = libc::off_t::try_from(at) else {
+                return Ok(None);
+            };
+            let iov = libc::iovec {
+                iov_base: raw.as_mut_ptr().cast(),
+                iov_len: raw.len(),
+            };
+            // SAFETY: one iovec over `raw`, which we hold mutably for the call; the
+            // descriptor is ours.
+            let got =
+                unsafe { libc::preadv2(self.file.as_raw_fd(), &iov, 1, at_off, libc::RWF_NOWAIT) };
+            // Not cached (EAGAIN), not supported, or only part of it cached: not now.
+            if usize::try_from(got).ok() != Some(raw.len()) {
+                return Ok(None);
+            }
+        } else {
+            self.file
+                .read_exact_at(raw, at)
+                .map_err(|source| self.io("read", source))?;
         }
         self.header
             .decode(page, gen, off, len, raw, out)

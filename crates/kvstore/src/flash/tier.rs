@@ -358,28 +358,7 @@ impl Tier {
         buf: &mut AlignedBuf,
         out: &mut Vec<u8>,
     ) -> Result<(), TierError> {
-        let inner = &*self.inner;
-        let (file, page) = inner.file_of(loc.page)?;
-        if !self.is_current(loc) {
-            return Err(TierError::Stale);
-        }
-        let start = out.len();
-        let n = match file.read(page, loc.gen, off, len, buf, out) {
-            Ok(n) => n,
-            Err(e) => {
-                if !self.is_current(loc) {
-                    return Err(TierError::Stale);
-                }
-                inner.io_errors.fetch_add(1, Ordering::Relaxed);
-                return Err(e.into());
-            }
-        };
-        inner.bytes_read.fetch_add(n as u64, Ordering::Relaxed);
-        if !self.is_current(loc) {
-            out.truncate(start);
-            return Err(TierError::Stale);
-        }
-        Ok(())
+        self.read_in(loc, off, len, buf, out, false).map(drop)
     }
 
     /// [`Tier::read`] only if the bytes are in the page cache (no wait for the device):
@@ -392,13 +371,32 @@ impl Tier {
         buf: &mut AlignedBuf,
         out: &mut Vec<u8>,
     ) -> Result<bool, TierError> {
+        self.read_in(loc, off, len, buf, out, true)
+    }
+
+    /// The read of [`Tier::read`] (`cached_only`: of [`Tier::read_cached`]); false when
+    /// only the page cache was to be read and it did not hold the bytes.
+    fn read_in(
+        &self,
+        loc: Loc,
+        off: usize,
+        len: usize,
+        buf: &mut AlignedBuf,
+        out: &mut Vec<u8>,
+        cached_only: bool,
+    ) -> Result<bool, TierError> {
         let inner = &*self.inner;
         let (file, page) = inner.file_of(loc.page)?;
         if !self.is_current(loc) {
             return Err(TierError::Stale);
         }
         let start = out.len();
-        let n = match file.read_cached(page, loc.gen, off, len, buf, out) {
+        let read = if cached_only {
+            file.read_cached(page, loc.gen, off, len, buf, out)
+        } else {
+            file.read(page, loc.gen, off, len, buf, out).map(Some)
+        };
+        let n = match read {
             Ok(Some(n)) => n,
             Ok(None) => return Ok(false),
             Err(e) => {

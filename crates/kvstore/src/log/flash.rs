@@ -174,8 +174,8 @@ thread_local! {
     static DEFERRED: std::cell::RefCell<Option<Vec<FlashRead>>> = const { std::cell::RefCell::new(None) };
     /// Set while `flash_reads_for` looks: records read from the page cache are kept.
     static KEEP_CACHED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    /// The blocks of this thread's reads from the page cache.
-    static CACHED_BUF: std::cell::RefCell<AlignedBuf> = std::cell::RefCell::new(AlignedBuf::new());
+    /// The blocks of this thread's flash reads.
+    static READ_BUF: std::cell::RefCell<AlignedBuf> = std::cell::RefCell::new(AlignedBuf::new());
 }
 
 /// The flash part's state (see the module documentation).
@@ -506,49 +506,38 @@ impl LogEngine {
 
     /// Read the record at `off` of bound image `b` (blocking).
     fn read_record(&self, f: &Flash, b: Binding, off: usize) -> Option<Fetch> {
-        let rest = b.used.checked_sub(off).filter(|&n| n > 0)?;
-        let mut buf = AlignedBuf::new();
-        let mut want = rest.min(FIRST_READ);
-        loop {
-            let mut out = Vec::with_capacity(want);
-            if f.tier.read(b.loc, off, want, &mut buf, &mut out).is_err() {
-                f.counters.read_errors.fetch_add(1, Ordering::Relaxed);
-                return None;
-            }
-            let fetch = Fetch {
-                bytes: Arc::from(out),
-                base: b.base.wrapping_add(off as u64),
-            };
-            if fetch.rec().is_some() {
-                f.counters.reads.fetch_add(1, Ordering::Relaxed);
-                return Some(fetch);
-            }
-            if want == rest {
-                // The whole rest of the image and still no record: damaged (the blocks'
-                // checks passed, so this is not expected).
-                f.counters.read_errors.fetch_add(1, Ordering::Relaxed);
-                return None;
-            }
-            // A longer record: read more, up to the rest of the image.
-            want = rest.min(want.saturating_mul(16));
-        }
+        self.read_record_in(f, b, off, false)
     }
 
     /// [`LogEngine::read_record`] if the page cache holds the bytes (no wait for the
     /// device), else None (and nothing counted: the read is then handed to a thread that
     /// may wait, which counts what goes wrong).
     fn read_cached_record(&self, f: &Flash, b: Binding, off: usize) -> Option<Fetch> {
+        self.read_record_in(f, b, off, true)
+    }
+
+    fn read_record_in(&self, f: &Flash, b: Binding, off: usize, cached: bool) -> Option<Fetch> {
         let rest = b.used.checked_sub(off).filter(|&n| n > 0)?;
+        let failed = || {
+            if !cached {
+                f.counters.read_errors.fetch_add(1, Ordering::Relaxed);
+            }
+            None
+        };
         let mut want = rest.min(FIRST_READ);
-        CACHED_BUF.with(|buf| {
+        READ_BUF.with(|buf| {
             let mut buf = buf.borrow_mut();
             loop {
                 let mut out = Vec::with_capacity(want);
-                if !matches!(
-                    f.tier.read_cached(b.loc, off, want, &mut buf, &mut out),
-                    Ok(true)
-                ) {
-                    return None;
+                let read = if cached {
+                    f.tier.read_cached(b.loc, off, want, &mut buf, &mut out)
+                } else {
+                    f.tier
+                        .read(b.loc, off, want, &mut buf, &mut out)
+                        .map(|()| true)
+                };
+                if !matches!(read, Ok(true)) {
+                    return failed();
                 }
                 let fetch = Fetch {
                     bytes: Arc::from(out),
@@ -556,12 +545,17 @@ impl LogEngine {
                 };
                 if fetch.rec().is_some() {
                     f.counters.reads.fetch_add(1, Ordering::Relaxed);
-                    f.counters.cached_reads.fetch_add(1, Ordering::Relaxed);
+                    if cached {
+                        f.counters.cached_reads.fetch_add(1, Ordering::Relaxed);
+                    }
                     return Some(fetch);
                 }
                 if want == rest {
-                    return None;
+                    // The whole rest of the image and still no record: damaged (the
+                    // blocks' checks passed, so this is not expected).
+                    return failed();
                 }
+                // A longer record: read more, up to the rest of the image.
                 want = rest.min(want.saturating_mul(16));
             }
         })
