@@ -36,7 +36,7 @@
 //! A server defers the reads to its I/O threads (`defer_flash`, `complete_flash_read`).
 //!
 //! A get that reads a flash item read before since it went to flash copies it back to
-//! memory (`recache`: a touch that keeps the expiry, `Cond::Loc`), one in
+//! memory (`recache` in `write.rs`: a touch that keeps the expiry, `Cond::Loc`), one in
 //! `ext_recache_rate`.
 //!
 //! # Faults
@@ -326,21 +326,9 @@ impl LogEngine {
             && f.recache_asks.fetch_add(1, Ordering::Relaxed) % rate == rate - 1
     }
 
-    /// Copy the flash item `key` (hash `h`, slot value `v`, a value of `len` bytes, its
-    /// record just read into `fetch`) back to memory at the log's head, with its CAS,
-    /// flags, expiry and access bits, as a touch that keeps the expiry would (memcached's
-    /// recache). The record is kept for the write's own lookup, which so reads nothing
-    /// again. Nothing happens if the item changed meanwhile or there is no room.
-    pub(super) fn recache(
-        &self,
-        key: &[u8],
-        h: u64,
-        v: u64,
-        len: usize,
-        fetch: Fetch,
-        now: crate::Time,
-    ) {
-        use super::write::{Commit, Cond, MetaW, Outcome, Src};
+    /// Keep `fetch`, the record slot value `v` names on flash, for a write that is about
+    /// to look it up again (`recache`, in `write.rs`), so that it reads nothing again.
+    pub(super) fn keep_for_write(&self, v: u64, fetch: Fetch) {
         let Some(f) = self.flash.get() else {
             return;
         };
@@ -349,24 +337,11 @@ impl LogEngine {
             let off = index::slot_off(v) as u32;
             keep_fetched(&mut lock(&f.fetched), (id, off, b.loc), fetch);
         }
-        let c = Commit {
-            key,
-            h,
-            cond: Cond::Loc(v & index::IDENT_MASK),
-            src: Src::Old,
-            old_len: len,
-            flags: None,
-            exptime: None,
-            keep_cas: true,
-            keep_access: true,
-            access: false,
-            meta: MetaW {
-                stale: None,
-                binary_key: None,
-                ..MetaW::default()
-            },
-        };
-        if let Outcome::Stored(_) = self.commit(&c, now, None) {
+    }
+
+    /// Count a flash item copied back to memory (`recache_from_extstore`).
+    pub(super) fn note_recache(&self) {
+        if let Some(f) = self.flash.get() {
             f.counters.recaches.fetch_add(1, Ordering::Relaxed);
         }
     }

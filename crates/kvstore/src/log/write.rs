@@ -645,6 +645,44 @@ impl LogEngine {
         false
     }
 
+    /// Copy the flash item `key` (hash `h`, slot value `v`, a value of `len` bytes, its
+    /// record just read into `fetch`) back to memory at the log's head, with its CAS,
+    /// flags, expiry and access bits, as a touch that keeps the expiry would (memcached's
+    /// recache; `flash.rs` decides when). The record is kept for this write's own lookup,
+    /// which so reads nothing again. Nothing happens if the item changed meanwhile or
+    /// there is no room.
+    pub(super) fn recache(
+        &self,
+        key: &[u8],
+        h: u64,
+        v: u64,
+        len: usize,
+        fetch: super::flash::Fetch,
+        now: Time,
+    ) {
+        self.keep_for_write(v, fetch);
+        let c = Commit {
+            key,
+            h,
+            cond: Cond::Loc(v & IDENT_MASK),
+            src: Src::Old,
+            old_len: len,
+            flags: None,
+            exptime: None,
+            keep_cas: true,
+            keep_access: true,
+            access: false,
+            meta: MetaW {
+                stale: None,
+                binary_key: None,
+                ..MetaW::default()
+            },
+        };
+        if let Outcome::Stored(_) = self.commit(&c, now, None) {
+            self.note_recache();
+        }
+    }
+
     pub(super) fn delete_inner(&self, key: &[u8], h: u64, now: Time) -> bool {
         if key.len() > MAX_KEY {
             return false;
