@@ -334,8 +334,6 @@ fn trim_heap() {
     }
 }
 
-/// Reclaim expired items in the background, a bounded amount each tick, until shutdown;
-/// with `-m auto`, follow the memory available once a second (`memory::adjust`).
 /// Say that the flash tier went offline (and why) or came back online.
 fn log_flash_state(shared: &Shared, offline: bool) {
     let why = shared.engine.flash_write_error().unwrap_or_default();
@@ -350,6 +348,8 @@ fn log_flash_state(shared: &Shared, offline: bool) {
     }
 }
 
+/// Reclaim expired items in the background, a bounded amount each tick, until shutdown;
+/// with `-m auto`, follow the memory available once a second (`memory::adjust`).
 fn maintenance_loop(shared: &Shared) {
     // One tick every 200 ms (the expiry sweep's pace); the once-a-second tasks every fifth.
     // Between ticks the thread is parked, and a shutdown unparks it: an idle server's

@@ -27,7 +27,9 @@ impl Engine for LogEngine {
             return self.touch_inner(key, h, exptime, now, Some(found));
         }
         let mut fetch = super::flash::Fetch::default();
-        let dead = {
+        // The item's slot value and visibility, and for a live flash item to copy back to
+        // memory its value's length.
+        let (v, vis, value_len) = {
             let _pin = self.pin();
             // SAFETY: pinned for as long as `r` is used (the callback included).
             let Some((slot, v, r)) = (unsafe { self.lookup(h, key, &mut fetch) }) else {
@@ -45,13 +47,13 @@ impl Engine for LogEngine {
                 vis => (v, vis, 0),
             }
         };
-        if dead.1 == Vis::Live {
+        if vis == Vis::Live {
             // A flash item read again: back to memory, after the pin (a write may evict).
-            self.recache(key, h, dead.0, dead.2, fetch, now);
+            self.recache(key, h, v, value_len, fetch, now);
             return true;
         }
-        self.count_dead(dead.1);
-        self.unlink_dead(h, dead.0);
+        self.count_dead(vis);
+        self.unlink_dead(h, v);
         false
     }
 

@@ -165,17 +165,24 @@ struct Fetched {
 /// Bound pages, oldest first, among which a full tier picks the one to take back.
 const RECLAIM_WINDOW: usize = 8;
 
+/// A thread's deferral of flash reads ([`LogEngine::defer_flash`]).
+struct Deferred {
+    /// The reads its lookups need.
+    reads: Vec<FlashRead>,
+    /// Keep records read from the page cache for a write to come (`flash_reads_for`).
+    keep_cached: bool,
+}
+
 /// Records kept for re-runs (a bound: a re-run that finds its record gone reads again).
 const FETCHED_MAX: usize = 4096;
 
 thread_local! {
     /// While set, lookups on this thread do no flash I/O that may wait: they note the
     /// reads they need (a read the page cache answers at once is done).
-    static DEFERRED: std::cell::RefCell<Option<Vec<FlashRead>>> = const { std::cell::RefCell::new(None) };
-    /// Set while `flash_reads_for` looks: records read from the page cache are kept.
-    static KEEP_CACHED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    /// The blocks of this thread's flash reads.
-    static READ_BUF: std::cell::RefCell<AlignedBuf> = std::cell::RefCell::new(AlignedBuf::new());
+    static DEFERRED: std::cell::RefCell<Option<Deferred>> = const { std::cell::RefCell::new(None) };
+    /// This thread's flash reads' blocks and the record bytes decoded from them.
+    static READ_BUF: std::cell::RefCell<(AlignedBuf, Vec<u8>)> =
+        std::cell::RefCell::new((AlignedBuf::new(), Vec::new()));
 }
 
 /// The flash part's state (see the module documentation).
@@ -387,13 +394,27 @@ impl LogEngine {
     /// without effects on what it did not find (a get, not a store). Records read before
     /// for deferred lookups are found without I/O.
     pub fn defer_flash<T>(&self, f: impl FnOnce() -> T) -> (T, Vec<FlashRead>) {
+        self.defer_flash_keeping(false, f)
+    }
+
+    /// [`LogEngine::defer_flash`], keeping the records read from the page cache too
+    /// (`keep_cached`) for a write to come.
+    fn defer_flash_keeping<T>(
+        &self,
+        keep_cached: bool,
+        f: impl FnOnce() -> T,
+    ) -> (T, Vec<FlashRead>) {
         if self.flash.get().is_none() {
             return (f(), Vec::new());
         }
-        let outer = DEFERRED.with(|d| d.borrow_mut().replace(Vec::new()));
+        let mine = Deferred {
+            reads: Vec::new(),
+            keep_cached,
+        };
+        let outer = DEFERRED.with(|d| d.borrow_mut().replace(mine));
         let out = f();
-        let reads = DEFERRED.with(|d| std::mem::replace(&mut *d.borrow_mut(), outer));
-        (out, reads.unwrap_or_default())
+        let mine = DEFERRED.with(|d| std::mem::replace(&mut *d.borrow_mut(), outer));
+        (out, mine.map(|d| d.reads).unwrap_or_default())
     }
 
     /// The flash reads a lookup of `key` needs now: none when its item is in memory, not
@@ -403,9 +424,7 @@ impl LogEngine {
         if self.flash.get().is_none() {
             return Vec::new();
         }
-        KEEP_CACHED.with(|k| k.set(true));
-        let (found, reads) = self.defer_flash(|| self.holds_record(key));
-        KEEP_CACHED.with(|k| k.set(false));
+        let (found, reads) = self.defer_flash_keeping(true, || self.holds_record(key));
         if found {
             // Another key's record matched the tag: nothing to wait for.
             return Vec::new();
@@ -447,36 +466,33 @@ impl LogEngine {
             // Empty: the read failed (see `complete_flash_read`).
             return (!hit.bytes.is_empty()).then(|| hit.clone());
         }
-        if DEFERRED.with(|d| d.borrow().is_some()) {
-            // A read the page cache can answer at once costs less than a hand-off. For a
-            // write's look first (`flash_reads_for`) it is kept, as a handed-off read's is,
-            // so that the write finds it without reading again.
-            if let Some(fetch) = self.read_cached_record(f, b, off) {
-                if KEEP_CACHED.with(std::cell::Cell::get) {
-                    keep_fetched(&mut lock(&f.fetched), key, fetch.clone());
-                }
-                return Some(fetch);
+        let Some(keep_cached) = DEFERRED.with(|d| d.borrow().as_ref().map(|d| d.keep_cached))
+        else {
+            f.counters.inline_reads.fetch_add(1, Ordering::Relaxed);
+            return self.read_record(f, b, off);
+        };
+        // A read the page cache can answer at once costs less than a hand-off. For a
+        // write's look first (`flash_reads_for`) it is kept, as a handed-off read's is, so
+        // that the write finds it without reading again.
+        if let Some(fetch) = self.read_cached_record(f, b, off) {
+            if keep_cached {
+                keep_fetched(&mut lock(&f.fetched), key, fetch.clone());
             }
+            return Some(fetch);
         }
-        let deferred = DEFERRED.with(|d| match d.borrow_mut().as_mut() {
-            Some(reads) => {
+        DEFERRED.with(|d| {
+            if let Some(d) = d.borrow_mut().as_mut() {
                 let r = FlashRead {
                     id,
                     off: off as u32,
                     loc: b.loc,
                 };
-                if !reads.contains(&r) {
-                    reads.push(r);
+                if !d.reads.contains(&r) {
+                    d.reads.push(r);
                 }
-                true
             }
-            None => false,
         });
-        if deferred {
-            return None;
-        }
-        f.counters.inline_reads.fetch_add(1, Ordering::Relaxed);
-        self.read_record(f, b, off)
+        None
     }
 
     /// Read the record at `off` of bound image `b` (blocking).
@@ -500,22 +516,21 @@ impl LogEngine {
             None
         };
         let mut want = rest.min(FIRST_READ);
-        READ_BUF.with(|buf| {
-            let mut buf = buf.borrow_mut();
+        READ_BUF.with(|scratch| {
+            let (buf, out) = &mut *scratch.borrow_mut();
             loop {
-                let mut out = Vec::with_capacity(want);
+                out.clear();
                 let read = if cached {
-                    f.tier.read_cached(b.loc, off, want, &mut buf, &mut out)
+                    f.tier.read_cached(b.loc, off, want, buf, out)
                 } else {
-                    f.tier
-                        .read(b.loc, off, want, &mut buf, &mut out)
-                        .map(|()| true)
+                    f.tier.read(b.loc, off, want, buf, out).map(|()| true)
                 };
                 if !matches!(read, Ok(true)) {
                     return failed();
                 }
+                // One allocation per record: the shared copy of the scratch bytes.
                 let fetch = Fetch {
-                    bytes: Arc::from(out),
+                    bytes: Arc::from(out.as_slice()),
                     base: b.base.wrapping_add(off as u64),
                 };
                 if fetch.rec().is_some() {
