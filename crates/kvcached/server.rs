@@ -48,14 +48,33 @@ pub fn build_engine(config: &Config) -> Result<LogEngine, String> {
         None => LogEngine::new(ec),
         Some(f) => {
             let engine = LogEngine::with_layout(ec, kvstore::IndexLayout::Wide);
-            let tier = kvstore::flash::Tier::create(&kvstore::flash::TierConfig {
+            let tc = kvstore::flash::TierConfig {
                 files: f.files.clone(),
                 page_bytes: engine.segment_size(),
                 write_threads: f.threads,
                 write_buffer: usize::try_from(f.wbuf_size).unwrap_or(usize::MAX),
                 direct: f.direct,
-            })
-            .map_err(|e| format!("-o ext_path: {e}"))?;
+            };
+            // A warm restart's snapshot names pages of the files as they are: open them
+            // (the snapshot's load takes back the pages it names). Else, or if they cannot
+            // be opened as this configuration made them, they are made afresh.
+            let snapshot = config.memory_file.as_ref().filter(|p| p.exists());
+            let reopened = snapshot.and_then(|_| match kvstore::flash::Tier::open(&tc) {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    tracing::warn!(
+                        "-o ext_path: {e}; making the flash files afresh (the snapshot's \
+                         flash items are lost)"
+                    );
+                    None
+                }
+            });
+            let tier = match reopened {
+                Some(t) => t,
+                None => {
+                    kvstore::flash::Tier::create(&tc).map_err(|e| format!("-o ext_path: {e}"))?
+                }
+            };
             engine
                 .attach_flash(tier)
                 .map_err(|e| format!("-o ext_path: {e}"))?;

@@ -15,6 +15,13 @@
 //! A save writes `FILE.tmp`, syncs it, renames it over `FILE` and syncs the directory, so a
 //! crash or SIGKILL during a save leaves the previous file whole.
 //!
+//! With a flash tier (`-o ext_path`, which memcached refuses to combine with `-e`) the
+//! save first finishes and syncs the flash writes under way, and the snapshot names the
+//! flash pages and their live records instead of copying them; the next start opens the
+//! flash files as they are (`server::build_engine`) and takes those pages back. Pages that
+//! cannot be (the files were made afresh, another size, a damaged page, no `ext_path`) lose
+//! their items, logged; the rest still loads.
+//!
 //! Beside it a save writes `FILE.meta`, as memcached keeps its restart metadata in
 //! `FILE.meta`: a tag line and what `stats` must show again after the restart (memcached's
 //! hash table level, `hash_power_level`, which memcached restores too). It is read and
@@ -176,6 +183,7 @@ fn load_snapshot(
                 "warm restart: loaded {items} items ({bytes} bytes of records) from {} in {ms} ms",
                 path.display(),
             );
+            log_flash_restore(engine.flash_restore());
             Ok(())
         }
         Err(e) => {
@@ -186,6 +194,28 @@ fn load_snapshot(
             }
             refuse(path, &e.to_string(), ignore_bad)
         }
+    }
+}
+
+/// Say what the load did with the flash pages the snapshot named (nothing, if it named
+/// none).
+fn log_flash_restore(r: kvstore::FlashRestore) {
+    if r.pages > 0 {
+        tracing::info!(
+            pages = r.pages,
+            items = r.items,
+            "warm restart: {} of the items are on {} flash pages, kept",
+            r.items,
+            r.pages
+        );
+    }
+    if r.pages_lost > 0 {
+        tracing::warn!(
+            pages = r.pages_lost,
+            "warm restart: the items of {} flash pages are lost (no -o ext_path now, flash \
+             files made afresh or of another size, or pages that could not be read back)",
+            r.pages_lost
+        );
     }
 }
 

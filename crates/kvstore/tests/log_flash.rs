@@ -474,3 +474,166 @@ fn items_read_on_a_page_taken_back_are_rescued() {
     );
     e.check_accounting().expect("accounting");
 }
+
+/// Every key of `0..n` with what a get returns for it (value, flags, CAS), or None.
+fn contents(e: &LogEngine, n: u64) -> Vec<Option<(Vec<u8>, u32, u64)>> {
+    (0..n).map(|i| get(e, &key(i))).collect()
+}
+
+/// An engine whose tier holds most of `n` items of 1000 bytes, some of them deleted and
+/// some overwritten since they went to flash; its snapshot (`dump`), taken the way a
+/// server stops, and what every key read before the snapshot.
+fn saved_with_flash(e: &LogEngine, n: u64) -> (Vec<u8>, Vec<Option<(Vec<u8>, u32, u64)>>) {
+    for i in 0..n {
+        assert!(matches!(
+            set(e, &key(i), &value(i, 1000)),
+            StoreResult::Stored(_)
+        ));
+    }
+    e.flash_settle();
+    // Old keys are on flash: delete some, write others anew (in memory, newer).
+    for i in (0..n / 2).step_by(7) {
+        assert!(e.delete(&key(i), NOW), "key {i}");
+    }
+    for i in (3..n / 2).step_by(11) {
+        assert!(matches!(
+            set(e, &key(i), &value(i + 1, 1000)),
+            StoreResult::Stored(_)
+        ));
+    }
+    let before = contents(e, n);
+    let mut file = Vec::new();
+    e.dump(&mut file, 1).expect("dump");
+    (file, before)
+}
+
+/// A warm restart keeps the flash tier: the snapshot names the pages, the files are
+/// opened as they are, and every item comes back from where it was, flash ones included,
+/// with its value, flags and CAS; deleted and overwritten items stay so; the accounting is
+/// exact, and the engine goes on writing to flash and taking pages back.
+#[test]
+fn a_warm_restart_keeps_the_flash_tier() {
+    let n = 20_000;
+    let (file, before, on_flash, dir) = {
+        let (e, dir) = engine(4 << 20, 32 << 20);
+        let (file, before) = saved_with_flash(&e, n);
+        let on_flash = e.flash_stats().expect("a tier").objects_used;
+        assert!(on_flash > n / 2, "{on_flash} items on flash");
+        (file, before, on_flash, dir)
+    };
+    assert_eq!(file.get(7), Some(&kvstore::SNAPSHOT_VERSION));
+
+    let e = LogEngine::with_layout(config(4 << 20), IndexLayout::Wide);
+    e.attach_flash(dir.reopen(&e, 32 << 20, 1, 4 << 20))
+        .expect("attach");
+    e.restore_bytes(&file, NOW).expect("restore");
+    let r = e.flash_restore();
+    assert_eq!(r.pages_lost, 0, "{r:?}");
+    assert_eq!(r.items, on_flash, "{r:?}");
+    let s = e.flash_stats().expect("a tier");
+    assert_eq!(s.objects_used, on_flash, "{s:?}");
+    assert_eq!(s.tier.pages_used, r.pages, "{s:?}");
+    e.check_accounting().expect("accounting after the restore");
+    let after = contents(&e, n);
+    for (i, (b, a)) in before.iter().zip(&after).enumerate() {
+        assert_eq!(a, b, "key {i}");
+    }
+    assert!(e.flash_stats().expect("a tier").reads >= on_flash);
+
+    // It goes on: new items push old ones to flash, pages are taken back.
+    let more = n..n + 60_000;
+    for i in more.clone() {
+        assert!(matches!(
+            set(&e, &key(i), &value(i, 1000)),
+            StoreResult::Stored(_)
+        ));
+    }
+    e.flash_settle();
+    let s = e.flash_stats().expect("a tier");
+    assert!(s.pages_dropped > 0, "{s:?}");
+    e.check_accounting().expect("accounting after more writes");
+    for i in 0..more.end {
+        if let Some((v, ..)) = get(&e, &key(i)) {
+            let want = before
+                .get(i as usize)
+                .and_then(|b| b.as_ref().map(|b| b.0.clone()))
+                .unwrap_or_else(|| value(i, 1000));
+            assert_eq!(v, want, "key {i}");
+        }
+    }
+}
+
+/// A snapshot whose flash files are gone (made afresh), or restored with no tier: its
+/// flash pages are lost, counted, and what was in memory still loads, exactly.
+#[test]
+fn a_warm_restart_without_its_flash_files_keeps_what_was_in_memory() {
+    let n = 20_000;
+    let (e, _dir) = engine(4 << 20, 96 << 20);
+    let (file, before) = saved_with_flash(&e, n);
+    let saved = e.flash_stats().expect("a tier");
+    let in_memory = e.stats().curr_items - saved.objects_used;
+    drop(e);
+
+    for fresh in [true, false] {
+        let e = LogEngine::with_layout(config(4 << 20), IndexLayout::Wide);
+        let _other = fresh.then(|| tier::attach(&e, 96 << 20, 1, 4 << 20));
+        e.restore_bytes(&file, NOW).expect("restore");
+        let r = e.flash_restore();
+        assert_eq!((r.pages, r.items), (0, 0), "fresh {fresh}: {r:?}");
+        assert_eq!(r.pages_lost, saved.tier.pages_used, "fresh {fresh}: {r:?}");
+        assert_eq!(e.stats().curr_items, in_memory, "fresh {fresh}");
+        e.check_accounting().expect("accounting");
+        let after = contents(&e, n);
+        let mut hits = 0;
+        for (i, (b, a)) in before.iter().zip(&after).enumerate() {
+            if a.is_some() {
+                assert_eq!(a, b, "fresh {fresh}: key {i}");
+                hits += 1;
+            }
+        }
+        assert_eq!(hits, in_memory, "fresh {fresh}");
+    }
+}
+
+/// A flash page damaged while the server was down: its items are lost (the blocks' checks
+/// refuse it), nothing wrong is read, and every other page's items come back.
+#[test]
+fn a_damaged_flash_page_loses_its_items_on_a_warm_restart() {
+    use std::os::unix::fs::FileExt;
+    let n = 20_000;
+    let (e, dir) = engine(4 << 20, 96 << 20);
+    let (file, before) = saved_with_flash(&e, n);
+    let pages = e.flash_stats().expect("a tier").tier.pages_used;
+    let seg = e.segment_size() as u64;
+    drop(e);
+    // Page 0 is written first (pages are handed out in order): flip a byte in its middle.
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(dir.0.join("flash"))
+        .expect("open the flash file");
+    let at = 4096 + seg / 2;
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, at).expect("read");
+    f.write_all_at(&[b[0] ^ 0x5a], at).expect("write");
+    f.sync_all().expect("sync");
+
+    let e = LogEngine::with_layout(config(4 << 20), IndexLayout::Wide);
+    e.attach_flash(dir.reopen(&e, 96 << 20, 1, 4 << 20))
+        .expect("attach");
+    e.restore_bytes(&file, NOW).expect("restore");
+    let r = e.flash_restore();
+    assert_eq!(r.pages_lost, 1, "{r:?}");
+    assert_eq!(r.pages, pages - 1, "{r:?}");
+    e.check_accounting().expect("accounting");
+    let after = contents(&e, n);
+    let mut lost = 0;
+    for (i, (b, a)) in before.iter().zip(&after).enumerate() {
+        match a {
+            Some(_) => assert_eq!(a, b, "key {i}"),
+            None if b.is_some() => lost += 1,
+            None => {}
+        }
+    }
+    assert!(lost > 0 && lost < n / 10, "{lost} items lost");
+}

@@ -1203,9 +1203,9 @@ fn damaged_snapshots_are_refused() {
     let mut v1 = file.clone();
     v1[7] = 1;
     assert_eq!(refused(&v1, &cfg), SnapshotError::Version { found: 1 });
-    let mut v5 = file.clone();
-    v5[7] = 5;
-    assert_eq!(refused(&v5, &cfg), SnapshotError::Version { found: 5 });
+    let mut v6 = file.clone();
+    v6[7] = 6;
+    assert_eq!(refused(&v6, &cfg), SnapshotError::Version { found: 6 });
     // Other item-layout settings: -C, another -I.
     for other in [
         kvstore::EngineConfig {

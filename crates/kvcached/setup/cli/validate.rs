@@ -206,15 +206,8 @@ impl Builder {
             return Err("-o ext_path: UDP cannot be used with extstore (-U 0)".into());
         }
         if !self.ext_files.is_empty() {
-            if cfg.memory_file.take().is_some() {
-                // memcached does the same: "memory restart with extstore not presently
-                // supported".
-                self.notes.push(
-                    "-e: a warm restart with -o ext_path is not supported yet; starting \
-                     without -e"
-                        .into(),
-                );
-            }
+            // Unlike memcached ("memory restart with extstore not presently supported"),
+            // -e keeps the flash tier: the snapshot names its pages (`features/warm.rs`).
             cfg.flash = Some(crate::setup::config::FlashSettings {
                 files: std::mem::take(&mut self.ext_files),
                 wbuf_size: self.ext_wbuf_size,

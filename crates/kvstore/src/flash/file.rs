@@ -53,11 +53,7 @@ impl FlashFile {
     /// held before is gone. The space is allocated now (so that a full disk shows at
     /// start, not at the first write), where the file system can.
     pub fn create(path: &Path, size: u64, page_bytes: usize) -> Result<FlashFile, FlashError> {
-        let page_blocks = page_bytes.div_ceil(BLOCK_DATA).max(1);
-        let per_page = (page_blocks * BLOCK) as u64;
-        let pages = size.saturating_sub(BLOCK as u64) / per_page;
-        let pages = u32::try_from(pages).ok().filter(|&p| p > 0);
-        let (Ok(page_blocks), Some(pages)) = (u32::try_from(page_blocks), pages) else {
+        let Some((page_blocks, pages)) = geometry(size, page_bytes) else {
             return Err(FlashError::TooSmall {
                 path: path.to_path_buf(),
                 size,
@@ -123,6 +119,12 @@ impl FlashFile {
     /// The file's header: its tier id and geometry.
     pub fn header(&self) -> &Header {
         &self.header
+    }
+
+    /// Whether the file has the geometry [`FlashFile::create`] gives a file of `size`
+    /// bytes in pages of `page_bytes` (a file reopened must match its configuration).
+    pub fn made_for(&self, size: u64, page_bytes: usize) -> bool {
+        geometry(size, page_bytes) == Some((self.header.page_blocks, self.header.pages))
     }
 
     /// Where the file is.
@@ -315,6 +317,16 @@ impl FlashFile {
 }
 
 /// The error of I/O operation `op` on the flash file at `path`.
+/// Blocks per page and pages of a file of at most `size` bytes whose pages hold
+/// `page_bytes` bytes of image each; None if not even one page fits beside the header.
+fn geometry(size: u64, page_bytes: usize) -> Option<(u32, u32)> {
+    let page_blocks = page_bytes.div_ceil(BLOCK_DATA).max(1);
+    let per_page = (page_blocks * BLOCK) as u64;
+    let pages = size.saturating_sub(BLOCK as u64) / per_page;
+    let pages = u32::try_from(pages).ok().filter(|&p| p > 0)?;
+    Some((u32::try_from(page_blocks).ok()?, pages))
+}
+
 fn io_err(path: &Path, op: &'static str) -> impl FnOnce(io::Error) -> FlashError {
     let path = path.to_path_buf();
     move |source| FlashError::Io { path, op, source }

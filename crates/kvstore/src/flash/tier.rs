@@ -80,6 +80,8 @@ pub enum TierError {
     NoSuchPage(u32),
     #[error("no flash file given")]
     NoFiles,
+    #[error("{0}: made for another size or page size than this configuration's")]
+    Geometry(PathBuf),
 }
 
 /// The tier's counters, under memcached's extstore names where the meaning is the same.
@@ -198,6 +200,28 @@ impl Tier {
         Ok(Tier::start(files, config))
     }
 
+    /// Open the files as they are, with what they hold (a warm restart's): each must have
+    /// the geometry [`Tier::create`] would give it under `config` (`Geometry` if not).
+    /// Every page starts free, at generation 1; [`Tier::claim`] takes the pages that hold
+    /// what the caller still points at.
+    pub fn open(config: &TierConfig) -> Result<Tier, TierError> {
+        if config.files.is_empty() {
+            return Err(TierError::NoFiles);
+        }
+        let mut files = Vec::with_capacity(config.files.len());
+        for (path, size) in &config.files {
+            let mut file = FlashFile::open(path)?;
+            if !file.made_for(*size, config.page_bytes) {
+                return Err(TierError::Geometry(path.clone()));
+            }
+            if !config.direct {
+                file.use_page_cache()?;
+            }
+            files.push(file);
+        }
+        Ok(Tier::start(files, config))
+    }
+
     fn start(files: Vec<FlashFile>, config: &TierConfig) -> Tier {
         let mut starts = vec![0u32];
         for f in &files {
@@ -289,6 +313,46 @@ impl Tier {
         self.inner.page_allocs.fetch_add(1, Ordering::Relaxed);
         let gen = self.inner.gen(page)?.load(Ordering::Acquire);
         Some(Loc { page, gen })
+    }
+
+    /// Take the free pages `locs` name, each at the generation it names (pages a snapshot
+    /// says were written at those generations, in a tier just opened): for each, whether
+    /// it was taken (no: not a page of this tier, not free, or named twice). A page taken
+    /// is freed as an allocated one is.
+    pub fn claim(&self, locs: &[Loc]) -> Vec<bool> {
+        let inner = &*self.inner;
+        let mut free = lock(&inner.free);
+        let mut is_free = vec![false; inner.gens.len()];
+        for &p in free.iter() {
+            if let Some(f) = is_free.get_mut(p as usize) {
+                *f = true;
+            }
+        }
+        let taken = locs
+            .iter()
+            .map(
+                |l| match (is_free.get_mut(l.page as usize), inner.gen(l.page)) {
+                    (Some(f @ true), Some(g)) => {
+                        *f = false;
+                        g.store(l.gen, Ordering::Release);
+                        inner.page_allocs.fetch_add(1, Ordering::Relaxed);
+                        true
+                    }
+                    _ => false,
+                },
+            )
+            .collect();
+        free.retain(|&p| is_free.get(p as usize).copied().unwrap_or(false));
+        taken
+    }
+
+    /// The tier id of the file holding page `page` (written into every block's CRC: a
+    /// snapshot keeps it, so that a page it names is only claimed in the same file).
+    pub fn file_id(&self, page: u32) -> Option<u64> {
+        self.inner
+            .file_of(page)
+            .ok()
+            .map(|(f, _)| f.header().tier_id)
     }
 
     /// Give `loc`'s page back: its generation moves on (reads of `loc` from now on fail)
@@ -883,6 +947,67 @@ mod tests {
         for l in freed {
             assert!(t.read(l, 0, 10, &mut buf, &mut out).is_err(), "{l:?}");
         }
+    }
+
+    /// A tier reopened finds what was written, once its pages are claimed at their
+    /// generations; a claim of a page twice, of another generation's bytes or of a page
+    /// beyond the tier gets nothing; a file of another geometry is refused.
+    #[test]
+    fn reopened_pages_read_back_once_claimed() {
+        let d = Dir::new("tier-reopen");
+        let c = config(&d, &[1 << 20, 1 << 20], 1 << 20);
+        let t = Tier::create(&c).expect("tier");
+        let (a, b) = (t.alloc().expect("a"), t.alloc().expect("b"));
+        write(&t, a, &image(PAGE, 1)).expect("write a");
+        write(&t, b, &image(PAGE, 2)).expect("write b");
+        t.free(b);
+        // b's page again, at its next generation (freed pages come back last).
+        let b2 = std::iter::from_fn(|| t.alloc())
+            .find(|l| l.page == b.page)
+            .expect("b's page again");
+        assert_ne!(b2.gen, b.gen);
+        write(&t, b2, &image(100, 3)).expect("write b2");
+        let ids = (t.file_id(a.page), t.file_id(b2.page));
+        t.sync().expect("sync");
+        drop(t);
+
+        let t = Tier::open(&c).expect("reopen");
+        assert_eq!((t.file_id(a.page), t.file_id(b2.page)), ids);
+        assert_eq!(t.stats().pages_free, u64::from(t.pages()));
+        let past = Loc {
+            page: t.pages(),
+            gen: 1,
+        };
+        assert_eq!(t.claim(&[a, b2, a, past]), vec![true, true, false, false]);
+        assert_eq!(t.stats().pages_free, u64::from(t.pages()) - 2);
+        let (mut buf, mut out) = (AlignedBuf::new(), Vec::new());
+        t.read(a, 0, PAGE, &mut buf, &mut out).expect("read a");
+        assert_eq!(out, image(PAGE, 1));
+        out.clear();
+        t.read(b2, 0, 100, &mut buf, &mut out).expect("read b2");
+        assert_eq!(out, image(100, 3));
+        // The free list holds neither: every page handed out is another.
+        let mut handed = Vec::new();
+        while let Some(l) = t.alloc() {
+            handed.push(l.page);
+        }
+        assert_eq!(handed.len() as u32, t.pages() - 2);
+        assert!(!handed.contains(&a.page) && !handed.contains(&b2.page));
+        drop(t);
+
+        // A page claimed at a generation its bytes were not written at reads nothing.
+        let t = Tier::open(&c).expect("reopen");
+        let old_b = Loc { gen: b.gen, ..b2 };
+        assert_eq!(t.claim(&[old_b]), vec![true]);
+        assert!(t.read(old_b, 0, 100, &mut buf, &mut out).is_err());
+        drop(t);
+
+        let mut other = c.clone();
+        other.files[1].1 = 2 << 20;
+        assert!(matches!(Tier::open(&other), Err(TierError::Geometry(_))));
+        other = c.clone();
+        other.page_bytes = PAGE * 2;
+        assert!(matches!(Tier::open(&other), Err(TierError::Geometry(_))));
     }
 
     #[test]

@@ -45,9 +45,16 @@
 //! offline after several in a row and lets a probe write through now and then
 //! (`Tier::accepts_writes`, asked by `demoting`).
 //!
-//! Not yet: repacking partly live segments and flash compaction, warm restart and
-//! replication with a tier (eviction drops items while replicas are attached), large
-//! items. `walk.rs` (digests, `lru_crawler metadump`) sees RAM items only.
+//! # Warm restart
+//!
+//! A snapshot names the bound segments' pages and live offsets (`pages_to_save`, after
+//! the writes under way are bound and synced); a restart into a tier opened as it is takes
+//! those pages back (`claim_saved`, `read_saved`, `bind_saved`, `order_saved`, driven by
+//! `snapshot.rs`).
+//!
+//! Not yet: repacking partly live segments and flash compaction, replication with a tier
+//! (eviction drops items while replicas are attached), large items. `walk.rs` (digests,
+//! `lru_crawler metadump`) sees RAM items only.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -175,6 +182,28 @@ struct Deferred {
 
 /// Records kept for re-runs (a bound: a re-run that finds its record gone reads again).
 const FETCHED_MAX: usize = 4096;
+
+/// A bound segment as a snapshot keeps it (`snapshot.rs`): where its image is, in which
+/// file (the tier id), and what its records need (length, CAS base).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct SavedPage {
+    pub(super) loc: Loc,
+    pub(super) file_id: u64,
+    pub(super) used: usize,
+    pub(super) base: u64,
+}
+
+/// What a warm restart did with the flash pages its snapshot named.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FlashRestore {
+    /// Pages found in the tier and indexed again.
+    pub pages: u64,
+    /// Items they hold, indexed.
+    pub items: u64,
+    /// Pages whose items are gone: no tier now, another file (made afresh, or of another
+    /// size), or a page that could not be read back whole.
+    pub pages_lost: u64,
+}
 
 thread_local! {
     /// While set, lookups on this thread do no flash I/O that may wait: they note the
@@ -446,6 +475,106 @@ impl LogEngine {
         // miss, counted as a read error) instead of waiting for the same read again.
         let fetch = self.read_record(f, b, r.off as usize).unwrap_or_default();
         keep_fetched(&mut lock(&f.fetched), (r.id, r.off, r.loc), fetch);
+    }
+
+    /// The bound segments, oldest first, for a snapshot, once every write under way is
+    /// bound and the files are synced (what the snapshot names is then on the device).
+    pub(super) fn pages_to_save(&self) -> std::io::Result<Vec<(u32, SavedPage)>> {
+        let Some(f) = self.flash.get() else {
+            return Ok(Vec::new());
+        };
+        f.tier.drain();
+        self.settle();
+        f.tier.sync().map_err(std::io::Error::other)?;
+        let bound = lock(&f.bound);
+        Ok(bound
+            .order
+            .iter()
+            .filter_map(|&id| {
+                let b = bound.by_id.get(&id)?;
+                let saved = SavedPage {
+                    loc: b.loc,
+                    file_id: f.tier.file_id(b.loc.page)?,
+                    used: b.used,
+                    base: b.base,
+                };
+                Some((id, saved))
+            })
+            .collect())
+    }
+
+    /// Take back, in the tier just opened, the pages a snapshot names: for each, whether
+    /// its items can be loaded (the same file's page, of a segment's size at most, taken
+    /// at its generation). Without a tier, none.
+    pub(super) fn claim_saved(&self, saved: &[SavedPage]) -> Vec<bool> {
+        let Some(f) = self.flash.get() else {
+            return vec![false; saved.len()];
+        };
+        let fits = |p: &SavedPage| {
+            f.tier.file_id(p.loc.page) == Some(p.file_id)
+                && p.used > SEG_HDR
+                && p.used <= self.seg_size.min(f.tier.page_capacity())
+        };
+        let wanted: Vec<Loc> = saved.iter().filter(|p| fits(p)).map(|p| p.loc).collect();
+        let mut taken = f.tier.claim(&wanted).into_iter();
+        saved
+            .iter()
+            .map(|p| fits(p) && taken.next().unwrap_or(false))
+            .collect()
+    }
+
+    /// The image of a claimed page, read whole and checked; None if it cannot be (the page
+    /// is freed again: its items are lost, counted as a failed read).
+    pub(super) fn read_saved(&self, p: &SavedPage) -> Option<Vec<u8>> {
+        let f = self.flash.get()?;
+        let mut image = Vec::with_capacity(p.used);
+        match f
+            .tier
+            .read(p.loc, 0, p.used, &mut AlignedBuf::new(), &mut image)
+        {
+            Ok(()) => Some(image),
+            Err(_) => {
+                f.counters.read_errors.fetch_add(1, Ordering::Relaxed);
+                f.tier.free(p.loc);
+                None
+            }
+        }
+    }
+
+    /// Make the claimed page `p` a bound segment under a fresh id, without memory (not yet
+    /// in the reclaim order: `order_saved`). None, the page freed again, when no id is left.
+    pub(super) fn bind_saved(&self, p: &SavedPage) -> Option<u32> {
+        let f = self.flash.get()?;
+        let id = {
+            let mut pool = self.arena.pool();
+            let id = pool.draw_id(self.index.max_segments());
+            match id.map(|id| (id, self.segs.get_or_create(id).is_some())) {
+                Some((id, true)) => Some(id),
+                Some((id, false)) => {
+                    pool.return_id(id);
+                    None
+                }
+                None => None,
+            }
+        };
+        let Some(id) = id else {
+            f.tier.free(p.loc);
+            return None;
+        };
+        let b = Binding {
+            loc: p.loc,
+            used: p.used,
+            base: p.base,
+        };
+        lock(&f.bound).by_id.insert(id, b);
+        Some(id)
+    }
+
+    /// Put the segments `bind_saved` made, oldest first, in the order pages are taken back.
+    pub(super) fn order_saved(&self, ids: impl IntoIterator<Item = u32>) {
+        if let Some(f) = self.flash.get() {
+            lock(&f.bound).order.extend(ids);
+        }
     }
 
     /// The binding of segment `id`, if it is on flash.

@@ -201,7 +201,7 @@ use crate::{EngineConfig, ItemView, Time};
 use arena::Arena;
 use evict::Eviction;
 pub use evict::DEFAULT_SIZE_FACTOR;
-pub use flash::{FlashAttachError, FlashRead, FlashStats};
+pub use flash::{FlashAttachError, FlashRead, FlashRestore, FlashStats};
 use flush::Flush;
 use format::{Rec, Spec, KIND_ITEM, META_BINARY_KEY, META_STALE};
 use grow::Grow;
@@ -322,6 +322,8 @@ pub struct LogEngine {
     stats: Stats,
     /// The flash tier, once attached (`flash.rs`).
     flash: OnceLock<flash::Flash>,
+    /// What the last warm restart did with the flash pages it named (`snapshot.rs`).
+    restored: Mutex<flash::FlashRestore>,
 }
 
 /// A function told of each evicted item and the engine's time, under the eviction's locks:
@@ -389,6 +391,7 @@ impl LogEngine {
             tally: OnceLock::new(),
             stats: Stats::new(nshards),
             flash: OnceLock::new(),
+            restored: Mutex::default(),
         }
     }
 

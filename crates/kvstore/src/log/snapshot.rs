@@ -28,6 +28,7 @@ use super::repl::ReplError;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use super::flash::{FlashRestore, SavedPage};
 use super::format::{self, KIND_ITEM, SEG_HDR};
 use super::{compact, index, mem, seg::Seg, Insert, LogEngine, Queue, Rec, Vis, MAX_KEY, PAGE};
 use crate::Engine;
@@ -35,10 +36,17 @@ use crate::Time;
 
 /// File magic (7 bytes) and format version (the 8th).
 const MAGIC: &[u8; 7] = b"KVSNAP\x00";
-/// The snapshot format this engine writes (1 had no checksums or header; 2 held
-/// replication batches and 3 images of live records, both of record format 1, and are
-/// still read).
-pub const SNAPSHOT_VERSION: u8 = 4;
+/// The newest snapshot format, which this engine writes when flash pages are named in
+/// it (1 had no checksums or header; 2 held replication batches and 3 images of live
+/// records, both of record format 1, and are still read; 4 is 5 without flash frames).
+pub const SNAPSHOT_VERSION: u8 = 5;
+/// The format this engine writes without a flash tier (readable by engines of format 4).
+const MEMORY_VERSION: u8 = 4;
+/// The first bytes of a flash frame's payload (a segment image's are `format::SEG_MAGIC`).
+const FLASH_MAGIC: &[u8; 4] = b"KVFP";
+/// A flash frame's payload before its list of offsets: magic, file id, page, generation,
+/// image length, CAS base, count.
+const FLASH_FRAME_HEAD: usize = 4 + 8 + 4 + 4 + 4 + 8 + 4;
 /// The oldest snapshot format this engine reads.
 const OLDEST_READ: u8 = 2;
 /// The log record format this engine writes (`FORMAT.md`).
@@ -464,15 +472,31 @@ impl LogEngine {
     /// shutdown): writes that race with it may or may not be in the snapshot. `saved_at`
     /// is recorded in the header. Returns the record bytes written.
     pub fn dump(&self, w: &mut dyn Write, saved_at: u64) -> std::io::Result<u64> {
+        // With a tier, its pages first (oldest first): each a flash frame naming the page
+        // and the live records the index points at in it.
+        let pages = self.pages_to_save()?;
+        let live = self.flash_offsets(&pages);
         let mut magic = [0u8; 8];
         magic[..7].copy_from_slice(MAGIC);
-        magic[7] = SNAPSHOT_VERSION;
+        magic[7] = if live.is_empty() {
+            MEMORY_VERSION
+        } else {
+            SNAPSHOT_VERSION
+        };
         w.write_all(&magic)?;
         let mut fw = FrameWriter::new(w, &magic);
         fw.frame(&self.snapshot_header(saved_at))?;
         let now = self.clock.load(Ordering::Relaxed);
         let mut image = Vec::new();
         let mut bytes = 0u64;
+        for (id, page) in &pages {
+            let Some(offsets) = live.get(id) else {
+                continue;
+            };
+            flash_frame(page, offsets, &mut image);
+            fw.frame(&image)?;
+            bytes += self.segs.get(*id).map_or(0, |s| s.live_bytes());
+        }
         for (seq, id) in self.order.live() {
             if let Some(live) = self.segment_image(seq, id, now, &mut image) {
                 bytes += live;
@@ -546,6 +570,31 @@ impl LogEngine {
         out.extend_from_slice(&used32.to_le_bytes());
         out.extend_from_slice(&n.to_le_bytes());
         (n > 0).then_some(live)
+    }
+
+    /// The offsets the index points at in each of the bound segments `pages` names, in
+    /// order (one pass over the index; records that expired meanwhile are left to the
+    /// load to skip).
+    fn flash_offsets(
+        &self,
+        pages: &[(u32, SavedPage)],
+    ) -> std::collections::HashMap<u32, Vec<u32>> {
+        let mut live: std::collections::HashMap<u32, Vec<u32>> =
+            pages.iter().map(|(id, _)| (*id, Vec::new())).collect();
+        if live.is_empty() {
+            return live;
+        }
+        self.for_each_indexed(|_, v| {
+            if let Some(offs) = live.get_mut(&index::slot_seg(v)) {
+                offs.push(index::slot_off(v) as u32);
+            }
+        });
+        live.retain(|_, offs| {
+            offs.sort_unstable();
+            offs.dedup();
+            !offs.is_empty()
+        });
+        live
     }
 
     /// Read a snapshot's header: its format, settings and item count, without loading it.
@@ -640,12 +689,32 @@ impl LogEngine {
         // An image holds at most a regular segment, or one item in a large one.
         fr.max_frame = (index::MAX_OFFSET + self.config.max_item_size + (64 << 10)) as u64;
         let first = self.first_image_that_fits(&fr);
+        // Flash frames (format 5, before the images) are checked and kept here, and
+        // loaded after the images.
+        let mut on_flash = Vec::new();
         let loaded = fan_out(
             |send| loop {
                 let no = fr.frames;
                 let Some(frame) = fr.next_unchecked()? else {
                     return Ok(());
                 };
+                if is_flash_frame(&frame.payload) {
+                    if info.version < 5 {
+                        return Err(SnapshotError::Invalid {
+                            offset: frame.at,
+                            why: "a flash frame in a file of a format without them",
+                        });
+                    }
+                    frame.check(no)?;
+                    let page = parse_flash_frame(&frame.payload).map_err(|why| {
+                        SnapshotError::Invalid {
+                            offset: frame.at,
+                            why,
+                        }
+                    })?;
+                    on_flash.push(page);
+                    continue;
+                }
                 if no < first {
                     // Older than what fits in memory: read past (the file's structure is
                     // still checked to its end frame), not mapped, copied or checked.
@@ -676,6 +745,7 @@ impl LogEngine {
         for l in loaded {
             total.add(l);
         }
+        total.add(self.restore_flash(on_flash, now)?);
         self.cas.observe(total.cas);
         self.stamps.observe(total.stamp.saturating_add(1));
         // A file saved with a larger memory limit: the oldest segments go.
@@ -695,11 +765,14 @@ impl LogEngine {
         // stops at the end, at a damaged frame (the load itself reports it), or on a stream.
         let images = || {
             let mut scan = fr.fork();
-            std::iter::from_fn(move || {
+            std::iter::from_fn(move || loop {
                 let scan = scan.as_mut()?;
                 let no = scan.frames;
                 let frame = scan.next_unchecked().ok()??;
-                Some((no, frame.payload.len().div_ceil(PAGE) * PAGE))
+                // A flash frame takes no segment memory.
+                if !is_flash_frame(&frame.payload) {
+                    return Some((no, frame.payload.len().div_ceil(PAGE) * PAGE));
+                }
             })
         };
         let mut ahead = images().fold(0usize, |sum, (_, cap)| sum.saturating_add(cap));
@@ -879,6 +952,127 @@ impl LogEngine {
             .cas
             .max(format::natural_cas(base, used).saturating_add(1));
         walked.map(|()| loaded)
+    }
+
+    /// Load the flash frames of a snapshot into the tier just opened: claim the pages they
+    /// name, read each whole (checked block by block) on the restore threads, make it a
+    /// bound segment and index the live records its frame lists. A page that cannot be
+    /// used (no tier, another file, unreadable) loses its items, counted
+    /// ([`LogEngine::flash_restore`]); the rest of the snapshot still loads.
+    fn restore_flash(
+        &self,
+        frames: Vec<(SavedPage, Vec<u32>)>,
+        now: Time,
+    ) -> Result<Loaded, SnapshotError> {
+        let mut report = FlashRestore::default();
+        if frames.is_empty() {
+            *super::sync::lock(&self.restored) = report;
+            return Ok(Loaded::default());
+        }
+        let pages: Vec<SavedPage> = frames.iter().map(|(p, _)| *p).collect();
+        let claimed = self.claim_saved(&pages);
+        let jobs: Vec<(usize, SavedPage, Vec<u32>)> = frames
+            .into_iter()
+            .zip(claimed)
+            .enumerate()
+            .filter_map(|(no, ((p, offs), ok))| ok.then_some((no, p, offs)))
+            .collect();
+        report.pages_lost = (pages.len() - jobs.len()) as u64;
+        let mut jobs = jobs.into_iter();
+        let done = fan_out(
+            |send| {
+                for job in jobs.by_ref() {
+                    if !send(job) {
+                        break;
+                    }
+                }
+                Ok(())
+            },
+            || (Loaded::default(), Vec::new(), FlashRestore::default()),
+            |(total, bound, report), (no, page, offsets)| {
+                let Some(image) = self.read_saved(&page) else {
+                    report.pages_lost += 1;
+                    return Ok(());
+                };
+                let Some(id) = self.bind_saved(&page) else {
+                    report.pages_lost += 1;
+                    return Ok(());
+                };
+                let (loaded, items) = self.adopt_flash_page(id, &page, &image, &offsets, now);
+                total.add(loaded);
+                bound.push((no, id));
+                report.pages += 1;
+                report.items += items;
+                Ok(())
+            },
+        )?;
+        let mut total = Loaded::default();
+        let mut bound = Vec::new();
+        for (loaded, ids, r) in done {
+            total.add(loaded);
+            bound.extend(ids);
+            report.pages += r.pages;
+            report.items += r.items;
+            report.pages_lost += r.pages_lost;
+        }
+        bound.sort_unstable();
+        self.order_saved(bound.into_iter().map(|(_, id)| id));
+        *super::sync::lock(&self.restored) = report;
+        Ok(total)
+    }
+
+    /// Index the records at `offsets` of flash page `page` (its image, read back), now
+    /// bound segment `id`: the live ones the index holds nothing newer of. A record that
+    /// does not parse ends the page (its blocks' checks passed, so this is not expected;
+    /// what was indexed before it stays). Returns what was loaded and the items indexed.
+    fn adopt_flash_page(
+        &self,
+        id: u32,
+        page: &SavedPage,
+        image: &[u8],
+        offsets: &[u32],
+        now: Time,
+    ) -> (Loaded, u64) {
+        let mut loaded = Loaded::default();
+        let mut acct = ImageAcct::default();
+        for &off in offsets {
+            let off = off as usize;
+            if off < SEG_HDR {
+                break;
+            }
+            // SAFETY: `image` is ours; `read` checks every length against its end.
+            let Some(r) = (unsafe { format::read(image.as_ptr(), image.len(), off, page.base) })
+            else {
+                break;
+            };
+            if r.kind != KIND_ITEM
+                || r.key.len() > MAX_KEY
+                || r.value.len() > self.config.max_item_size
+            {
+                continue;
+            }
+            loaded.cas = loaded.cas.max(r.cas.saturating_add(1));
+            loaded.stamp = loaded.stamp.max(r.stamp);
+            loaded.bytes += r.len as u64;
+            if self.vis(&r, now) == Vis::Live && self.adopt_record(id, off, &r, self.hash(r.key)) {
+                acct.add(self, self.rec_size(&r), r.len, r.exptime);
+            }
+        }
+        let items = acct.items;
+        if let Some(seg) = self.segs.get(id) {
+            // Its records were written before the restart; their times are not kept.
+            seg.note_written(SEG_HDR, now);
+            acct.flush(self, seg);
+        }
+        loaded.cas = loaded
+            .cas
+            .max(format::natural_cas(page.base, page.used).saturating_add(1));
+        (loaded, items)
+    }
+
+    /// What the last restore did with the flash pages its snapshot named.
+    pub fn flash_restore(&self) -> FlashRestore {
+        *super::sync::lock(&self.restored)
     }
 
     /// Load a segment image of snapshot format 3 (the live records of a segment, in record
@@ -1231,6 +1425,67 @@ pub fn join_snapshot_frames(magic: &[u8], payloads: &[Vec<u8>]) -> Vec<u8> {
         .try_for_each(|p| fw.frame(p))
         .and_then(|()| fw.end());
     file
+}
+
+/// Whether a frame's payload is a flash frame (else a segment image).
+fn is_flash_frame(payload: &[u8]) -> bool {
+    payload.starts_with(FLASH_MAGIC)
+}
+
+/// Put into `out` the flash frame of bound segment `page` whose live records are at
+/// `offsets` (ascending): magic, file id (u64), page, generation, image length (u32
+/// each), CAS base (u64), the count of offsets (u32), the offsets (u32 each).
+fn flash_frame(page: &SavedPage, offsets: &[u32], out: &mut Vec<u8>) {
+    out.clear();
+    out.extend_from_slice(FLASH_MAGIC);
+    out.extend_from_slice(&page.file_id.to_le_bytes());
+    out.extend_from_slice(&page.loc.page.to_le_bytes());
+    out.extend_from_slice(&page.loc.gen.to_le_bytes());
+    out.extend_from_slice(&(page.used as u32).to_le_bytes());
+    out.extend_from_slice(&page.base.to_le_bytes());
+    out.extend_from_slice(&(offsets.len() as u32).to_le_bytes());
+    for o in offsets {
+        out.extend_from_slice(&o.to_le_bytes());
+    }
+}
+
+/// A flash frame's page and offsets (see [`flash_frame`]), once its layout checks out:
+/// the count matches its length and the offsets ascend within the image.
+fn parse_flash_frame(payload: &[u8]) -> Result<(SavedPage, Vec<u32>), &'static str> {
+    let bad = "a flash frame whose layout is wrong";
+    let u32_at = |i: usize| -> Result<u32, &'static str> {
+        let b = payload.get(i..i + 4).ok_or(bad)?;
+        Ok(u32::from_le_bytes(b.try_into().map_err(|_| bad)?))
+    };
+    let u64_at = |i: usize| -> Result<u64, &'static str> {
+        let b = payload.get(i..i + 8).ok_or(bad)?;
+        Ok(u64::from_le_bytes(b.try_into().map_err(|_| bad)?))
+    };
+    let page = SavedPage {
+        file_id: u64_at(4)?,
+        loc: crate::flash::Loc {
+            page: u32_at(12)?,
+            gen: u32_at(16)?,
+        },
+        used: u32_at(20)? as usize,
+        base: u64_at(24)?,
+    };
+    let n = u32_at(32)? as usize;
+    if n == 0 || FLASH_FRAME_HEAD.checked_add(n.checked_mul(4).ok_or(bad)?) != Some(payload.len()) {
+        return Err(bad);
+    }
+    let offsets: Vec<u32> = payload[FLASH_FRAME_HEAD..]
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    let ascending = offsets.windows(2).all(|w| w[0] < w[1]);
+    let within = offsets
+        .iter()
+        .all(|&o| o as usize >= SEG_HDR && (o as usize) < page.used);
+    if !ascending || !within {
+        return Err("a flash frame's offsets out of order or outside its image");
+    }
+    Ok((page, offsets))
 }
 
 /// The published length of a segment image of format 4 and the list of its live records'

@@ -22,14 +22,23 @@ impl Dir {
 
     /// A tier of one file of `bytes` in this directory, with pages of `e`'s segments.
     pub fn tier(&self, e: &LogEngine, bytes: u64, threads: usize, write_buffer: usize) -> Tier {
-        Tier::create(&TierConfig {
+        Tier::create(&self.config(e, bytes, threads, write_buffer)).expect("make the tier")
+    }
+
+    /// The tier [`Dir::tier`] made, opened again with what it holds (a warm restart's).
+    #[allow(dead_code)]
+    pub fn reopen(&self, e: &LogEngine, bytes: u64, threads: usize, write_buffer: usize) -> Tier {
+        Tier::open(&self.config(e, bytes, threads, write_buffer)).expect("reopen the tier")
+    }
+
+    fn config(&self, e: &LogEngine, bytes: u64, threads: usize, write_buffer: usize) -> TierConfig {
+        TierConfig {
             files: vec![(self.0.join("flash"), bytes)],
             page_bytes: e.segment_size(),
             write_threads: threads,
             write_buffer,
             direct: true,
-        })
-        .expect("make the tier")
+        }
     }
 }
 
