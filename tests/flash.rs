@@ -695,3 +695,55 @@ fn a_warm_restart_keeps_the_flash_tier() {
     }
     assert!(hits > 0 && hits <= left, "{hits} hits, {left} items");
 }
+
+/// A replica of a master with a flash tier gets its flash items in the full sync (memcached
+/// has no replication), and the master keeps sending cold items to flash while the
+/// replica follows.
+#[test]
+fn a_replica_gets_the_flash_items_and_the_master_keeps_its_tier() {
+    use common::repl::{dump, poll_until, SYNC};
+    let (master, _dir) = start("flash-replica", &[]);
+    let mut m = master.connect();
+    let n = 100_000;
+    load(&mut m, n);
+    assert!(stat(&mut m, "extstore_objects_used") > n as u64 / 2);
+    let sample = |keys: std::ops::Range<usize>| -> Vec<String> {
+        keys.step_by(9).map(|i| format!("key:{i}")).collect()
+    };
+    let old = sample(0..n);
+    let want = dump(&mut m, &old);
+    assert_eq!(want.len(), old.len(), "the master lost items");
+
+    let target = format!("127.0.0.1:{}", master.port);
+    let replica = Server::start_verified(
+        Kind::Kvcached,
+        &["-m", "200", "-U", "0", "--replica-of", &target],
+    );
+    let mut r = replica.connect();
+    poll_until("the replica to hold the flash items", SYNC, || {
+        let got = dump(&mut r, &old);
+        if got == want {
+            Ok(())
+        } else {
+            Err(format!("{} of {} keys alike", got.len(), want.len()))
+        }
+    });
+
+    // Attached, the master still writes cold items to flash.
+    let written = stat(&mut m, "extstore_objects_written");
+    load_keys(&mut m, n..2 * n);
+    assert!(
+        stat(&mut m, "extstore_objects_written") > written + n as u64 / 2,
+        "the master stopped writing to flash with a replica attached"
+    );
+    let new = sample(n..2 * n);
+    let want = dump(&mut m, &new);
+    poll_until("the replica to follow", SYNC, || {
+        let got = dump(&mut r, &new);
+        if got == want {
+            Ok(())
+        } else {
+            Err(format!("{} of {} keys alike", got.len(), want.len()))
+        }
+    });
+}

@@ -3,8 +3,8 @@
 //! and grows back when memory is free again; a memory cgroup's limit changed at run time is
 //! followed too. The machine is simulated with a directory standing for `/`
 //! (`KVCACHED_SYSROOT`: its `proc/meminfo`, `proc/self/cgroup`, `proc/self/mountinfo` and
-//! cgroup files), so the test is exact and harmless. `tests/memory_cgroup.rs` runs a server
-//! in a real cgroup.
+//! cgroup files), so the test is exact and harmless. With a flash tier the memory given back
+//! moves items to flash. `tests/memory_cgroup.rs` runs a server in a real cgroup.
 
 mod common;
 
@@ -73,18 +73,7 @@ fn auto_limit_gives_memory_back_under_pressure_and_takes_it_again() {
 
     // Fill about 110 MB.
     let value = vec![b'v'; 1000];
-    for batch in 0..110 {
-        let mut req = Vec::new();
-        for i in 0..1000 {
-            req.extend_from_slice(format!("set k{batch}-{i} 0 0 1000\r\n").as_bytes());
-            req.extend_from_slice(&value);
-            req.extend_from_slice(b"\r\n");
-        }
-        c.send(&req);
-        for _ in 0..1000 {
-            assert_eq!(c.line(), "STORED\r\n");
-        }
-    }
+    fill(&mut c, &value);
     let full = server.rss_kib();
     assert!(full > 100 * 1024, "RSS {full} KiB after storing 110 MB");
 
@@ -129,5 +118,64 @@ fn auto_limit_gives_memory_back_under_pressure_and_takes_it_again() {
         l if l == 140 * MIB => Ok(()),
         l => Err(format!("limit {} MiB", l / MIB)),
     });
+    drop(c);
+    drop(server);
+
+    // With a flash tier, the memory given back moves items to flash instead of dropping
+    // them (memcached's extstore has no automatic sizing).
+    write(&root, "sys/fs/cgroup/cache/memory.max", "max\n");
+    set_available(&root, 400);
+    let dir = common::TempDir::new("auto-flash");
+    let ext = dir.ext_path("512m");
+    let server = Server::start_verified(Kind::Kvcached, &["-m", "auto", "-U", "0", "-o", &ext]);
+    let mut c = server.connect();
+    assert_eq!(limit(&mut c), 144 * MIB);
+    fill(&mut c, &value);
+    set_available(&root, 50);
+    poll("the limit to drop", || match limit(&mut c) {
+        l if l == 64 * MIB => Ok(()),
+        l => Err(format!("limit {} MiB", l / MIB)),
+    });
+    poll("resident memory to shrink", || match server.rss_kib() {
+        r if r < 96 * 1024 => Ok(()),
+        r => Err(format!("RSS {r} KiB")),
+    });
+    let stat = |c: &mut Client, name: &str| -> u64 {
+        c.stat(name).and_then(|v| v.parse().ok()).expect(name)
+    };
+    // At 64 MiB of about 1 KiB items, at most about 62,000 stay in memory.
+    poll("items to move to flash", || {
+        match stat(&mut c, "extstore_objects_used") {
+            n if n > 40_000 => Ok(()),
+            n => Err(format!(
+                "{n} on flash, {} bytes in memory",
+                stat(&mut c, "bytes")
+            )),
+        }
+    });
+    assert_eq!(stat(&mut c, "curr_items"), 110_000);
+    assert_eq!(stat(&mut c, "evictions"), 0);
+    for key in ["k0-0", "k50-500", "k109-999"] {
+        c.send(format!("get {key}\r\n").as_bytes());
+        let reply = c.until("END\r\n");
+        let want = format!("VALUE {key} 0 1000\r\n{}\r\nEND\r\n", "v".repeat(1000));
+        assert_eq!(reply, want, "{key}");
+    }
     let _ = std::fs::remove_dir_all(&root);
+}
+
+/// Store 110,000 items of `value` (about 110 MB), `k{batch}-{i}`.
+fn fill(c: &mut Client, value: &[u8]) {
+    for batch in 0..110 {
+        let mut req = Vec::new();
+        for i in 0..1000 {
+            req.extend_from_slice(format!("set k{batch}-{i} 0 0 {}\r\n", value.len()).as_bytes());
+            req.extend_from_slice(value);
+            req.extend_from_slice(b"\r\n");
+        }
+        c.send(&req);
+        for _ in 0..1000 {
+            assert_eq!(c.line(), "STORED\r\n");
+        }
+    }
 }

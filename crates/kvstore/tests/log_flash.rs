@@ -637,3 +637,110 @@ fn a_damaged_flash_page_loses_its_items_on_a_warm_restart() {
     }
     assert!(lost > 0 && lost < n / 10, "{lost} items lost");
 }
+
+/// Pull from `master` into `replica` until it follows the tail with nothing left (at most
+/// 10,000 pulls of `budget` bytes).
+fn replicate(master: &LogEngine, replica: &LogEngine, st: &mut kvstore::ReplicaState) {
+    for _ in 0..10_000 {
+        let mut cursor = Vec::new();
+        st.cursor(&mut cursor);
+        let mut batch = Vec::new();
+        let served = master.repl_serve(&cursor, false, false, 256 << 10, &mut batch);
+        let applied = replica
+            .repl_apply(st, &batch, NOW)
+            .unwrap_or_else(|e| panic!("replica rejected a batch: {e}"));
+        if applied.idle && !served.snapshot && served.lag_bytes == 0 {
+            return;
+        }
+    }
+    panic!("the replica did not catch up");
+}
+
+/// Every key of `0..n` reads the same on both engines (value, flags, expiry, CAS); the
+/// keys the master holds.
+fn same_items(master: &LogEngine, replica: &LogEngine, n: u64) -> u64 {
+    let mut held = 0;
+    for i in 0..n {
+        let m = master.peek_item(&key(i), NOW);
+        held += u64::from(m.is_some());
+        assert_eq!(m, replica.peek_item(&key(i), NOW), "key {i}");
+    }
+    held
+}
+
+/// A replica's full sync ships the master's flash items too (read from flash, in the log's
+/// order), and the master keeps sending cold items to flash while the replica follows:
+/// what it drops from flash the replica drops too.
+#[test]
+fn a_replica_gets_flash_items_and_the_master_keeps_using_its_tier() {
+    let n = 20_000;
+    let (master, _dir) = engine(4 << 20, 32 << 20);
+    for i in 0..n {
+        assert!(matches!(
+            set(&master, &key(i), &value(i, 1000)),
+            StoreResult::Stored(_)
+        ));
+    }
+    master.flash_settle();
+    let on_flash = master.flash_stats().expect("a tier").objects_used;
+    assert!(on_flash > n / 2, "{on_flash} on flash");
+
+    // Room for every item the master holds, in memory.
+    let replica = LogEngine::new(config(160 << 20));
+    replica.set_replica(true);
+    let mut st = kvstore::ReplicaState::new();
+    replicate(&master, &replica, &mut st);
+    assert_eq!(same_items(&master, &replica, n), n);
+    assert_eq!(replica.stats().curr_items, n);
+
+    // With the replica attached, cold items still go to flash, and pages are taken back.
+    let written = master.flash_stats().expect("a tier").objects_written;
+    let more = n..n + 60_000;
+    for i in more.clone() {
+        assert!(matches!(
+            set(&master, &key(i), &value(i, 1000)),
+            StoreResult::Stored(_)
+        ));
+        if i % 2000 == 0 {
+            replicate(&master, &replica, &mut st);
+        }
+    }
+    master.flash_settle();
+    replicate(&master, &replica, &mut st);
+    let s = master.flash_stats().expect("a tier");
+    assert!(s.objects_written > written + 30_000, "{s:?}");
+    assert!(s.pages_dropped > 0, "{s:?}");
+    let held = same_items(&master, &replica, more.end);
+    assert!(held > 20_000 && held < more.end, "{held} held");
+    master.check_accounting().expect("master's accounting");
+}
+
+/// A lower memory limit (what `-m auto` sets under memory pressure) sends segments to
+/// flash instead of dropping their items: memory falls to the limit, every item is still
+/// there, read back exactly.
+#[test]
+fn a_lower_memory_limit_moves_items_to_flash() {
+    let (e, _dir) = engine(16 << 20, 64 << 20);
+    let n = 10_000;
+    for i in 0..n {
+        assert!(matches!(
+            set(&e, &key(i), &value(i, 1000)),
+            StoreResult::Stored(_)
+        ));
+    }
+    e.flash_settle();
+    let before = contents(&e, n);
+    let s = e.flash_stats().expect("a tier");
+    assert!(s.objects_used < n / 10, "{s:?}");
+    assert!(e.memory_bytes() > 8 << 20, "{}", e.memory_bytes());
+
+    e.set_max_bytes(4 << 20, NOW);
+    e.flash_settle();
+    assert!(e.memory_bytes() <= 4 << 20, "{}", e.memory_bytes());
+    let s = e.flash_stats().expect("a tier");
+    assert!(s.objects_used > n / 2, "{s:?}");
+    assert_eq!(e.stats().curr_items, n);
+    assert_eq!(e.stats().evictions, 0);
+    e.check_accounting().expect("accounting");
+    assert_eq!(contents(&e, n), before);
+}

@@ -52,9 +52,15 @@
 //! those pages back (`claim_saved`, `read_saved`, `bind_saved`, `order_saved`, driven by
 //! `snapshot.rs`).
 //!
-//! Not yet: repacking partly live segments and flash compaction, replication with a tier
-//! (eviction drops items while replicas are attached), large items. `walk.rs` (digests,
-//! `lru_crawler metadump`) sees RAM items only.
+//! # Replication
+//!
+//! A bound segment keeps its sequence number (`Binding::seq`), so a replica's full sync
+//! ships its live items in the log's order, read from flash (`bound_segments`,
+//! `read_bound`, used by `repl/serve.rs`). A segment a replica has not read yet is not
+//! demoted: a tail reads segments from memory, so it is evicted and logged anew instead.
+//!
+//! Not yet: repacking partly live segments and flash compaction, large items. `walk.rs`
+//! (digests, `lru_crawler metadump`) sees RAM items only.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -80,6 +86,9 @@ struct Binding {
     used: usize,
     /// The segment's CAS base (records' versions follow from it and their place).
     base: u64,
+    /// The sequence number it had in the log (a replica's full sync ships flash segments
+    /// in the log's order, `serve_snapshot`).
+    seq: u64,
 }
 
 /// A write the tier finished: the segment, its page, whether it succeeded.
@@ -561,10 +570,14 @@ impl LogEngine {
             f.tier.free(p.loc);
             return None;
         };
+        // A number of its own below every cursor made from now on (it was numbered by the
+        // engine that saved it).
+        let seq = self.order.lock().skip() - 1;
         let b = Binding {
             loc: p.loc,
             used: p.used,
             base: p.base,
+            seq,
         };
         lock(&f.bound).by_id.insert(id, b);
         Some(id)
@@ -702,7 +715,48 @@ impl LogEngine {
 
     /// Whether eviction sends cold items to flash now.
     pub(super) fn demoting(&self) -> bool {
-        self.flash.get().is_some_and(|f| f.tier.accepts_writes()) && !self.repl.is_active()
+        self.flash.get().is_some_and(|f| f.tier.accepts_writes())
+    }
+
+    /// The segments on flash, as (sequence number, id), in the log's order.
+    pub(super) fn bound_segments(&self) -> Vec<(u64, u32)> {
+        let Some(f) = self.flash.get() else {
+            return Vec::new();
+        };
+        let mut all: Vec<(u64, u32)> = lock(&f.bound)
+            .by_id
+            .iter()
+            .map(|(&id, b)| (b.seq, id))
+            .collect();
+        all.sort_unstable();
+        all
+    }
+
+    /// The image length of flash segment `id`, if it is still the one numbered `seq`.
+    pub(super) fn bound_len(&self, id: u32, seq: u64) -> Option<usize> {
+        self.binding(id).filter(|b| b.seq == seq).map(|b| b.used)
+    }
+
+    /// The first `len` bytes of flash segment `id`'s image (numbered `seq`) and its CAS
+    /// base, read on this thread (blocking); None if it left flash or the read failed
+    /// (counted).
+    pub(super) fn read_bound(&self, id: u32, seq: u64, len: usize) -> Option<(Vec<u8>, u64)> {
+        let f = self.flash.get()?;
+        let b = self.binding(id).filter(|b| b.seq == seq && len <= b.used)?;
+        let mut image = Vec::with_capacity(len);
+        match f
+            .tier
+            .read(b.loc, 0, len, &mut AlignedBuf::new(), &mut image)
+        {
+            Ok(()) => {
+                f.counters.inline_reads.fetch_add(1, Ordering::Relaxed);
+                Some((image, b.base))
+            }
+            Err(_) => {
+                f.counters.read_errors.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        }
     }
 
     /// Send sealed segment `id` (popped from the FIFO, so ours) to flash whole instead of
@@ -711,6 +765,12 @@ impl LogEngine {
     /// segment's image is written. False when nothing is left to write or the tier took no
     /// write (the caller evicts the segment as usual). No stripe lock may be held.
     pub(super) fn demote_segment(&self, id: u32) -> bool {
+        // A segment a replica has not read yet is evicted instead (and logged anew for it:
+        // `relog_if_unread`): a tail reads segments from memory.
+        let seq = self.segs.get(id).map_or(0, |s| s.seq());
+        if self.repl.is_active() && self.repl.is_held(seq) {
+            return false;
+        }
         let now = self.clock.load(Ordering::Relaxed);
         let unit = self.mean_record();
         let mut cold = 0u64;
@@ -839,6 +899,7 @@ impl LogEngine {
                 loc: w.loc,
                 used: seg.used(),
                 base,
+                seq: seg.seq(),
             };
             {
                 let mut bound = lock(&f.bound);

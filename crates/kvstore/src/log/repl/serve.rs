@@ -351,7 +351,10 @@ impl LogEngine {
             served.reset_why = WHY_CURSOR;
             return (served, None);
         };
-        let live = self.order.live();
+        // The segments in memory and those on flash, in the log's order.
+        let mut live = self.order.live();
+        live.extend(self.bound_segments());
+        live.sort_unstable();
         let (at, log_offset) = self.batch_header(KIND_SNAPSHOT, out);
         let pos_at = out.len();
         out.extend_from_slice(&from_seq.to_le_bytes());
@@ -365,10 +368,12 @@ impl LogEngine {
             let Some(seg) = self.segs.get(id) else {
                 continue;
             };
-            if seg.seq() != seq {
-                continue;
-            }
-            let used = seg.used();
+            let in_memory = seg.seq() == seq;
+            let used = match (in_memory, self.bound_len(id, seq)) {
+                (true, _) => seg.used(),
+                (false, Some(used)) => used,
+                (false, None) => continue,
+            };
             let at_start = c.get(seq);
             let in_cursor = at_start.is_some();
             let limit = at_start.map_or(used, |p| (p.off as usize).min(used));
@@ -381,12 +386,25 @@ impl LogEngine {
             if next_pos.is_some() || start >= limit {
                 continue;
             }
-            let Some(ptr) = seg.ptr() else {
-                continue;
+            // A flash segment's image is read here, on this thread (a full sync is rare;
+            // one page at a time).
+            let image;
+            let (ptr, base) = if in_memory {
+                let Some(ptr) = seg.ptr() else {
+                    continue;
+                };
+                // SAFETY: pinned, and the segment is still live (its number did not change
+                // since the pin was taken), so it is not reused before we unpin.
+                (ptr.as_ptr().cast_const(), unsafe {
+                    format::seg_cas_base(ptr.as_ptr())
+                })
+            } else {
+                let Some((bytes, base)) = self.read_bound(id, seq, limit) else {
+                    continue;
+                };
+                image = bytes;
+                (image.as_ptr(), base)
             };
-            // SAFETY: pinned, and the segment is still live (its number did not change
-            // since the pin was taken), so it is not reused before we unpin.
-            let base = unsafe { format::seg_cas_base(ptr.as_ptr()) };
             let chunk = out.len();
             // The chunk's records are the live ones, not all of them: each is written
             // anew at its place in the chunk, with its version (`format::natural_cas` of
@@ -400,8 +418,9 @@ impl LogEngine {
                     next_pos = Some((seq, off as u32));
                     break;
                 }
-                // SAFETY: as above; `limit <= used`, the published length.
-                let Some(r) = (unsafe { format::read(ptr.as_ptr(), limit, off, base) }) else {
+                // SAFETY: as above (or our image of `limit` bytes); `limit <= used`, the
+                // published length.
+                let Some(r) = (unsafe { format::read(ptr, limit, off, base) }) else {
                     break;
                 };
                 let here = off;
