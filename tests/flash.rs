@@ -609,7 +609,7 @@ fn flash_through_the_page_cache() {
     assert!(settings.contains("STAT ext_direct no\r\n"), "{settings}");
 }
 
-/// A warm restart keeps the flash tier (memcached refuses `-e` with `ext_path`): stopped
+/// A warm restart keeps the flash tier (memcached starts empty with `-e` and `ext_path`): stopped
 /// with SIGTERM, the server saves a snapshot naming its flash pages; started again with the
 /// same options, it serves every item from where it was, flash items included, with
 /// deletes and overwrites kept, and says so on stderr (`-v`).

@@ -15,7 +15,7 @@
 //! A save writes `FILE.tmp`, syncs it, renames it over `FILE` and syncs the directory, so a
 //! crash or SIGKILL during a save leaves the previous file whole.
 //!
-//! With a flash tier (`-o ext_path`, which memcached refuses to combine with `-e`) the
+//! With a flash tier (`-o ext_path`; memcached starts empty when `-e` meets extstore) the
 //! save first finishes and syncs the flash writes under way, and the snapshot names the
 //! flash pages and their live records instead of copying them; the next start opens the
 //! flash files as they are (`server::build_engine`) and takes those pages back. Pages that

@@ -578,7 +578,7 @@ fn ext_path_configures_the_flash_tier() {
     assert!(notes.is_empty(), "{notes:?}");
     let (c, _) = run(&[]).unwrap();
     assert!(c.flash.is_none());
-    // memcached refuses the warm restart with extstore; kvcached keeps both.
+    // memcached drops the warm restart with extstore (it starts empty); kvcached keeps both.
     let (c, notes) = run(&["-o", "ext_path=/mnt/a:64m", "-e", "/dev/shm/kv"]).unwrap();
     assert!(c.memory_file.is_some() && c.flash.is_some());
     assert!(notes.is_empty(), "{notes:?}");
