@@ -384,7 +384,10 @@ fn new_tier_id() -> u64 {
 }
 
 /// A zeroed buffer aligned to [`BLOCK`], as `O_DIRECT` asks of the memory it reads into
-/// and writes from; it grows to the largest length asked of it and is reused.
+/// and writes from; it grows to the largest length asked of it and is reused. Its memory is
+/// a mapping of its own (not the allocator's heap), so a buffer dropped gives its memory
+/// back to the system at once: page images are a segment each, and a heap may keep what is
+/// freed into it (`tune_heap` lets glibc keep up to 8 MiB free per heap).
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
     cap: usize,
@@ -405,13 +408,24 @@ impl AlignedBuf {
     /// The first `len` bytes (rounded up to whole blocks in memory), grown if needed.
     pub fn get(&mut self, len: usize) -> &mut [u8] {
         if len > self.cap {
-            let cap = len.div_ceil(BLOCK) * BLOCK;
-            let Ok(layout) = std::alloc::Layout::from_size_align(cap, BLOCK) else {
-                std::alloc::handle_alloc_error(std::alloc::Layout::new::<[u8; BLOCK]>());
+            let cap = len.max(1).div_ceil(BLOCK) * BLOCK;
+            // SAFETY: a fresh private anonymous mapping (zeroed, page-aligned: a page is a
+            // multiple of BLOCK on every platform kvcached runs on); no existing memory is
+            // touched.
+            let ptr = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    cap,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
             };
-            // SAFETY: `cap` is at least one block, so the layout is not zero-sized.
-            let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-            let Some(ptr) = NonNull::new(ptr) else {
+            let ptr = NonNull::new(ptr.cast::<u8>()).filter(|_| ptr != libc::MAP_FAILED);
+            let Some(ptr) = ptr.filter(|p| p.as_ptr() as usize % BLOCK == 0) else {
+                let layout = std::alloc::Layout::from_size_align(cap, BLOCK)
+                    .unwrap_or(std::alloc::Layout::new::<[u8; BLOCK]>());
                 std::alloc::handle_alloc_error(layout);
             };
             self.release();
@@ -427,10 +441,8 @@ impl AlignedBuf {
         if self.cap == 0 {
             return;
         }
-        if let Ok(layout) = std::alloc::Layout::from_size_align(self.cap, BLOCK) {
-            // SAFETY: allocated by `get` with this very layout, and not used after.
-            unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
-        }
+        // SAFETY: mapped by `get` with this very length, and not used after.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.cap) };
         self.ptr = NonNull::dangling();
         self.cap = 0;
     }

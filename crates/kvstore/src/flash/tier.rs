@@ -149,7 +149,7 @@ struct Inner {
     last_error: Mutex<Option<String>>,
     /// Times the tier came back online after a probe write succeeded.
     recoveries: AtomicU64,
-    /// Encoded-page buffers kept for reuse (at most what the write buffer allows).
+    /// An encoded-page buffer kept for reuse (at most one).
     spare: Mutex<Vec<AlignedBuf>>,
     page_allocs: AtomicU64,
     page_reclaims: AtomicU64,
@@ -607,8 +607,10 @@ impl Inner {
         }
         self.buffered.fetch_sub(job.len, Ordering::AcqRel);
         {
+            // One kept for the next write (a page's worth of memory, touched already); the
+            // rest go back to the system.
             let mut spare = lock(&self.spare);
-            if spare.len() * job.len < self.write_buffer {
+            if spare.is_empty() {
                 spare.push(job.blocks);
             }
         }

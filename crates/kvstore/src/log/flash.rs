@@ -670,12 +670,17 @@ impl LogEngine {
                 if !matches!(read, Ok(true)) {
                     return failed();
                 }
-                // One allocation per record: the shared copy of the scratch bytes.
-                let fetch = Fetch {
-                    bytes: Arc::from(out.as_slice()),
-                    base: b.base.wrapping_add(off as u64),
-                };
-                if fetch.rec().is_some() {
+                let base = b.base.wrapping_add(off as u64);
+                // SAFETY: `out` is ours and initialized; `read` checks every length
+                // against its end.
+                let len = unsafe { format::read(out.as_ptr(), out.len(), 0, base) }.map(|r| r.len);
+                // One allocation per record, of the record alone (not the rest of the
+                // read: records kept for re-runs held 2 KiB each, 8 MB in all).
+                if let Some(record) = len.and_then(|l| out.get(..l)) {
+                    let fetch = Fetch {
+                        bytes: Arc::from(record),
+                        base,
+                    };
                     f.counters.reads.fetch_add(1, Ordering::Relaxed);
                     if cached {
                         f.counters.cached_reads.fetch_add(1, Ordering::Relaxed);
