@@ -475,15 +475,18 @@ fn items_read_on_a_page_taken_back_are_rescued() {
     e.check_accounting().expect("accounting");
 }
 
-/// Every key of `0..n` with what a get returns for it (value, flags, CAS), or None.
-fn contents(e: &LogEngine, n: u64) -> Vec<Option<(Vec<u8>, u32, u64)>> {
+/// What a get returns for a key (value, flags, CAS), or None.
+type Got = Option<(Vec<u8>, u32, u64)>;
+
+/// Every key of `0..n` with what a get returns for it.
+fn contents(e: &LogEngine, n: u64) -> Vec<Got> {
     (0..n).map(|i| get(e, &key(i))).collect()
 }
 
 /// An engine whose tier holds most of `n` items of 1000 bytes, some of them deleted and
 /// some overwritten since they went to flash; its snapshot (`dump`), taken the way a
 /// server stops, and what every key read before the snapshot.
-fn saved_with_flash(e: &LogEngine, n: u64) -> (Vec<u8>, Vec<Option<(Vec<u8>, u32, u64)>>) {
+fn saved_with_flash(e: &LogEngine, n: u64) -> (Vec<u8>, Vec<Got>) {
     for i in 0..n {
         assert!(matches!(
             set(e, &key(i), &value(i, 1000)),
