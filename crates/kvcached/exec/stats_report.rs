@@ -522,6 +522,7 @@ fn flash(ctx: &Ctx<'_>, f: &kvstore::FlashStats, sink: &mut Sink<'_>) {
     emit(sink, "flash_cached_reads", f.cached_reads);
     emit(sink, "flash_offline", u8::from(f.tier.offline));
     emit(sink, "flash_recoveries", f.tier.recoveries);
+    emit(sink, "flash_pages_compacted", f.pages_compacted);
 }
 
 fn settings(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {

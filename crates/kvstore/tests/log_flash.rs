@@ -365,10 +365,11 @@ fn flash_items_read_again_are_copied_back_to_memory() {
     e.check_accounting().expect("accounting");
 }
 
-/// Write items until the tier has no free page; the next key.
+/// Write items until the tier has no free page but the one it keeps for compaction; the
+/// next key.
 fn fill_tier(e: &LogEngine, from: u64) -> u64 {
     let mut i = from;
-    while e.flash_stats().expect("a tier").tier.pages_free > 0 {
+    while e.flash_stats().expect("a tier").tier.pages_free > 1 {
         assert!(i < from + 200_000, "the tier never filled");
         assert!(matches!(
             set(e, &key(i), &value(i, 1000)),
@@ -382,12 +383,15 @@ fn fill_tier(e: &LogEngine, from: u64) -> u64 {
     i
 }
 
-/// Write items from key `from` on until `pages` pages in all were taken back (settling
-/// writes every 50 items; at most 20 pages' worth of items).
+/// Write items from key `from` on until `pages` more pages were freed (taken back whole or
+/// emptied by a compaction; settling writes every 50 items; at most 20 pages' worth of
+/// items).
 fn take_back(e: &LogEngine, from: u64, pages: u64) {
     let p = per_segment(e);
+    let freed = || e.flash_stats().expect("a tier").tier.page_reclaims;
+    let target = freed() + pages;
     let mut i = from;
-    while e.flash_stats().expect("a tier").pages_dropped < pages {
+    while freed() < target {
         assert!(i < from + 20 * p, "no page taken back");
         assert!(matches!(
             set(e, &key(i), &value(i, 1000)),
@@ -422,7 +426,7 @@ fn a_full_tier_takes_back_its_emptiest_old_page_first() {
     for i in oldest + p + p / 4..oldest + 5 * p {
         assert!(e.delete(&key(i), NOW), "key {i}");
     }
-    take_back(&e, end, dropped + 2);
+    take_back(&e, end, 2);
     let middle = oldest + p / 4..oldest + p * 3 / 4;
     let kept = middle
         .clone()
@@ -453,7 +457,7 @@ fn items_read_on_a_page_taken_back_are_rescued() {
             "key {k}"
         );
     }
-    take_back(&e, end, dropped + 3);
+    take_back(&e, end, 3);
     let s = e.flash_stats().expect("a tier");
     assert!(s.rescues >= read.len() as u64 * 9 / 10, "{s:?}");
     let kept = read.iter().filter(|&&k| get(&e, &key(k)).is_some()).count();
@@ -746,4 +750,53 @@ fn a_lower_memory_limit_moves_items_to_flash() {
     assert_eq!(e.stats().evictions, 0);
     e.check_accounting().expect("accounting");
     assert_eq!(contents(&e, n), before);
+}
+
+/// A full tier compacts its oldest pages once deletes left them partly dead: the live
+/// records of several pages are written into one new page, so every live item on them is
+/// kept, read or not (memcached's compaction), instead of being evicted with its page.
+#[test]
+fn a_full_tier_compacts_partly_dead_pages_and_keeps_their_items() {
+    let (e, _dir) = engine(4 << 20, 16 << 20);
+    let p = per_segment(&e);
+    let end = fill_tier(&e, 0);
+    e.flash_settle();
+    let dropped = e.flash_stats().expect("a tier").pages_dropped;
+    // The oldest pages left (keys in order, about `p` a page): two thirds of their items
+    // deleted, the rest never read.
+    let oldest = dropped * p;
+    let range = oldest..oldest + 6 * p;
+    for i in range.clone().filter(|i| i % 3 != 0) {
+        assert!(e.delete(&key(i), NOW), "key {i}");
+    }
+    let kept: Vec<u64> = range.clone().filter(|i| i % 3 == 0).collect();
+    let before = e.flash_stats().expect("a tier");
+    // Write until a compaction happened (at most 20 pages' worth of items).
+    let mut i = end;
+    while e.flash_stats().expect("a tier").pages_compacted == before.pages_compacted {
+        assert!(i < end + 20 * p, "no compaction");
+        assert!(matches!(
+            set(&e, &key(i), &value(i, 1000)),
+            StoreResult::Stored(_)
+        ));
+        i += 1;
+        if i % 50 == 0 {
+            e.flash_settle();
+        }
+    }
+    e.flash_settle();
+    let s = e.flash_stats().expect("a tier");
+    assert!(s.rescues > before.rescues, "{s:?}");
+    e.check_accounting()
+        .expect("accounting after the compaction");
+    // The page(s) it compacted were among the six: their unread live items are all there.
+    let found = kept
+        .iter()
+        .filter(|&&k| get(&e, &key(k)).map(|g| g.0) == Some(value(k, 1000)))
+        .count();
+    assert_eq!(found, kept.len(), "live items of compacted pages evicted");
+    for k in range.filter(|i| i % 3 != 0) {
+        assert_eq!(get(&e, &key(k)), None, "deleted key {k} came back");
+    }
+    e.check_accounting().expect("accounting after the reads");
 }

@@ -298,6 +298,11 @@ impl Tier {
             .unwrap_or(0)
     }
 
+    /// Pages free now.
+    pub fn free_pages(&self) -> usize {
+        lock(&self.inner.free).len()
+    }
+
     /// Pages in the tier.
     pub fn pages(&self) -> u32 {
         self.inner.gens.len() as u32

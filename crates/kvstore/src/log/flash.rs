@@ -14,8 +14,12 @@
 //!    and the rest stay where they are, their slots unchanged, their reads counted from
 //!    none. The segment keeps its id.
 //! 2. Its image is queued to the tier (`ship`); it stays mapped and readable meanwhile. A
-//!    page comes from the tier's free list, or from the oldest bound segment, whose items
-//!    are then evicted (`drop_oldest`). Too many writes under way (an eighth of the
+//!    page comes from the tier's free list, which `reclaim` refills when only the page
+//!    kept for compaction is left: of the oldest bound segments, the emptiest are
+//!    compacted (`compact`: their live records copied into one new page, their slots
+//!    moved there) when two or more fit one page, else the emptiest is taken back, its
+//!    items read on flash rescued to memory and the rest evicted (`drop_page`). Too many
+//!    writes under way (an eighth of the
 //!    segments), or a full write buffer, make eviction wait for them. A write the tier
 //!    refuses or fails leaves the segment in RAM: it is evicted as without a tier.
 //! 3. When the write has finished (`settle`, from eviction and `maintain`), the segment is
@@ -59,14 +63,13 @@
 //! `read_bound`, used by `repl/serve.rs`). A segment a replica has not read yet is not
 //! demoted: a tail reads segments from memory, so it is evicted and logged anew instead.
 //!
-//! Not yet: repacking partly live segments and flash compaction, large items. `walk.rs`
-//! (digests, `lru_crawler metadump`) sees RAM items only.
+//! Not yet: large items. `walk.rs` (digests, `lru_crawler metadump`) sees RAM items only.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::format::{self, Rec, KIND_ITEM, SEG_HDR};
+use super::format::{self, Rec, Spec, KIND_ITEM, SEG_HDR};
 use super::index::{self, IndexLayout, Slot};
 use super::repl::EvictionNotes;
 use super::segments::Queue;
@@ -119,6 +122,7 @@ struct Counters {
     recaches: AtomicU64,
     rescues: AtomicU64,
     cached_reads: AtomicU64,
+    pages_compacted: AtomicU64,
 }
 
 /// What the engine's flash part counts, beside the tier's own counters.
@@ -147,12 +151,15 @@ pub struct FlashStats {
     pub inline_reads: u64,
     /// Flash items read again and copied back to memory (`recache_from_extstore`).
     pub recaches: u64,
-    /// Items read while on flash, copied back to memory when their page was taken back
-    /// (`extstore_compact_rescues`).
+    /// Items kept when their page was taken back: copied by compaction into a new page,
+    /// or, read while on flash, back to memory (`extstore_compact_rescues`).
     pub rescues: u64,
     /// Of `reads`, those a deferring lookup did itself because the page cache held the
     /// bytes (no wait for the device, no hand-off).
     pub cached_reads: u64,
+    /// Pages written by compaction, each holding the live items of two or more pages it
+    /// took back (kvcached's own).
+    pub pages_compacted: u64,
     /// Items on flash now (`extstore_objects_used`).
     pub objects_used: u64,
     /// Record bytes on flash now (`extstore_bytes_used`).
@@ -178,8 +185,23 @@ struct Fetched {
     order: VecDeque<(u32, u32, Loc)>,
 }
 
-/// Bound pages, oldest first, among which a full tier picks the one to take back.
+/// Bound pages, oldest first, among which a full tier picks the ones to compact or take
+/// back.
 const RECLAIM_WINDOW: usize = 8;
+
+/// Free pages kept for compaction's output: eviction makes room when no more are free.
+const RESERVE: usize = 1;
+
+/// A live record a compaction copies: its key's hash, where it was (segment, offset,
+/// length), where it goes in the new image (offset, length), its size as memcached counts
+/// it and its expiry.
+struct Move {
+    hash: u64,
+    from: (u32, usize, usize),
+    to: (usize, usize),
+    size: usize,
+    exptime: crate::Time,
+}
 
 /// A thread's deferral of flash reads ([`LogEngine::defer_flash`]).
 struct Deferred {
@@ -331,6 +353,7 @@ impl LogEngine {
             recaches: c.recaches.load(Ordering::Relaxed),
             rescues: c.rescues.load(Ordering::Relaxed),
             cached_reads: c.cached_reads.load(Ordering::Relaxed),
+            pages_compacted: c.pages_compacted.load(Ordering::Relaxed),
             objects_used,
             bytes_used,
         })
@@ -554,22 +577,6 @@ impl LogEngine {
     /// in the reclaim order: `order_saved`). None, the page freed again, when no id is left.
     pub(super) fn bind_saved(&self, p: &SavedPage) -> Option<u32> {
         let f = self.flash.get()?;
-        let id = {
-            let mut pool = self.arena.pool();
-            let id = pool.draw_id(self.index.max_segments());
-            match id.map(|id| (id, self.segs.get_or_create(id).is_some())) {
-                Some((id, true)) => Some(id),
-                Some((id, false)) => {
-                    pool.return_id(id);
-                    None
-                }
-                None => None,
-            }
-        };
-        let Some(id) = id else {
-            f.tier.free(p.loc);
-            return None;
-        };
         // A number of its own below every cursor made from now on (it was numbered by the
         // engine that saved it).
         let seq = self.order.lock().skip() - 1;
@@ -578,6 +585,25 @@ impl LogEngine {
             used: p.used,
             base: p.base,
             seq,
+        };
+        let id = self.bound_id(b);
+        if id.is_none() {
+            f.tier.free(p.loc);
+        }
+        id
+    }
+
+    /// A fresh segment id without memory, bound to `b` (not yet in the reclaim order).
+    fn bound_id(&self, b: Binding) -> Option<u32> {
+        let f = self.flash.get()?;
+        let id = {
+            let mut pool = self.arena.pool();
+            let id = pool.draw_id(self.index.max_segments())?;
+            if self.segs.get_or_create(id).is_none() {
+                pool.return_id(id);
+                return None;
+            }
+            id
         };
         lock(&f.bound).by_id.insert(id, b);
         Some(id)
@@ -825,14 +851,12 @@ impl LogEngine {
                 f.tier.drain();
                 self.settle();
             }
-            // Offline (a probe's page already taken), nothing is worth dropping a page for.
-            let Some(loc) = f.tier.alloc().or_else(|| {
-                if f.tier.is_offline() {
-                    return None;
-                }
-                self.drop_oldest();
-                f.tier.alloc()
-            }) else {
+            // Make room first, keeping a page free for compaction's output. Offline (a
+            // probe's page already taken), nothing is worth dropping a page for.
+            if !f.tier.is_offline() && f.tier.free_pages() <= RESERVE {
+                self.reclaim();
+            }
+            let Some(loc) = f.tier.alloc() else {
                 return false;
             };
             // SAFETY: the segment is sealed (`used` final) and ours until it is bound or
@@ -947,23 +971,226 @@ impl LogEngine {
         }
     }
 
-    /// Take the oldest bound segment's page back: evict every item still on it, then free
-    /// the page and the id. No stripe lock may be held.
-    fn drop_oldest(&self) {
+    /// Make room on a full tier (see the module documentation): of the oldest
+    /// `RECLAIM_WINDOW` pages, the emptiest whose live records together fit one page are
+    /// compacted into a free page when there are at least two of them (every live item
+    /// kept); else the emptiest page is taken back, its items read while on flash rescued
+    /// and the rest evicted. No stripe lock may be held.
+    fn reclaim(&self) {
         let Some(f) = self.flash.get() else {
             return;
         };
-        let Some((id, b)) = ({
+        let room = f.tier.page_capacity().min(self.seg_size) - SEG_HDR;
+        // Picked and taken out of the reclaim order under one lock: no other thread
+        // reclaims the same pages.
+        let victims: Vec<(u32, Binding)> = {
             let mut bound = lock(&f.bound);
-            let pick = self.pick_page(&bound);
-            let id = bound.order.remove(pick);
-            id.and_then(|id| Some((id, bound.by_id.get(&id).copied()?)))
-        }) else {
+            let mut window: Vec<(u64, usize, u32)> = bound
+                .order
+                .iter()
+                .take(RECLAIM_WINDOW)
+                .enumerate()
+                .filter_map(|(i, &id)| {
+                    let s = self.segs.get(id)?;
+                    // Room for a record's CAS written out where its place no longer gives it.
+                    Some((s.live_bytes() + s.live_items() * 16, i, id))
+                })
+                .collect();
+            window.sort_unstable();
+            let mut total = 0u64;
+            let fit = window
+                .iter()
+                .take_while(|&&(need, ..)| {
+                    total += need;
+                    total <= room as u64
+                })
+                .count();
+            let take = if fit >= 2 { fit } else { 1 };
+            let ids: Vec<u32> = window.iter().take(take).map(|&(.., id)| id).collect();
+            bound.order.retain(|id| !ids.contains(id));
+            ids.iter()
+                .filter_map(|&id| Some((id, bound.by_id.get(&id).copied()?)))
+                .collect()
+        };
+        match victims.as_slice() {
+            [] => {}
+            [(id, b)] => self.drop_page(*id, *b, None, true),
+            _ => self.compact(&victims),
+        }
+    }
+
+    /// Write the live items of the bound segments `victims` (taken out of the reclaim
+    /// order) into one new page, point their slots there, and take the victims' pages
+    /// back. Without a free page, or when the write fails, the victims are taken back as
+    /// `reclaim` takes back one (their read items rescued, the rest evicted).
+    fn compact(&self, victims: &[(u32, Binding)]) {
+        let Some(f) = self.flash.get() else {
             return;
         };
-        let mut image = Vec::with_capacity(b.used);
+        let now = self.clock.load(Ordering::Relaxed);
         let mut buf = AlignedBuf::new();
-        let read = f.tier.read(b.loc, 0, b.used, &mut buf, &mut image);
+        let mut images: Vec<Option<Vec<u8>>> = Vec::with_capacity(victims.len());
+        // The new image: a regular segment's header, then each live record copied.
+        let base = victims.iter().map(|(_, b)| b.base).min().unwrap_or(0);
+        let mut out = vec![0u8; SEG_HDR];
+        // SAFETY: `out` holds SEG_HDR bytes that only we touch.
+        unsafe { format::write_seg_header(out.as_mut_ptr(), format::SEG_KIND_REGULAR, 0, base) };
+        let cap = f.tier.page_capacity().min(self.seg_size);
+        let mut moves: Vec<Move> = Vec::new();
+        let mut has_live = false;
+        for &(id, b) in victims {
+            let mut image = Vec::with_capacity(b.used);
+            if f.tier.read(b.loc, 0, b.used, &mut buf, &mut image).is_err() {
+                // Taken back below as an unreadable page (counted there).
+                images.push(None);
+                continue;
+            }
+            let mut off = SEG_HDR;
+            while off < b.used {
+                // SAFETY: `image` is ours; `read` checks every length against its end.
+                let Some(r) = (unsafe { format::read(image.as_ptr(), image.len(), off, b.base) })
+                else {
+                    break;
+                };
+                let here = off;
+                off += r.len.max(1);
+                if r.kind != KIND_ITEM || self.vis(&r, now) != Vis::Live {
+                    continue;
+                }
+                let h = self.hash(r.key);
+                let indexed = {
+                    let _g = self.index.lock(h);
+                    self.index
+                        .find(h, |x| {
+                            index::slot_seg(x) == id && index::slot_off(x) == here
+                        })
+                        .is_some()
+                };
+                if !indexed {
+                    continue;
+                }
+                let spec = Spec::copy_of(&r);
+                let at = out.len();
+                let natural = format::natural_cas(base, at);
+                if at + format::encoded_len(&spec, natural) > cap {
+                    // Cannot happen with the room `reclaim` keeps; the item is evicted with
+                    // its page if it does.
+                    continue;
+                }
+                format::encode_into(&mut out, &spec, natural);
+                moves.push(Move {
+                    hash: h,
+                    from: (id, here, r.len),
+                    to: (at, out.len() - at),
+                    size: self.rec_size(&r),
+                    exptime: r.exptime,
+                });
+                has_live = true;
+            }
+            images.push(Some(image));
+        }
+        let written = has_live
+            && f.tier.alloc().is_some_and(|loc| {
+                let ok = Arc::new(AtomicBool::new(false));
+                let done = Arc::clone(&ok);
+                let sent = f.tier.write(
+                    loc,
+                    &out,
+                    Box::new(move |res| done.store(res.is_ok(), Ordering::Release)),
+                );
+                if sent.is_ok() {
+                    f.tier.drain();
+                }
+                if sent.is_err() || !ok.load(Ordering::Acquire) {
+                    f.tier.free(loc);
+                    return false;
+                }
+                let seq = victims.iter().map(|(_, b)| b.seq).max().unwrap_or(0);
+                let binding = Binding {
+                    loc,
+                    used: out.len(),
+                    base,
+                    seq,
+                };
+                match self.bound_id(binding) {
+                    Some(new) => {
+                        self.move_to(new, &moves);
+                        lock(&f.bound).order.push_back(new);
+                        f.counters.pages_compacted.fetch_add(1, Ordering::Relaxed);
+                        true
+                    }
+                    None => {
+                        f.tier.free(loc);
+                        false
+                    }
+                }
+            });
+        if has_live && !written {
+            f.counters.write_failures.fetch_add(1, Ordering::Relaxed);
+        }
+        // What was not moved (dead, or the write failed) goes with the victims' pages.
+        for (&(id, b), image) in victims.iter().zip(images) {
+            self.drop_page(id, b, Some(image), !written);
+        }
+    }
+
+    /// Point the slots that still name the records `moves` lists at their copies in the
+    /// new bound segment `new` (a page's compaction), moving their accounting with them.
+    fn move_to(&self, new: u32, moves: &[Move]) {
+        let now = self.clock.load(Ordering::Relaxed);
+        let mut moved = 0;
+        for m in moves {
+            let (id, off, old_len) = m.from;
+            let _g = self.index.lock(m.hash);
+            let Some((slot, v)) = self.index.find(m.hash, |x| {
+                index::slot_seg(x) == id && index::slot_off(x) == off
+            }) else {
+                // Written or deleted meanwhile: the copy is dead bytes.
+                continue;
+            };
+            let new_v = index::pack(
+                index::slot_tag(v),
+                new,
+                m.to.0 as u32,
+                index::freq(v),
+                index::fetched(v),
+            ) | (v & index::WIN);
+            self.account_add(new, m.to.1, m.size, m.exptime);
+            self.relocate(slot, new_v);
+            self.account_remove(v, old_len, m.size);
+            moved += 1;
+        }
+        if let Some(seg) = self.segs.get(new) {
+            seg.note_written(SEG_HDR, now);
+        }
+        if let Some(f) = self.flash.get() {
+            f.counters.rescues.fetch_add(moved, Ordering::Relaxed);
+        }
+    }
+
+    /// Take bound segment `id`'s page back (`b`, out of the reclaim order; `image`: its
+    /// bytes if read already, None if the read failed): items read while on flash go back
+    /// to memory if there is room, the rest are evicted; then the page and the id are
+    /// freed. Counted as a page eviction (`extstore_page_evictions`) if `evicting` (not
+    /// the remains of a compaction). No stripe lock may be held.
+    fn drop_page(&self, id: u32, b: Binding, image: Option<Option<Vec<u8>>>, evicting: bool) {
+        let Some(f) = self.flash.get() else {
+            return;
+        };
+        let live = self.segs.get(id).map_or(0, |s| s.live_items());
+        let read = match image {
+            Some(Some(image)) => Ok(image),
+            Some(None) => Err(()),
+            // An empty page's records need not be read.
+            None if live == 0 => Ok(Vec::new()),
+            None => {
+                let mut image = Vec::with_capacity(b.used);
+                f.tier
+                    .read(b.loc, 0, b.used, &mut AlignedBuf::new(), &mut image)
+                    .map(|()| image)
+                    .map_err(drop)
+            }
+        };
         let now = self.clock.load(Ordering::Relaxed);
         let mut notes = EvictionNotes::default();
         let mut evict = |slot: Slot<'_>, cur: u64, r: &Rec<'_>| {
@@ -983,9 +1210,9 @@ impl LogEngine {
             slot.store(0);
             self.account_remove(cur, r.len, self.rec_size(r));
         };
-        if read.is_ok() {
+        if let Ok(image) = &read {
             let mut off = SEG_HDR;
-            while off < b.used {
+            while off < image.len() {
                 // SAFETY: `image` is ours; `read` checks every length against its end.
                 let Some(r) = (unsafe { format::read(image.as_ptr(), image.len(), off, b.base) })
                 else {
@@ -1034,24 +1261,13 @@ impl LogEngine {
         // generation on, so their reads fail (a miss) rather than see the next image.
         f.tier.free(b.loc);
         self.barrier();
-        f.counters.pages_dropped.fetch_add(1, Ordering::Relaxed);
+        if evicting {
+            f.counters.pages_dropped.fetch_add(1, Ordering::Relaxed);
+        }
         if let Some(seg) = self.segs.get(id) {
             seg.reset_accounting();
         }
         self.arena.pool().return_id(id);
-    }
-
-    /// Which bound page to take back, as an index into the reclaim order: of the oldest
-    /// `RECLAIM_WINDOW`, the one with the fewest live bytes (dead space goes first, as
-    /// extstore compacts its most fragmented pages), the oldest of equals.
-    fn pick_page(&self, bound: &Bound) -> usize {
-        bound
-            .order
-            .iter()
-            .take(RECLAIM_WINDOW)
-            .enumerate()
-            .min_by_key(|&(i, id)| (self.segs.get(*id).map_or(0, |s| s.live_bytes()), i))
-            .map_or(0, |(i, _)| i)
     }
 
     /// Count the eviction of the flash item `r` (slot value `v`).
