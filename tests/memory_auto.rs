@@ -78,15 +78,7 @@ fn auto_limit_gives_memory_back_under_pressure_and_takes_it_again() {
     assert!(full > 100 * 1024, "RSS {full} KiB after storing 110 MB");
 
     // The machine runs short: the limit drops to the floor and the memory goes back.
-    set_available(&root, 50);
-    poll("the limit to drop", || match limit(&mut c) {
-        l if l == 64 * MIB => Ok(()),
-        l => Err(format!("limit {} MiB", l / MIB)),
-    });
-    poll("resident memory to shrink", || match server.rss_kib() {
-        r if r < 96 * 1024 => Ok(()),
-        r => Err(format!("RSS {r} KiB")),
-    });
+    run_short(&root, &server, &mut c);
     // The newest items are still there, the server still works.
     c.send(b"get k109-999\r\n");
     let reply = c.until("END\r\n");
@@ -131,15 +123,7 @@ fn auto_limit_gives_memory_back_under_pressure_and_takes_it_again() {
     let mut c = server.connect();
     assert_eq!(limit(&mut c), 144 * MIB);
     fill(&mut c, &value);
-    set_available(&root, 50);
-    poll("the limit to drop", || match limit(&mut c) {
-        l if l == 64 * MIB => Ok(()),
-        l => Err(format!("limit {} MiB", l / MIB)),
-    });
-    poll("resident memory to shrink", || match server.rss_kib() {
-        r if r < 96 * 1024 => Ok(()),
-        r => Err(format!("RSS {r} KiB")),
-    });
+    run_short(&root, &server, &mut c);
     let stat = |c: &mut Client, name: &str| -> u64 {
         c.stat(name).and_then(|v| v.parse().ok()).expect(name)
     };
@@ -162,6 +146,20 @@ fn auto_limit_gives_memory_back_under_pressure_and_takes_it_again() {
         assert_eq!(reply, want, "{key}");
     }
     let _ = std::fs::remove_dir_all(&root);
+}
+
+/// The machine runs short (50 MiB available): wait until the limit drops to its floor
+/// (64 MiB) and the server's resident memory under 96 MiB.
+fn run_short(root: &Path, server: &Server, c: &mut Client) {
+    set_available(root, 50);
+    poll("the limit to drop", || match limit(c) {
+        l if l == 64 * MIB => Ok(()),
+        l => Err(format!("limit {} MiB", l / MIB)),
+    });
+    poll("resident memory to shrink", || match server.rss_kib() {
+        r if r < 96 * 1024 => Ok(()),
+        r => Err(format!("RSS {r} KiB")),
+    });
 }
 
 /// Store 110,000 items of `value` (about 110 MB), `k{batch}-{i}`.

@@ -514,6 +514,23 @@ fn saved_with_flash(e: &LogEngine, n: u64) -> (Vec<u8>, Vec<Got>) {
     (file, before)
 }
 
+/// Compare what keys read `after` (a restart) with `before`: every item found is what it
+/// was (asserted); the items found, and those lost.
+fn compare_kept(before: &[Got], after: &[Got]) -> (u64, u64) {
+    let (mut hits, mut lost) = (0, 0);
+    for (i, (b, a)) in before.iter().zip(after).enumerate() {
+        match a {
+            Some(_) => {
+                assert_eq!(a, b, "key {i}");
+                hits += 1;
+            }
+            None if b.is_some() => lost += 1,
+            None => {}
+        }
+    }
+    (hits, lost)
+}
+
 /// A warm restart keeps the flash tier: the snapshot names the pages, the files are
 /// opened as they are, and every item comes back from where it was, flash ones included,
 /// with its value, flags and CAS; deleted and overwritten items stay so; the accounting is
@@ -590,14 +607,7 @@ fn a_warm_restart_without_its_flash_files_keeps_what_was_in_memory() {
         assert_eq!(r.pages_lost, saved.tier.pages_used, "fresh {fresh}: {r:?}");
         assert_eq!(e.stats().curr_items, in_memory, "fresh {fresh}");
         e.check_accounting().expect("accounting");
-        let after = contents(&e, n);
-        let mut hits = 0;
-        for (i, (b, a)) in before.iter().zip(&after).enumerate() {
-            if a.is_some() {
-                assert_eq!(a, b, "fresh {fresh}: key {i}");
-                hits += 1;
-            }
-        }
+        let (hits, _) = compare_kept(&before, &contents(&e, n));
         assert_eq!(hits, in_memory, "fresh {fresh}");
     }
 }
@@ -633,15 +643,7 @@ fn a_damaged_flash_page_loses_its_items_on_a_warm_restart() {
     assert_eq!(r.pages_lost, 1, "{r:?}");
     assert_eq!(r.pages, pages - 1, "{r:?}");
     e.check_accounting().expect("accounting");
-    let after = contents(&e, n);
-    let mut lost = 0;
-    for (i, (b, a)) in before.iter().zip(&after).enumerate() {
-        match a {
-            Some(_) => assert_eq!(a, b, "key {i}"),
-            None if b.is_some() => lost += 1,
-            None => {}
-        }
-    }
+    let (_, lost) = compare_kept(&before, &contents(&e, n));
     assert!(lost > 0 && lost < n / 10, "{lost} items lost");
 }
 
