@@ -15,8 +15,8 @@
 //!    none. The segment keeps its id.
 //! 2. Its image is queued to the tier (`ship`); it stays mapped and readable meanwhile. A
 //!    page comes from the tier's free list, which `reclaim` refills when only the page
-//!    kept for compaction is left: of the oldest bound segments, the emptiest are
-//!    compacted (`compact`: their live records copied into one new page, their slots
+//!    kept for compaction is left: of the oldest bound segments, the emptiest (the oldest
+//!    first among those about as full) are compacted (`compact`: their live records copied into one new page, their slots
 //!    moved there) when two or more fit one page, else the emptiest is taken back, its
 //!    items read on flash rescued to memory and the rest evicted (`drop_page`). Too many
 //!    writes under way (an eighth of the
@@ -188,6 +188,9 @@ struct Fetched {
 /// Bound pages, oldest first, among which a full tier picks the ones to compact or take
 /// back.
 const RECLAIM_WINDOW: usize = 8;
+
+/// `reclaim` ranks pages by live bytes in steps of this fraction of a page.
+const RECLAIM_STEPS: usize = 16;
 
 /// Free pages kept for compaction's output: eviction makes room when no more are free.
 const RESERVE: usize = 1;
@@ -972,7 +975,8 @@ impl LogEngine {
     }
 
     /// Make room on a full tier (see the module documentation): of the oldest
-    /// `RECLAIM_WINDOW` pages, the emptiest whose live records together fit one page are
+    /// `RECLAIM_WINDOW` pages, the emptiest (by `RECLAIM_STEPS`ths of a page, the oldest
+    /// first among equals) whose live records together fit one page are
     /// compacted into a free page when there are at least two of them (every live item
     /// kept); else the emptiest page is taken back, its items read while on flash rescued
     /// and the rest evicted. No stripe lock may be held.
@@ -996,7 +1000,11 @@ impl LogEngine {
                     Some((s.live_bytes() + s.live_items() * 16, i, id))
                 })
                 .collect();
-            window.sort_unstable();
+            // Emptiest first in steps of `RECLAIM_STEPS`ths of a page, oldest first within
+            // a step: of pages about as full, the oldest goes (a few bytes less in a
+            // younger page are no reason to keep an older one).
+            let step = (room / RECLAIM_STEPS).max(1) as u64;
+            window.sort_unstable_by_key(|&(need, i, _)| (need / step, i));
             let mut total = 0u64;
             let fit = window
                 .iter()
