@@ -538,6 +538,25 @@ fn a_damaged_file_at_start_is_made_afresh_and_stats_extstore_lists_pages() {
         "{settings}"
     );
     assert!(settings.contains("STAT ext_threads 1\r\n"), "{settings}");
+    assert!(settings.contains("STAT ext_item_size 0\r\n"), "{settings}");
+}
+
+/// `ext_item_size=N`: items shorter than N bytes are evicted when memory is full, as
+/// without a tier (memcached keeps items under its `ext_item_size` in RAM); the default,
+/// 0, sends them to flash.
+#[test]
+fn items_under_ext_item_size_stay_off_flash() {
+    let (server, _dir) = start("flash-item-size", &["-o", "ext_item_size=1024"]);
+    let mut c = server.connect();
+    load(&mut c, 60_000);
+    assert_eq!(get(&mut c, "get key:5\r\n"), "END\r\n", "evicted");
+    assert!(stat(&mut c, "evictions") > 0);
+    assert_eq!(stat(&mut c, "extstore_objects_written"), 0);
+    let settings = get(&mut c, "stats settings\r\n");
+    assert!(
+        settings.contains("STAT ext_item_size 1024\r\n"),
+        "{settings}"
+    );
 }
 
 /// A flash item read again is copied back to memory (`recache_from_extstore`): later gets

@@ -79,6 +79,7 @@ pub fn build_engine(config: &Config) -> Result<LogEngine, String> {
                 .attach_flash(tier)
                 .map_err(|e| format!("-o ext_path: {e}"))?;
             engine.set_flash_recache_rate(f.recache_rate);
+            engine.set_flash_item_size(f.item_size);
             engine
         }
     };

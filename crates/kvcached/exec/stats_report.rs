@@ -582,6 +582,7 @@ fn settings(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
     // are kvcached's own lines.
     if let Some(f) = &c.flash {
         emit(sink, "ext_recache_rate", f.recache_rate);
+        emit(sink, "ext_item_size", f.item_size);
         emit(sink, "ext_wbuf_size", f.wbuf_size);
         emit(sink, "ext_threads", f.threads);
         emit(sink, "ext_ignore_bad_file", yes_no(f.ignore_bad_file));

@@ -132,6 +132,9 @@ pub struct FlashSettings {
     /// Copy back to memory one in this many flash items read again
     /// (`ext_recache_rate`; 0 never).
     pub recache_rate: u32,
+    /// Items whose record is shorter than this many bytes are evicted rather than sent
+    /// to flash (`ext_item_size`; 0, the default, sends every one).
+    pub item_size: u32,
     /// Bypass the page cache (`O_DIRECT`; `-o ext_direct`, kvcached's own); memcached
     /// reads and writes extstore through it.
     pub direct: bool,

@@ -365,6 +365,55 @@ fn flash_items_read_again_are_copied_back_to_memory() {
     e.check_accounting().expect("accounting");
 }
 
+/// With `ext_item_size`, items whose record is shorter are evicted when their segment
+/// leaves memory, as without a tier; longer ones go to flash with it.
+#[test]
+fn items_under_the_flash_item_size_are_evicted_instead() {
+    let (e, _dir) = engine(4 << 20, 16 << 20);
+    e.set_flash_item_size(512);
+    let len = |i: u64| if i % 2 == 0 { 100 } else { 1000 };
+    let n = 10_000;
+    for i in 0..n {
+        assert!(matches!(
+            set(&e, &key(i), &value(i, len(i))),
+            StoreResult::Stored(_)
+        ));
+    }
+    e.flash_settle();
+    let s = e.flash_stats().expect("a tier");
+    assert_eq!(s.pages_dropped, 0, "the tier had room: {s:?}");
+    // The oldest keys left memory long ago: the long ones on flash, the short ones gone.
+    let old = 0..2_000;
+    for i in old.clone() {
+        let got = get(&e, &key(i)).map(|g| g.0);
+        if len(i) == 100 {
+            assert_eq!(got, None, "short key {i} kept");
+        } else {
+            assert_eq!(got, Some(value(i, 1000)), "long key {i} lost");
+        }
+    }
+    assert!(e.stats().evictions >= old.count() as u64 / 2);
+    e.check_accounting().expect("accounting");
+
+    // Back to 0: short items go to flash too.
+    e.set_flash_item_size(0);
+    for i in n..3 * n {
+        assert!(matches!(
+            set(&e, &key(i), &value(i, 100)),
+            StoreResult::Stored(_)
+        ));
+    }
+    e.flash_settle();
+    for i in n..n + 2_000 {
+        assert_eq!(
+            get(&e, &key(i)).map(|g| g.0),
+            Some(value(i, 100)),
+            "key {i}"
+        );
+    }
+    e.check_accounting().expect("accounting");
+}
+
 /// Write items until the tier has no free page but the one it keeps for compaction; the
 /// next key.
 fn fill_tier(e: &LogEngine, from: u64) -> u64 {

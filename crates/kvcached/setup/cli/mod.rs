@@ -278,6 +278,8 @@ pub(super) struct Builder {
     ext_ignore_bad_file: bool,
     /// `-o ext_recache_rate` (memcached's default 2000).
     ext_recache_rate: u32,
+    /// `-o ext_item_size` (kvcached's default 0; memcached's 512).
+    ext_item_size: u32,
     /// `-o ext_direct` (kvcached's own).
     ext_direct: bool,
 }
@@ -304,6 +306,7 @@ impl Builder {
             ext_threads: 1,
             ext_ignore_bad_file: false,
             ext_recache_rate: 2000,
+            ext_item_size: 0,
             ext_direct: false,
         }
     }

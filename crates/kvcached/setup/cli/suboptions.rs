@@ -330,8 +330,11 @@ impl Builder {
             "ext_recache_rate" => {
                 self.ext_recache_rate = int::<u32>(sp, &need(val)?, "a whole number")?;
             }
-            "ext_io_depth" | "ext_item_size" | "ext_item_age" | "ext_low_ttl"
-            | "ext_compact_under" | "ext_drop_under" | "ext_max_sleep" => {
+            "ext_item_size" => {
+                self.ext_item_size = int::<u32>(sp, &need(val)?, "a whole number")?;
+            }
+            "ext_io_depth" | "ext_item_age" | "ext_low_ttl" | "ext_compact_under"
+            | "ext_drop_under" | "ext_max_sleep" => {
                 int::<u32>(sp, &need(val)?, "a whole number")?;
                 self.ext_ignored(sp);
             }

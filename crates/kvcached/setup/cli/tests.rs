@@ -566,15 +566,16 @@ fn ext_path_configures_the_flash_tier() {
     assert!(!f.ignore_bad_file);
     assert!(notes.is_empty(), "{notes:?}");
     assert_eq!(f.recache_rate, 2000, "memcached's default");
+    assert_eq!(f.item_size, 0, "small items go to flash too");
     assert!(!f.direct, "through the page cache, as memcached");
     let (c, notes) = run(&[
         "-o",
-        "ext_path=/mnt/a:64m,ext_ignore_bad_file,ext_recache_rate=0,ext_direct",
+        "ext_path=/mnt/a:64m,ext_ignore_bad_file,ext_recache_rate=0,ext_direct,ext_item_size=512",
     ])
     .unwrap();
     let f = c.flash.expect("a flash tier");
     assert!(f.ignore_bad_file && f.direct);
-    assert_eq!(f.recache_rate, 0);
+    assert_eq!((f.recache_rate, f.item_size), (0, 512));
     assert!(notes.is_empty(), "{notes:?}");
     let (c, _) = run(&[]).unwrap();
     assert!(c.flash.is_none());
@@ -612,8 +613,8 @@ fn ignored_options_are_noted() {
         (&["-o", "relaxed_privileges"], "-o relaxed_privileges"),
         (&["-o", "resp_obj_mem_limit=5"], "deprecated"),
         (
-            &["-o", "ext_path=/mnt/ext:64g,ext_item_size=64"],
-            "-o ext_item_size",
+            &["-o", "ext_path=/mnt/ext:64g,ext_item_age=64"],
+            "-o ext_item_age",
         ),
         (
             &["-o", "ext_path=/mnt/ext:64g,ext_page_size=8"],

@@ -214,6 +214,7 @@ impl Builder {
                 threads: self.ext_threads,
                 ignore_bad_file: self.ext_ignore_bad_file,
                 recache_rate: self.ext_recache_rate,
+                item_size: self.ext_item_size,
                 direct: self.ext_direct,
             });
         }

@@ -11,7 +11,8 @@
 //! 1. Eviction pops a sealed segment as usual. With a tier it sends it to flash whole
 //!    (`demote_segment`) instead of dropping its items: items read enough get their
 //!    second chance in RAM (copied forward, as without a tier), dead ones are unlinked,
-//!    and the rest stay where they are, their slots unchanged, their reads counted from
+//!    those shorter than `ext_item_size` (`set_flash_item_size`) are evicted as without a
+//!    tier, and the rest stay where they are, their slots unchanged, their reads counted from
 //!    none. The segment keeps its id.
 //! 2. Its image is queued to the tier (`ship`); it stays mapped and readable meanwhile. A
 //!    page comes from the tier's free list, which `reclaim` refills when only the page
@@ -262,6 +263,9 @@ pub(super) struct Flash {
     recache_rate: AtomicU32,
     /// Flash items read again, the count the rate picks from.
     recache_asks: AtomicU64,
+    /// Records shorter than this many bytes are evicted rather than sent to flash
+    /// (`ext_item_size`); 0 sends every one.
+    min_record: AtomicU32,
 }
 
 /// Why a tier could not be attached.
@@ -325,6 +329,7 @@ impl LogEngine {
             counters: Counters::default(),
             recache_rate: AtomicU32::new(1),
             recache_asks: AtomicU64::new(0),
+            min_record: AtomicU32::new(0),
         };
         self.flash
             .set(flash)
@@ -375,6 +380,16 @@ impl LogEngine {
     pub fn set_flash_recache_rate(&self, rate: u32) {
         if let Some(f) = self.flash.get() {
             f.recache_rate.store(rate, Ordering::Relaxed);
+        }
+    }
+
+    /// Evict, rather than send to flash, items whose record (key, value and record header)
+    /// is shorter than `bytes` (memcached's `ext_item_size`, there the item's size class;
+    /// 0, the default, sends every one: kvcached keeps only an index slot in memory for a
+    /// flash item, however small).
+    pub fn set_flash_item_size(&self, bytes: u32) {
+        if let Some(f) = self.flash.get() {
+            f.min_record.store(bytes, Ordering::Relaxed);
         }
     }
 
@@ -807,6 +822,11 @@ impl LogEngine {
         }
         let now = self.clock.load(Ordering::Relaxed);
         let unit = self.mean_record();
+        let min_record = self
+            .flash
+            .get()
+            .map_or(0, |f| f.min_record.load(Ordering::Relaxed) as usize);
+        let mut notes = EvictionNotes::default();
         let mut cold = 0u64;
         self.for_live(id, |slot, r, v| {
             match self.vis(r, now) {
@@ -818,6 +838,14 @@ impl LogEngine {
                     {
                         self.account_remove(v, r.len, self.rec_size(r));
                         self.st().copied_forward.fetch_add(1, Ordering::Relaxed);
+                        return true;
+                    }
+                    if r.len < min_record {
+                        // Under `ext_item_size`: evicted as without a tier.
+                        self.count_evicted(r, v, now, &mut notes);
+                        self.note_removed(r, v);
+                        slot.store(0);
+                        self.account_remove(v, r.len, self.rec_size(r));
                         return true;
                     }
                     self.relocate(slot, index::with_freq(v, 0));
@@ -832,6 +860,7 @@ impl LogEngine {
             }
             true
         });
+        self.note_evictions(notes);
         cold > 0 && self.ship(id, cold)
     }
 
