@@ -775,6 +775,128 @@ fn a_replica_gets_flash_items_and_the_master_keeps_using_its_tier() {
     master.check_accounting().expect("master's accounting");
 }
 
+/// Pull batches of at most `budget` bytes for the replica named `name` until it has caught
+/// up, or `most` batches were applied; whether it caught up.
+fn pull(
+    master: &LogEngine,
+    replica: &LogEngine,
+    st: &mut kvstore::ReplicaState,
+    budget: usize,
+    most: usize,
+) -> bool {
+    for _ in 0..most {
+        let mut cursor = Vec::new();
+        st.cursor(&mut cursor);
+        let mut batch = Vec::new();
+        let served = master.repl_serve_as(Some("r"), &cursor, false, false, budget, &mut batch);
+        let applied = replica
+            .repl_apply(st, &batch, NOW)
+            .unwrap_or_else(|e| panic!("replica rejected a batch: {e}"));
+        if applied.idle && !served.snapshot && served.lag_bytes == 0 {
+            return true;
+        }
+    }
+    false
+}
+
+/// Delete two thirds of the keys of `range` (the others kept); the pages holding them are
+/// then worth compacting.
+fn thin_out(e: &LogEngine, range: std::ops::Range<u64>) {
+    for i in range.filter(|i| i % 3 != 0) {
+        assert!(e.delete(&key(i), NOW), "key {i}");
+    }
+}
+
+/// Write items from key `from` on until `done` says so (at most 40 pages' worth),
+/// settling flash writes and calling `every` each 50 items; the next key.
+fn write_until(
+    e: &LogEngine,
+    from: u64,
+    done: impl Fn(&LogEngine) -> bool,
+    mut every: impl FnMut(),
+) -> u64 {
+    let mut i = from;
+    while !done(e) {
+        assert!(i < from + 40 * per_segment(e), "never done");
+        assert!(matches!(
+            set(e, &key(i), &value(i, 1000)),
+            StoreResult::Stored(_)
+        ));
+        i += 1;
+        if i % 50 == 0 {
+            e.flash_settle();
+            every();
+        }
+    }
+    i
+}
+
+/// While a replica is in a full sync (which lists flash pages by sequence number), flash
+/// items do not move between pages: a full tier takes its emptiest page back instead of
+/// compacting, and the replica ends up with exactly the master's items. Once the replica
+/// follows the log, pages are compacted again.
+#[test]
+fn a_full_sync_under_way_holds_flash_compaction_back() {
+    let (master, _dir) = engine(4 << 20, 16 << 20);
+    let p = per_segment(&master);
+    let end = fill_tier(&master, 0);
+    master.flash_settle();
+    let oldest = master.flash_stats().expect("a tier").pages_dropped * p;
+    thin_out(&master, oldest + p / 2..oldest + 24 * p);
+
+    // A full sync, a few batches in.
+    let replica = LogEngine::new(config(160 << 20));
+    replica.set_replica(true);
+    let mut st = kvstore::ReplicaState::new();
+    assert!(
+        !pull(&master, &replica, &mut st, 64 << 10, 3),
+        "in the snapshot still"
+    );
+    let before = master.flash_stats().expect("a tier");
+    // Segments in memory when it started go to flash, and pages are taken back whole.
+    let end = write_until(
+        &master,
+        end,
+        |m| m.flash_stats().expect("a tier").pages_dropped > before.pages_dropped,
+        || {},
+    );
+    let s = master.flash_stats().expect("a tier");
+    assert_eq!(s.pages_compacted, before.pages_compacted, "{s:?}");
+
+    assert!(
+        pull(&master, &replica, &mut st, 256 << 10, 10_000),
+        "caught up"
+    );
+    assert_eq!(
+        same_items(&master, &replica, end),
+        master.stats().curr_items
+    );
+
+    // Following the log (pulled as it grows, so that segments it read may go to flash):
+    // partly dead pages are compacted again (the oldest flash pages now: about as many
+    // pages as were taken back went since the thinning).
+    let oldest = master.flash_stats().expect("a tier").pages_dropped * p;
+    thin_out(&master, oldest + 24 * p..oldest + 48 * p);
+    let end = write_until(
+        &master,
+        end,
+        |m| m.flash_stats().expect("a tier").pages_compacted > s.pages_compacted,
+        || {
+            pull(&master, &replica, &mut st, 256 << 10, 10_000);
+        },
+    );
+    master.flash_settle();
+    assert!(
+        pull(&master, &replica, &mut st, 256 << 10, 10_000),
+        "caught up"
+    );
+    assert_eq!(
+        same_items(&master, &replica, end),
+        master.stats().curr_items
+    );
+    master.check_accounting().expect("master's accounting");
+}
+
 /// A lower memory limit (what `-m auto` sets under memory pressure) sends segments to
 /// flash instead of dropping their items: memory falls to the limit, every item is still
 /// there, read back exactly.

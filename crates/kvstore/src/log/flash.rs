@@ -63,6 +63,9 @@
 //! ships its live items in the log's order, read from flash (`bound_segments`,
 //! `read_bound`, used by `repl/serve.rs`). A segment a replica has not read yet is not
 //! demoted: a tail reads segments from memory, so it is evicted and logged anew instead.
+//! A full sync lists flash pages by sequence number, so while one is under way items do
+//! not move between pages: `reclaim` takes the emptiest page back rather than compacting
+//! (`ReplFlags::may_move_flash_items`).
 //!
 //! Not yet: large items. `walk.rs` (digests, `lru_crawler metadump`) sees RAM items only.
 
@@ -1014,6 +1017,13 @@ impl LogEngine {
             return;
         };
         let room = f.tier.page_capacity().min(self.seg_size) - SEG_HDR;
+        // While a replica is in a full sync (which lists flash pages by sequence number),
+        // items do not move between pages: the emptiest page is taken back instead.
+        let gate = if self.repl.is_active() {
+            self.repl.may_move_flash_items().map(Some)
+        } else {
+            Some(None)
+        };
         // Picked and taken out of the reclaim order under one lock: no other thread
         // reclaims the same pages.
         let victims: Vec<(u32, Binding)> = {
@@ -1042,7 +1052,7 @@ impl LogEngine {
                     total <= room as u64
                 })
                 .count();
-            let take = if fit >= 2 { fit } else { 1 };
+            let take = if fit >= 2 && gate.is_some() { fit } else { 1 };
             let ids: Vec<u32> = window.iter().take(take).map(|&(.., id)| id).collect();
             bound.order.retain(|id| !ids.contains(id));
             ids.iter()
@@ -1054,6 +1064,7 @@ impl LogEngine {
             [(id, b)] => self.drop_page(*id, *b, None, true),
             _ => self.compact(&victims),
         }
+        drop(gate);
     }
 
     /// Write the live items of the bound segments `victims` (taken out of the reclaim

@@ -135,6 +135,11 @@ pub(in crate::log) struct ReplFlags {
     settled: std::sync::Mutex<Option<Cursor>>,
     /// On a replica: the number of the batch being applied (or last applied).
     epoch: AtomicU64,
+    /// Held while a full sync's batch is composed and its replica's position recorded.
+    /// A full sync lists flash pages by sequence number, so items must not move between
+    /// pages while one is under way: flash compaction runs only when it can take this
+    /// and no replica is in a full sync (`may_move_flash_items`).
+    syncing: std::sync::Mutex<()>,
 }
 
 /// By default at most this share (1 / n) of the memory limit is kept in dead or expired
@@ -157,6 +162,24 @@ impl ReplFlags {
     /// Every replica's position, kept or not (see `holds`).
     pub(in crate::log) fn holds(&self) -> Holds {
         lock(&self.holds).clone()
+    }
+
+    /// Whether items may move from one flash page to another now (flash compaction): no
+    /// replica of `holds` is in a full sync (or about to start one), and no full-sync
+    /// batch is being composed (the guard returned, held while they move, keeps one from
+    /// starting). None when they may not.
+    pub(in crate::log) fn may_move_flash_items(&self) -> Option<std::sync::MutexGuard<'_, ()>> {
+        let gate = self.syncing.try_lock().ok()?;
+        let syncing = lock(&self.holds)
+            .iter()
+            .any(|(_, c)| c.phase != wire::Phase::Tail);
+        (!syncing).then_some(gate)
+    }
+
+    /// While the returned guard lives, flash items do not move between pages (see
+    /// `syncing`).
+    pub(in crate::log) fn full_sync_gate(&self) -> std::sync::MutexGuard<'_, ()> {
+        lock(&self.syncing)
     }
 
     /// Whether a replica of `holds` has not read segment `seq` yet.

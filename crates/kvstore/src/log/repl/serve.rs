@@ -91,6 +91,10 @@ impl LogEngine {
     ) -> Served {
         self.repl.active.store(true, Ordering::SeqCst);
         self.repl_log_evictions();
+        // A full sync's batch, and the position recorded after it, keep flash compaction
+        // from moving items meanwhile (`ReplFlags::may_move_flash_items`).
+        let full_sync = fresh || Cursor::decode(cursor).map_or(true, |c| c.phase != Phase::Tail);
+        let _gate = full_sync.then(|| self.repl.full_sync_gate());
         let (served, needs) = self.serve_for(cursor, fresh, upstream, budget, out);
         if let Some(name) = replica {
             let mut holds = lock(&self.repl.holds);
