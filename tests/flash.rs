@@ -557,6 +557,26 @@ fn items_under_ext_item_size_stay_off_flash() {
         settings.contains("STAT ext_item_size 1024\r\n"),
         "{settings}"
     );
+
+    // memcached's `extstore item_size N` changes it while the server runs: back to 0,
+    // items of every size go to flash.
+    assert_eq!(c.call("extstore item_size 0\r\n"), "OK\r\n");
+    assert_eq!(c.call("extstore recache_rate 7\r\n"), "OK\r\n");
+    assert_eq!(
+        c.call("extstore item_age 10\r\n"),
+        "OK\r\n",
+        "accepted, unused"
+    );
+    assert_eq!(c.call("extstore item_size x\r\n"), "ERROR\r\n");
+    assert_eq!(c.call("extstore page_size 1\r\n"), "ERROR\r\n");
+    c.send(b"extstore item_size 4096 noreply\r\nextstore item_size 0 noreply\r\n");
+    let settings = get(&mut c, "stats settings\r\n");
+    for line in ["STAT ext_item_size 0\r\n", "STAT ext_recache_rate 7\r\n"] {
+        assert!(settings.contains(line), "{line}: {settings}");
+    }
+    load_keys(&mut c, 60_000..120_000);
+    assert!(stat(&mut c, "extstore_objects_written") > 0);
+    assert!(get(&mut c, "get key:60005\r\n").starts_with("VALUE key:60005 "));
 }
 
 /// A flash item read again is copied back to memory (`recache_from_extstore`): later gets

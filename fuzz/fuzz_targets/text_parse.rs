@@ -163,6 +163,7 @@ fn reply(out: &mut Vec<u8>, request: &Request<'_>, limits: &Limits) {
                 Some(reply) => out.extend_from_slice(reply),
                 None => out.extend_from_slice(text::OK),
             }
+            let _ = kvproto::admin::extstore_command(&toks);
             // lru_crawler metadump|mgdump CLASSES: the subcommand and the class list.
             if let [sub, classes] = toks[..] {
                 let _ = kvproto::admin::dump_kind(sub);

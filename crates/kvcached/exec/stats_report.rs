@@ -581,8 +581,13 @@ fn settings(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
     // others are accepted and unused, so not shown); ext_threads and ext_ignore_bad_file
     // are kvcached's own lines.
     if let Some(f) = &c.flash {
-        emit(sink, "ext_recache_rate", f.recache_rate);
-        emit(sink, "ext_item_size", f.item_size);
+        // As `extstore recache_rate|item_size` left them (the tier's own, while it runs).
+        let (rate, size) = shared
+            .engine
+            .flash_tuning()
+            .unwrap_or((f.recache_rate, f.item_size));
+        emit(sink, "ext_recache_rate", rate);
+        emit(sink, "ext_item_size", size);
         emit(sink, "ext_wbuf_size", f.wbuf_size);
         emit(sink, "ext_threads", f.threads);
         emit(sink, "ext_ignore_bad_file", yes_no(f.ignore_bad_file));

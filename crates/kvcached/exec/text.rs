@@ -292,11 +292,20 @@ fn admin(ctx: &mut Ctx<'_>, s: &mut Session, name: &[u8], args: proto::Tokens<'_
     // noreply` and `lru_crawler metadump all noreply` get no answer (1.6.18 answered most
     // of them `ERROR`). None of them changes anything here, and a dump nobody reads is
     // not made.
-    if name != b"watch" && args.ends_with_noreply() {
-        return Step::Next;
-    }
+    let noreply = args.ends_with_noreply();
     // The line is bounded by the parser's line limit, so is the token list.
     let toks: Vec<&[u8]> = args.collect();
+    if name == b"extstore" {
+        // It changes settings: done, its reply silenced as the others' are.
+        let reply = extstore(ctx, &toks);
+        if !noreply {
+            s.out.extend_from_slice(reply);
+        }
+        return Step::Next;
+    }
+    if name != b"watch" && noreply {
+        return Step::Next;
+    }
     if let Some(refused) = kvproto::admin::refusal(name, &toks) {
         s.out.extend_from_slice(refused);
         return Step::Next;
@@ -314,6 +323,23 @@ fn admin(ctx: &mut Ctx<'_>, s: &mut Session, name: &[u8], args: proto::Tokens<'_
     };
     s.out.extend_from_slice(reply);
     Step::Next
+}
+
+/// `extstore SETTING VALUE`, with memcached 1.6.45's replies (`OK`, or `ERROR` for what
+/// memcached refuses). `item_size` and `recache_rate` change the flash tier's settings as
+/// their `-o ext_*` forms do (shown by `stats settings`); the others are accepted without
+/// effect, as their `-o` forms are. Without a tier, as memcached without `ext_path`, the
+/// reply is the same and nothing changes.
+fn extstore(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> &'static [u8] {
+    use kvproto::admin::{extstore_command, ExtstoreCommand};
+    let engine = &ctx.shared.engine;
+    match extstore_command(args) {
+        Some(ExtstoreCommand::ItemSize(n)) => engine.set_flash_item_size(n),
+        Some(ExtstoreCommand::RecacheRate(n)) => engine.set_flash_recache_rate(n),
+        Some(ExtstoreCommand::Unused) => {}
+        None => return proto::ERROR,
+    }
+    proto::OK
 }
 
 /// `lru_crawler ...` (well-formed), with memcached 1.6.45's replies. `enable` and `disable`

@@ -1,9 +1,10 @@
 //! The argument checks memcached makes on its slab allocator and LRU commands (`slabs`,
-//! `lru`, `lru_crawler`) before it acts on them, and which `lru_crawler` subcommand a
-//! well-formed line names. kvcached has no slabs and no LRU to tune, so it cannot honour
+//! `lru`, `lru_crawler`) before it acts on them, and which `lru_crawler` or `extstore`
+//! subcommand a well-formed line names. kvcached has no slabs and no LRU to tune, so it cannot honour
 //! most of these commands, but a client that sends malformed ones gets the
 //! reply memcached 1.6.45 sends (`proto_text.c`: `process_slabs_command`,
-//! `process_slabs_automove_command`, `process_lru_command`, `process_lru_crawler_command`),
+//! `process_slabs_automove_command`, `process_lru_command`, `process_lru_crawler_command`,
+//! `process_extstore_command`),
 //! written out by hand because it must match memcached's quirks exactly: subcommands match
 //! as C `strncmp` prefixes (`slabs re 1 2` is `reassign`), and token counts include the
 //! command itself.
@@ -230,6 +231,59 @@ fn automove(args: &[&[u8]]) -> Option<&'static [u8]> {
     }
 }
 
+/// What a well-formed `extstore` command asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExtstoreCommand {
+    /// `item_size N`: items smaller than N bytes stay off flash.
+    ItemSize(u32),
+    /// `recache_rate N`: copy one in N flash items read again back to memory.
+    RecacheRate(u32),
+    /// A well-formed setting that kvcached's flash tier has no use for (`item_age`,
+    /// `low_ttl`, `compact_under`, `drop_under`, `max_sleep`, `max_frag`, `drop_unread`,
+    /// and the deprecated `free_memchunks`): `OK`, as their `-o` forms are accepted.
+    Unused,
+}
+
+/// The `extstore` subcommand `args` name, matched as memcached 1.6.45 matches them (each a
+/// C `strncmp` prefix, in memcached's order: `free_memchunks` with two numbers, the first
+/// a class below 64; `item_size`, `item_age`, `low_ttl`, `recache_rate`, `compact_under`,
+/// `drop_under`, `max_sleep`, `drop_unread` with a whole number, `max_frag` with a
+/// number; tokens after those are ignored); None where memcached answers `ERROR`.
+pub fn extstore_command(args: &[&[u8]]) -> Option<ExtstoreCommand> {
+    let (&sub, rest) = args.split_first()?;
+    let value = *rest.first()?;
+    if rest.len() >= 2 && c_strncmp_eq(sub, b"free_memchunks") {
+        let class = tok_u32(value)?;
+        tok_u32(rest.get(1).copied().unwrap_or_default())?;
+        return (class < 64).then_some(ExtstoreCommand::Unused);
+    }
+    let whole = tok_u32(value);
+    // The names start with distinct letters but for item_size/item_age (item_size is
+    // tried first) and max_sleep/max_frag, drop_under/drop_unread (in memcached's order).
+    if c_strncmp_eq(sub, b"item_size") {
+        whole.map(ExtstoreCommand::ItemSize)
+    } else if c_strncmp_eq(sub, b"recache_rate") {
+        whole.map(ExtstoreCommand::RecacheRate)
+    } else if [
+        b"item_age".as_slice(),
+        b"low_ttl",
+        b"compact_under",
+        b"drop_under",
+        b"max_sleep",
+    ]
+    .iter()
+    .any(|name| c_strncmp_eq(sub, name))
+    {
+        whole.map(|_| ExtstoreCommand::Unused)
+    } else if c_strncmp_eq(sub, b"max_frag") {
+        tok_f64(value).map(|_| ExtstoreCommand::Unused)
+    } else if c_strncmp_eq(sub, b"drop_unread") {
+        whole.map(|_| ExtstoreCommand::Unused)
+    } else {
+        None
+    }
+}
+
 /// A double as memcached's `toktod` reads one (strtod of the whole token).
 fn tok_f64(tok: &[u8]) -> Option<f64> {
     std::str::from_utf8(tok)
@@ -242,6 +296,54 @@ fn tok_f64(tok: &[u8]) -> Option<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn extstore_subcommands_match_as_memcached_matches_them() {
+        use ExtstoreCommand::*;
+        let cmd = |line: &str| {
+            let toks: Vec<&[u8]> = line.split(' ').map(str::as_bytes).collect();
+            extstore_command(&toks)
+        };
+        assert_eq!(cmd("item_size 512"), Some(ItemSize(512)));
+        assert_eq!(
+            cmd("item 64"),
+            Some(ItemSize(64)),
+            "a prefix, item_size first"
+        );
+        assert_eq!(cmd("item_a 64"), Some(Unused), "item_age");
+        assert_eq!(cmd("recache_rate 0 noreply"), Some(RecacheRate(0)));
+        assert_eq!(cmd("r 7"), Some(RecacheRate(7)));
+        for ok in [
+            "low_ttl 10",
+            "compact_under 2",
+            "drop_under 1",
+            "max_sleep 100",
+            "max 100",
+            "max_frag 0.5",
+            "drop_unread 1",
+            "free_memchunks 1 2",
+            "free 63 0",
+        ] {
+            assert_eq!(cmd(ok), Some(Unused), "{ok}");
+        }
+        for bad in [
+            "item_size",
+            "item_size -1",
+            "item_size 4294967296",
+            "item_size x",
+            "max 0.5",
+            "max_frag x",
+            "free_memchunks 1",
+            "free_memchunks 64 1",
+            "free_memchunks 1 x",
+            "page_size 1",
+            "item_sizes 1",
+            "",
+        ] {
+            assert_eq!(cmd(bad), None, "{bad:?}");
+        }
+        assert_eq!(extstore_command(&[]), None);
+    }
 
     #[test]
     fn uri_encoding_is_memcacheds() {

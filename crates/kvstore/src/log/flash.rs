@@ -386,6 +386,17 @@ impl LogEngine {
         }
     }
 
+    /// The flash tier's `ext_recache_rate` and `ext_item_size` now (see their setters);
+    /// None without a tier.
+    pub fn flash_tuning(&self) -> Option<(u32, u32)> {
+        self.flash.get().map(|f| {
+            (
+                f.recache_rate.load(Ordering::Relaxed),
+                f.min_record.load(Ordering::Relaxed),
+            )
+        })
+    }
+
     /// Evict, rather than send to flash, items whose record (key, value and record header)
     /// is shorter than `bytes` (memcached's `ext_item_size`, there the item's size class;
     /// 0, the default, sends every one: kvcached keeps only an index slot in memory for a
