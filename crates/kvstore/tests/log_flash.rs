@@ -453,6 +453,19 @@ fn take_back(e: &LogEngine, from: u64, pages: u64) {
     }
 }
 
+/// A 4 MiB engine whose 16 MiB tier was filled with keys written in order (1000-byte
+/// values): the engine, its tier, about how many keys a page holds (`p`), the next key,
+/// and the first key of the oldest page left (pages were taken back oldest first, all
+/// about as full; where keys are shorter a page holds a few more than `p`).
+fn full_tier() -> (LogEngine, tier::Dir, u64, u64, u64) {
+    let (e, dir) = engine(4 << 20, 16 << 20);
+    let p = per_segment(&e);
+    let end = fill_tier(&e, 0);
+    e.flash_settle();
+    let oldest = e.flash_stats().expect("a tier").pages_dropped * p;
+    (e, dir, p, end, oldest)
+}
+
 /// Items per segment, about (1000-byte values).
 fn per_segment(e: &LogEngine) -> u64 {
     e.segment_size() as u64 / 1040
@@ -462,14 +475,7 @@ fn per_segment(e: &LogEngine) -> u64 {
 /// emptied by deletes go before the oldest page, whose items stay.
 #[test]
 fn a_full_tier_takes_back_its_emptiest_old_page_first() {
-    let (e, _dir) = engine(4 << 20, 16 << 20);
-    let p = per_segment(&e);
-    let end = fill_tier(&e, 0);
-    e.flash_settle();
-    // Pages were taken back oldest first so far (all equally live): the oldest left is
-    // this one (keys were written in order, a page about `p` of them).
-    let dropped = e.flash_stats().expect("a tier").pages_dropped;
-    let oldest = dropped * p;
+    let (e, _dir, p, end, oldest) = full_tier();
     // The twelve pages written after it: all dead. One write may ship several segments
     // (as many as are in flight before one of their writes finishes, which depends on the
     // writer thread's speed), so it may take back pages beyond the two the loop below
@@ -491,14 +497,8 @@ fn a_full_tier_takes_back_its_emptiest_old_page_first() {
 /// (`extstore_compact_rescues`); the unread ones are evicted.
 #[test]
 fn items_read_on_a_page_taken_back_are_rescued() {
-    let (e, _dir) = engine(4 << 20, 16 << 20);
-    let p = per_segment(&e);
-    let end = fill_tier(&e, 0);
-    e.flash_settle();
-    // The oldest page left (pages went oldest first so far; keys in order, about `p` a
-    // page): read every fifth item of its middle half once.
-    let dropped = e.flash_stats().expect("a tier").pages_dropped;
-    let oldest = dropped * p;
+    let (e, _dir, p, end, oldest) = full_tier();
+    // The oldest page left: read every fifth item of its middle half once.
     let middle: Vec<u64> = (oldest + p / 4..oldest + p * 3 / 4).collect();
     let read: Vec<u64> = middle.iter().copied().filter(|k| k % 5 == 0).collect();
     for &k in &read {
@@ -837,11 +837,7 @@ fn write_until(
 /// follows the log, pages are compacted again.
 #[test]
 fn a_full_sync_under_way_holds_flash_compaction_back() {
-    let (master, _dir) = engine(4 << 20, 16 << 20);
-    let p = per_segment(&master);
-    let end = fill_tier(&master, 0);
-    master.flash_settle();
-    let oldest = master.flash_stats().expect("a tier").pages_dropped * p;
+    let (master, _dir, p, end, oldest) = full_tier();
     thin_out(&master, oldest + p / 2..oldest + 24 * p);
 
     // A full sync, a few batches in.
@@ -932,36 +928,21 @@ fn a_lower_memory_limit_moves_items_to_flash() {
 /// kept, read or not (memcached's compaction), instead of being evicted with its page.
 #[test]
 fn a_full_tier_compacts_partly_dead_pages_and_keeps_their_items() {
-    let (e, _dir) = engine(4 << 20, 16 << 20);
-    let p = per_segment(&e);
-    let end = fill_tier(&e, 0);
-    e.flash_settle();
-    let dropped = e.flash_stats().expect("a tier").pages_dropped;
-    // The oldest pages left (keys in order, about `p` a page, a few more where keys are
-    // shorter: half a page of margin): two thirds of their items deleted, the rest never
-    // read. One write may ship several segments (as many as are in flight before one of
-    // their writes finishes), each making room: enough such pages that every reclaim finds
-    // two or more to compact, and none is taken back.
-    let oldest = dropped * p;
+    let (e, _dir, p, end, oldest) = full_tier();
+    // The oldest pages left (half a page of margin): two thirds of their items deleted,
+    // the rest never read. One write may ship several segments (as many as are in flight
+    // before one of their writes finishes), each making room: enough such pages that
+    // every reclaim finds two or more to compact, and none is taken back.
     let range = oldest + p / 2..oldest + 24 * p;
-    for i in range.clone().filter(|i| i % 3 != 0) {
-        assert!(e.delete(&key(i), NOW), "key {i}");
-    }
+    thin_out(&e, range.clone());
     let kept: Vec<u64> = range.clone().filter(|i| i % 3 == 0).collect();
     let before = e.flash_stats().expect("a tier");
-    // Write until a compaction happened (at most 20 pages' worth of items).
-    let mut i = end;
-    while e.flash_stats().expect("a tier").pages_compacted == before.pages_compacted {
-        assert!(i < end + 20 * p, "no compaction");
-        assert!(matches!(
-            set(&e, &key(i), &value(i, 1000)),
-            StoreResult::Stored(_)
-        ));
-        i += 1;
-        if i % 50 == 0 {
-            e.flash_settle();
-        }
-    }
+    write_until(
+        &e,
+        end,
+        |e| e.flash_stats().expect("a tier").pages_compacted > before.pages_compacted,
+        || {},
+    );
     e.flash_settle();
     let s = e.flash_stats().expect("a tier");
     assert!(s.rescues > before.rescues, "{s:?}");
