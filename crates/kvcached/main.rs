@@ -88,11 +88,6 @@ fn start(config: config::Config, tls: Option<kvtls::server::ServerTls>) -> Resul
     daemon::ignore_file_size_signal();
     let listeners = runtime::listener::bind_listeners(&config)?;
     let udp = runtime::udp::bind_first(&config)?;
-    if config.unix_socket.is_none() {
-        if let Some(path) = std::env::var_os("MEMCACHED_PORT_FILENAME") {
-            runtime::listener::write_port_file(path.as_ref(), &listeners, &udp);
-        }
-    }
     if listeners.is_empty() && udp.is_empty() {
         tracing::warn!("listening on nothing: -p 0 turns TCP off and UDP is off (-U)");
     }

@@ -160,6 +160,17 @@ pub fn run(
         Some(path) => warm::load(&engine, path, &Clock::new(), config.warm_ignore_bad_file)?,
         None => warm::Restored::default(),
     };
+    // Bound at start (a port already taken failed it before anything was loaded), they
+    // accept connections from now on, the cache ready.
+    for l in &listeners {
+        l.listen(config.backlog)?;
+    }
+    // memcached writes its port file as it listens: whoever reads it may connect.
+    if config.unix_socket.is_none() {
+        if let Some(path) = std::env::var_os("MEMCACHED_PORT_FILENAME") {
+            crate::runtime::listener::write_port_file(path.as_ref(), &listeners, &udp);
+        }
+    }
     let worker_stats: Vec<Arc<WorkerStats>> = (0..threads)
         .map(|_| Arc::new(WorkerStats::default()))
         .collect();

@@ -43,6 +43,18 @@ impl Listener {
         }
     }
 
+    /// Start accepting connections on a socket [`bind_listeners`] bound (the server does
+    /// once its cache is ready, as memcached listens last: a start that fails on its
+    /// flash files or its snapshot never accepted a connection, while a port already taken
+    /// fails the start before anything is loaded).
+    pub fn listen(&self, backlog: i32) -> Result<(), String> {
+        let r = match self {
+            Listener::Tcp(l, _) => socket2::SockRef::from(l).listen(backlog),
+            Listener::Unix(l) => socket2::SockRef::from(l).listen(backlog),
+        };
+        r.map_err(|e| format!("failed to listen on {}: {e}", self.describe()))
+    }
+
     pub fn fd(&self) -> i32 {
         match self {
             Listener::Tcp(l, _) => l.as_raw_fd(),
@@ -54,11 +66,12 @@ impl Listener {
 /// Bind every listening socket the configuration asks for: the unix socket, or a TCP socket
 /// per address of each `-l` entry. As in memcached, `-p 0` turns TCP off whatever ports the
 /// entries name, and a port of 0 (`-p -1`, `-l HOST:0`) is one the kernel picks. That may
-/// leave nothing to listen on, which memcached also starts with.
+/// leave nothing to listen on, which memcached also starts with. The sockets are bound, not
+/// yet listening ([`Listener::listen`]).
 pub fn bind_listeners(config: &Config) -> Result<Vec<Listener>, String> {
     let mut out = Vec::new();
     if let Some(path) = &config.unix_socket {
-        out.push(bind_unix(path, config.unix_mask, config.backlog)?);
+        out.push(bind_unix(path, config.unix_mask)?);
         return Ok(out);
     }
     if config.tcp_port == 0 {
@@ -78,7 +91,7 @@ pub fn bind_listeners(config: &Config) -> Result<Vec<Listener>, String> {
             (true, ListenTls::Peer) => Some(Peer::Require),
         };
         for addr in addrs {
-            out.push(bind_tcp(addr, config.backlog, tls, config.reuseport)?);
+            out.push(bind_tcp(addr, None, tls, config.reuseport)?);
         }
     }
     Ok(out)
@@ -103,7 +116,7 @@ pub fn worker_listeners(
                 let addr = shared
                     .local_addr()
                     .map_err(|e| format!("a listening socket's address: {e}"))?;
-                bind_tcp(addr, config.backlog, *tls, true)?
+                bind_tcp(addr, Some(config.backlog), *tls, true)?
             }
             _ => l
                 .try_clone()
@@ -154,9 +167,11 @@ pub fn pin_to(cpu: usize) -> io::Result<()> {
     Ok(())
 }
 
+/// A TCP socket bound to `addr`, listening with `backlog` if given (else see
+/// [`Listener::listen`]).
 fn bind_tcp(
     addr: SocketAddr,
-    backlog: i32,
+    backlog: Option<i32>,
     tls: Option<Peer>,
     reuseport: bool,
 ) -> Result<Listener, String> {
@@ -173,12 +188,15 @@ fn bind_tcp(
     // accepts need no `setsockopt` per connection.
     socket.set_tcp_nodelay(true).map_err(fail)?;
     socket.bind(&addr.into()).map_err(fail)?;
-    socket.listen(backlog).map_err(fail)?;
+    if let Some(backlog) = backlog {
+        socket.listen(backlog).map_err(fail)?;
+    }
     socket.set_nonblocking(true).map_err(fail)?;
     Ok(Listener::Tcp(socket.into(), tls))
 }
 
-fn bind_unix(path: &Path, mask: u32, backlog: i32) -> Result<Listener, String> {
+/// A unix socket bound at `path` with permissions `mask` (see [`Listener::listen`]).
+fn bind_unix(path: &Path, mask: u32) -> Result<Listener, String> {
     use std::os::unix::fs::{FileTypeExt, PermissionsExt};
     let fail = |e: io::Error| format!("failed to listen on unix socket {}: {e}", path.display());
     // Like memcached, replace a stale socket file, but never another kind of file.
@@ -191,7 +209,6 @@ fn bind_unix(path: &Path, mask: u32, backlog: i32) -> Result<Listener, String> {
     let addr = socket2::SockAddr::unix(path).map_err(fail)?;
     socket.bind(&addr).map_err(fail)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mask & 0o777)).map_err(fail)?;
-    socket.listen(backlog).map_err(fail)?;
     socket.set_nonblocking(true).map_err(fail)?;
     Ok(Listener::Unix(socket.into()))
 }
