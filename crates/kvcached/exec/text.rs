@@ -290,8 +290,8 @@ fn admin(ctx: &mut Ctx<'_>, s: &mut Session, name: &[u8], args: proto::Tokens<'_
     // memcached 1.6.45 silences every reply of a command its request parser does not know
     // (all of these but `watch`) whose last token is `noreply`: `slabs automove 0
     // noreply` and `lru_crawler metadump all noreply` get no answer (1.6.18 answered most
-    // of them `ERROR`). None of them changes anything here, and a dump nobody reads is
-    // not made.
+    // of them `ERROR`). None of them but `extstore` changes anything here, and a dump
+    // nobody reads is not made.
     let noreply = args.ends_with_noreply();
     // The line is bounded by the parser's line limit, so is the token list.
     let toks: Vec<&[u8]> = args.collect();

@@ -1,7 +1,7 @@
 //! The argument checks memcached makes on its slab allocator and LRU commands (`slabs`,
 //! `lru`, `lru_crawler`) before it acts on them, and which `lru_crawler` or `extstore`
-//! subcommand a well-formed line names. kvcached has no slabs and no LRU to tune, so it cannot honour
-//! most of these commands, but a client that sends malformed ones gets the
+//! subcommand a well-formed line names. kvcached has no slabs and no LRU to tune, so it
+//! cannot honour most of these commands, but a client that sends malformed ones gets the
 //! reply memcached 1.6.45 sends (`proto_text.c`: `process_slabs_command`,
 //! `process_slabs_automove_command`, `process_lru_command`, `process_lru_crawler_command`,
 //! `process_extstore_command`),
@@ -251,15 +251,17 @@ pub enum ExtstoreCommand {
 /// number; tokens after those are ignored); None where memcached answers `ERROR`.
 pub fn extstore_command(args: &[&[u8]]) -> Option<ExtstoreCommand> {
     let (&sub, rest) = args.split_first()?;
-    let value = *rest.first()?;
-    if rest.len() >= 2 && c_strncmp_eq(sub, b"free_memchunks") {
-        let class = tok_u32(value)?;
-        tok_u32(rest.get(1).copied().unwrap_or_default())?;
-        return (class < 64).then_some(ExtstoreCommand::Unused);
+    if let [class, limit, ..] = *rest {
+        if c_strncmp_eq(sub, b"free_memchunks") {
+            tok_u32(limit)?;
+            return (tok_u32(class)? < 64).then_some(ExtstoreCommand::Unused);
+        }
     }
+    let value = *rest.first()?;
     let whole = tok_u32(value);
     // The names start with distinct letters but for item_size/item_age (item_size is
-    // tried first) and max_sleep/max_frag, drop_under/drop_unread (in memcached's order).
+    // tried first), max_sleep/max_frag and drop_under/drop_unread (max_sleep and
+    // drop_under first), as in memcached's order.
     if c_strncmp_eq(sub, b"item_size") {
         whole.map(ExtstoreCommand::ItemSize)
     } else if c_strncmp_eq(sub, b"recache_rate") {
@@ -270,6 +272,7 @@ pub fn extstore_command(args: &[&[u8]]) -> Option<ExtstoreCommand> {
         b"compact_under",
         b"drop_under",
         b"max_sleep",
+        b"drop_unread",
     ]
     .iter()
     .any(|name| c_strncmp_eq(sub, name))
@@ -277,8 +280,6 @@ pub fn extstore_command(args: &[&[u8]]) -> Option<ExtstoreCommand> {
         whole.map(|_| ExtstoreCommand::Unused)
     } else if c_strncmp_eq(sub, b"max_frag") {
         tok_f64(value).map(|_| ExtstoreCommand::Unused)
-    } else if c_strncmp_eq(sub, b"drop_unread") {
-        whole.map(|_| ExtstoreCommand::Unused)
     } else {
         None
     }

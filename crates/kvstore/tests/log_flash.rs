@@ -417,16 +417,39 @@ fn items_under_the_flash_item_size_are_evicted_instead() {
 /// Write items until the tier has no free page but the one it keeps for compaction; the
 /// next key.
 fn fill_tier(e: &LogEngine, from: u64) -> u64 {
+    let full = |e: &LogEngine| e.flash_stats().expect("a tier").tier.pages_free <= 1;
+    write_keys(
+        e,
+        from,
+        (200_000, "the tier never filled"),
+        500,
+        full,
+        || {},
+    )
+}
+
+/// Write items (1000-byte values) from key `from` on until `done` says so (failing,
+/// saying `what`, after `most` items), settling flash writes and calling `every` each
+/// `settle` items; the next key.
+fn write_keys(
+    e: &LogEngine,
+    from: u64,
+    (most, what): (u64, &str),
+    settle: u64,
+    done: impl Fn(&LogEngine) -> bool,
+    mut every: impl FnMut(),
+) -> u64 {
     let mut i = from;
-    while e.flash_stats().expect("a tier").tier.pages_free > 1 {
-        assert!(i < from + 200_000, "the tier never filled");
+    while !done(e) {
+        assert!(i < from + most, "{what}");
         assert!(matches!(
             set(e, &key(i), &value(i, 1000)),
             StoreResult::Stored(_)
         ));
         i += 1;
-        if i % 500 == 0 {
+        if i % settle == 0 {
             e.flash_settle();
+            every();
         }
     }
     i
@@ -436,21 +459,10 @@ fn fill_tier(e: &LogEngine, from: u64) -> u64 {
 /// emptied by a compaction; settling writes every 50 items; at most 20 pages' worth of
 /// items).
 fn take_back(e: &LogEngine, from: u64, pages: u64) {
-    let p = per_segment(e);
-    let freed = || e.flash_stats().expect("a tier").tier.page_reclaims;
-    let target = freed() + pages;
-    let mut i = from;
-    while freed() < target {
-        assert!(i < from + 20 * p, "no page taken back");
-        assert!(matches!(
-            set(e, &key(i), &value(i, 1000)),
-            StoreResult::Stored(_)
-        ));
-        i += 1;
-        if i % 50 == 0 {
-            e.flash_settle();
-        }
-    }
+    let freed = |e: &LogEngine| e.flash_stats().expect("a tier").tier.page_reclaims;
+    let target = freed(e) + pages;
+    let most = (20 * per_segment(e), "no page taken back");
+    write_keys(e, from, most, 50, |e| freed(e) >= target, || {});
 }
 
 /// A 4 MiB engine whose 16 MiB tier was filled with keys written in order (1000-byte
@@ -813,22 +825,16 @@ fn write_until(
     e: &LogEngine,
     from: u64,
     done: impl Fn(&LogEngine) -> bool,
-    mut every: impl FnMut(),
+    every: impl FnMut(),
 ) -> u64 {
-    let mut i = from;
-    while !done(e) {
-        assert!(i < from + 40 * per_segment(e), "never done");
-        assert!(matches!(
-            set(e, &key(i), &value(i, 1000)),
-            StoreResult::Stored(_)
-        ));
-        i += 1;
-        if i % 50 == 0 {
-            e.flash_settle();
-            every();
-        }
-    }
-    i
+    write_keys(
+        e,
+        from,
+        (40 * per_segment(e), "never done"),
+        50,
+        done,
+        every,
+    )
 }
 
 /// While a replica is in a full sync (which lists flash pages by sequence number), flash

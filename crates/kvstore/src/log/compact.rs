@@ -258,9 +258,7 @@ impl LogEngine {
         let now = self.clock.load(Ordering::Relaxed);
         let moved = self.for_live(victim, |slot, r, v| {
             if self.vis(r, now) != Vis::Live {
-                self.note_removed(r, v);
-                slot.store(0);
-                self.account_remove(v, r.len, self.rec_size(r));
+                self.unlink(slot, r, v);
                 self.count_reclaimed(v, self.rec_size(r), false);
                 return true;
             }

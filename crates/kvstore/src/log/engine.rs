@@ -451,9 +451,7 @@ impl Engine for LogEngine {
                 };
                 checked += 1;
                 if self.vis(&r, now) != Vis::Live {
-                    self.note_removed(&r, v);
-                    slot.store(0);
-                    self.account_remove(v, r.len, self.rec_size(&r));
+                    self.unlink(slot, &r, v);
                     self.count_reclaimed(v, self.rec_size(&r), true);
                     n += 1;
                 }

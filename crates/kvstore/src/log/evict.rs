@@ -395,6 +395,15 @@ impl LogEngine {
         false
     }
 
+    /// Unlink the record `r` that `slot` (value `v`) names: noted as removed (replicas,
+    /// observers), the slot emptied, its accounting taken off its segment. The caller holds
+    /// the slot's stripe lock and counts why (evicted, expired, flushed).
+    pub(super) fn unlink(&self, slot: Slot<'_>, r: &Rec<'_>, v: u64) {
+        self.note_removed(r, v);
+        slot.store(0);
+        self.account_remove(v, r.len, self.rec_size(r));
+    }
+
     /// Count the eviction of the live item `r` (slot value `v`), from memory or from
     /// flash: memcached's counters, the `watch evictions` observer, replicas' notes.
     pub(super) fn count_evicted(&self, r: &Rec<'_>, v: u64, now: Time, notes: &mut EvictionNotes) {
@@ -427,9 +436,7 @@ impl LogEngine {
                 }
                 self.count_evicted(r, v, now, &mut notes);
             }
-            self.note_removed(r, v);
-            slot.store(0);
-            self.account_remove(v, r.len, self.rec_size(r));
+            self.unlink(slot, r, v);
             true
         });
         self.note_evictions(notes);
@@ -520,9 +527,7 @@ impl LogEngine {
             self.st().copied_forward.fetch_add(1, Ordering::Relaxed);
             return true;
         }
-        self.note_removed(&r, v);
-        slot.store(0);
-        self.account_remove(v, r.len, self.rec_size(&r));
+        self.unlink(slot, &r, v);
         false
     }
 

@@ -12,16 +12,16 @@
 //!    (`demote_segment`) instead of dropping its items: items read enough get their
 //!    second chance in RAM (copied forward, as without a tier), dead ones are unlinked,
 //!    those shorter than `ext_item_size` (`set_flash_item_size`) are evicted as without a
-//!    tier, and the rest stay where they are, their slots unchanged, their reads counted from
-//!    none. The segment keeps its id.
+//!    tier, and the rest stay where they are, their slots unchanged, their reads counted
+//!    from none. The segment keeps its id.
 //! 2. Its image is queued to the tier (`ship`); it stays mapped and readable meanwhile. A
 //!    page comes from the tier's free list, which `reclaim` refills when only the page
 //!    kept for compaction is left: of the oldest bound segments, the emptiest (the oldest
-//!    first among those about as full) are compacted (`compact`: their live records copied into one new page, their slots
-//!    moved there) when two or more fit one page, else the emptiest is taken back, its
-//!    items read on flash rescued to memory and the rest evicted (`drop_page`). Too many
-//!    writes under way (an eighth of the
-//!    segments), or a full write buffer, make eviction wait for them. A write the tier
+//!    first among those about as full) are compacted (`compact`: their live records
+//!    copied into one new page, their slots moved there) when two or more fit one page,
+//!    else the emptiest is taken back, its items read on flash rescued to memory and the
+//!    rest evicted (`drop_page`). Too many writes under way (an eighth of the segments),
+//!    or a full write buffer, make eviction wait for them. A write the tier
 //!    refuses or fails leaves the segment in RAM: it is evicted as without a tier.
 //! 3. When the write has finished (`settle`, from eviction and `maintain`), the segment is
 //!    *bound*: its page, generation, length and CAS base are recorded before its mapping
@@ -857,18 +857,14 @@ impl LogEngine {
                     if r.len < min_record {
                         // Under `ext_item_size`: evicted as without a tier.
                         self.count_evicted(r, v, now, &mut notes);
-                        self.note_removed(r, v);
-                        slot.store(0);
-                        self.account_remove(v, r.len, self.rec_size(r));
+                        self.unlink(slot, r, v);
                         return true;
                     }
                     self.relocate(slot, index::with_freq(v, 0));
                     cold += 1;
                 }
                 Vis::Expired | Vis::Flushed => {
-                    self.note_removed(r, v);
-                    slot.store(0);
-                    self.account_remove(v, r.len, self.rec_size(r));
+                    self.unlink(slot, r, v);
                     self.count_reclaimed(v, self.rec_size(r), false);
                 }
             }

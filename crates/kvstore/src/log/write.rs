@@ -718,9 +718,7 @@ impl LogEngine {
         let vis = self.vis(&r, now);
         if vis != Vis::Live {
             self.count_dead(vis);
-            self.note_removed(&r, v);
-            slot.store(0);
-            self.account_remove(v, r.len, self.rec_size(&r));
+            self.unlink(slot, &r, v);
             return Some(false);
         }
         if want.is_some_and(|w| w != v & IDENT_MASK) {
