@@ -11,8 +11,9 @@ use common::{Client, Kind, Server, TempDir};
 
 /// A server with `-m 8` and a 256 MiB flash file in a fresh directory (and `extra`); the
 /// directory goes when the second value is dropped. The file bypasses the page cache
-/// (`ext_direct`), so that every flash read is handed to an I/O thread (through the page
-/// cache, most are done at once from it: `flash_through_the_page_cache`).
+/// (`ext_direct`), so that every flash read is submitted to the worker's ring (an I/O
+/// thread's under epoll; through the page cache, most are done at once from it:
+/// `flash_through_the_page_cache`).
 fn start(name: &str, extra: &[&str]) -> (Server, TempDir) {
     let dir = TempDir::new(name);
     let ext = dir.ext_path("256m");
@@ -103,6 +104,16 @@ fn beyond_memory(name: &str, extra: &[&str]) {
     assert!(stat(&mut c, "get_extstore") > 0);
     assert_eq!(stat(&mut c, "get_misses"), 0);
     assert_eq!(stat(&mut c, "miss_from_extstore"), 0);
+    // Under io_uring the worker reads through its ring, under epoll through the I/O
+    // threads (reads the page cache answered at once need neither).
+    let handed = stat(&mut c, "get_extstore") - stat(&mut c, "flash_cached_reads");
+    let ring = stat(&mut c, "flash_ring_reads");
+    let io = c.stats("settings").into_iter().find(|(k, _)| k == "io");
+    match io.map(|(_, v)| v).as_deref() {
+        Some("uring") if handed > 0 => assert!(ring > 0, "{handed} reads, none in the ring"),
+        Some("epoll") => assert_eq!(ring, 0),
+        _ => {}
+    }
 }
 
 /// gets, delete, overwrite, append, incr, touch and flush_all on items that are on flash.

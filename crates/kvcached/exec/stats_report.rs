@@ -520,6 +520,8 @@ fn flash(ctx: &Ctx<'_>, f: &kvstore::FlashStats, sink: &mut Sink<'_>) {
     emit(sink, "flash_writes_busy", f.tier.writes_busy);
     emit(sink, "flash_inline_reads", f.inline_reads);
     emit(sink, "flash_cached_reads", f.cached_reads);
+    let ring = ctx.shared.flash_io.as_ref().map_or(0, |io| io.ring_reads());
+    emit(sink, "flash_ring_reads", ring);
     emit(sink, "flash_offline", u8::from(f.tier.offline));
     emit(sink, "flash_recoveries", f.tier.recoveries);
     emit(sink, "flash_pages_compacted", f.pages_compacted);

@@ -405,7 +405,7 @@ impl Conn {
     }
 
     /// The request at the front needs flash reads (`Session::flash_reads`, which the worker
-    /// hands to the I/O threads): send what is owed and wait.
+    /// starts: `Worker::start_flash_reads`): send what is owed and wait.
     fn wait_flash(&mut self, ctx: &mut Ctx<'_>) -> Drive {
         if self.flush(ctx.stats).is_err() {
             return Drive::Close;

@@ -62,6 +62,11 @@
 //!   `KVCACHED_ACCEPT_MULTISHOT=0`, listeners stay in the mio poller and connections are
 //!   accepted as under epoll.
 //!
+//! - **Flash reads.** A request that needs items on flash (`-o ext_path`) has its reads
+//!   submitted to the ring ([`Reactor::read_at`]) into buffers the reactor holds until
+//!   their completions, which the engine checks; the connection goes on once its last read
+//!   is done (`Worker::start_flash_reads`).
+//!
 //! [`probe`] decides at start-up whether this runtime can run: kernel 5.19 or later
 //! (provided-buffer rings), not disabled by `kernel.io_uring_disabled` or a seccomp filter.
 //! If it cannot, the server uses epoll, and says why when io_uring was asked for by name.
@@ -85,6 +90,8 @@ use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::Duration;
 
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
+
+use kvstore::flash::AlignedBuf;
 
 use crate::exec::splice::{Splices, MAX_SLICES};
 
@@ -115,6 +122,8 @@ const OP_SEND: u64 = 2;
 const OP_POLL: u64 = 3;
 /// A multishot accept; its "slot" is the listener's index.
 const OP_ACCEPT: u64 = 4;
+/// A read of a flash file (`-o ext_path`); its "slot" is the read's number.
+const OP_READ: u64 = 5;
 /// Cancellations complete with this user data (nothing to do for them).
 const OP_NONE: u64 = 0;
 /// A connection's generation as its completions carry it (the 29 bits between the
@@ -144,6 +153,8 @@ pub enum Op {
     Poll,
     /// A listener's multishot accept: a new connection's descriptor, or an error.
     Accept,
+    /// A flash read ([`Reactor::read_at`]): bytes read, or an error.
+    Read,
     None,
 }
 
@@ -155,6 +166,7 @@ impl Completion {
             OP_SEND => Op::Send,
             OP_POLL => Op::Poll,
             OP_ACCEPT => Op::Accept,
+            OP_READ => Op::Read,
             _ => Op::None,
         };
         Completion {
@@ -373,7 +385,16 @@ pub struct Reactor {
     multishot: bool,
     /// A kernel thread polls the submission queue (`-o io_sqpoll`).
     sqpoll: bool,
+    /// Flash reads in flight, by number: the buffer each reads into (the kernel's until
+    /// its completion), and the numbers free.
+    reads: Vec<Option<AlignedBuf>>,
+    free_reads: Vec<usize>,
+    /// Buffers of finished reads, kept for the next ones (at most [`SPARE_READS`]).
+    spare_reads: Vec<AlignedBuf>,
 }
+
+/// Buffers of finished flash reads a reactor keeps.
+const SPARE_READS: usize = 16;
 
 /// How long dropping a reactor waits for its parked connections' operations to end before
 /// it leaks what they use instead ([`Reactor::leak`]).
@@ -428,6 +449,9 @@ impl Reactor {
             starved: 0,
             multishot: multishot_receives(),
             sqpoll,
+            reads: Vec::new(),
+            free_reads: Vec::new(),
+            spare_reads: Vec::new(),
         })
     }
 
@@ -474,8 +498,10 @@ impl Reactor {
     fn push(&mut self, entry: &squeue::Entry) -> io::Result<()> {
         loop {
             // SAFETY: every entry pushed points at memory that outlives the operation: a
-            // connection's send buffer (kept until its completion, parked if it closes) or
-            // nothing (receives use provided buffers, polls and cancellations no buffer).
+            // connection's send buffer (kept until its completion, parked if it closes), a
+            // flash read's buffer (the reactor's until its completion, leaked if none
+            // comes) or nothing (receives use provided buffers, polls and cancellations
+            // no buffer).
             if unsafe { self.ring.submission().push(entry) }.is_ok() {
                 return Ok(());
             }
@@ -521,6 +547,64 @@ impl Reactor {
     /// still comes).
     pub fn cancel_accept(&mut self, index: usize) {
         self.cancel(OP_ACCEPT, 0, index);
+    }
+
+    /// Queue a read of `len` bytes at offset `at` of file `fd` (a flash file, open as long as
+    /// the server runs) into a buffer of the reactor's, aligned for `O_DIRECT`. Returns the
+    /// read's number, which its completion ([`Op::Read`]) carries as its slot; the bytes
+    /// are then taken with [`Reactor::read_done`].
+    pub fn read_at(&mut self, fd: RawFd, at: u64, len: usize) -> io::Result<usize> {
+        let len32 = u32::try_from(len).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        let mut buf = self.spare_reads.pop().unwrap_or_default();
+        let ptr = buf.get(len).as_mut_ptr();
+        let id = match self.free_reads.pop() {
+            Some(id) => id,
+            None => {
+                self.reads.push(None);
+                self.reads.len() - 1
+            }
+        };
+        let e = opcode::Read::new(types::Fd(fd), ptr, len32)
+            .offset(at)
+            .build()
+            .user_data(user_data(OP_READ, 0, id));
+        // The buffer is the kernel's from the push on (should a later push submit it).
+        if let Some(r) = self.reads.get_mut(id) {
+            *r = Some(buf);
+        }
+        if let Err(e) = self.push(&e) {
+            // Not queued: the buffer is not the kernel's.
+            if let Some(buf) = self.reads.get_mut(id).and_then(Option::take) {
+                self.spare_reads.push(buf);
+            }
+            self.free_reads.push(id);
+            return Err(e);
+        }
+        Ok(id)
+    }
+
+    /// The buffer of a read that completed ([`Op::Read`]), its number free again; give it
+    /// back with [`Reactor::spare_read`] once its bytes are used. None for a completion
+    /// that is not a read's, or one seen already.
+    pub fn read_done(&mut self, c: &Completion) -> Option<AlignedBuf> {
+        if c.op != Op::Read {
+            return None;
+        }
+        let buf = self.reads.get_mut(c.slot)?.take()?;
+        self.free_reads.push(c.slot);
+        Some(buf)
+    }
+
+    /// A finished read's buffer, kept for another read.
+    pub fn spare_read(&mut self, buf: AlignedBuf) {
+        if self.spare_reads.len() < SPARE_READS {
+            self.spare_reads.push(buf);
+        }
+    }
+
+    /// Flash reads in flight.
+    fn reads_in_flight(&self) -> usize {
+        self.reads.len() - self.free_reads.len()
     }
 
     /// Queue what connection `slot` needs from the kernel: a receive when its input is empty,
@@ -763,7 +847,7 @@ impl Reactor {
                 }
                 true
             }
-            Op::Poll | Op::Accept | Op::None => false,
+            Op::Poll | Op::Accept | Op::Read | Op::None => false,
         }
     }
 
@@ -791,7 +875,7 @@ impl Reactor {
     /// whether they all did.
     fn drain(&mut self, limit: Duration) -> bool {
         let until = std::time::Instant::now() + limit;
-        while !self.parked.is_empty() {
+        while !self.parked.is_empty() || self.reads_in_flight() > 0 {
             let left = until.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
                 return false;
@@ -801,7 +885,11 @@ impl Reactor {
             };
             let done = done.to_vec();
             for c in &done {
-                self.complete(c, None);
+                if let Some(buf) = self.read_done(c) {
+                    self.spare_read(buf);
+                } else {
+                    self.complete(c, None);
+                }
             }
         }
         true
@@ -815,6 +903,9 @@ impl Reactor {
     fn leak(&mut self) {
         for (_, sock) in self.parked.drain() {
             std::mem::forget(sock);
+        }
+        for buf in self.reads.drain(..).flatten() {
+            std::mem::forget(buf);
         }
         self.bufs.leaked = true;
     }
@@ -1350,6 +1441,53 @@ mod tests {
         drop(peer);
         until(&mut r, &mut sock, |c| c.op == Op::Recv);
         assert_eq!(sock.read(&mut [0u8; 16]).unwrap(), 0);
+    }
+
+    /// Reads of a file through the ring (a flash tier's): each completion carries its
+    /// read's number, its buffer holds the bytes at the offset asked, numbers and buffers
+    /// are used again, and a read past the end completes short; a reactor dropped with a
+    /// read in flight waits for it.
+    #[test]
+    fn reads_of_a_file_complete_with_their_bytes() {
+        let Some((mut r, _sock, _peer)) = setup() else {
+            return;
+        };
+        let path = std::env::temp_dir().join(format!("ring-read-{}", std::process::id()));
+        let bytes: Vec<u8> = (0..3 * 4096u32).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&path, &bytes).expect("write the file");
+        let file = std::fs::File::open(&path).expect("open the file");
+        let _ = std::fs::remove_file(&path);
+        for round in 0..3 {
+            let a = r
+                .read_at(file.as_raw_fd(), 4096, 4096)
+                .expect("queue a read");
+            let b = r
+                .read_at(file.as_raw_fd(), 2 * 4096, 2 * 4096)
+                .expect("queue a read");
+            assert_ne!(a, b);
+            let mut seen = Vec::new();
+            while seen.len() < 2 {
+                let done = r.wait(Some(Duration::from_secs(5))).expect("wait").to_vec();
+                for c in done.iter().filter(|c| c.op == Op::Read) {
+                    let mut buf = r.read_done(c).expect("a read's buffer");
+                    let n = usize::try_from(c.result()).expect("a read's length");
+                    let at = if c.slot == a { 4096 } else { 2 * 4096 };
+                    // The second read stops at the file's end, 4096 bytes in.
+                    assert_eq!(n, 4096, "round {round}");
+                    assert_eq!(&buf.get(n)[..], &bytes[at..at + n], "round {round}");
+                    assert!(r.read_done(c).is_none(), "a completion taken twice");
+                    r.spare_read(buf);
+                    seen.push(c.slot);
+                }
+            }
+            seen.sort_unstable();
+            assert_eq!(seen, [a.min(b), a.max(b)]);
+        }
+        assert_eq!(r.reads_in_flight(), 0);
+        assert!(r.reads.len() <= 2, "read numbers not used again");
+        r.read_at(file.as_raw_fd(), 0, 4096).expect("queue a read");
+        assert_eq!(r.reads_in_flight(), 1);
+        drop(r);
     }
 
     /// A wait that must not block (a connection yielded, so the worker polls) still

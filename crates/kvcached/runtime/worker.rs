@@ -10,7 +10,7 @@
 //! are open (resumed by the worker that closes one). With `maxconns_fast` (the default) a
 //! connection over `-c` is accepted, told `ERROR Too many open connections` and closed.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::io::{self, Write};
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::sync::atomic::Ordering;
@@ -125,6 +125,11 @@ pub struct Worker {
     spares: Spares,
     /// The last ticket given to a connection waiting for flash reads.
     flash_tickets: u64,
+    /// Per ticket of a connection waiting for flash reads: its slot and how many reads (a
+    /// read through the ring, or a job of the I/O threads) it still waits for.
+    flash_waits: HashMap<u64, (usize, usize)>,
+    /// Flash reads in flight in the ring, by number: the ticket each is for and the read.
+    ring_reads: HashMap<usize, (u64, kvstore::FlashIo)>,
 }
 
 impl Worker {
@@ -192,6 +197,8 @@ impl Worker {
             next_gen: 0,
             spares: Spares::new(buffer_limit),
             flash_tickets: 0,
+            flash_waits: HashMap::new(),
+            ring_reads: HashMap::new(),
         })
     }
 
@@ -315,6 +322,7 @@ impl Worker {
                     }
                     Op::Recv | Op::Send => self.completed(c, &mut scratch),
                     Op::Accept => self.ring_accepted(c),
+                    Op::Read => self.ring_read_done(c, &mut scratch),
                     Op::None => {}
                 }
             }
@@ -466,18 +474,118 @@ impl Worker {
         let Some(io) = &shared.flash_io else {
             return;
         };
-        for (slot, ticket) in io.take_done(self.index) {
-            let Some(Some(conn)) = self.conns.get_mut(slot) else {
-                io.note_aborted();
-                continue;
-            };
-            if conn.session.flash_wait != Some(ticket) {
-                io.note_aborted();
-                continue;
-            }
-            conn.session.flash_wait = None;
-            self.drive(slot, scratch);
+        for (_, ticket) in io.take_done(self.index) {
+            self.flash_step(ticket, scratch);
         }
+    }
+
+    /// One of the reads ticket `ticket` waits for is done: once the last one is, its
+    /// connection goes on (a connection closed meanwhile, its slot perhaps reused, has
+    /// another ticket: counted as aborted).
+    fn flash_step(&mut self, ticket: u64, scratch: &mut Vec<u8>) {
+        let Some((slot, left)) = self.flash_waits.get_mut(&ticket) else {
+            return;
+        };
+        *left = left.saturating_sub(1);
+        if *left > 0 {
+            return;
+        }
+        let slot = *slot;
+        self.flash_waits.remove(&ticket);
+        match self.conns.get_mut(slot) {
+            Some(Some(conn)) if conn.session.flash_wait == Some(ticket) => {
+                conn.session.flash_wait = None;
+                self.drive(slot, scratch);
+            }
+            _ => {
+                if let Some(io) = &self.shared.flash_io {
+                    io.note_aborted();
+                }
+            }
+        }
+    }
+
+    /// Start the flash reads connection `slot` needs before its request runs again: in the
+    /// worker's ring, each its own read, under io_uring; else (or should the ring refuse
+    /// one) as one job of the I/O threads (`state/flash.rs`). A read with nothing to read
+    /// (its page taken back) needs no wait; with none to wait for, the connection goes on
+    /// next turn.
+    fn start_flash_reads(&mut self, slot: usize, reads: Vec<kvstore::FlashRead>) {
+        let shared = Arc::clone(&self.shared);
+        let Some(io) = &shared.flash_io else {
+            return;
+        };
+        self.flash_tickets += 1;
+        let ticket = self.flash_tickets;
+        let mut left = 0;
+        let mut threads = Vec::new();
+        if let Some(ring) = self.ring.as_mut() {
+            for r in reads {
+                let Some(read) = shared.engine.flash_read_start(&r) else {
+                    continue;
+                };
+                match ring.read_at(read.span.fd, read.span.at, read.span.len) {
+                    Ok(id) => {
+                        self.ring_reads.insert(id, (ticket, read));
+                        io.note_ring_read();
+                        left += 1;
+                    }
+                    Err(_) => threads.push(r),
+                }
+            }
+        } else {
+            threads = reads;
+        }
+        if !threads.is_empty() {
+            io.submit(crate::state::flash::Job {
+                reads: threads,
+                worker: self.index,
+                slot,
+                ticket,
+            });
+            left += 1;
+        }
+        let Some(Some(conn)) = self.conns.get_mut(slot) else {
+            return;
+        };
+        if left == 0 {
+            self.ready.push_back(slot);
+            return;
+        }
+        conn.session.flash_wait = Some(ticket);
+        self.flash_waits.insert(ticket, (slot, left));
+    }
+
+    /// A flash read in the ring completed: its bytes checked (`LogEngine::flash_read_end`),
+    /// a longer read queued if the record needs one, else one read less to wait for.
+    fn ring_read_done(&mut self, c: &Completion, scratch: &mut Vec<u8>) {
+        let Some(ring) = self.ring.as_mut() else {
+            return;
+        };
+        let Some(mut buf) = ring.read_done(c) else {
+            return;
+        };
+        let Some((ticket, read)) = self.ring_reads.remove(&c.slot) else {
+            ring.spare_read(buf);
+            return;
+        };
+        let got = match usize::try_from(c.result()) {
+            Ok(n) => {
+                let raw = buf.get(read.span.len);
+                Ok(&raw[..n.min(raw.len())])
+            }
+            Err(_) => Err(io::Error::from_raw_os_error(-c.result())),
+        };
+        let next = self.shared.engine.flash_read_end(&read, got);
+        ring.spare_read(buf);
+        if let Some(next) = next {
+            if let Ok(id) = ring.read_at(next.span.fd, next.span.at, next.span.len) {
+                self.ring_reads.insert(id, (ticket, next));
+                return;
+            }
+            // The ring refused the longer read: the re-run reads it on an I/O thread.
+        }
+        self.flash_step(ticket, scratch);
     }
 
     /// What every turn of the loop ends with: UDP sockets and connections with more to do,
@@ -592,18 +700,9 @@ impl Worker {
         };
         let drive = conn.drive(&mut ctx, &mut self.spares);
         if !conn.session.flash_reads.is_empty() {
-            // A get needs flash reads: the I/O threads do them (`state/flash.rs`).
+            // A get needs flash reads.
             let reads = std::mem::take(&mut conn.session.flash_reads);
-            if let Some(io) = &self.shared.flash_io {
-                self.flash_tickets += 1;
-                conn.session.flash_wait = Some(self.flash_tickets);
-                io.submit(crate::state::flash::Job {
-                    reads,
-                    worker: self.index,
-                    slot,
-                    ticket: self.flash_tickets,
-                });
-            }
+            self.start_flash_reads(slot, reads);
         }
         self.account(slot);
         let Some(conn) = self.conns.get_mut(slot).and_then(|c| c.as_mut()) else {

@@ -1,6 +1,7 @@
-//! Flash reads for the workers (`-o ext_path`): a worker never reads flash itself. A get
-//! that meets an item on flash stops (`Step::Wait`); its worker hands the reads it needs
-//! to [`FlashIo`]'s threads (`ext_threads`), which do them (`LogEngine::complete_flash_read`
+//! Flash reads for the workers (`-o ext_path`): a worker never waits for flash. A get
+//! that meets an item on flash stops (`Step::Wait`); under io_uring its worker submits the
+//! reads it needs to its own ring (`Worker::start_flash_reads`), else it hands them to
+//! [`FlashIo`]'s threads (`ext_threads`), which do them (`LogEngine::complete_flash_read`
 //! keeps each checked record for the re-run) and tell the worker, by its waker, which
 //! connection can go on (the threads are started by `server.rs`). Jobs are bounded by the
 //! connections: each has at most one.
@@ -30,6 +31,8 @@ pub struct FlashIo {
     done: Vec<Mutex<Vec<(usize, u64)>>>,
     /// Reads done for connections that had closed (memcached's `get_aborted_extstore`).
     aborted: AtomicU64,
+    /// Reads the workers submitted to their io_uring instead (kvcached's own).
+    ring_reads: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -43,6 +46,7 @@ impl FlashIo {
             work: Condvar::new(),
             done: (0..workers).map(|_| Mutex::new(Vec::new())).collect(),
             aborted: AtomicU64::new(0),
+            ring_reads: AtomicU64::new(0),
         }
     }
 
@@ -54,6 +58,16 @@ impl FlashIo {
     /// Reads done for connections that had closed.
     pub fn aborted(&self) -> u64 {
         self.aborted.load(Ordering::Relaxed)
+    }
+
+    /// A worker submitted a read to its io_uring.
+    pub fn note_ring_read(&self) {
+        self.ring_reads.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Reads the workers submitted to their io_uring.
+    pub fn ring_reads(&self) -> u64 {
+        self.ring_reads.load(Ordering::Relaxed)
     }
 
     /// Jobs waiting for an I/O thread.

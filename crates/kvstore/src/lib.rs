@@ -27,8 +27,8 @@ pub use log::snapshot::{
 pub use log::tally::Band as SizeBand;
 pub use log::walk::Digest;
 pub use log::{
-    AccountingError, EvictionObserver, FlashAttachError, FlashRead, FlashRestore, FlashStats,
-    IndexLayout, LogEngine, DEFAULT_SIZE_FACTOR,
+    AccountingError, EvictionObserver, FlashAttachError, FlashIo, FlashRead, FlashRestore,
+    FlashStats, IndexLayout, LogEngine, DEFAULT_SIZE_FACTOR,
 };
 
 /// Unix time in whole seconds.

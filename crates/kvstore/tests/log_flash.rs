@@ -1,7 +1,8 @@
 //! `LogEngine` with a flash tier (issue 43, stage 2: `src/log/flash.rs`): cold items leave
 //! RAM for flash instead of being dropped, every command sees a flash item as it would a
 //! RAM one, nothing wrong is ever returned, and the engine's accounting stays exact while
-//! pages are written, bound and taken back. Reads block in this stage.
+//! pages are written, bound and taken back. Reads block here, or are done by the caller
+//! (`flash_read_start`/`flash_read_end`, as a server's io_uring does them).
 
 #[path = "support/tier.rs"]
 mod tier;
@@ -312,6 +313,80 @@ fn deferred_lookups_name_their_reads_and_find_the_item_once_done() {
         checked += 1;
     }
     assert!(checked > 50, "{checked} flash items looked up");
+}
+
+/// A read its caller submits itself (a server's io_uring) is checked as the engine's own:
+/// the span it names holds the record, a record longer than the first read asks for a
+/// longer one, and damaged bytes or a failed read are a miss, counted, never wrong data.
+#[test]
+fn reads_submitted_by_the_caller_are_checked_as_the_engines_own() {
+    use std::os::fd::FromRawFd;
+    use std::os::unix::fs::FileExt;
+    let (e, _dir) = engine(4 << 20, 96 << 20);
+    let n = 12_000u64;
+    let len = |i: u64| if i % 2 == 0 { 1000 } else { 5000 };
+    for i in 0..n {
+        assert!(matches!(
+            set(&e, &key(i), &value(i, len(i))),
+            StoreResult::Stored(_)
+        ));
+    }
+    e.flash_settle();
+    let errors = || e.flash_stats().map_or(0, |s| s.read_errors);
+    let (mut sound, mut long, mut spoiled) = (0, 0, 0u64);
+    for i in (0..n / 2).step_by(23) {
+        let k = key(i);
+        let (_, reads) = e.defer_flash(|| get(&e, &k));
+        let [r] = reads[..] else {
+            continue;
+        };
+        // Every third read damaged, every third one failing; the rest as read.
+        let fault = (sound + spoiled) % 3;
+        let errors_before = errors();
+        let mut io = e.flash_read_start(&r).expect("a read to submit");
+        let mut rounds = 0;
+        loop {
+            rounds += 1;
+            let mut buf = kvstore::flash::AlignedBuf::new();
+            let raw = buf.get(io.span.len);
+            // SAFETY: the tier's descriptor, open while the engine is; ManuallyDrop
+            // leaves it open.
+            let file =
+                std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(io.span.fd) });
+            file.read_exact_at(raw, io.span.at).expect("read the span");
+            let got = match fault {
+                1 => {
+                    raw[10] ^= 1;
+                    Ok(&raw[..])
+                }
+                2 => Err(std::io::Error::other("an injected read error")),
+                _ => Ok(&raw[..]),
+            };
+            match e.flash_read_end(&io, got) {
+                Some(next) => io = next,
+                None => break,
+            }
+        }
+        let (again, more) = e.defer_flash(|| get(&e, &k));
+        assert!(more.is_empty(), "key {i}: read again");
+        if fault == 0 {
+            assert_eq!(again.map(|x| x.0), Some(value(i, len(i))), "key {i}");
+            assert_eq!(errors(), errors_before);
+            sound += 1;
+            if len(i) > 2048 {
+                assert!(rounds > 1, "key {i}: a long record in one short read");
+                long += 1;
+            }
+        } else {
+            assert_eq!(again, None, "key {i}: served from a bad read");
+            assert_eq!(errors(), errors_before + 1, "key {i}: not counted");
+            spoiled += 1;
+        }
+    }
+    assert!(
+        long > 10 && spoiled > 10,
+        "{sound} sound ({long} long), {spoiled} bad"
+    );
 }
 
 /// A flash item read again is copied back to memory (memcached's recache) with its value,

@@ -265,10 +265,7 @@ impl FlashFile {
         nowait: bool,
     ) -> Result<Option<usize>, FlashError> {
         use std::os::fd::AsRawFd;
-        let (at, n) = self
-            .header
-            .span(page, off, len)
-            .map_err(|e| self.layout(e))?;
+        let (at, n) = self.span(page, off, len)?;
         let raw = buf.get(n);
         if nowait {
             let Ok(at_off) = libc::off_t::try_from(at) else {
@@ -291,10 +288,40 @@ impl FlashFile {
                 .read_exact_at(raw, at)
                 .map_err(|source| self.io("read", source))?;
         }
+        self.decode(page, gen, off, len, raw, out)?;
+        Ok(Some(n))
+    }
+
+    /// Where image bytes `[off, off + len)` of page `page` are: the offset in the file of
+    /// the whole blocks that hold them and their length (for a read that the caller does,
+    /// into an [`AlignedBuf`], then checks with [`FlashFile::decode`]).
+    pub fn span(&self, page: u32, off: usize, len: usize) -> Result<(u64, usize), FlashError> {
+        self.header.span(page, off, len).map_err(|e| self.layout(e))
+    }
+
+    /// Check the blocks `raw` holds, read from [`FlashFile::span`]`(page, off, len)`,
+    /// against page `page` written at generation `gen`, and append image bytes
+    /// `[off, off + len)` to `out`; nothing is appended unless every block is sound. Fewer
+    /// bytes than the span (a file truncated meanwhile) are an error.
+    pub fn decode(
+        &self,
+        page: u32,
+        gen: u32,
+        off: usize,
+        len: usize,
+        raw: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), FlashError> {
         self.header
             .decode(page, gen, off, len, raw, out)
-            .map_err(|e| self.layout(e))?;
-        Ok(Some(n))
+            .map_err(|e| self.layout(e))
+    }
+
+    /// The file's descriptor, for reads submitted elsewhere (an io_uring); valid as long
+    /// as the file is.
+    pub fn raw_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.file.as_raw_fd()
     }
 
     /// Make what was written durable (a warm restart's stop).

@@ -20,7 +20,7 @@ mod tier;
 
 pub use file::{AlignedBuf, FlashError, FlashFile};
 pub use layout::{blocks_for, Header, LayoutError, BLOCK, BLOCK_DATA, FLASH_VERSION};
-pub use tier::{Loc, Tier, TierConfig, TierError, TierStats};
+pub use tier::{Loc, ReadSpan, Tier, TierConfig, TierError, TierStats};
 
 /// A fresh directory for one test's flash files, removed when dropped.
 #[cfg(test)]

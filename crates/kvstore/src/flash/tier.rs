@@ -43,6 +43,15 @@ const OFFLINE_AFTER: u32 = 8;
 /// a write (a count, not a clock: a tier nobody writes to needs no probe).
 const PROBE_EVERY: u32 = 64;
 
+/// A read that the caller submits itself ([`Tier::read_span`]): `len` bytes at offset `at`
+/// of descriptor `fd`, into a buffer aligned as an [`AlignedBuf`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadSpan {
+    pub fd: std::os::fd::RawFd,
+    pub at: u64,
+    pub len: usize,
+}
+
 /// What a tier is made of.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TierConfig {
@@ -482,6 +491,66 @@ impl Tier {
             return Err(TierError::Stale);
         }
         Ok(true)
+    }
+
+    /// Where to read image bytes `[off, off + len)` of `loc`'s page, for a read that the
+    /// caller does itself (an io_uring): the file's descriptor (valid while the tier is),
+    /// the offset and the length, in whole blocks, of the read. Its bytes are then checked
+    /// by [`Tier::read_finish`].
+    pub fn read_span(&self, loc: Loc, off: usize, len: usize) -> Result<ReadSpan, TierError> {
+        let (file, page) = self.inner.file_of(loc.page)?;
+        if !self.is_current(loc) {
+            return Err(TierError::Stale);
+        }
+        let (at, len) = file.span(page, off, len)?;
+        Ok(ReadSpan {
+            fd: file.raw_fd(),
+            at,
+            len,
+        })
+    }
+
+    /// Check what a read of [`Tier::read_span`]`(loc, off, len)` brought (`raw`, or the
+    /// error it ended with) as [`Tier::read`] checks its own, appending the image bytes to
+    /// `out` if they are sound and `loc` was current throughout.
+    pub fn read_finish(
+        &self,
+        loc: Loc,
+        off: usize,
+        len: usize,
+        raw: std::io::Result<&[u8]>,
+        out: &mut Vec<u8>,
+    ) -> Result<(), TierError> {
+        let inner = &*self.inner;
+        let (file, page) = inner.file_of(loc.page)?;
+        let start = out.len();
+        let checked = match raw {
+            Ok(raw) => file
+                .decode(page, loc.gen, off, len, raw, out)
+                .map(|()| raw.len()),
+            Err(source) => Err(FlashError::Io {
+                path: file.path().to_path_buf(),
+                op: "read",
+                source,
+            }),
+        };
+        let n = match checked {
+            Ok(n) => n,
+            Err(e) => {
+                out.truncate(start);
+                if !self.is_current(loc) {
+                    return Err(TierError::Stale);
+                }
+                inner.io_errors.fetch_add(1, Ordering::Relaxed);
+                return Err(e.into());
+            }
+        };
+        inner.bytes_read.fetch_add(n as u64, Ordering::Relaxed);
+        if !self.is_current(loc) {
+            out.truncate(start);
+            return Err(TierError::Stale);
+        }
+        Ok(())
     }
 
     /// Wait until every queued write has finished.

@@ -38,7 +38,9 @@
 //! a RAM item, and writers replace a flash item's slot as they would a RAM one's (one slot
 //! per key). A read that fails (an I/O error, a damaged block, a page reused meanwhile)
 //! is a miss, counted. The maintenance sweep reads flash items too, to unlink dead ones.
-//! A server defers the reads to its I/O threads (`defer_flash`, `complete_flash_read`).
+//! A server defers the reads (`defer_flash`) and does them on its I/O threads
+//! (`complete_flash_read`) or submits them itself, as io_uring reads whose bytes the engine
+//! then checks (`flash_read_start`, `flash_read_end`).
 //!
 //! A get that reads a flash item read before since it went to flash copies it back to
 //! memory (`recache` in `write.rs`: a touch that keeps the expiry, `Cond::Loc`), one in
@@ -178,6 +180,28 @@ pub struct FlashRead {
     id: u32,
     off: u32,
     loc: Loc,
+}
+
+impl FlashRead {
+    /// Its key among the records kept for re-runs.
+    fn key(&self) -> (u32, u32, Loc) {
+        (self.id, self.off, self.loc)
+    }
+}
+
+/// A flash read that a server submits itself, as an io_uring read
+/// ([`LogEngine::flash_read_start`], [`LogEngine::flash_read_end`]): `span` says where, into
+/// a buffer aligned as an [`AlignedBuf`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlashIo {
+    read: FlashRead,
+    /// The record's CAS base.
+    base: u64,
+    /// Image bytes from the record to the image's end.
+    rest: usize,
+    /// Image bytes this read takes.
+    want: usize,
+    pub span: crate::flash::ReadSpan,
 }
 
 /// Records read for deferred lookups, kept for their re-runs: keyed by segment, offset and
@@ -541,6 +565,77 @@ impl LogEngine {
         keep_fetched(&mut lock(&f.fetched), (r.id, r.off, r.loc), fetch);
     }
 
+    /// Start `r` as a read its caller submits itself (an io_uring, instead of an I/O
+    /// thread's [`LogEngine::complete_flash_read`]): where to read, or None when there is
+    /// nothing to read (the page was taken back: the re-run finds the item's new place or
+    /// nothing; or the read cannot be made: kept as a failed read, counted).
+    pub fn flash_read_start(&self, r: &FlashRead) -> Option<FlashIo> {
+        let f = self.flash.get()?;
+        let b = self.binding(r.id).filter(|b| b.loc == r.loc)?;
+        let off = r.off as usize;
+        let rest = b.used.saturating_sub(off);
+        let io = FlashIo {
+            read: *r,
+            base: b.base.wrapping_add(off as u64),
+            rest,
+            want: rest.min(FIRST_READ),
+            span: crate::flash::ReadSpan {
+                fd: -1,
+                at: 0,
+                len: 0,
+            },
+        };
+        self.flash_read_at(f, io)
+    }
+
+    /// What a read [`LogEngine::flash_read_start`] (or this) described brought: `raw`, the
+    /// bytes read at its span, or the error it ended with. The record is kept for the
+    /// lookup's re-run (a failed read too, counted, as [`LogEngine::complete_flash_read`]
+    /// keeps it), or, when the record is longer than what was read, the longer read to
+    /// submit next is returned.
+    pub fn flash_read_end(&self, io: &FlashIo, raw: std::io::Result<&[u8]>) -> Option<FlashIo> {
+        let f = self.flash.get()?;
+        let off = io.read.off as usize;
+        let mut out = Vec::new();
+        let record = match f.tier.read_finish(io.read.loc, off, io.want, raw, &mut out) {
+            Ok(()) => record_in(&out, io.base),
+            Err(_) => return self.flash_read_failed(f, io),
+        };
+        if let Some(fetch) = record {
+            f.counters.reads.fetch_add(1, Ordering::Relaxed);
+            keep_fetched(&mut lock(&f.fetched), io.read.key(), fetch);
+            return None;
+        }
+        if io.want >= io.rest {
+            // The whole rest of the image and still no record: damaged.
+            return self.flash_read_failed(f, io);
+        }
+        let next = FlashIo {
+            want: io.rest.min(io.want.saturating_mul(16)),
+            ..*io
+        };
+        self.flash_read_at(f, next)
+    }
+
+    /// `io` with the span of its `want` bytes, or None with a failed read kept.
+    fn flash_read_at(&self, f: &Flash, mut io: FlashIo) -> Option<FlashIo> {
+        let off = io.read.off as usize;
+        match f.tier.read_span(io.read.loc, off, io.want) {
+            Ok(span) if io.want > 0 => {
+                io.span = span;
+                Some(io)
+            }
+            _ => self.flash_read_failed(f, &io),
+        }
+    }
+
+    /// Keep `io`'s read as failed (its re-run is a miss, not another wait), counted.
+    fn flash_read_failed(&self, f: &Flash, io: &FlashIo) -> Option<FlashIo> {
+        f.counters.read_errors.fetch_add(1, Ordering::Relaxed);
+        keep_fetched(&mut lock(&f.fetched), io.read.key(), Fetch::default());
+        None
+    }
+
     /// The bound segments, oldest first, for a snapshot, once every write under way is
     /// bound and the files are synced (what the snapshot names is then on the device).
     pub(super) fn pages_to_save(&self) -> std::io::Result<Vec<(u32, SavedPage)>> {
@@ -728,17 +823,7 @@ impl LogEngine {
                 if !matches!(read, Ok(true)) {
                     return failed();
                 }
-                let base = b.base.wrapping_add(off as u64);
-                // SAFETY: `out` is ours and initialized; `read` checks every length
-                // against its end.
-                let len = unsafe { format::read(out.as_ptr(), out.len(), 0, base) }.map(|r| r.len);
-                // One allocation per record, of the record alone (not the rest of the
-                // read: records kept for re-runs held 2 KiB each, 8 MB in all).
-                if let Some(record) = len.and_then(|l| out.get(..l)) {
-                    let fetch = Fetch {
-                        bytes: Arc::from(record),
-                        base,
-                    };
+                if let Some(fetch) = record_in(out, b.base.wrapping_add(off as u64)) {
                     f.counters.reads.fetch_add(1, Ordering::Relaxed);
                     if cached {
                         f.counters.cached_reads.fetch_add(1, Ordering::Relaxed);
@@ -1347,6 +1432,18 @@ impl LogEngine {
 
 /// Keep `fetch` as the record at `key` (segment, offset, page generation) for lookups to
 /// come, dropping the oldest beyond `FETCHED_MAX`.
+/// The record at the start of `out` (image bytes from the image offset whose CAS base is
+/// `base`), if `out` holds all of it. One allocation per record, of the record alone (not
+/// the rest of the read: records kept for re-runs held 2 KiB each, 8 MB in all).
+fn record_in(out: &[u8], base: u64) -> Option<Fetch> {
+    // SAFETY: `out` is initialized; `read` checks every length against its end.
+    let len = unsafe { format::read(out.as_ptr(), out.len(), 0, base) }.map(|r| r.len)?;
+    Some(Fetch {
+        bytes: Arc::from(out.get(..len)?),
+        base,
+    })
+}
+
 fn keep_fetched(kept: &mut Fetched, key: (u32, u32, Loc), fetch: Fetch) {
     if kept.by_key.insert(key, fetch).is_none() {
         kept.order.push_back(key);

@@ -201,7 +201,7 @@ use crate::{EngineConfig, ItemView, Time};
 use arena::Arena;
 use evict::Eviction;
 pub use evict::DEFAULT_SIZE_FACTOR;
-pub use flash::{FlashAttachError, FlashRead, FlashRestore, FlashStats};
+pub use flash::{FlashAttachError, FlashIo, FlashRead, FlashRestore, FlashStats};
 use flush::Flush;
 use format::{Rec, Spec, KIND_ITEM, META_BINARY_KEY, META_STALE};
 use grow::Grow;
