@@ -405,6 +405,7 @@ impl Engine for LogEngine {
     fn maintain(&self, now: Time, sweep: bool) -> u64 {
         self.tick(now);
         self.settle();
+        self.flash_make_room();
         self.repl_log_evictions();
         self.eviction.age_sketch();
         let mut n = 0;

@@ -15,8 +15,9 @@
 //!    tier, and the rest stay where they are, their slots unchanged, their reads counted
 //!    from none. The segment keeps its id.
 //! 2. Its image is queued to the tier (`ship`); it stays mapped and readable meanwhile. A
-//!    page comes from the tier's free list, which `reclaim` refills when only the page
-//!    kept for compaction is left: of the oldest bound segments, the emptiest (the oldest
+//!    page comes from the tier's free list, which `reclaim` refills (ahead of need on the
+//!    maintenance thread, `flash_make_room`; on the evicting thread itself when only the
+//!    page kept for compaction is left): of the oldest bound segments, the emptiest (the oldest
 //!    first among those about as full) are compacted (`compact`: their live records
 //!    copied into one new page, their slots moved there) when two or more fit one page,
 //!    else the emptiest is taken back, its items read on flash rescued to memory and the
@@ -222,6 +223,13 @@ const RECLAIM_STEPS: usize = 16;
 
 /// Free pages kept for compaction's output: eviction makes room when no more are free.
 const RESERVE: usize = 1;
+
+/// Pages the maintenance keeps free beyond [`RESERVE`] on a tier of `pages` (one in 128, 2
+/// to 16), so that eviction, on the thread of the write that made room in memory, seldom
+/// has to make room on flash too (reading pages, waiting for a write).
+fn ahead(pages: usize) -> usize {
+    (pages / 128).clamp(2, 16)
+}
 
 /// A live record a compaction copies: its key's hash, where it was (segment, offset,
 /// length), where it goes in the new image (offset, length), its size as memcached counts
@@ -1094,6 +1102,30 @@ impl LogEngine {
                     unsafe { super::mem::unmap(ptr, cap) };
                     self.arena.unmapped(cap);
                 }
+            }
+        }
+    }
+
+    /// Make room on a tier that is about full before eviction needs it: reclaim (below)
+    /// until [`ahead`] pages beyond the reserve are free, at most twice that many times
+    /// per call (the maintenance thread's, every tick). No stripe lock may be held.
+    pub(super) fn flash_make_room(&self) {
+        let Some(f) = self.flash.get() else {
+            return;
+        };
+        if f.tier.is_offline() {
+            return;
+        }
+        let want = RESERVE + ahead(f.tier.pages() as usize);
+        for _ in 0..2 * want {
+            let free = f.tier.free_pages();
+            if free > want {
+                break;
+            }
+            self.reclaim();
+            if f.tier.free_pages() <= free {
+                // Nothing to take back (no bound page yet), or writes took what was freed.
+                break;
             }
         }
     }
