@@ -42,7 +42,7 @@ pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
         bin::write_error_message(&mut s.out, op, opaque, Status::NotStored, msg);
         return Step::Next;
     }
-    // A write over an item on flash: read it on an I/O thread first (`ops::flash_first`).
+    // A write over an item on flash: read it first, off the worker (`ops::flash_first`).
     if matches!(access, Access::Write) && !matches!(req.command, Command::Flush { .. }) {
         if let Some(step) = ops::flash_first(ctx, s, req.key) {
             return step;
@@ -53,7 +53,7 @@ pub fn execute(req: Request<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step {
     match req.command {
         Command::Get { with_key } => {
             if let Some(reads) = get(ctx, out, spliced, &req, with_key, None, may_wait) {
-                // Run again once an I/O thread has read the item.
+                // Run again once the item is read (the worker's ring or an I/O thread).
                 return s.wait_for_flash(reads);
             }
             s.flash_rounds = 0;

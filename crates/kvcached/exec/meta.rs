@@ -57,7 +57,7 @@ pub fn execute(req: MetaRequest<'_>, ctx: &mut Ctx<'_>, s: &mut Session) -> Step
         s.out.extend_from_slice(refusal);
         return Step::Next;
     }
-    // A command that may write over an item on flash: read it on an I/O thread first
+    // A command that may write over an item on flash: read it first, off the worker
     // (`ops::flash_first`; a plain `mg` waits in `get`).
     let writes = match &req {
         MetaRequest::Set { args, .. }
@@ -208,7 +208,7 @@ fn get(ctx: &mut Ctx<'_>, s: &mut Session, args: &MetaArgs<'_>) -> Step {
     let result = if may_wait {
         match ops::meta_read_or_wait(ctx, k, now, opts, &mut hit) {
             Ok(result) => result,
-            // Run again once an I/O thread has read the item (`state/flash.rs`).
+            // Run again once the item is read (the worker's ring or an I/O thread) (`state/flash.rs`).
             Err(reads) => return s.wait_for_flash(reads),
         }
     } else {

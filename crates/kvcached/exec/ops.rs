@@ -53,7 +53,7 @@ pub fn read(
 /// [`read`] for a request that can wait (a get on a TCP or unix connection): with a flash
 /// tier, a key whose item is on flash and not read yet is not answered here. Its reads
 /// are returned (nothing counted, `found` not called), for the request to run again from
-/// this key once an I/O thread has done them (`state/flash.rs`).
+/// this key once they are done (the worker's ring or an I/O thread) (`state/flash.rs`).
 pub fn read_or_wait(
     ctx: &Ctx<'_>,
     key: &[u8],
@@ -114,7 +114,7 @@ pub fn flash_first_all<'k>(
 
 /// Before a command that may write `key` (a store, delete, incr/decr, touch, a meta
 /// command that writes): with a flash tier, the reads its item needs first, if any, so
-/// that the command waits for an I/O thread instead of reading flash on the worker; it
+/// that the command waits for them instead of reading flash on the worker; it
 /// then runs again and finds the item read. None: run it now.
 pub fn flash_first(ctx: &Ctx<'_>, s: &mut Session, key: &[u8]) -> Option<Step> {
     flash_first_all(ctx, s, std::iter::once(key))

@@ -55,8 +55,8 @@ pub struct Session {
     /// 16 KiB read buffer; a connection whose reads come in smaller pieces (io_uring's 4 KiB
     /// buffers) waits for the rest before judging (`exec::dispatch`).
     pub more_input: bool,
-    /// Flash reads the request at the front of the input needs, for the worker to hand to
-    /// the I/O threads.
+    /// Flash reads the request at the front of the input needs, for the worker to start
+    /// (`Worker::start_flash_reads`).
     pub flash_reads: Vec<kvstore::FlashRead>,
     /// Waiting for flash reads: nothing runs until they are done. The ticket names this
     /// wait (a completion with another ticket is not this connection's).

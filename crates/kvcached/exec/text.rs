@@ -42,7 +42,7 @@ pub fn execute<F: GetFraming>(
         s.out.extend_from_slice(refusal);
         return Step::Next;
     }
-    // A write over an item on flash: read it on an I/O thread first (`ops::flash_first`).
+    // A write over an item on flash: read it first, off the worker (`ops::flash_first`).
     if let Request::Store { key, .. }
     | Request::Delete { key, .. }
     | Request::Arith { key, .. }
@@ -85,7 +85,7 @@ pub fn execute<F: GetFraming>(
             keys,
             rejected,
         } => {
-            // A touch writes: the keys' items on flash are read on I/O threads first.
+            // A touch writes: the keys' items on flash are read first, off the worker.
             if let Some(step) = ops::flash_first_all(ctx, s, keys.skip(s.get_progress)) {
                 return step;
             }
