@@ -198,6 +198,65 @@ fn clients_leaving_with_reads_under_way_cost_nothing() {
     c.stat("get_aborted_extstore").expect("counted");
 }
 
+/// Over UDP (which memcached refuses with extstore), gets of flash items are answered
+/// exactly, one key and several per datagram, mixing memory and flash items; the
+/// datagram waits for its reads off the worker (none done inline) under either runtime.
+#[test]
+fn udp_gets_read_flash_items() {
+    for io in ["auto", "epoll"] {
+        let dir = TempDir::new(&format!("flash-udp-{io}"));
+        let ext = dir.ext_path("256m");
+        let io_opt = format!("io={io}");
+        let args = ["-m", "8", "-o", &ext, "-o", "ext_direct", "-o", &io_opt];
+        let (server, port) = Server::start_udp(Kind::Kvcached, &args);
+        let mut c = server.connect();
+        let n = 100_000;
+        load(&mut c, n);
+        assert!(stat(&mut c, "extstore_objects_used") > n as u64 / 2);
+        let sock = std::net::UdpSocket::bind((std::net::Ipv4Addr::LOCALHOST, 0)).expect("bind");
+        sock.set_read_timeout(Some(common::TIMEOUT))
+            .expect("timeout");
+        let ask = |id: u16, keys: &[usize]| -> String {
+            let line: Vec<String> = keys.iter().map(|i| format!("key:{i}")).collect();
+            let mut d = Vec::new();
+            for v in [id, 0, 1, 0u16] {
+                d.extend_from_slice(&v.to_be_bytes());
+            }
+            d.extend_from_slice(format!("get {}\r\n", line.join(" ")).as_bytes());
+            sock.send_to(&d, (std::net::Ipv4Addr::LOCALHOST, port))
+                .expect("send");
+            // One message per key, END with the last; each split into datagrams.
+            let mut reply = Vec::new();
+            let mut buf = [0u8; 2048];
+            while !reply.ends_with(b"END\r\n") {
+                let got = sock.recv(&mut buf).expect("a reply datagram");
+                assert_eq!(buf[..2], id.to_be_bytes(), "a reply to another request");
+                reply.extend_from_slice(&buf[8..got]);
+            }
+            String::from_utf8(reply).expect("text")
+        };
+        let want = |keys: &[usize]| -> String {
+            keys.iter()
+                .map(|&i| format!("VALUE key:{i} 0 500\r\n{}\r\n", value(i)))
+                .chain(["END\r\n".to_string()])
+                .collect()
+        };
+        for (id, i) in (0..n).step_by(211).enumerate() {
+            assert_eq!(ask(id as u16, &[i]), want(&[i]), "{io}: key {i}");
+        }
+        let keys = [7, n - 1, 1_000, 20_000, n - 2, 33_333];
+        assert_eq!(ask(9_999, &keys), want(&keys), "{io}: a multiget");
+        assert!(stat(&mut c, "get_extstore") > 0, "{io}");
+        assert_eq!(
+            stat(&mut c, "flash_inline_reads"),
+            0,
+            "{io}: reads on the worker"
+        );
+        assert_eq!(stat(&mut c, "miss_from_extstore"), 0, "{io}");
+        assert_eq!(stat(&mut c, "get_misses"), 0, "{io}");
+    }
+}
+
 /// A flash file that cannot be made stops the start with a clear message.
 #[test]
 fn a_flash_path_that_cannot_be_made_is_refused_at_start() {

@@ -113,6 +113,27 @@ struct Message {
     end: usize,
 }
 
+/// Datagrams a worker keeps waiting for flash reads at once; beyond them, a datagram's gets
+/// read flash on the worker (`flash_inline_reads`).
+const PARK_MAX: usize = 64;
+
+/// Flash reads one datagram waits for at most; items beyond them are read on the worker
+/// when it runs.
+const PARK_READS: usize = 32;
+
+/// A datagram whose gets need items on flash (`-o ext_path`): kept, with its sender, while
+/// the worker has the reads done (as a stream's request waits), then answered
+/// ([`answer`]) as it would have been at once.
+pub struct Parked {
+    /// The worker's UDP socket it came on.
+    pub socket: usize,
+    datagram: Vec<u8>,
+    addr: libc::sockaddr_storage,
+    addr_len: libc::socklen_t,
+    /// The reads it waits for.
+    pub reads: Vec<kvstore::FlashRead>,
+}
+
 /// A worker's UDP buffers, allocated on first use and reused for every datagram.
 pub struct Buffers {
     /// [`BATCH`] receive slots of [`RECV_SLOT`] bytes (pages are touched only as used).
@@ -125,6 +146,10 @@ pub struct Buffers {
     /// Replies not yet sent, and their messages in order.
     out: Vec<u8>,
     messages: Vec<Message>,
+    /// Datagrams set aside by the last [`serve`] for flash reads (the worker takes them),
+    /// and how many are waiting in all (at most [`PARK_MAX`]).
+    pub parked: Vec<Parked>,
+    pub waiting: usize,
 }
 
 impl Buffers {
@@ -136,6 +161,8 @@ impl Buffers {
             addr_lens: [0; BATCH],
             out: Vec::new(),
             messages: Vec::new(),
+            parked: Vec::new(),
+            waiting: 0,
         }
     }
 }
@@ -172,6 +199,25 @@ pub fn serve(sock: &mio::net::UdpSocket, ctx: &mut Ctx<'_>, b: &mut Buffers) -> 
             let Some((header, payload)) = frame::parse_frame(datagram) else {
                 continue; // malformed or multi-datagram request: memcached drops it silently
             };
+            if b.waiting < PARK_MAX {
+                let reads = flash_reads(ctx, payload);
+                if !reads.is_empty() {
+                    // Answered once its reads are done, with what it asks found then.
+                    let (Some(&addr), Some(&addr_len)) = (b.addrs.get(slot), b.addr_lens.get(slot))
+                    else {
+                        continue;
+                    };
+                    b.parked.push(Parked {
+                        socket: 0,
+                        datagram: datagram.to_vec(),
+                        addr,
+                        addr_len,
+                        reads,
+                    });
+                    b.waiting += 1;
+                    continue;
+                }
+            }
             let reply = Reply {
                 peer: slot,
                 request_id: header.request_id,
@@ -188,6 +234,48 @@ pub fn serve(sock: &mio::net::UdpSocket, ctx: &mut Ctx<'_>, b: &mut Buffers) -> 
         }
     }
     true
+}
+
+/// The flash reads the text gets of `payload` need, [`PARK_READS`] at most (none without
+/// a tier; reads the page cache could answer at once are done here).
+fn flash_reads(ctx: &Ctx<'_>, payload: &[u8]) -> Vec<kvstore::FlashRead> {
+    let engine = &ctx.shared.engine;
+    if !engine.has_flash() {
+        return Vec::new();
+    }
+    let mut reads = Vec::new();
+    for key in proto::read_keys(payload) {
+        for r in engine.flash_reads_for(key) {
+            if !reads.contains(&r) {
+                reads.push(r);
+            }
+        }
+        if reads.len() >= PARK_READS {
+            break;
+        }
+    }
+    reads
+}
+
+/// Answer datagram `p`, set aside by [`serve`] until its flash reads were done, on `sock`.
+pub fn answer(sock: &mio::net::UdpSocket, ctx: &mut Ctx<'_>, b: &mut Buffers, p: Parked) {
+    b.waiting = b.waiting.saturating_sub(1);
+    let Some((header, payload)) = frame::parse_frame(&p.datagram) else {
+        return;
+    };
+    // Its sender in the first receive slot's place: nothing else is queued between calls
+    // of `serve`, which sends everything it queued before it returns.
+    let (Some(addr), Some(addr_len)) = (b.addrs.get_mut(0), b.addr_lens.get_mut(0)) else {
+        return;
+    };
+    (*addr, *addr_len) = (p.addr, p.addr_len);
+    let reply = Reply {
+        peer: 0,
+        request_id: header.request_id,
+        messages: &mut b.messages,
+    };
+    execute(ctx, payload, &mut b.out, reply);
+    send_all(sock.as_raw_fd(), ctx, b);
 }
 
 /// Start loading the index buckets and records the first `n` datagrams' reads will look up,
@@ -507,8 +595,8 @@ fn execute(ctx: &mut Ctx<'_>, payload: &[u8], out: &mut Vec<u8>, mut reply: Repl
                         Step::Close => break,
                         // Over MAX_REPLY (the error replaces the reply below).
                         Step::Pause => break,
-                        // Not on UDP: reads there never wait (and UDP is refused with a
-                        // flash tier).
+                        // Not on UDP: its requests never wait (a datagram waits for its
+                        // flash reads before it runs: `Parked`).
                         Step::Wait => break,
                         Step::Next => pos += used,
                     }

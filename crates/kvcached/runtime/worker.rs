@@ -80,6 +80,12 @@ impl MioListener {
     }
 }
 
+/// What waits for flash reads: a connection's request, or a datagram set aside.
+enum Waiter {
+    Conn(usize),
+    Datagram(Box<crate::runtime::udp::Parked>),
+}
+
 pub struct Worker {
     index: usize,
     shared: Arc<Shared>,
@@ -125,9 +131,11 @@ pub struct Worker {
     spares: Spares,
     /// The last ticket given to a connection waiting for flash reads.
     flash_tickets: u64,
-    /// Per ticket of a connection waiting for flash reads: its slot and how many reads (a
-    /// read through the ring, or a job of the I/O threads) it still waits for.
-    flash_waits: HashMap<u64, (usize, usize)>,
+    /// Per ticket of a connection or datagram waiting for flash reads: which one, and how
+    /// many reads (a read through the ring, or a job of the I/O threads) it still waits for.
+    flash_waits: HashMap<u64, (Waiter, usize)>,
+    /// Datagrams whose flash reads are done, answered at the end of the turn.
+    udp_due: Vec<crate::runtime::udp::Parked>,
     /// Flash reads in flight in the ring, by number: the ticket each is for and the read.
     ring_reads: HashMap<usize, (u64, kvstore::FlashIo)>,
 }
@@ -198,6 +206,7 @@ impl Worker {
             spares: Spares::new(buffer_limit),
             flash_tickets: 0,
             flash_waits: HashMap::new(),
+            udp_due: Vec::new(),
             ring_reads: HashMap::new(),
         })
     }
@@ -483,15 +492,23 @@ impl Worker {
     /// connection goes on (a connection closed meanwhile, its slot perhaps reused, has
     /// another ticket: counted as aborted).
     fn flash_step(&mut self, ticket: u64, scratch: &mut Vec<u8>) {
-        let Some((slot, left)) = self.flash_waits.get_mut(&ticket) else {
+        let Some((_, left)) = self.flash_waits.get_mut(&ticket) else {
             return;
         };
         *left = left.saturating_sub(1);
         if *left > 0 {
             return;
         }
-        let slot = *slot;
-        self.flash_waits.remove(&ticket);
+        let Some((waiter, _)) = self.flash_waits.remove(&ticket) else {
+            return;
+        };
+        let slot = match waiter {
+            Waiter::Conn(slot) => slot,
+            Waiter::Datagram(p) => {
+                self.udp_due.push(*p);
+                return;
+            }
+        };
         match self.conns.get_mut(slot) {
             Some(Some(conn)) if conn.session.flash_wait == Some(ticket) => {
                 conn.session.flash_wait = None;
@@ -505,15 +522,22 @@ impl Worker {
         }
     }
 
-    /// Start the flash reads connection `slot` needs before its request runs again: in the
-    /// worker's ring, each its own read, under io_uring; else (or should the ring refuse
-    /// one) as one job of the I/O threads (`state/flash.rs`). A read with nothing to read
-    /// (its page taken back) needs no wait; with none to wait for, the connection goes on
-    /// next turn.
-    fn start_flash_reads(&mut self, slot: usize, reads: Vec<kvstore::FlashRead>) {
+    /// Start the flash reads a connection's request or a datagram (`waiter`) needs before
+    /// it runs (again): in the worker's ring, each its own read, under io_uring; else (or
+    /// should the ring refuse one) as one job of the I/O threads (`state/flash.rs`). A read
+    /// with nothing to read (its page taken back) needs no wait; with none to wait for,
+    /// the connection goes on, or the datagram is answered, at the end of the turn.
+    fn start_flash_reads(&mut self, waiter: Waiter, reads: Vec<kvstore::FlashRead>) {
         let shared = Arc::clone(&self.shared);
         let Some(io) = &shared.flash_io else {
+            if let Waiter::Datagram(p) = waiter {
+                self.udp_due.push(*p);
+            }
             return;
+        };
+        let slot = match &waiter {
+            Waiter::Conn(slot) => *slot,
+            Waiter::Datagram(_) => usize::MAX,
         };
         self.flash_tickets += 1;
         let ticket = self.flash_tickets;
@@ -545,15 +569,23 @@ impl Worker {
             });
             left += 1;
         }
-        let Some(Some(conn)) = self.conns.get_mut(slot) else {
-            return;
-        };
-        if left == 0 {
-            self.ready.push_back(slot);
-            return;
+        match waiter {
+            Waiter::Datagram(p) if left == 0 => self.udp_due.push(*p),
+            Waiter::Datagram(p) => {
+                self.flash_waits.insert(ticket, (Waiter::Datagram(p), left));
+            }
+            Waiter::Conn(slot) => {
+                let Some(Some(conn)) = self.conns.get_mut(slot) else {
+                    return;
+                };
+                if left == 0 {
+                    self.ready.push_back(slot);
+                    return;
+                }
+                conn.session.flash_wait = Some(ticket);
+                self.flash_waits.insert(ticket, (Waiter::Conn(slot), left));
+            }
         }
-        conn.session.flash_wait = Some(ticket);
-        self.flash_waits.insert(ticket, (slot, left));
     }
 
     /// A flash read in the ring completed: its bytes checked (`LogEngine::flash_read_end`),
@@ -603,6 +635,7 @@ impl Worker {
         for index in std::mem::take(&mut self.udp_ready) {
             self.serve_udp(index, udp);
         }
+        self.answer_due(udp);
         // Connections that yielded get another turn after this round of events.
         for _ in 0..self.ready.len() {
             if let Some(slot) = self.ready.pop_front() {
@@ -680,6 +713,31 @@ impl Worker {
         if crate::runtime::udp::serve(sock, &mut ctx, buffers) && !self.udp_ready.contains(&index) {
             self.udp_ready.push(index);
         }
+        // Datagrams whose gets need flash reads wait for them (`udp::Parked`).
+        for mut p in std::mem::take(&mut buffers.parked) {
+            p.socket = index;
+            let reads = std::mem::take(&mut p.reads);
+            self.start_flash_reads(Waiter::Datagram(Box::new(p)), reads);
+        }
+    }
+
+    /// Answer the datagrams whose flash reads are done.
+    fn answer_due(&mut self, buffers: &mut crate::runtime::udp::Buffers) {
+        for p in std::mem::take(&mut self.udp_due) {
+            let Some(sock) = self.udp.get(p.socket) else {
+                continue;
+            };
+            let mut ctx = Ctx {
+                shared: &self.shared,
+                stats: &self.stats,
+                scratch: &mut Vec::new(),
+                now: self.now,
+                buffers: BufferLimit::default(),
+                worker: self.index,
+                cfd: sock.as_raw_fd(),
+            };
+            crate::runtime::udp::answer(sock, &mut ctx, buffers, p);
+        }
     }
 
     fn drive(&mut self, slot: usize, scratch: &mut Vec<u8>) {
@@ -702,7 +760,7 @@ impl Worker {
         if !conn.session.flash_reads.is_empty() {
             // A get needs flash reads.
             let reads = std::mem::take(&mut conn.session.flash_reads);
-            self.start_flash_reads(slot, reads);
+            self.start_flash_reads(Waiter::Conn(slot), reads);
         }
         self.account(slot);
         let Some(conn) = self.conns.get_mut(slot).and_then(|c| c.as_mut()) else {

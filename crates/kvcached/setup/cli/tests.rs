@@ -535,7 +535,6 @@ fn rejected_command_lines() {
             "given twice",
         ),
         (&["-o", "ext_path=/mnt/ext:1g", "-I", "8m"], "ext_wbuf_size"),
-        (&["-o", "ext_path=/mnt/ext:1g", "-U", "5"], "UDP"),
     ];
     for (args, want) in rows {
         match run(args) {
@@ -583,6 +582,9 @@ fn ext_path_configures_the_flash_tier() {
     let (c, notes) = run(&["-o", "ext_path=/mnt/a:64m", "-e", "/dev/shm/kv"]).unwrap();
     assert!(c.memory_file.is_some() && c.flash.is_some());
     assert!(notes.is_empty(), "{notes:?}");
+    // memcached refuses UDP with extstore; kvcached serves flash items over UDP too.
+    let (c, _) = run(&["-o", "ext_path=/mnt/a:64m", "-U", "5"]).unwrap();
+    assert!(c.udp_port == 5 && c.flash.is_some());
 }
 
 #[test]

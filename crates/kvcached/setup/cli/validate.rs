@@ -202,9 +202,6 @@ impl Builder {
         if cfg.auth_file.is_some() && cfg.udp_port != 0 {
             return Err("-Y: UDP cannot be used with ASCII authentication (-U 0)".into());
         }
-        if !self.ext_files.is_empty() && cfg.udp_port != 0 {
-            return Err("-o ext_path: UDP cannot be used with extstore (-U 0)".into());
-        }
         if !self.ext_files.is_empty() {
             // Unlike memcached ("memory restart with extstore not presently supported"),
             // -e keeps the flash tier: the snapshot names its pages (`features/warm.rs`).
