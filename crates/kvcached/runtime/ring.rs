@@ -196,6 +196,12 @@ pub fn multishot_accepts() -> bool {
     std::env::var_os("KVCACHED_ACCEPT_MULTISHOT").is_none_or(|v| v != "0")
 }
 
+/// Whether flash reads go through the ring, unless `KVCACHED_FLASH_RING` is `0` (then the
+/// I/O threads do them, as under epoll: for comparing the two).
+pub fn flash_reads() -> bool {
+    std::env::var_os("KVCACHED_FLASH_RING").is_none_or(|v| v != "0")
+}
+
 /// Whether receives may be multishot: kernel 6.0 or later, unless `KVCACHED_RECV_MULTISHOT`
 /// is `0` (for comparing the two, and for testing the single receives older kernels get).
 fn multishot_receives() -> bool {

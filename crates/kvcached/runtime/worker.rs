@@ -98,6 +98,8 @@ pub struct Worker {
     /// Listeners accept through the ring (`ring.rs`: io_uring, `maxconns_fast`, not
     /// `KVCACHED_ACCEPT_MULTISHOT=0`), and whether each one's multishot accept is in flight.
     ring_accept: bool,
+    /// Flash reads go through the ring (under io_uring, unless `KVCACHED_FLASH_RING=0`).
+    ring_flash: bool,
     accept_armed: Vec<bool>,
     /// The open-file limit the ring's accepts were armed under (the kernel keeps the one in
     /// force at arming).
@@ -188,6 +190,7 @@ impl Worker {
             listeners: mine,
             listen_names,
             ring_accept: false,
+            ring_flash: false,
             accept_armed,
             accept_limit: None,
             accept_resume: false,
@@ -254,6 +257,7 @@ impl Worker {
         if self.ring.is_some() {
             self.ring_accept =
                 self.shared.config.maxconns_fast && crate::runtime::ring::multishot_accepts();
+            self.ring_flash = crate::runtime::ring::flash_reads();
             self.run_ring()
         } else {
             self.run_epoll()
@@ -543,7 +547,7 @@ impl Worker {
         let ticket = self.flash_tickets;
         let mut left = 0;
         let mut threads = Vec::new();
-        if let Some(ring) = self.ring.as_mut() {
+        if let Some(ring) = self.ring.as_mut().filter(|_| self.ring_flash) {
             for r in reads {
                 let Some(read) = shared.engine.flash_read_start(&r) else {
                     continue;
