@@ -701,19 +701,25 @@ impl Worker {
         self.close_all();
     }
 
-    fn serve_udp(&mut self, index: usize, buffers: &mut crate::runtime::udp::Buffers) {
-        let Some(sock) = self.udp.get(index) else {
-            return;
-        };
-        let mut ctx = Ctx {
+    /// The context of a request on UDP socket `sock` (no connection, no buffer limit).
+    fn udp_ctx<'s>(&'s self, sock: &mio::net::UdpSocket, scratch: &'s mut Vec<u8>) -> Ctx<'s> {
+        Ctx {
             shared: &self.shared,
             stats: &self.stats,
-            scratch: &mut Vec::new(),
+            scratch,
             now: self.now,
             buffers: BufferLimit::default(),
             worker: self.index,
             cfd: sock.as_raw_fd(),
+        }
+    }
+
+    fn serve_udp(&mut self, index: usize, buffers: &mut crate::runtime::udp::Buffers) {
+        let Some(sock) = self.udp.get(index) else {
+            return;
         };
+        let mut scratch = Vec::new();
+        let mut ctx = self.udp_ctx(sock, &mut scratch);
         if crate::runtime::udp::serve(sock, &mut ctx, buffers) && !self.udp_ready.contains(&index) {
             self.udp_ready.push(index);
         }
@@ -731,15 +737,8 @@ impl Worker {
             let Some(sock) = self.udp.get(p.socket) else {
                 continue;
             };
-            let mut ctx = Ctx {
-                shared: &self.shared,
-                stats: &self.stats,
-                scratch: &mut Vec::new(),
-                now: self.now,
-                buffers: BufferLimit::default(),
-                worker: self.index,
-                cfd: sock.as_raw_fd(),
-            };
+            let mut scratch = Vec::new();
+            let mut ctx = self.udp_ctx(sock, &mut scratch);
             crate::runtime::udp::answer(sock, &mut ctx, buffers, p);
         }
     }

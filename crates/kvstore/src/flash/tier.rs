@@ -474,10 +474,30 @@ impl Tier {
         } else {
             file.read(page, loc.gen, off, len, buf, out).map(Some)
         };
+        match read {
+            Ok(None) => Ok(false),
+            read => {
+                let read = read.map(|n| n.unwrap_or(0));
+                self.read_outcome(loc, read, out, start).map(|()| true)
+            }
+        }
+    }
+
+    /// The outcome of a read of `loc` that appended to `out` from `start` (`read`: the bytes
+    /// read from the device, or what failed): counted, and a stale read (the page reused
+    /// before its bytes were checked) or a failed one leaves nothing appended.
+    fn read_outcome(
+        &self,
+        loc: Loc,
+        read: Result<usize, FlashError>,
+        out: &mut Vec<u8>,
+        start: usize,
+    ) -> Result<(), TierError> {
+        let inner = &*self.inner;
         let n = match read {
-            Ok(Some(n)) => n,
-            Ok(None) => return Ok(false),
+            Ok(n) => n,
             Err(e) => {
+                out.truncate(start);
                 if !self.is_current(loc) {
                     return Err(TierError::Stale);
                 }
@@ -490,7 +510,7 @@ impl Tier {
             out.truncate(start);
             return Err(TierError::Stale);
         }
-        Ok(true)
+        Ok(())
     }
 
     /// Where to read image bytes `[off, off + len)` of `loc`'s page, for a read that the
@@ -534,23 +554,7 @@ impl Tier {
                 source,
             }),
         };
-        let n = match checked {
-            Ok(n) => n,
-            Err(e) => {
-                out.truncate(start);
-                if !self.is_current(loc) {
-                    return Err(TierError::Stale);
-                }
-                inner.io_errors.fetch_add(1, Ordering::Relaxed);
-                return Err(e.into());
-            }
-        };
-        inner.bytes_read.fetch_add(n as u64, Ordering::Relaxed);
-        if !self.is_current(loc) {
-            out.truncate(start);
-            return Err(TierError::Stale);
-        }
-        Ok(())
+        self.read_outcome(loc, checked, out, start)
     }
 
     /// Wait until every queued write has finished.
