@@ -367,12 +367,16 @@ impl LogEngine {
         let mut shipped = 0;
         let mut lag = 0u64;
         let mut next_pos = None;
-        let _pin = self.pin();
         for &(seq, id) in live.iter().filter(|&&(s, _)| s >= from_seq && s < c.below) {
             let Some(seg) = self.segs.get(id) else {
                 continue;
             };
+            // A segment in memory is read pinned; a flash segment's image, read into our
+            // own buffer, is not: a pin held across its device read would hold back every
+            // other thread's barrier (eviction) meanwhile.
+            let pin = self.pin();
             let in_memory = seg.seq() == seq;
+            let _pin = in_memory.then_some(pin);
             let used = match (in_memory, self.bound_len(id, seq)) {
                 (true, _) => seg.used(),
                 (false, Some(used)) => used,
@@ -391,7 +395,7 @@ impl LogEngine {
                 continue;
             }
             // A flash segment's image is read here, on this thread (a full sync is rare;
-            // one page at a time).
+            // one page at a time), unpinned.
             let image;
             let (ptr, base) = if in_memory {
                 let Some(ptr) = seg.ptr() else {
