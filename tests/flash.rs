@@ -8,6 +8,7 @@
 mod common;
 
 use common::{Client, Kind, Server, TempDir};
+use kvproto::binary as bin;
 
 /// A server with `-m 8` and a 256 MiB flash file in a fresh directory (and `extra`); the
 /// directory goes when the second value is dropped. The file bypasses the page cache
@@ -199,8 +200,9 @@ fn clients_leaving_with_reads_under_way_cost_nothing() {
 }
 
 /// Over UDP (which memcached refuses with extstore), gets of flash items are answered
-/// exactly, one key and several per datagram, mixing memory and flash items; the
-/// datagram waits for its reads off the worker (none done inline) under either runtime.
+/// exactly, one key and several per datagram, text and binary, mixing memory and flash
+/// items; the datagram waits for its reads off the worker (none done inline) under either
+/// runtime.
 #[test]
 fn udp_gets_read_flash_items() {
     for io in ["auto", "epoll"] {
@@ -246,6 +248,45 @@ fn udp_gets_read_flash_items() {
         }
         let keys = [7, n - 1, 1_000, 20_000, n - 2, 33_333];
         assert_eq!(ask(9_999, &keys), want(&keys), "{io}: a multiget");
+        // Binary: a GETKQ per key and a NOOP, in one datagram; the hits' values, in order.
+        let mut d = Vec::new();
+        for v in [7_777u16, 0, 1, 0] {
+            d.extend_from_slice(&v.to_be_bytes());
+        }
+        let bin_keys = [11, n - 3, 40_001, 5_555];
+        for (opaque, i) in bin_keys.iter().enumerate() {
+            let key = format!("key:{i}");
+            bin::write_request(&mut d, 0x0d, opaque as u32, 0, &[], key.as_bytes(), &[]);
+        }
+        bin::write_request(&mut d, 0x0a, 99, 0, &[], &[], &[]);
+        sock.send_to(&d, (std::net::Ipv4Addr::LOCALHOST, port))
+            .expect("send");
+        let mut reply = Vec::new();
+        let mut buf = [0u8; 2048];
+        let values = loop {
+            let got = sock.recv(&mut buf).expect("a reply datagram");
+            assert_eq!(
+                buf[..2],
+                7_777u16.to_be_bytes(),
+                "a reply to another request"
+            );
+            reply.extend_from_slice(&buf[8..got]);
+            let mut rest = &reply[..];
+            let mut values = Vec::new();
+            while let bin::ResponseParse::Response(r, used) = bin::parse_response(rest) {
+                values.push((r.opcode, r.value.to_vec()));
+                rest = &rest[used..];
+            }
+            if values.last().is_some_and(|(op, _)| *op == 0x0a) {
+                break values;
+            }
+        };
+        let want_bin: Vec<(u8, Vec<u8>)> = bin_keys
+            .iter()
+            .map(|&i| (0x0d, value(i).into_bytes()))
+            .chain([(0x0a, Vec::new())])
+            .collect();
+        assert_eq!(values, want_bin, "{io}: binary gets");
         assert!(stat(&mut c, "get_extstore") > 0, "{io}");
         assert_eq!(
             stat(&mut c, "flash_inline_reads"),

@@ -121,6 +121,9 @@ const PARK_MAX: usize = 64;
 /// when it runs.
 const PARK_READS: usize = 32;
 
+/// Binary requests of a datagram looked at for flash reads.
+const BIN_REQUESTS: usize = 64;
+
 /// A datagram whose gets need items on flash (`-o ext_path`): kept, with its sender, while
 /// the worker has the reads done (as a stream's request waits), then answered
 /// ([`answer`]) as it would have been at once.
@@ -236,22 +239,41 @@ pub fn serve(sock: &mio::net::UdpSocket, ctx: &mut Ctx<'_>, b: &mut Buffers) -> 
     true
 }
 
-/// The flash reads the text gets of `payload` need, [`PARK_READS`] at most (none without
-/// a tier; reads the page cache could answer at once are done here).
+/// The flash reads the gets of `payload` need, [`PARK_READS`] at most (none without a
+/// tier; reads the page cache could answer at once are done here): text `get`/`gets`/`mg`
+/// lines up to the first other one (`kvproto::text::read_keys`), and every binary get of
+/// the first [`BIN_REQUESTS`] requests (length-framed, so a store between them is skipped).
 fn flash_reads(ctx: &Ctx<'_>, payload: &[u8]) -> Vec<kvstore::FlashRead> {
     let engine = &ctx.shared.engine;
     if !engine.has_flash() {
         return Vec::new();
     }
     let mut reads = Vec::new();
-    for key in proto::read_keys(payload) {
+    // Whether there is room for more.
+    let mut add = |key: &[u8]| {
         for r in engine.flash_reads_for(key) {
             if !reads.contains(&r) {
                 reads.push(r);
             }
         }
-        if reads.len() >= PARK_READS {
-            break;
+        reads.len() < PARK_READS
+    };
+    if payload.first() == Some(&bin::REQUEST_MAGIC) {
+        let mut rest = payload;
+        for _ in 0..BIN_REQUESTS {
+            let bin::Parse::Request(req, used) = bin::parse(rest, &ctx.shared.limits) else {
+                break;
+            };
+            if matches!(req.command, bin::Command::Get { .. }) && !add(req.key) {
+                break;
+            }
+            rest = rest.get(used..).unwrap_or_default();
+        }
+    } else {
+        for key in proto::read_keys(payload) {
+            if !add(key) {
+                break;
+            }
         }
     }
     reads
