@@ -11,7 +11,7 @@
 # keys are set before it, except on the floor, which stores nothing).
 #
 # usage: bench/floor.sh [-u] [-n] [-g kvblast|memtier] [-p DEPTH] [-d SECONDS] [-r ROUNDS] [-c CONNS]
-#                       [-v VALUE_BYTES] [-- LOAD ARGS]
+#                       [-v VALUE_BYTES] [-V VARIANTS] [-- LOAD ARGS]
 #   -u: UDP (default load: the USR workload's GETs over 100,000 keys, 2-byte values)
 #   -n: as two machines (root): across a veth pair between two network namespaces, each
 #       side's receive work on its own core (netns_setup in bench/lib.sh), not loopback
@@ -22,6 +22,12 @@
 #       one thread, --pipeline=DEPTH (-p, default 1), closed loop unless LOAD ARGS add
 #       --rate-limiting=N (per connection); requests are memtier's GET/s times the run's
 #       length.
+#   -V: more floor servers in each round, with techniques the plain floor does not use
+#       (TCP): `fixed` (connections in io_uring's registered file table) and `gather=N:U`
+#       (each wait asks for the turn's sends and N more completions, returning after U
+#       microseconds with whatever came: io_uring's minimum wait; U = 0: no minimum);
+#       e.g. -V "fixed gather=4:20"
+# Besides CPU per request it reports each run's p50 and p99 latency (the generator's, in µs).
 # The reference is $MEMCACHED (default: Debian's /usr/bin/memcached); $KVCACHED runs another
 # kvcached build.
 set -euo pipefail
@@ -36,7 +42,8 @@ netns=0
 vbytes=
 gen=kvblast
 depth=1
-while getopts "und:r:c:v:g:p:" opt; do
+variants=
+while getopts "und:r:c:v:g:p:V:" opt; do
     case $opt in
         u) udp=1 ;;
         n) netns=1 ;;
@@ -46,12 +53,24 @@ while getopts "und:r:c:v:g:p:" opt; do
         v) vbytes=$OPTARG ;;
         g) gen=$OPTARG ;;
         p) depth=$OPTARG ;;
-        *) echo "usage: $0 [-u] [-n] [-g kvblast|memtier] [-p DEPTH] [-d SECONDS] [-r ROUNDS] [-c CONNS] [-v VALUE_BYTES] [-- LOAD ARGS]" >&2; exit 2 ;;
+        V) variants=$OPTARG ;;
+        *) echo "usage: $0 [-u] [-n] [-g kvblast|memtier] [-p DEPTH] [-d SECONDS] [-r ROUNDS] [-c CONNS] [-v VALUE_BYTES] [-V VARIANTS] [-- LOAD ARGS]" >&2; exit 2 ;;
     esac
 done
 shift $((OPTIND - 1))
 extra=("$@")
 case $gen in kvblast | memtier) ;; *) echo "unknown generator $gen" >&2; exit 2 ;; esac
+servers=(floor)
+for v in $variants; do
+    case $v in
+        fixed | gather=*:*) servers+=("floor:$v") ;;
+        *) echo "unknown floor variant $v (fixed, gather=N:U)" >&2; exit 2 ;;
+    esac
+done
+servers+=(kvcached memcached)
+if [ -n "$variants" ] && [ $udp = 1 ]; then
+    echo "-V is TCP only" >&2; exit 2
+fi
 if [ "$gen" = memtier ] && [ $udp = 1 ]; then
     echo "-g memtier is TCP only (memtier_benchmark has no memcache UDP)" >&2; exit 2
 fi
@@ -88,14 +107,19 @@ if [ $netns = 1 ]; then
 fi
 
 for round in $(seq 1 "$rounds"); do
-    for server in floor kvcached memcached; do
+    for server in "${servers[@]}"; do
         port=$(free_port)
         target=$bench_host:$port
         [ $udp = 1 ] && target=udp:$target
         case $server in
-            floor)
+            floor*)
                 : >"$ready"
-                "${in_srv[@]}" taskset -c $server_core "$floor" $mode "$port" "$vbytes" "$bench_host" >"$ready" &
+                env=()
+                case $server in
+                    floor:fixed) env=(FLOOR_FIXED=1) ;;
+                    floor:gather=*) env=(FLOOR_GATHER="${server#floor:gather=}") ;;
+                esac
+                "${in_srv[@]}" env "${env[@]}" taskset -c $server_core "$floor" $mode "$port" "$vbytes" "$bench_host" >"$ready" &
                 pid=$!
                 for _ in $(seq 1 200); do
                     grep -q ready "$ready" && break
@@ -128,6 +152,7 @@ for round in $(seq 1 "$rounds"); do
                 --test-time="$duration" --hide-histogram "${extra[@]}" 2>/dev/null)
             t1=$(cpu_ticks $pid)
             n=$(awk -v d="$duration" '$1 == "Gets" {printf "%d", $2 * d}' <<<"$out")
+            lat=$(awk '$1 == "Gets" {printf "%.1f %.1f", $6 * 1000, $7 * 1000}' <<<"$out")
             errs=0
         else
             out=$("${in_load[@]}" timeout $((duration + 30)) taskset -c $load_core "$kvblast" run --no-server-stats \
@@ -135,10 +160,11 @@ for round in $(seq 1 "$rounds"); do
             t1=$(cpu_ticks $pid)
             n=$(awk '$1 == "all" {print $2}' <<<"$out")
             errs=$(awk '$1 == "all" {print $6}' <<<"$out")
+            lat=$(awk '$1 == "all" {print $11, $14}' <<<"$out")
         fi
         kill "$pid"; wait "$pid" 2>/dev/null || true; pid=
         [ -n "$n" ] && [ "$n" -gt 0 ] || { echo "no requests counted against $server:" >&2; echo "$out" >&2; exit 1; }
-        echo "$server $round $n $((t1 - t0)) ${errs:-0}" >>"$results"
+        echo "$server $round $n $((t1 - t0)) ${errs:-0} ${lat:-- -}" >>"$results"
     done
 done
 
@@ -150,17 +176,21 @@ python3 - "$results" "$duration" "$hz" <<'EOF'
 import sys, statistics
 rows = [l.split() for l in open(sys.argv[1])]
 secs, hz = float(sys.argv[2]), int(sys.argv[3])
-print(f"{'server':<10} {'round':>5} {'requests':>10} {'req/s':>9} {'cpu_us/req':>11} {'cpu_%':>6} {'errors':>6}")
+w = max(10, *(len(r[0]) for r in rows))
+print(f"{'server':<{w}} {'round':>5} {'requests':>10} {'req/s':>9} {'cpu_us/req':>11} {'cpu_%':>6} {'errors':>6} {'p50_us':>8} {'p99_us':>8}")
 per = {}
-for s, r, n, ticks, errs in rows:
+for s, r, n, ticks, errs, p50, p99 in rows:
     n, cpu = int(n), int(ticks) / hz
     us = cpu / n * 1e6
-    per.setdefault(s, []).append((n / secs, us))
-    print(f"{s:<10} {r:>5} {n:>10} {n / secs:>9.0f} {us:>11.3f} {cpu / secs * 100:>6.0f} {errs:>6}")
-med = {s: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v)) for s, v in per.items()}
+    lat = [float(x) if x != "-" else float("nan") for x in (p50, p99)]
+    per.setdefault(s, []).append((n / secs, us, *lat))
+    print(f"{s:<{w}} {r:>5} {n:>10} {n / secs:>9.0f} {us:>11.3f} {cpu / secs * 100:>6.0f} {errs:>6} {p50:>8} {p99:>8}")
+med = {s: [statistics.median(x[i] for x in v) for i in range(4)] for s, v in per.items()}
 ref = med["memcached"][1]
-for s in ("floor", "kvcached", "memcached"):
-    rps, us = med[s]
-    print(f"median {s}: {rps:.0f} req/s, {us:.3f} cpu_us/req, {us / ref:.2f} of the reference's CPU per request")
-print(f"kvcached over the floor: {med['kvcached'][1] / med['floor'][1]:.2f}")
+for s in per:
+    rps, us, p50, p99 = med[s]
+    print(f"median {s}: {rps:.0f} req/s, {us:.3f} cpu_us/req, {us / ref:.2f} of the reference's CPU per request, p50 {p50:.1f} µs, p99 {p99:.1f} µs")
+for s in per:
+    if s != "floor":
+        print(f"{s} over the floor: {med[s][1] / med['floor'][1]:.2f}")
 EOF

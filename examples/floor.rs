@@ -8,6 +8,11 @@
 //!        floor tcp PORT VALUE_BYTES [ADDR]   (io_uring: multishot accept and receive into
 //!                                             provided buffers, one submission per loop)
 //!
+//! Two techniques kvcached does not use can be switched on over TCP, so that
+//! `bench/floor.sh -V` measures them beside the plain floor: `FLOOR_FIXED=1` (connections in
+//! io_uring's registered file table) and `FLOOR_GATHER=N:U` (each wait asks for the turn's
+//! sends and N more completions, and returns after U microseconds with whatever came).
+//!
 //! It listens on ADDR (default 127.0.0.1), prints `ready` once bound, and runs until killed. TCP answers
 //! `get KEY` with the value and `set KEY F E N` (after its N bytes) with `STORED`; anything
 //! else closes the connection. A benchmark tool only: it trusts its load generator.
@@ -213,8 +218,34 @@ fn tcp(addr: (std::net::IpAddr, u16), value: &[u8]) -> io::Result<()> {
     let mut conns: Vec<Conn> = Vec::new();
     let mut free: Vec<usize> = Vec::new();
     let mut touched: VecDeque<usize> = VecDeque::new();
+    let gather = gather();
+    // `FLOOR_FIXED=1`: connections in io_uring's registered file table (no fget per op).
+    let fixed = std::env::var_os("FLOOR_FIXED").is_some();
+    if fixed {
+        ring.submitter().register_files_sparse(4096)?;
+    }
+    let mut sends = 0u32;
     loop {
-        ring.submit_and_wait(1)?;
+        match gather {
+            Some((more, usec)) => {
+                // Wait for this turn's sends and `more` further completions, or `usec` and
+                // then any one.
+                let ts = types::Timespec::new().sec(3600);
+                let args = types::SubmitArgs::new().timespec(&ts).min_wait_usec(usec);
+                match ring
+                    .submitter()
+                    .submit_with_args((sends + more) as usize, &args)
+                {
+                    Ok(_) => {}
+                    Err(e) if matches!(e.raw_os_error(), Some(libc::ETIME | libc::EINTR)) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            None => {
+                ring.submit_and_wait(1)?;
+            }
+        }
+        sends = 0;
         let done: Vec<cqueue::Entry> = ring.completion().collect();
         for c in done {
             let slot = (c.user_data() & 0xff_ffff) as usize;
@@ -227,6 +258,10 @@ fn tcp(addr: (std::net::IpAddr, u16), value: &[u8]) -> io::Result<()> {
                             conns.push(Conn::default());
                             conns.len() - 1
                         });
+                        if fixed {
+                            ring.submitter()
+                                .register_files_update(slot as u32, &[fd.as_raw_fd()])?;
+                        }
                         conns[slot] = Conn {
                             fd: Some(fd),
                             ..Conn::default()
@@ -273,12 +308,19 @@ fn tcp(addr: (std::net::IpAddr, u16), value: &[u8]) -> io::Result<()> {
             let conn = &mut conns[slot];
             let Some(fd) = conn.fd.as_ref().map(|f| types::Fd(f.as_raw_fd())) else {
                 if !conn.recv_armed && !conn.send_inflight && !free.contains(&slot) {
+                    if fixed {
+                        ring.submitter().register_files_update(slot as u32, &[-1])?;
+                    }
                     free.push(slot);
                 }
                 continue;
             };
             if !conn.recv_armed {
-                let e = opcode::RecvMulti::new(fd, GROUP).build();
+                let e = if fixed {
+                    opcode::RecvMulti::new(types::Fixed(slot as u32), GROUP).build()
+                } else {
+                    opcode::RecvMulti::new(fd, GROUP).build()
+                };
                 push(&mut ring, e.user_data(ud(OP_RECV, slot)))?;
                 conn.recv_armed = true;
             }
@@ -290,15 +332,34 @@ fn tcp(addr: (std::net::IpAddr, u16), value: &[u8]) -> io::Result<()> {
                 }
                 if conn.sent < conn.sending.len() {
                     let rest = &conn.sending[conn.sent..];
-                    let e = opcode::Send::new(fd, rest.as_ptr(), rest.len() as u32)
+                    let e = if fixed {
+                        opcode::Send::new(
+                            types::Fixed(slot as u32),
+                            rest.as_ptr(),
+                            rest.len() as u32,
+                        )
                         .flags(libc::MSG_NOSIGNAL)
-                        .build();
+                        .build()
+                    } else {
+                        opcode::Send::new(fd, rest.as_ptr(), rest.len() as u32)
+                            .flags(libc::MSG_NOSIGNAL)
+                            .build()
+                    };
                     push(&mut ring, e.user_data(ud(OP_SEND, slot)))?;
                     conn.send_inflight = true;
+                    sends += 1;
                 }
             }
         }
     }
+}
+
+/// `FLOOR_GATHER=MORE:USEC`: each wait asks for the turn's sends and MORE completions,
+/// returning after USEC microseconds with whatever came (io_uring's minimum wait).
+fn gather() -> Option<(u32, u32)> {
+    let v = std::env::var("FLOOR_GATHER").ok()?;
+    let (a, b) = v.split_once(':')?;
+    Some((a.parse().ok()?, b.parse().ok()?))
 }
 
 /// Answer every whole request in `conn.input`.
