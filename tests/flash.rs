@@ -650,6 +650,10 @@ fn a_damaged_file_at_start_is_made_afresh_and_stats_extstore_lists_pages() {
     );
     assert!(settings.contains("STAT ext_threads 1\r\n"), "{settings}");
     assert!(settings.contains("STAT ext_item_size 0\r\n"), "{settings}");
+    assert!(
+        settings.contains("STAT ext_compact_under 0\r\nSTAT ext_drop_unread no\r\n"),
+        "{settings}"
+    );
 }
 
 /// `ext_item_size=N`: items shorter than N bytes are evicted when memory is full, as
@@ -673,6 +677,8 @@ fn items_under_ext_item_size_stay_off_flash() {
     // items of every size go to flash.
     assert_eq!(c.call("extstore item_size 0\r\n"), "OK\r\n");
     assert_eq!(c.call("extstore recache_rate 7\r\n"), "OK\r\n");
+    assert_eq!(c.call("extstore compact_under 6\r\n"), "OK\r\n");
+    assert_eq!(c.call("extstore drop_unread 1\r\n"), "OK\r\n");
     assert_eq!(
         c.call("extstore item_age 10\r\n"),
         "OK\r\n",
@@ -682,7 +688,12 @@ fn items_under_ext_item_size_stay_off_flash() {
     assert_eq!(c.call("extstore page_size 1\r\n"), "ERROR\r\n");
     c.send(b"extstore item_size 4096 noreply\r\nextstore item_size 0 noreply\r\n");
     let settings = get(&mut c, "stats settings\r\n");
-    for line in ["STAT ext_item_size 0\r\n", "STAT ext_recache_rate 7\r\n"] {
+    for line in [
+        "STAT ext_item_size 0\r\n",
+        "STAT ext_recache_rate 7\r\n",
+        "STAT ext_compact_under 6\r\n",
+        "STAT ext_drop_unread yes\r\n",
+    ] {
         assert!(settings.contains(line), "{line}: {settings}");
     }
     load_keys(&mut c, 60_000..120_000);

@@ -80,6 +80,8 @@ pub fn build_engine(config: &Config) -> Result<LogEngine, String> {
                 .map_err(|e| format!("-o ext_path: {e}"))?;
             engine.set_flash_recache_rate(f.recache_rate);
             engine.set_flash_item_size(f.item_size);
+            engine.set_flash_compact_under(f.compact_under);
+            engine.set_flash_drop_unread(f.drop_unread);
             engine
         }
     };

@@ -591,6 +591,12 @@ fn settings(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
         emit(sink, "ext_recache_rate", rate);
         emit(sink, "ext_item_size", size);
         emit(sink, "ext_wbuf_size", f.wbuf_size);
+        let (under, unread) = shared
+            .engine
+            .flash_compaction()
+            .unwrap_or((f.compact_under, f.drop_unread));
+        emit(sink, "ext_compact_under", under);
+        emit(sink, "ext_drop_unread", yes_no(unread));
         emit(sink, "ext_threads", f.threads);
         emit(sink, "ext_ignore_bad_file", yes_no(f.ignore_bad_file));
         emit(sink, "ext_direct", yes_no(f.direct));

@@ -138,6 +138,11 @@ pub struct FlashSettings {
     /// Bypass the page cache (`O_DIRECT`; `-o ext_direct`, kvcached's own); memcached
     /// reads and writes extstore through it.
     pub direct: bool,
+    /// Make room on flash while fewer pages than this are free (`ext_compact_under`; 0:
+    /// kvcached's own margin).
+    pub compact_under: u32,
+    /// Compaction keeps only the items read while on flash (`ext_drop_unread`).
+    pub drop_unread: bool,
 }
 
 /// The whole configuration of a kvcached process.

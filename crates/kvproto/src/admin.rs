@@ -238,9 +238,13 @@ pub enum ExtstoreCommand {
     ItemSize(u32),
     /// `recache_rate N`: copy one in N flash items read again back to memory.
     RecacheRate(u32),
+    /// `compact_under N`: make room on flash while fewer than N pages are free.
+    CompactUnder(u32),
+    /// `drop_unread N`: compaction moves only items read while on flash (N not 0).
+    DropUnread(bool),
     /// A well-formed setting that kvcached's flash tier has no use for (`item_age`,
-    /// `low_ttl`, `compact_under`, `drop_under`, `max_sleep`, `max_frag`, `drop_unread`,
-    /// and the deprecated `free_memchunks`): `OK`, as their `-o` forms are accepted.
+    /// `low_ttl`, `drop_under`, `max_sleep`, `max_frag`, and the deprecated
+    /// `free_memchunks`): `OK`, as their `-o` forms are accepted.
     Unused,
 }
 
@@ -266,18 +270,20 @@ pub fn extstore_command(args: &[&[u8]]) -> Option<ExtstoreCommand> {
         whole.map(ExtstoreCommand::ItemSize)
     } else if c_strncmp_eq(sub, b"recache_rate") {
         whole.map(ExtstoreCommand::RecacheRate)
+    } else if c_strncmp_eq(sub, b"compact_under") {
+        whole.map(ExtstoreCommand::CompactUnder)
     } else if [
         b"item_age".as_slice(),
         b"low_ttl",
-        b"compact_under",
         b"drop_under",
         b"max_sleep",
-        b"drop_unread",
     ]
     .iter()
     .any(|name| c_strncmp_eq(sub, name))
     {
         whole.map(|_| ExtstoreCommand::Unused)
+    } else if c_strncmp_eq(sub, b"drop_unread") {
+        whole.map(|v| ExtstoreCommand::DropUnread(v != 0))
     } else if c_strncmp_eq(sub, b"max_frag") {
         tok_f64(value).map(|_| ExtstoreCommand::Unused)
     } else {
@@ -314,14 +320,19 @@ mod tests {
         assert_eq!(cmd("item_a 64"), Some(Unused), "item_age");
         assert_eq!(cmd("recache_rate 0 noreply"), Some(RecacheRate(0)));
         assert_eq!(cmd("r 7"), Some(RecacheRate(7)));
+        assert_eq!(cmd("compact_under 2"), Some(CompactUnder(2)));
+        assert_eq!(cmd("c 0"), Some(CompactUnder(0)));
+        assert_eq!(cmd("drop_unread 1"), Some(DropUnread(true)));
+        assert_eq!(cmd("drop_unr 0"), Some(DropUnread(false)));
+        assert_eq!(cmd("drop_unread 7"), Some(DropUnread(true)), "not 0: on");
+        assert_eq!(cmd("drop_un 1"), Some(Unused), "drop_under first");
+        assert_eq!(cmd("drop_unread x"), None);
         for ok in [
             "low_ttl 10",
-            "compact_under 2",
             "drop_under 1",
             "max_sleep 100",
             "max 100",
             "max_frag 0.5",
-            "drop_unread 1",
             "free_memchunks 1 2",
             "free 63 0",
         ] {

@@ -611,6 +611,30 @@ fn the_maintenance_frees_pages_ahead_of_eviction() {
     e.check_accounting().expect("accounting");
 }
 
+/// `ext_compact_under`: the maintenance makes room until that many pages are free (here
+/// 8, where its own margin would stop at 4).
+#[test]
+fn compact_under_sets_the_pages_the_maintenance_keeps_free() {
+    let (e, _dir, _p, end, _oldest) = full_tier();
+    let free = |e: &LogEngine| e.flash_stats().expect("a tier").tier.pages_free;
+    assert!(free(&e) <= 1, "not full: {} free", free(&e));
+    e.set_flash_compact_under(8);
+    e.maintain(NOW, false);
+    assert!(
+        free(&e) >= 8,
+        "{} pages free after the maintenance",
+        free(&e)
+    );
+    for i in end - 500..end {
+        assert_eq!(
+            get(&e, &key(i)).map(|g| g.0),
+            Some(value(i, 1000)),
+            "key {i}"
+        );
+    }
+    e.check_accounting().expect("accounting");
+}
+
 /// When a page is taken back, its items read while on flash go back to memory
 /// (`extstore_compact_rescues`); the unread ones are evicted.
 #[test]
@@ -1033,6 +1057,55 @@ fn a_lower_memory_limit_moves_items_to_flash() {
     assert_eq!(e.stats().evictions, 0);
     e.check_accounting().expect("accounting");
     assert_eq!(contents(&e, n), before);
+}
+
+/// `ext_drop_unread`: a compaction moves only the items read since they went to flash;
+/// the unread live items of the pages it compacts are evicted with them (without it every
+/// live item is kept: the test below).
+#[test]
+fn a_compaction_with_drop_unread_keeps_only_the_items_read_on_flash() {
+    let (e, _dir, p, end, oldest) = full_tier();
+    e.set_flash_drop_unread(true);
+    let range = oldest + p / 2..oldest + 24 * p;
+    thin_out(&e, range.clone());
+    // Of the live items left, every second one read once while on flash.
+    let read: Vec<u64> = range.clone().filter(|i| i % 6 == 0).collect();
+    for &k in &read {
+        assert_eq!(
+            get(&e, &key(k)).map(|g| g.0),
+            Some(value(k, 1000)),
+            "key {k}"
+        );
+    }
+    let unread: Vec<u64> = range.clone().filter(|i| i % 6 == 3).collect();
+    let before = e.flash_stats().expect("a tier");
+    write_until(
+        &e,
+        end,
+        |e| e.flash_stats().expect("a tier").pages_compacted > before.pages_compacted,
+        || {},
+    );
+    e.flash_settle();
+    let s = e.flash_stats().expect("a tier");
+    assert_eq!(
+        s.pages_dropped, before.pages_dropped,
+        "a page taken back: {s:?}"
+    );
+    e.check_accounting()
+        .expect("accounting after the compaction");
+    let found = read
+        .iter()
+        .filter(|&&k| get(&e, &key(k)).map(|g| g.0) == Some(value(k, 1000)))
+        .count();
+    assert_eq!(found, read.len(), "items read on flash lost");
+    let gone = unread
+        .iter()
+        .filter(|&&k| get(&e, &key(k)).is_none())
+        .count();
+    assert!(
+        gone > 0,
+        "no unread item of a compacted page was dropped: {s:?}"
+    );
 }
 
 /// A full tier compacts its oldest pages once deletes left them partly dead: the live

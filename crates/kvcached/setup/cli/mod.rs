@@ -282,6 +282,10 @@ pub(super) struct Builder {
     ext_item_size: u32,
     /// `-o ext_direct` (kvcached's own).
     ext_direct: bool,
+    /// `-o ext_compact_under` (0: kvcached's own margin; memcached's 0 is 1% of pages).
+    ext_compact_under: u32,
+    /// `-o ext_drop_unread`.
+    ext_drop_unread: bool,
 }
 
 impl Builder {
@@ -308,6 +312,8 @@ impl Builder {
             ext_recache_rate: 2000,
             ext_item_size: 0,
             ext_direct: false,
+            ext_compact_under: 0,
+            ext_drop_unread: false,
         }
     }
 

@@ -333,12 +333,15 @@ impl Builder {
             "ext_item_size" => {
                 self.ext_item_size = int::<u32>(sp, &need(val)?, "a whole number")?;
             }
-            "ext_io_depth" | "ext_item_age" | "ext_low_ttl" | "ext_compact_under"
-            | "ext_drop_under" | "ext_max_sleep" => {
+            "ext_compact_under" => {
+                self.ext_compact_under = int::<u32>(sp, &need(val)?, "a whole number")?;
+            }
+            "ext_drop_unread" => self.ext_drop_unread = true,
+            "ext_io_depth" | "ext_item_age" | "ext_low_ttl" | "ext_drop_under"
+            | "ext_max_sleep" => {
                 int::<u32>(sp, &need(val)?, "a whole number")?;
                 self.ext_ignored(sp);
             }
-            "ext_drop_unread" => self.ext_ignored(sp),
 
             _ => {
                 return Err(format!(

@@ -567,14 +567,18 @@ fn ext_path_configures_the_flash_tier() {
     assert_eq!(f.recache_rate, 2000, "memcached's default");
     assert_eq!(f.item_size, 0, "small items go to flash too");
     assert!(!f.direct, "through the page cache, as memcached");
+    assert_eq!((f.compact_under, f.drop_unread), (0, false));
     let (c, notes) = run(&[
         "-o",
         "ext_path=/mnt/a:64m,ext_ignore_bad_file,ext_recache_rate=0,ext_direct,ext_item_size=512",
+        "-o",
+        "ext_compact_under=12,ext_drop_unread",
     ])
     .unwrap();
     let f = c.flash.expect("a flash tier");
     assert!(f.ignore_bad_file && f.direct);
     assert_eq!((f.recache_rate, f.item_size), (0, 512));
+    assert_eq!((f.compact_under, f.drop_unread), (12, true));
     assert!(notes.is_empty(), "{notes:?}");
     let (c, _) = run(&[]).unwrap();
     assert!(c.flash.is_none());

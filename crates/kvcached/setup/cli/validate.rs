@@ -213,6 +213,8 @@ impl Builder {
                 recache_rate: self.ext_recache_rate,
                 item_size: self.ext_item_size,
                 direct: self.ext_direct,
+                compact_under: self.ext_compact_under,
+                drop_unread: self.ext_drop_unread,
             });
         }
         Ok(Action::Run {

@@ -231,6 +231,17 @@ fn ahead(pages: usize) -> usize {
     (pages / 128).clamp(2, 16)
 }
 
+/// How many free pages the maintenance keeps on a tier of `pages`: with `compact_under`
+/// 0 the [`RESERVE`] and [`ahead`]'s margin beyond it and one more; else `compact_under`
+/// (`ext_compact_under`), but no more than half the tier nor fewer than one beyond the
+/// reserve.
+fn free_target(pages: usize, compact_under: u32) -> usize {
+    match compact_under {
+        0 => RESERVE + ahead(pages) + 1,
+        n => (n as usize).min(pages / 2).max(RESERVE + 1),
+    }
+}
+
 /// A live record a compaction copies: its key's hash, where it was (segment, offset,
 /// length), where it goes in the new image (offset, length), its size as memcached counts
 /// it and its expiry.
@@ -301,6 +312,12 @@ pub(super) struct Flash {
     /// Records shorter than this many bytes are evicted rather than sent to flash
     /// (`ext_item_size`); 0 sends every one.
     min_record: AtomicU32,
+    /// The maintenance makes room while fewer pages than this are free
+    /// (`ext_compact_under`); 0: [`RESERVE`] and [`ahead`]'s pages, and one more.
+    compact_under: AtomicU32,
+    /// Compaction moves only the items read while on flash, evicting the others
+    /// (`ext_drop_unread`).
+    drop_unread: AtomicBool,
 }
 
 /// Why a tier could not be attached.
@@ -364,6 +381,8 @@ impl LogEngine {
             counters: Counters::default(),
             recache_rate: AtomicU32::new(1),
             recache_asks: AtomicU64::new(0),
+            compact_under: AtomicU32::new(0),
+            drop_unread: AtomicBool::new(false),
             min_record: AtomicU32::new(0),
         };
         self.flash
@@ -416,6 +435,36 @@ impl LogEngine {
         if let Some(f) = self.flash.get() {
             f.recache_rate.store(rate, Ordering::Relaxed);
         }
+    }
+
+    /// Make room on flash while fewer than `pages` pages are free (memcached's
+    /// `ext_compact_under`), at most half the tier's; 0, the default, keeps the
+    /// maintenance's own margin (one page in 128 of the tier, 2 to 16, beyond the one kept
+    /// for compaction).
+    pub fn set_flash_compact_under(&self, pages: u32) {
+        if let Some(f) = self.flash.get() {
+            f.compact_under.store(pages, Ordering::Relaxed);
+        }
+    }
+
+    /// With `on`, a compaction moves only the items read since they went to flash and
+    /// evicts the others (memcached's `ext_drop_unread`); off, the default, it keeps every
+    /// live item.
+    pub fn set_flash_drop_unread(&self, on: bool) {
+        if let Some(f) = self.flash.get() {
+            f.drop_unread.store(on, Ordering::Relaxed);
+        }
+    }
+
+    /// The flash tier's `ext_compact_under` and `ext_drop_unread` now (see their
+    /// setters); None without a tier.
+    pub fn flash_compaction(&self) -> Option<(u32, bool)> {
+        self.flash.get().map(|f| {
+            (
+                f.compact_under.load(Ordering::Relaxed),
+                f.drop_unread.load(Ordering::Relaxed),
+            )
+        })
     }
 
     /// The flash tier's `ext_recache_rate` and `ext_item_size` now (see their setters);
@@ -1107,8 +1156,8 @@ impl LogEngine {
     }
 
     /// Make room on a tier that is about full before eviction needs it: reclaim (below)
-    /// until [`ahead`] pages beyond the reserve are free, at most twice that many times
-    /// per call (the maintenance thread's, every tick). No stripe lock may be held.
+    /// until [`free_target`] pages are free, at most twice that many times per call (the
+    /// maintenance thread's, every tick). No stripe lock may be held.
     pub(super) fn flash_make_room(&self) {
         let Some(f) = self.flash.get() else {
             return;
@@ -1116,10 +1165,13 @@ impl LogEngine {
         if f.tier.is_offline() {
             return;
         }
-        let want = RESERVE + ahead(f.tier.pages() as usize);
+        let want = free_target(
+            f.tier.pages() as usize,
+            f.compact_under.load(Ordering::Relaxed),
+        );
         for _ in 0..2 * want {
             let free = f.tier.free_pages();
-            if free > want {
+            if free >= want {
                 break;
             }
             self.reclaim();
@@ -1210,6 +1262,7 @@ impl LogEngine {
         let cap = f.tier.page_capacity().min(self.seg_size);
         let mut moves: Vec<Move> = Vec::new();
         let mut has_live = false;
+        let drop_unread = f.drop_unread.load(Ordering::Relaxed);
         for &(id, b) in victims {
             let mut image = Vec::with_capacity(b.used);
             if f.tier.read(b.loc, 0, b.used, &mut buf, &mut image).is_err() {
@@ -1236,10 +1289,14 @@ impl LogEngine {
                         .find(h, |x| {
                             index::slot_seg(x) == id && index::slot_off(x) == here
                         })
-                        .is_some()
+                        .map(|(_, v)| v)
                 };
-                if !indexed {
-                    continue;
+                // Not moved: evicted with the victim's page (`ext_drop_unread`: unless read
+                // since it went to flash, as a page taken back rescues only those).
+                match indexed {
+                    None => continue,
+                    Some(v) if drop_unread && index::freq(v) == 0 => continue,
+                    Some(_) => {}
                 }
                 let spec = Spec::copy_of(&r);
                 let at = out.len();
@@ -1489,11 +1546,25 @@ fn keep_fetched(kept: &mut Fetched, key: (u32, u32, Loc), fetch: Fetch) {
 
 #[cfg(test)]
 mod tests {
+    use super::{ahead, free_target, RESERVE};
     use crate::flash::{Tier, TierConfig};
     use crate::{Engine, EngineConfig, IndexLayout, LogEngine, ReadOptions, StoreMode};
     use crate::{StoreRequest, StoreResult, Time};
 
     const NOW: Time = 1000;
+
+    #[test]
+    fn the_free_page_target_is_ext_compact_under_within_bounds() {
+        for pages in [4, 16, 256, 4096, 100_000] {
+            // 0: kvcached's own margin.
+            assert_eq!(free_target(pages, 0), RESERVE + ahead(pages) + 1);
+            // Never fewer than one beyond the reserve, nor more than half the tier.
+            assert_eq!(free_target(pages, 1), RESERVE + 1);
+            assert_eq!(free_target(pages, u32::MAX), (pages / 2).max(RESERVE + 1));
+        }
+        assert_eq!(free_target(256, 40), 40);
+        assert_eq!(free_target(256, 200), 128);
+    }
 
     fn set(e: &LogEngine, i: u64) -> bool {
         let (k, v) = (format!("key:{i}"), value(i));
