@@ -651,7 +651,9 @@ fn a_damaged_file_at_start_is_made_afresh_and_stats_extstore_lists_pages() {
     assert!(settings.contains("STAT ext_threads 1\r\n"), "{settings}");
     assert!(settings.contains("STAT ext_item_size 0\r\n"), "{settings}");
     assert!(
-        settings.contains("STAT ext_compact_under 0\r\nSTAT ext_drop_unread no\r\n"),
+        settings.contains(
+            "STAT ext_compact_under 0\r\nSTAT ext_drop_unread no\r\nSTAT ext_max_frag 1.00\r\n"
+        ),
         "{settings}"
     );
 }
@@ -679,6 +681,7 @@ fn items_under_ext_item_size_stay_off_flash() {
     assert_eq!(c.call("extstore recache_rate 7\r\n"), "OK\r\n");
     assert_eq!(c.call("extstore compact_under 6\r\n"), "OK\r\n");
     assert_eq!(c.call("extstore drop_unread 1\r\n"), "OK\r\n");
+    assert_eq!(c.call("extstore max_frag 0.75\r\n"), "OK\r\n");
     assert_eq!(
         c.call("extstore item_age 10\r\n"),
         "OK\r\n",
@@ -693,6 +696,7 @@ fn items_under_ext_item_size_stay_off_flash() {
         "STAT ext_recache_rate 7\r\n",
         "STAT ext_compact_under 6\r\n",
         "STAT ext_drop_unread yes\r\n",
+        "STAT ext_max_frag 0.75\r\n",
     ] {
         assert!(settings.contains(line), "{line}: {settings}");
     }

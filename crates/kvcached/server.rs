@@ -82,6 +82,7 @@ pub fn build_engine(config: &Config) -> Result<LogEngine, String> {
             engine.set_flash_item_size(f.item_size);
             engine.set_flash_compact_under(f.compact_under);
             engine.set_flash_drop_unread(f.drop_unread);
+            engine.set_flash_max_frag(f.max_frag);
             engine
         }
     };

@@ -591,12 +591,18 @@ fn settings(ctx: &Ctx<'_>, sink: &mut Sink<'_>) {
         emit(sink, "ext_recache_rate", rate);
         emit(sink, "ext_item_size", size);
         emit(sink, "ext_wbuf_size", f.wbuf_size);
-        let (under, unread) = shared
-            .engine
-            .flash_compaction()
-            .unwrap_or((f.compact_under, f.drop_unread));
+        let (under, unread, frag) = shared.engine.flash_compaction().unwrap_or((
+            f.compact_under,
+            f.drop_unread,
+            f.max_frag,
+        ));
         emit(sink, "ext_compact_under", under);
         emit(sink, "ext_drop_unread", yes_no(unread));
+        emit(
+            sink,
+            "ext_max_frag",
+            format_args!("{:.2}", f64::from(frag) / 1000.0),
+        );
         emit(sink, "ext_threads", f.threads);
         emit(sink, "ext_ignore_bad_file", yes_no(f.ignore_bad_file));
         emit(sink, "ext_direct", yes_no(f.direct));

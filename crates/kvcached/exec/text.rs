@@ -326,8 +326,8 @@ fn admin(ctx: &mut Ctx<'_>, s: &mut Session, name: &[u8], args: proto::Tokens<'_
 }
 
 /// `extstore SETTING VALUE`, with memcached 1.6.45's replies (`OK`, or `ERROR` for what
-/// memcached refuses). `item_size`, `recache_rate`, `compact_under` and `drop_unread`
-/// change the flash tier's settings as
+/// memcached refuses). `item_size`, `recache_rate`, `compact_under`, `drop_unread` and
+/// `max_frag` change the flash tier's settings as
 /// their `-o ext_*` forms do (shown by `stats settings`); the others are accepted without
 /// effect, as their `-o` forms are. Without a tier, as memcached without `ext_path`, the
 /// reply is the same and nothing changes.
@@ -339,6 +339,7 @@ fn extstore(ctx: &mut Ctx<'_>, args: &[&[u8]]) -> &'static [u8] {
         Some(ExtstoreCommand::RecacheRate(n)) => engine.set_flash_recache_rate(n),
         Some(ExtstoreCommand::CompactUnder(n)) => engine.set_flash_compact_under(n),
         Some(ExtstoreCommand::DropUnread(on)) => engine.set_flash_drop_unread(on),
+        Some(ExtstoreCommand::MaxFrag(t)) => engine.set_flash_max_frag(t),
         Some(ExtstoreCommand::Unused) => {}
         None => return proto::ERROR,
     }

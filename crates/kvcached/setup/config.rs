@@ -143,6 +143,16 @@ pub struct FlashSettings {
     pub compact_under: u32,
     /// Compaction keeps only the items read while on flash (`ext_drop_unread`).
     pub drop_unread: bool,
+    /// Only pages less full than this many thousandths of a page are compacted
+    /// (`ext_max_frag`, memcached's fraction; 1000: any).
+    pub max_frag: u32,
+}
+
+/// A fraction (`ext_max_frag`, as memcached reads it: any number) in thousandths, within
+/// 0 and 1000.
+pub fn thousandths(fraction: f64) -> u32 {
+    // `as` saturates; a fraction outside 0..=1 means none or every page.
+    (fraction.clamp(0.0, 1.0) * 1000.0).round() as u32
 }
 
 /// The whole configuration of a kvcached process.

@@ -242,9 +242,12 @@ pub enum ExtstoreCommand {
     CompactUnder(u32),
     /// `drop_unread N`: compaction moves only items read while on flash (N not 0).
     DropUnread(bool),
+    /// `max_frag F`: compact only pages less full than the fraction F, here in
+    /// thousandths (0 to 1000; a fraction outside 0 to 1 is the nearer end).
+    MaxFrag(u32),
     /// A well-formed setting that kvcached's flash tier has no use for (`item_age`,
-    /// `low_ttl`, `drop_under`, `max_sleep`, `max_frag`, and the deprecated
-    /// `free_memchunks`): `OK`, as their `-o` forms are accepted.
+    /// `low_ttl`, `drop_under`, `max_sleep`, and the deprecated `free_memchunks`): `OK`,
+    /// as their `-o` forms are accepted.
     Unused,
 }
 
@@ -285,7 +288,9 @@ pub fn extstore_command(args: &[&[u8]]) -> Option<ExtstoreCommand> {
     } else if c_strncmp_eq(sub, b"drop_unread") {
         whole.map(|v| ExtstoreCommand::DropUnread(v != 0))
     } else if c_strncmp_eq(sub, b"max_frag") {
-        tok_f64(value).map(|_| ExtstoreCommand::Unused)
+        // Saturating `as`: within 0 and 1000 after the clamp.
+        tok_f64(value)
+            .map(|f| ExtstoreCommand::MaxFrag((f.clamp(0.0, 1.0) * 1000.0).round() as u32))
     } else {
         None
     }
@@ -327,12 +332,15 @@ mod tests {
         assert_eq!(cmd("drop_unread 7"), Some(DropUnread(true)), "not 0: on");
         assert_eq!(cmd("drop_un 1"), Some(Unused), "drop_under first");
         assert_eq!(cmd("drop_unread x"), None);
+        assert_eq!(cmd("max_frag 0.5"), Some(MaxFrag(500)));
+        assert_eq!(cmd("max_f 0.8"), Some(MaxFrag(800)));
+        assert_eq!(cmd("max_frag 2"), Some(MaxFrag(1000)));
+        assert_eq!(cmd("max_frag -1"), Some(MaxFrag(0)));
         for ok in [
             "low_ttl 10",
             "drop_under 1",
             "max_sleep 100",
             "max 100",
-            "max_frag 0.5",
             "free_memchunks 1 2",
             "free 63 0",
         ] {

@@ -1108,6 +1108,27 @@ fn a_compaction_with_drop_unread_keeps_only_the_items_read_on_flash() {
     );
 }
 
+/// `ext_max_frag`: pages at least that full are not compacted; a full tier whose oldest
+/// pages are a third live (which it compacts by default: the test below) takes them back
+/// whole under a limit of a tenth.
+#[test]
+fn pages_fuller_than_max_frag_are_taken_back_not_compacted() {
+    let (e, _dir, p, end, oldest) = full_tier();
+    e.set_flash_max_frag(100);
+    thin_out(&e, oldest + p / 2..oldest + 24 * p);
+    let before = e.flash_stats().expect("a tier");
+    write_until(
+        &e,
+        end,
+        |e| e.flash_stats().expect("a tier").pages_dropped > before.pages_dropped + 2,
+        || {},
+    );
+    e.flash_settle();
+    let s = e.flash_stats().expect("a tier");
+    assert_eq!(s.pages_compacted, before.pages_compacted, "{s:?}");
+    e.check_accounting().expect("accounting");
+}
+
 /// A full tier compacts its oldest pages once deletes left them partly dead: the live
 /// records of several pages are written into one new page, so every live item on them is
 /// kept, read or not (memcached's compaction), instead of being evicted with its page.

@@ -286,6 +286,9 @@ pub(super) struct Builder {
     ext_compact_under: u32,
     /// `-o ext_drop_unread`.
     ext_drop_unread: bool,
+    /// `-o ext_max_frag`, in thousandths (kvcached's default 1000, any page; memcached's
+    /// 0.80).
+    ext_max_frag: u32,
 }
 
 impl Builder {
@@ -314,6 +317,7 @@ impl Builder {
             ext_direct: false,
             ext_compact_under: 0,
             ext_drop_unread: false,
+            ext_max_frag: 1000,
         }
     }
 

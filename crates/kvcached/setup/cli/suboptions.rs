@@ -125,9 +125,13 @@ impl Builder {
                 int_in::<u32>(sp, &need(val)?, 3, 1800, "a number from 3 to 1800")?;
                 self.ignored(sp);
             }
-            "slab_automove_freeratio" | "ext_max_frag" => {
+            "slab_automove_freeratio" => {
                 float(sp, &need(val)?, "a number")?;
                 self.ignored(sp);
+            }
+            "ext_max_frag" => {
+                let f = float(sp, &need(val)?, "a number")?;
+                self.ext_max_frag = crate::setup::config::thousandths(f);
             }
             "lru_crawler_sleep" => {
                 int_in::<u32>(

@@ -567,18 +567,24 @@ fn ext_path_configures_the_flash_tier() {
     assert_eq!(f.recache_rate, 2000, "memcached's default");
     assert_eq!(f.item_size, 0, "small items go to flash too");
     assert!(!f.direct, "through the page cache, as memcached");
-    assert_eq!((f.compact_under, f.drop_unread), (0, false));
+    assert_eq!(
+        (f.compact_under, f.drop_unread, f.max_frag),
+        (0, false, 1000)
+    );
     let (c, notes) = run(&[
         "-o",
         "ext_path=/mnt/a:64m,ext_ignore_bad_file,ext_recache_rate=0,ext_direct,ext_item_size=512",
         "-o",
-        "ext_compact_under=12,ext_drop_unread",
+        "ext_compact_under=12,ext_drop_unread,ext_max_frag=0.8",
     ])
     .unwrap();
     let f = c.flash.expect("a flash tier");
     assert!(f.ignore_bad_file && f.direct);
     assert_eq!((f.recache_rate, f.item_size), (0, 512));
-    assert_eq!((f.compact_under, f.drop_unread), (12, true));
+    assert_eq!(
+        (f.compact_under, f.drop_unread, f.max_frag),
+        (12, true, 800)
+    );
     assert!(notes.is_empty(), "{notes:?}");
     let (c, _) = run(&[]).unwrap();
     assert!(c.flash.is_none());

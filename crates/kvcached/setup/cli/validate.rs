@@ -215,6 +215,7 @@ impl Builder {
                 direct: self.ext_direct,
                 compact_under: self.ext_compact_under,
                 drop_unread: self.ext_drop_unread,
+                max_frag: self.ext_max_frag,
             });
         }
         Ok(Action::Run {

@@ -318,6 +318,9 @@ pub(super) struct Flash {
     /// Compaction moves only the items read while on flash, evicting the others
     /// (`ext_drop_unread`).
     drop_unread: AtomicBool,
+    /// Only pages less full than this many thousandths of a page are compacted
+    /// (`ext_max_frag`); 1000 (the default) any.
+    max_frag: AtomicU32,
 }
 
 /// Why a tier could not be attached.
@@ -383,6 +386,7 @@ impl LogEngine {
             recache_asks: AtomicU64::new(0),
             compact_under: AtomicU32::new(0),
             drop_unread: AtomicBool::new(false),
+            max_frag: AtomicU32::new(1000),
             min_record: AtomicU32::new(0),
         };
         self.flash
@@ -456,13 +460,24 @@ impl LogEngine {
         }
     }
 
-    /// The flash tier's `ext_compact_under` and `ext_drop_unread` now (see their
-    /// setters); None without a tier.
-    pub fn flash_compaction(&self) -> Option<(u32, bool)> {
+    /// Compact only pages whose live bytes are under `thousandths`/1000 of a page
+    /// (memcached's `ext_max_frag`, there a fraction; at most 1000); the others are taken
+    /// back whole when room is needed. 1000, the default, compacts any pages whose items
+    /// fit in fewer pages.
+    pub fn set_flash_max_frag(&self, thousandths: u32) {
+        if let Some(f) = self.flash.get() {
+            f.max_frag.store(thousandths.min(1000), Ordering::Relaxed);
+        }
+    }
+
+    /// The flash tier's `ext_compact_under`, `ext_drop_unread` and `ext_max_frag` (in
+    /// thousandths) now (see their setters); None without a tier.
+    pub fn flash_compaction(&self) -> Option<(u32, bool, u32)> {
         self.flash.get().map(|f| {
             (
                 f.compact_under.load(Ordering::Relaxed),
                 f.drop_unread.load(Ordering::Relaxed),
+                f.max_frag.load(Ordering::Relaxed),
             )
         })
     }
@@ -1220,12 +1235,14 @@ impl LogEngine {
             // younger page are no reason to keep an older one).
             let step = (room / RECLAIM_STEPS).max(1) as u64;
             window.sort_unstable_by_key(|&(need, i, _)| (need / step, i));
+            // `ext_max_frag`: pages as full as this or fuller are not compacted.
+            let frag = room as u64 * u64::from(f.max_frag.load(Ordering::Relaxed)) / 1000;
             let mut total = 0u64;
             let fit = window
                 .iter()
                 .take_while(|&&(need, ..)| {
                     total += need;
-                    total <= room as u64
+                    total <= room as u64 && (need < frag || frag == room as u64)
                 })
                 .count();
             let take = if fit >= 2 && gate.is_some() { fit } else { 1 };
