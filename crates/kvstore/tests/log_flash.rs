@@ -8,8 +8,8 @@
 mod tier;
 
 use kvstore::{
-    ArithResult, Engine, EngineConfig, FlashAttachError, IndexLayout, LogEngine, ReadOptions,
-    StoreMode, StoreRequest, StoreResult, Time,
+    ArithResult, Engine, EngineConfig, FlashAttachError, FlashStats, IndexLayout, LogEngine,
+    ReadOptions, StoreMode, StoreRequest, StoreResult, Time,
 };
 
 const NOW: Time = 1000;
@@ -585,53 +585,56 @@ fn a_full_tier_takes_back_its_emptiest_old_page_first() {
 /// took back is accounted for, and the newest items are all still there.
 #[test]
 fn the_maintenance_frees_pages_ahead_of_eviction() {
-    let (e, _dir, _p, end, _oldest) = full_tier();
-    let free = |e: &LogEngine| e.flash_stats().expect("a tier").tier.pages_free;
-    assert!(free(&e) <= 1, "not full: {} free", free(&e));
     let taken = |e: &LogEngine| e.flash_stats().expect("a tier").tier.page_reclaims;
-    let before = taken(&e);
-    e.maintain(NOW, false);
+    let (e, _dir, end, before) = full_then_maintained(0, taken);
     assert!(
-        free(&e) > 3,
+        pages_free(&e) > 3,
         "{} pages free after the maintenance",
-        free(&e)
+        pages_free(&e)
     );
     assert!(taken(&e) > before);
     // A second call with room enough does nothing more.
     let after = taken(&e);
     e.maintain(NOW, false);
     assert_eq!(taken(&e), after);
-    for i in end - 500..end {
-        assert_eq!(
-            get(&e, &key(i)).map(|g| g.0),
-            Some(value(i, 1000)),
-            "key {i}"
-        );
-    }
-    e.check_accounting().expect("accounting");
+    newest_intact(&e, end);
 }
 
 /// `ext_compact_under`: the maintenance makes room until that many pages are free (here
 /// 8, where its own margin would stop at 4).
 #[test]
 fn compact_under_sets_the_pages_the_maintenance_keeps_free() {
-    let (e, _dir, _p, end, _oldest) = full_tier();
-    let free = |e: &LogEngine| e.flash_stats().expect("a tier").tier.pages_free;
-    assert!(free(&e) <= 1, "not full: {} free", free(&e));
-    e.set_flash_compact_under(8);
-    e.maintain(NOW, false);
+    let (e, _dir, end, _) = full_then_maintained(8, |_| 0);
     assert!(
-        free(&e) >= 8,
+        pages_free(&e) >= 8,
         "{} pages free after the maintenance",
-        free(&e)
+        pages_free(&e)
     );
-    for i in end - 500..end {
-        assert_eq!(
-            get(&e, &key(i)).map(|g| g.0),
-            Some(value(i, 1000)),
-            "key {i}"
-        );
-    }
+    newest_intact(&e, end);
+}
+
+fn pages_free(e: &LogEngine) -> u64 {
+    e.flash_stats().expect("a tier").tier.pages_free
+}
+
+/// A full tier (`full_tier`) with `ext_compact_under` set (0: the default), once through
+/// the maintenance: the engine, its tier, the next key, and what `probe` said before.
+fn full_then_maintained(
+    compact_under: u32,
+    probe: impl Fn(&LogEngine) -> u64,
+) -> (LogEngine, tier::Dir, u64, u64) {
+    let (e, dir, _p, end, _oldest) = full_tier();
+    assert!(pages_free(&e) <= 1, "not full: {} free", pages_free(&e));
+    e.set_flash_compact_under(compact_under);
+    let before = probe(&e);
+    e.maintain(NOW, false);
+    (e, dir, end, before)
+}
+
+/// The 500 items written last before `end` read back whole, and the accounting holds.
+fn newest_intact(e: &LogEngine, end: u64) {
+    let newest: Vec<u64> = (end - 500..end).collect();
+    assert_eq!(intact(e, &newest), newest.len(), "newest items lost");
     e.check_accounting().expect("accounting");
 }
 
@@ -949,6 +952,29 @@ fn thin_out(e: &LogEngine, range: std::ops::Range<u64>) {
     }
 }
 
+/// Write items from key `end` on until a page was compacted, settle the writes and check
+/// the accounting: the tier's stats before and after.
+fn until_compacted(e: &LogEngine, end: u64) -> (FlashStats, FlashStats) {
+    let before = e.flash_stats().expect("a tier");
+    write_until(
+        e,
+        end,
+        |e| e.flash_stats().expect("a tier").pages_compacted > before.pages_compacted,
+        || {},
+    );
+    e.flash_settle();
+    e.check_accounting()
+        .expect("accounting after the compaction");
+    (before, e.flash_stats().expect("a tier"))
+}
+
+/// How many of `keys` read back with their values.
+fn intact(e: &LogEngine, keys: &[u64]) -> usize {
+    keys.iter()
+        .filter(|&&k| get(e, &key(k)).map(|g| g.0) == Some(value(k, 1000)))
+        .count()
+}
+
 /// Write items from key `from` on until `done` says so (at most 40 pages' worth),
 /// settling flash writes and calling `every` each 50 items; the next key.
 fn write_until(
@@ -1078,26 +1104,12 @@ fn a_compaction_with_drop_unread_keeps_only_the_items_read_on_flash() {
         );
     }
     let unread: Vec<u64> = range.clone().filter(|i| i % 6 == 3).collect();
-    let before = e.flash_stats().expect("a tier");
-    write_until(
-        &e,
-        end,
-        |e| e.flash_stats().expect("a tier").pages_compacted > before.pages_compacted,
-        || {},
-    );
-    e.flash_settle();
-    let s = e.flash_stats().expect("a tier");
+    let (before, s) = until_compacted(&e, end);
     assert_eq!(
         s.pages_dropped, before.pages_dropped,
         "a page taken back: {s:?}"
     );
-    e.check_accounting()
-        .expect("accounting after the compaction");
-    let found = read
-        .iter()
-        .filter(|&&k| get(&e, &key(k)).map(|g| g.0) == Some(value(k, 1000)))
-        .count();
-    assert_eq!(found, read.len(), "items read on flash lost");
+    assert_eq!(intact(&e, &read), read.len(), "items read on flash lost");
     let gone = unread
         .iter()
         .filter(|&&k| get(&e, &key(k)).is_none())
@@ -1142,24 +1154,14 @@ fn a_full_tier_compacts_partly_dead_pages_and_keeps_their_items() {
     let range = oldest + p / 2..oldest + 24 * p;
     thin_out(&e, range.clone());
     let kept: Vec<u64> = range.clone().filter(|i| i % 3 == 0).collect();
-    let before = e.flash_stats().expect("a tier");
-    write_until(
-        &e,
-        end,
-        |e| e.flash_stats().expect("a tier").pages_compacted > before.pages_compacted,
-        || {},
-    );
-    e.flash_settle();
-    let s = e.flash_stats().expect("a tier");
+    let (before, s) = until_compacted(&e, end);
     assert!(s.rescues > before.rescues, "{s:?}");
-    e.check_accounting()
-        .expect("accounting after the compaction");
     // The pages it compacted were among those: their unread live items are all there.
-    let found = kept
-        .iter()
-        .filter(|&&k| get(&e, &key(k)).map(|g| g.0) == Some(value(k, 1000)))
-        .count();
-    assert_eq!(found, kept.len(), "live items of compacted pages evicted");
+    assert_eq!(
+        intact(&e, &kept),
+        kept.len(),
+        "live items of compacted pages evicted"
+    );
     for k in range.filter(|i| i % 3 != 0) {
         assert_eq!(get(&e, &key(k)), None, "deleted key {k} came back");
     }
