@@ -142,6 +142,20 @@ const OP_ACCEPT: u64 = 1;
 const OP_RECV: u64 = 2;
 const OP_SEND: u64 = 3;
 
+/// `$make` with `$t` naming the connection's socket: its slot in the registered file table
+/// under `FLOOR_FIXED`, else its descriptor (two types, so not a function).
+macro_rules! on_conn {
+    ($fixed:expr, $slot:expr, $fd:expr, |$t:ident| $make:expr) => {
+        if $fixed {
+            let $t = types::Fixed($slot as u32);
+            $make
+        } else {
+            let $t = $fd;
+            $make
+        }
+    };
+}
+
 fn ud(op: u64, slot: usize) -> u64 {
     op << 56 | slot as u64
 }
@@ -316,11 +330,8 @@ fn tcp(addr: (std::net::IpAddr, u16), value: &[u8]) -> io::Result<()> {
                 continue;
             };
             if !conn.recv_armed {
-                let e = if fixed {
-                    opcode::RecvMulti::new(types::Fixed(slot as u32), GROUP).build()
-                } else {
-                    opcode::RecvMulti::new(fd, GROUP).build()
-                };
+                let e = on_conn!(fixed, slot, fd, |t| opcode::RecvMulti::new(t, GROUP)
+                    .build());
                 push(&mut ring, e.user_data(ud(OP_RECV, slot)))?;
                 conn.recv_armed = true;
             }
@@ -332,19 +343,11 @@ fn tcp(addr: (std::net::IpAddr, u16), value: &[u8]) -> io::Result<()> {
                 }
                 if conn.sent < conn.sending.len() {
                     let rest = &conn.sending[conn.sent..];
-                    let e = if fixed {
-                        opcode::Send::new(
-                            types::Fixed(slot as u32),
-                            rest.as_ptr(),
-                            rest.len() as u32,
-                        )
-                        .flags(libc::MSG_NOSIGNAL)
-                        .build()
-                    } else {
-                        opcode::Send::new(fd, rest.as_ptr(), rest.len() as u32)
+                    let e = on_conn!(fixed, slot, fd, |t| {
+                        opcode::Send::new(t, rest.as_ptr(), rest.len() as u32)
                             .flags(libc::MSG_NOSIGNAL)
                             .build()
-                    };
+                    });
                     push(&mut ring, e.user_data(ud(OP_SEND, slot)))?;
                     conn.send_inflight = true;
                     sends += 1;

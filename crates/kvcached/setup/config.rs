@@ -148,13 +148,6 @@ pub struct FlashSettings {
     pub max_frag: u32,
 }
 
-/// A fraction (`ext_max_frag`, as memcached reads it: any number) in thousandths, within
-/// 0 and 1000.
-pub fn thousandths(fraction: f64) -> u32 {
-    // `as` saturates; a fraction outside 0..=1 means none or every page.
-    (fraction.clamp(0.0, 1.0) * 1000.0).round() as u32
-}
-
 /// The whole configuration of a kvcached process.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {

@@ -288,12 +288,17 @@ pub fn extstore_command(args: &[&[u8]]) -> Option<ExtstoreCommand> {
     } else if c_strncmp_eq(sub, b"drop_unread") {
         whole.map(|v| ExtstoreCommand::DropUnread(v != 0))
     } else if c_strncmp_eq(sub, b"max_frag") {
-        // Saturating `as`: within 0 and 1000 after the clamp.
-        tok_f64(value)
-            .map(|f| ExtstoreCommand::MaxFrag((f.clamp(0.0, 1.0) * 1000.0).round() as u32))
+        tok_f64(value).map(|f| ExtstoreCommand::MaxFrag(thousandths(f)))
     } else {
         None
     }
+}
+
+/// A fraction (`ext_max_frag`, which memcached takes as any number) in thousandths, within
+/// 0 and 1000: one outside 0 to 1 is the nearer end.
+pub fn thousandths(fraction: f64) -> u32 {
+    // Saturating `as`: within 0 and 1000 after the clamp.
+    (fraction.clamp(0.0, 1.0) * 1000.0).round() as u32
 }
 
 /// A double as memcached's `toktod` reads one (strtod of the whole token).

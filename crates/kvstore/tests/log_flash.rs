@@ -585,8 +585,8 @@ fn a_full_tier_takes_back_its_emptiest_old_page_first() {
 /// took back is accounted for, and the newest items are all still there.
 #[test]
 fn the_maintenance_frees_pages_ahead_of_eviction() {
+    let (e, _dir, end, before) = full_then_maintained(0);
     let taken = |e: &LogEngine| e.flash_stats().expect("a tier").tier.page_reclaims;
-    let (e, _dir, end, before) = full_then_maintained(0, taken);
     assert!(
         pages_free(&e) > 3,
         "{} pages free after the maintenance",
@@ -604,7 +604,7 @@ fn the_maintenance_frees_pages_ahead_of_eviction() {
 /// 8, where its own margin would stop at 4).
 #[test]
 fn compact_under_sets_the_pages_the_maintenance_keeps_free() {
-    let (e, _dir, end, _) = full_then_maintained(8, |_| 0);
+    let (e, _dir, end, _) = full_then_maintained(8);
     assert!(
         pages_free(&e) >= 8,
         "{} pages free after the maintenance",
@@ -618,15 +618,12 @@ fn pages_free(e: &LogEngine) -> u64 {
 }
 
 /// A full tier (`full_tier`) with `ext_compact_under` set (0: the default), once through
-/// the maintenance: the engine, its tier, the next key, and what `probe` said before.
-fn full_then_maintained(
-    compact_under: u32,
-    probe: impl Fn(&LogEngine) -> u64,
-) -> (LogEngine, tier::Dir, u64, u64) {
+/// the maintenance: the engine, its tier, the next key, and the pages taken back before.
+fn full_then_maintained(compact_under: u32) -> (LogEngine, tier::Dir, u64, u64) {
     let (e, dir, _p, end, _oldest) = full_tier();
     assert!(pages_free(&e) <= 1, "not full: {} free", pages_free(&e));
     e.set_flash_compact_under(compact_under);
-    let before = probe(&e);
+    let before = e.flash_stats().expect("a tier").tier.page_reclaims;
     e.maintain(NOW, false);
     (e, dir, end, before)
 }

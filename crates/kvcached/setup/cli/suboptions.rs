@@ -131,7 +131,7 @@ impl Builder {
             }
             "ext_max_frag" => {
                 let f = float(sp, &need(val)?, "a number")?;
-                self.ext_max_frag = crate::setup::config::thousandths(f);
+                self.ext_max_frag = kvproto::admin::thousandths(f);
             }
             "lru_crawler_sleep" => {
                 int_in::<u32>(

@@ -1235,14 +1235,15 @@ impl LogEngine {
             // younger page are no reason to keep an older one).
             let step = (room / RECLAIM_STEPS).max(1) as u64;
             window.sort_unstable_by_key(|&(need, i, _)| (need / step, i));
-            // `ext_max_frag`: pages as full as this or fuller are not compacted.
-            let frag = room as u64 * u64::from(f.max_frag.load(Ordering::Relaxed)) / 1000;
+            // `ext_max_frag` below 1000: pages as full as that or fuller are not compacted.
+            let max_frag = f.max_frag.load(Ordering::Relaxed);
+            let frag = (max_frag < 1000).then(|| room as u64 * u64::from(max_frag) / 1000);
             let mut total = 0u64;
             let fit = window
                 .iter()
                 .take_while(|&&(need, ..)| {
                     total += need;
-                    total <= room as u64 && (need < frag || frag == room as u64)
+                    total <= room as u64 && frag.is_none_or(|frag| need < frag)
                 })
                 .count();
             let take = if fit >= 2 && gate.is_some() { fit } else { 1 };
