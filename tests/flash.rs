@@ -700,6 +700,23 @@ fn items_under_ext_item_size_stay_off_flash() {
     ] {
         assert!(settings.contains(line), "{line}: {settings}");
     }
+    // Garbage values get memcached's ERROR and change nothing.
+    for bad in [
+        "extstore compact_under -1\r\n",
+        "extstore drop_unread x\r\n",
+        "extstore max_frag 0.5x\r\n",
+        "extstore compact_under\r\n",
+    ] {
+        assert_eq!(c.call(bad), "ERROR\r\n", "{bad:?}");
+    }
+    let after = get(&mut c, "stats settings\r\n");
+    for line in [
+        "STAT ext_compact_under 6\r\n",
+        "STAT ext_drop_unread yes\r\n",
+        "STAT ext_max_frag 0.75\r\n",
+    ] {
+        assert!(after.contains(line), "{line}: {after}");
+    }
     load_keys(&mut c, 60_000..120_000);
     assert!(stat(&mut c, "extstore_objects_written") > 0);
     assert!(get(&mut c, "get key:60005\r\n").starts_with("VALUE key:60005 "));
