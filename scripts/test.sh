@@ -16,7 +16,8 @@
 #   7. scripts/fuzz.sh 30        (each fuzz target for 30 s)
 #
 # At the end it prints one line per step (ok or FAILED, its time, and for test steps the
-# counts and the names of the failed tests), then a total line; tests that passed without
+# counts and the names of the failed tests; above it, the lines around each failed test's
+# panic), then a total line; tests that passed without
 # checking everything because this machine lacks something (io_uring, root, a tool) say so
 # with a `SKIP <test>: <why>` line and are counted as skipped (`tests/common/skip.rs`);
 # `#[ignore]`d tests are counted as ignored. It exits 0 only if every step passed.
@@ -94,6 +95,28 @@ failures() {
          END { for (n in names) printf "%s ", n }' "$test_log"
 }
 
+# What libtest printed for each failed test ("---- NAME stdout ----" sections: the test's
+# captured output and its panic, without a backtrace): for the first two, a few lines before the panic and a
+# dozen from it, cut to 200 characters, printed just above the summary so that the end of
+# a long log still says why a test failed.
+failure_output() {
+    awk '/^---- .* stdout ----$/ { flush(); name = $2; n = 0; p = -1; sect = 1; next }
+         /^failures:$/ { flush(); sect = 0; next }
+         sect && /^stack backtrace:$/ { bt = 1; next }
+         sect && bt && /^ / { next }
+         sect { bt = 0; if (p < 0 && /panicked at/) p = n; line[n++] = $0 }
+         function flush(   i, from, to) {
+             if (!sect || shown++ >= 2) return
+             printf "  ---- %s\n", name
+             from = p < 0 ? n - 12 : p - 4
+             to = p < 0 ? n : p + 12
+             for (i = from < 0 ? 0 : from; i < to && i < n; i++)
+                 printf "  | %s\n", substr(line[i], 1, 200)
+         }
+         END { flush() }' "$test_log"
+}
+why=""
+
 # tests LABEL COMMAND...: a cargo test command as one step; its counts go into the totals
 # and its failed tests' names into the summary.
 tests() {
@@ -115,6 +138,7 @@ tests() {
         local names
         names="$(failures)"
         [[ -z $names ]] || detail+="; failed: ${names% }"
+        why+="$(failure_output)"$'\n'
     fi
     record "$label" "$status" $((SECONDS - t0)) "$detail"
 }
@@ -167,6 +191,11 @@ else
     details+=("FUZZ_SECONDS=$fuzz_seconds")
 fi
 
+if [[ -n ${why//$'\n'/} ]]; then
+    echo
+    echo "test.sh: what the failed tests printed around their panics"
+    printf '%s' "$why"
+fi
 echo
 echo "test.sh: summary after $(mmss $((SECONDS - started)))"
 for i in "${!labels[@]}"; do
