@@ -1473,12 +1473,13 @@ fn chaos_under_load_every_replica_ends_equal() {
     let loaded = start.elapsed();
 
     // The load has stopped: the lag drains, the 2-second items expire, and then every
-    // replica holds exactly what the new master holds. How long the old master's full sync
-    // over the impaired link takes depends on the machine (the log it copies holds every
-    // record written, dead ones too), so the wait has no fixed length: it fails when
-    // nothing moved for STALLED (no replica's offset or digest, nor the master's), which
-    // is what a replica that diverged or stopped pulling looks like, and at 10 minutes in
-    // all.
+    // replica holds exactly what the new master holds. How long the old master takes to
+    // catch up over the impaired link depends on the machine: beside a snapshot of the
+    // live items it pulls the whole tail written since, every overwrite included, and the
+    // test's own load runs as fast as the machine does. So the wait has no fixed length:
+    // it fails when nothing moved for STALLED (no replica's offset or digest, nor the
+    // master's), which is what a replica that diverged or stopped pulling looks like, and
+    // at 10 minutes in all.
     const STALLED: Duration = Duration::from_secs(60);
     let mut r2 = net.client_at(Side::B, R2_PORT);
     let mut old = net.client(Side::A);
