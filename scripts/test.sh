@@ -17,10 +17,10 @@
 #
 # At the end it prints one line per step (ok or FAILED, its time, and for test steps the
 # counts and the names of the failed tests; above it, the lines around each failed test's
-# panic), then a total line; tests that passed without
-# checking everything because this machine lacks something (io_uring, root, a tool) say so
-# with a `SKIP <test>: <why>` line and are counted as skipped (`tests/common/skip.rs`);
-# `#[ignore]`d tests are counted as ignored. It exits 0 only if every step passed.
+# panic), then a total line; tests that passed without checking everything because this
+# machine lacks something (io_uring, root, a tool) say so with a `SKIP <test>: <why>` line
+# and are counted as skipped (`tests/common/skip.rs`); `#[ignore]`d tests are counted as
+# ignored. It exits 0 only if every step passed.
 # Environment: FUZZ_SECONDS (default 30; 0 skips fuzzing), MEMCACHED_SRC (a memcached
 # source tree, for step 6), and anything cargo reads (CARGO_TARGET_DIR, ...).
 set -uo pipefail
@@ -96,9 +96,9 @@ failures() {
 }
 
 # What libtest printed for each failed test ("---- NAME stdout ----" sections: the test's
-# captured output and its panic, without a backtrace): for the first two, a few lines before the panic and a
-# dozen from it, cut to 200 characters, printed just above the summary so that the end of
-# a long log still says why a test failed.
+# captured output and its panic, without a backtrace): for the first two of a step, a few
+# lines before the panic and a dozen from it, cut to 200 characters, collected in `why`
+# and printed just above the summary, so that the end of a long log says why a test failed.
 failure_output() {
     awk '/^---- .* stdout ----$/ { flush(); name = $2; n = 0; p = -1; sect = 1; next }
          /^failures:$/ { flush(); sect = 0; next }
