@@ -336,28 +336,21 @@ pub enum FlashAttachError {
 
 /// A record read from flash: its bytes from its first (shared with the records kept for
 /// re-runs, so a re-run copies nothing), and the CAS base that gives it its version at
-/// offset 0.
-#[derive(Clone)]
+/// offset 0. The default holds nothing and allocates nothing (every lookup makes one,
+/// whether or not it reads flash); kept for a re-run, it stands for a failed read.
+#[derive(Clone, Default)]
 pub(super) struct Fetch {
-    bytes: Arc<[u8]>,
+    bytes: Option<Arc<[u8]>>,
     base: u64,
-}
-
-impl Default for Fetch {
-    fn default() -> Fetch {
-        Fetch {
-            bytes: Arc::from(Vec::new()),
-            base: 0,
-        }
-    }
 }
 
 impl Fetch {
     /// The record.
     pub(super) fn rec(&self) -> Option<Rec<'_>> {
+        let bytes = self.bytes.as_deref()?;
         // SAFETY: `bytes` is ours and initialized; `read` checks every length against its
         // end.
-        unsafe { format::read(self.bytes.as_ptr(), self.bytes.len(), 0, self.base) }
+        unsafe { format::read(bytes.as_ptr(), bytes.len(), 0, self.base) }
     }
 }
 
@@ -830,8 +823,8 @@ impl LogEngine {
         let off = index::slot_off(v);
         let key = (id, off as u32, b.loc);
         if let Some(hit) = lock(&f.fetched).by_key.get(&key) {
-            // Empty: the read failed (see `complete_flash_read`).
-            return (!hit.bytes.is_empty()).then(|| hit.clone());
+            // Empty: the read failed (see `flash_read_failed`).
+            return hit.bytes.is_some().then(|| hit.clone());
         }
         let Some(keep_cached) = DEFERRED.with(|d| d.borrow().as_ref().map(|d| d.keep_cached))
         else {
@@ -1546,7 +1539,7 @@ fn record_in(out: &[u8], base: u64) -> Option<Fetch> {
     // SAFETY: `out` is initialized; `read` checks every length against its end.
     let len = unsafe { format::read(out.as_ptr(), out.len(), 0, base) }.map(|r| r.len)?;
     Some(Fetch {
-        bytes: Arc::from(out.get(..len)?),
+        bytes: Some(Arc::from(out.get(..len)?)),
         base,
     })
 }
