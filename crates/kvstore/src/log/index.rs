@@ -1221,15 +1221,23 @@ impl Index {
     }
 
     /// The slot values in `h`'s main bucket with its tag (for prefetching records: no
-    /// chain walk, no moved-slot handling, a hint may miss).
+    /// chain walk, no moved-slot handling, a hint may miss). Also starts loading the
+    /// chain's first overflow bucket, whose link is in the main bucket's line: at the
+    /// index's load (more items than main slots) a lookup often walks into it, and
+    /// nothing else loads it ahead.
     #[inline]
     pub(crate) fn tagged_in_main(&self, h: u64, mut f: impl FnMut(u64)) {
         let tag = self.tag(h);
         let (want, mask) = self.meta_tag(tag);
         let b = addr(h, self.state.load(Ordering::Relaxed));
         match &self.tables {
-            Tables::Compact { main, .. } => {
+            Tables::Compact { main, over } => {
                 let Some(m) = main.get(b) else { return };
+                if let Some(Node::Over(o)) = self.follow(&m.next) {
+                    if let Some(ob) = over.get(o) {
+                        prefetch(std::ptr::from_ref(ob).cast());
+                    }
+                }
                 for (loc, meta) in m.loc.iter().zip(&m.meta) {
                     if meta.load(Ordering::Relaxed) & mask == want {
                         let v = Slot(Words::Compact(loc, meta, self.ext)).load();
@@ -1239,8 +1247,13 @@ impl Index {
                     }
                 }
             }
-            Tables::Wide { main, .. } => {
+            Tables::Wide { main, over } => {
                 let Some(m) = main.get(b) else { return };
+                if let Some(Node::Over(o)) = self.follow(&m.next) {
+                    if let Some(ob) = over.get(o) {
+                        prefetch(std::ptr::from_ref(ob).cast());
+                    }
+                }
                 for w in &m.slot {
                     let v = w.load(Ordering::Relaxed);
                     if v & (WIDE_MATCH | MOVED) == VALID | (tag << TAG_SHIFT) {
