@@ -1157,6 +1157,33 @@ proptest! {
         drain(&buf);
     }
 
+    /// A get's keys start where memcached's tokenizer puts the line's second token (the
+    /// parser finds it without tokenizing): lines of spaces, key bytes, tabs and stray
+    /// `\r`, either terminator.
+    #[test]
+    fn get_keys_start_at_the_second_token(
+        cmd in prop::sample::select(vec!["get", "gets"]),
+        body in prop::collection::vec(prop::sample::select(vec![b' ', b'k', b'\t', b'\r']), 0..40),
+        crlf: bool,
+    ) {
+        let mut line = cmd.as_bytes().to_vec();
+        line.extend_from_slice(&body);
+        line.extend_from_slice(if crlf { b"\r\n" } else { b"\n" });
+        let toks = Toks::new(&line);
+        let end = line.len() - if line.ends_with(b"\r\n") { 2 } else { 1 };
+        let want = match toks.start(1) {
+            Some(s) if toks.count >= 2 => Parse::Request(
+                Request::Get { with_cas: cmd == "gets", keys: Keys::new(&line[s..end]), rejected: false },
+                line.len(),
+            ),
+            _ => fail(BAD_FORMAT, false, line.len(), 0),
+        };
+        // A command glued to what follows ("getk") is another command: not compared.
+        if body.first().is_none_or(|&b| b == b' ') {
+            prop_assert_eq!(parse(&line, &LIMITS), want);
+        }
+    }
+
     #[test]
     fn keys_round_trip(keys in prop::collection::vec("[a-z0-9]{1,20}", 1..10)) {
         let line = format!("get {}\r\n", keys.join(" "));
