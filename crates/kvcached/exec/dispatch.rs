@@ -244,11 +244,8 @@ pub fn stream(ctx: &mut Ctx<'_>, s: &mut Session, data: &[u8], budget: &mut usiz
     }
     if s.swallow == 0 && s.protocol == Some(Protocol::Text) {
         // A batch of pipelined reads: start loading their index buckets and records
-        // together, so their cache misses overlap (one key gains nothing).
-        let keys = proto::read_keys(data);
-        if keys.clone().nth(1).is_some() {
-            shared.engine.prefetch(keys);
-        }
+        // together, so their cache misses overlap (the engine skips a lone key).
+        shared.engine.prefetch(proto::read_keys(data));
     }
     while pos < data.len() {
         if s.swallow > 0 {

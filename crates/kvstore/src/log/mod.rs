@@ -667,11 +667,20 @@ impl LogEngine {
     /// lookups that follow then find in cache what would have been two misses each, and
     /// the misses of the batch overlap instead of following one another (MICA's batched
     /// prefetch). Only hints: nothing is read through a prefetch, so no pin is needed and
-    /// a stale slot costs a wasted load. At most 32 keys are looked at.
+    /// a stale slot costs a wasted load. At most 32 keys are looked at; a lone key is not
+    /// (its lookup follows at once: nothing would overlap), so a caller need not count
+    /// the keys first.
     pub fn prefetch<'k>(&self, keys: impl IntoIterator<Item = &'k [u8]>) {
+        let mut keys = keys.into_iter();
+        let (Some(first), Some(second)) = (keys.next(), keys.next()) else {
+            return;
+        };
         let mut hashes = [0u64; 32];
         let mut n = 0;
-        for (slot, key) in hashes.iter_mut().zip(keys) {
+        for (slot, key) in hashes
+            .iter_mut()
+            .zip([first, second].into_iter().chain(keys))
+        {
             *slot = self.hash(key);
             self.index.prefetch(*slot);
             n += 1;

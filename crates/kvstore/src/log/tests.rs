@@ -1380,6 +1380,7 @@ fn prefetch_is_only_a_hint() {
     e.prefetch(keys.iter().map(|k| k.as_bytes()));
     e.prefetch([&b""[..], b"absent", &[0xff; 250]]);
     e.prefetch(std::iter::empty());
+    e.prefetch([&b"k7"[..]]);
     for i in 0..2000u32 {
         let want = (i != 5).then(|| vec![b'v'; 100]);
         let got = val(&e, format!("k{i}").as_bytes(), 10);
