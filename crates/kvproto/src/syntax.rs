@@ -83,10 +83,24 @@ impl<'a> Iterator for Tokens<'a> {
     fn next(&mut self) -> Option<&'a [u8]> {
         let start = self.rest.iter().position(|&b| b != b' ')?;
         let rest = self.rest.get(start..)?;
-        let end = rest.iter().position(|&b| b == b' ').unwrap_or(rest.len());
+        let end = find_byte(b' ', rest).unwrap_or(rest.len());
         let (token, after) = rest.split_at(end);
         self.rest = after;
         Some(token)
+    }
+}
+
+/// The first `byte` in `hay`: byte by byte in a short haystack, with `memchr`'s SIMD
+/// search in a longer one. Byte at a time costs a few instructions a byte (a tenth of a
+/// pipelined GET's instructions with 32-byte keys: line ends, then key separators), while
+/// `memchr`'s setup costs more than a short scan (always calling it made a GET of a 10-byte
+/// key 4-5% more instructions; `bench/instructions.sh`, BENCHMARKS.md).
+#[inline]
+pub(crate) fn find_byte(byte: u8, hay: &[u8]) -> Option<usize> {
+    if hay.len() < 32 {
+        hay.iter().position(|&b| b == byte)
+    } else {
+        memchr::memchr(byte, hay)
     }
 }
 
@@ -448,4 +462,27 @@ pub(crate) fn put_u64(out: &mut Vec<u8>, mut n: u64) {
         }
     }
     out.extend_from_slice(digits.get(i..).unwrap_or_default());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::find_byte;
+
+    /// Short haystacks and long ones (the two ways it searches) find what a plain scan finds:
+    /// the first match at every position, a later duplicate ignored, and no match.
+    #[test]
+    fn find_byte_finds_what_a_scan_finds() {
+        for len in 0..100 {
+            let mut hay = vec![b'k'; len];
+            assert_eq!(find_byte(b'\n', &hay), None, "len {len}");
+            for at in 0..len {
+                hay.fill(b'k');
+                hay[at] = b'\n';
+                if let Some(last) = hay.last_mut().filter(|_| at + 1 < len) {
+                    *last = b'\n';
+                }
+                assert_eq!(find_byte(b'\n', &hay), Some(at), "len {len} at {at}");
+            }
+        }
+    }
 }

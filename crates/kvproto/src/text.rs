@@ -37,8 +37,8 @@
 //!   [`BAD_FORMAT`] error that is always sent; earlier replies are the server's business.
 
 use crate::syntax::{
-    c_strncmp_eq, c_strtol_i32, c_strtoul_u32, fail, put_u64, tok_i32, tok_i64, tok_u32, tok_u64,
-    Toks, TOKENIZER_MAX_LEN,
+    c_strncmp_eq, c_strtol_i32, c_strtoul_u32, fail, find_byte, put_u64, tok_i32, tok_i64, tok_u32,
+    tok_u64, Toks, TOKENIZER_MAX_LEN,
 };
 pub use crate::syntax::{
     ErrorReply, Limits, StoreMode, Tokens, BAD_DATA_CHUNK, BAD_FORMAT, FLUSH_NOT_ALLOWED,
@@ -202,14 +202,14 @@ pub fn read_keys(buf: &[u8]) -> ReadKeys<'_> {
 /// much a hint: it validates nothing (the key may be refused when the request runs).
 pub fn single_read_key(buf: &[u8]) -> Option<&[u8]> {
     let (last, line) = buf.split_last()?;
-    if *last != b'\n' || buf.len() > READ_KEYS_SPAN || line.contains(&b'\n') {
+    if *last != b'\n' || buf.len() > READ_KEYS_SPAN || find_byte(b'\n', line).is_some() {
         return None;
     }
     let line = line.strip_suffix(b"\r").unwrap_or(line);
     let key = line
         .strip_prefix(b"get ")
         .or_else(|| line.strip_prefix(b"gets "))?;
-    (!key.is_empty() && !key.contains(&b' ')).then_some(key)
+    (!key.is_empty() && find_byte(b' ', key).is_none()).then_some(key)
 }
 
 /// How many bytes the request at the front of `buf` takes, once its command line is there:
@@ -220,7 +220,7 @@ pub fn single_read_key(buf: &[u8]) -> Option<&[u8]> {
 /// [`read_keys`]: the parser decides when the request runs.
 pub fn request_len_hint(buf: &[u8]) -> Option<usize> {
     let scan = buf.get(..MAX_LINE_LEN).unwrap_or(buf);
-    let line_len = scan.iter().position(|&b| b == b'\n')? + 1;
+    let line_len = find_byte(b'\n', scan)? + 1;
     let line = buf.get(..line_len)?;
     let body = line.strip_suffix(b"\n").unwrap_or(line);
     let mut tokens = Tokens::new(body.strip_suffix(b"\r").unwrap_or(body));
@@ -254,7 +254,7 @@ impl<'a> Iterator for ReadKeys<'a> {
                 return None;
             }
             self.lines += 1;
-            let end = self.rest.iter().position(|&b| b == b'\n')?;
+            let end = find_byte(b'\n', self.rest)?;
             let (line, rest) = (self.rest.get(..end)?, self.rest.get(end + 1..)?);
             let line = line.strip_suffix(b"\r").unwrap_or(line);
             self.rest = rest;
@@ -289,7 +289,7 @@ pub fn parse<'a>(buf: &'a [u8], limits: &Limits) -> Parse<'a> {
 /// The length of the first line of `buf` including its `\n`, or what to do without one.
 fn line_length(buf: &[u8]) -> Result<usize, Parse<'static>> {
     let scan = buf.get(..MAX_GET_LINE_LEN).unwrap_or(buf);
-    if let Some(i) = scan.iter().position(|&b| b == b'\n') {
+    if let Some(i) = find_byte(b'\n', scan) {
         return Ok(i + 1);
     }
     if buf.len() > MAX_GET_LINE_LEN || (buf.len() > MAX_LINE_LEN && !may_grow(buf)) {
@@ -323,7 +323,7 @@ fn parse_line<'a>(buf: &'a [u8], line: &'a [u8], limits: &Limits) -> Parse<'a> {
         len - 1
     };
     let content = line.get(..end).unwrap_or_default();
-    let cmd_len = content.iter().position(|&b| b == b' ').unwrap_or(end);
+    let cmd_len = find_byte(b' ', content).unwrap_or(end);
     let cmd = content.get(..cmd_len).unwrap_or_default();
     let ok = |request| Parse::Request(request, len);
     match cmd {
