@@ -1233,11 +1233,7 @@ impl Index {
         match &self.tables {
             Tables::Compact { main, over } => {
                 let Some(m) = main.get(b) else { return };
-                if let Some(Node::Over(o)) = self.follow(&m.next) {
-                    if let Some(ob) = over.get(o) {
-                        prefetch(std::ptr::from_ref(ob).cast());
-                    }
-                }
+                self.prefetch_linked(&m.next, over);
                 for (loc, meta) in m.loc.iter().zip(&m.meta) {
                     if meta.load(Ordering::Relaxed) & mask == want {
                         let v = Slot(Words::Compact(loc, meta, self.ext)).load();
@@ -1249,17 +1245,23 @@ impl Index {
             }
             Tables::Wide { main, over } => {
                 let Some(m) = main.get(b) else { return };
-                if let Some(Node::Over(o)) = self.follow(&m.next) {
-                    if let Some(ob) = over.get(o) {
-                        prefetch(std::ptr::from_ref(ob).cast());
-                    }
-                }
+                self.prefetch_linked(&m.next, over);
                 for w in &m.slot {
                     let v = w.load(Ordering::Relaxed);
                     if v & (WIDE_MATCH | MOVED) == VALID | (tag << TAG_SHIFT) {
                         f(v);
                     }
                 }
+            }
+        }
+    }
+
+    /// Start loading the overflow bucket `next` links to, if any.
+    #[inline]
+    fn prefetch_linked<T>(&self, next: &AtomicU32, over: &[T]) {
+        if let Some(Node::Over(o)) = self.follow(next) {
+            if let Some(ob) = over.get(o) {
+                prefetch(std::ptr::from_ref(ob).cast());
             }
         }
     }
