@@ -288,7 +288,7 @@ fn deferred_lookups_name_their_reads_and_find_the_item_once_done() {
     let (newest, reads) = e.defer_flash(|| get(&e, &key(n - 1)));
     assert!(reads.is_empty(), "a RAM item needs no read");
     assert_eq!(newest.map(|x| x.0), Some(value(n - 1, 1000)));
-    let mut checked = 0;
+    let (mut checked, mut single) = (0, 0u64);
     for i in (0..n / 2).step_by(101) {
         let k = key(i);
         let (first, reads) = e.defer_flash(|| get(&e, &k));
@@ -297,7 +297,15 @@ fn deferred_lookups_name_their_reads_and_find_the_item_once_done() {
             continue;
         }
         assert!(first.is_none(), "key {i}: found without its read");
-        assert_eq!(reads.len(), 1, "key {i}: {reads:?}");
+        // One read for the key's record, and one more for each other flash record whose
+        // tag matches in the key's bucket chain (the index keeps tags, not keys, and its
+        // hash is seeded at random per engine, so a run meets such a match now and then).
+        for (j, r) in reads.iter().enumerate() {
+            assert!(
+                !reads[..j].contains(r),
+                "key {i}: a read named twice: {reads:?}"
+            );
+        }
         let reads_before = e.flash_stats().map(|s| s.reads);
         for r in &reads {
             e.complete_flash_read(r);
@@ -307,12 +315,18 @@ fn deferred_lookups_name_their_reads_and_find_the_item_once_done() {
         assert_eq!(again.map(|x| x.0), Some(value(i, 1000)), "key {i}");
         assert_eq!(
             e.flash_stats().map(|s| s.reads),
-            reads_before.map(|r| r + 1),
-            "one read for the two lookups"
+            reads_before.map(|r| r + reads.len() as u64),
+            "each named read done once for the two lookups"
         );
+        single += u64::from(reads.len() == 1);
         checked += 1;
     }
     assert!(checked > 50, "{checked} flash items looked up");
+    // A tag match with another key is rare (one lookup in hundreds), never the rule.
+    assert!(
+        single * 10 >= checked * 9,
+        "{single} of {checked} needed one read"
+    );
 }
 
 /// A read its caller submits itself (a server's io_uring) is checked as the engine's own:
