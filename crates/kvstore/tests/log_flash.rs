@@ -329,6 +329,48 @@ fn deferred_lookups_name_their_reads_and_find_the_item_once_done() {
     );
 }
 
+/// A write of a new key whose index tag matches another key's flash record reads that
+/// record once (a server's look ahead, `flash_reads_for`, then the write itself), stores
+/// the new key, and counts the record as one tag misread, however many lookups compared it.
+#[test]
+fn a_tag_matching_another_keys_flash_record_is_one_misread() {
+    let (e, _dir) = engine(4 << 20, 96 << 20);
+    let n = 20_000u64;
+    for i in 0..n {
+        assert!(matches!(
+            set(&e, &key(i), &value(i, 1000)),
+            StoreResult::Stored(_)
+        ));
+    }
+    e.flash_settle();
+    let stats = || e.flash_stats().expect("a tier");
+    // A key never stored whose look ahead names a read: its tag matched a flash record.
+    let (mut other, mut reads) = (Vec::new(), Vec::new());
+    for j in 0..400_000u64 {
+        other = format!("other:{j}").into_bytes();
+        reads = e.flash_reads_for(&other);
+        if !reads.is_empty() {
+            break;
+        }
+    }
+    assert!(!reads.is_empty(), "no tag match in 400,000 keys");
+    let before = stats();
+    for r in &reads {
+        e.complete_flash_read(r);
+    }
+    // The look ahead again, then the write: both compare the kept record.
+    assert!(e.flash_reads_for(&other).is_empty(), "read again");
+    assert!(matches!(set(&e, &other, b"new"), StoreResult::Stored(_)));
+    let after = stats();
+    assert_eq!(after.reads - before.reads, reads.len() as u64, "{after:?}");
+    assert_eq!(
+        after.tag_misreads - before.tag_misreads,
+        reads.len() as u64,
+        "{before:?} -> {after:?}"
+    );
+    assert_eq!(get(&e, &other).map(|x| x.0), Some(b"new".to_vec()));
+}
+
 /// A read its caller submits itself (a server's io_uring) is checked as the engine's own:
 /// the span it names holds the record, a record longer than the first read asks for a
 /// longer one, and damaged bytes or a failed read are a miss, counted, never wrong data.

@@ -906,8 +906,13 @@ impl LogEngine {
         })
     }
 
-    /// A flash record read for a lookup of another key (its tag matched).
+    /// A flash record read for a lookup of another key (its tag matched). A write's look
+    /// ahead (`flash_reads_for`) does not count it: the write's own lookup, which finds the
+    /// same record kept, does, so that the record counts once.
     pub(super) fn note_tag_misread(&self) {
+        if DEFERRED.with(|d| d.borrow().as_ref().is_some_and(|d| d.keep_cached)) {
+            return;
+        }
         if let Some(f) = self.flash.get() {
             f.counters.tag_misreads.fetch_add(1, Ordering::Relaxed);
         }
