@@ -26,7 +26,9 @@ done
 shift $((OPTIND - 1))
 [ -n "$dir" ] || { echo "usage: $0 -d DIR [-f SIZE] [-- HITRATIO OPTIONS]" >&2; exit 2; }
 mkdir -p "$dir"
-if [ -n "${MEMCACHED:-}" ] && ! "$MEMCACHED" -h 2>&1 | grep -q ext_path; then
+# (The help is taken whole first: with pipefail, `cmd | grep -q` fails when grep stops
+# reading early and cmd dies of SIGPIPE.)
+if [ -n "${MEMCACHED:-}" ] && ! grep -q ext_path <<<"$("$MEMCACHED" -h 2>&1 || true)"; then
     echo "flash.sh: $MEMCACHED was built without extstore" >&2
     exit 1
 fi

@@ -111,7 +111,7 @@ fi
 }
 server="$(readlink -f "$server")"
 kvcached=0
-"$server" -V 2>/dev/null | grep -q kvcached && kvcached=1
+grep -q kvcached <<<"$("$server" -V 2>/dev/null || true)" && kvcached=1
 
 work="$(mktemp -d /tmp/memcached-suite.XXXXXX)"
 out=${keep:-$work/out}
