@@ -111,6 +111,50 @@ fn items_beyond_memory_are_read_back_from_flash() {
     e.check_accounting().expect("accounting after the reads");
 }
 
+/// A segment leaving RAM with dead records in it (here every other item overwritten at
+/// once) writes only its live records to flash, packed: flash is written with about the
+/// live bytes it is given, not the whole log. Every item reads back with its value and
+/// CAS; the accounting is exact.
+#[test]
+fn demoted_segments_write_only_their_live_records() {
+    let (e, _dir) = engine(4 << 20, 96 << 20);
+    let n = 30_000u64;
+    let mut cas = vec![0; n as usize];
+    for i in 0..n {
+        let writes = if i % 2 == 0 { 2 } else { 1 };
+        for _ in 0..writes {
+            match set(&e, &key(i), &value(i, 1000)) {
+                StoreResult::Stored(c) => cas[i as usize] = c,
+                other => panic!("set {i}: {other:?}"),
+            }
+        }
+    }
+    e.flash_settle();
+    e.check_accounting().expect("accounting after the load");
+    let s = e.flash_stats().expect("a tier");
+    assert!(s.objects_written > n / 2, "{s:?}");
+    // A third of the log is dead; the images hold the live records (4 KiB blocks with
+    // their checks, the last one of each image partly empty, come on top).
+    assert!(
+        s.tier.bytes_written < s.bytes_demoted + s.bytes_demoted / 20,
+        "{} bytes written for {} live: {s:?}",
+        s.tier.bytes_written,
+        s.bytes_demoted
+    );
+    for i in 0..n {
+        let (v, flags, c) = get(&e, &key(i)).unwrap_or_else(|| panic!("key {i} lost"));
+        assert_eq!(v, value(i, 1000), "key {i}: wrong value");
+        assert_eq!(flags, 7);
+        assert_eq!(
+            c, cas[i as usize],
+            "key {i}: CAS changed on its way to flash"
+        );
+    }
+    let s = e.flash_stats().expect("a tier");
+    assert_eq!(s.read_errors, 0, "{s:?}");
+    e.check_accounting().expect("accounting after the reads");
+}
+
 /// Writes over flash items replace them (one slot per key): overwrite, delete, add,
 /// append, incr and touch behave as on RAM items.
 #[test]
@@ -1064,6 +1108,15 @@ fn a_full_sync_under_way_holds_flash_compaction_back() {
         "in the snapshot still"
     );
     let before = master.flash_stats().expect("a tier");
+    // The newest segments, still in memory, mostly dead (some of their items may be gone
+    // already): they go to flash whole, not packed (packed records would move to another
+    // segment id under the sync).
+    let thin_newest = |end: u64| {
+        for i in (end - 3 * p..end).filter(|i| i % 3 != 0) {
+            master.delete(&key(i), NOW);
+        }
+    };
+    thin_newest(end);
     // Segments in memory when it started go to flash, and pages are taken back whole.
     let end = write_until(
         &master,
@@ -1088,6 +1141,8 @@ fn a_full_sync_under_way_holds_flash_compaction_back() {
     // pages as were taken back went since the thinning).
     let oldest = master.flash_stats().expect("a tier").pages_dropped * p;
     thin_out(&master, oldest + 24 * p..oldest + 48 * p);
+    // And mostly dead segments in memory go to flash packed, their records moving.
+    thin_newest(end);
     let end = write_until(
         &master,
         end,

@@ -227,6 +227,16 @@ impl LogEngine {
         id: u32,
         mut f: impl FnMut(Slot<'_>, &Rec<'_>, u64) -> bool,
     ) -> bool {
+        self.for_live_at(id, |slot, r, v, _, _| f(slot, r, v))
+    }
+
+    /// [`LogEngine::for_live`], also telling `f` the record's offset in the segment and
+    /// its key's hash.
+    pub(super) fn for_live_at(
+        &self,
+        id: u32,
+        mut f: impl FnMut(Slot<'_>, &Rec<'_>, u64, usize, u64) -> bool,
+    ) -> bool {
         let Some(seg) = self.segs.get(id) else {
             return true;
         };
@@ -246,7 +256,7 @@ impl LogEngine {
                 let found = self.index.find(h, |v| {
                     index::slot_seg(v) == id && index::slot_off(v) == here
                 });
-                found.is_none_or(|(slot, v)| f(slot, r, v))
+                found.is_none_or(|(slot, v)| f(slot, r, v, here, h))
             })
         }
     }

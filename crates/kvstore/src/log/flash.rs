@@ -14,7 +14,11 @@
 //!    those shorter than `ext_item_size` (`set_flash_item_size`) are evicted as without a
 //!    tier, and the rest stay where they are, their slots unchanged, their reads counted
 //!    from none. The segment keeps its id.
-//! 2. Its image is queued to the tier (`ship`); it stays mapped and readable meanwhile. A
+//! 2. Its image is queued to the tier (`ship`); it stays mapped and readable meanwhile.
+//!    When an eighth or more of it is not those cold items (copied forward, evicted, dead
+//!    before), the image is theirs alone, packed (`pack_cold`), so flash is not written
+//!    with dead records; once written it is bound under a new id, their slots follow
+//!    (`move_to`, as a compaction's) and the segment, empty, is freed (`settle`). A
 //!    page comes from the tier's free list, which `reclaim` refills (ahead of need on the
 //!    maintenance thread, `flash_make_room`; on the evicting thread itself when only the
 //!    page kept for compaction is left): of the oldest bound segments, the emptiest (the oldest
@@ -253,6 +257,23 @@ struct Move {
     exptime: crate::Time,
 }
 
+/// A demoted segment's cold records packed into an image of their own (`pack_cold`):
+/// the image to write, and where each record goes in it. Once written, the image is bound
+/// under an id of its own and the records' slots follow (`move_to`), as a compaction's do.
+struct Packed {
+    image: Vec<u8>,
+    moves: Moves,
+}
+
+/// Where a packed image's records go ([`Packed`]), kept from the write's queueing to its
+/// end (`settle`).
+struct Moves {
+    moves: Vec<Move>,
+    /// The image's length and CAS base.
+    used: usize,
+    base: u64,
+}
+
 /// A thread's deferral of flash reads ([`LogEngine::defer_flash`]).
 struct Deferred {
     /// The reads its lookups need.
@@ -300,6 +321,9 @@ pub(super) struct Flash {
     tier: Tier,
     done: Arc<Mutex<Vec<Written>>>,
     bound: Mutex<Bound>,
+    /// Segments whose write under way is of their cold records only (`pack_cold`): where
+    /// those go in the image, for their slots to follow once it is written.
+    packed: Mutex<HashMap<u32, Moves>>,
     /// Segments whose write is queued or under way.
     in_flight: AtomicUsize,
     /// Records read for deferred lookups.
@@ -372,6 +396,7 @@ impl LogEngine {
             tier,
             done: Arc::default(),
             bound: Mutex::default(),
+            packed: Mutex::default(),
             in_flight: AtomicUsize::new(0),
             fetched: Mutex::default(),
             counters: Counters::default(),
@@ -996,8 +1021,8 @@ impl LogEngine {
             .get()
             .map_or(0, |f| f.min_record.load(Ordering::Relaxed) as usize);
         let mut notes = EvictionNotes::default();
-        let mut cold = 0u64;
-        self.for_live(id, |slot, r, v| {
+        let (mut cold, mut cold_bytes) = (Vec::new(), 0);
+        self.for_live_at(id, |slot, r, v, here, h| {
             match self.vis(r, now) {
                 Vis::Live => {
                     if index::freq(v) >= self.eviction.keep_need(r.len, unit)
@@ -1016,7 +1041,8 @@ impl LogEngine {
                         return true;
                     }
                     self.relocate(slot, index::with_freq(v, 0));
-                    cold += 1;
+                    cold.push((here, h));
+                    cold_bytes += r.len;
                 }
                 Vis::Expired | Vis::Flushed => {
                     self.unlink(slot, r, v);
@@ -1026,13 +1052,69 @@ impl LogEngine {
             true
         });
         self.note_evictions(notes);
-        cold > 0 && self.ship(id, cold)
+        if cold.is_empty() {
+            return false;
+        }
+        // Packed records move to another id once written, which a full sync under way
+        // must not see (as flash compaction's moves).
+        let may_move = !self.repl.is_active() || self.repl.may_move_flash_items().is_some();
+        let packed = may_move
+            .then(|| self.pack_cold(id, &cold, cold_bytes))
+            .flatten();
+        self.ship(id, cold.len() as u64, packed)
     }
 
-    /// Queue sealed segment `id`'s image to the tier, taking a page back if none is free
-    /// and waiting for the writes under way when too many are (or the tier's buffer is
-    /// full). False when no write was queued.
-    fn ship(&self, id: u32, items: u64) -> bool {
+    /// The cold records of sealed segment `id` (ours, being demoted), listed by offset
+    /// and key hash, packed into an image of their own, when leaving the rest out (items
+    /// copied forward or evicted, records dead before) saves an eighth of the segment or
+    /// more: what flash is written with and holds is then live records, not the whole log.
+    /// None: write the segment whole.
+    fn pack_cold(&self, id: u32, cold: &[(usize, u64)], cold_bytes: usize) -> Option<Packed> {
+        let f = self.flash.get()?;
+        let seg = self.segs.get(id)?;
+        let ptr = seg.ptr()?;
+        let used = seg.used();
+        if (SEG_HDR + cold_bytes) * 8 > used * 7 {
+            return None;
+        }
+        // SAFETY: sealed and ours (the caller's contract), mapped; its header was written
+        // when it was opened.
+        let base = unsafe { format::seg_cas_base(ptr.as_ptr()) };
+        let cap = f.tier.page_capacity().min(self.seg_size);
+        let mut image = vec![0u8; SEG_HDR];
+        image.reserve(cold_bytes + cold.len() * 4);
+        // SAFETY: `image` holds SEG_HDR bytes that only we touch.
+        unsafe { format::write_seg_header(image.as_mut_ptr(), format::SEG_KIND_REGULAR, 0, base) };
+        let mut moves = Vec::with_capacity(cold.len());
+        for &(here, hash) in cold {
+            // SAFETY: as above; `read` checks every length against `used`.
+            let r = unsafe { format::read(ptr.as_ptr(), used, here, base) }?;
+            let spec = Spec::copy_of(&r);
+            let at = image.len();
+            let natural = format::natural_cas(base, at);
+            if at + format::encoded_len(&spec, natural) > cap {
+                return None;
+            }
+            format::encode_into(&mut image, &spec, natural);
+            moves.push(Move {
+                hash,
+                from: (id, here, r.len),
+                to: (at, image.len() - at),
+                size: self.rec_size(&r),
+                exptime: r.exptime,
+            });
+        }
+        let used = image.len();
+        Some(Packed {
+            image,
+            moves: Moves { moves, used, base },
+        })
+    }
+
+    /// Queue sealed segment `id`'s image (or, `packed`, its cold records' image) to the
+    /// tier, taking a page back if none is free and waiting for the writes under way when
+    /// too many are (or the tier's buffer is full). False when no write was queued.
+    fn ship(&self, id: u32, items: u64, packed: Option<Packed>) -> bool {
         let Some(f) = self.flash.get() else {
             return false;
         };
@@ -1043,6 +1125,14 @@ impl LogEngine {
             return false;
         };
         let most = (self.budget() / self.seg_size / 8).max(1);
+        let image = match packed {
+            Some(p) => {
+                // Before the write can finish: `settle` looks for it.
+                lock(&f.packed).insert(id, p.moves);
+                Some(p.image)
+            }
+            None => None,
+        };
         for _ in 0..2 {
             if f.in_flight.load(Ordering::Relaxed) >= most {
                 f.tier.drain();
@@ -1054,11 +1144,15 @@ impl LogEngine {
                 self.reclaim();
             }
             let Some(loc) = f.tier.alloc() else {
+                lock(&f.packed).remove(&id);
                 return false;
             };
-            // SAFETY: the segment is sealed (`used` final) and ours until it is bound or
-            // handed back to the FIFO; `used` bytes of it are written.
-            let image = unsafe { std::slice::from_raw_parts(ptr.as_ptr(), seg.used()) };
+            let image = match &image {
+                Some(image) => &image[..],
+                // SAFETY: the segment is sealed (`used` final) and ours until it is bound
+                // or handed back to the FIFO; `used` bytes of it are written.
+                None => unsafe { std::slice::from_raw_parts(ptr.as_ptr(), seg.used()) },
+            };
             let done = Arc::clone(&f.done);
             let sent = f.tier.write(
                 loc,
@@ -1093,6 +1187,7 @@ impl LogEngine {
                 }
             }
         }
+        lock(&f.packed).remove(&id);
         f.counters.write_failures.fetch_add(1, Ordering::Relaxed);
         false
     }
@@ -1108,7 +1203,9 @@ impl LogEngine {
         }
         f.in_flight.fetch_sub(written.len(), Ordering::Relaxed);
         let mut moved = Vec::new();
+        let mut emptied = Vec::new();
         for w in written {
+            let packed = lock(&f.packed).remove(&w.id);
             let Some(seg) = self.segs.get(w.id) else {
                 continue;
             };
@@ -1118,6 +1215,42 @@ impl LogEngine {
                 self.eviction.push(w.id, Queue::Small);
                 continue;
             };
+            if let Some(m) = packed {
+                // Its cold records, packed: bound under an id of their own, their slots
+                // moved there. The segment is then empty, freed below. Not while a full
+                // sync is under way (it lists flash pages by sequence number): the
+                // segment goes back to the FIFO, to be demoted again or evicted.
+                let gate = if self.repl.is_active() {
+                    match self.repl.may_move_flash_items() {
+                        Some(g) => Some(g),
+                        None => {
+                            f.tier.free(w.loc);
+                            self.eviction.push(w.id, Queue::Small);
+                            continue;
+                        }
+                    }
+                } else {
+                    None
+                };
+                let b = Binding {
+                    loc: w.loc,
+                    used: m.used,
+                    base: m.base,
+                    seq: seg.seq(),
+                };
+                let Some(new) = self.bound_id(b) else {
+                    f.tier.free(w.loc);
+                    f.counters.write_failures.fetch_add(1, Ordering::Relaxed);
+                    self.eviction.push(w.id, Queue::Small);
+                    continue;
+                };
+                lock(&f.bound).order.push_back(new);
+                self.move_to(new, &m.moves);
+                drop(gate);
+                self.retire(w.id);
+                emptied.push(w.id);
+                continue;
+            }
             // SAFETY: the segment is sealed and ours (out of every queue); its header was
             // written when it was opened.
             let base = unsafe { format::seg_cas_base(ptr.as_ptr()) };
@@ -1140,12 +1273,22 @@ impl LogEngine {
                 }
             }
         }
-        if moved.is_empty() {
+        if moved.is_empty() && emptied.is_empty() {
             return;
         }
-        // Readers that found the mapping before it was taken are gone after this.
+        // Readers that found the mapping before it was taken, or a slot value naming an
+        // emptied segment before it moved, are gone after this.
         self.barrier();
         let mut p = self.arena.pool();
+        for id in emptied {
+            // As eviction frees a segment it emptied (`evict_one`).
+            let over = self.arena.allocated() > self.budget();
+            if over || self.gives_back(id) {
+                self.release(&mut p, id);
+            } else {
+                p.push_free(id);
+            }
+        }
         for (ptr, cap) in moved {
             // Over budget (the index grew with the items flash holds): give it back.
             let keep = self.arena.allocated() <= self.budget();
@@ -1359,7 +1502,8 @@ impl LogEngine {
                 };
                 match self.bound_id(binding) {
                     Some(new) => {
-                        self.move_to(new, &moves);
+                        let moved = self.move_to(new, &moves);
+                        f.counters.rescues.fetch_add(moved, Ordering::Relaxed);
                         lock(&f.bound).order.push_back(new);
                         f.counters.pages_compacted.fetch_add(1, Ordering::Relaxed);
                         true
@@ -1380,8 +1524,9 @@ impl LogEngine {
     }
 
     /// Point the slots that still name the records `moves` lists at their copies in the
-    /// new bound segment `new` (a page's compaction), moving their accounting with them.
-    fn move_to(&self, new: u32, moves: &[Move]) {
+    /// new bound segment `new` (a page's compaction, a demoted segment's packed cold
+    /// records), moving their accounting with them. Returns how many moved.
+    fn move_to(&self, new: u32, moves: &[Move]) -> u64 {
         let now = self.clock.load(Ordering::Relaxed);
         let mut moved = 0;
         for m in moves {
@@ -1408,9 +1553,7 @@ impl LogEngine {
         if let Some(seg) = self.segs.get(new) {
             seg.note_written(SEG_HDR, now);
         }
-        if let Some(f) = self.flash.get() {
-            f.counters.rescues.fetch_add(moved, Ordering::Relaxed);
-        }
+        moved
     }
 
     /// Take bound segment `id`'s page back (`b`, out of the reclaim order; `image`: its
