@@ -78,30 +78,9 @@ fn a_tier_needs_the_wide_index() {
 fn items_beyond_memory_are_read_back_from_flash() {
     let (e, _dir) = engine(4 << 20, 96 << 20);
     let n = 40_000u64;
-    let mut cas = vec![0; n as usize];
-    for i in 0..n {
-        match set(&e, &key(i), &value(i, 1000)) {
-            StoreResult::Stored(c) => cas[i as usize] = c,
-            other => panic!("set {i}: {other:?}"),
-        }
-    }
-    e.flash_settle();
-    e.check_accounting().expect("accounting after the load");
-    let s = e.flash_stats().expect("a tier");
-    assert!(s.objects_written > n / 2, "{s:?}");
-    assert!(s.tier.pages_used > 0, "{s:?}");
-    let mut hits = 0;
-    for i in 0..n {
-        if let Some((v, flags, c)) = get(&e, &key(i)) {
-            assert_eq!(v, value(i, 1000), "key {i}: wrong value");
-            assert_eq!(flags, 7);
-            assert_eq!(
-                c, cas[i as usize],
-                "key {i}: CAS changed on its way to flash"
-            );
-            hits += 1;
-        }
-    }
+    let cas = load(&e, n, |_| 1);
+    assert!(e.flash_stats().expect("a tier").tier.pages_used > 0);
+    let hits = (0..n).filter(|&i| read_back(&e, i, &cas)).count() as u64;
     // 4 MiB of RAM holds about 3,500 of these items; flash the rest.
     eprintln!("{hits} of {n} read back; {:?}", e.flash_stats());
     assert!(hits > n * 9 / 10, "{hits} of {n} read back");
@@ -119,20 +98,8 @@ fn items_beyond_memory_are_read_back_from_flash() {
 fn demoted_segments_write_only_their_live_records() {
     let (e, _dir) = engine(4 << 20, 96 << 20);
     let n = 30_000u64;
-    let mut cas = vec![0; n as usize];
-    for i in 0..n {
-        let writes = if i % 2 == 0 { 2 } else { 1 };
-        for _ in 0..writes {
-            match set(&e, &key(i), &value(i, 1000)) {
-                StoreResult::Stored(c) => cas[i as usize] = c,
-                other => panic!("set {i}: {other:?}"),
-            }
-        }
-    }
-    e.flash_settle();
-    e.check_accounting().expect("accounting after the load");
+    let cas = load(&e, n, |i| if i % 2 == 0 { 2 } else { 1 });
     let s = e.flash_stats().expect("a tier");
-    assert!(s.objects_written > n / 2, "{s:?}");
     // A third of the log is dead; the images hold the live records (4 KiB blocks with
     // their checks, the last one of each image partly empty, come on top).
     assert!(
@@ -142,17 +109,44 @@ fn demoted_segments_write_only_their_live_records() {
         s.bytes_demoted
     );
     for i in 0..n {
-        let (v, flags, c) = get(&e, &key(i)).unwrap_or_else(|| panic!("key {i} lost"));
-        assert_eq!(v, value(i, 1000), "key {i}: wrong value");
-        assert_eq!(flags, 7);
-        assert_eq!(
-            c, cas[i as usize],
-            "key {i}: CAS changed on its way to flash"
-        );
+        assert!(read_back(&e, i, &cas), "key {i} lost");
     }
     let s = e.flash_stats().expect("a tier");
     assert_eq!(s.read_errors, 0, "{s:?}");
     e.check_accounting().expect("accounting after the reads");
+}
+
+/// Store `n` items of 1000-byte values, key `i` written `writes(i)` times in a row; settle
+/// the flash writes, check the accounting and that most went to flash. Each item's CAS.
+fn load(e: &LogEngine, n: u64, writes: impl Fn(u64) -> u32) -> Vec<u64> {
+    let mut cas = vec![0; n as usize];
+    for i in 0..n {
+        for _ in 0..writes(i) {
+            match set(e, &key(i), &value(i, 1000)) {
+                StoreResult::Stored(c) => cas[i as usize] = c,
+                other => panic!("set {i}: {other:?}"),
+            }
+        }
+    }
+    e.flash_settle();
+    e.check_accounting().expect("accounting after the load");
+    let s = e.flash_stats().expect("a tier");
+    assert!(s.objects_written > n / 2, "{s:?}");
+    cas
+}
+
+/// Whether `load`'s item `i` is there; if it is, with its value, flags and CAS.
+fn read_back(e: &LogEngine, i: u64, cas: &[u64]) -> bool {
+    let Some((v, flags, c)) = get(e, &key(i)) else {
+        return false;
+    };
+    assert_eq!(v, value(i, 1000), "key {i}: wrong value");
+    assert_eq!(flags, 7);
+    assert_eq!(
+        c, cas[i as usize],
+        "key {i}: CAS changed on its way to flash"
+    );
+    true
 }
 
 /// Writes over flash items replace them (one slot per key): overwrite, delete, add,
@@ -322,13 +316,7 @@ fn a_full_tier_gives_back_its_oldest_pages() {
 fn deferred_lookups_name_their_reads_and_find_the_item_once_done() {
     let (e, _dir) = engine(4 << 20, 96 << 20);
     let n = 20_000u64;
-    for i in 0..n {
-        assert!(matches!(
-            set(&e, &key(i), &value(i, 1000)),
-            StoreResult::Stored(_)
-        ));
-    }
-    e.flash_settle();
+    load(&e, n, |_| 1);
     let (newest, reads) = e.defer_flash(|| get(&e, &key(n - 1)));
     assert!(reads.is_empty(), "a RAM item needs no read");
     assert_eq!(newest.map(|x| x.0), Some(value(n - 1, 1000)));
@@ -380,13 +368,7 @@ fn deferred_lookups_name_their_reads_and_find_the_item_once_done() {
 fn a_tag_matching_another_keys_flash_record_is_one_misread() {
     let (e, _dir) = engine(4 << 20, 96 << 20);
     let n = 20_000u64;
-    for i in 0..n {
-        assert!(matches!(
-            set(&e, &key(i), &value(i, 1000)),
-            StoreResult::Stored(_)
-        ));
-    }
-    e.flash_settle();
+    load(&e, n, |_| 1);
     let stats = || e.flash_stats().expect("a tier");
     // A key never stored whose look ahead names a read: its tag matched a flash record.
     let (mut other, mut reads) = (Vec::new(), Vec::new());
