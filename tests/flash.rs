@@ -66,15 +66,7 @@ fn stat(c: &mut Client, name: &str) -> u64 {
 /// another key's record whose index tag matched (the index's per-process random hash seed
 /// makes that happen now and then, to any key).
 fn flash_reads(c: &mut Client) -> (u64, u64) {
-    let stats = c.stats("");
-    let get = |name: &str| -> u64 {
-        stats
-            .iter()
-            .find(|(k, _)| k == name)
-            .and_then(|(_, v)| v.parse().ok())
-            .unwrap_or_else(|| panic!("no stat {name}"))
-    };
-    (get("get_extstore"), get("flash_tag_misreads"))
+    (stat(c, "get_extstore"), stat(c, "flash_tag_misreads"))
 }
 
 /// Flash reads between two `flash_reads` that found the key they were done for.

@@ -1125,14 +1125,11 @@ impl LogEngine {
             return false;
         };
         let most = (self.budget() / self.seg_size / 8).max(1);
-        let image = match packed {
-            Some(p) => {
-                // Before the write can finish: `settle` looks for it.
-                lock(&f.packed).insert(id, p.moves);
-                Some(p.image)
-            }
-            None => None,
-        };
+        let image = packed.map(|p| {
+            // Before the write can finish: `settle` looks for it.
+            lock(&f.packed).insert(id, p.moves);
+            p.image
+        });
         for _ in 0..2 {
             if f.in_flight.load(Ordering::Relaxed) >= most {
                 f.tier.drain();
@@ -1204,51 +1201,34 @@ impl LogEngine {
         f.in_flight.fetch_sub(written.len(), Ordering::Relaxed);
         let mut moved = Vec::new();
         let mut emptied = Vec::new();
+        // A segment whose write failed (or, `failed` false, cannot be bound yet) goes
+        // back to the FIFO, to be demoted again or evicted as without a tier.
+        let unbound = |w: &Written, failed: bool| {
+            f.tier.free(w.loc);
+            if failed {
+                f.counters.write_failures.fetch_add(1, Ordering::Relaxed);
+            }
+            self.eviction.push(w.id, Queue::Small);
+        };
         for w in written {
             let packed = lock(&f.packed).remove(&w.id);
             let Some(seg) = self.segs.get(w.id) else {
                 continue;
             };
             let (Some(ptr), true) = (seg.ptr(), w.ok) else {
-                f.tier.free(w.loc);
-                f.counters.write_failures.fetch_add(1, Ordering::Relaxed);
-                self.eviction.push(w.id, Queue::Small);
+                unbound(&w, true);
                 continue;
             };
             if let Some(m) = packed {
-                // Its cold records, packed: bound under an id of their own, their slots
-                // moved there. The segment is then empty, freed below. Not while a full
-                // sync is under way (it lists flash pages by sequence number): the
-                // segment goes back to the FIFO, to be demoted again or evicted.
-                let gate = if self.repl.is_active() {
-                    match self.repl.may_move_flash_items() {
-                        Some(g) => Some(g),
-                        None => {
-                            f.tier.free(w.loc);
-                            self.eviction.push(w.id, Queue::Small);
-                            continue;
-                        }
+                // Its cold records, packed, now under an id of their own: the segment is
+                // empty, freed below.
+                match self.bind_packed(f, w.loc, seg.seq(), m) {
+                    Ok(()) => {
+                        self.retire(w.id);
+                        emptied.push(w.id);
                     }
-                } else {
-                    None
-                };
-                let b = Binding {
-                    loc: w.loc,
-                    used: m.used,
-                    base: m.base,
-                    seq: seg.seq(),
-                };
-                let Some(new) = self.bound_id(b) else {
-                    f.tier.free(w.loc);
-                    f.counters.write_failures.fetch_add(1, Ordering::Relaxed);
-                    self.eviction.push(w.id, Queue::Small);
-                    continue;
-                };
-                lock(&f.bound).order.push_back(new);
-                self.move_to(new, &m.moves);
-                drop(gate);
-                self.retire(w.id);
-                emptied.push(w.id);
+                    Err(failed) => unbound(&w, failed),
+                }
                 continue;
             }
             // SAFETY: the segment is sealed and ours (out of every queue); its header was
@@ -1309,6 +1289,28 @@ impl LogEngine {
                 }
             }
         }
+    }
+
+    /// Bind the packed image written at `loc` (`m`: where its records go; `seq`: its
+    /// segment's) under a new id and move its records' slots there. `Err(false)` while a
+    /// replica's full sync is under way (it lists flash pages by sequence number, so
+    /// nothing moves), `Err(true)` when no id is left.
+    fn bind_packed(&self, f: &Flash, loc: Loc, seq: u64, m: Moves) -> Result<(), bool> {
+        let _gate = if self.repl.is_active() {
+            Some(self.repl.may_move_flash_items().ok_or(false)?)
+        } else {
+            None
+        };
+        let b = Binding {
+            loc,
+            used: m.used,
+            base: m.base,
+            seq,
+        };
+        let new = self.bound_id(b).ok_or(true)?;
+        lock(&f.bound).order.push_back(new);
+        self.move_to(new, &m.moves);
+        Ok(())
     }
 
     /// Make room on a tier that is about full before eviction needs it: reclaim (below)
